@@ -1,0 +1,253 @@
+"""The fan-in decision as a pure function.
+
+Given a workflow's spec, the join state of the steps an event touches and the event itself (a task
+ended, or a map step learned how many items it has), decide which steps fire now, which end, and
+whether the execution is finished. Nothing here does I/O: the database layer loads the state under
+the execution lock, calls :func:`advance`, and applies the :class:`Decision` in the same
+transaction. Property tests drive it directly.
+
+Join state is kept as counters per step (``up_pending``, ``up_ok``...), updated once per upstream
+step that ends, so a completion costs O(1) however wide the join is; the siblings themselves are
+never re-read to decide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from konduit.workflow import WorkflowSpec
+
+OK_OUTCOMES = frozenset({"succeeded", "degraded"})
+FAILURE_OUTCOMES = frozenset({"failed", "timed_out", "cancelled"})
+OUTCOMES = OK_OUTCOMES | FAILURE_OUTCOMES | {"skipped"}
+STEP_STATUSES = OUTCOMES | {"waiting", "active"}
+
+
+@dataclass(frozen=True)
+class StepState:
+    """Join and progress counters of one step of one execution (a row of ``konduit_steps``)."""
+
+    status: str = "waiting"  # waiting -> active -> an outcome
+    up_pending: int = 0  # upstream steps not ended yet; starts at the number of upstreams
+    up_ok: int = 0
+    up_failed: int = 0
+    up_required_failed: int = 0
+    up_skipped: int = 0
+    tasks_total: int | None = None  # known once the step fires (a map step: its item count)
+    tasks_pending: int = 0
+    tasks_ok: int = 0
+    tasks_degraded: int = 0
+    tasks_failed: int = 0
+
+
+@dataclass(frozen=True)
+class ExecutionState:
+    status: str = "running"
+    steps_pending: int = 0
+
+
+@dataclass(frozen=True)
+class TaskEnded:
+    """A task of ``step`` reached a terminal outcome."""
+
+    step: str
+    outcome: str
+
+
+@dataclass(frozen=True)
+class MapExpanded:
+    """A map step that just fired has ``count`` items (tasks created by the caller)."""
+
+    step: str
+    count: int
+
+
+Event = TaskEnded | MapExpanded
+
+
+@dataclass(frozen=True)
+class NeedStates:
+    """The decision needs the state of more steps (a cascade); load them and call again."""
+
+    steps: frozenset[str]
+
+
+@dataclass
+class Decision:
+    states: dict[str, StepState] = field(default_factory=dict)  # changed step states only
+    fire: list[str] = field(default_factory=list)  # steps whose join fired: create their tasks
+    ended: list[tuple[str, str]] = field(default_factory=list)  # steps that ended, with outcome
+    execution: ExecutionState | None = None  # new execution state, when it changed
+    reason: str | None = None  # why the execution failed
+
+    @property
+    def finished(self) -> bool:
+        return self.execution is not None and self.execution.status != "running"
+
+
+Verdict = Literal["fire", "wait", "skip", "fail"]
+
+
+def initial_states(spec: WorkflowSpec) -> tuple[dict[str, StepState], ExecutionState, list[str]]:
+    """State of a new execution: root steps fire at once, the rest wait for their upstreams."""
+    states: dict[str, StepState] = {}
+    for name in spec.order:
+        step = spec[name]
+        if step.after:
+            states[name] = StepState(up_pending=len(step.after))
+        else:
+            states[name] = StepState(status="active", tasks_total=1, tasks_pending=1)
+    return states, ExecutionState("running", len(spec.steps)), list(spec.roots)
+
+
+def join_verdict(spec: WorkflowSpec, step: str, state: StepState) -> Verdict:
+    """What the join policy of ``step`` says, from its counters alone."""
+    s = spec[step]
+    n = len(s.after)
+    kind = s.join.kind
+    if kind == "quorum":
+        k = s.join.k or n
+        if state.up_ok >= k:
+            return "fire"
+        if state.up_ok + state.up_pending < k:
+            return "fail"
+        return "wait"
+    if kind == "all_succeeded" and state.up_failed > 0:
+        return "fail"
+    if kind == "required" and state.up_required_failed > 0:
+        return "fail"
+    if state.up_pending > 0:
+        return "wait"
+    # The empty group is not complete: with up_pending starting at the number of upstreams, a
+    # join only gets here after every one of them ended.
+    if state.up_skipped == n:
+        return "skip"
+    return "fire"
+
+
+def _map_outcome(state: StepState) -> str:
+    if state.tasks_failed:
+        return "failed"
+    if state.tasks_degraded:
+        return "degraded"
+    return "succeeded"
+
+
+def advance(
+    spec: WorkflowSpec,
+    execution: ExecutionState,
+    states: Mapping[str, StepState],
+    event: Event,
+) -> Decision | NeedStates:
+    """Apply one event. ``states`` must hold the event's step and its downstream steps; when a
+    cascade needs more, a :class:`NeedStates` says which (the call is deterministic, so the
+    caller loads them and calls again with the larger mapping)."""
+    work = dict(states)
+    decision = Decision()
+    if execution.status != "running":
+        return decision
+    pending = execution.steps_pending
+    missing: set[str] = set()
+
+    def get(name: str) -> StepState | None:
+        st = work.get(name)
+        if st is None:
+            missing.add(name)
+        return st
+
+    def put(name: str, st: StepState) -> None:
+        work[name] = st
+        decision.states[name] = st
+
+    def fail(reason: str) -> None:
+        decision.reason = reason
+        decision.execution = ExecutionState("failed", pending)
+
+    def end_step(name: str, outcome: str) -> bool:
+        """Record that a step ended and propagate to its downstream; False stops the walk."""
+        nonlocal pending
+        st = get(name)
+        if st is None:
+            return False
+        put(name, replace(st, status=outcome))
+        decision.ended.append((name, outcome))
+        pending -= 1
+        step = spec[name]
+        downstream = spec.downstream[name]
+        if outcome in FAILURE_OUTCOMES and not downstream and step.required:
+            fail(f"final step {name!r} ended {outcome}")
+            return False
+        for d in downstream:
+            ds = get(d)
+            if ds is None:
+                continue
+            ds = replace(
+                ds,
+                up_pending=ds.up_pending - 1,
+                up_ok=ds.up_ok + (outcome in OK_OUTCOMES),
+                up_failed=ds.up_failed + (outcome in FAILURE_OUTCOMES),
+                up_required_failed=ds.up_required_failed
+                + (outcome in FAILURE_OUTCOMES and step.required),
+                up_skipped=ds.up_skipped + (outcome == "skipped"),
+            )
+            put(d, ds)
+            if ds.status != "waiting":
+                continue  # already fired (quorum) or ended: a late branch never fires it again
+            verdict = join_verdict(spec, d, ds)
+            if verdict == "fire":
+                if spec[d].is_map:
+                    put(d, replace(ds, status="active"))
+                else:
+                    put(d, replace(ds, status="active", tasks_total=1, tasks_pending=1))
+                decision.fire.append(d)
+            elif verdict == "skip":
+                if not end_step(d, "skipped"):
+                    return False
+            elif verdict == "fail":
+                fail(
+                    f"step {d!r} cannot run: upstream {name!r} ended {outcome} "
+                    f"(join policy {spec[d].join.kind})"
+                )
+                return False
+        return True
+
+    st = get(event.step)
+    if st is None:
+        return NeedStates(frozenset(missing))
+    for d in spec.downstream[event.step]:
+        get(d)
+    if missing:
+        return NeedStates(frozenset(missing))
+
+    if isinstance(event, MapExpanded):
+        if st.status != "active" or st.tasks_total is not None:
+            return Decision()
+        st = replace(st, tasks_total=event.count, tasks_pending=event.count)
+        put(event.step, st)
+        if event.count == 0:
+            end_step(event.step, "succeeded")
+    else:
+        if st.status != "active" or st.tasks_pending <= 0 or event.outcome not in OUTCOMES:
+            return Decision()  # late or duplicate: the step already ended
+        st = replace(
+            st,
+            tasks_pending=st.tasks_pending - 1,
+            tasks_ok=st.tasks_ok + (event.outcome in OK_OUTCOMES),
+            tasks_degraded=st.tasks_degraded + (event.outcome == "degraded"),
+            tasks_failed=st.tasks_failed + (event.outcome in FAILURE_OUTCOMES),
+        )
+        put(event.step, st)
+        if st.tasks_pending == 0:
+            outcome = event.outcome if not spec[event.step].is_map else _map_outcome(st)
+            end_step(event.step, outcome)
+
+    if missing:
+        return NeedStates(frozenset(missing))
+    if decision.execution is None:
+        if pending == 0:
+            decision.execution = ExecutionState("succeeded", 0)
+        elif pending != execution.steps_pending:
+            decision.execution = ExecutionState("running", pending)
+    return decision

@@ -1,0 +1,76 @@
+"""Every exception the package raises derives from :class:`KonduitError`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from konduit.client import ExecutionResult
+
+
+class KonduitError(Exception):
+    """Base class of every error raised by konduit."""
+
+
+class WorkflowDefinitionError(KonduitError):
+    """A workflow definition is invalid; the message names the step at fault."""
+
+    def __init__(self, message: str, *, workflow: str | None = None, step: str | None = None):
+        self.workflow = workflow
+        self.step = step
+        prefix = ""
+        if workflow:
+            prefix += f"workflow {workflow!r}"
+        if step:
+            prefix += (", " if prefix else "") + f"step {step!r}"
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+class WorkflowNotFound(KonduitError):
+    """No workflow with that name (and version) is registered."""
+
+
+class WorkflowVersionConflict(KonduitError):
+    """A different spec is already registered under the same (name, version)."""
+
+
+class IdempotencyConflict(KonduitError):
+    """An idempotency key was reused with a different input."""
+
+
+class ExecutionNotFound(KonduitError):
+    """No execution has that id."""
+
+
+class PayloadError(KonduitError):
+    """A payload (input or output) cannot be stored: not JSON, or too large."""
+
+
+class DatabaseError(KonduitError):
+    """The database failed; the driver's error is in ``__cause__``."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database cannot be reached."""
+
+
+class SchemaOutdated(KonduitError):
+    """The database schema is older than this version of konduit expects."""
+
+
+class ExecutionFailed(KonduitError):
+    """An execution ended failed, timed out or cancelled; ``result`` carries the details."""
+
+    def __init__(self, result: ExecutionResult):
+        self.result = result
+        super().__init__(
+            f"execution {result.id} ended {result.status}"
+            + (f": {result.error}" if result.error else "")
+        )
+
+
+class NonRetryableError(KonduitError):
+    """Raise (or subclass) in a handler to fail the task without further attempts."""
+
+    def __init__(self, message: str = "", *args: Any):
+        super().__init__(message, *args)

@@ -1,0 +1,165 @@
+"""Per-step policies: retries, deadlines and join policies.
+
+All are frozen dataclasses so that they can be part of a workflow's spec hash.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from konduit.durations import Duration, parse_duration
+from konduit.errors import WorkflowDefinitionError
+
+BackoffKind = Literal["fixed", "linear", "exponential"]
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How many attempts a task gets and how long to wait between them.
+
+    Defaults: 3 attempts, exponential backoff from 1 s capped at 30 s, with full jitter.
+    ``non_retryable`` exception types fail the task at once.
+    """
+
+    max_attempts: int = 3
+    backoff: BackoffKind = "exponential"
+    base: Duration = "1s"
+    cap: Duration = "30s"
+    jitter: bool = True
+    non_retryable: tuple[type[BaseException], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise WorkflowDefinitionError(f"Retry.max_attempts must be >= 1, got {self.max_attempts!r}")
+        if self.backoff not in ("fixed", "linear", "exponential"):
+            raise WorkflowDefinitionError(
+                f"Retry.backoff must be fixed, linear or exponential, got {self.backoff!r}"
+            )
+        object.__setattr__(self, "base", parse_duration(self.base, what="Retry.base"))
+        object.__setattr__(self, "cap", parse_duration(self.cap, what="Retry.cap"))
+        types = tuple(self.non_retryable)
+        for t in types:
+            if not (isinstance(t, type) and issubclass(t, BaseException)):
+                raise WorkflowDefinitionError(f"Retry.non_retryable: {t!r} is not an exception type")
+        object.__setattr__(self, "non_retryable", types)
+
+    def delay(self, failed_attempt: int, *, rng: random.Random | None = None) -> float:
+        """Seconds to wait before the attempt after ``failed_attempt`` (which counts from 1)."""
+        base, cap = float(self.base), float(self.cap)
+        if self.backoff == "fixed":
+            raw = base
+        elif self.backoff == "linear":
+            raw = base * failed_attempt
+        else:
+            raw = base * (2 ** (failed_attempt - 1))
+        raw = min(raw, cap)
+        if self.jitter:
+            # Full jitter (uniform in [0, raw]) spreads retries of tasks that failed together.
+            raw = (rng or random).uniform(0.0, raw)
+        return raw
+
+    def to_spec(self) -> dict[str, Any]:
+        return {
+            "max_attempts": self.max_attempts,
+            "backoff": self.backoff,
+            "base": self.base,
+            "cap": self.cap,
+            "jitter": self.jitter,
+            "non_retryable": sorted(f"{t.__module__}.{t.__qualname__}" for t in self.non_retryable),
+        }
+
+
+JoinKind = Literal["all_succeeded", "all_done", "required", "quorum"]
+
+
+@dataclass(frozen=True)
+class Join:
+    """When a step with several upstream branches may fire.
+
+    - ``all_succeeded()``: every branch succeeded (or degraded); a failed branch fails the execution.
+    - ``all_done()``: every branch ended, whatever its outcome; the join gets the successes.
+    - ``required()``: branches declared ``required=True`` must succeed; optional ones may end any way.
+    - ``quorum(k)``: fires on the k-th successful branch.
+    """
+
+    kind: JoinKind = "all_succeeded"
+    k: int | None = None
+
+    @classmethod
+    def all_succeeded(cls) -> Join:
+        return cls("all_succeeded")
+
+    @classmethod
+    def all_done(cls) -> Join:
+        return cls("all_done")
+
+    @classmethod
+    def required(cls) -> Join:
+        return cls("required")
+
+    @classmethod
+    def quorum(cls, k: int) -> Join:
+        if not isinstance(k, int) or k < 1:
+            raise WorkflowDefinitionError(f"Join.quorum(k) needs k >= 1, got {k!r}")
+        return cls("quorum", k)
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": self.kind, "k": self.k}
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A task's time budget: static (``Deadline.static("30s")``) or adaptive from its history."""
+
+    seconds: float | None = None
+    factor: float = 1.5
+    quantile: float = 0.99
+    window: float = 7 * 86400.0
+    floor: float = 0.0
+    ceiling: float | None = None
+    default: float | None = None
+    adaptive_: bool = False
+
+    @classmethod
+    def static(cls, value: Duration) -> Deadline:
+        return cls(seconds=parse_duration(value, what="deadline"))
+
+    @classmethod
+    def adaptive(
+        cls,
+        *,
+        factor: float = 1.5,
+        quantile: float = 0.99,
+        window: Duration = "7d",
+        floor: Duration = "0s",
+        ceiling: Duration | None = None,
+        default: Duration | None = None,
+    ) -> Deadline:
+        if factor <= 0:
+            raise WorkflowDefinitionError(f"Deadline.adaptive factor must be > 0, got {factor!r}")
+        if not 0 < quantile <= 1:
+            raise WorkflowDefinitionError(f"Deadline.adaptive quantile must be in (0, 1], got {quantile!r}")
+        return cls(
+            factor=float(factor),
+            quantile=float(quantile),
+            window=parse_duration(window, what="Deadline.window"),
+            floor=parse_duration(floor, what="Deadline.floor"),
+            ceiling=None if ceiling is None else parse_duration(ceiling, what="Deadline.ceiling"),
+            default=None if default is None else parse_duration(default, what="Deadline.default"),
+            adaptive_=True,
+        )
+
+    def to_spec(self) -> dict[str, Any]:
+        if not self.adaptive_:
+            return {"seconds": self.seconds}
+        return {
+            "adaptive": True,
+            "factor": self.factor,
+            "quantile": self.quantile,
+            "window": self.window,
+            "floor": self.floor,
+            "ceiling": self.ceiling,
+            "default": self.default,
+        }

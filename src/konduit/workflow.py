@@ -1,0 +1,405 @@
+"""Workflow definitions: steps, their dependencies and policies, checked at definition time."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, TypeVar
+
+from konduit.durations import Duration, parse_duration
+from konduit.errors import WorkflowDefinitionError
+from konduit.policies import Deadline, Join, Retry
+
+Handler = Callable[..., Any]
+F = TypeVar("F", bound=Handler)
+StepRef = str | Handler
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,99}$")
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One node of the DAG, as compiled from a decorator or the sequence builder."""
+
+    name: str
+    handler: Handler
+    after: tuple[str, ...]
+    join: Join
+    retry: Retry
+    deadline: Deadline | None = None
+    required: bool = True
+    fallback: Callable[[Any], Any] | None = None
+    map_over: Callable[[Any], Iterable[Any]] | None = None
+    queue: str = "default"
+    priority: int = 0
+    output: Any = None
+
+    @property
+    def is_map(self) -> bool:
+        return self.map_over is not None
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.handler)
+
+    def to_spec(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "after": list(self.after),
+            "join": self.join.to_spec(),
+            "retry": self.retry.to_spec(),
+            "deadline": self.deadline.to_spec() if self.deadline else None,
+            "required": self.required,
+            "fallback": self.fallback is not None,
+            "map": self.is_map,
+            "queue": self.queue,
+            "priority": self.priority,
+        }
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """A handler with step options, for use inside :meth:`Workflow.sequence` and :func:`parallel`."""
+
+    handler: Handler
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Branches that run side by side inside :meth:`Workflow.sequence`."""
+
+    items: tuple[Any, ...]
+
+
+def step(handler: Handler, **options: Any) -> StepOptions:
+    """Wrap a handler with step options (``retry=``, ``join=``, ...) for the sequence builder."""
+    return StepOptions(handler, options)
+
+
+def parallel(*items: Any) -> Parallel:
+    """Branches for :meth:`Workflow.sequence`: each item is a handler, a ``step(...)``,
+    or a list/tuple meaning a nested sequence."""
+    if not items:
+        raise WorkflowDefinitionError("parallel() needs at least one branch")
+    return Parallel(tuple(items))
+
+
+def _check_signature(name: str, workflow: str, handler: Handler) -> None:
+    if not callable(handler):
+        raise WorkflowDefinitionError("handler is not callable", workflow=workflow, step=name)
+    try:
+        sig = inspect.signature(handler)
+    except (TypeError, ValueError) as exc:
+        raise WorkflowDefinitionError(
+            f"cannot read the handler's signature: {exc}", workflow=workflow, step=name
+        ) from exc
+    try:
+        sig.bind(object())
+    except TypeError as exc:
+        raise WorkflowDefinitionError(
+            f"handler must take exactly one positional argument (the context), "
+            f"its signature is {name}{sig}",
+            workflow=workflow,
+            step=name,
+        ) from exc
+
+
+class Workflow:
+    """A named, versioned DAG of steps.
+
+    >>> wf = Workflow("publish-content", version=1)
+    >>> @wf.step()
+    ... def transcribe(ctx): ...
+    """
+
+    def __init__(self, name: str, version: int = 1):
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise WorkflowDefinitionError(
+                f"workflow name {name!r} must be 1-100 letters, digits, '_', '-' or '.'"
+            )
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise WorkflowDefinitionError(f"version must be a positive integer, got {version!r}",
+                                          workflow=name)
+        self.name = name
+        self.version = version
+        self._steps: dict[str, StepSpec] = {}
+        self._by_handler: dict[int, str] = {}
+        self._frozen_spec: WorkflowSpec | None = None
+
+    # -- definition ---------------------------------------------------------------------------
+
+    def step(
+        self,
+        *,
+        name: str | None = None,
+        after: Sequence[StepRef] = (),
+        join: Join | None = None,
+        retry: Retry | None = None,
+        deadline: Deadline | Duration | None = None,
+        required: bool = True,
+        fallback: Callable[[Any], Any] | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        output: Any = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as a step running after the steps in ``after``."""
+
+        def decorate(handler: F) -> F:
+            self._add(
+                handler,
+                name=name,
+                after=after,
+                join=join,
+                retry=retry,
+                deadline=deadline,
+                required=required,
+                fallback=fallback,
+                queue=queue,
+                priority=priority,
+                output=output,
+                map_over=None,
+            )
+            return handler
+
+        return decorate
+
+    def map(
+        self,
+        *,
+        after: Sequence[StepRef],
+        over: Callable[[Any], Iterable[Any]],
+        name: str | None = None,
+        retry: Retry | None = None,
+        deadline: Deadline | Duration | None = None,
+        required: bool = True,
+        fallback: Callable[[Any], Any] | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        output: Any = None,
+    ) -> Callable[[F], F]:
+        """Register a run-time fan-out: one task per item of ``over(upstream_output)``.
+
+        With one upstream, ``over`` receives its payload; with several, a dict of step -> payload.
+        Each task sees its item as ``ctx.item``; downstream steps receive the results as a list in
+        item order.
+        """
+        if not callable(over):
+            raise WorkflowDefinitionError("map(over=...) must be callable", workflow=self.name)
+
+        def decorate(handler: F) -> F:
+            self._add(
+                handler,
+                name=name,
+                after=after,
+                join=None,
+                retry=retry,
+                deadline=deadline,
+                required=required,
+                fallback=fallback,
+                queue=queue,
+                priority=priority,
+                output=output,
+                map_over=over,
+            )
+            return handler
+
+        return decorate
+
+    def sequence(self, *items: Any, after: Sequence[StepRef] = ()) -> list[str]:
+        """Add steps that run one after another; a :func:`parallel` item fans out and the
+        next item joins its branches. Returns the names of the last item's steps."""
+        tails = [self._resolve(r, "sequence") for r in after]
+        for item in items:
+            tails = self._add_item(item, tails)
+        return tails
+
+    def _add_item(self, item: Any, after: list[str]) -> list[str]:
+        if isinstance(item, Parallel):
+            ends: list[str] = []
+            for branch in item.items:
+                ends.extend(self._add_item(branch, after))
+            return ends
+        if isinstance(item, list | tuple):
+            tails = after
+            for sub in item:
+                tails = self._add_item(sub, tails)
+            return tails
+        opts = item if isinstance(item, StepOptions) else StepOptions(item)
+        options = dict(opts.options)
+        options.setdefault("after", after)
+        if "over" in options:
+            over = options.pop("over")
+            return [self._add(opts.handler, map_over=over, **options)]
+        return [self._add(opts.handler, map_over=None, **options)]
+
+    def _resolve(self, ref: StepRef, owner: str) -> str:
+        if isinstance(ref, str):
+            return ref
+        found = self._by_handler.get(id(ref))
+        if found is None:
+            raise WorkflowDefinitionError(
+                f"upstream {getattr(ref, '__name__', ref)!r} is not a step of this workflow",
+                workflow=self.name,
+                step=owner,
+            )
+        return found
+
+    def _add(
+        self,
+        handler: Handler,
+        *,
+        map_over: Callable[[Any], Iterable[Any]] | None,
+        name: str | None = None,
+        after: Sequence[StepRef] = (),
+        join: Join | None = None,
+        retry: Retry | None = None,
+        deadline: Deadline | Duration | None = None,
+        required: bool = True,
+        fallback: Callable[[Any], Any] | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        output: Any = None,
+    ) -> str:
+        if self._frozen_spec is not None:
+            raise WorkflowDefinitionError(
+                "cannot add steps after the workflow was registered with an App", workflow=self.name
+            )
+        step_name = name or getattr(handler, "__name__", None)
+        if not isinstance(step_name, str) or not _NAME.match(step_name):
+            raise WorkflowDefinitionError(f"invalid step name {step_name!r}", workflow=self.name)
+        if step_name in self._steps:
+            raise WorkflowDefinitionError("duplicate step name", workflow=self.name, step=step_name)
+        _check_signature(step_name, self.name, handler)
+        if isinstance(after, str | bytes) or not isinstance(after, Sequence):
+            raise WorkflowDefinitionError(
+                "after= must be a list of steps", workflow=self.name, step=step_name
+            )
+        upstream = tuple(self._resolve(r, step_name) for r in after)
+        if len(set(upstream)) != len(upstream):
+            raise WorkflowDefinitionError("an upstream is listed twice", workflow=self.name,
+                                          step=step_name)
+        if step_name in upstream:
+            raise WorkflowDefinitionError("a step cannot run after itself (cycle)",
+                                          workflow=self.name, step=step_name)
+        if join is not None and not isinstance(join, Join):
+            raise WorkflowDefinitionError(f"join= must be a konduit.Join, got {join!r}",
+                                          workflow=self.name, step=step_name)
+        if join is not None and len(upstream) < 2:
+            raise WorkflowDefinitionError(
+                f"a join policy needs at least two upstream steps, this step has {len(upstream)}",
+                workflow=self.name,
+                step=step_name,
+            )
+        if join is not None and join.kind == "quorum" and (join.k or 0) > len(upstream):
+            raise WorkflowDefinitionError(
+                f"Join.quorum({join.k}) can never fire with {len(upstream)} upstream steps",
+                workflow=self.name,
+                step=step_name,
+            )
+        if map_over is not None and not upstream:
+            raise WorkflowDefinitionError("a map step needs an upstream to map over",
+                                          workflow=self.name, step=step_name)
+        if retry is not None and not isinstance(retry, Retry):
+            raise WorkflowDefinitionError(f"retry= must be a konduit.Retry, got {retry!r}",
+                                          workflow=self.name, step=step_name)
+        if fallback is not None:
+            _check_signature(step_name, self.name, fallback)
+        if deadline is not None and not isinstance(deadline, Deadline):
+            deadline = Deadline(seconds=parse_duration(deadline, what=f"step {step_name!r} deadline"))
+        if not isinstance(queue, str) or not queue:
+            raise WorkflowDefinitionError("queue must be a non-empty string", workflow=self.name,
+                                          step=step_name)
+        spec = StepSpec(
+            name=step_name,
+            handler=handler,
+            after=upstream,
+            join=join or Join.all_succeeded(),
+            retry=retry or Retry(),
+            deadline=deadline,
+            required=bool(required),
+            fallback=fallback,
+            map_over=map_over,
+            queue=queue,
+            priority=int(priority),
+            output=output,
+        )
+        self._steps[step_name] = spec
+        self._by_handler[id(handler)] = step_name
+        return step_name
+
+    # -- compiled view ------------------------------------------------------------------------
+
+    def compile(self) -> WorkflowSpec:
+        """Check the whole DAG (unknown upstreams, cycles) and freeze it."""
+        if self._frozen_spec is None:
+            self._frozen_spec = WorkflowSpec(self.name, self.version, dict(self._steps))
+        return self._frozen_spec
+
+    @property
+    def spec(self) -> WorkflowSpec:
+        return self.compile()
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.name!r}, version={self.version}, steps={list(self._steps)})"
+
+
+class WorkflowSpec:
+    """The frozen, validated DAG of a workflow: what the engine and the pure advance function use."""
+
+    def __init__(self, name: str, version: int, steps: dict[str, StepSpec]):
+        self.name = name
+        self.version = version
+        self.steps = steps
+        if not steps:
+            raise WorkflowDefinitionError("a workflow needs at least one step", workflow=name)
+        for s in steps.values():
+            for up in s.after:
+                if up not in steps:
+                    raise WorkflowDefinitionError(f"unknown upstream step {up!r}", workflow=name,
+                                                  step=s.name)
+        self.downstream: dict[str, tuple[str, ...]] = {
+            n: tuple(d.name for d in steps.values() if n in d.after) for n in steps
+        }
+        self.order = self._topological_order()
+        self.roots = tuple(n for n in self.order if not steps[n].after)
+        self.sinks = tuple(n for n in self.order if not self.downstream[n])
+
+    def _topological_order(self) -> tuple[str, ...]:
+        indegree = {n: len(s.after) for n, s in self.steps.items()}
+        ready = [n for n, d in indegree.items() if d == 0]
+        order: list[str] = []
+        while ready:
+            n = ready.pop(0)
+            order.append(n)
+            for d in self.downstream[n]:
+                indegree[d] -= 1
+                if indegree[d] == 0:
+                    ready.append(d)
+        if len(order) != len(self.steps):
+            stuck = sorted(n for n, d in indegree.items() if d > 0)
+            raise WorkflowDefinitionError(
+                f"the steps {', '.join(stuck)} form a cycle", workflow=self.name, step=stuck[0]
+            )
+        return tuple(order)
+
+    def __getitem__(self, step: str) -> StepSpec:
+        return self.steps[step]
+
+    @cached_property
+    def spec_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "steps": [self.steps[n].to_spec() for n in self.order],
+        }
+
+    @cached_property
+    def spec_hash(self) -> str:
+        canonical = json.dumps(self.spec_json, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
