@@ -1,0 +1,250 @@
+"""``konduit.App``: the registry of workflows plus a synchronous face over the async core.
+
+Sync calls run on a private event-loop thread (one per App), so there is one implementation of
+every operation, in :mod:`konduit.client`, and no hand-written sync twin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import Coroutine, Iterable
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+from konduit.client import Client, ExecutionResult
+from konduit.db.database import Database, Row, is_embedded, resolve_url
+from konduit.db.migrate import migrate
+from konduit.registry import Registry
+from konduit.worker.config import WorkerConfig
+from konduit.worker.worker import Worker
+from konduit.workflow import Workflow
+
+T = TypeVar("T")
+log = logging.getLogger("konduit")
+
+
+class ExecutionHandle:
+    """A started execution."""
+
+    def __init__(self, app: App, execution_id: UUID):
+        self.app = app
+        self.id = execution_id
+
+    def wait(self, timeout: float | None = None) -> ExecutionResult:
+        """Block until it finishes: the result if it succeeded; raises ``ExecutionFailed`` if it
+        failed, timed out or was cancelled, ``TimeoutError`` if still running after ``timeout``."""
+        return self.app.wait(self.id, timeout)
+
+    def status(self) -> ExecutionResult:
+        return self.app.status(self.id)
+
+    def cancel(self) -> bool:
+        return self.app.cancel(self.id)
+
+    def __repr__(self) -> str:
+        return f"ExecutionHandle({self.id})"
+
+
+class App:
+    """The workflows an application knows and the database they run on.
+
+    ``database_url`` falls back to ``KONDUIT_DATABASE_URL``, then to the embedded server (which
+    is migrated automatically; a real server is migrated with ``konduit db migrate``).
+    """
+
+    def __init__(
+        self,
+        workflows: Iterable[Workflow] = (),
+        database_url: str | None = None,
+        *,
+        pool_size: int = 10,
+    ):
+        self.registry = Registry(workflows)
+        self._database_url = database_url
+        self.pool_size = pool_size
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: Client | None = None
+        self._lock = threading.Lock()
+
+    def add(self, workflow: Workflow) -> None:
+        self.registry.add(workflow)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    @property
+    def database_url(self) -> str:
+        if self._database_url is None or self._embedded_pending:
+            self._embedded_pending = False
+            self._database_url = resolve_url(self._database_url)
+        return self._database_url
+
+    _embedded_pending = False
+
+    def _portal(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="konduit-app", daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._portal()).result()
+
+    async def _open_database(self, max_size: int) -> Database:
+        embedded = is_embedded(self._database_url)
+        url = await asyncio.to_thread(lambda: self.database_url)
+        db = Database(url, min_size=1, max_size=max_size)
+        await db.open()
+        if embedded:
+            await migrate(db)
+        return db
+
+    async def client_async(self) -> Client:
+        """The async client (created on first use), for code already inside an event loop."""
+        if self._client is None:
+            db = await self._open_database(self.pool_size)
+            self._client = Client(db, self.registry)
+        return self._client
+
+    def _c(self) -> Client:
+        return self._call(self.client_async())
+
+    # -- the API --------------------------------------------------------------------------------
+
+    def start(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        version: int | None = None,
+        deadline_at: datetime | None = None,
+    ) -> ExecutionHandle:
+        """Start an execution of the latest registered version (or ``version``)."""
+        client = self._c()
+        eid = self._call(
+            client.start(workflow, input, idempotency_key=idempotency_key, version=version,
+                         deadline_at=deadline_at)
+        )
+        return ExecutionHandle(self, eid)
+
+    def handle(self, execution_id: UUID | str) -> ExecutionHandle:
+        return ExecutionHandle(self, UUID(str(execution_id)))
+
+    def wait(self, execution_id: UUID | str, timeout: float | None = None) -> ExecutionResult:
+        return self._call(self._c().wait(execution_id, timeout))
+
+    def status(self, execution_id: UUID | str) -> ExecutionResult:
+        return self._call(self._c().get(execution_id))
+
+    def cancel(self, execution_id: UUID | str) -> bool:
+        return self._call(self._c().cancel(execution_id))
+
+    def list(self, *, status: str | None = None, workflow: str | None = None,
+             limit: int = 50) -> list[ExecutionResult]:
+        return self._call(self._c().list(status=status, workflow=workflow, limit=limit))
+
+    def tasks(self, execution_id: UUID | str) -> list[Row]:
+        return self._call(self._c().tasks(execution_id))
+
+    def steps(self, execution_id: UUID | str) -> list[Row]:
+        return self._call(self._c().steps(execution_id))
+
+    def dead_letters(self, limit: int = 50) -> list[Row]:
+        return self._call(self._c().dead_letters(limit))
+
+    def migrate(self) -> list[str]:
+        async def go() -> list[str]:
+            client = await self.client_async()
+            return [f"{m.version:04d}_{m.name}" for m in await migrate(client.db)]
+
+        return self._call(go())
+
+    async def run_worker_async(
+        self, config: WorkerConfig | None = None, *, stop_after: float | None = None
+    ) -> Worker:
+        """Run a worker in the current event loop until :meth:`Worker.stop` (or ``stop_after``)."""
+        config = config or WorkerConfig()
+        db = await self._open_database(max(4, min(config.concurrency + 2, 20)))
+        worker = Worker(db, self.registry, config)
+        if stop_after is not None:
+            asyncio.get_running_loop().call_later(stop_after, worker.stop)
+        try:
+            await worker.run()
+        finally:
+            await db.close()
+        return worker
+
+    def run_worker(
+        self,
+        concurrency: int = 10,
+        *,
+        queues: Iterable[str] = ("default",),
+        stop_after: float | None = None,
+        stop_event: threading.Event | None = None,
+        **options: Any,
+    ) -> Worker:
+        """Run a worker in this thread until SIGINT/SIGTERM (graceful), ``stop_after`` seconds,
+        or ``stop_event`` is set."""
+        config = WorkerConfig(concurrency=concurrency, queues=tuple(queues), **options)
+
+        async def main() -> Worker:
+            task = asyncio.current_task()
+            assert task is not None
+            holder: dict[str, Worker] = {}
+            loop = asyncio.get_running_loop()
+
+            def request_stop() -> None:
+                if "w" in holder:
+                    holder["w"].stop()
+
+            if threading.current_thread() is threading.main_thread():
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, request_stop)
+            if stop_event is not None:
+                def watch() -> None:
+                    stop_event.wait()
+                    loop.call_soon_threadsafe(request_stop)
+
+                threading.Thread(target=watch, daemon=True).start()
+
+            config_db = await self._open_database(max(4, min(config.concurrency + 2, 20)))
+            worker = Worker(config_db, self.registry, config)
+            holder["w"] = worker
+            if stop_after is not None:
+                loop.call_later(stop_after, worker.stop)
+            if stop_event is not None and stop_event.is_set():
+                worker.stop()
+            try:
+                await worker.run()
+            finally:
+                await config_db.close()
+            return worker
+
+        return asyncio.run(main())
+
+    def close(self) -> None:
+        """Close the connections of the sync face."""
+        if self._loop is None:
+            return
+        if self._client is not None:
+            self._call(self._client.db.close())
+            self._client = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._loop.close()
+        self._loop = None
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

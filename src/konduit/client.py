@@ -1,0 +1,243 @@
+"""The async client core: register workflows, start, inspect, wait for and cancel executions."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from konduit.advance import initial_states
+from konduit.db.database import Database, Row, translate_errors
+from konduit.engine.advancer import finish_execution
+from konduit.errors import (
+    ExecutionFailed,
+    ExecutionNotFound,
+    IdempotencyConflict,
+    KonduitError,
+    WorkflowVersionConflict,
+)
+from konduit.payloads import DEFAULT_MAX_BYTES, canonical_json, content_hash
+from konduit.registry import Registry, workflow_key
+from konduit.workflow import WorkflowSpec
+
+FINISHED = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+
+
+@dataclass
+class ExecutionResult:
+    """How an execution stands (or ended)."""
+
+    id: UUID
+    workflow: str
+    version: int
+    status: str
+    output: Any = None
+    error: str | None = None
+    outcomes: dict[str, str] = field(default_factory=dict)
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+
+def _coerce_id(execution_id: UUID | str) -> UUID:
+    if isinstance(execution_id, UUID):
+        return execution_id
+    try:
+        return UUID(str(execution_id))
+    except ValueError:
+        raise ExecutionNotFound(f"{execution_id!r} is not an execution id") from None
+
+
+class Client:
+    """Everything an application does with executions, as coroutines."""
+
+    def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int = DEFAULT_MAX_BYTES):
+        self.db = db
+        self.registry = registry
+        self.max_payload_bytes = max_payload_bytes
+        self._registered: set[str] = set()
+
+    async def register(self, spec: WorkflowSpec) -> None:
+        """Record (name, version, spec hash); a different spec under the same version is refused."""
+        key = workflow_key(spec.name, spec.version)
+        if key in self._registered:
+            return
+        async with self.db.transaction() as tx:
+            await tx.run(
+                "workflow_insert_if_absent",
+                name=spec.name,
+                version=spec.version,
+                spec_hash=spec.spec_hash,
+                spec=Jsonb(spec.spec_json),
+            )
+            row = await tx.one("workflow_get", name=spec.name, version=spec.version)
+        if row is None or row["spec_hash"] != spec.spec_hash:
+            raise WorkflowVersionConflict(
+                f"workflow {spec.name!r} version {spec.version} is already registered with a "
+                f"different definition; give the changed definition a new version number"
+            )
+        self._registered.add(key)
+
+    async def register_all(self) -> None:
+        for spec in self.registry:
+            await self.register(spec)
+
+    async def start(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        version: int | None = None,
+        deadline_at: datetime | None = None,
+    ) -> UUID:
+        """Start an execution and return its id; the same idempotency key returns the same id."""
+        spec = self.registry.get(workflow, version)
+        encoded = canonical_json(
+            input, what=f"input of workflow {workflow!r}", max_bytes=self.max_payload_bytes
+        )
+        input_hash = content_hash(encoded)
+        await self.register(spec)
+        states, execution, roots = initial_states(spec)
+        new_id = uuid.uuid4()
+        async with self.db.transaction() as tx:
+            row = await tx.one(
+                "execution_insert_if_new_key",
+                id=new_id,
+                workflow_name=spec.name,
+                workflow_version=spec.version,
+                input=Jsonb(input),
+                input_hash=input_hash,
+                idempotency_key=idempotency_key,
+                steps_pending=execution.steps_pending,
+                deadline_at=deadline_at,
+            )
+            if row is None:
+                existing = await tx.one(
+                    "execution_get_by_idempotency_key",
+                    workflow_name=spec.name,
+                    idempotency_key=idempotency_key,
+                )
+                assert existing is not None
+                if existing["input_hash"] != input_hash:
+                    raise IdempotencyConflict(
+                        f"idempotency key {idempotency_key!r} already started execution "
+                        f"{existing['id']} of {workflow!r} with a different input"
+                    )
+                return UUID(str(existing["id"]))
+            names = list(spec.order)
+            await tx.run(
+                "step_insert_many",
+                execution_id=new_id,
+                steps=names,
+                statuses=[states[n].status for n in names],
+                up_totals=[len(spec[n].after) for n in names],
+                tasks_totals=[states[n].tasks_total for n in names],
+                tasks_pendings=[states[n].tasks_pending for n in names],
+            )
+            await tx.run(
+                "task_insert_many",
+                execution_id=new_id,
+                workflow=workflow_key(spec.name, spec.version),
+                steps=roots,
+                map_indexes=[0] * len(roots),
+                items=[None] * len(roots),
+                queues=[spec[r].queue for r in roots],
+                priorities=[spec[r].priority for r in roots],
+                max_attempts=[spec[r].retry.max_attempts for r in roots],
+            )
+            for queue in sorted({spec[r].queue for r in roots}):
+                await tx.one("task_notify_ready", queue=queue)
+        return new_id
+
+    async def get(self, execution_id: UUID | str) -> ExecutionResult:
+        eid = _coerce_id(execution_id)
+        row = await self.db.one("execution_get", id=eid)
+        if row is None:
+            raise ExecutionNotFound(f"no execution with id {eid}")
+        steps = await self.db.all("step_get_all", execution_id=eid)
+        return self._result(row, {s["step"]: s["status"] for s in steps})
+
+    @staticmethod
+    def _result(row: Row, outcomes: dict[str, str]) -> ExecutionResult:
+        return ExecutionResult(
+            id=UUID(str(row["id"])),
+            workflow=row["workflow_name"],
+            version=row["workflow_version"],
+            status=row["status"],
+            output=row.get("output"),
+            error=row.get("error"),
+            outcomes=outcomes,
+            created_at=row.get("created_at"),
+            finished_at=row.get("finished_at"),
+        )
+
+    async def wait(self, execution_id: UUID | str, timeout: float | None = None) -> ExecutionResult:
+        """Wait for the execution to finish. Returns the result when it succeeded; raises
+        :class:`ExecutionFailed` when it failed, timed out or was cancelled, and
+        :class:`TimeoutError` when it is still running after ``timeout`` seconds."""
+        eid = _coerce_id(execution_id)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        conn = await self.db.listen_connection()
+        try:
+            with translate_errors():
+                await conn.execute("LISTEN konduit_finished")
+            while True:
+                result = await self.get(eid)
+                if result.finished:
+                    if result.status != "succeeded":
+                        raise ExecutionFailed(result)
+                    return result
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"execution {eid} is still {result.status} after {timeout} s"
+                    )
+                # Notifications wake us at once; the short timeout is the polling fallback.
+                step = 1.0 if remaining is None else min(1.0, remaining)
+                with translate_errors():
+                    async for note in conn.notifies(timeout=step, stop_after=1):
+                        if note.payload == str(eid):
+                            break
+        finally:
+            await conn.close()
+
+    async def cancel(self, execution_id: UUID | str, reason: str = "cancelled") -> bool:
+        """Cancel a running execution: its ready tasks are never claimed after this commits and
+        running handlers lose their lease. Returns False when it had already finished."""
+        eid = _coerce_id(execution_id)
+        async with self.db.transaction() as tx:
+            row = await tx.one("execution_lock", id=eid)
+            if row is None:
+                raise ExecutionNotFound(f"no execution with id {eid}")
+            if row["status"] != "running":
+                return False
+            return await finish_execution(tx, eid, "cancelled", None, reason, row["steps_pending"])
+
+    async def list(
+        self, *, status: str | None = None, workflow: str | None = None, limit: int = 50
+    ) -> list[ExecutionResult]:
+        rows = await self.db.all("execution_list", status=status, workflow_name=workflow, limit=limit)
+        return [self._result(r, {}) for r in rows]
+
+    async def tasks(self, execution_id: UUID | str) -> list[Row]:
+        return await self.db.all("task_list_by_execution", execution_id=_coerce_id(execution_id))
+
+    async def steps(self, execution_id: UUID | str) -> list[Row]:
+        return await self.db.all("step_get_all", execution_id=_coerce_id(execution_id))
+
+    async def dead_letters(self, limit: int = 50) -> list[Row]:
+        return await self.db.all("task_list_dead", limit=limit)
+
+
+__all__ = ["Client", "ExecutionFailed", "ExecutionResult", "KonduitError", "psycopg"]

@@ -1,0 +1,51 @@
+"""The context a handler receives: where the attempt stands and what came from upstream."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+
+@dataclass
+class Context:
+    """Passed to every handler (and fallback) as its only argument."""
+
+    execution_id: UUID
+    workflow: str
+    step: str
+    map_index: int
+    attempt: int
+    input: Any
+    upstream: dict[str, Any] = field(default_factory=dict)
+    outcomes: dict[str, str] = field(default_factory=dict)
+    item: Any = None
+    deadline: float | None = None  # seconds of budget for this attempt, when the step has one
+    started_at: float = field(default_factory=time.monotonic)
+    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+    _on_heartbeat: Callable[[], None] | None = field(default=None, repr=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across attempts of this task: hand it to payment APIs and the like."""
+        return f"{self.execution_id}:{self.step}:{self.map_index}"
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the engine asked this attempt to stop (cancel, lost lease, shutdown)."""
+        return self._cancelled.is_set()
+
+    @property
+    def remaining(self) -> float | None:
+        """Seconds left of the deadline, or None without one."""
+        if self.deadline is None:
+            return None
+        return self.deadline - (time.monotonic() - self.started_at)
+
+    def heartbeat(self) -> None:
+        """Tell the worker this attempt is alive; its lease is extended on the next beat."""
+        if self._on_heartbeat is not None:
+            self._on_heartbeat()

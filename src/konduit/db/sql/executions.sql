@@ -1,0 +1,61 @@
+-- name: execution_insert_if_new_key
+-- Create an execution; with an idempotency key already used for this workflow, insert nothing.
+INSERT INTO konduit_executions
+    (id, workflow_name, workflow_version, input, input_hash, idempotency_key, steps_pending,
+     deadline_at)
+VALUES
+    (%(id)s, %(workflow_name)s, %(workflow_version)s, %(input)s, %(input_hash)s,
+     %(idempotency_key)s, %(steps_pending)s, %(deadline_at)s)
+ON CONFLICT (workflow_name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id;
+
+-- name: execution_get_by_idempotency_key
+-- The execution an idempotency key already started.
+SELECT id, input_hash, workflow_version
+FROM konduit_executions
+WHERE workflow_name = %(workflow_name)s AND idempotency_key = %(idempotency_key)s;
+
+-- name: execution_lock
+-- Serialize every fan-in decision of one execution (see konduit.worker.completer).
+SELECT id, workflow_name, workflow_version, status, steps_pending
+FROM konduit_executions
+WHERE id = %(id)s
+FOR NO KEY UPDATE;
+
+-- name: execution_get
+-- One execution, whole.
+SELECT id, workflow_name, workflow_version, status, input, output, error, idempotency_key,
+       steps_pending, deadline_at, created_at, finished_at
+FROM konduit_executions
+WHERE id = %(id)s;
+
+-- name: execution_list
+-- Recent executions, newest first, optionally of one status and one workflow.
+SELECT id, workflow_name, workflow_version, status, error, idempotency_key, created_at,
+       finished_at
+FROM konduit_executions
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(workflow_name)s::text IS NULL OR workflow_name = %(workflow_name)s)
+ORDER BY created_at DESC
+LIMIT %(limit)s;
+
+-- name: execution_set_steps_pending_if_running
+-- Record how many steps of a running execution have not ended.
+UPDATE konduit_executions
+SET steps_pending = %(steps_pending)s
+WHERE id = %(id)s AND status = 'running';
+
+-- name: execution_finish_if_running
+-- End a running execution with its status, output and error.
+UPDATE konduit_executions
+SET status = %(status)s,
+    output = %(output)s,
+    error = %(error)s,
+    steps_pending = %(steps_pending)s,
+    finished_at = clock_timestamp()
+WHERE id = %(id)s AND status = 'running'
+RETURNING id;
+
+-- name: execution_notify_finished
+-- Wake clients waiting on this execution; delivered when the transaction commits.
+SELECT pg_notify('konduit_finished', %(id)s);

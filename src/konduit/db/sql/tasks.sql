@@ -1,0 +1,121 @@
+-- name: task_insert_many
+-- Create the ready tasks of steps whose join fired; a task that exists already is never made twice.
+INSERT INTO konduit_tasks
+    (execution_id, workflow, step, map_index, item, queue, priority, max_attempts)
+SELECT %(execution_id)s, %(workflow)s, u.step, u.map_index, u.item, u.queue, u.priority, u.max_attempts
+FROM unnest(%(steps)s::text[], %(map_indexes)s::int[], %(items)s::jsonb[], %(queues)s::text[],
+            %(priorities)s::int[], %(max_attempts)s::int[])
+     AS u(step, map_index, item, queue, priority, max_attempts)
+ON CONFLICT (execution_id, step, map_index) DO NOTHING;
+
+-- name: task_notify_ready
+-- Wake idle workers of a queue; delivered when the transaction commits.
+SELECT pg_notify('konduit_ready', %(queue)s);
+
+-- name: task_claim_batch
+-- Lease up to `limit` ready tasks of the given queues, skipping rows other workers hold.
+WITH picked AS (
+    SELECT id
+    FROM konduit_tasks
+    WHERE status = 'ready' AND queue = ANY(%(queues)s::text[]) AND run_at <= clock_timestamp()
+      AND workflow = ANY(%(workflows)s::text[])
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE konduit_tasks t
+    SET status = 'running',
+        attempt = t.attempt + 1,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+        worker_id = %(worker_id)s,
+        started_at = COALESCE(t.started_at, clock_timestamp())
+    FROM picked
+    WHERE t.id = picked.id
+    RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
+              t.lease_token, t.queue
+), attempts AS (
+    INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token)
+    SELECT id, attempt, %(worker_id)s, lease_token FROM claimed
+)
+SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
+       c.lease_token, c.queue, e.workflow_name, e.workflow_version, e.input, e.deadline_at
+FROM claimed c
+JOIN konduit_executions e ON e.id = c.execution_id;
+
+-- name: task_complete_if_leased
+-- Record a task's outcome, only while the caller still holds its lease (fencing).
+UPDATE konduit_tasks
+SET status = %(outcome)s,
+    output_hash = %(output_hash)s,
+    error = %(error)s,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    finished_at = clock_timestamp() - make_interval(secs => %(age_seconds)s)
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+RETURNING id, execution_id, step, map_index, attempt, finished_at;
+
+-- name: task_retry_if_leased
+-- Return a failed attempt's task to ready after a backoff, only while the caller holds its lease.
+UPDATE konduit_tasks
+SET status = 'ready',
+    run_at = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
+    error = %(error)s,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+RETURNING id, queue;
+
+-- name: task_extend_leases_if_held
+-- Heartbeat: extend the leases a worker still holds; returns the ids it still holds.
+UPDATE konduit_tasks t
+SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS u(id, lease_token)
+WHERE t.id = u.id AND t.lease_token = u.lease_token AND t.status = 'running'
+RETURNING t.id;
+
+-- name: task_list_expired_leases
+-- Running tasks whose lease ran out (their worker died or hung), oldest first.
+SELECT id, execution_id, lease_token
+FROM konduit_tasks
+WHERE status = 'running' AND lease_expires_at < clock_timestamp()
+ORDER BY lease_expires_at
+LIMIT %(limit)s;
+
+-- name: task_cancel_unfinished
+-- End the ready and running tasks of a stopped execution; running workers lose their lease.
+UPDATE konduit_tasks
+SET status = 'cancelled',
+    error = %(reason)s,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    finished_at = clock_timestamp()
+WHERE execution_id = %(execution_id)s AND status IN ('ready', 'running')
+RETURNING id, attempt;
+
+-- name: task_list_by_execution
+-- Every task of one execution, in DAG-independent order, for status pages.
+SELECT id, step, map_index, status, attempt, max_attempts, worker_id, error, created_at,
+       started_at, finished_at, run_at
+FROM konduit_tasks
+WHERE execution_id = %(execution_id)s
+ORDER BY id;
+
+-- name: task_list_dead
+-- Dead-lettered tasks (retries exhausted or non-retryable), newest first.
+SELECT t.id, t.execution_id, e.workflow_name, t.step, t.map_index, t.attempt, t.error,
+       t.finished_at
+FROM konduit_tasks t
+JOIN konduit_executions e ON e.id = t.execution_id
+WHERE t.status = 'failed'
+ORDER BY t.finished_at DESC
+LIMIT %(limit)s;
+
+-- name: task_get_for_reclaim
+-- A running task with an expired lease, with what reclaiming it needs.
+SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.lease_token,
+       t.worker_id, e.workflow_name, e.workflow_version
+FROM konduit_tasks t
+JOIN konduit_executions e ON e.id = t.execution_id
+WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
+  AND t.lease_expires_at < clock_timestamp();

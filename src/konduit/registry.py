@@ -1,0 +1,49 @@
+"""Which workflows a process knows, by (name, version)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from konduit.errors import KonduitError, WorkflowNotFound
+from konduit.workflow import Workflow, WorkflowSpec
+
+
+def workflow_key(name: str, version: int) -> str:
+    return f"{name}@{version}"
+
+
+class Registry:
+    def __init__(self, workflows: Iterable[Workflow] = ()):
+        self._specs: dict[tuple[str, int], WorkflowSpec] = {}
+        for wf in workflows:
+            self.add(wf)
+
+    def add(self, workflow: Workflow) -> WorkflowSpec:
+        if not isinstance(workflow, Workflow):
+            raise KonduitError(f"App(workflows=...) takes konduit.Workflow objects, got {workflow!r}")
+        spec = workflow.compile()
+        key = (spec.name, spec.version)
+        existing = self._specs.get(key)
+        if existing is not None and existing.spec_hash != spec.spec_hash:
+            raise KonduitError(
+                f"two different definitions of workflow {spec.name!r} version {spec.version}"
+            )
+        self._specs[key] = spec
+        return spec
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._specs.values())
+
+    def keys(self) -> list[str]:
+        return [workflow_key(n, v) for (n, v) in self._specs]
+
+    def get(self, name: str, version: int | None = None) -> WorkflowSpec:
+        if version is None:
+            versions = [v for (n, v) in self._specs if n == name]
+            if versions:
+                return self._specs[(name, max(versions))]
+        elif (name, version) in self._specs:
+            return self._specs[(name, version)]
+        known = ", ".join(sorted({n for n, _ in self._specs})) or "none"
+        what = f"{name!r}" + (f" version {version}" if version is not None else "")
+        raise WorkflowNotFound(f"unknown workflow {what}; registered workflows: {known}")

@@ -1,0 +1,41 @@
+"""Worker settings with their documented defaults (CLI flags and KONDUIT_* variables mirror them)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+@dataclass
+class WorkerConfig:
+    concurrency: int = 10
+    """Tasks run at once; sync handlers get a thread pool of this size."""
+    queues: tuple[str, ...] = ("default",)
+    poll_interval: float = field(default_factory=lambda: _env_float("KONDUIT_POLL_INTERVAL", 1.0))
+    """Seconds between claims when no notification arrives (LISTEN/NOTIFY wakes it sooner)."""
+    lease_seconds: float = field(default_factory=lambda: _env_float("KONDUIT_LEASE_SECONDS", 15.0))
+    """How long a claim holds without a heartbeat; a dead worker's tasks are retaken after it."""
+    heartbeat_interval: float = field(
+        default_factory=lambda: _env_float("KONDUIT_HEARTBEAT_INTERVAL", 3.0)
+    )
+    """Seconds between lease extensions of running tasks."""
+    maintenance_interval: float = 2.0
+    """Seconds between sweeps for expired leases (every worker runs one; they are idempotent)."""
+    shutdown_grace: float = 10.0
+    """Seconds running tasks get to finish after a stop request before they are released."""
+    worker_id: str = field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    )
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.heartbeat_interval >= self.lease_seconds:
+            raise ValueError("heartbeat_interval must be shorter than lease_seconds")

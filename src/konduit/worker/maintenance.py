@@ -1,0 +1,48 @@
+"""Maintenance: return tasks whose lease expired (worker died or hung) to the DAG.
+
+Runs in every worker; concurrent sweeps are safe because each reclaim goes through the same
+lease-fenced completion as a worker's own write, so only one of them changes a task.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from konduit.db.database import Database
+from konduit.registry import Registry
+from konduit.worker.completer import Completion, Recorded, record
+
+log = logging.getLogger("konduit.maintenance")
+
+
+async def reclaim_expired_leases(db: Database, registry: Registry, *, limit: int = 100) -> int:
+    """Retry (or dead-letter, when attempts are exhausted) every task whose lease expired.
+    Returns how many tasks were reclaimed."""
+    rows = await db.all("task_list_expired_leases", limit=limit)
+    reclaimed = 0
+    for row in rows:
+        async with db.transaction() as tx:
+            task = await tx.one("task_get_for_reclaim", id=row["id"], lease_token=row["lease_token"])
+        if task is None:
+            continue
+        try:
+            registry.get(task["workflow_name"], task["workflow_version"])
+        except Exception:
+            continue  # another deployment's workflow: its own workers reclaim it
+        exhausted = task["attempt"] >= task["max_attempts"]
+        completion = Completion(
+            task_id=task["id"],
+            lease_token=task["lease_token"],
+            execution_id=task["execution_id"],
+            step=task["step"],
+            map_index=task["map_index"],
+            attempt=task["attempt"],
+            outcome="failed" if exhausted else "retry",
+            error=f"lease expired on worker {task['worker_id']} (attempt {task['attempt']})",
+        )
+        outcome, _ = await record(db, registry, completion)
+        if outcome is not Recorded.LEASE_LOST:
+            reclaimed += 1
+            await db.run("attempt_mark_lost", task_id=task["id"], attempt=task["attempt"])
+            log.info("reclaimed task %s (%s): %s", task["id"], task["step"], completion.error)
+    return reclaimed

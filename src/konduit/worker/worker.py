@@ -1,0 +1,245 @@
+"""The worker: claim ready tasks in batches, run them, record outcomes, keep leases alive.
+
+One asyncio loop per process. Components: the claimer (``task_claim_batch`` with SKIP LOCKED,
+woken by LISTEN/NOTIFY with a polling fallback), the executor (handlers), the completer (the
+fan-in transaction), the heartbeat (lease extension) and maintenance (expired leases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from uuid import UUID
+
+from konduit.db.database import Database
+from konduit.db.migrate import ensure_current
+from konduit.errors import DatabaseError, KonduitError
+from konduit.registry import Registry
+from konduit.worker.completer import Recorded, record
+from konduit.worker.config import WorkerConfig
+from konduit.worker.executor import Claimed, Executor
+from konduit.worker.maintenance import reclaim_expired_leases
+
+log = logging.getLogger("konduit.worker")
+
+
+class Worker:
+    def __init__(self, db: Database, registry: Registry, config: WorkerConfig | None = None):
+        self.db = db
+        self.registry = registry
+        self.config = config or WorkerConfig()
+        self.executor = Executor(db, self.config.concurrency)
+        self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}
+        self.contexts: dict[int, object] = {}
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self.completed = 0
+
+    def stop(self) -> None:
+        """Ask the worker to stop claiming and shut down gracefully."""
+        self._stop.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        cfg = self.config
+        await ensure_current(self.db)
+        from konduit.client import Client
+
+        await Client(self.db, self.registry).register_all()
+        await self.db.run(
+            "worker_register",
+            id=cfg.worker_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            concurrency=cfg.concurrency,
+            queues=list(cfg.queues),
+        )
+        log.info("worker %s up: concurrency %s, queues %s", cfg.worker_id, cfg.concurrency,
+                 ",".join(cfg.queues))
+        helpers = [
+            asyncio.create_task(self._listen(), name="konduit-listen"),
+            asyncio.create_task(self._heartbeat(), name="konduit-heartbeat"),
+            asyncio.create_task(self._maintain(), name="konduit-maintenance"),
+        ]
+        try:
+            await self._claim_loop()
+            await self._drain()
+        finally:
+            for h in helpers:
+                h.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            self.executor.close()
+            try:
+                await self.db.run("worker_stop", id=cfg.worker_id)
+            except DatabaseError:
+                pass
+            log.info("worker %s stopped after %s tasks", cfg.worker_id, self.completed)
+
+    async def _claim_loop(self) -> None:
+        cfg = self.config
+        workflows = self.registry.keys()
+        backoff = 0.5
+        while not self._stop.is_set():
+            free = cfg.concurrency - len(self.running)
+            claimed: list[Claimed] = []
+            if free > 0:
+                try:
+                    rows = await self.db.all(
+                        "task_claim_batch",
+                        queues=list(cfg.queues),
+                        workflows=workflows,
+                        limit=free,
+                        lease_seconds=cfg.lease_seconds,
+                        worker_id=cfg.worker_id,
+                    )
+                    backoff = 0.5
+                except DatabaseError as exc:
+                    log.warning("claim failed (%s); retrying in %.1f s", exc, backoff)
+                    await self._sleep(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                    continue
+                claimed = [Claimed.from_row(r) for r in rows]
+                for task in claimed:
+                    self.running[task.id] = (task, asyncio.create_task(self._run(task)))
+            if free > 0 and len(claimed) == free:
+                continue  # there may be more ready work: claim again at once
+            self._wake.clear()
+            await self._sleep(cfg.poll_interval)
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    async def _run(self, task: Claimed) -> None:
+        try:
+            spec = self.registry.get(task.workflow_name, task.workflow_version)
+            ctx = await self._retrying(lambda: self.executor.context_for(spec, task))
+            self.contexts[task.id] = ctx
+            completion = await self.executor.run(spec, task, ctx)
+            outcome, advanced = await self._retrying(lambda: record(self.db, self.registry, completion))
+            if outcome is Recorded.LEASE_LOST:
+                log.warning(
+                    "task %s (%s) was no longer leased by this worker; its result was dropped",
+                    task.id, task.step,
+                )
+            else:
+                self.completed += 1
+                if advanced and advanced.fired:
+                    self._wake.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # an engine bug must not take the worker down: the lease expires
+            log.exception("internal error running task %s; its lease will expire", task.id)
+        finally:
+            self.running.pop(task.id, None)
+            self.contexts.pop(task.id, None)
+            self._wake.set()
+
+    async def _retrying(self, make):  # type: ignore[no-untyped-def]
+        """Run a database call, retrying through outages with backoff. The lease fence makes a
+        late write harmless, so retrying until the database answers is always safe."""
+        delay = 0.2
+        while True:
+            try:
+                return await make()
+            except DatabaseError as exc:
+                if self._stop.is_set() and delay > 5:
+                    raise
+                log.warning("database error (%s); retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _listen(self) -> None:
+        while True:
+            conn = None
+            try:
+                conn = await self.db.listen_connection()
+                await conn.execute("LISTEN konduit_ready")
+                async for note in conn.notifies():
+                    if note.payload in self.config.queues:
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("listener lost (%s); polling until it is back", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                if conn is not None:
+                    await conn.close()
+
+    async def _heartbeat(self) -> None:
+        cfg = self.config
+        while True:
+            await asyncio.sleep(cfg.heartbeat_interval)
+            held = [t for t, _ in self.running.values()]
+            try:
+                await self.db.run("worker_heartbeat", id=cfg.worker_id)
+                if not held:
+                    continue
+                rows = await self.db.all(
+                    "task_extend_leases_if_held",
+                    ids=[t.id for t in held],
+                    lease_tokens=[t.lease_token for t in held],
+                    lease_seconds=cfg.lease_seconds,
+                )
+            except DatabaseError as exc:
+                log.warning("heartbeat failed: %s", exc)
+                continue
+            still = {r["id"] for r in rows}
+            for t in held:
+                if t.id not in still and t.id in self.running:
+                    # Cancelled, or reclaimed after our lease ran out: stop the handler; its
+                    # result would be refused by the fence anyway.
+                    log.info("task %s (%s) lost its lease; asking it to stop", t.id, t.step)
+                    self._cancel(t.id)
+
+    def _cancel(self, task_id: int) -> None:
+        ctx = self.contexts.get(task_id)
+        if ctx is not None:
+            ctx._cancelled.set()  # type: ignore[attr-defined]
+        entry = self.running.get(task_id)
+        if entry is not None:
+            task, job = entry
+            spec = self.registry.get(task.workflow_name, task.workflow_version)
+            if spec[task.step].is_async:
+                job.cancel()
+
+    async def _maintain(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.maintenance_interval)
+            try:
+                await reclaim_expired_leases(self.db, self.registry)
+            except (DatabaseError, KonduitError) as exc:
+                log.warning("maintenance failed: %s", exc)
+
+    async def _drain(self) -> None:
+        """Graceful shutdown: let running tasks finish within the grace period, then cancel the
+        rest; their leases are left to expire so another worker retakes them."""
+        if not self.running:
+            return
+        log.info("waiting up to %.0f s for %s running task(s)", self.config.shutdown_grace,
+                 len(self.running))
+        jobs = [job for _, job in self.running.values()]
+        _, pending = await asyncio.wait(jobs, timeout=self.config.shutdown_grace)
+        for job in pending:
+            job.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def run_worker(
+    db: Database, registry: Registry, config: WorkerConfig, *, stop_after: float | None = None
+) -> Worker:
+    worker = Worker(db, registry, config)
+    if stop_after is not None:
+        asyncio.get_running_loop().call_later(stop_after, worker.stop)
+    await worker.run()
+    return worker
+
+
+__all__ = ["UUID", "Worker", "WorkerConfig", "run_worker", "time"]
