@@ -1,0 +1,208 @@
+"""A harness that makes sibling branches of one join finish at the same instant.
+
+Each branch completion runs on its own thread, event loop and database connection; a
+``threading.Barrier`` releases them together, so the completions collide in PostgreSQL instead of
+arriving one by one. The completion function is a parameter, so the same harness runs the
+engine's protocol and the naive check of seed 000.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import konduit
+from konduit.advance import TaskEnded
+from konduit.db.database import Database
+from konduit.registry import Registry
+from konduit.worker.completer import Completion, Recorded, record
+from konduit.worker.executor import Claimed
+
+WORKER_ID = "harness"
+
+CompleteFn = Callable[[Database, Registry, Claimed], Awaitable[object]]
+
+
+def fan_in_workflow(width: int, name: str | None = None) -> konduit.Workflow:
+    """root -> b0..b{width-1} -> join."""
+    wf = konduit.Workflow(name or f"fan-in-{width}", version=1)
+
+    @wf.step()
+    def root(ctx: konduit.Context) -> int:
+        return 0
+
+    branches = []
+    for i in range(width):
+
+        def branch(ctx: konduit.Context) -> int:
+            return 1
+
+        branches.append(wf.step(name=f"b{i}", after=[root])(branch))
+
+    @wf.step(after=branches, join=konduit.Join.all_done())
+    def join(ctx: konduit.Context) -> int:
+        return len(ctx.upstream)
+
+    return wf
+
+
+class LoopThread:
+    """A thread running its own event loop with its own one-connection pool."""
+
+    def __init__(self, url: str):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.db = Database(url, min_size=1, max_size=1)
+        self.submit(self.db.open()).result()
+
+    def submit(self, coro: Awaitable[object]) -> Future[object]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.submit(self.db.close()).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.loop.close()
+
+
+async def claim(db: Database, registry: Registry, limit: int) -> list[Claimed]:
+    rows = await db.all(
+        "task_claim_batch",
+        queues=["default"],
+        workflows=registry.keys(),
+        limit=limit,
+        lease_seconds=300,
+        worker_id=WORKER_ID,
+    )
+    return [Claimed.from_row(r) for r in rows]
+
+
+def completion_for(task: Claimed, outcome: str = "succeeded") -> Completion:
+    return Completion(
+        task_id=task.id,
+        lease_token=task.lease_token,
+        execution_id=task.execution_id,
+        step=task.step,
+        map_index=task.map_index,
+        attempt=task.attempt,
+        outcome=outcome,
+        payload_json="1" if outcome == "succeeded" else None,
+        payload=1 if outcome == "succeeded" else None,
+    )
+
+
+async def engine_complete(db: Database, registry: Registry, task: Claimed) -> object:
+    outcome, _ = await record(db, registry, completion_for(task))
+    assert outcome is Recorded.ENDED
+    return outcome
+
+
+async def naive_complete(db: Database, registry: Registry, task: Claimed) -> object:
+    """Seed 000's obvious check: mark done, read the siblings, dispatch if all are terminal —
+    in one transaction but with no lock on the execution row."""
+    async with db.transaction() as tx:
+        await tx.conn.execute(
+            "UPDATE konduit_tasks SET status = 'succeeded', lease_token = NULL,"
+            " lease_expires_at = NULL, finished_at = clock_timestamp()"
+            " WHERE id = %s AND lease_token = %s AND status = 'running'",
+            (task.id, task.lease_token),
+        )
+        cur = await tx.conn.execute(
+            "SELECT status FROM konduit_tasks WHERE execution_id = %s AND step LIKE 'b%%'",
+            (task.execution_id,),
+        )
+        statuses = [r["status"] for r in await cur.fetchall()]
+        if statuses and all(s in ("succeeded", "failed") for s in statuses):
+            await tx.conn.execute(
+                "INSERT INTO konduit_tasks (execution_id, workflow, step, map_index, queue,"
+                " max_attempts) VALUES (%s, %s, 'join', 0, 'default', 1)"
+                " ON CONFLICT DO NOTHING",
+                (task.execution_id, f"{task.workflow_name}@{task.workflow_version}"),
+            )
+    return None
+
+
+@dataclass
+class TrialResult:
+    join_tasks: int
+    join_fired: bool
+
+
+class Harness:
+    """Runs trials of one join of ``width`` branches finishing together."""
+
+    def __init__(self, app: konduit.App, width: int, workflow: str):
+        self.app = app
+        self.width = width
+        self.workflow = workflow
+        self.registry = app.registry
+        url = app.database_url
+        self.threads = [LoopThread(url) for _ in range(width)]
+        self.main = self.threads[0]
+
+    def close(self) -> None:
+        for t in self.threads:
+            t.close()
+
+    def prepare(self) -> list[Claimed]:
+        """Start an execution and bring it to: every branch leased, none finished."""
+        handle = self.app.start(self.workflow)
+
+        async def go() -> list[Claimed]:
+            (root,) = await claim(self.main.db, self.registry, 1)
+            assert root.execution_id == handle.id and root.step == "root"
+            await engine_complete(self.main.db, self.registry, root)
+            branches = await claim(self.main.db, self.registry, self.width)
+            assert len(branches) == self.width
+            return branches
+
+        return self.main.submit(go()).result()  # type: ignore[return-value]
+
+    def trial(self, complete: CompleteFn) -> TrialResult:
+        branches = self.prepare()
+        barrier = threading.Barrier(self.width)
+
+        async def finish(lt: LoopThread, task: Claimed) -> object:
+            # Check the connection out before the barrier so that all of them leave it at once.
+            barrier.wait(timeout=30)
+            return await complete(lt.db, self.registry, task)
+
+        futures = [t.submit(finish(t, b)) for t, b in zip(self.threads, branches, strict=True)]
+        for f in futures:
+            f.result(timeout=60)
+        execution_id = branches[0].execution_id
+
+        async def inspect() -> TrialResult:
+            async with self.main.db.transaction() as tx:
+                cur = await tx.conn.execute(
+                    "SELECT count(*) AS n FROM konduit_tasks WHERE execution_id = %s"
+                    " AND step = 'join'",
+                    (execution_id,),
+                )
+                row = await cur.fetchone()
+                assert row is not None
+                return TrialResult(join_tasks=row["n"], join_fired=row["n"] > 0)
+
+        self.last_execution = execution_id
+        return self.main.submit(inspect()).result()  # type: ignore[return-value]
+
+    def discard(self) -> None:
+        """Cancel the last trial's execution so its leftovers are never claimed."""
+        self.app.cancel(self.last_execution)
+
+    def finish_join(self) -> None:
+        """Run the join task too, so the execution can end (proves it terminates)."""
+
+        async def go() -> None:
+            (join,) = await claim(self.main.db, self.registry, 1)
+            assert join.step == "join"
+            await engine_complete(self.main.db, self.registry, join)
+
+        self.main.submit(go()).result()
+
+
+__all__ = ["Harness", "TaskEnded", "engine_complete", "fan_in_workflow", "naive_complete"]
