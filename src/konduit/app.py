@@ -6,6 +6,8 @@ every operation, in :mod:`konduit.client`, and no hand-written sync twin.
 
 from __future__ import annotations
 
+import builtins
+
 import asyncio
 import logging
 import signal
@@ -148,20 +150,20 @@ class App:
         return self._call(self._c().cancel(execution_id))
 
     def list(self, *, status: str | None = None, workflow: str | None = None,
-             limit: int = 50) -> list[ExecutionResult]:
+             limit: int = 50) -> builtins.list[ExecutionResult]:
         return self._call(self._c().list(status=status, workflow=workflow, limit=limit))
 
-    def tasks(self, execution_id: UUID | str) -> list[Row]:
+    def tasks(self, execution_id: UUID | str) -> builtins.list[Row]:
         return self._call(self._c().tasks(execution_id))
 
-    def steps(self, execution_id: UUID | str) -> list[Row]:
+    def steps(self, execution_id: UUID | str) -> builtins.list[Row]:
         return self._call(self._c().steps(execution_id))
 
-    def dead_letters(self, limit: int = 50) -> list[Row]:
+    def dead_letters(self, limit: int = 50) -> builtins.list[Row]:
         return self._call(self._c().dead_letters(limit))
 
-    def migrate(self) -> list[str]:
-        async def go() -> list[str]:
+    def migrate(self) -> builtins.list[str]:
+        async def go() -> builtins.list[str]:
             client = await self.client_async()
             return [f"{m.version:04d}_{m.name}" for m in await migrate(client.db)]
 

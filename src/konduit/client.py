@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 import asyncio
 import uuid
 from dataclasses import dataclass, field
@@ -226,17 +228,17 @@ class Client:
 
     async def list(
         self, *, status: str | None = None, workflow: str | None = None, limit: int = 50
-    ) -> list[ExecutionResult]:
+    ) -> builtins.list[ExecutionResult]:
         rows = await self.db.all("execution_list", status=status, workflow_name=workflow, limit=limit)
         return [self._result(r, {}) for r in rows]
 
-    async def tasks(self, execution_id: UUID | str) -> list[Row]:
+    async def tasks(self, execution_id: UUID | str) -> builtins.list[Row]:
         return await self.db.all("task_list_by_execution", execution_id=_coerce_id(execution_id))
 
-    async def steps(self, execution_id: UUID | str) -> list[Row]:
+    async def steps(self, execution_id: UUID | str) -> builtins.list[Row]:
         return await self.db.all("step_get_all", execution_id=_coerce_id(execution_id))
 
-    async def dead_letters(self, limit: int = 50) -> list[Row]:
+    async def dead_letters(self, limit: int = 50) -> builtins.list[Row]:
         return await self.db.all("task_list_dead", limit=limit)
 
 

@@ -70,7 +70,7 @@ class Tx:
     async def script(self, sql: str) -> None:
         """Run a whole migration file (several statements, no parameters)."""
         with translate_errors():
-            await self.conn.execute(sql)  # type: ignore[arg-type]
+            await self.conn.execute(sql.encode())
 
 
 class Database:

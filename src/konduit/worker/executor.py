@@ -9,6 +9,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -105,14 +106,15 @@ class Executor:
     async def run(self, spec: WorkflowSpec, task: Claimed, ctx: Context) -> Completion:
         """Run the handler; never raises for anything the handler does."""
         step = spec[task.step]
-        base = {
-            "task_id": task.id,
-            "lease_token": task.lease_token,
-            "execution_id": task.execution_id,
-            "step": task.step,
-            "map_index": task.map_index,
-            "attempt": task.attempt,
-        }
+        base = partial(
+            Completion,
+            task_id=task.id,
+            lease_token=task.lease_token,
+            execution_id=task.execution_id,
+            step=task.step,
+            map_index=task.map_index,
+            attempt=task.attempt,
+        )
         retryable = True
         try:
             result = await self.call(spec, task, ctx)
@@ -122,8 +124,7 @@ class Executor:
                 what=f"output of step {task.step!r}",
                 max_bytes=self.max_payload_bytes,
             )
-            return Completion(
-                **base,
+            return base(
                 outcome="succeeded",
                 payload_json=payload_json,
                 payload=result,
@@ -142,8 +143,7 @@ class Executor:
             error, retryable = _describe(exc), True
         ended = time.monotonic()
         if retryable and task.attempt < task.max_attempts:
-            return Completion(
-                **base,
+            return base(
                 outcome="retry",
                 error=error,
                 retry_delay=step.retry.delay(task.attempt),
@@ -154,4 +154,4 @@ class Executor:
             task.execution_id, task.step, task.map_index, spec.name, task.attempt,
             error.splitlines()[-1] if error else "",
         )
-        return Completion(**base, outcome="failed", error=error, age_seconds=time.monotonic() - ended)
+        return base(outcome="failed", error=error, age_seconds=time.monotonic() - ended)

@@ -12,6 +12,8 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 from uuid import UUID
 
 from konduit.db.database import Database
@@ -24,6 +26,7 @@ from konduit.worker.executor import Claimed, Executor
 from konduit.worker.maintenance import reclaim_expired_leases
 
 log = logging.getLogger("konduit.worker")
+T = TypeVar("T")
 
 
 class Worker:
@@ -140,7 +143,7 @@ class Worker:
             self.contexts.pop(task.id, None)
             self._wake.set()
 
-    async def _retrying(self, make):  # type: ignore[no-untyped-def]
+    async def _retrying(self, make: Callable[[], Awaitable[T]]) -> T:
         """Run a database call, retrying through outages with backoff. The lease fence makes a
         late write harmless, so retrying until the database answers is always safe."""
         delay = 0.2
