@@ -242,6 +242,13 @@ class Workflow:
         if isinstance(ref, str):
             return ref
         found = self._by_handler.get(id(ref))
+        if found == "":
+            raise WorkflowDefinitionError(
+                f"{getattr(ref, '__name__', ref)!r} is the handler of several steps: "
+                "name the upstream by its step name instead",
+                workflow=self.name,
+                step=owner,
+            )
         if found is None:
             raise WorkflowDefinitionError(
                 f"upstream {getattr(ref, '__name__', ref)!r} is not a step of this workflow",
@@ -330,7 +337,8 @@ class Workflow:
             output=output,
         )
         self._steps[step_name] = spec
-        self._by_handler[id(handler)] = step_name
+        # A handler shared by several steps cannot name an upstream unambiguously ("" marks it).
+        self._by_handler[id(handler)] = "" if id(handler) in self._by_handler else step_name
         return step_name
 
     # -- compiled view ------------------------------------------------------------------------
