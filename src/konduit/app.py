@@ -6,9 +6,8 @@ every operation, in :mod:`konduit.client`, and no hand-written sync twin.
 
 from __future__ import annotations
 
-import builtins
-
 import asyncio
+import builtins
 import logging
 import signal
 import threading

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import builtins
-
 import asyncio
+import builtins
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime

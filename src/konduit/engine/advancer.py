@@ -249,7 +249,6 @@ async def finish_execution(
             await tx.run(
                 "attempt_finish_open_for_tasks",
                 task_ids=[r["id"] for r in cancelled],
-                attempts=[r["attempt"] for r in cancelled],
                 outcome="cancelled",
             )
         await tx.run("step_cancel_unfinished", execution_id=execution_id)

@@ -28,6 +28,7 @@ log = logging.getLogger("konduit.completer")
 class Recorded(enum.Enum):
     ENDED = "ended"  # outcome recorded and the DAG advanced
     RETRYING = "retrying"  # attempt failed, the task is ready again after its backoff
+    RELEASED = "released"  # handed back unrun (shutdown): ready at once, attempt not counted
     LEASE_LOST = "lease_lost"  # the caller no longer held the task: nothing changed
 
 
@@ -39,12 +40,13 @@ class Completion:
     step: str
     map_index: int
     attempt: int
-    outcome: str  # a terminal outcome, or "retry"
+    outcome: str  # a terminal outcome, "retry", or "released"
     payload_json: str | None = None  # canonical JSON of the output (succeeded/degraded)
     payload: Any = None
     error: str | None = None
     retry_delay: float = 0.0
     age_seconds: float = 0.0  # how long ago the handler ended, so timings use the DB clock
+    attempt_outcome: str | None = None  # how the attempt itself ended, when not `outcome` ("lost")
 
 
 async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recorded, Advanced | None]:
@@ -63,15 +65,29 @@ async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recor
             if row is None:
                 return Recorded.LEASE_LOST, None
             await tx.run(
-                "attempt_finish",
-                task_id=c.task_id,
-                attempt=c.attempt,
-                outcome="retry",
+                "attempt_finish_if_open",
+                lease_token=c.lease_token,
+                outcome=c.attempt_outcome or "retry",
                 error=c.error,
                 age_seconds=c.age_seconds,
             )
             await tx.one("task_notify_ready", queue=row["queue"])
             return Recorded.RETRYING, None
+
+    if c.outcome == "released":
+        async with db.transaction() as tx:
+            row = await tx.one("task_release_if_leased", id=c.task_id, lease_token=c.lease_token)
+            if row is None:
+                return Recorded.LEASE_LOST, None
+            await tx.run(
+                "attempt_finish_if_open",
+                lease_token=c.lease_token,
+                outcome="released",
+                error=c.error,
+                age_seconds=0.0,
+            )
+            await tx.one("task_notify_ready", queue=row["queue"])
+            return Recorded.RELEASED, None
 
     async with db.transaction() as tx:
         # Acquire the execution row lock before anything else, to serialize fan-in decisions.
@@ -103,10 +119,9 @@ async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recor
                 payload=Jsonb(c.payload),
             )
         await tx.run(
-            "attempt_finish",
-            task_id=c.task_id,
-            attempt=c.attempt,
-            outcome=c.outcome,
+            "attempt_finish_if_open",
+            lease_token=c.lease_token,
+            outcome=c.attempt_outcome or c.outcome,
             error=c.error,
             age_seconds=c.age_seconds,
         )

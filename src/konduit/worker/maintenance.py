@@ -39,10 +39,10 @@ async def reclaim_expired_leases(db: Database, registry: Registry, *, limit: int
             attempt=task["attempt"],
             outcome="failed" if exhausted else "retry",
             error=f"lease expired on worker {task['worker_id']} (attempt {task['attempt']})",
+            attempt_outcome="lost",
         )
         outcome, _ = await record(db, registry, completion)
         if outcome is not Recorded.LEASE_LOST:
             reclaimed += 1
-            await db.run("attempt_mark_lost", task_id=task["id"], attempt=task["attempt"])
             log.info("reclaimed task %s (%s): %s", task["id"], task["step"], completion.error)
     return reclaimed

@@ -20,7 +20,7 @@ from konduit.db.database import Database
 from konduit.db.migrate import ensure_current
 from konduit.errors import DatabaseError, KonduitError
 from konduit.registry import Registry
-from konduit.worker.completer import Recorded, record
+from konduit.worker.completer import Completion, Recorded, record
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
 from konduit.worker.maintenance import reclaim_expired_leases
@@ -39,6 +39,7 @@ class Worker:
         self.contexts: dict[int, object] = {}
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        self._draining = False
         self.completed = 0
 
     def stop(self) -> None:
@@ -135,6 +136,10 @@ class Worker:
                 if advanced and advanced.fired:
                     self._wake.set()
         except asyncio.CancelledError:
+            if self._draining:
+                # Shutdown ran out of grace: hand the task back so another worker takes it now
+                # instead of after the lease expires. Shielded: this coroutine is being cancelled.
+                await asyncio.shield(self._release(task))
             raise
         except Exception:  # an engine bug must not take the worker down: the lease expires
             log.exception("internal error running task %s; its lease will expire", task.id)
@@ -142,6 +147,23 @@ class Worker:
             self.running.pop(task.id, None)
             self.contexts.pop(task.id, None)
             self._wake.set()
+
+    async def _release(self, task: Claimed) -> None:
+        completion = Completion(
+            task_id=task.id,
+            lease_token=task.lease_token,
+            execution_id=task.execution_id,
+            step=task.step,
+            map_index=task.map_index,
+            attempt=task.attempt,
+            outcome="released",
+            error=f"released by worker {self.config.worker_id} at shutdown",
+        )
+        try:
+            outcome, _ = await record(self.db, self.registry, completion)
+            log.info("task %s (%s) released: %s", task.id, task.step, outcome.value)
+        except DatabaseError as exc:
+            log.warning("could not release task %s (%s); its lease will expire", task.id, exc)
 
     async def _retrying(self, make: Callable[[], Awaitable[T]]) -> T:
         """Run a database call, retrying through outages with backoff. The lease fence makes a
@@ -222,13 +244,15 @@ class Worker:
 
     async def _drain(self) -> None:
         """Graceful shutdown: let running tasks finish within the grace period, then cancel the
-        rest; their leases are left to expire so another worker retakes them."""
+        rest and release their tasks so another worker takes them at once. (A sync handler's
+        thread cannot be interrupted: its late result is refused by the lease fence.)"""
         if not self.running:
             return
         log.info("waiting up to %.0f s for %s running task(s)", self.config.shutdown_grace,
                  len(self.running))
         jobs = [job for _, job in self.running.values()]
         _, pending = await asyncio.wait(jobs, timeout=self.config.shutdown_grace)
+        self._draining = True
         for job in pending:
             job.cancel()
         if pending:

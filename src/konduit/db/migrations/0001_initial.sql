@@ -99,19 +99,25 @@ CREATE INDEX konduit_tasks_leased ON konduit_tasks (lease_expires_at) WHERE stat
 CREATE INDEX konduit_tasks_dead ON konduit_tasks (finished_at DESC) WHERE status = 'failed';
 CREATE INDEX konduit_tasks_execution ON konduit_tasks (execution_id, step);
 
+-- One row per try of a task. An attempt is identified by its lease token; a "released" attempt
+-- (graceful shutdown handed the task back unrun) does not count against max_attempts.
 CREATE TABLE konduit_attempts (
+    id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     task_id      bigint      NOT NULL REFERENCES konduit_tasks (id) ON DELETE CASCADE,
     attempt      integer     NOT NULL CHECK (attempt >= 1),
     worker_id    text        NOT NULL,
-    lease_token  uuid        NOT NULL,
+    lease_token  uuid        NOT NULL UNIQUE,
     started_at   timestamptz NOT NULL DEFAULT now(),
     finished_at  timestamptz,
     outcome      text CHECK (outcome IN ('succeeded', 'degraded', 'timed_out', 'failed',
                                          'cancelled', 'retry', 'lost', 'released')),
     error        text,
-    PRIMARY KEY (task_id, attempt),
     CHECK ((outcome IS NULL) = (finished_at IS NULL))
 );
+
+CREATE INDEX konduit_attempts_task ON konduit_attempts (task_id);
+-- At most one open attempt per task: a second claim of a running task is impossible.
+CREATE UNIQUE INDEX konduit_attempts_open ON konduit_attempts (task_id) WHERE finished_at IS NULL;
 
 -- Outputs are content-addressed: recording the same payload twice is a no-op, and a late result
 -- is kept beside the one the join consumed instead of replacing it.

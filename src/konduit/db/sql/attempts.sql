@@ -1,17 +1,16 @@
--- name: attempt_finish
--- Close one attempt with how it ended.
+-- name: attempt_finish_if_open
+-- Close the attempt a lease token identifies with how it ended.
 UPDATE konduit_attempts
 SET finished_at = clock_timestamp() - make_interval(secs => %(age_seconds)s),
     outcome = %(outcome)s,
     error = %(error)s
-WHERE task_id = %(task_id)s AND attempt = %(attempt)s AND finished_at IS NULL;
+WHERE lease_token = %(lease_token)s AND finished_at IS NULL;
 
 -- name: attempt_finish_open_for_tasks
--- Close the open attempts of tasks that were cancelled or reclaimed.
-UPDATE konduit_attempts a
+-- Close the open attempts of tasks that were cancelled.
+UPDATE konduit_attempts
 SET finished_at = clock_timestamp(), outcome = %(outcome)s
-FROM unnest(%(task_ids)s::bigint[], %(attempts)s::int[]) AS u(task_id, attempt)
-WHERE a.task_id = u.task_id AND a.attempt = u.attempt AND a.finished_at IS NULL;
+WHERE task_id = ANY(%(task_ids)s::bigint[]) AND finished_at IS NULL;
 
 -- name: attempt_list_by_execution
 -- Every attempt of one execution's tasks, for timelines.
@@ -20,10 +19,4 @@ SELECT a.task_id, t.step, t.map_index, a.attempt, a.worker_id, a.started_at, a.f
 FROM konduit_attempts a
 JOIN konduit_tasks t ON t.id = a.task_id
 WHERE t.execution_id = %(execution_id)s
-ORDER BY a.started_at;
-
--- name: attempt_mark_lost
--- An attempt whose worker lost its lease: say so instead of retry/failed.
-UPDATE konduit_attempts
-SET outcome = 'lost'
-WHERE task_id = %(task_id)s AND attempt = %(attempt)s;
+ORDER BY a.started_at, a.id;

@@ -66,6 +66,17 @@ SET status = 'ready',
 WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
 RETURNING id, queue;
 
+-- name: task_release_if_leased
+-- Hand a task back unrun (graceful shutdown): ready at once, and the attempt does not count.
+UPDATE konduit_tasks
+SET status = 'ready',
+    run_at = clock_timestamp(),
+    attempt = attempt - 1,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+RETURNING id, queue;
+
 -- name: task_extend_leases_if_held
 -- Heartbeat: extend the leases a worker still holds; returns the ids it still holds.
 UPDATE konduit_tasks t
@@ -91,7 +102,7 @@ SET status = 'cancelled',
     lease_expires_at = NULL,
     finished_at = clock_timestamp()
 WHERE execution_id = %(execution_id)s AND status IN ('ready', 'running')
-RETURNING id, attempt;
+RETURNING id;
 
 -- name: task_list_by_execution
 -- Every task of one execution, in DAG-independent order, for status pages.

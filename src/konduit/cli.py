@@ -1,0 +1,477 @@
+"""The ``konduit`` command line.
+
+Every command that talks to the database takes ``--database-url``; without it the URL comes from
+``KONDUIT_DATABASE_URL`` and, failing that, the embedded PostgreSQL server (migrated on first use).
+Errors konduit knows about (:class:`konduit.KonduitError`) print one red line and exit 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+import psycopg
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+import konduit
+from konduit.db.database import Row
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+cli = typer.Typer(
+    name="konduit",
+    help="Durable DAG workflows on PostgreSQL with an exactly-once join.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals may hold database URLs with passwords
+)
+db_cli = typer.Typer(help="Database schema commands.", no_args_is_help=True)
+cli.add_typer(db_cli, name="db")
+
+
+class CliError(konduit.KonduitError):
+    """A usage problem the command line reports in one line (bad APP, bad JSON, ...)."""
+
+
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        help="PostgreSQL URL [default: $KONDUIT_DATABASE_URL, else the embedded server]",
+        show_default=False,
+    ),
+]
+
+FINISHED_STYLES = {
+    "succeeded": "green",
+    "degraded": "yellow",
+    "running": "cyan",
+    "active": "cyan",
+    "pending": "dim",
+    "waiting": "dim",
+    "ready": "dim",
+    "failed": "red",
+    "timed_out": "red",
+    "cancelled": "magenta",
+    "skipped": "dim",
+}
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def styled(status: str) -> str:
+    style = FINISHED_STYLES.get(status)
+    return f"[{style}]{status}[/{style}]" if style else status
+
+
+def seconds(delta: timedelta | None) -> str:
+    if delta is None:
+        return "—"
+    s = delta.total_seconds()
+    return f"{s * 1000:.0f} ms" if abs(s) < 1 else f"{s:.2f} s"
+
+
+def between(start: datetime | None, end: datetime | None) -> timedelta | None:
+    return end - start if start is not None and end is not None else None
+
+
+def stamp(value: datetime | None) -> str:
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value is not None else "—"
+
+
+def offset(value: datetime | None, origin: datetime | None) -> str:
+    """``value`` as seconds after ``origin`` (the execution's start)."""
+    delta = between(origin, value)
+    return "—" if delta is None else f"+{delta.total_seconds():.3f} s"
+
+
+def one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def last_line(text: str | None) -> str:
+    """The last non-empty line of an error (a traceback's is the exception itself)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def load_app(spec: str, database_url: str | None) -> konduit.App:
+    """Import ``module:attribute`` (an App, or a Workflow to wrap in one) from the current
+    directory or the installed packages; ``database_url`` overrides the App's own."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise CliError(f"APP must look like module:attribute (e.g. myproject.workflows:app), "
+                       f"got {spec!r}")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # the current directory, as `python -m` would
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise CliError(f"cannot import module {module_name!r} (from {spec!r}): {exc}") from None
+        raise  # the module exists but one of its own imports failed: show the traceback
+    target: Any = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise CliError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if isinstance(target, konduit.Workflow):
+        return konduit.App([target], database_url=database_url)
+    if not isinstance(target, konduit.App):
+        raise CliError(f"{spec} is a {type(target).__name__}, not a konduit.App or konduit.Workflow")
+    if database_url is None:
+        return target
+    # Same workflows, the database named on the command line (the registry is shared, not copied).
+    app = konduit.App([], database_url=database_url, pool_size=target.pool_size)
+    app.registry = target.registry
+    return app
+
+
+@contextmanager
+def opened(app: konduit.App) -> Iterator[konduit.App]:
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+def reachable(database_url: str | None) -> str | None:
+    """Fail fast, in one line, when an explicitly configured database does not answer (the
+    connection pool would keep retrying for half a minute). Returns ``database_url``."""
+    url = database_url or os.environ.get("KONDUIT_DATABASE_URL")
+    if not url:
+        return database_url  # the embedded server: started on first use
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)  # its retries say the same
+    try:
+        psycopg.connect(url, connect_timeout=10).close()
+    except psycopg.Error as exc:
+        raise konduit.DatabaseUnavailable(
+            f"cannot connect to {describe_url(url)}: {one_line(str(exc))}"
+        ) from None
+    return database_url
+
+
+def plain_app(database_url: str | None) -> konduit.App:
+    """An App without workflows: enough to inspect, cancel and migrate."""
+    return konduit.App([], database_url=reachable(database_url))
+
+
+def parse_json(text: str | None, what: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{what} is not valid JSON: {exc}") from None
+
+
+def dump_json(value: Any) -> str:
+    return json.dumps(value, indent=2, default=str, ensure_ascii=False)
+
+
+def describe_url(url: str | None) -> str:
+    """Where a URL points, without its password."""
+    if not url:
+        return "the embedded PostgreSQL server"
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(url)
+    except Exception:
+        return "the configured database"
+    host = params.get("host") or "localhost"
+    port = params.get("port") or "5432"
+    return f"database {params.get('dbname') or '?'} on {host}:{port}"
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"konduit {konduit.__version__}")
+        raise typer.Exit()
+
+
+@cli.callback()
+def root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+    ] = False,
+) -> None:
+    """Durable DAG workflows on PostgreSQL with an exactly-once join."""
+
+
+@db_cli.command("migrate")
+def db_migrate(database_url: DatabaseUrl = None) -> None:
+    """Apply the schema migrations this konduit needs (a no-op when the schema is current)."""
+    from konduit.db.migrate import latest_version
+
+    with opened(plain_app(database_url)) as app:
+        applied = app.migrate()
+    if applied:
+        for name in applied:
+            console.print(f"applied [green]{name}[/green]")
+    console.print(f"schema is at version {latest_version()}"
+                  + ("" if applied else " (already current)"))
+
+
+@cli.command()
+def worker(
+    app_spec: Annotated[str, typer.Argument(metavar="APP", help="module:attribute of a konduit.App")],
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1,
+                                             help="Tasks run at once.")] = 10,
+    queue: Annotated[list[str] | None, typer.Option(
+        "--queue", "-q", help="Queue to claim from (repeatable).  [default: default]")] = None,
+    poll_interval: Annotated[float | None, typer.Option(
+        help="Seconds between claims without a notification.  [default: 1.0]",
+        show_default=False)] = None,
+    lease_seconds: Annotated[float | None, typer.Option(
+        help="Lease length; a dead worker's tasks are retaken after it.  [default: 15]",
+        show_default=False)] = None,
+    heartbeat_interval: Annotated[float | None, typer.Option(
+        help="Seconds between lease extensions.  [default: 3]", show_default=False)] = None,
+    shutdown_grace: Annotated[float | None, typer.Option(
+        help="Seconds running tasks get to finish on SIGINT/SIGTERM.  [default: 10]",
+        show_default=False)] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Run a worker for the workflows of APP until SIGINT/SIGTERM (a graceful stop)."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    app = load_app(app_spec, database_url)
+    names = sorted({spec.name for spec in app.registry})
+    if not names:
+        raise CliError(f"{app_spec} has no workflows: nothing for a worker to run")
+    options: dict[str, Any] = {
+        key: value
+        for key, value in {
+            "poll_interval": poll_interval,
+            "lease_seconds": lease_seconds,
+            "heartbeat_interval": heartbeat_interval,
+            "shutdown_grace": shutdown_grace,
+        }.items()
+        if value is not None
+    }
+    queues = tuple(queue or ("default",))
+    url = database_url or os.environ.get("KONDUIT_DATABASE_URL")
+    where = describe_url(url) if url else "the App's database (embedded server by default)"
+    err_console.print(
+        f"konduit worker: {', '.join(names)} on {where}, "
+        f"queues {', '.join(queues)}, concurrency {concurrency} (Ctrl-C stops gracefully)"
+    )
+    with opened(app):
+        try:
+            done = app.run_worker(concurrency, queues=queues, **options)
+        except ValueError as exc:  # WorkerConfig rejects inconsistent settings
+            raise CliError(str(exc)) from None
+    err_console.print(f"worker stopped after {done.completed} task(s)")
+
+
+@cli.command()
+def start(
+    workflow: Annotated[str, typer.Argument(help="Name of the workflow to start.")],
+    app_spec: Annotated[str, typer.Option(
+        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
+        help="module:attribute of the konduit.App that defines the workflow.")],
+    input: Annotated[str | None, typer.Option("--input", "-i", help="Input as JSON.")] = None,
+    idempotency_key: Annotated[str | None, typer.Option(
+        "--idempotency-key", "-k", help="Starting twice with the same key returns the same id.")
+    ] = None,
+    version: Annotated[int | None, typer.Option(help="Workflow version [default: latest].",
+                                                show_default=False)] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for it to finish.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Start an execution and print its id (with --wait: then its output)."""
+    payload = parse_json(input, "--input")
+    with opened(load_app(app_spec, reachable(database_url))) as app:
+        handle = app.start(workflow, payload, idempotency_key=idempotency_key, version=version)
+        console.print(str(handle.id))
+        if not wait:
+            return
+        began = time.monotonic()
+        try:
+            result = handle.wait(timeout=timeout)
+        except TimeoutError as exc:
+            raise CliError(str(exc)) from None
+        err_console.print(f"{styled(result.status)} after {time.monotonic() - began:.2f} s")
+        console.print(dump_json(result.output), markup=False)
+
+
+def step_table(steps: list[Row], tasks: list[Row], origin: datetime | None) -> Table:
+    attempts: dict[str, int] = {}
+    for task in tasks:
+        attempts[task["step"]] = attempts.get(task["step"], 0) + int(task["attempt"])
+    far = datetime.max.replace(tzinfo=origin.tzinfo if origin else None)
+    ordered = sorted(steps, key=lambda s: (s["fired_at"] or far, s["step"]))
+    table = Table(title="steps (times after the execution started)", title_justify="left")
+    for header in ("step", "status", "tasks", "attempts", "fired", "ended", "took"):
+        table.add_column(header, justify="left" if header in ("step", "status") else "right")
+    table.add_column("fan-in wait", justify="right")
+    table.add_column("straggler")
+    for s in ordered:
+        total = s["tasks_total"]
+        done = int(s["tasks_ok"]) + int(s["tasks_degraded"])
+        is_join = int(s["up_total"]) > 1
+        table.add_row(
+            escape(s["step"]),
+            styled(s["status"]),
+            f"{done}/{total}" if total is not None else "—",
+            str(attempts.get(s["step"], 0)),
+            offset(s["fired_at"], origin),
+            offset(s["ended_at"], origin),
+            seconds(between(s["fired_at"], s["ended_at"])),
+            seconds(between(s["first_upstream_at"], s["fired_at"])) if is_join else "",
+            escape(s["straggler"] or "") if is_join else "",
+        )
+    return table
+
+
+@cli.command()
+def status(
+    execution_id: Annotated[str, typer.Argument(help="The execution's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Show an execution: status, error, output and a table of its steps."""
+    with opened(plain_app(database_url)) as app:
+        result = app.status(execution_id)
+        steps = app.steps(result.id)
+        tasks = app.tasks(result.id)
+    if as_json:
+        print(dump_json({
+            "id": result.id, "workflow": result.workflow, "version": result.version,
+            "status": result.status, "error": result.error, "output": result.output,
+            "outcomes": result.outcomes, "created_at": result.created_at,
+            "finished_at": result.finished_at,
+        }))
+        return
+    took = between(result.created_at, result.finished_at)
+    console.print(f"execution [bold]{result.id}[/bold]  {escape(result.workflow)} "
+                  f"v{result.version}  {styled(result.status)}")
+    console.print(f"started {stamp(result.created_at)}"
+                  + (f", finished {stamp(result.finished_at)} ({seconds(took)})" if took else ""))
+    if result.error:
+        console.print(f"[red]error:[/red] {escape(result.error)}")
+    if result.output is not None:
+        console.print("output:")
+        console.print(dump_json(result.output), markup=False)
+    if steps:
+        console.print(step_table(steps, tasks, result.created_at))
+
+
+@cli.command("list")
+def list_executions(
+    status: Annotated[str | None, typer.Option(help="Only executions with this status.")] = None,
+    workflow: Annotated[str | None, typer.Option(help="Only executions of this workflow.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """List recent executions, newest first."""
+    with opened(plain_app(database_url)) as app:
+        results = app.list(status=status, workflow=workflow, limit=limit)
+    if not results:
+        console.print("no executions")
+        return
+    table = Table()
+    table.add_column("id", no_wrap=True, min_width=36)
+    table.add_column("workflow")
+    table.add_column("status")
+    table.add_column("started")
+    table.add_column("took", justify="right")
+    for r in results:
+        table.add_row(
+            str(r.id), f"{escape(r.workflow)} v{r.version}", styled(r.status), stamp(r.created_at),
+            seconds(between(r.created_at, r.finished_at)),
+        )
+    console.print(table)
+    for r in results:
+        if r.error:
+            console.print(f"[red]{r.id}[/red]: {escape(last_line(r.error))}")
+
+
+@cli.command()
+def cancel(
+    execution_id: Annotated[str, typer.Argument(help="The execution's id.")],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Cancel a running execution (its pending work is never started)."""
+    with opened(plain_app(database_url)) as app:
+        if app.cancel(execution_id):
+            console.print(f"cancelled {execution_id}")
+            return
+        result = app.status(execution_id)
+    console.print(f"execution {execution_id} had already ended {styled(result.status)}; "
+                  "nothing to cancel")
+
+
+@cli.command("dead-letters")
+def dead_letters(
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """List dead-lettered tasks: retries exhausted or a non-retryable error."""
+    with opened(plain_app(database_url)) as app:
+        rows = app.dead_letters(limit)
+    if not rows:
+        console.print("no dead letters")
+        return
+    table = Table()
+    for header in ("task", "execution", "workflow", "step", "attempts", "failed at", "error"):
+        table.add_column(header)
+    for r in rows:
+        step = r["step"] + (f"[{r['map_index']}]" if r["map_index"] else "")
+        table.add_row(
+            str(r["id"]), str(r["execution_id"]), escape(r["workflow_name"]), escape(step),
+            str(r["attempt"]), stamp(r["finished_at"]),
+            escape(last_line(r["error"]))[:80],
+        )
+    console.print(table)
+
+
+@cli.command()
+def demo(
+    executions: Annotated[int, typer.Option(min=1, help="Executions to start.")] = 5,
+    concurrency: Annotated[int, typer.Option(min=1, help="Tasks each worker runs at once.")] = 8,
+    workers: Annotated[int, typer.Option(min=1, help="In-process workers.")] = 2,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Run the nightly content pipeline: transcribe, five parallel branches, publish."""
+    from konduit.demo import run_demo
+
+    raise typer.Exit(run_demo(executions=executions, concurrency=concurrency, workers=workers,
+                              database_url=reachable(database_url), console=console))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``konduit`` entry point."""
+    try:
+        cli(args=argv, prog_name="konduit")
+    except konduit.KonduitError as exc:
+        err_console.print(f"[red]error:[/red] {escape(one_line(str(exc)))}")
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/yellow]")
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()
