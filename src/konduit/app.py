@@ -19,6 +19,8 @@ from uuid import UUID
 from konduit.client import Client, ExecutionResult
 from konduit.db.database import Database, Row, is_embedded, resolve_url
 from konduit.db.migrate import migrate
+from konduit.durations import Duration
+from konduit.payloads import DEFAULT_MAX_BYTES
 from konduit.registry import Registry
 from konduit.worker.config import WorkerConfig
 from konduit.worker.worker import Worker
@@ -63,8 +65,10 @@ class App:
         database_url: str | None = None,
         *,
         pool_size: int = 10,
+        max_payload_bytes: int = DEFAULT_MAX_BYTES,
     ):
         self.registry = Registry(workflows)
+        self.max_payload_bytes = max_payload_bytes
         self._database_url = database_url
         self.pool_size = pool_size
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,7 +115,7 @@ class App:
         """The async client (created on first use), for code already inside an event loop."""
         if self._client is None:
             db = await self._open_database(self.pool_size)
-            self._client = Client(db, self.registry)
+            self._client = Client(db, self.registry, max_payload_bytes=self.max_payload_bytes)
         return self._client
 
     def _c(self) -> Client:
@@ -127,12 +131,14 @@ class App:
         idempotency_key: str | None = None,
         version: int | None = None,
         deadline_at: datetime | None = None,
+        timeout: Duration | None = None,
     ) -> ExecutionHandle:
-        """Start an execution of the latest registered version (or ``version``)."""
+        """Start an execution of the latest registered version (or ``version``); see
+        :meth:`konduit.client.Client.start`."""
         client = self._c()
         eid = self._call(
             client.start(workflow, input, idempotency_key=idempotency_key, version=version,
-                         deadline_at=deadline_at)
+                         deadline_at=deadline_at, timeout=timeout)
         )
         return ExecutionHandle(self, eid)
 

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import psycopg
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -78,10 +79,7 @@ def styled(status: str) -> str:
 
 
 def seconds(delta: timedelta | None) -> str:
-    if delta is None:
-        return "—"
-    s = delta.total_seconds()
-    return f"{s * 1000:.0f} ms" if abs(s) < 1 else f"{s:.2f} s"
+    return "—" if delta is None else f"{delta.total_seconds():.3f}"
 
 
 def between(start: datetime | None, end: datetime | None) -> timedelta | None:
@@ -95,7 +93,7 @@ def stamp(value: datetime | None) -> str:
 def offset(value: datetime | None, origin: datetime | None) -> str:
     """``value`` as seconds after ``origin`` (the execution's start)."""
     delta = between(origin, value)
-    return "—" if delta is None else f"+{delta.total_seconds():.3f} s"
+    return "—" if delta is None else f"{delta.total_seconds():.3f}"
 
 
 def one_line(text: str) -> str:
@@ -317,31 +315,37 @@ def start(
 
 
 def step_table(steps: list[Row], tasks: list[Row], origin: datetime | None) -> Table:
+    """One row per step, in firing order; times in seconds after the execution started."""
     attempts: dict[str, int] = {}
     for task in tasks:
         attempts[task["step"]] = attempts.get(task["step"], 0) + int(task["attempt"])
     far = datetime.max.replace(tzinfo=origin.tzinfo if origin else None)
     ordered = sorted(steps, key=lambda s: (s["fired_at"] or far, s["step"]))
-    table = Table(title="steps (times after the execution started)", title_justify="left")
-    for header in ("step", "status", "tasks", "attempts", "fired", "ended", "took"):
-        table.add_column(header, justify="left" if header in ("step", "status") else "right")
-    table.add_column("fan-in wait", justify="right")
-    table.add_column("straggler")
+    show_tasks = any(s["tasks_total"] != 1 for s in steps)  # only map steps make several
+    table = Table(title="steps (seconds after the execution started)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("step", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    if show_tasks:
+        table.add_column("tasks", justify="right")
+    for header in ("tries", "fired", "ended", "took", "fan-in\nwait"):
+        table.add_column(header, justify="right")
+    table.add_column("straggler", no_wrap=True)
     for s in ordered:
-        total = s["tasks_total"]
-        done = int(s["tasks_ok"]) + int(s["tasks_degraded"])
         is_join = int(s["up_total"]) > 1
-        table.add_row(
-            escape(s["step"]),
-            styled(s["status"]),
-            f"{done}/{total}" if total is not None else "—",
+        done = int(s["tasks_ok"]) + int(s["tasks_degraded"])
+        cells = [escape(s["step"]), styled(s["status"])]
+        if show_tasks:
+            cells.append(f"{done}/{s['tasks_total']}" if s["tasks_total"] is not None else "—")
+        cells += [
             str(attempts.get(s["step"], 0)),
             offset(s["fired_at"], origin),
             offset(s["ended_at"], origin),
             seconds(between(s["fired_at"], s["ended_at"])),
             seconds(between(s["first_upstream_at"], s["fired_at"])) if is_join else "",
             escape(s["straggler"] or "") if is_join else "",
-        )
+        ]
+        table.add_row(*cells)
     return table
 
 
@@ -368,7 +372,7 @@ def status(
     console.print(f"execution [bold]{result.id}[/bold]  {escape(result.workflow)} "
                   f"v{result.version}  {styled(result.status)}")
     console.print(f"started {stamp(result.created_at)}"
-                  + (f", finished {stamp(result.finished_at)} ({seconds(took)})" if took else ""))
+                  + (f", finished {stamp(result.finished_at)} ({seconds(took)} s)" if took else ""))
     if result.error:
         console.print(f"[red]error:[/red] {escape(result.error)}")
     if result.output is not None:
@@ -391,12 +395,12 @@ def list_executions(
     if not results:
         console.print("no executions")
         return
-    table = Table()
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("id", no_wrap=True, min_width=36)
-    table.add_column("workflow")
-    table.add_column("status")
-    table.add_column("started")
-    table.add_column("took", justify="right")
+    table.add_column("workflow", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("started", overflow="fold")
+    table.add_column("took (s)", justify="right")
     for r in results:
         table.add_row(
             str(r.id), f"{escape(r.workflow)} v{r.version}", styled(r.status), stamp(r.created_at),
@@ -419,7 +423,7 @@ def cancel(
             console.print(f"cancelled {execution_id}")
             return
         result = app.status(execution_id)
-    console.print(f"execution {execution_id} had already ended {styled(result.status)}; "
+    console.print(f"execution {execution_id} has already finished ({styled(result.status)}); "
                   "nothing to cancel")
 
 
@@ -434,7 +438,7 @@ def dead_letters(
     if not rows:
         console.print("no dead letters")
         return
-    table = Table()
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for header in ("task", "execution", "workflow", "step", "attempts", "failed at", "error"):
         table.add_column(header)
     for r in rows:
@@ -466,7 +470,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli(args=argv, prog_name="konduit")
     except konduit.KonduitError as exc:
-        err_console.print(f"[red]error:[/red] {escape(one_line(str(exc)))}")
+        err_console.print(f"[red]error:[/red] {escape(one_line(str(exc)))}", soft_wrap=True)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/yellow]")

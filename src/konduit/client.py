@@ -10,11 +10,11 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from psycopg.types.json import Jsonb
 
 from konduit.advance import initial_states
 from konduit.db.database import Database, Row, translate_errors
+from konduit.durations import Duration, parse_duration
 from konduit.engine.advancer import finish_execution
 from konduit.errors import (
     ExecutionFailed,
@@ -100,8 +100,14 @@ class Client:
         idempotency_key: str | None = None,
         version: int | None = None,
         deadline_at: datetime | None = None,
+        timeout: Duration | None = None,
     ) -> UUID:
-        """Start an execution and return its id; the same idempotency key returns the same id."""
+        """Start an execution and return its id; the same idempotency key returns the same id.
+
+        ``timeout`` is a hard limit (seconds or ``"10m"``): past it the execution ends
+        ``timed_out`` and its unfinished tasks are cancelled. ``deadline_at`` is the window the
+        execution should finish in, which plans are checked against."""
+        timeout_seconds = None if timeout is None else parse_duration(timeout, what="timeout")
         spec = self.registry.get(workflow, version)
         encoded = canonical_json(
             input, what=f"input of workflow {workflow!r}", max_bytes=self.max_payload_bytes
@@ -121,6 +127,7 @@ class Client:
                 idempotency_key=idempotency_key,
                 steps_pending=execution.steps_pending,
                 deadline_at=deadline_at,
+                timeout_seconds=timeout_seconds,
             )
             if row is None:
                 existing = await tx.one(
@@ -241,4 +248,4 @@ class Client:
         return await self.db.all("task_list_dead", limit=limit)
 
 
-__all__ = ["Client", "ExecutionFailed", "ExecutionResult", "KonduitError", "psycopg"]
+__all__ = ["Client", "ExecutionFailed", "ExecutionResult", "KonduitError"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from konduit.db.database import Database
+from konduit.engine.advancer import finish_execution
 from konduit.registry import Registry
 from konduit.worker.completer import Completion, Recorded, record
 
@@ -46,3 +47,21 @@ async def reclaim_expired_leases(db: Database, registry: Registry, *, limit: int
             reclaimed += 1
             log.info("reclaimed task %s (%s): %s", task["id"], task["step"], completion.error)
     return reclaimed
+
+
+async def end_timed_out_executions(db: Database, *, limit: int = 100) -> int:
+    """End running executions past their hard timeout as ``timed_out``; returns how many."""
+    rows = await db.all("execution_list_timed_out", limit=limit)
+    ended = 0
+    for row in rows:
+        async with db.transaction() as tx:
+            execution = await tx.one("execution_lock", id=row["id"])
+            if execution is None or execution["status"] != "running":
+                continue
+            if await finish_execution(
+                tx, row["id"], "timed_out", None, "the execution exceeded its timeout",
+                execution["steps_pending"],
+            ):
+                ended += 1
+                log.info("execution %s timed out", row["id"])
+    return ended

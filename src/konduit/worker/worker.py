@@ -23,7 +23,7 @@ from konduit.registry import Registry
 from konduit.worker.completer import Completion, Recorded, record
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
-from konduit.worker.maintenance import reclaim_expired_leases
+from konduit.worker.maintenance import end_timed_out_executions, reclaim_expired_leases
 
 log = logging.getLogger("konduit.worker")
 T = TypeVar("T")
@@ -185,8 +185,11 @@ class Worker:
             try:
                 conn = await self.db.listen_connection()
                 await conn.execute("LISTEN konduit_ready")
+                await conn.execute("LISTEN konduit_finished")
                 async for note in conn.notifies():
-                    if note.payload in self.config.queues:
+                    if note.channel == "konduit_finished":
+                        self._stop_tasks_of(note.payload)
+                    elif note.payload in self.config.queues:
                         self._wake.set()
             except asyncio.CancelledError:
                 raise
@@ -223,6 +226,15 @@ class Worker:
                     log.info("task %s (%s) lost its lease; asking it to stop", t.id, t.step)
                     self._cancel(t.id)
 
+    def _stop_tasks_of(self, execution_id: str) -> None:
+        """An execution ended (cancelled, failed, timed out): its running tasks here lost their
+        leases in that transaction, so stop them now rather than at the next heartbeat."""
+        for task_id, (task, _) in list(self.running.items()):
+            if str(task.execution_id) == execution_id:
+                log.info("execution %s ended; stopping its task %s (%s)", execution_id, task_id,
+                         task.step)
+                self._cancel(task_id)
+
     def _cancel(self, task_id: int) -> None:
         ctx = self.contexts.get(task_id)
         if ctx is not None:
@@ -239,6 +251,7 @@ class Worker:
             await asyncio.sleep(self.config.maintenance_interval)
             try:
                 await reclaim_expired_leases(self.db, self.registry)
+                await end_timed_out_executions(self.db)
             except (DatabaseError, KonduitError) as exc:
                 log.warning("maintenance failed: %s", exc)
 

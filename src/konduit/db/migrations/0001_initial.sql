@@ -23,7 +23,8 @@ CREATE TABLE konduit_executions (
     error             text,
     idempotency_key   text,
     steps_pending     integer     NOT NULL CHECK (steps_pending >= 0),
-    deadline_at       timestamptz,
+    deadline_at       timestamptz,  -- the publication window: a target that plans are checked against
+    timeout_at        timestamptz,  -- a hard limit: past it the execution ends timed_out
     created_at        timestamptz NOT NULL DEFAULT now(),
     finished_at       timestamptz,
     FOREIGN KEY (workflow_name, workflow_version) REFERENCES konduit_workflows (name, version),
@@ -34,6 +35,8 @@ CREATE UNIQUE INDEX konduit_executions_idempotency_key
     ON konduit_executions (workflow_name, idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX konduit_executions_created_at ON konduit_executions (created_at DESC);
 CREATE INDEX konduit_executions_running ON konduit_executions (created_at) WHERE status = 'running';
+CREATE INDEX konduit_executions_timeout ON konduit_executions (timeout_at)
+    WHERE status = 'running' AND timeout_at IS NOT NULL;
 
 -- Join state: one row per step of an execution, counters updated under the execution lock so a
 -- completion never re-reads its siblings (see konduit.advance).

@@ -2,10 +2,11 @@
 -- Create an execution; with an idempotency key already used for this workflow, insert nothing.
 INSERT INTO konduit_executions
     (id, workflow_name, workflow_version, input, input_hash, idempotency_key, steps_pending,
-     deadline_at)
+     deadline_at, timeout_at)
 VALUES
     (%(id)s, %(workflow_name)s, %(workflow_version)s, %(input)s, %(input_hash)s,
-     %(idempotency_key)s, %(steps_pending)s, %(deadline_at)s)
+     %(idempotency_key)s, %(steps_pending)s, %(deadline_at)s,
+     clock_timestamp() + make_interval(secs => %(timeout_seconds)s))
 ON CONFLICT (workflow_name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
@@ -25,7 +26,7 @@ FOR NO KEY UPDATE;
 -- name: execution_get
 -- One execution, whole.
 SELECT id, workflow_name, workflow_version, status, input, output, error, idempotency_key,
-       steps_pending, deadline_at, created_at, finished_at
+       steps_pending, deadline_at, timeout_at, created_at, finished_at
 FROM konduit_executions
 WHERE id = %(id)s;
 
@@ -59,3 +60,11 @@ RETURNING id;
 -- name: execution_notify_finished
 -- Wake clients waiting on this execution; delivered when the transaction commits.
 SELECT pg_notify('konduit_finished', %(id)s);
+
+-- name: execution_list_timed_out
+-- Running executions past their hard timeout, oldest first.
+SELECT id
+FROM konduit_executions
+WHERE status = 'running' AND timeout_at < clock_timestamp()
+ORDER BY timeout_at
+LIMIT %(limit)s;
