@@ -78,14 +78,12 @@ def dags(draw: st.DrawFn) -> list[StepDef]:
         if i == 0 or draw(st.integers(0, 4)) == 0:  # a few extra roots
             ups: list[int] = []
         else:
-            ups = draw(st.lists(st.integers(0, i - 1), unique=True, min_size=1,
-                                max_size=min(i, 5)))
+            ups = draw(st.lists(st.integers(0, i - 1), unique=True, min_size=1, max_size=min(i, 5)))
         after = tuple(f"s{u}" for u in sorted(ups))
         is_map = bool(after) and draw(st.integers(0, 3)) == 0
         join: Join | None = None
         if len(after) >= 2 and not is_map:
-            kind = draw(st.sampled_from(["default", "all_succeeded", "all_done", "required",
-                                         "quorum"]))
+            kind = draw(st.sampled_from(["default", "all_succeeded", "all_done", "required", "quorum"]))
             if kind == "all_succeeded":
                 join = Join.all_succeeded()
             elif kind == "all_done":
@@ -144,9 +142,10 @@ def policy_broken(spec: WorkflowSpec, step: str, outs: dict[str, str]) -> bool:
     if kind == "quorum":
         assert s.join.k is not None
         pending = len(s.after) - len(ended)
-        # NB: a quorum join whose branches were all skipped fails (it is not skipped like the
-        # other policies); this mirrors the current behaviour of join_verdict.
-        return sum(o in OK for o in ended) + pending < s.join.k
+        if ended and len(ended) == len(s.after) and all(o == "skipped" for o in ended):
+            return False  # every branch routed away: the join is skipped, like other policies
+        unreachable = sum(o in OK for o in ended) + pending < s.join.k
+        return unreachable and (any(o in FAILURES for o in ended) or pending == 0)
     if kind == "all_succeeded":
         return any(o in FAILURES for o in ended)
     if kind == "required":
@@ -156,8 +155,6 @@ def policy_broken(spec: WorkflowSpec, step: str, outs: dict[str, str]) -> bool:
 
 def should_skip(spec: WorkflowSpec, step: str, outs: dict[str, str]) -> bool:
     s = spec[step]
-    if s.join.kind == "quorum":
-        return False
     return all(outs.get(u) == "skipped" for u in s.after)
 
 
@@ -182,8 +179,7 @@ class Expect:
 
 
 class Sim:
-    def __init__(self, spec: WorkflowSpec, data: st.DataObject, outcomes: list[str],
-                 partial: bool) -> None:
+    def __init__(self, spec: WorkflowSpec, data: st.DataObject, outcomes: list[str], partial: bool) -> None:
         self.spec = spec
         self.data = data
         self.outcomes = outcomes
@@ -358,7 +354,7 @@ class Sim:
             assert self.call(MapExpanded(name, count + 1)) == Decision()
 
     def _maybe_duplicate(self) -> None:
-        if self.ex.status != "running" or not self.data.draw(st.integers(0, 4)) == 0:
+        if self.ex.status != "running" or self.data.draw(st.integers(0, 4)) != 0:
             return
         candidates = sorted(n for n, s in self.m_status.items() if s in ("ended", "waiting"))
         if not candidates:
@@ -502,13 +498,15 @@ def _wf(*defs: StepDef) -> WorkflowSpec:
     return build(list(defs))
 
 
-def _sd(name: str, *after: str, join: Join | None = None, required: bool = True,
-        is_map: bool = False) -> StepDef:
+def _sd(
+    name: str, *after: str, join: Join | None = None, required: bool = True, is_map: bool = False
+) -> StepDef:
     return StepDef(name, tuple(after), join, required, is_map)
 
 
-def _step(spec: WorkflowSpec, ex: ExecutionState, states: dict[str, StepState],
-          event: TaskEnded | MapExpanded) -> tuple[Decision, ExecutionState]:
+def _step(
+    spec: WorkflowSpec, ex: ExecutionState, states: dict[str, StepState], event: TaskEnded | MapExpanded
+) -> tuple[Decision, ExecutionState]:
     d = advance(spec, ex, states, event)
     assert isinstance(d, Decision)
     states.update(d.states)

@@ -107,11 +107,16 @@ def join_verdict(spec: WorkflowSpec, step: str, state: StepState) -> Verdict:
     s = spec[step]
     n = len(s.after)
     kind = s.join.kind
+    if state.up_skipped == n:
+        return "skip"  # every branch was routed away: nothing to join, whatever the policy
     if kind == "quorum":
         k = s.join.k or n
         if state.up_ok >= k:
             return "fire"
-        if state.up_ok + state.up_pending < k:
+        # Unreachable: fail once a failure made it so, or once every branch ended. Skips alone
+        # wait, so that a join whose branches are all routed away is skipped whatever the order
+        # its skips arrive in.
+        if state.up_ok + state.up_pending < k and (state.up_failed > 0 or state.up_pending == 0):
             return "fail"
         return "wait"
     if kind == "all_succeeded" and state.up_failed > 0:
@@ -162,6 +167,7 @@ def advance(
         decision.states[name] = st
 
     def fail(reason: str) -> None:
+        decision.fire.clear()  # nothing starts in an execution that just failed
         decision.reason = reason
         decision.execution = ExecutionState("failed", pending)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from konduit.errors import KonduitError
@@ -20,6 +21,8 @@ def parse_duration(value: Duration, *, what: str = "duration") -> float:
     if isinstance(value, bool):
         raise KonduitError(f"{what}: expected a duration, got {value!r}")
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise KonduitError(f"{what}: duration must be finite, got {value!r}")
         if value < 0:
             raise KonduitError(f"{what}: duration must not be negative, got {value!r}")
         return float(value)

