@@ -50,10 +50,12 @@ class ExecutionState:
 
 @dataclass(frozen=True)
 class TaskEnded:
-    """A task of ``step`` reached a terminal outcome."""
+    """A task of ``step`` reached a terminal outcome. ``routes``, when set, names the downstream
+    steps the handler chose: the edges to the others count as skipped."""
 
     step: str
     outcome: str
+    routes: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def advance(
         decision.reason = reason
         decision.execution = ExecutionState("failed", pending)
 
-    def end_step(name: str, outcome: str) -> bool:
+    def end_step(name: str, outcome: str, routes: frozenset[str] | None = None) -> bool:
         """Record that a step ended and propagate to its downstream; False stops the walk."""
         nonlocal pending
         st = get(name)
@@ -189,14 +191,17 @@ def advance(
             ds = get(d)
             if ds is None:
                 continue
+            # The edge's outcome: a step that routed elsewhere skipped this downstream.
+            edge = "skipped" if routes is not None and outcome in OK_OUTCOMES and d not in routes \
+                else outcome
             ds = replace(
                 ds,
                 up_pending=ds.up_pending - 1,
-                up_ok=ds.up_ok + (outcome in OK_OUTCOMES),
-                up_failed=ds.up_failed + (outcome in FAILURE_OUTCOMES),
+                up_ok=ds.up_ok + (edge in OK_OUTCOMES),
+                up_failed=ds.up_failed + (edge in FAILURE_OUTCOMES),
                 up_required_failed=ds.up_required_failed
-                + (outcome in FAILURE_OUTCOMES and step.required),
-                up_skipped=ds.up_skipped + (outcome == "skipped"),
+                + (edge in FAILURE_OUTCOMES and step.required),
+                up_skipped=ds.up_skipped + (edge == "skipped"),
             )
             put(d, ds)
             if ds.status != "waiting":
@@ -246,8 +251,10 @@ def advance(
         )
         put(event.step, st)
         if st.tasks_pending == 0:
-            outcome = event.outcome if not spec[event.step].is_map else _map_outcome(st)
-            end_step(event.step, outcome)
+            if spec[event.step].is_map:
+                end_step(event.step, _map_outcome(st))
+            else:
+                end_step(event.step, event.outcome, event.routes)
 
     if missing:
         return NeedStates(frozenset(missing))

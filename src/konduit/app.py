@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
-from konduit.client import Client, ExecutionResult
+from konduit.client import Client, ExecutionResult, coerce_execution_id
 from konduit.db.database import Database, Row, is_embedded, resolve_url
 from konduit.db.migrate import migrate
 from konduit.durations import Duration
@@ -143,7 +143,8 @@ class App:
         return ExecutionHandle(self, eid)
 
     def handle(self, execution_id: UUID | str) -> ExecutionHandle:
-        return ExecutionHandle(self, UUID(str(execution_id)))
+        """A handle on an execution started elsewhere (by id)."""
+        return ExecutionHandle(self, coerce_execution_id(execution_id))
 
     def wait(self, execution_id: UUID | str, timeout: float | None = None) -> ExecutionResult:
         return self._call(self._c().wait(execution_id, timeout))
@@ -180,7 +181,7 @@ class App:
         """Run a worker in the current event loop until :meth:`Worker.stop` (or ``stop_after``)."""
         config = config or WorkerConfig()
         db = await self._open_database(max(4, min(config.concurrency + 2, 20)))
-        worker = Worker(db, self.registry, config)
+        worker = Worker(db, self.registry, config, max_payload_bytes=self.max_payload_bytes)
         if stop_after is not None:
             asyncio.get_running_loop().call_later(stop_after, worker.stop)
         try:
@@ -223,7 +224,8 @@ class App:
                 threading.Thread(target=watch, daemon=True).start()
 
             config_db = await self._open_database(max(4, min(config.concurrency + 2, 20)))
-            worker = Worker(config_db, self.registry, config)
+            worker = Worker(config_db, self.registry, config,
+                            max_payload_bytes=self.max_payload_bytes)
             holder["w"] = worker
             if stop_after is not None:
                 loop.call_later(stop_after, worker.stop)

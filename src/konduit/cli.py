@@ -27,6 +27,8 @@ from rich.table import Table
 
 import konduit
 from konduit.db.database import Row
+from konduit.db.migrate import latest_version
+from konduit.db.queries import q
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -50,7 +52,7 @@ DatabaseUrl = Annotated[
     str | None,
     typer.Option(
         "--database-url",
-        help="PostgreSQL URL [default: $KONDUIT_DATABASE_URL, else the embedded server]",
+        help="PostgreSQL URL (default: $KONDUIT_DATABASE_URL, else the embedded server).",
         show_default=False,
     ),
 ]
@@ -118,7 +120,7 @@ def load_app(spec: str, database_url: str | None) -> konduit.App:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+        if exc.name and (exc.name == module_name or module_name.startswith(exc.name + ".")):
             raise CliError(f"cannot import module {module_name!r} (from {spec!r}): {exc}") from None
         raise  # the module exists but one of its own imports failed: show the traceback
     target: Any = module
@@ -134,8 +136,10 @@ def load_app(spec: str, database_url: str | None) -> konduit.App:
     if database_url is None:
         return target
     # Same workflows, the database named on the command line (the registry is shared, not copied).
-    app = konduit.App([], database_url=database_url, pool_size=target.pool_size)
-    app.registry = target.registry
+    app = konduit.App([], database_url=database_url)
+    for name, value in vars(target).items():  # registry, pool size and other public settings
+        if not name.startswith("_"):
+            setattr(app, name, value)
     return app
 
 
@@ -147,19 +151,32 @@ def opened(app: konduit.App) -> Iterator[konduit.App]:
         app.close()
 
 
-def reachable(database_url: str | None) -> str | None:
+def reachable(database_url: str | None, *, schema: bool = True) -> str | None:
     """Fail fast, in one line, when an explicitly configured database does not answer (the
-    connection pool would keep retrying for half a minute). Returns ``database_url``."""
+    connection pool would keep retrying for half a minute) or, with ``schema``, has an older
+    schema than this konduit needs. The embedded server is left alone: it is started and
+    migrated on first use. Returns ``database_url``."""
     url = database_url or os.environ.get("KONDUIT_DATABASE_URL")
     if not url:
-        return database_url  # the embedded server: started on first use
+        return database_url
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)  # its retries say the same
     try:
-        psycopg.connect(url, connect_timeout=10).close()
+        with psycopg.connect(url, connect_timeout=10) as conn:
+            version = 0
+            present = conn.execute(q("schema_version_table_exists")).fetchone()
+            if present and present[0]:
+                row = conn.execute(q("schema_version_get")).fetchone()
+                version = int(row[0]) if row else 0
     except psycopg.Error as exc:
         raise konduit.DatabaseUnavailable(
             f"cannot connect to {describe_url(url)}: {one_line(str(exc))}"
         ) from None
+    if schema and version < latest_version():
+        flag = " --database-url URL" if database_url else ""
+        raise konduit.SchemaOutdated(
+            f"the schema of {describe_url(url)} is at version {version}, this konduit needs "
+            f"{latest_version()}: run `konduit db migrate{flag}` first"
+        )
     return database_url
 
 
@@ -191,9 +208,12 @@ def describe_url(url: str | None) -> str:
         params = conninfo_to_dict(url)
     except Exception:
         return "the configured database"
-    host = params.get("host") or "localhost"
-    port = params.get("port") or "5432"
-    return f"database {params.get('dbname') or '?'} on {host}:{port}"
+    host = str(params.get("host") or "localhost")
+    port = str(params.get("port") or "5432")
+    name = str(params.get("dbname") or params.get("user") or "?")
+    if host.startswith("/"):
+        return f"database {name} (socket in {host})"
+    return f"database {name} on {host}:{port}"
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -218,9 +238,7 @@ def root(
 @db_cli.command("migrate")
 def db_migrate(database_url: DatabaseUrl = None) -> None:
     """Apply the schema migrations this konduit needs (a no-op when the schema is current)."""
-    from konduit.db.migrate import latest_version
-
-    with opened(plain_app(database_url)) as app:
+    with opened(konduit.App([], database_url=reachable(database_url, schema=False))) as app:
         applied = app.migrate()
     if applied:
         for name in applied:
@@ -235,17 +253,19 @@ def worker(
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1,
                                              help="Tasks run at once.")] = 10,
     queue: Annotated[list[str] | None, typer.Option(
-        "--queue", "-q", help="Queue to claim from (repeatable).  [default: default]")] = None,
+        "--queue", "-q", help="Queue to claim from; repeatable (default: default).")] = None,
     poll_interval: Annotated[float | None, typer.Option(
-        help="Seconds between claims without a notification.  [default: 1.0]",
+        help="Seconds between claims without a notification (default: $KONDUIT_POLL_INTERVAL or 1).",
         show_default=False)] = None,
     lease_seconds: Annotated[float | None, typer.Option(
-        help="Lease length; a dead worker's tasks are retaken after it.  [default: 15]",
+        help="Lease length; a dead worker's tasks are retaken after it "
+        "(default: $KONDUIT_LEASE_SECONDS or 15).",
         show_default=False)] = None,
     heartbeat_interval: Annotated[float | None, typer.Option(
-        help="Seconds between lease extensions.  [default: 3]", show_default=False)] = None,
+        help="Seconds between lease extensions (default: $KONDUIT_HEARTBEAT_INTERVAL or 3).",
+        show_default=False)] = None,
     shutdown_grace: Annotated[float | None, typer.Option(
-        help="Seconds running tasks get to finish on SIGINT/SIGTERM.  [default: 10]",
+        help="Seconds running tasks get to finish on SIGINT/SIGTERM (default: 10).",
         show_default=False)] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     database_url: DatabaseUrl = None,
@@ -272,7 +292,8 @@ def worker(
     where = describe_url(url) if url else "the App's database (embedded server by default)"
     err_console.print(
         f"konduit worker: {', '.join(names)} on {where}, "
-        f"queues {', '.join(queues)}, concurrency {concurrency} (Ctrl-C stops gracefully)"
+        f"queues {', '.join(queues)}, concurrency {concurrency} (Ctrl-C stops gracefully)",
+        soft_wrap=True,
     )
     with opened(app):
         try:
@@ -280,11 +301,17 @@ def worker(
         except ValueError as exc:  # WorkerConfig rejects inconsistent settings
             raise CliError(str(exc)) from None
     err_console.print(f"worker stopped after {done.completed} task(s)")
+    # Tasks still running at the end of the grace period were released to other workers, but a
+    # sync handler's thread cannot be interrupted, and the interpreter would join it at exit:
+    # leave now, so a stop takes the grace period and no longer (their results are fenced off).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @cli.command()
 def start(
-    workflow: Annotated[str, typer.Argument(help="Name of the workflow to start.")],
+    workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Name of the workflow to start.")],
     app_spec: Annotated[str, typer.Option(
         "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
         help="module:attribute of the konduit.App that defines the workflow.")],
@@ -292,7 +319,7 @@ def start(
     idempotency_key: Annotated[str | None, typer.Option(
         "--idempotency-key", "-k", help="Starting twice with the same key returns the same id.")
     ] = None,
-    version: Annotated[int | None, typer.Option(help="Workflow version [default: latest].",
+    version: Annotated[int | None, typer.Option(help="Workflow version (default: the latest).",
                                                 show_default=False)] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for it to finish.")] = False,
     timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
@@ -323,7 +350,7 @@ def step_table(steps: list[Row], tasks: list[Row], origin: datetime | None) -> T
     ordered = sorted(steps, key=lambda s: (s["fired_at"] or far, s["step"]))
     show_tasks = any(s["tasks_total"] != 1 for s in steps)  # only map steps make several
     table = Table(title="steps (seconds after the execution started)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
+                  box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
     table.add_column("step", no_wrap=True)
     table.add_column("status", no_wrap=True)
     if show_tasks:
@@ -351,7 +378,7 @@ def step_table(steps: list[Row], tasks: list[Row], origin: datetime | None) -> T
 
 @cli.command()
 def status(
-    execution_id: Annotated[str, typer.Argument(help="The execution's id.")],
+    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
@@ -395,16 +422,20 @@ def list_executions(
     if not results:
         console.print("no executions")
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
     table.add_column("id", no_wrap=True, min_width=36)
-    table.add_column("workflow", overflow="fold")
     table.add_column("status", no_wrap=True)
-    table.add_column("started", overflow="fold")
-    table.add_column("took (s)", justify="right")
+    table.add_column("started", no_wrap=True)
+    table.add_column("took", justify="right")
+    table.add_column("workflow", overflow="fold")
+    today = datetime.now().astimezone().date()
     for r in results:
+        started = r.created_at.astimezone() if r.created_at else None
         table.add_row(
-            str(r.id), f"{escape(r.workflow)} v{r.version}", styled(r.status), stamp(r.created_at),
-            seconds(between(r.created_at, r.finished_at)),
+            str(r.id), styled(r.status),
+            "—" if started is None else started.strftime(
+                "%H:%M:%S" if started.date() == today else "%Y-%m-%d %H:%M"),
+            seconds(between(r.created_at, r.finished_at)), f"{escape(r.workflow)} v{r.version}",
         )
     console.print(table)
     for r in results:
@@ -414,7 +445,7 @@ def list_executions(
 
 @cli.command()
 def cancel(
-    execution_id: Annotated[str, typer.Argument(help="The execution's id.")],
+    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
     database_url: DatabaseUrl = None,
 ) -> None:
     """Cancel a running execution (its pending work is never started)."""
@@ -438,7 +469,7 @@ def dead_letters(
     if not rows:
         console.print("no dead letters")
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
     for header in ("task", "execution", "workflow", "step", "attempts", "failed at", "error"):
         table.add_column(header)
     for r in rows:
@@ -462,7 +493,8 @@ def demo(
     from konduit.demo import run_demo
 
     raise typer.Exit(run_demo(executions=executions, concurrency=concurrency, workers=workers,
-                              database_url=reachable(database_url), console=console))
+                              database_url=reachable(database_url, schema=False),
+                              console=console))
 
 
 def main(argv: list[str] | None = None) -> None:

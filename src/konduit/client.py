@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 
 from konduit.advance import initial_states
 from konduit.db.database import Database, Row, translate_errors
+from konduit.deadlines import budgets
 from konduit.durations import Duration, parse_duration
 from konduit.engine.advancer import finish_execution
 from konduit.errors import (
@@ -49,7 +50,7 @@ class ExecutionResult:
         return self.status in FINISHED
 
 
-def _coerce_id(execution_id: UUID | str) -> UUID:
+def coerce_execution_id(execution_id: UUID | str) -> UUID:
     if isinstance(execution_id, UUID):
         return execution_id
     try:
@@ -152,6 +153,7 @@ class Client:
                 tasks_totals=[states[n].tasks_total for n in names],
                 tasks_pendings=[states[n].tasks_pending for n in names],
             )
+            deadlines = [await budgets.budget(tx, spec.name, r, spec[r].deadline) for r in roots]
             await tx.run(
                 "task_insert_many",
                 execution_id=new_id,
@@ -162,13 +164,14 @@ class Client:
                 queues=[spec[r].queue for r in roots],
                 priorities=[spec[r].priority for r in roots],
                 max_attempts=[spec[r].retry.max_attempts for r in roots],
+                deadline_seconds=deadlines,
             )
             for queue in sorted({spec[r].queue for r in roots}):
                 await tx.one("task_notify_ready", queue=queue)
         return new_id
 
     async def get(self, execution_id: UUID | str) -> ExecutionResult:
-        eid = _coerce_id(execution_id)
+        eid = coerce_execution_id(execution_id)
         row = await self.db.one("execution_get", id=eid)
         if row is None:
             raise ExecutionNotFound(f"no execution with id {eid}")
@@ -193,7 +196,7 @@ class Client:
         """Wait for the execution to finish. Returns the result when it succeeded; raises
         :class:`ExecutionFailed` when it failed, timed out or was cancelled, and
         :class:`TimeoutError` when it is still running after ``timeout`` seconds."""
-        eid = _coerce_id(execution_id)
+        eid = coerce_execution_id(execution_id)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         conn = await self.db.listen_connection()
@@ -223,7 +226,7 @@ class Client:
     async def cancel(self, execution_id: UUID | str, reason: str = "cancelled") -> bool:
         """Cancel a running execution: its ready tasks are never claimed after this commits and
         running handlers lose their lease. Returns False when it had already finished."""
-        eid = _coerce_id(execution_id)
+        eid = coerce_execution_id(execution_id)
         async with self.db.transaction() as tx:
             row = await tx.one("execution_lock", id=eid)
             if row is None:
@@ -239,10 +242,10 @@ class Client:
         return [self._result(r, {}) for r in rows]
 
     async def tasks(self, execution_id: UUID | str) -> builtins.list[Row]:
-        return await self.db.all("task_list_by_execution", execution_id=_coerce_id(execution_id))
+        return await self.db.all("task_list_by_execution", execution_id=coerce_execution_id(execution_id))
 
     async def steps(self, execution_id: UUID | str) -> builtins.list[Row]:
-        return await self.db.all("step_get_all", execution_id=_coerce_id(execution_id))
+        return await self.db.all("step_get_all", execution_id=coerce_execution_id(execution_id))
 
     async def dead_letters(self, limit: int = 50) -> builtins.list[Row]:
         return await self.db.all("task_list_dead", limit=limit)

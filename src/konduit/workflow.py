@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from konduit.durations import Duration, parse_duration
 from konduit.errors import KonduitError, WorkflowDefinitionError
 from konduit.policies import Deadline, Join, Retry
+from konduit.validation import OutputValidator
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -38,6 +39,8 @@ class StepSpec:
     queue: str = "default"
     priority: int = 0
     output: Any = None
+    fallback_on_failure: bool = False
+    validator: OutputValidator | None = None
 
     @property
     def is_map(self) -> bool:
@@ -56,6 +59,8 @@ class StepSpec:
             "deadline": self.deadline.to_spec() if self.deadline else None,
             "required": self.required,
             "fallback": self.fallback is not None,
+            "fallback_on_failure": self.fallback_on_failure,
+            "output": self.output is not None,
             "map": self.is_map,
             "queue": self.queue,
             "priority": self.priority,
@@ -147,8 +152,15 @@ class Workflow:
         queue: str = "default",
         priority: int = 0,
         output: Any = None,
+        fallback_on_failure: bool = False,
     ) -> Callable[[F], F]:
-        """Register the decorated function as a step running after the steps in ``after``."""
+        """Register the decorated function as a step running after the steps in ``after``.
+
+        ``deadline`` is the task's time budget (``"30s"`` or :meth:`Deadline.adaptive`); past it
+        the task ends ``degraded`` with ``fallback(ctx)``'s payload, or ``timed_out`` without a
+        fallback. ``fallback_on_failure`` also degrades a task whose retries are exhausted.
+        ``required=False`` makes this step an optional branch for ``Join.required()``.
+        ``output`` declares the payload's type (Pydantic model or JSON Schema dict)."""
 
         def decorate(handler: F) -> F:
             self._add(
@@ -163,6 +175,7 @@ class Workflow:
                 queue=queue,
                 priority=priority,
                 output=output,
+                fallback_on_failure=fallback_on_failure,
                 map_over=None,
             )
             return handler
@@ -182,6 +195,7 @@ class Workflow:
         queue: str = "default",
         priority: int = 0,
         output: Any = None,
+        fallback_on_failure: bool = False,
     ) -> Callable[[F], F]:
         """Register a run-time fan-out: one task per item of ``over(upstream_output)``.
 
@@ -205,6 +219,7 @@ class Workflow:
                 queue=queue,
                 priority=priority,
                 output=output,
+                fallback_on_failure=fallback_on_failure,
                 map_over=over,
             )
             return handler
@@ -272,6 +287,7 @@ class Workflow:
         queue: str = "default",
         priority: int = 0,
         output: Any = None,
+        fallback_on_failure: bool = False,
     ) -> str:
         if self._frozen_spec is not None:
             raise WorkflowDefinitionError(
@@ -318,6 +334,9 @@ class Workflow:
                                           workflow=self.name, step=step_name)
         if fallback is not None:
             _check_signature(step_name, self.name, fallback)
+        if fallback_on_failure and fallback is None:
+            raise WorkflowDefinitionError("fallback_on_failure=True needs a fallback=",
+                                          workflow=self.name, step=step_name)
         if deadline is not None and not isinstance(deadline, Deadline):
             try:
                 seconds = parse_duration(deadline, what="deadline")
@@ -340,6 +359,9 @@ class Workflow:
             queue=queue,
             priority=int(priority),
             output=output,
+            fallback_on_failure=bool(fallback_on_failure),
+            validator=None if output is None
+            else OutputValidator(output, step=step_name, workflow=self.name),
         )
         self._steps[step_name] = spec
         # A handler shared by several steps cannot name an upstream unambiguously ("" marks it).

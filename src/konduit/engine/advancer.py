@@ -27,6 +27,7 @@ from konduit.advance import (
     advance,
 )
 from konduit.db.database import Row, Tx
+from konduit.deadlines import budgets
 from konduit.payloads import canonical_json
 from konduit.registry import workflow_key
 from konduit.workflow import WorkflowSpec
@@ -195,6 +196,7 @@ class Advancer:
                 self.reason = f"map step {step!r}: over() failed: {type(exc).__name__}: {exc}"
                 return None
         if items:
+            budget = await budgets.budget(self.tx, self.spec.name, step, spec.deadline)
             await self.tx.run(
                 "task_insert_many",
                 execution_id=self.execution_id,
@@ -205,6 +207,7 @@ class Advancer:
                 queues=[spec.queue] * len(items),
                 priorities=[spec.priority] * len(items),
                 max_attempts=[spec.retry.max_attempts] * len(items),
+                deadline_seconds=[budget] * len(items),
             )
             self.result.queues.add(spec.queue)
         return len(items) if spec.is_map else None

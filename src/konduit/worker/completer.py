@@ -47,6 +47,8 @@ class Completion:
     retry_delay: float = 0.0
     age_seconds: float = 0.0  # how long ago the handler ended, so timings use the DB clock
     attempt_outcome: str | None = None  # how the attempt itself ended, when not `outcome` ("lost")
+    routes: tuple[str, ...] | None = None  # downstream steps the handler chose (Route)
+    source: str = "handler"  # where the payload came from: the handler or the fallback
 
 
 async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recorded, Advanced | None]:
@@ -105,6 +107,7 @@ async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recor
             outcome=c.outcome,
             output_hash=output_hash,
             error=c.error,
+            routes=list(c.routes) if c.routes is not None else None,
             age_seconds=c.age_seconds,
         )
         if task is None:
@@ -117,6 +120,7 @@ async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recor
                 map_index=c.map_index,
                 content_hash=output_hash,
                 payload=Jsonb(c.payload),
+                source=c.source,
             )
         await tx.run(
             "attempt_finish_if_open",
@@ -129,6 +133,23 @@ async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recor
             return Recorded.ENDED, None
         spec = registry.get(execution["workflow_name"], execution["workflow_version"])
         advanced = await record_event(
-            tx, spec, execution, TaskEnded(c.step, c.outcome), task["finished_at"]
+            tx,
+            spec,
+            execution,
+            TaskEnded(c.step, c.outcome, frozenset(c.routes) if c.routes is not None else None),
+            task["finished_at"],
         )
         return Recorded.ENDED, advanced
+
+
+async def record_late_result(db: Database, lease_token: UUID, payload_json: str, payload: Any) -> bool:
+    """Keep a result that arrived after the deadline ended its attempt. It is stored beside the
+    payload the join consumed and never replaces it; returns whether it was stored."""
+    async with db.transaction() as tx:
+        stored = await tx.run(
+            "output_insert_late_if_attempt_ended_by_deadline",
+            lease_token=lease_token,
+            content_hash=content_hash(payload_json),
+            payload=Jsonb(payload),
+        )
+    return stored > 0

@@ -28,6 +28,8 @@ class WorkerConfig:
     """Seconds between lease extensions of running tasks."""
     maintenance_interval: float = 2.0
     """Seconds between sweeps for expired leases (every worker runs one; they are idempotent)."""
+    deadline_grace: float = 1.0
+    """Seconds past a task's deadline before the sweep ends it for a worker that did not."""
     shutdown_grace: float = 10.0
     """Seconds running tasks get to finish after a stop request before they are released."""
     worker_id: str = field(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import logging
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -18,7 +20,9 @@ from konduit.db.database import Database, Row
 from konduit.engine.advancer import load_upstream
 from konduit.errors import NonRetryableError, PayloadError
 from konduit.payloads import DEFAULT_MAX_BYTES, canonical_json
-from konduit.worker.completer import Completion
+from konduit.results import Route
+from konduit.validation import OutputInvalid
+from konduit.worker.completer import Completion, record_late_result
 from konduit.workflow import WorkflowSpec
 
 log = logging.getLogger("konduit.executor")
@@ -40,6 +44,7 @@ class Claimed:
     workflow_name: str
     workflow_version: int
     input: Any
+    deadline_remaining: float | None = None  # seconds of the task's budget left at claim
 
     @classmethod
     def from_row(cls, row: Row) -> Claimed:
@@ -56,6 +61,7 @@ class Claimed:
             workflow_name=row["workflow_name"],
             workflow_version=row["workflow_version"],
             input=row["input"],
+            deadline_remaining=row.get("deadline_remaining"),
         )
 
 
@@ -64,7 +70,8 @@ def _describe(exc: BaseException) -> str:
         text = "".join(traceback.format_exception(exc)).strip()
     except Exception:  # an exception whose state cannot even be formatted
         text = f"{type(exc).__name__} (unprintable)"
-    return text[-8000:]
+    # PostgreSQL text cannot hold NUL; an error message must never make its own record fail.
+    return text[-8000:].replace("\x00", "\\x00")
 
 
 class Executor:
@@ -74,6 +81,7 @@ class Executor:
         self.db = db
         self.pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="konduit")
         self.max_payload_bytes = max_payload_bytes
+        self.late_jobs: set[asyncio.Future[bool]] = set()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -81,7 +89,6 @@ class Executor:
     async def context_for(self, spec: WorkflowSpec, task: Claimed) -> Context:
         async with self.db.transaction() as tx:
             upstream = await load_upstream(tx, spec, task.execution_id, task.step)
-        step = spec[task.step]
         return Context(
             execution_id=task.execution_id,
             workflow=spec.name,
@@ -92,19 +99,69 @@ class Executor:
             upstream=upstream.payloads,
             outcomes=upstream.outcomes,
             item=task.item,
-            deadline=step.deadline.seconds if step.deadline else None,
+            deadline=task.deadline_remaining,
         )
 
-    async def call(self, spec: WorkflowSpec, task: Claimed, ctx: Context) -> Any:
+    async def _call(self, fn: Callable[[Context], Any], ctx: Context, *, late: Claimed | None = None) -> Any:
+        """Call a handler or fallback: async ones on the loop, sync ones on the pool. A sync call
+        cannot be interrupted; when ``late`` is given and the await is abandoned (deadline), its
+        eventual result is kept as a late result of that attempt."""
+        if inspect.iscoroutinefunction(fn):
+            return await fn(ctx)
+        future = self.pool.submit(contextvars.copy_context().run, fn, ctx)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            ctx._cancelled.set()
+            if late is not None:
+                loop = asyncio.get_running_loop()
+                future.add_done_callback(
+                    lambda f: loop.call_soon_threadsafe(self._keep_late, late, f)
+                )
+            raise
+
+    def _keep_late(self, task: Claimed, future: Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        result = future.result()
+        if isinstance(result, Route):
+            result = result.output
+        try:
+            payload_json = canonical_json(result, what="late result", max_bytes=self.max_payload_bytes)
+        except PayloadError:
+            return
+        job = asyncio.ensure_future(record_late_result(self.db, task.lease_token, payload_json, result))
+        self.late_jobs.add(job)
+        job.add_done_callback(self._late_recorded)
+
+    def _late_recorded(self, job: asyncio.Future[bool]) -> None:
+        self.late_jobs.discard(job)
+        if not job.cancelled() and job.exception() is None and job.result():
+            log.info("kept a late result (it arrived after its deadline; the join did not use it)")
+
+    def _payload(
+        self, spec: WorkflowSpec, task: Claimed, result: Any
+    ) -> tuple[Any, str, tuple[str, ...] | None]:
         step = spec[task.step]
-        if step.is_async:
-            return await step.handler(ctx)
-        loop = asyncio.get_running_loop()
-        call = contextvars.copy_context().run
-        return await loop.run_in_executor(self.pool, call, step.handler, ctx)
+        routes = None
+        if isinstance(result, Route):
+            unknown = sorted(set(result.to) - set(spec.downstream[task.step]))
+            if unknown or step.is_map:
+                raise PayloadError(
+                    f"step {task.step!r} routed to {', '.join(unknown) or 'a map item'}: a step may "
+                    f"only route to its own downstream steps "
+                    f"({', '.join(spec.downstream[task.step]) or 'none'})"
+                )
+            routes, result = result.to, result.output
+        if step.validator is not None:
+            result = step.validator.validate(result)
+        payload_json = canonical_json(
+            result, what=f"output of step {task.step!r}", max_bytes=self.max_payload_bytes
+        )
+        return result, payload_json, routes
 
     async def run(self, spec: WorkflowSpec, task: Claimed, ctx: Context) -> Completion:
-        """Run the handler; never raises for anything the handler does."""
+        """Run the handler under the task's deadline; never raises for anything the handler does."""
         step = spec[task.step]
         base = partial(
             Completion,
@@ -116,29 +173,40 @@ class Executor:
             attempt=task.attempt,
         )
         retryable = True
+        budget = task.deadline_remaining
+        deadline = asyncio.timeout(budget)
         try:
-            result = await self.call(spec, task, ctx)
+            if budget is not None and budget <= 0:
+                return await self.deadline_passed(spec, task, ctx)
+            async with deadline:
+                try:
+                    result = await self._call(step.handler, ctx, late=task)
+                except asyncio.CancelledError:
+                    if deadline.expired():
+                        raise TimeoutError from None
+                    raise
             ended = time.monotonic()
-            payload_json = canonical_json(
-                result,
-                what=f"output of step {task.step!r}",
-                max_bytes=self.max_payload_bytes,
-            )
+            payload, payload_json, routes = self._payload(spec, task, result)
             return base(
                 outcome="succeeded",
                 payload_json=payload_json,
-                payload=result,
+                payload=payload,
+                routes=routes,
                 age_seconds=time.monotonic() - ended,
             )
         except asyncio.CancelledError:
             raise
-        except PayloadError as exc:
-            # The handler ran and returned something that cannot be stored: retrying would
-            # produce the same thing, so the attempt fails for good with the reason.
+        except TimeoutError:
+            if deadline.expired():
+                return await self.deadline_passed(spec, task, ctx)
+            error = _describe(TimeoutError("the handler raised TimeoutError"))
+        except (PayloadError, OutputInvalid) as exc:
+            # The handler ran and returned something that cannot be stored or does not match its
+            # declared type: retrying would produce the same, so the attempt fails for good.
             error, retryable = str(exc), False
         except Exception as exc:
             error = _describe(exc)
-            retryable = not isinstance(exc, NonRetryableError | step.retry.non_retryable)
+            retryable = not isinstance(exc, (NonRetryableError, *step.retry.non_retryable))
         except BaseException as exc:  # SystemExit/KeyboardInterrupt raised inside a handler
             error, retryable = _describe(exc), True
         ended = time.monotonic()
@@ -154,4 +222,44 @@ class Executor:
             task.execution_id, task.step, task.map_index, spec.name, task.attempt,
             error.splitlines()[-1] if error else "",
         )
+        if step.fallback_on_failure:
+            degraded = await self._fallback(spec, task, ctx, reason=error)
+            if degraded is not None:
+                return degraded
         return base(outcome="failed", error=error, age_seconds=time.monotonic() - ended)
+
+    async def deadline_passed(self, spec: WorkflowSpec, task: Claimed, ctx: Context) -> Completion:
+        """The task ran out of budget: degraded with the fallback's payload, else timed_out."""
+        reason = f"deadline exceeded (attempt {task.attempt} of step {task.step!r})"
+        degraded = await self._fallback(spec, task, ctx, reason=reason)
+        if degraded is not None:
+            return degraded
+        return Completion(
+            task_id=task.id, lease_token=task.lease_token, execution_id=task.execution_id,
+            step=task.step, map_index=task.map_index, attempt=task.attempt,
+            outcome="timed_out", error=reason,
+        )
+
+    async def _fallback(
+        self, spec: WorkflowSpec, task: Claimed, ctx: Context, *, reason: str
+    ) -> Completion | None:
+        step = spec[task.step]
+        if step.fallback is None:
+            return None
+        try:
+            result = await self._call(step.fallback, ctx)
+            payload, payload_json, _ = self._payload(spec, task, result)
+        except Exception as exc:
+            log.warning("fallback of step %r failed: %s", task.step, exc)
+            return Completion(
+                task_id=task.id, lease_token=task.lease_token, execution_id=task.execution_id,
+                step=task.step, map_index=task.map_index, attempt=task.attempt,
+                outcome="timed_out" if "deadline" in reason else "failed",
+                error=f"{reason}; the fallback failed too: {_describe(exc)}",
+            )
+        return Completion(
+            task_id=task.id, lease_token=task.lease_token, execution_id=task.execution_id,
+            step=task.step, map_index=task.map_index, attempt=task.attempt,
+            outcome="degraded", payload_json=payload_json, payload=payload, error=reason,
+            source="fallback",
+        )

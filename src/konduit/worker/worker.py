@@ -13,12 +13,14 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TypeVar
 from uuid import UUID
 
 from konduit.db.database import Database
 from konduit.db.migrate import ensure_current
-from konduit.errors import DatabaseError, KonduitError
+from konduit.errors import DatabaseError, DatabaseUnavailable, KonduitError
+from konduit.payloads import DEFAULT_MAX_BYTES
 from konduit.registry import Registry
 from konduit.worker.completer import Completion, Recorded, record
 from konduit.worker.config import WorkerConfig
@@ -30,11 +32,18 @@ T = TypeVar("T")
 
 
 class Worker:
-    def __init__(self, db: Database, registry: Registry, config: WorkerConfig | None = None):
+    def __init__(
+        self,
+        db: Database,
+        registry: Registry,
+        config: WorkerConfig | None = None,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_BYTES,
+    ):
         self.db = db
         self.registry = registry
         self.config = config or WorkerConfig()
-        self.executor = Executor(db, self.config.concurrency)
+        self.executor = Executor(db, self.config.concurrency, max_payload_bytes)
         self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}
         self.contexts: dict[int, object] = {}
         self._wake = asyncio.Event()
@@ -125,7 +134,21 @@ class Worker:
             ctx = await self._retrying(lambda: self.executor.context_for(spec, task))
             self.contexts[task.id] = ctx
             completion = await self.executor.run(spec, task, ctx)
-            outcome, advanced = await self._retrying(lambda: record(self.db, self.registry, completion))
+            try:
+                outcome, advanced = await self._retrying(
+                    lambda: record(self.db, self.registry, completion)
+                )
+            except DatabaseError as exc:
+                # The outcome itself cannot be stored: record that as the task's failure (no
+                # payload), so the execution moves on instead of waiting for a lease to expire.
+                log.error("could not record task %s (%s): %s", task.id, task.step, exc)
+                failure = replace(
+                    completion, outcome="failed", payload=None, payload_json=None, routes=None,
+                    error=f"the outcome could not be stored: {exc}", source="handler",
+                )
+                outcome, advanced = await self._retrying(
+                    lambda: record(self.db, self.registry, failure)
+                )
             if outcome is Recorded.LEASE_LOST:
                 log.warning(
                     "task %s (%s) was no longer leased by this worker; its result was dropped",
@@ -167,15 +190,14 @@ class Worker:
 
     async def _retrying(self, make: Callable[[], Awaitable[T]]) -> T:
         """Run a database call, retrying through outages with backoff. The lease fence makes a
-        late write harmless, so retrying until the database answers is always safe."""
+        late write harmless, so retrying until the database answers is always safe. Errors that
+        are not about reaching the server are raised: retrying them would loop forever."""
         delay = 0.2
         while True:
             try:
                 return await make()
-            except DatabaseError as exc:
-                if self._stop.is_set() and delay > 5:
-                    raise
-                log.warning("database error (%s); retrying in %.1f s", exc, delay)
+            except DatabaseUnavailable as exc:
+                log.warning("database unavailable (%s); retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
@@ -251,9 +273,31 @@ class Worker:
             await asyncio.sleep(self.config.maintenance_interval)
             try:
                 await reclaim_expired_leases(self.db, self.registry)
+                await self._sweep_deadlines()
                 await end_timed_out_executions(self.db)
             except (DatabaseError, KonduitError) as exc:
                 log.warning("maintenance failed: %s", exc)
+
+    async def _sweep_deadlines(self) -> None:
+        """End tasks past their deadline whose own worker did not (it died or hung): the same
+        degraded/timed_out completion, fenced by the lease token read here."""
+        rows = await self.db.all(
+            "task_list_past_deadline", grace_seconds=self.config.deadline_grace, limit=100
+        )
+        for row in rows:
+            task = Claimed.from_row(row)
+            if task.id in self.running:
+                continue  # ours: the executor's own timer ends it
+            try:
+                spec = self.registry.get(task.workflow_name, task.workflow_version)
+            except KonduitError:
+                continue  # another deployment's workflow
+            ctx = await self.executor.context_for(spec, task)
+            completion = await self.executor.deadline_passed(spec, task, ctx)
+            outcome, _ = await record(self.db, self.registry, completion)
+            if outcome is Recorded.ENDED:
+                log.info("task %s (%s) ended %s by the deadline sweep", task.id, task.step,
+                         completion.outcome)
 
     async def _drain(self) -> None:
         """Graceful shutdown: let running tasks finish within the grace period, then cancel the

@@ -23,6 +23,7 @@ CREATE TABLE konduit_executions (
     error             text,
     idempotency_key   text,
     steps_pending     integer     NOT NULL CHECK (steps_pending >= 0),
+    output_version    integer     NOT NULL DEFAULT 0 CHECK (output_version >= 0),
     deadline_at       timestamptz,  -- the publication window: a target that plans are checked against
     timeout_at        timestamptz,  -- a hard limit: past it the execution ends timed_out
     created_at        timestamptz NOT NULL DEFAULT now(),
@@ -84,6 +85,9 @@ CREATE TABLE konduit_tasks (
     lease_token       uuid,
     lease_expires_at  timestamptz,
     worker_id         text,
+    deadline_seconds  double precision CHECK (deadline_seconds > 0),  -- the branch's time budget
+    deadline_at       timestamptz,  -- set at first claim: past it the task degrades or times out
+    routes            text[],       -- downstream steps the handler chose (NULL: all of them)
     output_hash       text,
     error             text,
     created_at        timestamptz NOT NULL DEFAULT now(),
@@ -99,6 +103,8 @@ CREATE TABLE konduit_tasks (
 CREATE INDEX konduit_tasks_ready ON konduit_tasks (queue, priority, run_at, id)
     WHERE status = 'ready';
 CREATE INDEX konduit_tasks_leased ON konduit_tasks (lease_expires_at) WHERE status = 'running';
+CREATE INDEX konduit_tasks_deadline ON konduit_tasks (deadline_at)
+    WHERE status = 'running' AND deadline_at IS NOT NULL;
 CREATE INDEX konduit_tasks_dead ON konduit_tasks (finished_at DESC) WHERE status = 'failed';
 CREATE INDEX konduit_tasks_execution ON konduit_tasks (execution_id, step);
 
@@ -119,6 +125,8 @@ CREATE TABLE konduit_attempts (
 );
 
 CREATE INDEX konduit_attempts_task ON konduit_attempts (task_id);
+-- Latency history: successful attempts by end time (adaptive deadlines, plans, metrics).
+CREATE INDEX konduit_attempts_succeeded ON konduit_attempts (finished_at) WHERE outcome = 'succeeded';
 -- At most one open attempt per task: a second claim of a running task is impossible.
 CREATE UNIQUE INDEX konduit_attempts_open ON konduit_attempts (task_id) WHERE finished_at IS NULL;
 
@@ -130,8 +138,21 @@ CREATE TABLE konduit_outputs (
     map_index     integer     NOT NULL,
     content_hash  text        NOT NULL,
     payload       jsonb       NOT NULL,
+    source        text        NOT NULL DEFAULT 'handler'
+        CHECK (source IN ('handler', 'fallback', 'late')),
     created_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (execution_id, step, map_index, content_hash)
+);
+
+-- Every output an execution produced: repairs add versions, the first stays visible.
+CREATE TABLE konduit_execution_outputs (
+    execution_id  uuid        NOT NULL REFERENCES konduit_executions (id) ON DELETE CASCADE,
+    version       integer     NOT NULL CHECK (version >= 1),
+    status        text        NOT NULL,
+    output        jsonb,
+    degraded      text[]      NOT NULL DEFAULT '{}',  -- steps that ended degraded in this version
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (execution_id, version)
 );
 
 CREATE TABLE konduit_workers (

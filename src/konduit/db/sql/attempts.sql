@@ -20,3 +20,15 @@ FROM konduit_attempts a
 JOIN konduit_tasks t ON t.id = a.task_id
 WHERE t.execution_id = %(execution_id)s
 ORDER BY a.started_at, a.id;
+
+-- name: step_duration_quantile
+-- A quantile of one step's successful attempt durations over a recent window (adaptive deadlines).
+SELECT percentile_cont(%(quantile)s) WITHIN GROUP (
+           ORDER BY extract(epoch FROM a.finished_at - a.started_at)) AS seconds,
+       count(*) AS samples
+FROM konduit_attempts a
+JOIN konduit_tasks t ON t.id = a.task_id
+WHERE a.outcome = 'succeeded'
+  AND a.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+  AND split_part(t.workflow, '@', 1) = %(workflow_name)s
+  AND t.step = %(step)s;

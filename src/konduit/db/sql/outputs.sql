@@ -1,8 +1,27 @@
 -- name: output_insert_if_absent
 -- Store a payload content-addressed; the same payload twice is a no-op.
-INSERT INTO konduit_outputs (execution_id, step, map_index, content_hash, payload)
-VALUES (%(execution_id)s, %(step)s, %(map_index)s, %(content_hash)s, %(payload)s)
+INSERT INTO konduit_outputs (execution_id, step, map_index, content_hash, payload, source)
+VALUES (%(execution_id)s, %(step)s, %(map_index)s, %(content_hash)s, %(payload)s, %(source)s)
 ON CONFLICT DO NOTHING;
+
+-- name: output_insert_late_if_attempt_ended_by_deadline
+-- Keep a result that arrived after its attempt was ended by the deadline, for inspection only.
+INSERT INTO konduit_outputs (execution_id, step, map_index, content_hash, payload, source)
+SELECT t.execution_id, t.step, t.map_index, %(content_hash)s, %(payload)s, 'late'
+FROM konduit_attempts a
+JOIN konduit_tasks t ON t.id = a.task_id
+WHERE a.lease_token = %(lease_token)s AND a.outcome IN ('timed_out', 'degraded')
+ON CONFLICT DO NOTHING;
+
+-- name: output_list_by_execution
+-- Every stored payload of one execution, with where it came from and whether it is current.
+SELECT o.step, o.map_index, o.content_hash, o.payload, o.source, o.created_at,
+       (t.output_hash = o.content_hash) AS current
+FROM konduit_outputs o
+JOIN konduit_tasks t
+    ON t.execution_id = o.execution_id AND t.step = o.step AND t.map_index = o.map_index
+WHERE o.execution_id = %(execution_id)s
+ORDER BY o.step, o.map_index, o.created_at;
 
 -- name: output_get_for_steps
 -- The recorded outcome and current payload of every task of some steps, in item order.

@@ -1,11 +1,13 @@
 -- name: task_insert_many
 -- Create the ready tasks of steps whose join fired; a task that exists already is never made twice.
 INSERT INTO konduit_tasks
-    (execution_id, workflow, step, map_index, item, queue, priority, max_attempts)
-SELECT %(execution_id)s, %(workflow)s, u.step, u.map_index, u.item, u.queue, u.priority, u.max_attempts
+    (execution_id, workflow, step, map_index, item, queue, priority, max_attempts,
+     deadline_seconds)
+SELECT %(execution_id)s, %(workflow)s, u.step, u.map_index, u.item, u.queue, u.priority,
+       u.max_attempts, u.deadline_seconds
 FROM unnest(%(steps)s::text[], %(map_indexes)s::int[], %(items)s::jsonb[], %(queues)s::text[],
-            %(priorities)s::int[], %(max_attempts)s::int[])
-     AS u(step, map_index, item, queue, priority, max_attempts)
+            %(priorities)s::int[], %(max_attempts)s::int[], %(deadline_seconds)s::float8[])
+     AS u(step, map_index, item, queue, priority, max_attempts, deadline_seconds)
 ON CONFLICT (execution_id, step, map_index) DO NOTHING;
 
 -- name: task_notify_ready
@@ -29,17 +31,21 @@ WITH picked AS (
         lease_token = gen_random_uuid(),
         lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
         worker_id = %(worker_id)s,
-        started_at = COALESCE(t.started_at, clock_timestamp())
+        started_at = COALESCE(t.started_at, clock_timestamp()),
+        -- The budget runs from the first claim and covers every retry of the task.
+        deadline_at = COALESCE(t.deadline_at,
+                               clock_timestamp() + make_interval(secs => t.deadline_seconds))
     FROM picked
     WHERE t.id = picked.id
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-              t.lease_token, t.queue
+              t.lease_token, t.queue, t.deadline_at
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token)
     SELECT id, attempt, %(worker_id)s, lease_token FROM claimed
 )
 SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
-       c.lease_token, c.queue, e.workflow_name, e.workflow_version, e.input, e.deadline_at
+       c.lease_token, c.queue, e.workflow_name, e.workflow_version, e.input,
+       extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining
 FROM claimed c
 JOIN konduit_executions e ON e.id = c.execution_id;
 
@@ -49,6 +55,7 @@ UPDATE konduit_tasks
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
     error = %(error)s,
+    routes = %(routes)s,
     lease_token = NULL,
     lease_expires_at = NULL,
     finished_at = clock_timestamp() - make_interval(secs => %(age_seconds)s)
@@ -130,3 +137,14 @@ FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
   AND t.lease_expires_at < clock_timestamp();
+
+-- name: task_list_past_deadline
+-- Running tasks past their deadline by more than a grace (their worker died or hung).
+SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
+       t.lease_token, t.queue, e.workflow_name, e.workflow_version, e.input,
+       0.0::float8 AS deadline_remaining
+FROM konduit_tasks t
+JOIN konduit_executions e ON e.id = t.execution_id
+WHERE t.status = 'running' AND t.deadline_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
+ORDER BY t.deadline_at
+LIMIT %(limit)s;
