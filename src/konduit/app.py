@@ -155,6 +155,15 @@ class App:
     def cancel(self, execution_id: UUID | str) -> bool:
         return self._call(self._c().cancel(execution_id))
 
+    def repair(self, execution_id: UUID | str) -> builtins.list[str]:
+        """Re-run the degraded/failed branches of a finished execution and what depends on
+        them; returns the steps that run again. See :meth:`konduit.client.Client.repair`."""
+        return self._call(self._c().repair(execution_id))
+
+    def outputs(self, execution_id: UUID | str) -> builtins.list[Row]:
+        """Every output version of an execution, oldest first (repairs add versions)."""
+        return self._call(self._c().outputs(execution_id))
+
     def list(self, *, status: str | None = None, workflow: str | None = None,
              limit: int = 50) -> builtins.list[ExecutionResult]:
         return self._call(self._c().list(status=status, workflow=workflow, limit=limit))

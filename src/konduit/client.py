@@ -12,11 +12,10 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from konduit.advance import initial_states
+from konduit.advance import ExecutionState, initial_states
 from konduit.db.database import Database, Row, translate_errors
-from konduit.deadlines import budgets
 from konduit.durations import Duration, parse_duration
-from konduit.engine.advancer import finish_execution
+from konduit.engine.advancer import Advancer, finish_execution
 from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
@@ -26,6 +25,7 @@ from konduit.errors import (
 )
 from konduit.payloads import DEFAULT_MAX_BYTES, canonical_json, content_hash
 from konduit.registry import Registry, workflow_key
+from konduit.repair import plan_repair
 from konduit.workflow import WorkflowSpec
 
 FINISHED = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
@@ -153,21 +153,7 @@ class Client:
                 tasks_totals=[states[n].tasks_total for n in names],
                 tasks_pendings=[states[n].tasks_pending for n in names],
             )
-            deadlines = [await budgets.budget(tx, spec.name, r, spec[r].deadline) for r in roots]
-            await tx.run(
-                "task_insert_many",
-                execution_id=new_id,
-                workflow=workflow_key(spec.name, spec.version),
-                steps=roots,
-                map_indexes=[0] * len(roots),
-                items=[None] * len(roots),
-                queues=[spec[r].queue for r in roots],
-                priorities=[spec[r].priority for r in roots],
-                max_attempts=[spec[r].retry.max_attempts for r in roots],
-                deadline_seconds=deadlines,
-            )
-            for queue in sorted({spec[r].queue for r in roots}):
-                await tx.one("task_notify_ready", queue=queue)
+            await Advancer(tx, spec, new_id, execution, generation=1).start_steps(roots)
         return new_id
 
     async def get(self, execution_id: UUID | str) -> ExecutionResult:
@@ -234,6 +220,59 @@ class Client:
             if row["status"] != "running":
                 return False
             return await finish_execution(tx, eid, "cancelled", None, reason, row["steps_pending"])
+
+    async def repair(self, execution_id: UUID | str) -> list[str]:
+        """Re-run the degraded, failed, timed-out or cancelled steps of a finished execution and
+        everything downstream of them, as a new generation of their tasks. When it finishes, its
+        output becomes a new version; earlier versions stay in :meth:`outputs`. Returns the
+        steps that will run again."""
+        eid = coerce_execution_id(execution_id)
+        async with self.db.transaction() as tx:
+            row = await tx.one("execution_lock", id=eid)
+            if row is None:
+                raise ExecutionNotFound(f"no execution with id {eid}")
+            if row["status"] in ("running", "pending", "cancelled"):
+                raise KonduitError(
+                    f"execution {eid} is {row['status']}: only a finished, not cancelled, "
+                    "execution can be repaired"
+                )
+            spec = self.registry.get(row["workflow_name"], row["workflow_version"])
+            steps = await tx.all("step_get_all", execution_id=eid)
+            routes = await tx.all("task_list_routes_latest", execution_id=eid)
+            plan = plan_repair(
+                spec,
+                {s["step"]: s["status"] for s in steps},
+                {r["step"]: frozenset(r["routes"]) if r["routes"] is not None else None
+                 for r in routes},
+            )
+            reopened = await tx.one(
+                "execution_reopen_if_finished", id=eid, steps_pending=len(plan.rerun)
+            )
+            assert reopened is not None
+            names = list(plan.rerun)
+            states = [plan.states[n] for n in names]
+            await tx.run(
+                "step_reset_many",
+                execution_id=eid,
+                steps=names,
+                statuses=[s.status for s in states],
+                up_pendings=[s.up_pending for s in states],
+                up_oks=[s.up_ok for s in states],
+                up_faileds=[s.up_failed for s in states],
+                up_required_faileds=[s.up_required_failed for s in states],
+                up_skippeds=[s.up_skipped for s in states],
+                tasks_totals=[s.tasks_total for s in states],
+                tasks_pendings=[s.tasks_pending for s in states],
+            )
+            advancer = Advancer(
+                tx, spec, eid, ExecutionState("running", len(plan.rerun)), reopened["generation"]
+            )
+            await advancer.start_steps(list(plan.start))
+        return names
+
+    async def outputs(self, execution_id: UUID | str) -> builtins.list[Row]:
+        """Every output version of an execution (repairs add versions), oldest first."""
+        return await self.db.all("execution_output_list", id=coerce_execution_id(execution_id))
 
     async def list(
         self, *, status: str | None = None, workflow: str | None = None, limit: int = 50

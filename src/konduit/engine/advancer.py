@@ -76,11 +76,19 @@ class Advanced:
 class Advancer:
     """Loads join state under the execution lock, runs :func:`advance`, writes its decision."""
 
-    def __init__(self, tx: Tx, spec: WorkflowSpec, execution_id: UUID, execution: ExecutionState):
+    def __init__(
+        self,
+        tx: Tx,
+        spec: WorkflowSpec,
+        execution_id: UUID,
+        execution: ExecutionState,
+        generation: int = 1,
+    ):
         self.tx = tx
         self.spec = spec
         self.execution_id = execution_id
         self.execution = execution
+        self.generation = generation  # repairs re-run steps as a new generation of their tasks
         self.loaded: dict[str, _Loaded] = {}
         self.writes: dict[str, _StepWrite] = {}
         self.result = Advanced()
@@ -107,7 +115,19 @@ class Advancer:
 
     async def handle(self, event: Event, *, ended_at: datetime | None = None) -> Advanced:
         """Apply ``event`` and every cascade it causes (map expansion), then write it all."""
-        queue: list[tuple[Event, datetime | None]] = [(event, ended_at)]
+        return await self._run([(event, ended_at)])
+
+    async def start_steps(self, steps: list[str]) -> Advanced:
+        """Create the tasks of steps that were made active outside :func:`advance` (the roots of
+        a new execution, the first steps of a repair), with their map expansions."""
+        queue: list[tuple[Event, datetime | None]] = []
+        for step in steps:
+            count = await self._create_tasks(step)
+            if count is not None:
+                queue.append((MapExpanded(step, count), None))
+        return await self._run(queue)
+
+    async def _run(self, queue: list[tuple[Event, datetime | None]]) -> Advanced:
         while queue and self.execution.status == "running":
             current, at = queue.pop(0)
             decision = await self._decide(current)
@@ -201,6 +221,7 @@ class Advancer:
                 "task_insert_many",
                 execution_id=self.execution_id,
                 workflow=workflow_key(self.spec.name, self.spec.version),
+                generation=self.generation,
                 steps=[step] * len(items),
                 map_indexes=list(range(len(items))),
                 items=[Jsonb(i) if spec.is_map else None for i in items],
@@ -244,6 +265,7 @@ async def finish_execution(
     )
     if row is None:
         return False
+    await tx.run("execution_output_insert", id=execution_id, version=row["output_version"])
     if status != "succeeded":
         cancelled = await tx.all(
             "task_cancel_unfinished", execution_id=execution_id, reason=f"execution {status}"
@@ -307,5 +329,5 @@ async def record_event(
 ) -> Advanced:
     """Advance a locked execution after one of its tasks ended."""
     state = ExecutionState(execution["status"], execution["steps_pending"])
-    advancer = Advancer(tx, spec, execution["id"], state)
+    advancer = Advancer(tx, spec, execution["id"], state, execution["generation"])
     return await advancer.handle(event, ended_at=ended_at)

@@ -24,6 +24,7 @@ CREATE TABLE konduit_executions (
     idempotency_key   text,
     steps_pending     integer     NOT NULL CHECK (steps_pending >= 0),
     output_version    integer     NOT NULL DEFAULT 0 CHECK (output_version >= 0),
+    generation        integer     NOT NULL DEFAULT 1 CHECK (generation >= 1),  -- +1 per repair
     deadline_at       timestamptz,  -- the publication window: a target that plans are checked against
     timeout_at        timestamptz,  -- a hard limit: past it the execution ends timed_out
     created_at        timestamptz NOT NULL DEFAULT now(),
@@ -73,6 +74,7 @@ CREATE TABLE konduit_tasks (
     workflow          text        NOT NULL,  -- 'name@version': workers claim only what they know
     step              text        NOT NULL,
     map_index         integer     NOT NULL DEFAULT 0 CHECK (map_index >= 0),
+    generation        integer     NOT NULL DEFAULT 1 CHECK (generation >= 1),
     item              jsonb,
     status            text        NOT NULL DEFAULT 'ready'
         CHECK (status IN ('ready', 'running', 'succeeded', 'degraded', 'timed_out', 'failed',
@@ -93,7 +95,8 @@ CREATE TABLE konduit_tasks (
     created_at        timestamptz NOT NULL DEFAULT now(),
     started_at        timestamptz,
     finished_at       timestamptz,
-    UNIQUE (execution_id, step, map_index),
+    -- A task is never created twice, even if code is wrong; a repair adds a new generation.
+    UNIQUE (execution_id, step, map_index, generation),
     CHECK (attempt >= 0 AND attempt <= max_attempts),
     CHECK ((status = 'running') = (lease_token IS NOT NULL AND lease_expires_at IS NOT NULL)),
     CHECK ((status IN ('ready', 'running')) = (finished_at IS NULL))

@@ -18,7 +18,7 @@ WHERE workflow_name = %(workflow_name)s AND idempotency_key = %(idempotency_key)
 
 -- name: execution_lock
 -- Serialize every fan-in decision of one execution (see konduit.worker.completer).
-SELECT id, workflow_name, workflow_version, status, steps_pending
+SELECT id, workflow_name, workflow_version, status, steps_pending, generation
 FROM konduit_executions
 WHERE id = %(id)s
 FOR NO KEY UPDATE;
@@ -26,7 +26,8 @@ FOR NO KEY UPDATE;
 -- name: execution_get
 -- One execution, whole.
 SELECT id, workflow_name, workflow_version, status, input, output, error, idempotency_key,
-       steps_pending, deadline_at, timeout_at, created_at, finished_at
+       steps_pending, deadline_at, timeout_at, generation, output_version, created_at,
+       finished_at
 FROM konduit_executions
 WHERE id = %(id)s;
 
@@ -53,9 +54,10 @@ SET status = %(status)s,
     output = %(output)s,
     error = %(error)s,
     steps_pending = %(steps_pending)s,
+    output_version = output_version + 1,
     finished_at = clock_timestamp()
 WHERE id = %(id)s AND status = 'running'
-RETURNING id;
+RETURNING id, output_version;
 
 -- name: execution_notify_finished
 -- Wake clients waiting on this execution; delivered when the transaction commits.
@@ -68,3 +70,30 @@ FROM konduit_executions
 WHERE status = 'running' AND timeout_at < clock_timestamp()
 ORDER BY timeout_at
 LIMIT %(limit)s;
+
+-- name: execution_output_insert
+-- Keep this finish's output as a version; repairs add versions, earlier ones stay visible.
+INSERT INTO konduit_execution_outputs (execution_id, version, status, output, degraded)
+SELECT e.id, %(version)s, e.status, e.output,
+       ARRAY(SELECT s.step FROM konduit_steps s
+             WHERE s.execution_id = e.id AND s.status = 'degraded' ORDER BY s.step)
+FROM konduit_executions e
+WHERE e.id = %(id)s;
+
+-- name: execution_output_list
+-- Every output version of one execution, oldest first.
+SELECT version, status, output, degraded, created_at
+FROM konduit_execution_outputs
+WHERE execution_id = %(id)s
+ORDER BY version;
+
+-- name: execution_reopen_if_finished
+-- Repair: run a finished execution again as a new generation of the steps being re-run.
+UPDATE konduit_executions
+SET status = 'running',
+    generation = generation + 1,
+    steps_pending = %(steps_pending)s,
+    error = NULL,
+    finished_at = NULL
+WHERE id = %(id)s AND status IN ('succeeded', 'failed', 'timed_out')
+RETURNING generation;

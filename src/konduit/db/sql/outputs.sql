@@ -16,19 +16,29 @@ ON CONFLICT DO NOTHING;
 -- name: output_list_by_execution
 -- Every stored payload of one execution, with where it came from and whether it is current.
 SELECT o.step, o.map_index, o.content_hash, o.payload, o.source, o.created_at,
-       (t.output_hash = o.content_hash) AS current
+       EXISTS (SELECT 1 FROM konduit_tasks t
+               WHERE t.execution_id = o.execution_id AND t.step = o.step
+                 AND t.map_index = o.map_index AND t.output_hash = o.content_hash
+                 AND t.generation = (SELECT max(generation) FROM konduit_tasks t2
+                                     WHERE t2.execution_id = o.execution_id AND t2.step = o.step))
+           AS current
 FROM konduit_outputs o
-JOIN konduit_tasks t
-    ON t.execution_id = o.execution_id AND t.step = o.step AND t.map_index = o.map_index
 WHERE o.execution_id = %(execution_id)s
 ORDER BY o.step, o.map_index, o.created_at;
 
 -- name: output_get_for_steps
--- The recorded outcome and current payload of every task of some steps, in item order.
+-- Outcome and current payload of each task of some steps (latest generation), in item order.
+WITH latest AS (
+    SELECT step, max(generation) AS generation
+    FROM konduit_tasks
+    WHERE execution_id = %(execution_id)s AND step = ANY(%(steps)s::text[])
+    GROUP BY step
+)
 SELECT t.step, t.map_index, t.status, o.payload
 FROM konduit_tasks t
+JOIN latest l ON l.step = t.step AND l.generation = t.generation
 LEFT JOIN konduit_outputs o
     ON o.execution_id = t.execution_id AND o.step = t.step AND o.map_index = t.map_index
    AND o.content_hash = t.output_hash
-WHERE t.execution_id = %(execution_id)s AND t.step = ANY(%(steps)s::text[])
+WHERE t.execution_id = %(execution_id)s
 ORDER BY t.step, t.map_index;

@@ -64,3 +64,29 @@ WHERE execution_id = %(execution_id)s AND status IN ('waiting', 'active');
 SELECT step, status
 FROM konduit_steps
 WHERE execution_id = %(execution_id)s AND step = ANY(%(steps)s::text[]);
+
+-- name: step_reset_many
+-- Repair: put the steps being re-run back to waiting (or active) with rebuilt join counters.
+UPDATE konduit_steps s
+SET status = u.status,
+    up_pending = u.up_pending,
+    up_ok = u.up_ok,
+    up_failed = u.up_failed,
+    up_required_failed = u.up_required_failed,
+    up_skipped = u.up_skipped,
+    tasks_total = u.tasks_total,
+    tasks_pending = u.tasks_pending,
+    tasks_ok = 0,
+    tasks_degraded = 0,
+    tasks_failed = 0,
+    first_upstream_at = NULL,
+    last_upstream_at = NULL,
+    straggler = NULL,
+    fired_at = CASE WHEN u.status = 'active' THEN clock_timestamp() END,
+    ended_at = NULL
+FROM unnest(%(steps)s::text[], %(statuses)s::text[], %(up_pendings)s::int[], %(up_oks)s::int[],
+            %(up_faileds)s::int[], %(up_required_faileds)s::int[], %(up_skippeds)s::int[],
+            %(tasks_totals)s::int[], %(tasks_pendings)s::int[])
+     AS u(step, status, up_pending, up_ok, up_failed, up_required_failed, up_skipped,
+          tasks_total, tasks_pending)
+WHERE s.execution_id = %(execution_id)s AND s.step = u.step;

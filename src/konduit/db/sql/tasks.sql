@@ -1,14 +1,14 @@
 -- name: task_insert_many
 -- Create the ready tasks of steps whose join fired; a task that exists already is never made twice.
 INSERT INTO konduit_tasks
-    (execution_id, workflow, step, map_index, item, queue, priority, max_attempts,
+    (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
      deadline_seconds)
-SELECT %(execution_id)s, %(workflow)s, u.step, u.map_index, u.item, u.queue, u.priority,
+SELECT %(execution_id)s, %(workflow)s, %(generation)s, u.step, u.map_index, u.item, u.queue, u.priority,
        u.max_attempts, u.deadline_seconds
 FROM unnest(%(steps)s::text[], %(map_indexes)s::int[], %(items)s::jsonb[], %(queues)s::text[],
             %(priorities)s::int[], %(max_attempts)s::int[], %(deadline_seconds)s::float8[])
      AS u(step, map_index, item, queue, priority, max_attempts, deadline_seconds)
-ON CONFLICT (execution_id, step, map_index) DO NOTHING;
+ON CONFLICT (execution_id, step, map_index, generation) DO NOTHING;
 
 -- name: task_notify_ready
 -- Wake idle workers of a queue; delivered when the transaction commits.
@@ -113,8 +113,8 @@ RETURNING id;
 
 -- name: task_list_by_execution
 -- Every task of one execution, in DAG-independent order, for status pages.
-SELECT id, step, map_index, status, attempt, max_attempts, worker_id, error, created_at,
-       started_at, finished_at, run_at
+SELECT id, step, map_index, generation, status, attempt, max_attempts, worker_id, error,
+       routes, created_at, started_at, finished_at, run_at
 FROM konduit_tasks
 WHERE execution_id = %(execution_id)s
 ORDER BY id;
@@ -148,3 +148,10 @@ JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status = 'running' AND t.deadline_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
 ORDER BY t.deadline_at
 LIMIT %(limit)s;
+
+-- name: task_list_routes_latest
+-- The routing choice of each step's latest task (a repair rebuilds join state from it).
+SELECT DISTINCT ON (step) step, routes
+FROM konduit_tasks
+WHERE execution_id = %(execution_id)s
+ORDER BY step, generation DESC, map_index;

@@ -1,0 +1,77 @@
+"""Repair: re-run only the degraded or failed branches of a finished execution, and what
+depends on them (seed 004: "retry the full pipeline once within 24 hours to replace the degraded
+version"), as a pure plan the client applies under the execution lock."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from konduit.advance import FAILURE_OUTCOMES, OK_OUTCOMES, StepState, join_verdict
+from konduit.errors import KonduitError
+from konduit.workflow import WorkflowSpec
+
+REPAIRABLE = frozenset({"degraded"}) | FAILURE_OUTCOMES
+
+
+class NothingToRepair(KonduitError):
+    """The execution has no degraded, failed, timed-out or cancelled step."""
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    rerun: tuple[str, ...]  # in topological order
+    states: dict[str, StepState]  # the rebuilt join state of every re-run step
+    start: tuple[str, ...]  # re-run steps whose upstreams all stand: they fire at once
+
+
+def plan_repair(
+    spec: WorkflowSpec,
+    statuses: Mapping[str, str],
+    routes: Mapping[str, frozenset[str] | None],
+) -> RepairPlan:
+    """Which steps to re-run and the join state they restart from. Upstreams outside the re-run
+    set keep their outcome (and routing choice); upstreams inside it count as pending."""
+    bad = {s for s in spec.order if statuses.get(s) in REPAIRABLE}
+    if not bad:
+        raise NothingToRepair("nothing to repair: no step ended degraded, failed, timed out or cancelled")
+    rerun: set[str] = set()
+    for name in spec.order:  # topological: upstreams are decided before their downstream
+        if name in bad or any(u in rerun for u in spec[name].after):
+            rerun.add(name)
+    order = tuple(n for n in spec.order if n in rerun)
+    states: dict[str, StepState] = {}
+    start: list[str] = []
+    for name in order:
+        step = spec[name]
+        state = StepState(up_pending=0)
+        for up in step.after:
+            if up in rerun:
+                state = replace(state, up_pending=state.up_pending + 1)
+                continue
+            outcome = statuses.get(up, "skipped")
+            chosen = routes.get(up)
+            if chosen is not None and outcome in OK_OUTCOMES and name not in chosen:
+                outcome = "skipped"
+            state = replace(
+                state,
+                up_ok=state.up_ok + (outcome in OK_OUTCOMES),
+                up_failed=state.up_failed + (outcome in FAILURE_OUTCOMES),
+                up_required_failed=state.up_required_failed
+                + (outcome in FAILURE_OUTCOMES and spec[up].required),
+                up_skipped=state.up_skipped + (outcome == "skipped"),
+            )
+        if state.up_pending == 0:
+            verdict = "fire" if not step.after else join_verdict(spec, name, state)
+            if verdict != "fire":
+                raise KonduitError(
+                    f"cannot repair step {name!r}: its join policy ({step.join.kind}) says "
+                    f"{verdict} with the upstream outcomes that stand"
+                )
+            if step.is_map:
+                state = replace(state, status="active")
+            else:
+                state = replace(state, status="active", tasks_total=1, tasks_pending=1)
+            start.append(name)
+        states[name] = state
+    return RepairPlan(order, states, tuple(start))
