@@ -18,6 +18,9 @@ from konduit.errors import (
     WorkflowVersionConflict,
 )
 from konduit.policies import Deadline, Join, Retry
+from konduit.repair import NothingToRepair
+from konduit.results import Route
+from konduit.validation import OutputInvalid
 from konduit.workflow import Workflow, parallel, step
 
 __version__ = "0.1.0"
@@ -36,8 +39,11 @@ __all__ = [
     "Join",
     "KonduitError",
     "NonRetryableError",
+    "NothingToRepair",
+    "OutputInvalid",
     "PayloadError",
     "Retry",
+    "Route",
     "SchemaOutdated",
     "Workflow",
     "WorkflowDefinitionError",

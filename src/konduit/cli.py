@@ -483,16 +483,90 @@ def dead_letters(
 
 
 @cli.command()
+def plan(
+    workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Name of the workflow to plan.")],
+    app_spec: Annotated[str, typer.Option(
+        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
+        help="module:attribute of the konduit.App (or Workflow) that defines the workflow.")],
+    window: Annotated[str | None, typer.Option(
+        "--window", metavar="HH:MM",
+        help="The window to finish in: the next such time of day (local), or a date-time.",
+        show_default=False)] = None,
+    within: Annotated[str | None, typer.Option(
+        "--within", metavar="DURATION", help="The window as a duration from the start (e.g. 45m).",
+        show_default=False)] = None,
+    start: Annotated[str | None, typer.Option(
+        "--start", metavar="HH:MM",
+        help="When the execution starts: a time of day (its next occurrence) or a date-time "
+        "(default: now).", show_default=False)] = None,
+    history: Annotated[str, typer.Option(
+        "--history", metavar="DURATION",
+        help="Use the executions started within this long ago.")] = "7d",
+    version: Annotated[int | None, typer.Option(
+        help="Workflow version whose DAG to plan (default: the latest); history counts every "
+        "version.", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Show the critical path with each step's p50/p95/p99 from history, the predicted finish
+    and whether the window is at risk."""
+    import asyncio
+
+    from konduit.plan import (
+        PLAN_NOTE,
+        Plan,
+        history_seconds,
+        load_plan,
+        parse_moment,
+        plan_renderables,
+        window_from,
+    )
+
+    history_seconds(history)  # a bad --history is reported before connecting
+    app = load_app(app_spec, reachable(database_url))
+    spec = app.registry.get(workflow, version)
+    began = parse_moment(start, what="--start") if start is not None else \
+        datetime.now().astimezone()
+    deadline = window_from(began, window=window, within=within)
+
+    async def load() -> Plan:
+        client = await app.client_async()
+        try:
+            return await load_plan(client.db, spec, history=history, start=began, window=deadline)
+        finally:
+            await client.db.close()
+
+    result = asyncio.run(load())
+    if as_json:
+        print(dump_json(result.to_json()))
+        return
+    for renderable in plan_renderables(result):
+        console.print(renderable)
+    console.print(f"[dim]{PLAN_NOTE}[/dim]")
+
+
+@cli.command()
 def demo(
     executions: Annotated[int, typer.Option(min=1, help="Executions to start.")] = 5,
     concurrency: Annotated[int, typer.Option(min=1, help="Tasks each worker runs at once.")] = 8,
     workers: Annotated[int, typer.Option(min=1, help="In-process workers.")] = 2,
+    incident_after: Annotated[int | None, typer.Option(
+        "--incident-after", metavar="K", min=0,
+        help="The image-resize call slows from ~0.2 s to 10 s in the executions after the K-th "
+        "(default: only in the last one).", show_default=False)] = None,
+    within: Annotated[str, typer.Option(
+        "--within", metavar="DURATION",
+        help="Each execution's window (deadline_at = its start + this).")] = "5s",
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Run the nightly content pipeline: transcribe, five parallel branches, publish."""
+    """Run the nightly content pipeline: transcribe, five parallel branches, publish; the last
+    execution hits the seed-004 incident (a slow image resize) and degrades to a fallback."""
     from konduit.demo import run_demo
+    from konduit.durations import parse_duration
 
+    window = parse_duration(within, what="--within")
     raise typer.Exit(run_demo(executions=executions, concurrency=concurrency, workers=workers,
+                              incident_after=incident_after, window=window,
                               database_url=reachable(database_url, schema=False),
                               console=console))
 

@@ -1,16 +1,29 @@
-"""``konduit demo``: the nightly content pipeline of seed 004, with simulated work.
+"""``konduit demo``: the nightly content pipeline of seed 004, with simulated work, and its incident.
 
 transcribe fans out to five branches that run in parallel (summarise, translate, cover_image,
-captions, schedule); publish joins all five. Each step sleeps 50-400 ms; translate fails its
-first attempt with a transient error on every other execution, so retries show up. The summary
-shows per execution the fan-in wait of publish (first branch finished -> publish ready) and the
-straggler that set it (the branch publish waited for last), then per branch (seed 004: instrument
-the branches, not the pipeline) its p50, max, how often it straggled and its retries.
+captions, schedule); publish joins them. Each step sleeps 50-400 ms; translate fails its first
+attempt with a transient error on every other execution, so retries show up.
+
+Every execution has a window (``deadline_at`` = its start + ``window`` seconds, the 6 am
+publication of the seed). In the last execution(s) the image-resize call behind cover_image "slows
+from 4 s to 38 s" as in the seed, scaled down: from ~0.2 s to 10 s. cover_image carries the seed's
+rule 1, a deadline of its own, *adaptive*: 1.5 x its p99 over the last 7 days, clamped to
+[0.5 s, 1 s] (the seed's [10 s, 45 s] scaled down), 0.8 s while it has fewer than 20 successful
+runs of history. Its normal ~0.2 s runs make that budget 0.5 s on a database that ran the demo
+before. Past it the engine cancels the handler and the branch ends ``degraded`` with its fallback
+image; cover_image is an optional branch of publish's ``Join.required()``, so publish goes out
+inside the window instead of waiting 10 s for the resize.
+
+The summary shows per execution whether publish made the window, the fan-in wait of publish
+(first branch finished -> publish ready), the straggler that set it, and which branch degraded
+and why; per branch (seed 004: instrument the branches, not the pipeline) its p50, max, how often
+it straggled or degraded and its retries; and the plan for the next run (``konduit plan``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import secrets
@@ -18,23 +31,35 @@ import statistics
 import threading
 import time
 import traceback
-from datetime import date, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import konduit
 from konduit.client import ExecutionResult
+from konduit.db.database import Database
 
 # Bump the version whenever a step's options change: a database that already ran the demo keeps
-# the old definition under the old version number.
-pipeline = konduit.Workflow("nightly-content", version=1)
+# the old definition under the old version number. (2: cover_image's deadline and fallback.)
+pipeline = konduit.Workflow("nightly-content", version=2)
 BRANCHES = ("summarise", "translate", "cover_image", "captions", "schedule")
 CHANNELS = ("web", "podcast", "youtube", "newsletter", "instagram", "linkedin")
+
+RESIZE_SECONDS = (0.15, 0.25)
+"""How long the image-resize call normally takes (seed: 4 s)."""
+INCIDENT_RESIZE_SECONDS = 10.0
+"""... and how long it takes during the incident (seed: 38 s)."""
+COVER_DEADLINE = konduit.Deadline.adaptive(
+    factor=1.5, quantile=0.99, window="7d", floor="500ms", ceiling="1s", default="800ms"
+)
+FALLBACK_COVER = {"image": "fallback.png", "degraded": True}
 
 
 class TransientError(Exception):
@@ -67,9 +92,14 @@ async def translate(ctx: konduit.Context) -> dict[str, Any]:
     return {"languages": ["de", "es", "fr"], "took": await work()}
 
 
-@pipeline.step(after=[transcribe])
+@pipeline.step(after=[transcribe], deadline=COVER_DEADLINE, required=False,
+               fallback=lambda ctx: dict(FALLBACK_COVER))
 async def cover_image(ctx: konduit.Context) -> dict[str, Any]:
-    return {"image": f"covers/episode-{ctx.input['episode']}.png", "took": await work()}
+    # The image-resize service. No cooperation needed: at the deadline the engine cancels this
+    # coroutine (a sync handler would be abandoned on its thread) and uses the fallback.
+    took = INCIDENT_RESIZE_SECONDS if ctx.input.get("incident") else random.uniform(*RESIZE_SECONDS)
+    await asyncio.sleep(took)
+    return {"image": f"covers/episode-{ctx.input['episode']}.png", "took": round(took, 3)}
 
 
 @pipeline.step(after=[transcribe])
@@ -82,11 +112,14 @@ async def schedule(ctx: konduit.Context) -> dict[str, Any]:
     return {"slot": f"{ctx.input['date']}T06:00:00Z", "took": await work()}
 
 
-@pipeline.step(after=[summarise, translate, cover_image, captions, schedule])
+@pipeline.step(after=[summarise, translate, cover_image, captions, schedule],
+               join=konduit.Join.required())
 async def publish(ctx: konduit.Context) -> dict[str, Any]:
     await work()
+    cover = ctx.upstream.get("cover_image") or {}
     return {"episode": ctx.input["episode"], "channels": ctx.input["channels"],
-            "assets": sorted(ctx.upstream)}
+            "assets": sorted(ctx.upstream), "cover": cover.get("image"),
+            "degraded": sorted(b for b, o in ctx.outcomes.items() if o == "degraded")}
 
 
 # -- running it -----------------------------------------------------------------------------
@@ -143,60 +176,141 @@ def _wait_all(app: konduit.App, ids: list[UUID], console: Console, stop: threadi
     return results
 
 
-def _summary(app: konduit.App, ids: list[UUID],
-             results: dict[UUID, ExecutionResult]) -> tuple[Table, Table, int]:
+@dataclass
+class Degraded:
+    """A branch that ended degraded (or otherwise not succeeded) in one execution."""
+
+    execution: UUID
+    step: str
+    outcome: str
+    after: float | None  # its span: fired -> ended
+    reason: str
+    published_with: Any = None
+
+
+@dataclass
+class Summary:
+    runs: Table
+    branches: Table
+    retried: int = 0
+    in_window: int = 0
+    degraded: list[Degraded] = field(default_factory=list)
+
+
+def _reason(error: str | None) -> str:
+    """The last line of a task's error (a traceback's is the exception itself)."""
+    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
+    return lines[-1] if lines else "no error recorded"
+
+
+def _summary(app: konduit.App, ids: list[UUID], results: dict[UUID, ExecutionResult],
+             windows: dict[UUID, datetime]) -> Summary:
     """One table per execution, one per branch (seed 004: instrument the branches, not the
-    pipeline), and how many executions retried a step."""
+    pipeline), and the branches that degraded."""
     runs = Table(title="executions", title_justify="left")
-    for header in ("execution", "status", "total", "fan-in wait", "straggler", "retries"):
-        runs.add_column(header, justify="right" if header in ("total", "fan-in wait") else "left",
-                        no_wrap=header in ("straggler", "retries"))
+    right = ("total", "window", "fan-in wait")
+    for header in ("execution", "status", "total", "window", "published", "fan-in wait",
+                   "straggler", "degraded", "retries"):
+        runs.add_column(header, justify="right" if header in right else "left",
+                        no_wrap=header not in ("published",))
     took: dict[str, list[float]] = {name: [] for name in BRANCHES}
     straggled: dict[str, int] = dict.fromkeys(BRANCHES, 0)
+    degraded_in: dict[str, int] = dict.fromkeys(BRANCHES, 0)
     tries: dict[str, int] = dict.fromkeys(BRANCHES, 0)
-    retried = 0
+    summary = Summary(runs, Table(title="branches", title_justify="left"))
     for eid in ids:
         result = results.get(eid) or app.status(eid)
         steps = {s["step"]: s for s in app.steps(eid)}
-        extra = {t["step"]: int(t["attempt"]) - 1 for t in app.tasks(eid) if t["attempt"] > 1}
-        retried += bool(extra)
+        tasks = app.tasks(eid)
+        extra = {t["step"]: int(t["attempt"]) - 1 for t in tasks if t["attempt"] > 1}
+        summary.retried += bool(extra)
         for name in BRANCHES:
             seconds = _seconds(steps[name]["fired_at"], steps[name]["ended_at"])
             if seconds is not None:
                 took[name].append(seconds)
             tries[name] += extra.get(name, 0)
+        bad = []
+        for name in BRANCHES:
+            status = steps[name]["status"]
+            if status in ("succeeded", "waiting", "active"):
+                continue
+            degraded_in[name] += status == "degraded"
+            error = next((t["error"] for t in reversed(tasks) if t["step"] == name), None)
+            output = result.output if isinstance(result.output, dict) else {}
+            summary.degraded.append(Degraded(
+                eid, name, status, _seconds(steps[name]["fired_at"], steps[name]["ended_at"]),
+                _reason(error), output.get("cover") if name == "cover_image" else None,
+            ))
+            bad.append(f"[yellow]{name}[/yellow]" if status == "degraded"
+                       else f"[red]{name} {status}[/red]")
         join = steps["publish"]
         straggler = join["straggler"]
         if straggler in straggled:
             straggled[straggler] += 1
         slowest = _seconds(steps[straggler]["fired_at"], steps[straggler]["ended_at"]) \
             if straggler else None
+        published = join["ended_at"] if join["status"] in ("succeeded", "degraded") else None
+        window = windows[eid]
+        if published is not None and published <= window:
+            summary.in_window += 1
+            made = f"[green]yes, {_fmt(_seconds(published, window))} to spare[/green]"
+        elif published is not None:
+            made = f"[red]NO, {_fmt(_seconds(window, published))} late[/red]"
+        else:
+            made = "[red]not published[/red]"
         color = "green" if result.status == "succeeded" else "red"
         runs.add_row(
             str(eid)[:8], f"[{color}]{result.status}[/{color}]",
             _fmt(_seconds(result.created_at, result.finished_at)),
+            _fmt(_seconds(result.created_at, window)),
+            made,
             _fmt(_seconds(join["first_upstream_at"], join["fired_at"])),
             f"[yellow]{straggler}[/yellow] {_fmt(slowest)}" if straggler else "—",
+            ", ".join(bad) or "—",
             ", ".join(f"{step} +{n}" for step, n in extra.items()) or "—",
         )
-    branches = Table(title="branches", title_justify="left")
-    for header in ("branch", "p50", "max", "straggler in", "retries"):
+    branches = summary.branches
+    for header in ("branch", "p50", "max", "straggler in", "degraded in", "retries"):
         branches.add_column(header, justify="left" if header == "branch" else "right")
     for name in BRANCHES:
         values = took[name]
         branches.add_row(
             name, _fmt(statistics.median(values) if values else None),
             _fmt(max(values) if values else None), f"{straggled[name]}/{len(ids)}",
-            str(tries[name]),
+            f"{degraded_in[name]}/{len(ids)}", str(tries[name]),
         )
-    return runs, branches, retried
+    return summary
+
+
+def _plan(database_url: str, window: float) -> list[Any]:
+    """The plan of the next run from the history just made (what ``konduit plan`` prints)."""
+    from konduit.plan import load_plan, plan_renderables
+
+    async def load() -> list[Any]:
+        db = Database(database_url, min_size=1, max_size=1, name="konduit-demo")
+        await db.open()
+        try:
+            start = datetime.now(UTC)
+            plan = await load_plan(db, pipeline.spec, history="7d", start=start,
+                                   window=start + timedelta(seconds=window))
+        finally:
+            await db.close()
+        return plan_renderables(plan, steps_table=False)
+
+    return asyncio.run(load())
 
 
 def run_demo(*, executions: int = 5, concurrency: int = 8, workers: int = 2,
+             incident_after: int | None = None, window: float = 5.0,
              database_url: str | None = None, console: Console | None = None,
              timeout: float = 60.0) -> int:
-    """Run the demo; returns the exit code (0 when every execution succeeded)."""
+    """Run the demo; returns the exit code (0 when every execution succeeded, degraded branches
+    included). Executions after the ``incident_after``-th (default: the last one) hit the slow
+    image resize; each has ``window`` seconds from its start to publish."""
     console = console or Console()
+    if incident_after is None:
+        incident_after = executions - 1
+    incidents = max(0, executions - incident_after)
     app = konduit.App([pipeline], database_url=database_url)
     # Engine warnings (a branch failing for good, say) print above the progress bar, briefly.
     log_handler = RichHandler(console=console, level=logging.WARNING, show_path=False,
@@ -206,44 +320,92 @@ def run_demo(*, executions: int = 5, concurrency: int = 8, workers: int = 2,
     stop = threading.Event()
     threads: list[threading.Thread] = []
     errors: list[BaseException] = []
+    plan: list[Any] = []
     try:
         with console.status("connecting to PostgreSQL (the embedded server starts on first use)"):
             app.migrate()  # opens the database first; also readies a fresh real database
         today = date.today().isoformat()
         suffix = secrets.token_hex(3)
+        console.print(
+            f"[bold]{pipeline.name}[/bold] v{pipeline.version}: transcribe → "
+            f"({', '.join(BRANCHES)}) → publish\n"
+            f"{executions} execution(s) on {workers} worker(s) x {concurrency} slots, each with "
+            f"a {window:g} s window to publish in"
+        )
+        if incidents:
+            first = incident_after + 1
+            which = f"execution {first}" if incidents == 1 else f"executions {first}-{executions}"
+            console.print(
+                f"[yellow]incident[/yellow] in {which}: the image-resize call behind cover_image "
+                f"slows from ~{statistics.mean(RESIZE_SECONDS):g} s to "
+                f"{INCIDENT_RESIZE_SECONDS:g} s. cover_image's deadline: 1.5 x its p99 over 7 days, "
+                f"clamped to [0.5 s, 1 s] (0.8 s while history is thin); past it: fallback.png",
+                soft_wrap=True,
+            )
+        threads, errors = _start_workers(app, workers, concurrency, stop)
         began = time.monotonic()
-        ids = [
-            app.start(
+        ids: list[UUID] = []
+        windows: dict[UUID, datetime] = {}
+        for i in range(1, executions + 1):
+            deadline_at = datetime.now(UTC) + timedelta(seconds=window)
+            eid = app.start(
                 pipeline.name,
                 {"episode": i, "date": today, "channels": list(CHANNELS),
-                 "flaky_translate": i % 2 == 1},
+                 "flaky_translate": i % 2 == 1, "incident": i > incident_after},
                 idempotency_key=f"nightly-{today}-{i}-{suffix}",
+                deadline_at=deadline_at,
             ).id
-            for i in range(1, executions + 1)
-        ]
-        console.print(f"started {executions} execution(s) of [bold]{pipeline.name}[/bold] "
-                      f"on {workers} worker(s) x {concurrency} slots\n"
-                      f"transcribe → ({', '.join(BRANCHES)}) → publish")
-        threads, errors = _start_workers(app, workers, concurrency, stop)
+            ids.append(eid)
+            windows[eid] = deadline_at
         results = _wait_all(app, ids, console, stop, timeout)
         wall = time.monotonic() - began
-        runs, branches, retried = _summary(app, ids, results)
+        summary = _summary(app, ids, results, windows)
+        try:
+            plan = _plan(app.database_url, window)
+        except konduit.KonduitError as exc:  # the plan is a bonus: never fail the demo for it
+            plan = [f"[yellow]no plan: {escape(str(exc))}[/yellow]"]
     finally:
         stop.set()
         for thread in threads:
             thread.join(timeout=10)
         app.close()
         logging.getLogger("konduit").removeHandler(log_handler)
-    console.print(runs)
-    console.print(branches)
-    for exc in errors:
-        console.print(f"[red]worker failed:[/red] {exc}")
+    console.print(summary.runs)
+    console.print(summary.branches)
+    if summary.degraded:
+        console.print("degraded branches (the join went on without waiting for them):")
+    for d in summary.degraded:
+        used = "" if d.published_with is None else \
+            f"; publish went out with {escape(json.dumps(d.published_with))}"
+        console.print(
+            f"  {str(d.execution)[:8]} [yellow]{d.step}[/yellow] {d.outcome} after "
+            f"{_fmt(d.after)}: {escape(d.reason)}{used}",
+            soft_wrap=True,
+        )
+    for failure in errors:
+        console.print(f"[red]worker failed:[/red] {failure}")
     ok = sum(r.status == "succeeded" for r in results.values())
     console.print(
-        f"{ok}/{executions} succeeded in {wall:.1f} s; {retried}/{executions} retried a step "
-        "(translate's transient error).\nfan-in wait = first branch finished → publish ready; "
-        "the straggler is the branch publish waited for last."
+        f"{ok}/{executions} succeeded in {wall:.1f} s; published inside the window: "
+        f"{summary.in_window}/{executions}; {summary.retried}/{executions} retried a step "
+        f"(translate's transient error); {len({d.execution for d in summary.degraded})}/"
+        f"{executions} degraded a branch.",
+        soft_wrap=True,
     )
+    console.print("fan-in wait = first branch finished → publish ready; the straggler is the "
+                  "branch publish waited for last.", soft_wrap=True)
+    if incidents:
+        console.print(
+            f"without cover_image's deadline, publish would have waited "
+            f"{INCIDENT_RESIZE_SECONDS:g} s for the resize and missed the {window:g} s window.",
+            soft_wrap=True,
+        )
+    if plan:
+        console.print(f"\nthe next run, planned from this history "
+                      f"(konduit plan {pipeline.name} --app konduit.demo:pipeline "
+                      f"--within {window:g}s):", soft_wrap=True)
+        for renderable in plan:
+            console.print(renderable)
     if len(results) < executions:
         console.print(f"[red]{executions - len(results)} execution(s) still unfinished after "
                       f"{timeout:.0f} s[/red]")

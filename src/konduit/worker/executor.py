@@ -115,10 +115,15 @@ class Executor:
             ctx._cancelled.set()
             if late is not None:
                 loop = asyncio.get_running_loop()
-                future.add_done_callback(
-                    lambda f: loop.call_soon_threadsafe(self._keep_late, late, f)
-                )
+                future.add_done_callback(lambda f: self._late_done(loop, late, f))
             raise
+
+    def _late_done(self, loop: asyncio.AbstractEventLoop, task: Claimed, future: Future[Any]) -> None:
+        # Runs on the handler's thread; the worker may have shut down since (loop closed).
+        try:
+            loop.call_soon_threadsafe(self._keep_late, task, future)
+        except RuntimeError:
+            log.info("a late result of task %s arrived after the worker stopped", task.id)
 
     def _keep_late(self, task: Claimed, future: Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None:
