@@ -115,7 +115,7 @@ class Advancer:
 
     async def handle(self, event: Event, *, ended_at: datetime | None = None) -> Advanced:
         """Apply ``event`` and every cascade it causes (map expansion), then write it all."""
-        return await self._run([(event, ended_at)])
+        return await self.run_events([(event, ended_at)])
 
     async def start_steps(self, steps: list[str]) -> Advanced:
         """Create the tasks of steps that were made active outside :func:`advance` (the roots of
@@ -125,9 +125,10 @@ class Advancer:
             count = await self._create_tasks(step)
             if count is not None:
                 queue.append((MapExpanded(step, count), None))
-        return await self._run(queue)
+        return await self.run_events(queue)
 
-    async def _run(self, queue: list[tuple[Event, datetime | None]]) -> Advanced:
+    async def run_events(self, queue: list[tuple[Event, datetime | None]]) -> Advanced:
+        """Decide each event in turn (cascades append to the queue); write once at the end."""
         while queue and self.execution.status == "running":
             current, at = queue.pop(0)
             decision = await self._decide(current)
@@ -320,14 +321,13 @@ async def final_output(tx: Tx, spec: WorkflowSpec, execution_id: UUID) -> Any:
     return {s: found.payloads.get(s) for s in sinks}
 
 
-async def record_event(
+async def record_events(
     tx: Tx,
     spec: WorkflowSpec,
     execution: Row,
-    event: TaskEnded,
-    ended_at: datetime | None,
+    events: list[tuple[TaskEnded, datetime | None]],
 ) -> Advanced:
-    """Advance a locked execution after one of its tasks ended."""
+    """Advance a locked execution after some of its tasks ended (in the order given)."""
     state = ExecutionState(execution["status"], execution["steps_pending"])
     advancer = Advancer(tx, spec, execution["id"], state, execution["generation"])
-    return await advancer.handle(event, ended_at=ended_at)
+    return await advancer.run_events(list(events))

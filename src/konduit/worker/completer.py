@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from konduit.advance import TaskEnded
 from konduit.db.database import Database
-from konduit.engine.advancer import Advanced, record_event
+from konduit.engine.advancer import Advanced, record_events
 from konduit.payloads import content_hash
 from konduit.registry import Registry
 
@@ -91,55 +91,85 @@ async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recor
             await tx.one("task_notify_ready", queue=row["queue"])
             return Recorded.RELEASED, None
 
+    ((outcome, advanced),) = await record_ended(db, registry, [c])
+    return outcome, advanced
+
+
+async def record_ended(
+    db: Database, registry: Registry, batch: list[Completion]
+) -> list[tuple[Recorded, Advanced | None]]:
+    """Record terminal outcomes of tasks of ONE execution and advance its DAG, in one
+    transaction: under load a worker's completions of one fan-out share a single lock, a single
+    round of writes and a single fan-in decision. Results come back in ``batch`` order."""
+    execution_id = batch[0].execution_id
+    if any(c.execution_id != execution_id for c in batch):
+        raise ValueError("record_ended takes completions of one execution")
+    # The same task twice in one batch (a redelivery): only the first may pass the fence.
+    first: dict[int, Completion] = {}
+    for c in batch:
+        first.setdefault(c.task_id, c)
+    unique = list(first.values())
     async with db.transaction() as tx:
         # Acquire the execution row lock before anything else, to serialize fan-in decisions.
         # Without it, concurrent completions of sibling branches each read join state that
         # misses the others' uncommitted writes (READ COMMITTED), so none of them fires the
         # join and the execution stalls with every task green (seed 000).
-        execution = await tx.one("execution_lock", id=c.execution_id)
+        execution = await tx.one("execution_lock", id=execution_id)
         if execution is None:
-            return Recorded.LEASE_LOST, None
-        output_hash = content_hash(c.payload_json) if c.payload_json is not None else None
-        task = await tx.one(
-            "task_complete_if_leased",
-            id=c.task_id,
-            lease_token=c.lease_token,
-            outcome=c.outcome,
-            output_hash=output_hash,
-            error=c.error,
-            routes=list(c.routes) if c.routes is not None else None,
-            age_seconds=c.age_seconds,
+            return [(Recorded.LEASE_LOST, None)] * len(batch)
+        hashes = [content_hash(c.payload_json) if c.payload_json is not None else None for c in unique]
+        rows = await tx.all(
+            "task_complete_many_if_leased",
+            ids=[c.task_id for c in unique],
+            lease_tokens=[c.lease_token for c in unique],
+            outcomes=[c.outcome for c in unique],
+            output_hashes=hashes,
+            errors=[c.error for c in unique],
+            routes=[Jsonb(list(c.routes)) if c.routes is not None else None for c in unique],
+            ages=[c.age_seconds for c in unique],
         )
-        if task is None:
-            return Recorded.LEASE_LOST, None
-        if output_hash is not None:
+        ended = {row["id"]: row for row in rows}
+        kept = [(c, h) for c, h in zip(unique, hashes, strict=True) if c.task_id in ended]
+        stored = [(c, h) for c, h in kept if h is not None]
+        if stored:
             await tx.run(
-                "output_insert_if_absent",
-                execution_id=c.execution_id,
-                step=c.step,
-                map_index=c.map_index,
-                content_hash=output_hash,
-                payload=Jsonb(c.payload),
-                source=c.source,
+                "output_insert_many_if_absent",
+                execution_id=execution_id,
+                steps=[c.step for c, _ in stored],
+                map_indexes=[c.map_index for c, _ in stored],
+                content_hashes=[h for _, h in stored],
+                payloads=[Jsonb(c.payload) for c, _ in stored],
+                sources=[c.source for c, _ in stored],
             )
-        await tx.run(
-            "attempt_finish_if_open",
-            lease_token=c.lease_token,
-            outcome=c.attempt_outcome or c.outcome,
-            error=c.error,
-            age_seconds=c.age_seconds,
-        )
-        if execution["status"] != "running":
-            return Recorded.ENDED, None
-        spec = registry.get(execution["workflow_name"], execution["workflow_version"])
-        advanced = await record_event(
-            tx,
-            spec,
-            execution,
-            TaskEnded(c.step, c.outcome, frozenset(c.routes) if c.routes is not None else None),
-            task["finished_at"],
-        )
-        return Recorded.ENDED, advanced
+        if kept:
+            await tx.run(
+                "attempt_finish_many_if_open",
+                lease_tokens=[c.lease_token for c, _ in kept],
+                outcomes=[c.attempt_outcome or c.outcome for c, _ in kept],
+                errors=[c.error for c, _ in kept],
+                ages=[c.age_seconds for c, _ in kept],
+            )
+        advanced = None
+        if kept and execution["status"] == "running":
+            spec = registry.get(execution["workflow_name"], execution["workflow_version"])
+            events = [
+                (
+                    TaskEnded(c.step, c.outcome,
+                              frozenset(c.routes) if c.routes is not None else None),
+                    ended[c.task_id]["finished_at"],
+                )
+                for c, _ in kept
+            ]
+            advanced = await record_events(tx, spec, execution, events)
+    results: list[tuple[Recorded, Advanced | None]] = []
+    recorded: set[int] = set()
+    for c in batch:
+        if c.task_id in ended and c.task_id not in recorded:
+            recorded.add(c.task_id)
+            results.append((Recorded.ENDED, advanced))
+        else:
+            results.append((Recorded.LEASE_LOST, None))
+    return results
 
 
 async def record_late_result(db: Database, lease_token: UUID, payload_json: str, payload: Any) -> bool:

@@ -8,6 +8,7 @@ import inspect
 import logging
 import time
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from uuid import UUID
 
 from konduit.context import Context
 from konduit.db.database import Database, Row
-from konduit.engine.advancer import load_upstream
+from konduit.engine.advancer import Upstream, load_upstream
 from konduit.errors import NonRetryableError, PayloadError
 from konduit.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.results import Route
@@ -45,6 +46,7 @@ class Claimed:
     workflow_version: int
     input: Any
     deadline_remaining: float | None = None  # seconds of the task's budget left at claim
+    generation: int = 1
 
     @classmethod
     def from_row(cls, row: Row) -> Claimed:
@@ -62,6 +64,7 @@ class Claimed:
             workflow_version=row["workflow_version"],
             input=row["input"],
             deadline_remaining=row.get("deadline_remaining"),
+            generation=row.get("generation", 1),
         )
 
 
@@ -82,13 +85,32 @@ class Executor:
         self.pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="konduit")
         self.max_payload_bytes = max_payload_bytes
         self.late_jobs: set[asyncio.Future[bool]] = set()
+        self._upstreams: OrderedDict[tuple[UUID, str, int], Upstream] = OrderedDict()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-    async def context_for(self, spec: WorkflowSpec, task: Claimed) -> Context:
+    async def _upstream(self, spec: WorkflowSpec, task: Claimed) -> Upstream:
+        # A map step's upstream outputs are fixed once it fired (a repair makes a new
+        # generation), so its items, which share them, read them once. Other steps read afresh:
+        # a quorum join's stragglers may have ended since its last attempt.
+        if not spec[task.step].is_map:
+            async with self.db.transaction() as tx:
+                return await load_upstream(tx, spec, task.execution_id, task.step)
+        key = (task.execution_id, task.step, task.generation)
+        cached = self._upstreams.get(key)
+        if cached is not None:
+            self._upstreams.move_to_end(key)
+            return cached
         async with self.db.transaction() as tx:
             upstream = await load_upstream(tx, spec, task.execution_id, task.step)
+        self._upstreams[key] = upstream
+        if len(self._upstreams) > 256:
+            self._upstreams.popitem(last=False)
+        return upstream
+
+    async def context_for(self, spec: WorkflowSpec, task: Claimed) -> Context:
+        upstream = await self._upstream(spec, task)
         return Context(
             execution_id=task.execution_id,
             workflow=spec.name,

@@ -19,10 +19,12 @@ from uuid import UUID
 
 from konduit.db.database import Database
 from konduit.db.migrate import ensure_current
+from konduit.engine.advancer import Advanced
 from konduit.errors import DatabaseError, DatabaseUnavailable, KonduitError
 from konduit.payloads import DEFAULT_MAX_BYTES
 from konduit.registry import Registry
-from konduit.worker.completer import Completion, Recorded, record
+from konduit.worker.batcher import CompletionBatcher
+from konduit.worker.completer import Completion, Recorded, record, record_ended
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
 from konduit.worker.maintenance import end_timed_out_executions, reclaim_expired_leases
@@ -44,6 +46,7 @@ class Worker:
         self.registry = registry
         self.config = config or WorkerConfig()
         self.executor = Executor(db, self.config.concurrency, max_payload_bytes)
+        self.batcher = CompletionBatcher(lambda group: record_ended(db, registry, group))
         self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}
         self.contexts: dict[int, object] = {}
         self._wake = asyncio.Event()
@@ -76,6 +79,7 @@ class Worker:
             asyncio.create_task(self._listen(), name="konduit-listen"),
             asyncio.create_task(self._heartbeat(), name="konduit-heartbeat"),
             asyncio.create_task(self._maintain(), name="konduit-maintenance"),
+            asyncio.create_task(self.batcher.run(), name="konduit-completer"),
         ]
         try:
             await self._claim_loop()
@@ -135,9 +139,7 @@ class Worker:
             self.contexts[task.id] = ctx
             completion = await self.executor.run(spec, task, ctx)
             try:
-                outcome, advanced = await self._retrying(
-                    lambda: record(self.db, self.registry, completion)
-                )
+                outcome, advanced = await self._retrying(lambda: self._record(completion))
             except DatabaseError as exc:
                 # The outcome itself cannot be stored: record that as the task's failure (no
                 # payload), so the execution moves on instead of waiting for a lease to expire.
@@ -146,9 +148,7 @@ class Worker:
                     completion, outcome="failed", payload=None, payload_json=None, routes=None,
                     error=f"the outcome could not be stored: {exc}", source="handler",
                 )
-                outcome, advanced = await self._retrying(
-                    lambda: record(self.db, self.registry, failure)
-                )
+                outcome, advanced = await self._retrying(lambda: self._record(failure))
             if outcome is Recorded.LEASE_LOST:
                 log.warning(
                     "task %s (%s) was no longer leased by this worker; its result was dropped",
@@ -170,6 +170,11 @@ class Worker:
             self.running.pop(task.id, None)
             self.contexts.pop(task.id, None)
             self._wake.set()
+
+    async def _record(self, completion: Completion) -> tuple[Recorded, Advanced | None]:
+        if completion.outcome in ("retry", "released"):
+            return await record(self.db, self.registry, completion)
+        return await self.batcher.submit(completion)
 
     async def _release(self, task: Claimed) -> None:
         completion = Completion(

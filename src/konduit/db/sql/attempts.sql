@@ -6,6 +6,16 @@ SET finished_at = clock_timestamp() - make_interval(secs => %(age_seconds)s),
     error = %(error)s
 WHERE lease_token = %(lease_token)s AND finished_at IS NULL;
 
+-- name: attempt_finish_many_if_open
+-- Close several attempts, each identified by its lease token, with how they ended.
+UPDATE konduit_attempts a
+SET finished_at = clock_timestamp() - make_interval(secs => u.age),
+    outcome = u.outcome,
+    error = u.error
+FROM unnest(%(lease_tokens)s::uuid[], %(outcomes)s::text[], %(errors)s::text[],
+            %(ages)s::float8[]) AS u(lease_token, outcome, error, age)
+WHERE a.lease_token = u.lease_token AND a.finished_at IS NULL;
+
 -- name: attempt_finish_open_for_tasks
 -- Close the open attempts of tasks that were cancelled.
 UPDATE konduit_attempts

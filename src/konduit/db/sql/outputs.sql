@@ -1,7 +1,10 @@
--- name: output_insert_if_absent
--- Store a payload content-addressed; the same payload twice is a no-op.
+-- name: output_insert_many_if_absent
+-- Store payloads content-addressed; the same payload twice is a no-op.
 INSERT INTO konduit_outputs (execution_id, step, map_index, content_hash, payload, source)
-VALUES (%(execution_id)s, %(step)s, %(map_index)s, %(content_hash)s, %(payload)s, %(source)s)
+SELECT %(execution_id)s, u.step, u.map_index, u.content_hash, u.payload, u.source
+FROM unnest(%(steps)s::text[], %(map_indexes)s::int[], %(content_hashes)s::text[],
+            %(payloads)s::jsonb[], %(sources)s::text[])
+     AS u(step, map_index, content_hash, payload, source)
 ON CONFLICT DO NOTHING;
 
 -- name: output_insert_late_if_attempt_ended_by_deadline

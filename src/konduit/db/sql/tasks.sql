@@ -38,29 +38,34 @@ WITH picked AS (
     FROM picked
     WHERE t.id = picked.id
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-              t.lease_token, t.queue, t.deadline_at
+              t.lease_token, t.queue, t.deadline_at, t.generation
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token)
     SELECT id, attempt, %(worker_id)s, lease_token FROM claimed
 )
 SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
-       c.lease_token, c.queue, e.workflow_name, e.workflow_version, e.input,
+       c.lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version, e.input,
        extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining
 FROM claimed c
 JOIN konduit_executions e ON e.id = c.execution_id;
 
--- name: task_complete_if_leased
--- Record a task's outcome, only while the caller still holds its lease (fencing).
-UPDATE konduit_tasks
-SET status = %(outcome)s,
-    output_hash = %(output_hash)s,
-    error = %(error)s,
-    routes = %(routes)s,
+-- name: task_complete_many_if_leased
+-- Record several tasks' outcomes at once, each only while the caller still holds its lease.
+UPDATE konduit_tasks t
+SET status = u.outcome,
+    output_hash = u.output_hash,
+    error = u.error,
+    routes = CASE WHEN u.routes IS NULL THEN NULL
+                  ELSE ARRAY(SELECT jsonb_array_elements_text(u.routes)) END,
     lease_token = NULL,
     lease_expires_at = NULL,
-    finished_at = clock_timestamp() - make_interval(secs => %(age_seconds)s)
-WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
-RETURNING id, execution_id, step, map_index, attempt, finished_at;
+    finished_at = clock_timestamp() - make_interval(secs => u.age)
+FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
+            %(output_hashes)s::text[], %(errors)s::text[], %(routes)s::jsonb[],
+            %(ages)s::float8[])
+     AS u(id, lease_token, outcome, output_hash, error, routes, age)
+WHERE t.id = u.id AND t.lease_token = u.lease_token AND t.status = 'running'
+RETURNING t.id, t.finished_at;
 
 -- name: task_retry_if_leased
 -- Return a failed attempt's task to ready after a backoff, only while the caller holds its lease.
@@ -141,7 +146,7 @@ WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
 -- name: task_list_past_deadline
 -- Running tasks past their deadline by more than a grace (their worker died or hung).
 SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-       t.lease_token, t.queue, e.workflow_name, e.workflow_version, e.input,
+       t.lease_token, t.queue, t.generation, e.workflow_name, e.workflow_version, e.input,
        0.0::float8 AS deadline_remaining
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
