@@ -31,9 +31,10 @@ import statistics
 import threading
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from rich import box
@@ -45,7 +46,8 @@ from rich.table import Table
 
 import konduit
 from konduit.client import ExecutionResult
-from konduit.db.database import Database
+from konduit.db.database import Database, Row
+from konduit.deadlines import MIN_SAMPLES, adaptive_budget
 
 # Bump the version whenever a step's options change: a database that already ran the demo keeps
 # the old definition under the old version number. (2: cover_image's deadline and fallback.)
@@ -61,6 +63,7 @@ COVER_DEADLINE = konduit.Deadline.adaptive(
     factor=1.5, quantile=0.99, window="7d", floor="500ms", ceiling="1s", default="800ms"
 )
 FALLBACK_COVER = {"image": "fallback.png", "degraded": True}
+T = TypeVar("T")
 
 
 class TransientError(Exception):
@@ -284,22 +287,47 @@ def _summary(app: konduit.App, ids: list[UUID], results: dict[UUID, ExecutionRes
     return summary
 
 
+async def _with_db(database_url: str, use: Callable[[Database], Awaitable[T]]) -> T:
+    db = Database(database_url, min_size=1, max_size=1, name="konduit-demo")
+    await db.open()
+    try:
+        return await use(db)
+    finally:
+        await db.close()
+
+
+def _cover_deadline(database_url: str) -> str:
+    """cover_image's budget for the next tasks and where it comes from, as the engine computes
+    it (:mod:`konduit.deadlines`): 1.5 x p99 of its successful runs over 7 days, clamped."""
+    d = COVER_DEADLINE
+    assert d.ceiling is not None and d.default is not None
+
+    async def query(db: Database) -> Row | None:
+        return await db.one("step_duration_quantile", workflow_name=pipeline.name,
+                            step="cover_image", quantile=d.quantile, window_seconds=d.window)
+
+    row = asyncio.run(_with_db(database_url, query))
+    p99 = None if row is None or row["seconds"] is None else float(row["seconds"])
+    samples = 0 if row is None else int(row["samples"])
+    budget = adaptive_budget(d, p99, samples)
+    rule = f"{d.factor:g} x its p99 over 7 days, clamped to [{d.floor:g} s, {d.ceiling:g} s]"
+    if p99 is None or samples < MIN_SAMPLES:
+        return (f"{budget:g} s, the default while its history is thin ({samples} successful "
+                f"run(s), fewer than {MIN_SAMPLES}); then {rule}")
+    return f"{budget:.2f} s = {rule}; its p99 is {p99:.2f} s over {samples} runs"
+
+
 def _plan(database_url: str, window: float) -> list[Any]:
     """The plan of the next run from the history just made (what ``konduit plan`` prints)."""
     from konduit.plan import load_plan, plan_renderables
 
-    async def load() -> list[Any]:
-        db = Database(database_url, min_size=1, max_size=1, name="konduit-demo")
-        await db.open()
-        try:
-            start = datetime.now(UTC)
-            plan = await load_plan(db, pipeline.spec, history="7d", start=start,
-                                   window=start + timedelta(seconds=window))
-        finally:
-            await db.close()
+    async def load(db: Database) -> list[Any]:
+        start = datetime.now(UTC)
+        plan = await load_plan(db, pipeline.spec, history="7d", start=start,
+                               window=start + timedelta(seconds=window))
         return plan_renderables(plan, steps_table=False)
 
-    return asyncio.run(load())
+    return asyncio.run(_with_db(database_url, load))
 
 
 def run_demo(*, executions: int = 5, concurrency: int = 8, workers: int = 2,
@@ -340,8 +368,8 @@ def run_demo(*, executions: int = 5, concurrency: int = 8, workers: int = 2,
             console.print(
                 f"[yellow]incident[/yellow] in {which}: the image-resize call behind cover_image "
                 f"slows from ~{statistics.mean(RESIZE_SECONDS):g} s to "
-                f"{INCIDENT_RESIZE_SECONDS:g} s. cover_image's deadline: 1.5 x its p99 over 7 days, "
-                f"clamped to [0.5 s, 1 s] (0.8 s while history is thin); past it: fallback.png",
+                f"{INCIDENT_RESIZE_SECONDS:g} s.\ncover_image's deadline: "
+                f"{_cover_deadline(app.database_url)}; past it: {FALLBACK_COVER['image']}",
                 soft_wrap=True,
             )
         threads, errors = _start_workers(app, workers, concurrency, stop)

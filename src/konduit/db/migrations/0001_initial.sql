@@ -36,6 +36,7 @@ CREATE TABLE konduit_executions (
 CREATE UNIQUE INDEX konduit_executions_idempotency_key
     ON konduit_executions (workflow_name, idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX konduit_executions_created_at ON konduit_executions (created_at DESC);
+CREATE INDEX konduit_executions_workflow ON konduit_executions (workflow_name, created_at DESC);
 CREATE INDEX konduit_executions_running ON konduit_executions (created_at) WHERE status = 'running';
 CREATE INDEX konduit_executions_timeout ON konduit_executions (timeout_at)
     WHERE status = 'running' AND timeout_at IS NOT NULL;

@@ -119,7 +119,7 @@ RETURNING id;
 -- name: task_list_by_execution
 -- Every task of one execution, in DAG-independent order, for status pages.
 SELECT id, step, map_index, generation, status, attempt, max_attempts, worker_id, error,
-       routes, created_at, started_at, finished_at, run_at
+       routes, deadline_seconds, deadline_at, created_at, started_at, finished_at, run_at
 FROM konduit_tasks
 WHERE execution_id = %(execution_id)s
 ORDER BY id;

@@ -1,0 +1,69 @@
+"""``konduit demo``: the seed-004 incident, scaled down, run for real in a subprocess.
+
+The last execution's image resize slows from ~0.2 s to 10 s; cover_image degrades to its fallback
+at its deadline and publish still goes out inside every execution's window.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import psycopg
+import pytest
+
+from tests.test_cli import konduit_cli
+
+pytestmark = pytest.mark.storage
+
+
+def test_demo_degrades_the_slow_branch_and_publishes_inside_the_window(db_url: str) -> None:
+    began = time.monotonic()
+    proc = konduit_cli("demo", "--executions", "3", "--database-url", db_url, timeout=120)
+    took = time.monotonic() - began
+    out = proc.stdout
+    assert proc.returncode == 0, (out, proc.stderr)
+    assert took < 15, out  # a working engine does not wait for the 10 s resize
+    assert "3/3 succeeded" in out, out
+    assert "published inside the window: 3/3" in out, out
+    assert "1/3 degraded a branch" in out, out
+    degraded = [line for line in out.splitlines() if "cover_image degraded" in line]
+    assert len(degraded) == 1, out
+    assert "deadline exceeded" in degraded[0] and "fallback.png" in degraded[0], degraded
+
+    # The same story, from the database.
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            """
+            SELECT e.id, e.status, e.deadline_at, e.finished_at, e.output,
+                   (e.input ->> 'incident')::bool AS incident,
+                   p.status AS publish, p.ended_at AS published_at,
+                   c.status AS cover, t.error AS cover_error
+            FROM konduit_executions e
+            JOIN konduit_steps p ON p.execution_id = e.id AND p.step = 'publish'
+            JOIN konduit_steps c ON c.execution_id = e.id AND c.step = 'cover_image'
+            JOIN konduit_tasks t ON t.execution_id = e.id AND t.step = 'cover_image'
+            ORDER BY (e.input ->> 'episode')::int
+            """
+        ).fetchall()
+    assert len(rows) == 3
+    assert [r[5] for r in rows] == [False, False, True]  # default: the incident hits the last one
+    for _eid, status, deadline_at, finished_at, _output, _incident, publish, published_at, *_ in rows:
+        assert status == "succeeded" and publish == "succeeded"
+        assert deadline_at is not None
+        assert published_at <= deadline_at and finished_at <= deadline_at
+    *_, last = rows
+    assert last[8] == "degraded"
+    assert "deadline exceeded" in last[9]
+    assert last[4]["cover"] == "fallback.png" and last[4]["degraded"] == ["cover_image"]
+
+    # The plan of the next run, from the history the demo made: cover_image's tail is bounded by
+    # its deadline, so even its p99 path fits a 5 s window.
+    proc = konduit_cli("plan", "nightly-content", "--app", "konduit.demo:pipeline", "--within",
+                       "5s", "--json", "--database-url", db_url)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    steps = {s["step"]: s for s in plan["steps"]}
+    assert steps["cover_image"]["samples"] == 3 and steps["cover_image"]["degraded"] == 1
+    assert steps["cover_image"]["p99"] < 1.5  # the 0.8 s deadline (plus queueing), not 10 s
+    assert plan["verdict"] == "safe"
