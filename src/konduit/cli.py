@@ -387,12 +387,13 @@ def status(
         result = app.status(execution_id)
         steps = app.steps(result.id)
         tasks = app.tasks(result.id)
+        versions = app.outputs(result.id)
     if as_json:
         print(dump_json({
             "id": result.id, "workflow": result.workflow, "version": result.version,
             "status": result.status, "error": result.error, "output": result.output,
             "outcomes": result.outcomes, "created_at": result.created_at,
-            "finished_at": result.finished_at,
+            "finished_at": result.finished_at, "output_versions": versions,
         }))
         return
     took = between(result.created_at, result.finished_at)
@@ -405,6 +406,12 @@ def status(
     if result.output is not None:
         console.print("output:")
         console.print(dump_json(result.output), markup=False)
+    if len(versions) > 1:
+        console.print("output versions (repairs):")
+        for version in versions:
+            degraded = ", ".join(version["degraded"]) or "none degraded"
+            console.print(f"  v{version['version']} {version['status']} ({degraded}): "
+                          f"{dump_json(version['output'])}", markup=False, soft_wrap=True)
     if steps:
         console.print(step_table(steps, tasks, result.created_at))
 
@@ -456,6 +463,40 @@ def cancel(
         result = app.status(execution_id)
     console.print(f"execution {execution_id} has already finished ({styled(result.status)}); "
                   "nothing to cancel")
+
+
+@cli.command()
+def repair(
+    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
+    app_spec: Annotated[str, typer.Option(
+        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
+        help="module:attribute of the konduit.App that defines the workflow.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the repair to finish.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Re-run the degraded or failed branches of a finished execution and what depends on them.
+
+    When it finishes, its output becomes a new version that replaces the degraded one; earlier
+    versions stay visible (``status`` lists them). Workers of APP do the re-running.
+    """
+    with opened(load_app(app_spec, database_url)) as app:
+        rerun = app.repair(execution_id)
+        console.print(f"re-running {', '.join(rerun)} of {execution_id}")
+        if not wait:
+            return
+        try:
+            result = app.wait(execution_id, timeout)
+        except konduit.ExecutionFailed as exc:
+            result = exc.result
+        versions = app.outputs(execution_id)
+    console.print(f"execution {execution_id}: {styled(result.status)}")
+    for version in versions:
+        degraded = ", ".join(version["degraded"]) or "none degraded"
+        console.print(f"  output v{version['version']} ({version['status']}, {degraded}): "
+                      f"{dump_json(version['output'])}", soft_wrap=True)
+    if result.status != "succeeded":
+        raise typer.Exit(1)
 
 
 @cli.command("dead-letters")
