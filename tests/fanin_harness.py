@@ -26,7 +26,9 @@ WORKER_ID = "harness"
 CompleteFn = Callable[[Database, Registry, Claimed], Awaitable[object]]
 
 
-def fan_in_workflow(width: int, name: str | None = None) -> konduit.Workflow:
+def fan_in_workflow(
+    width: int, name: str | None = None, join_policy: konduit.Join | None = None
+) -> konduit.Workflow:
     """root -> b0..b{width-1} -> join."""
     wf = konduit.Workflow(name or f"fan-in-{width}", version=1)
 
@@ -42,7 +44,7 @@ def fan_in_workflow(width: int, name: str | None = None) -> konduit.Workflow:
 
         branches.append(wf.step(name=f"b{i}", after=[root])(branch))
 
-    @wf.step(after=branches, join=konduit.Join.all_done())
+    @wf.step(after=branches, join=join_policy or konduit.Join.all_done())
     def join(ctx: konduit.Context) -> int:
         return len(ctx.upstream)
 

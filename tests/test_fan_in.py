@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+import konduit
 from tests.fanin_harness import Harness, engine_complete, fan_in_workflow, naive_complete
 
 pytestmark = pytest.mark.storage
@@ -35,6 +36,26 @@ def test_join_fires_exactly_once_under_simultaneous_finish(make_app, width, tria
     executions = app.list(limit=trials + 5)
     assert len(executions) == trials
     assert {e.status for e in executions} == {"succeeded"}
+
+
+@pytest.mark.parametrize(("width", "k", "trials"), [(8, 3, 40), (50, 10, 10)])
+def test_quorum_fires_once_on_simultaneous_successes(make_app, width, k, trials):
+    """Quorum(k) with every branch succeeding at the same instant: exactly one fire, and the
+    late successes after the k-th are recorded without firing it again."""
+    wf = fan_in_workflow(width, f"quorum-{width}", konduit.Join.quorum(k))
+    app = make_app(wf)
+    harness = Harness(app, width, wf.name)
+    try:
+        fired = []
+        for _ in range(trials):
+            fired.append(harness.trial(engine_complete).join_tasks)
+            harness.finish_join()
+    finally:
+        harness.close()
+    assert fired == [1] * trials
+    steps = app.steps(harness.last_execution)
+    join = next(s for s in steps if s["step"] == "join")
+    assert join["up_ok"] == width and join["up_pending"] == 0  # every late success recorded
 
 
 def test_naive_unlocked_check_stalls_in_the_same_harness(make_app):
