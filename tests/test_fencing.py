@@ -100,7 +100,7 @@ def test_duplicate_completions_racing_record_exactly_once(loop_thread):
             (root,) = lt.submit(claim(lt.db, app.registry, 1)).result()
             barrier = threading.Barrier(len(threads))
 
-            async def deliver(t: LoopThread, task=root) -> Recorded:
+            async def deliver(t: LoopThread, task=root, barrier=barrier) -> Recorded:
                 barrier.wait(timeout=30)
                 outcome, _ = await record(t.db, app.registry, completion_for(task))
                 return outcome
