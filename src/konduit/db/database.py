@@ -83,12 +83,20 @@ class Database:
             min_size=min_size,
             max_size=max_size,
             open=False,
-            kwargs={"row_factory": dict_row, "application_name": name, "autocommit": False},
+            kwargs={
+                "row_factory": dict_row,
+                "application_name": name,
+                "autocommit": False,
+                "connect_timeout": 5,
+            },
             check=AsyncConnectionPool.check_connection,
+            # A caller waits at most this long for a connection: when the server is down the
+            # client raises DatabaseUnavailable instead of hanging (workers retry on their own).
+            timeout=10.0,
             reconnect_timeout=60,
         )
 
-    async def open(self, timeout: float = 30.0) -> None:
+    async def open(self, timeout: float = 10.0) -> None:
         with translate_errors():
             try:
                 await self.pool.open(wait=True, timeout=timeout)
@@ -122,5 +130,9 @@ class Database:
         """A dedicated autocommit connection for LISTEN (outside the pool)."""
         with translate_errors():
             return await psycopg.AsyncConnection.connect(
-                self.url, autocommit=True, row_factory=dict_row, application_name="konduit-listen"
+                self.url,
+                autocommit=True,
+                row_factory=dict_row,
+                application_name="konduit-listen",
+                connect_timeout=5,
             )

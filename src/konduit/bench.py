@@ -1,0 +1,501 @@
+"""``konduit bench``: measure what the fan-in protocol costs (DESIGN.md, seed 000).
+
+Seed 000 says the execution-row lock was never measured; these benchmarks measure it. Each one
+runs in its own fresh database (created, migrated and dropped here) on the embedded server or on
+the server of ``--database-url``, so user data is never touched. Machines are noisy: compare the
+ratios, which are taken within one run, rather than absolute numbers across machines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import os
+import platform
+import statistics
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from concurrent.futures import Future
+from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+
+import konduit
+from konduit.client import Client, ExecutionResult
+from konduit.db.database import Database
+from konduit.db.embedded import server_url, with_database
+from konduit.db.migrate import migrate
+from konduit.errors import KonduitError
+from konduit.registry import Registry
+from konduit.worker.completer import Completion, Recorded, record, record_ended
+from konduit.worker.executor import Claimed
+
+T = TypeVar("T")
+Json = dict[str, Any]
+WORKER_ID = "konduit-bench"
+
+
+class BenchError(KonduitError):
+    """The engine did something a benchmark did not expect (the numbers would be meaningless)."""
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise BenchError(f"bench: {message}")
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+
+def _r(value: float) -> float:
+    return round(value, 3)
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def summary_ms(seconds: list[float]) -> Json:
+    """Distribution of durations given in seconds, reported in milliseconds."""
+    ms = [s * 1000 for s in seconds]
+    return {"n": len(ms), "median_ms": _r(statistics.median(ms)), "p95_ms": _r(_p95(ms)),
+            "mean_ms": _r(statistics.fmean(ms)), "min_ms": _r(min(ms)), "max_ms": _r(max(ms))}
+
+
+def ratio(numerator: float, denominator: float) -> float | None:
+    return _r(numerator / denominator) if denominator > 0 else None
+
+
+# -- workflows ----------------------------------------------------------------------------------
+
+
+def _returning(value: int) -> Callable[[konduit.Context], Coroutine[Any, Any, int]]:
+    """A fresh trivial handler (a function can back only one step)."""
+
+    async def handler(ctx: konduit.Context) -> int:
+        return value
+
+    return handler
+
+
+def fan_in_workflow(width: int, *, final: bool = False) -> konduit.Workflow:
+    """root -> b0..b{width-1} -> join (-> final)."""
+    wf = konduit.Workflow(f"bench-fan-in-{width}" + ("-final" if final else ""), version=1)
+    root = wf.step(name="root")(_returning(0))
+    branches = [wf.step(name=f"b{i}", after=[root])(_returning(1)) for i in range(width)]
+    join = wf.step(name="join", after=branches)(_returning(width))
+    if final:
+        wf.step(name="final", after=[join])(_returning(0))
+    return wf
+
+
+def map_workflow() -> konduit.Workflow:
+    """source -> map over range(input) -> total."""
+    wf = konduit.Workflow("bench-map", version=1)
+
+    @wf.step()
+    async def source(ctx: konduit.Context) -> int:
+        return int(ctx.input)
+
+    @wf.map(after=[source], over=range)
+    async def item(ctx: konduit.Context) -> int:
+        return int(ctx.item)
+
+    @wf.step(after=[item])
+    async def total(ctx: konduit.Context) -> int:
+        return len(ctx.upstream["item"])
+
+    return wf
+
+
+# -- databases ----------------------------------------------------------------------------------
+
+
+class Server:
+    """The PostgreSQL server the benchmarks create their databases on."""
+
+    def __init__(self, database_url: str | None):
+        url = database_url or os.environ.get("KONDUIT_DATABASE_URL")
+        self.embedded = not url
+        # Only used to create and drop the benchmark databases.
+        self.admin_url = url or server_url("postgres")
+        self._numbers = itertools.count()
+
+    def describe(self) -> Json:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            row = conn.execute("SELECT current_setting('server_version'),"
+                               " current_setting('max_connections')").fetchone()
+        if row is None:
+            raise BenchError("bench: the server did not report its version")
+        return {"cpu_count": os.cpu_count(), "python": platform.python_version(),
+                "platform": platform.platform(), "konduit": konduit.__version__,
+                "postgres": row[0], "postgres_max_connections": int(row[1]),
+                "embedded": self.embedded}
+
+    @contextmanager
+    def fresh_database(self) -> Iterator[str]:
+        """A new migrated database for one benchmark, dropped afterwards."""
+        name = f"konduit_bench_{os.getpid()}_{next(self._numbers)}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            url = with_database(self.admin_url, name)
+            asyncio.run(_migrate(url))
+            yield url
+        finally:
+            with psycopg.connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                             .format(sql.Identifier(name)))
+
+
+async def _migrate(url: str) -> None:
+    async with opened(url, 1) as db:
+        await migrate(db)
+
+
+@asynccontextmanager
+async def opened(url: str, size: int) -> AsyncIterator[Database]:
+    db = Database(url, min_size=1, max_size=size, name=WORKER_ID)
+    await db.open()
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+# -- driving the completer directly (as tests/fanin_harness.py does) ----------------------------
+
+
+def completion_for(task: Claimed) -> Completion:
+    return Completion(task_id=task.id, lease_token=task.lease_token,
+                      execution_id=task.execution_id, step=task.step, map_index=task.map_index,
+                      attempt=task.attempt, outcome="succeeded", payload_json="1", payload=1)
+
+
+async def claim(db: Database, registry: Registry, limit: int) -> list[Claimed]:
+    rows = await db.all("task_claim_batch", queues=["default"], workflows=registry.keys(),
+                        limit=limit, lease_seconds=600, worker_id=WORKER_ID)
+    return [Claimed.from_row(r) for r in rows]
+
+
+async def leased_branches(db: Database, registry: Registry, workflow: str, width: int) -> list[Claimed]:
+    """Start an execution and bring it to: every branch leased, none finished."""
+    execution_id = await Client(db, registry).start(workflow)
+    (root,) = await claim(db, registry, 1)
+    _check(root.execution_id == execution_id and root.step == "root", "unexpected first task")
+    await record(db, registry, completion_for(root))
+    branches = await claim(db, registry, width)
+    _check(len(branches) == width and {b.execution_id for b in branches} == {execution_id},
+           f"expected {width} leased branches of the new execution, got {len(branches)}")
+    return branches
+
+
+async def finish_join(db: Database, registry: Registry) -> None:
+    """Run the join task that the last branch fired, so the execution ends cleanly."""
+    (join,) = await claim(db, registry, 1)
+    _check(join.step == "join", f"expected the join task, claimed {join.step!r}")
+    outcome, advanced = await record(db, registry, completion_for(join))
+    _check(outcome is Recorded.ENDED and advanced is not None and advanced.finished == "succeeded",
+           "the execution did not finish after its join")
+
+
+async def record_each(db: Database, registry: Registry, tasks: list[Claimed]) -> list[float]:
+    """Record the completions one at a time (the un-batched path); seconds each. Checks that
+    only the last one fired the join."""
+    completions = [completion_for(t) for t in tasks]
+    took, fired = [], []
+    for c in completions:
+        began = time.perf_counter()
+        outcome, advanced = await record(db, registry, c)
+        took.append(time.perf_counter() - began)
+        _check(outcome is Recorded.ENDED, f"completion of {c.step} was {outcome.value}")
+        fired.append(advanced is not None and "join" in advanced.fired)
+    _check(fired == [False] * (len(tasks) - 1) + [True], "the join did not fire exactly once, last")
+    return took
+
+
+# -- 1. fan-in cost by width --------------------------------------------------------------------
+
+
+async def fan_in_cost_by_width(url: str, widths: list[int], samples: int = 200) -> Json:
+    workflows = {w: fan_in_workflow(w) for w in widths}
+    registry = Registry(workflows.values())
+    per_width: dict[int, Json] = {}
+    async with opened(url, 2) as db:
+        for width in widths:
+            executions = max(3, math.ceil(samples / (width - 1)))
+            before_final: list[float] = []
+            finals: list[float] = []
+            for _ in range(executions):
+                branches = await leased_branches(db, registry, workflows[width].name, width)
+                took = await record_each(db, registry, branches)
+                before_final += took[:-1]
+                finals.append(took[-1])
+                await finish_join(db, registry)
+            per_width[width] = {"width": width, "executions": executions,
+                                "per_completion": summary_ms(before_final),
+                                "final_completion": summary_ms(finals)}
+    low, high = per_width[min(widths)], per_width[max(widths)]
+    tag = f"{max(widths)}_over_{min(widths)}"
+    return {
+        "parameters": {"widths": widths, "min_samples_per_width": samples,
+                       "path": "record() per completion, sequential, one connection"},
+        "results": list(per_width.values()),
+        "ratios": {
+            f"median_{tag}": ratio(high["per_completion"]["median_ms"],
+                                   low["per_completion"]["median_ms"]),
+            f"p95_{tag}": ratio(high["per_completion"]["p95_ms"], low["per_completion"]["p95_ms"]),
+            f"final_median_{tag}": ratio(high["final_completion"]["median_ms"],
+                                         low["final_completion"]["median_ms"]),
+        },
+    }
+
+
+# -- 2. simultaneous finish ---------------------------------------------------------------------
+
+
+class LoopThread:
+    """A thread running its own event loop with its own one-connection pool."""
+
+    def __init__(self, url: str):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="konduit-bench-loop")
+        self.thread.start()
+        self.db = Database(url, min_size=1, max_size=1, name=WORKER_ID)
+        self.run(self.db.open())
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.submit(coro).result(timeout=120)
+
+    def close(self) -> None:
+        self.run(self.db.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.loop.close()
+
+
+async def finish_together(db: Database, registry: Registry, task: Claimed,
+                          barrier: threading.Barrier) -> tuple[float, float, bool]:
+    """Wait for every sibling at the barrier, then record; (start, end, fired the join)."""
+    completion = completion_for(task)
+    barrier.wait(timeout=60)  # blocks this thread's own loop, so all leave it at once
+    began = time.perf_counter()
+    outcome, advanced = await record(db, registry, completion)
+    _check(outcome is Recorded.ENDED, f"completion was {outcome.value}")
+    return began, time.perf_counter(), advanced is not None and "join" in advanced.fired
+
+
+def simultaneous_finish(url: str, width: int, trials: int) -> Json:
+    wf = fan_in_workflow(width)
+    registry = Registry([wf])
+    threads: list[LoopThread] = []
+    together: list[float] = []
+    slowest: list[float] = []
+    one_by_one: list[float] = []
+    try:
+        threads = [LoopThread(url) for _ in range(width)]
+        main = threads[0]
+        for _ in range(trials):
+            branches = main.run(leased_branches(main.db, registry, wf.name, width))
+            barrier = threading.Barrier(width)
+            futures = [t.submit(finish_together(t.db, registry, b, barrier))
+                       for t, b in zip(threads, branches, strict=True)]
+            spans = [f.result(timeout=120) for f in futures]
+            _check(sum(fired for _, _, fired in spans) == 1, "the join did not fire exactly once")
+            together.append(max(e for _, e, _ in spans) - min(b for b, _, _ in spans))
+            slowest.append(max(e - b for b, e, _ in spans))
+            main.run(finish_join(main.db, registry))
+
+            branches = main.run(leased_branches(main.db, registry, wf.name, width))
+            one_by_one.append(sum(main.run(record_each(main.db, registry, branches))))
+            main.run(finish_join(main.db, registry))
+    finally:
+        for t in threads:
+            t.close()
+    concurrent_ms = statistics.median(together) * 1000
+    sequential_ms = statistics.median(one_by_one) * 1000
+    return {
+        "parameters": {"width": width, "trials": trials,
+                       "concurrent": f"{width} threads, one connection each, released by a barrier",
+                       "sequential": "the same completions recorded one by one on one connection"},
+        "results": {
+            "concurrent_wall_ms": _r(concurrent_ms),
+            "sequential_wall_ms": _r(sequential_ms),
+            "concurrent_slowest_completion_ms": _r(statistics.median(slowest) * 1000),
+            "sequential_per_completion_ms": _r(sequential_ms / width),
+            "raw": {"concurrent_wall_ms": [_r(s * 1000) for s in together],
+                    "concurrent_slowest_completion_ms": [_r(s * 1000) for s in slowest],
+                    "sequential_wall_ms": [_r(s * 1000) for s in one_by_one]},
+        },
+        "ratios": {"concurrent_over_sequential": ratio(concurrent_ms, sequential_ms)},
+    }
+
+
+# -- 3. batching --------------------------------------------------------------------------------
+
+
+async def batching(url: str, size: int, trials: int) -> Json:
+    wf = fan_in_workflow(size)
+    registry = Registry([wf])
+    batched: list[float] = []
+    single: list[float] = []
+    async with opened(url, 2) as db:
+        for _ in range(trials):
+            completions = [completion_for(t)
+                           for t in await leased_branches(db, registry, wf.name, size)]
+            began = time.perf_counter()
+            results = await record_ended(db, registry, completions)
+            batched.append(time.perf_counter() - began)
+            _check(all(r is Recorded.ENDED for r, _ in results), "a batched completion was refused")
+            await finish_join(db, registry)
+
+            single.append(sum(await record_each(
+                db, registry, await leased_branches(db, registry, wf.name, size))))
+            await finish_join(db, registry)
+    batched_ms = statistics.median(batched) * 1000
+    single_ms = statistics.median(single) * 1000
+    return {
+        "parameters": {"completions": size, "trials": trials,
+                       "batched": "one record_ended() call", "single": f"{size} record() calls"},
+        "results": {"batched_total_ms": _r(batched_ms), "single_total_ms": _r(single_ms),
+                    "batched_per_completion_ms": _r(batched_ms / size),
+                    "single_per_completion_ms": _r(single_ms / size),
+                    "raw": {"batched_total_ms": [_r(s * 1000) for s in batched],
+                            "single_total_ms": [_r(s * 1000) for s in single]}},
+        "ratios": {"speedup": ratio(single_ms, batched_ms)},
+    }
+
+
+# -- 4 and 5: end to end with a real worker -----------------------------------------------------
+
+
+@contextmanager
+def running_worker(app: konduit.App, concurrency: int) -> Iterator[None]:
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            app.run_worker(concurrency=concurrency, stop_event=stop, poll_interval=0.1,
+                           shutdown_grace=2.0)
+        except BaseException as exc:  # re-raised below, on the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True, name="konduit-bench-worker")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    if errors:
+        raise errors[0]
+
+
+def _span(results: list[ExecutionResult]) -> float:
+    """Seconds from the first execution's start to the last one's finish (database clock)."""
+    starts = [r.created_at for r in results if r.created_at is not None]
+    ends = [r.finished_at for r in results if r.finished_at is not None]
+    _check(len(starts) == len(ends) == len(results), "an execution has no start or finish time")
+    return (max(ends) - min(starts)).total_seconds()
+
+
+def throughput(url: str, executions: int, width: int = 8, concurrency: int = 16) -> Json:
+    wf = fan_in_workflow(width, final=True)
+    tasks_each = width + 3
+    with konduit.App([wf], database_url=url) as app, running_worker(app, concurrency):
+        app.start(wf.name).wait(timeout=60)  # warm-up: the worker is up and everything loaded
+        began = time.perf_counter()
+        handles = [app.start(wf.name) for _ in range(executions)]
+        results = [h.wait(timeout=600) for h in handles]
+        wall = time.perf_counter() - began
+        joins = [s for h in handles for s in app.steps(h.id) if s["step"] == "join"]
+    span = _span(results)
+    _check(len(joins) == executions and all(j["fired_at"] is not None for j in joins),
+           "a join never fired")
+    waits = [(j["fired_at"] - j["first_upstream_at"]).total_seconds() for j in joins]
+    dispatch = [(j["fired_at"] - j["last_upstream_at"]).total_seconds() for j in joins]
+    dispatch_ms = summary_ms(dispatch)
+    return {
+        "parameters": {"executions": executions, "workflow": f"root -> {width} branches -> join -> final",
+                       "tasks_per_execution": tasks_each, "worker_concurrency": concurrency,
+                       "handlers": "async, trivial", "poll_interval_s": 0.1},
+        "results": {"seconds": _r(span), "client_wall_seconds": _r(wall),
+                    "executions_per_second": _r(executions / span),
+                    "tasks_per_second": _r(executions * tasks_each / span),
+                    "join_fan_in_wait": summary_ms(waits),
+                    "join_dispatch_latency": dispatch_ms},
+        "ratios": {"join_dispatch_p95_over_p50": ratio(dispatch_ms["p95_ms"], dispatch_ms["median_ms"])},
+    }
+
+
+def map_fan_out(url: str, items: int, concurrency: int = 32) -> Json:
+    wf = map_workflow()
+    with konduit.App([wf], database_url=url) as app, running_worker(app, concurrency):
+        app.start(wf.name, input=1).wait(timeout=60)  # warm-up
+        began = time.perf_counter()
+        result = app.start(wf.name, input=items).wait(timeout=1800)
+        wall = time.perf_counter() - began
+    _check(result.output == items, f"the map's join saw {result.output} items, not {items}")
+    seconds = _span([result])
+    return {
+        "parameters": {"items": items, "workflow": "source -> map(items) -> total",
+                       "worker_concurrency": concurrency, "handlers": "async, trivial"},
+        "results": {"seconds": _r(seconds), "client_wall_seconds": _r(wall),
+                    "tasks_per_second": _r((items + 2) / seconds)},
+        "ratios": {},
+    }
+
+
+# -- the whole run ------------------------------------------------------------------------------
+
+
+def run_bench(database_url: str | None = None, *, quick: bool = False,
+              progress: Callable[[str], None] = lambda _: None) -> Json:
+    """Run every benchmark, each in its own fresh database; returns the JSON report."""
+    server = Server(database_url)
+    plan: list[tuple[str, Callable[[str], Json]]] = [
+        ("fan_in_cost_by_width",
+         lambda u: asyncio.run(fan_in_cost_by_width(u, [10, 100] if quick else [10, 100, 1000]))),
+        ("simultaneous_finish", lambda u: simultaneous_finish(u, 50, 3 if quick else 10)),
+        ("batching", lambda u: asyncio.run(batching(u, 200, 2 if quick else 5))),
+        ("throughput", lambda u: throughput(u, 20 if quick else 100)),
+        ("map_10k", lambda u: map_fan_out(u, 1_000 if quick else 10_000)),
+    ]
+    report: Json = {"started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "quick": quick, "machine": server.describe(), "benchmarks": {}}
+    began = time.perf_counter()
+    for name, bench in plan:
+        progress(f"bench: {name} ...")
+        step_began = time.perf_counter()
+        with server.fresh_database() as url:
+            report["benchmarks"][name] = bench(url)
+        report["benchmarks"][name]["seconds"] = _r(time.perf_counter() - step_began)
+    report["total_seconds"] = _r(time.perf_counter() - began)
+    report["summary"] = headline(report["benchmarks"])
+    return report
+
+
+def headline(b: Json) -> Json:
+    """The numbers to read first."""
+    fan_in = b["fan_in_cost_by_width"]
+    tput = b["throughput"]["results"]
+    return {
+        "fan_in_cost_widest_over_narrowest": next(iter(fan_in["ratios"].values())),
+        "simultaneous_over_sequential": b["simultaneous_finish"]["ratios"]["concurrent_over_sequential"],
+        "batching_speedup": b["batching"]["ratios"]["speedup"],
+        "executions_per_second": tput["executions_per_second"],
+        "tasks_per_second": tput["tasks_per_second"],
+        "join_dispatch_p95_ms": tput["join_dispatch_latency"]["p95_ms"],
+        "map_tasks_per_second": b["map_10k"]["results"]["tasks_per_second"],
+    }
