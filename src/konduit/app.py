@@ -218,7 +218,11 @@ class App:
             holder: dict[str, Worker] = {}
             loop = asyncio.get_running_loop()
 
+            stop_requested = threading.Event()
+
             def request_stop() -> None:
+                # A signal may come while the worker is still connecting: remember it.
+                stop_requested.set()
                 if "w" in holder:
                     holder["w"].stop()
 
@@ -238,7 +242,7 @@ class App:
             holder["w"] = worker
             if stop_after is not None:
                 loop.call_later(stop_after, worker.stop)
-            if stop_event is not None and stop_event.is_set():
+            if stop_requested.is_set() or (stop_event is not None and stop_event.is_set()):
                 worker.stop()
             try:
                 await worker.run()
