@@ -68,6 +68,10 @@ def summary_ms(seconds: list[float]) -> Json:
             "mean_ms": _r(statistics.fmean(ms)), "min_ms": _r(min(ms)), "max_ms": _r(max(ms))}
 
 
+def each_ms(seconds: list[float]) -> list[float]:
+    return [_r(s * 1000) for s in seconds]
+
+
 def ratio(numerator: float, denominator: float) -> float | None:
     return _r(numerator / denominator) if denominator > 0 else None
 
@@ -224,36 +228,46 @@ async def record_each(db: Database, registry: Registry, tasks: list[Claimed]) ->
 
 
 async def fan_in_cost_by_width(url: str, widths: list[int], samples: int = 200) -> Json:
+    """Time each un-batched completion of joins of several widths (O(1): flat in width)."""
     workflows = {w: fan_in_workflow(w) for w in widths}
     registry = Registry(workflows.values())
     per_width: dict[int, Json] = {}
     async with opened(url, 2) as db:
         for width in widths:
             executions = max(3, math.ceil(samples / (width - 1)))
+            tenth = max(1, (width - 1) // 10)
             before_final: list[float] = []
             finals: list[float] = []
+            early: list[float] = []  # the first tenth of each execution's completions ...
+            late: list[float] = []  # ... and the last tenth before the final one
             for _ in range(executions):
                 branches = await leased_branches(db, registry, workflows[width].name, width)
                 took = await record_each(db, registry, branches)
                 before_final += took[:-1]
+                early += took[:tenth]
+                late += took[-1 - tenth:-1]
                 finals.append(took[-1])
                 await finish_join(db, registry)
-            per_width[width] = {"width": width, "executions": executions,
-                                "per_completion": summary_ms(before_final),
-                                "final_completion": summary_ms(finals)}
+            per_width[width] = {
+                "width": width, "executions": executions,
+                "per_completion": summary_ms(before_final), "final_completion": summary_ms(finals),
+                "first_tenth_median_ms": _r(statistics.median(early) * 1000),
+                "last_tenth_median_ms": _r(statistics.median(late) * 1000),
+            }
     low, high = per_width[min(widths)], per_width[max(widths)]
     tag = f"{max(widths)}_over_{min(widths)}"
+    ratios = {f"{label}_{tag}": ratio(high[part][stat], low[part][stat])
+              for label, part, stat in (("median", "per_completion", "median_ms"),
+                                        ("p95", "per_completion", "p95_ms"),
+                                        ("final_median", "final_completion", "median_ms"))}
+    # Does a completion get dearer as more of its siblings have finished? (O(1): no.)
+    ratios[f"last_over_first_tenth_{max(widths)}"] = ratio(high["last_tenth_median_ms"],
+                                                           high["first_tenth_median_ms"])
     return {
         "parameters": {"widths": widths, "min_samples_per_width": samples,
                        "path": "record() per completion, sequential, one connection"},
         "results": list(per_width.values()),
-        "ratios": {
-            f"median_{tag}": ratio(high["per_completion"]["median_ms"],
-                                   low["per_completion"]["median_ms"]),
-            f"p95_{tag}": ratio(high["per_completion"]["p95_ms"], low["per_completion"]["p95_ms"]),
-            f"final_median_{tag}": ratio(high["final_completion"]["median_ms"],
-                                         low["final_completion"]["median_ms"]),
-        },
+        "ratios": ratios,
     }
 
 
@@ -296,6 +310,7 @@ async def finish_together(db: Database, registry: Registry, task: Claimed,
 
 
 def simultaneous_finish(url: str, width: int, trials: int) -> Json:
+    """All branches finishing at once (serialized on the execution lock) vs one by one."""
     wf = fan_in_workflow(width)
     registry = Registry([wf])
     threads: list[LoopThread] = []
@@ -303,7 +318,8 @@ def simultaneous_finish(url: str, width: int, trials: int) -> Json:
     slowest: list[float] = []
     one_by_one: list[float] = []
     try:
-        threads = [LoopThread(url) for _ in range(width)]
+        for _ in range(width):
+            threads.append(LoopThread(url))
         main = threads[0]
         for _ in range(trials):
             branches = main.run(leased_branches(main.db, registry, wf.name, width))
@@ -333,9 +349,9 @@ def simultaneous_finish(url: str, width: int, trials: int) -> Json:
             "sequential_wall_ms": _r(sequential_ms),
             "concurrent_slowest_completion_ms": _r(statistics.median(slowest) * 1000),
             "sequential_per_completion_ms": _r(sequential_ms / width),
-            "raw": {"concurrent_wall_ms": [_r(s * 1000) for s in together],
-                    "concurrent_slowest_completion_ms": [_r(s * 1000) for s in slowest],
-                    "sequential_wall_ms": [_r(s * 1000) for s in one_by_one]},
+            "raw": {"concurrent_wall_ms": each_ms(together),
+                    "concurrent_slowest_completion_ms": each_ms(slowest),
+                    "sequential_wall_ms": each_ms(one_by_one)},
         },
         "ratios": {"concurrent_over_sequential": ratio(concurrent_ms, sequential_ms)},
     }
@@ -345,6 +361,7 @@ def simultaneous_finish(url: str, width: int, trials: int) -> Json:
 
 
 async def batching(url: str, size: int, trials: int) -> Json:
+    """One execution's completions as one ``record_ended`` batch vs as single ``record`` calls."""
     wf = fan_in_workflow(size)
     registry = Registry([wf])
     batched: list[float] = []
@@ -370,8 +387,7 @@ async def batching(url: str, size: int, trials: int) -> Json:
         "results": {"batched_total_ms": _r(batched_ms), "single_total_ms": _r(single_ms),
                     "batched_per_completion_ms": _r(batched_ms / size),
                     "single_per_completion_ms": _r(single_ms / size),
-                    "raw": {"batched_total_ms": [_r(s * 1000) for s in batched],
-                            "single_total_ms": [_r(s * 1000) for s in single]}},
+                    "raw": {"batched_total_ms": each_ms(batched), "single_total_ms": each_ms(single)}},
         "ratios": {"speedup": ratio(single_ms, batched_ms)},
     }
 
@@ -411,12 +427,14 @@ def _span(results: list[ExecutionResult]) -> float:
 
 
 def throughput(url: str, executions: int, width: int = 8, concurrency: int = 16) -> Json:
+    """A burst of fan-out/fan-in executions through a real worker: rates and join latencies."""
     wf = fan_in_workflow(width, final=True)
     tasks_each = width + 3
     with konduit.App([wf], database_url=url) as app, running_worker(app, concurrency):
         app.start(wf.name).wait(timeout=60)  # warm-up: the worker is up and everything loaded
         began = time.perf_counter()
         handles = [app.start(wf.name) for _ in range(executions)]
+        starting = time.perf_counter() - began
         results = [h.wait(timeout=600) for h in handles]
         wall = time.perf_counter() - began
         joins = [s for h in handles for s in app.steps(h.id) if s["step"] == "join"]
@@ -431,6 +449,7 @@ def throughput(url: str, executions: int, width: int = 8, concurrency: int = 16)
                        "tasks_per_execution": tasks_each, "worker_concurrency": concurrency,
                        "handlers": "async, trivial", "poll_interval_s": 0.1},
         "results": {"seconds": _r(span), "client_wall_seconds": _r(wall),
+                    "client_seconds_to_start_all": _r(starting),
                     "executions_per_second": _r(executions / span),
                     "tasks_per_second": _r(executions * tasks_each / span),
                     "join_fan_in_wait": summary_ms(waits),
@@ -440,6 +459,7 @@ def throughput(url: str, executions: int, width: int = 8, concurrency: int = 16)
 
 
 def map_fan_out(url: str, items: int, concurrency: int = 32) -> Json:
+    """One execution whose map step fans out to ``items`` tasks, through a real worker."""
     wf = map_workflow()
     with konduit.App([wf], database_url=url) as app, running_worker(app, concurrency):
         app.start(wf.name, input=1).wait(timeout=60)  # warm-up
@@ -491,7 +511,8 @@ def headline(b: Json) -> Json:
     fan_in = b["fan_in_cost_by_width"]
     tput = b["throughput"]["results"]
     return {
-        "fan_in_cost_widest_over_narrowest": next(iter(fan_in["ratios"].values())),
+        "fan_in_cost_widest_over_narrowest": next(
+            v for k, v in fan_in["ratios"].items() if k.startswith("median_")),
         "simultaneous_over_sequential": b["simultaneous_finish"]["ratios"]["concurrent_over_sequential"],
         "batching_speedup": b["batching"]["ratios"]["speedup"],
         "executions_per_second": tput["executions_per_second"],

@@ -612,6 +612,32 @@ def demo(
                               console=console))
 
 
+@cli.command()
+def bench(
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="Smaller widths and fewer trials (well under a minute).")] = False,
+    output: Annotated[str | None, typer.Option(
+        "--output", "-o", metavar="FILE", help="Also write the JSON report to FILE.",
+        show_default=False)] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Measure the fan-in protocol: cost per completion by join width, simultaneous finishes,
+    batching, end-to-end throughput and join latency, a wide map. Prints one JSON document.
+    Each benchmark runs in its own scratch database on the server, created and dropped here."""
+    from pathlib import Path
+
+    from konduit.bench import run_bench
+
+    if output is not None and not Path(output).absolute().parent.is_dir():
+        raise CliError(f"--output: directory {Path(output).absolute().parent} does not exist")
+    report = run_bench(reachable(database_url, schema=False), quick=quick,
+                       progress=lambda message: err_console.print(message, markup=False))
+    text = json.dumps(report, indent=2)
+    if output is not None:
+        Path(output).write_text(text + "\n")
+    print(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     """The ``konduit`` entry point."""
     try:

@@ -12,7 +12,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -47,6 +46,19 @@ class Claimed:
     input: Any
     deadline_remaining: float | None = None  # seconds of the task's budget left at claim
     generation: int = 1
+
+    def completion(self, outcome: str, **fields: Any) -> Completion:
+        """How this attempt ended, addressed to this task and fenced by this lease."""
+        return Completion(
+            task_id=self.id,
+            lease_token=self.lease_token,
+            execution_id=self.execution_id,
+            step=self.step,
+            map_index=self.map_index,
+            attempt=self.attempt,
+            outcome=outcome,
+            **fields,
+        )
 
     @classmethod
     def from_row(cls, row: Row) -> Claimed:
@@ -190,15 +202,7 @@ class Executor:
     async def run(self, spec: WorkflowSpec, task: Claimed, ctx: Context) -> Completion:
         """Run the handler under the task's deadline; never raises for anything the handler does."""
         step = spec[task.step]
-        base = partial(
-            Completion,
-            task_id=task.id,
-            lease_token=task.lease_token,
-            execution_id=task.execution_id,
-            step=task.step,
-            map_index=task.map_index,
-            attempt=task.attempt,
-        )
+        base = task.completion
         retryable = True
         budget = task.deadline_remaining
         deadline = asyncio.timeout(budget)
@@ -215,7 +219,7 @@ class Executor:
             ended = time.monotonic()
             payload, payload_json, routes = self._payload(spec, task, result)
             return base(
-                outcome="succeeded",
+                "succeeded",
                 payload_json=payload_json,
                 payload=payload,
                 routes=routes,
@@ -239,7 +243,7 @@ class Executor:
         ended = time.monotonic()
         if retryable and task.attempt < task.max_attempts:
             return base(
-                outcome="retry",
+                "retry",
                 error=error,
                 retry_delay=step.retry.delay(task.attempt),
                 age_seconds=time.monotonic() - ended,
@@ -253,7 +257,7 @@ class Executor:
             degraded = await self._fallback(spec, task, ctx, reason=error)
             if degraded is not None:
                 return degraded
-        return base(outcome="failed", error=error, age_seconds=time.monotonic() - ended)
+        return base("failed", error=error, age_seconds=time.monotonic() - ended)
 
     async def deadline_passed(self, spec: WorkflowSpec, task: Claimed, ctx: Context) -> Completion:
         """The task ran out of budget: degraded with the fallback's payload, else timed_out."""
@@ -261,11 +265,7 @@ class Executor:
         degraded = await self._fallback(spec, task, ctx, reason=reason)
         if degraded is not None:
             return degraded
-        return Completion(
-            task_id=task.id, lease_token=task.lease_token, execution_id=task.execution_id,
-            step=task.step, map_index=task.map_index, attempt=task.attempt,
-            outcome="timed_out", error=reason,
-        )
+        return task.completion("timed_out", error=reason)
 
     async def _fallback(
         self, spec: WorkflowSpec, task: Claimed, ctx: Context, *, reason: str
@@ -278,15 +278,10 @@ class Executor:
             payload, payload_json, _ = self._payload(spec, task, result)
         except Exception as exc:
             log.warning("fallback of step %r failed: %s", task.step, exc)
-            return Completion(
-                task_id=task.id, lease_token=task.lease_token, execution_id=task.execution_id,
-                step=task.step, map_index=task.map_index, attempt=task.attempt,
-                outcome="timed_out" if "deadline" in reason else "failed",
+            return task.completion(
+                "timed_out" if "deadline" in reason else "failed",
                 error=f"{reason}; the fallback failed too: {_describe(exc)}",
             )
-        return Completion(
-            task_id=task.id, lease_token=task.lease_token, execution_id=task.execution_id,
-            step=task.step, map_index=task.map_index, attempt=task.attempt,
-            outcome="degraded", payload_json=payload_json, payload=payload, error=reason,
-            source="fallback",
+        return task.completion(
+            "degraded", payload_json=payload_json, payload=payload, error=reason, source="fallback"
         )

@@ -177,15 +177,8 @@ class Worker:
         return await self.batcher.submit(completion)
 
     async def _release(self, task: Claimed) -> None:
-        completion = Completion(
-            task_id=task.id,
-            lease_token=task.lease_token,
-            execution_id=task.execution_id,
-            step=task.step,
-            map_index=task.map_index,
-            attempt=task.attempt,
-            outcome="released",
-            error=f"released by worker {self.config.worker_id} at shutdown",
+        completion = task.completion(
+            "released", error=f"released by worker {self.config.worker_id} at shutdown"
         )
         try:
             outcome, _ = await record(self.db, self.registry, completion)
