@@ -1,0 +1,338 @@
+"""The storage layer: invariants PostgreSQL itself enforces, migrations, and the named queries.
+
+The schema must refuse what the engine promises never to do (a task created twice, a status
+outside the closed set, a running task without a lease) even if engine code is wrong; migrations
+apply each file exactly once however many processes race; every named query is documented,
+named by convention and valid SQL on the real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+import konduit
+from konduit.db.database import Database
+from konduit.db.embedded import with_database
+from konduit.db.migrate import current_version, latest_version, migrate, migrations
+from konduit.db.queries import all_queries, parse_queries, q
+
+pytestmark = pytest.mark.storage
+
+ENTITIES = ("attempt", "execution", "output", "schema_version", "step", "task", "worker",
+            "workflow")
+NOT_PREPARABLE = {"schema_version_table_create_if_absent"}  # DDL: PREPARE takes DML only
+EXECUTION = uuid.UUID("00000000-0000-4000-8000-000000000001")
+
+
+@pytest.fixture
+def empty_db_url(admin_url: str) -> Iterator[str]:
+    """A database on the test server that was never migrated."""
+    name = f"konduit_empty_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(admin_url, name)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to a migrated database holding one workflow and one execution."""
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute(
+            "INSERT INTO konduit_workflows (name, version, spec_hash, spec) "
+            "VALUES ('wf', 1, 'h', '{}')"
+        )
+        c.execute(
+            "INSERT INTO konduit_executions (id, workflow_name, workflow_version, input_hash, "
+            "steps_pending) VALUES (%s, 'wf', 1, 'h', 1)",
+            (EXECUTION,),
+        )
+        yield c
+
+
+def insert_task(c: psycopg.Connection[Any], step: str = "s", map_index: int = 0,
+                **columns: Any) -> int:
+    values = {"execution_id": EXECUTION, "workflow": "wf@1", "step": step,
+              "map_index": map_index, "max_attempts": 3, **columns}
+    names = ", ".join(values)
+    marks = ", ".join(f"%({k})s" for k in values)
+    row = c.execute(f"INSERT INTO konduit_tasks ({names}) VALUES ({marks}) RETURNING id",
+                    values).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+# -- invariants the schema enforces ------------------------------------------------------------
+
+
+def test_a_task_cannot_be_created_twice(conn):
+    insert_task(conn, "s", 0)
+    insert_task(conn, "s", 1)  # another item of the same step is a different task
+    insert_task(conn, "other", 0)
+    with pytest.raises(psycopg.errors.UniqueViolation) as info:
+        insert_task(conn, "s", 0)
+    # UNIQUE (execution_id, step, map_index[, generation]): a repair may add a new generation
+    assert info.value.diag.table_name == "konduit_tasks"
+    assert "execution_id_step_map_index" in (info.value.diag.constraint_name or "")
+    (n,) = conn.execute("SELECT count(*) FROM konduit_tasks").fetchone()
+    assert n == 3
+
+
+def test_the_engine_insert_of_an_existing_task_is_a_no_op(conn):
+    sql = q("task_insert_many")
+    params: dict[str, Any] = dict(
+        execution_id=EXECUTION, workflow="wf@1", steps=["s", "s"], map_indexes=[0, 1],
+        items=[Jsonb(1), Jsonb(2)], queues=["default"] * 2, priorities=[0, 0], max_attempts=[3, 3],
+        generation=1,  # extra keys are ignored by queries that do not use them
+    )
+    # Per-task columns added later (deadlines...) get NULLs: one per task for array parameters.
+    for name, is_array in re.findall(r"%\(([a-z_]+)\)s(::[a-z0-9]+\[\])?", sql):
+        params.setdefault(name, [None, None] if is_array else None)
+    conn.execute(sql, params)
+    conn.execute(sql, params)  # a redelivered fan-in decision
+    rows = conn.execute("SELECT step, map_index, item FROM konduit_tasks ORDER BY map_index")
+    assert rows.fetchall() == [("s", 0, 1), ("s", 1, 2)]
+
+
+@pytest.mark.parametrize(
+    ("table", "sql"),
+    [
+        ("konduit_tasks",
+         "INSERT INTO konduit_tasks (execution_id, workflow, step, max_attempts, status) "
+         "VALUES (%(e)s, 'wf@1', 's', 3, 'done')"),
+        ("konduit_executions",
+         "UPDATE konduit_executions SET status = 'finished' WHERE id = %(e)s"),
+        ("konduit_steps",
+         "INSERT INTO konduit_steps (execution_id, step, status, up_total, up_pending) "
+         "VALUES (%(e)s, 's', 'ready', 0, 0)"),
+        ("konduit_attempts", None),
+    ],
+    ids=["task", "execution", "step", "attempt"],
+)
+def test_status_values_outside_the_closed_set_are_refused(conn, table, sql):
+    if table == "konduit_attempts":
+        task = insert_task(conn)
+        sql = ("INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, outcome, "
+               f"finished_at) VALUES ({task}, 1, 'w', gen_random_uuid(), 'exploded', now())")
+    with pytest.raises(psycopg.errors.CheckViolation) as info:
+        conn.execute(sql, {"e": EXECUTION})
+    assert info.value.diag.table_name == table
+
+
+def test_a_running_task_must_carry_a_lease(conn):
+    with pytest.raises(psycopg.errors.CheckViolation):
+        insert_task(conn, "no-lease", status="running", attempt=1)
+    with pytest.raises(psycopg.errors.CheckViolation):  # a token without an expiry is no lease
+        insert_task(conn, "no-expiry", status="running", attempt=1, lease_token=uuid.uuid4())
+    task = insert_task(conn, "leased", status="running", attempt=1, lease_token=uuid.uuid4(),
+                       lease_expires_at="2030-01-01T00:00:00Z")
+    with pytest.raises(psycopg.errors.CheckViolation):  # dropping the lease of a running task
+        conn.execute("UPDATE konduit_tasks SET lease_token = NULL WHERE id = %s", (task,))
+    with pytest.raises(psycopg.errors.CheckViolation):  # a ready task holding a lease
+        insert_task(conn, "ready-leased", lease_token=uuid.uuid4(),
+                    lease_expires_at="2030-01-01T00:00:00Z")
+
+
+def test_other_task_and_execution_invariants(conn):
+    with pytest.raises(psycopg.errors.CheckViolation):  # more attempts than allowed
+        insert_task(conn, "a", attempt=4, max_attempts=3)
+    with pytest.raises(psycopg.errors.CheckViolation):  # finished without finished_at
+        insert_task(conn, "b", status="succeeded")
+    with pytest.raises(psycopg.errors.CheckViolation):  # ended execution without finished_at
+        conn.execute("UPDATE konduit_executions SET status = 'succeeded' WHERE id = %s",
+                     (EXECUTION,))
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):  # a task of no execution
+        conn.execute(
+            "INSERT INTO konduit_tasks (execution_id, workflow, step, max_attempts) "
+            "VALUES (%s, 'wf@1', 's', 3)", (uuid.uuid4(),)
+        )
+    with pytest.raises(psycopg.errors.UniqueViolation):  # one idempotency key per workflow
+        for _ in range(2):
+            conn.execute(
+                "INSERT INTO konduit_executions (id, workflow_name, workflow_version, input_hash, "
+                "steps_pending, idempotency_key) VALUES (%s, 'wf', 1, 'h', 1, 'k')",
+                (uuid.uuid4(),),
+            )
+
+
+def test_hot_tables_keep_room_for_hot_updates_and_partial_indexes(conn):
+    for table in ("konduit_tasks", "konduit_steps"):
+        (options,) = conn.execute(
+            "SELECT reloptions FROM pg_class WHERE relname = %s", (table,)
+        ).fetchone()
+        fillfactor = int(next(o for o in options if o.startswith("fillfactor=")).split("=")[1])
+        assert fillfactor < 100, table
+    indexes = dict(conn.execute(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'konduit_tasks'"
+    ).fetchall())
+    assert "WHERE (status = 'ready'::text)" in indexes["konduit_tasks_ready"]
+    assert "WHERE (status = 'running'::text)" in indexes["konduit_tasks_leased"]
+
+
+# -- migrations ----------------------------------------------------------------------------------
+
+
+def test_migrations_are_numbered_and_idempotent(empty_db_url):
+    found = migrations()
+    assert [m.version for m in found] == list(range(1, len(found) + 1))
+    assert latest_version() == found[-1].version
+
+    async def go() -> tuple[int, list[Any], list[Any], int]:
+        db = Database(empty_db_url, min_size=1, max_size=2)
+        await db.open()
+        try:
+            before = await current_version(db)
+            first = await migrate(db)
+            second = await migrate(db)
+            return before, first, second, await current_version(db)
+        finally:
+            await db.close()
+
+    before, first, second, after = run(go())
+    assert before == 0
+    assert [m.version for m in first] == [m.version for m in found]
+    assert second == []
+    assert after == latest_version()
+    with psycopg.connect(empty_db_url) as c:
+        rows = c.execute("SELECT version, name FROM konduit_schema_version ORDER BY version")
+        assert rows.fetchall() == [(m.version, m.name) for m in found]
+
+
+def test_migrating_an_already_migrated_database_applies_nothing(db_url):
+    async def go() -> list[Any]:
+        db = Database(db_url, min_size=1, max_size=1)
+        await db.open()
+        try:
+            return await migrate(db)
+        finally:
+            await db.close()
+
+    assert run(go()) == []
+
+
+def test_concurrent_migrators_apply_each_migration_exactly_once(empty_db_url):
+    racers = 8
+    barrier = threading.Barrier(racers)
+    applied: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def racer() -> None:
+        async def go() -> list[int]:
+            db = Database(empty_db_url, min_size=1, max_size=1)
+            await db.open()  # connect first, so the barrier releases the migrate calls together
+            try:
+                await asyncio.to_thread(barrier.wait, 30)
+                return [m.version for m in await migrate(db)]
+            finally:
+                await db.close()
+
+        try:
+            applied.append(run(go()))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=racer) for _ in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert len(applied) == racers
+    winners = [a for a in applied if a]
+    assert winners == [[m.version for m in migrations()]]
+    with psycopg.connect(empty_db_url) as c:
+        (n,) = c.execute("SELECT count(*) FROM konduit_schema_version").fetchone()
+    assert n == len(migrations())
+
+
+# -- named queries -------------------------------------------------------------------------------
+
+
+def _query_files() -> dict[str, dict[str, Any]]:
+    folder = resources.files("konduit.db") / "sql"
+    return {
+        entry.name: parse_queries(entry.read_text(), entry.name)
+        for entry in folder.iterdir()
+        if entry.name.endswith(".sql")
+    }
+
+
+def test_every_query_is_described_and_named_entity_verb():
+    queries = all_queries()
+    assert queries
+    name = re.compile(rf"^({'|'.join(ENTITIES)})_[a-z]+(_[a-z]+)*$")
+    for query in queries.values():
+        assert query.description.strip(), query.name
+        assert name.match(query.name), f"{query.name}: not entity_verb_qualifier"
+        assert query.sql.strip(), query.name
+        # every value is a bind parameter: only %(name)s placeholders, never %s
+        assert not re.search(r"%s\b|%\((?![a-z_]+\)s)", query.sql), query.name
+    # every file parses on its own and no name is defined twice across files
+    per_file = [n for in_file in _query_files().values() for n in in_file]
+    assert sorted(per_file) == sorted(queries)
+
+
+def test_lease_fenced_writes_say_so_in_their_name():
+    for query in all_queries().values():
+        sql = " ".join(query.sql.split())
+        if sql.startswith("UPDATE konduit_tasks") and "lease_token = %(lease_token)s" in sql:
+            assert query.name.endswith(("_if_leased", "_if_held")), query.name
+
+
+def test_every_query_the_engine_calls_exists():
+    source = Path(konduit.__file__).parent
+    called: set[str] = set()
+    pattern = re.compile(r"\.(?:one|all|run)\(\s*\"([a-z_]+)\"|\bq\(\"([a-z_]+)\"\)")
+    for path in source.rglob("*.py"):
+        for match in pattern.finditer(path.read_text()):
+            called.add(match.group(1) or match.group(2))
+    assert called, "found no query calls: the pattern is stale"
+    missing = sorted(called - set(all_queries()))
+    assert not missing, f"called but not defined in konduit/db/sql: {missing}"
+
+
+def _positional(sql: str) -> str:
+    """%(name)s placeholders -> $1, $2 ... (the same name keeps its number)."""
+    numbers: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        return f"${numbers.setdefault(match.group(1), len(numbers) + 1)}"
+
+    return re.sub(r"%\(([a-z_]+)\)s", number, sql)
+
+
+def test_every_query_prepares_on_the_real_server(db_url):
+    queries = all_queries()
+    assert set(queries) >= NOT_PREPARABLE, "stale skip list"
+    failures: dict[str, str] = {}
+    with psycopg.connect(db_url, autocommit=True) as c:
+        for i, query in enumerate(sorted(queries.values(), key=lambda x: x.name)):
+            if query.name in NOT_PREPARABLE:
+                continue
+            first_word = query.sql.lstrip().split(None, 1)[0].upper()
+            assert first_word in {"SELECT", "INSERT", "UPDATE", "DELETE", "WITH"}, query.name
+            try:
+                c.execute(f"PREPARE konduit_q{i} AS {_positional(query.sql)}")
+                c.execute(f"DEALLOCATE konduit_q{i}")
+            except psycopg.Error as exc:
+                failures[query.name] = str(exc).splitlines()[0]
+    assert not failures, failures
