@@ -18,7 +18,7 @@ from uuid import UUID
 
 from konduit.client import Client, ExecutionResult, coerce_execution_id
 from konduit.db.database import Database, Row, is_embedded, resolve_url
-from konduit.db.migrate import migrate
+from konduit.db.migrate import ensure_current, migrate
 from konduit.durations import Duration
 from konduit.payloads import DEFAULT_MAX_BYTES
 from konduit.registry import Registry
@@ -102,13 +102,19 @@ class App:
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._portal()).result()
 
-    async def _open_database(self, max_size: int) -> Database:
+    async def _open_database(self, max_size: int, *, check_schema: bool = True) -> Database:
         embedded = is_embedded(self._database_url)
         url = await asyncio.to_thread(lambda: self.database_url)
         db = Database(url, min_size=1, max_size=max_size)
         await db.open()
-        if embedded:
-            await migrate(db)
+        try:
+            if embedded:
+                await migrate(db)
+            elif check_schema:
+                await ensure_current(db)  # say which command fixes it, not "relation ... missing"
+        except BaseException:
+            await db.close()
+            raise
         return db
 
     async def client_async(self) -> Client:
@@ -178,9 +184,14 @@ class App:
         return self._call(self._c().dead_letters(limit))
 
     def migrate(self) -> builtins.list[str]:
+        """Apply the schema migrations this konduit needs; returns the ones applied."""
+
         async def go() -> builtins.list[str]:
-            client = await self.client_async()
-            return [f"{m.version:04d}_{m.name}" for m in await migrate(client.db)]
+            db = await self._open_database(2, check_schema=False)
+            try:
+                return [f"{m.version:04d}_{m.name}" for m in await migrate(db)]
+            finally:
+                await db.close()
 
         return self._call(go())
 

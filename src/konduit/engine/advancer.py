@@ -93,6 +93,7 @@ class Advancer:
         self.writes: dict[str, _StepWrite] = {}
         self.result = Advanced()
         self.reason: str | None = None
+        self.errors: dict[str, str] = {}  # last error line of steps that just failed, for reasons
 
     async def _load(self, steps: set[str]) -> None:
         wanted = sorted(s for s in steps if s not in self.loaded)
@@ -246,8 +247,15 @@ class Advancer:
         output = None
         if ex.status == "succeeded":
             output = await final_output(self.tx, self.spec, self.execution_id)
+        reason = self.reason
+        if reason is not None:
+            # Name the cause, not only the step: "upstream 'charge' ended failed: CardDeclined".
+            for step, error in self.errors.items():
+                if f"'{step}' ended" in reason:
+                    reason = f"{reason}: {error}"
+                    break
         await finish_execution(
-            self.tx, self.execution_id, ex.status, output, self.reason, ex.steps_pending
+            self.tx, self.execution_id, ex.status, output, reason, ex.steps_pending
         )
         self.result.finished = ex.status
 
@@ -326,8 +334,11 @@ async def record_events(
     spec: WorkflowSpec,
     execution: Row,
     events: list[tuple[TaskEnded, datetime | None]],
+    errors: dict[str, str] | None = None,
 ) -> Advanced:
-    """Advance a locked execution after some of its tasks ended (in the order given)."""
+    """Advance a locked execution after some of its tasks ended (in the order given).
+    ``errors`` maps failed steps to their error, to say why when the execution fails."""
     state = ExecutionState(execution["status"], execution["steps_pending"])
     advancer = Advancer(tx, spec, execution["id"], state, execution["generation"])
+    advancer.errors = dict(errors or {})
     return await advancer.run_events(list(events))

@@ -160,7 +160,12 @@ async def record_ended(
                 )
                 for c, _ in kept
             ]
-            advanced = await record_events(tx, spec, execution, events)
+            errors = {
+                c.step: c.error.strip().splitlines()[-1][:500]
+                for c, _ in kept
+                if c.error and c.outcome not in ("succeeded", "degraded")
+            }
+            advanced = await record_events(tx, spec, execution, events, errors)
     results: list[tuple[Recorded, Advanced | None]] = []
     recorded: set[int] = set()
     for c in batch:

@@ -158,6 +158,9 @@ class Worker:
                 self.completed += 1
                 if advanced and advanced.fired:
                     self._wake.set()
+                if outcome is Recorded.RETRYING:
+                    # Claim the retry when it is due, not at the next poll.
+                    asyncio.get_running_loop().call_later(completion.retry_delay, self._wake.set)
         except asyncio.CancelledError:
             if self._draining:
                 # Shutdown ran out of grace: hand the task back so another worker takes it now
