@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -133,6 +136,16 @@ def test_late_result_of_an_abandoned_sync_handler_is_kept_but_never_fires_again(
                  handle.id)
     assert joins == [(1,)]
     assert app.status(handle.id).output == {"optional": "fallback", "required": "ok"}
+    shown = {(p["step"], p["source"]): p for p in app.payloads(handle.id)}
+    assert shown[("optional", "late")]["current"] is False
+    assert shown[("optional", "fallback")]["current"] is True
+    status = subprocess.run(
+        [sys.executable, "-m", "konduit.cli", "status", str(handle.id), "--json",
+         "--database-url", app.database_url],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    late_shown = json.loads(status.stdout)["late_results"]
+    assert [p["payload"] for p in late_shown] == ["late real result"]
 
 
 def test_required_join_does_not_wait_for_a_slow_optional_branch_past_its_deadline(make_app):

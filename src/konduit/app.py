@@ -170,6 +170,11 @@ class App:
         """Every output version of an execution, oldest first (repairs add versions)."""
         return self._call(self._c().outputs(execution_id))
 
+    def payloads(self, execution_id: UUID | str) -> builtins.list[Row]:
+        """Every payload of an execution's tasks, late results included; see
+        :meth:`konduit.client.Client.payloads`."""
+        return self._call(self._c().payloads(execution_id))
+
     def list(self, *, status: str | None = None, workflow: str | None = None,
              limit: int = 50) -> builtins.list[ExecutionResult]:
         return self._call(self._c().list(status=status, workflow=workflow, limit=limit))

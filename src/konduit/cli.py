@@ -388,12 +388,14 @@ def status(
         steps = app.steps(result.id)
         tasks = app.tasks(result.id)
         versions = app.outputs(result.id)
+        late = [p for p in app.payloads(result.id) if p["source"] == "late"]
     if as_json:
         print(dump_json({
             "id": result.id, "workflow": result.workflow, "version": result.version,
             "status": result.status, "error": result.error, "output": result.output,
             "outcomes": result.outcomes, "created_at": result.created_at,
             "finished_at": result.finished_at, "output_versions": versions,
+            "late_results": late,
         }))
         return
     took = between(result.created_at, result.finished_at)
@@ -414,6 +416,11 @@ def status(
                           f"{dump_json(version['output'])}", markup=False, soft_wrap=True)
     if steps:
         console.print(step_table(steps, tasks, result.created_at))
+    for payload in late:
+        where = payload["step"] + (f"[{payload['map_index']}]" if payload["map_index"] else "")
+        console.print(f"[yellow]late result[/yellow] of {escape(where)} (after its deadline; "
+                      f"the join did not use it): {escape(dump_json(payload['payload']))}",
+                      soft_wrap=True)
 
 
 @cli.command("list")

@@ -274,6 +274,14 @@ class Client:
         """Every output version of an execution (repairs add versions), oldest first."""
         return await self.db.all("execution_output_list", id=coerce_execution_id(execution_id))
 
+    async def payloads(self, execution_id: UUID | str) -> builtins.list[Row]:
+        """Every payload an execution's tasks produced: the handler's, the fallback's, and late
+        results that arrived after a deadline ended their attempt (``source``), each marked
+        ``current`` when it is the one downstream steps consumed."""
+        return await self.db.all(
+            "output_list_by_execution", execution_id=coerce_execution_id(execution_id)
+        )
+
     async def list(
         self, *, status: str | None = None, workflow: str | None = None, limit: int = 50
     ) -> builtins.list[ExecutionResult]:
