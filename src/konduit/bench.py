@@ -68,6 +68,10 @@ def summary_ms(seconds: list[float]) -> Json:
             "mean_ms": _r(statistics.fmean(ms)), "min_ms": _r(min(ms)), "max_ms": _r(max(ms))}
 
 
+def median_ms(seconds: list[float]) -> float:
+    return _r(statistics.median(seconds) * 1000)
+
+
 def each_ms(seconds: list[float]) -> list[float]:
     return [_r(s * 1000) for s in seconds]
 
@@ -177,9 +181,7 @@ async def opened(url: str, size: int) -> AsyncIterator[Database]:
 
 
 def completion_for(task: Claimed) -> Completion:
-    return Completion(task_id=task.id, lease_token=task.lease_token,
-                      execution_id=task.execution_id, step=task.step, map_index=task.map_index,
-                      attempt=task.attempt, outcome="succeeded", payload_json="1", payload=1)
+    return task.completion("succeeded", payload_json="1", payload=1)
 
 
 async def claim(db: Database, registry: Registry, limit: int) -> list[Claimed]:
@@ -227,33 +229,46 @@ async def record_each(db: Database, registry: Registry, tasks: list[Claimed]) ->
 # -- 1. fan-in cost by width --------------------------------------------------------------------
 
 
-async def fan_in_cost_by_width(url: str, widths: list[int], samples: int = 200) -> Json:
-    """Time each un-batched completion of joins of several widths (O(1): flat in width)."""
+async def fan_in_cost_by_width(url: str, widths: list[int], widest_executions: int = 3) -> Json:
+    """Time each un-batched completion of joins of several widths (O(1): flat in width).
+
+    The widths take turns, one completion each, so that the machine's noise hits them alike;
+    a width whose join fired starts its next execution, until the widest has run
+    ``widest_executions`` times."""
     workflows = {w: fan_in_workflow(w) for w in widths}
     registry = Registry(workflows.values())
-    per_width: dict[int, Json] = {}
+    pending: dict[int, list[Completion]] = {w: [] for w in widths}
+    took: dict[int, dict[str, list[float]]] = {
+        w: {"all": [], "first_tenth": [], "last_tenth": [], "final": []} for w in widths}
     async with opened(url, 2) as db:
-        for width in widths:
-            executions = max(3, math.ceil(samples / (width - 1)))
-            tenth = max(1, (width - 1) // 10)
-            before_final: list[float] = []
-            finals: list[float] = []
-            early: list[float] = []  # the first tenth of each execution's completions ...
-            late: list[float] = []  # ... and the last tenth before the final one
-            for _ in range(executions):
-                branches = await leased_branches(db, registry, workflows[width].name, width)
-                took = await record_each(db, registry, branches)
-                before_final += took[:-1]
-                early += took[:tenth]
-                late += took[-1 - tenth:-1]
-                finals.append(took[-1])
-                await finish_join(db, registry)
-            per_width[width] = {
-                "width": width, "executions": executions,
-                "per_completion": summary_ms(before_final), "final_completion": summary_ms(finals),
-                "first_tenth_median_ms": _r(statistics.median(early) * 1000),
-                "last_tenth_median_ms": _r(statistics.median(late) * 1000),
-            }
+        for _ in range(widest_executions * max(widths)):
+            for width in widths:
+                if not pending[width]:
+                    branches = await leased_branches(db, registry, workflows[width].name, width)
+                    pending[width] = [completion_for(b) for b in branches]
+                position = width - len(pending[width])  # 0 for the first branch to finish
+                completion = pending[width].pop(0)
+                began = time.perf_counter()
+                outcome, advanced = await record(db, registry, completion)
+                seconds = time.perf_counter() - began
+                fired = advanced is not None and "join" in advanced.fired
+                _check(outcome is Recorded.ENDED and fired == (not pending[width]),
+                       f"width {width}: the join did not fire exactly once, at the last branch")
+                tenth = max(1, (width - 1) // 10)
+                kinds = ["final"] if fired else ["all"] + (
+                    ["first_tenth"] if position < tenth else []) + (
+                    ["last_tenth"] if position >= width - 1 - tenth else [])
+                for kind in kinds:
+                    took[width][kind].append(seconds)
+                if fired:
+                    await finish_join(db, registry)
+    per_width: dict[int, Json] = {
+        w: {"width": w, "executions": len(took[w]["final"]),
+            "per_completion": summary_ms(took[w]["all"]),
+            "final_completion": summary_ms(took[w]["final"]),
+            "first_tenth_median_ms": median_ms(took[w]["first_tenth"]),
+            "last_tenth_median_ms": median_ms(took[w]["last_tenth"])}
+        for w in widths}
     low, high = per_width[min(widths)], per_width[max(widths)]
     tag = f"{max(widths)}_over_{min(widths)}"
     ratios = {f"{label}_{tag}": ratio(high[part][stat], low[part][stat])
@@ -264,8 +279,9 @@ async def fan_in_cost_by_width(url: str, widths: list[int], samples: int = 200) 
     ratios[f"last_over_first_tenth_{max(widths)}"] = ratio(high["last_tenth_median_ms"],
                                                            high["first_tenth_median_ms"])
     return {
-        "parameters": {"widths": widths, "min_samples_per_width": samples,
-                       "path": "record() per completion, sequential, one connection"},
+        "parameters": {"widths": widths, "executions_of_widest": widest_executions,
+                       "path": "record() per completion, sequential, one connection, "
+                               "the widths taking turns"},
         "results": list(per_width.values()),
         "ratios": ratios,
     }
@@ -300,7 +316,7 @@ class LoopThread:
 
 async def finish_together(db: Database, registry: Registry, task: Claimed,
                           barrier: threading.Barrier) -> tuple[float, float, bool]:
-    """Wait for every sibling at the barrier, then record; (start, end, fired the join)."""
+    """Wait for the others at the barrier, then record; (start, end, fired a join)."""
     completion = completion_for(task)
     barrier.wait(timeout=60)  # blocks this thread's own loop, so all leave it at once
     began = time.perf_counter()
@@ -309,51 +325,72 @@ async def finish_together(db: Database, registry: Registry, task: Claimed,
     return began, time.perf_counter(), advanced is not None and "join" in advanced.fired
 
 
+def released_together(threads: list[LoopThread], registry: Registry,
+                      tasks: list[Claimed]) -> tuple[float, float, int]:
+    """Record ``tasks`` from their own threads at once: (wall seconds from the release to the
+    last commit, seconds of the slowest completion, how many of them fired a join)."""
+    barrier = threading.Barrier(len(tasks))
+    futures = [t.submit(finish_together(t.db, registry, task, barrier))
+               for t, task in zip(threads, tasks, strict=True)]
+    spans = [f.result(timeout=120) for f in futures]
+    return (max(e for _, e, _ in spans) - min(b for b, _, _ in spans),
+            max(e - b for b, e, _ in spans), sum(fired for _, _, fired in spans))
+
+
 def simultaneous_finish(url: str, width: int, trials: int) -> Json:
-    """All branches finishing at once (serialized on the execution lock) vs one by one."""
-    wf = fan_in_workflow(width)
-    registry = Registry([wf])
+    """All branches of one join finishing at once (serialized on the execution lock) vs one
+    by one; the control releases as many completions of *different* executions at once, so
+    the machine's own concurrency overhead is separated from the lock's."""
+    wf, pair = fan_in_workflow(width), fan_in_workflow(2)
+    registry = Registry([wf, pair])
     threads: list[LoopThread] = []
-    together: list[float] = []
-    slowest: list[float] = []
-    one_by_one: list[float] = []
+    times: dict[str, list[float]] = {
+        k: [] for k in ("concurrent_wall", "concurrent_slowest_completion",
+                        "independent_concurrent_wall", "sequential_wall")}
     try:
         for _ in range(width):
             threads.append(LoopThread(url))
         main = threads[0]
         for _ in range(trials):
             branches = main.run(leased_branches(main.db, registry, wf.name, width))
-            barrier = threading.Barrier(width)
-            futures = [t.submit(finish_together(t.db, registry, b, barrier))
-                       for t, b in zip(threads, branches, strict=True)]
-            spans = [f.result(timeout=120) for f in futures]
-            _check(sum(fired for _, _, fired in spans) == 1, "the join did not fire exactly once")
-            together.append(max(e for _, e, _ in spans) - min(b for b, _, _ in spans))
-            slowest.append(max(e - b for b, e, _ in spans))
+            wall, slowest, fired = released_together(threads, registry, branches)
+            _check(fired == 1, f"the join fired {fired} times, not once")
+            times["concurrent_wall"].append(wall)
+            times["concurrent_slowest_completion"].append(slowest)
             main.run(finish_join(main.db, registry))
 
+            # Control: the first branch of each of `width` executions (left unfinished after).
+            firsts = [main.run(leased_branches(main.db, registry, pair.name, 2))[0]
+                      for _ in range(width)]
+            wall, _, fired = released_together(threads, registry, firsts)
+            _check(fired == 0, "a half-finished join fired")
+            times["independent_concurrent_wall"].append(wall)
+
             branches = main.run(leased_branches(main.db, registry, wf.name, width))
-            one_by_one.append(sum(main.run(record_each(main.db, registry, branches))))
+            times["sequential_wall"].append(sum(main.run(record_each(main.db, registry, branches))))
             main.run(finish_join(main.db, registry))
     finally:
         for t in threads:
             t.close()
-    concurrent_ms = statistics.median(together) * 1000
-    sequential_ms = statistics.median(one_by_one) * 1000
+    shared, independent, sequential = (
+        median_ms(times[k]) for k in ("concurrent_wall", "independent_concurrent_wall", "sequential_wall"))
     return {
-        "parameters": {"width": width, "trials": trials,
-                       "concurrent": f"{width} threads, one connection each, released by a barrier",
-                       "sequential": "the same completions recorded one by one on one connection"},
+        "parameters": {
+            "width": width, "trials": trials,
+            "concurrent": f"{width} sibling completions from {width} threads (a connection "
+                          "each) released by a barrier",
+            "independent": f"{width} completions of {width} different executions, released alike",
+            "sequential": "the same sibling completions recorded one by one on one connection"},
         "results": {
-            "concurrent_wall_ms": _r(concurrent_ms),
-            "sequential_wall_ms": _r(sequential_ms),
-            "concurrent_slowest_completion_ms": _r(statistics.median(slowest) * 1000),
-            "sequential_per_completion_ms": _r(sequential_ms / width),
-            "raw": {"concurrent_wall_ms": each_ms(together),
-                    "concurrent_slowest_completion_ms": each_ms(slowest),
-                    "sequential_wall_ms": each_ms(one_by_one)},
+            "concurrent_wall_ms": shared, "independent_concurrent_wall_ms": independent,
+            "sequential_wall_ms": sequential,
+            "concurrent_slowest_completion_ms": median_ms(times["concurrent_slowest_completion"]),
+            "sequential_per_completion_ms": _r(sequential / width),
+            "raw": {f"{k}_ms": each_ms(v) for k, v in times.items()},
         },
-        "ratios": {"concurrent_over_sequential": ratio(concurrent_ms, sequential_ms)},
+        "ratios": {"concurrent_over_sequential": ratio(shared, sequential),
+                   "independent_over_sequential": ratio(independent, sequential),
+                   "lock_cost_concurrent_over_independent": ratio(shared, independent)},
     }
 
 
@@ -379,8 +416,7 @@ async def batching(url: str, size: int, trials: int) -> Json:
             single.append(sum(await record_each(
                 db, registry, await leased_branches(db, registry, wf.name, size))))
             await finish_join(db, registry)
-    batched_ms = statistics.median(batched) * 1000
-    single_ms = statistics.median(single) * 1000
+    batched_ms, single_ms = median_ms(batched), median_ms(single)
     return {
         "parameters": {"completions": size, "trials": trials,
                        "batched": "one record_ended() call", "single": f"{size} record() calls"},
