@@ -8,14 +8,13 @@ engine's protocol and the naive check of seed 000.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import konduit
 from konduit.advance import TaskEnded
+from konduit.bench import LoopThread, claim
 from konduit.db.database import Database
 from konduit.registry import Registry
 from konduit.worker.completer import Completion, Recorded, record
@@ -51,50 +50,10 @@ def fan_in_workflow(
     return wf
 
 
-class LoopThread:
-    """A thread running its own event loop with its own one-connection pool."""
-
-    def __init__(self, url: str):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.db = Database(url, min_size=1, max_size=1)
-        self.submit(self.db.open()).result()
-
-    def submit(self, coro: Awaitable[object]) -> Future[object]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        self.submit(self.db.close()).result()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-        self.loop.close()
-
-
-async def claim(db: Database, registry: Registry, limit: int) -> list[Claimed]:
-    rows = await db.all(
-        "task_claim_batch",
-        queues=["default"],
-        workflows=registry.keys(),
-        limit=limit,
-        lease_seconds=300,
-        worker_id=WORKER_ID,
-    )
-    return [Claimed.from_row(r) for r in rows]
-
-
 def completion_for(task: Claimed, outcome: str = "succeeded") -> Completion:
-    return Completion(
-        task_id=task.id,
-        lease_token=task.lease_token,
-        execution_id=task.execution_id,
-        step=task.step,
-        map_index=task.map_index,
-        attempt=task.attempt,
-        outcome=outcome,
-        payload_json="1" if outcome == "succeeded" else None,
-        payload=1 if outcome == "succeeded" else None,
-    )
+    if outcome == "succeeded":
+        return task.completion(outcome, payload_json="1", payload=1)
+    return task.completion(outcome)
 
 
 async def engine_complete(db: Database, registry: Registry, task: Claimed) -> object:
