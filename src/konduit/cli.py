@@ -531,6 +531,53 @@ def dead_letters(
 
 
 @cli.command()
+def stats(
+    workflow: Annotated[str | None, typer.Argument(
+        metavar="WORKFLOW", help="Only this workflow (default: every workflow).",
+        show_default=False)] = None,
+    history: Annotated[str, typer.Option(
+        "--history", metavar="DURATION",
+        help="Use the executions started within this long ago.")] = "24h",
+    fan_in_alert: Annotated[str, typer.Option(
+        "--fan-in-alert", metavar="DURATION",
+        help="Alert when a join's fan-in wait exceeds this ...")] = "20s",
+    consecutive: Annotated[int, typer.Option(
+        "--consecutive", min=1, help="... in each of its last this many executions.")] = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the stats as JSON.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Instrument the branches, not the pipeline: per branch p50/p95/p99 of its attempts,
+    retries, outcomes and time since its last success; per join its fan-in wait, dispatch latency
+    and usual straggler. Exit code: 0, or 3 when a fan-in alert fires (a join waited longer than
+    --fan-in-alert in each of its last --consecutive executions) so cron and monitoring can page
+    on it; 1 on an error."""
+    import asyncio
+
+    from konduit.stats import Stats, load_stats, seconds_option, stats_renderables
+
+    seconds_option(history, "--history")  # bad options are reported before connecting
+    seconds_option(fan_in_alert, "--fan-in-alert")
+    app = plain_app(database_url)
+
+    async def load() -> Stats:
+        client = await app.client_async()
+        try:
+            return await load_stats(client.db, workflow, history=history,
+                                    fan_in_alert=fan_in_alert, consecutive=consecutive)
+        finally:
+            await client.db.close()
+
+    result = asyncio.run(load())
+    if as_json:
+        print(dump_json(result.to_json()))
+    else:
+        for renderable in stats_renderables(result):
+            console.print(renderable)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+@cli.command()
 def plan(
     workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Name of the workflow to plan.")],
     app_spec: Annotated[str, typer.Option(

@@ -1,0 +1,329 @@
+"""Stats: instrument the slowest branch, not the pipeline (seed 004, rule 3).
+
+Per step (branch) of recent executions: p50/p95/p99 of its successful attempts (``finished_at -
+started_at``), its attempts, retries and lost attempts, how its executions ended and the time since
+its last success. Per join (a step with two upstreams or more): the **fan-in wait** (first branch
+ended → join fired), the join's dispatch latency (last branch ended → join fired) and which branch
+was the straggler how often. And the seed's page: a join whose fan-in wait exceeded a threshold
+(20 s) in each of its last N (2) executions raises an :class:`Alert`.
+
+The rule is :func:`fan_in_alert`, pure; a join still waiting past the threshold in a running
+execution counts as exceeding it (that is the moment to page, before the window is at risk).
+:func:`load_stats` reads the history with three named queries (``db/sql/stats.sql``) and
+:func:`build_stats` turns their rows into a :class:`Stats`, also without I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+from konduit.db.database import Database, Row
+from konduit.durations import Duration, parse_duration
+from konduit.errors import KonduitError
+from konduit.plan import human_seconds
+
+DEFAULT_HISTORY = "24h"
+DEFAULT_FAN_IN_ALERT = "20s"
+DEFAULT_CONSECUTIVE = 2
+ALERT_EXIT_CODE = 3
+"""``konduit stats`` exits with this code when an alert fires (0 otherwise, 1 on an error)."""
+
+OUTCOMES = ("succeeded", "degraded", "failed", "timed_out", "skipped", "cancelled")
+
+
+class StatsError(KonduitError):
+    """Stats cannot be computed as asked (a threshold that is not a duration, say)."""
+
+
+# -- the alert rule ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Wait:
+    """One execution's fan-in wait at one join, in seconds."""
+
+    seconds: float
+    straggler: str | None = None  # the branch that ended last before the join fired
+    waiting: bool = False  # the join has not fired yet: ``seconds`` is the wait so far
+    execution_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A join whose fan-in wait exceeded the threshold in each of its last executions."""
+
+    workflow: str
+    join: str
+    waits: tuple[Wait, ...]  # the last executions' waits, oldest first
+    threshold: float
+
+    @property
+    def straggler(self) -> str | None:
+        """The most recent straggler known (a join still waiting has none yet)."""
+        return next((w.straggler for w in reversed(self.waits) if w.straggler), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workflow": self.workflow, "join": self.join, "waits": [w.seconds for w in self.waits],
+                "straggler": self.straggler, "still_waiting": self.waits[-1].waiting,
+                "executions": [w.execution_id for w in self.waits],
+                "threshold_seconds": self.threshold}
+
+    def describe(self) -> str:
+        waits = ", ".join(human_seconds(w.seconds) + (" so far" if w.waiting else "")
+                          for w in self.waits)
+        straggler = f"; straggler: {self.straggler}" if self.straggler else ""
+        return (f"{self.workflow}/{self.join}: fan-in wait above {span(self.threshold)} "
+                f"in the last {len(self.waits)} execution(s) ({waits}){straggler}")
+
+
+def fan_in_alert(waits: Sequence[Wait], *, threshold: float, consecutive: int) -> tuple[Wait, ...] | None:
+    """The last ``consecutive`` waits (oldest first, as given) when every one of them exceeded
+    ``threshold`` seconds, else None. Fewer executions than ``consecutive`` never alert; one
+    fast execution among the last ``consecutive`` resets the count."""
+    if consecutive < 1:
+        raise StatsError(f"--consecutive must be at least 1, got {consecutive}")
+    last = tuple(waits[-consecutive:])
+    if len(last) < consecutive or any(w.seconds <= threshold for w in last):
+        return None
+    return last
+
+
+def fan_in_alerts(
+    recent: Mapping[tuple[str, str], Sequence[Wait]], *, threshold: float, consecutive: int
+) -> list[Alert]:
+    """Apply :func:`fan_in_alert` to every ``(workflow, join)``'s waits (oldest first)."""
+    alerts = []
+    for (workflow, join), waits in sorted(recent.items()):
+        last = fan_in_alert(waits, threshold=threshold, consecutive=consecutive)
+        if last is not None:
+            alerts.append(Alert(workflow, join, last, threshold))
+    return alerts
+
+
+# -- the stats -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BranchStats:
+    """One step of one workflow over the history: attempt durations (succeeded attempts, in
+    seconds; None without any), tries, and how its executions ended."""
+
+    workflow: str
+    step: str
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    attempts: int  # every try but those handed back unrun at a graceful stop
+    retries: int  # tries that failed and were retried
+    lost: int  # tries whose worker vanished (lease expired)
+    outcomes: Mapping[str, int]  # executions of the step by how it ended (OUTCOMES)
+    unfinished: int = 0  # executions in which the step has not ended yet
+    last_success_at: datetime | None = None
+    since_last_success: float | None = None  # seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+@dataclass(frozen=True)
+class JoinStats:
+    """One join of one workflow over the executions in which it fired (seconds)."""
+
+    workflow: str
+    join: str
+    samples: int
+    wait_p50: float
+    wait_p95: float
+    wait_max: float
+    dispatch_p50: float | None
+    dispatch_p95: float | None
+    stragglers: Mapping[str, int] = field(default_factory=dict)  # branch -> times it straggled
+
+    @property
+    def usual_straggler(self) -> str | None:
+        """The branch that straggled most often (ties: the first by name)."""
+        if not self.stragglers:
+            return None
+        return min(self.stragglers, key=lambda s: (-self.stragglers[s], s))
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(self) | {"usual_straggler": self.usual_straggler}
+
+
+@dataclass(frozen=True)
+class Stats:
+    workflow: str | None  # None: every workflow
+    history_seconds: float
+    threshold: float
+    consecutive: int
+    branches: list[BranchStats]
+    joins: list[JoinStats]
+    alerts: list[Alert]
+
+    @property
+    def exit_code(self) -> int:
+        return ALERT_EXIT_CODE if self.alerts else 0
+
+    @property
+    def workflows(self) -> list[str]:
+        return sorted({b.workflow for b in self.branches} | {j.workflow for j in self.joins})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workflow": self.workflow, "history_seconds": self.history_seconds,
+                "fan_in_alert_seconds": self.threshold, "consecutive": self.consecutive,
+                "branches": [b.to_json() for b in self.branches],
+                "joins": [j.to_json() for j in self.joins],
+                "alerts": [a.to_json() for a in self.alerts]}
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    """A dataclass as a JSON-ready dict (times as ISO 8601 strings)."""
+    out = {f.name: getattr(obj, f.name) for f in fields(obj)}
+    return {k: v.isoformat() if isinstance(v, datetime) else dict(v) if isinstance(v, Mapping)
+            else v for k, v in out.items()}
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def build_stats(
+    step_rows: Sequence[Row], join_rows: Sequence[Row], wait_rows: Sequence[Row], *,
+    workflow: str | None, history_seconds: float, threshold: float, consecutive: int,
+) -> Stats:
+    """Stats from the rows of the three queries (``wait_rows`` oldest first per join)."""
+    branches = [BranchStats(
+        workflow=r["workflow_name"], step=r["step"], p50=_float(r["p50"]), p95=_float(r["p95"]),
+        p99=_float(r["p99"]), attempts=int(r["attempts"]), retries=int(r["retries"]),
+        lost=int(r["lost"]), outcomes={o: int(r[o]) for o in OUTCOMES},
+        unfinished=int(r["unfinished"]), last_success_at=r["last_success_at"],
+        since_last_success=_float(r["since_last_success"]),
+    ) for r in step_rows]
+    joins = [JoinStats(
+        workflow=r["workflow_name"], join=r["step"], samples=int(r["samples"]),
+        wait_p50=float(r["wait_p50"]), wait_p95=float(r["wait_p95"]),
+        wait_max=float(r["wait_max"]), dispatch_p50=_float(r["dispatch_p50"]),
+        dispatch_p95=_float(r["dispatch_p95"]),
+        stragglers={str(k): int(v) for k, v in sorted(dict(r["stragglers"] or {}).items())},
+    ) for r in join_rows]
+    recent: dict[tuple[str, str], list[Wait]] = {}
+    for r in wait_rows:
+        recent.setdefault((r["workflow_name"], r["step"]), []).append(Wait(
+            float(r["wait"]), r["straggler"], bool(r["waiting"]), str(r["execution_id"])))
+    alerts = fan_in_alerts(recent, threshold=threshold, consecutive=consecutive)
+    return Stats(workflow, history_seconds, threshold, consecutive, branches, joins, alerts)
+
+
+def seconds_option(value: Duration, what: str) -> float:
+    """A duration option in seconds (a :class:`StatsError` naming it when it is not one)."""
+    try:
+        return parse_duration(value, what=what)
+    except KonduitError as exc:
+        raise StatsError(str(exc)) from None
+
+
+async def load_stats(
+    db: Database, workflow: str | None = None, *, history: Duration = DEFAULT_HISTORY,
+    fan_in_alert: Duration = DEFAULT_FAN_IN_ALERT, consecutive: int = DEFAULT_CONSECUTIVE,
+) -> Stats:
+    """Stats of ``workflow`` (None: every workflow) over the executions created within
+    ``history``, with the alerts of the rule (``fan_in_alert`` seconds, ``consecutive`` runs)."""
+    history_s = seconds_option(history, "--history")
+    threshold = seconds_option(fan_in_alert, "--fan-in-alert")
+    if consecutive < 1:
+        raise StatsError(f"--consecutive must be at least 1, got {consecutive}")
+    if workflow is not None:
+        known = sorted({r["name"] for r in await db.all("workflow_list")})
+        if workflow not in known:
+            raise StatsError(f"unknown workflow {workflow!r} (known: {', '.join(known) or 'none'})")
+    params: dict[str, Any] = {"workflow_name": workflow, "history_seconds": history_s}
+    steps = await db.all("step_attempt_stats_by_workflow", **params)
+    joins = await db.all("step_join_stats_by_workflow", **params)
+    waits = await db.all("step_join_waits_recent", threshold_seconds=threshold,
+                         per_join=consecutive, **params)
+    return build_stats(steps, joins, waits, workflow=workflow, history_seconds=history_s,
+                       threshold=threshold, consecutive=consecutive)
+
+
+# -- presentation --------------------------------------------------------------------------------
+
+_STYLES = {"succeeded": "green", "degraded": "yellow", "failed": "red", "timed_out": "red",
+           "skipped": "dim", "cancelled": "magenta"}
+
+
+def _s(value: float | None) -> str:
+    return "—" if value is None else human_seconds(value)
+
+
+def span(seconds: float) -> str:
+    """A round option value as it was probably written: ``24h``, ``7d``, ``20s``, ``250ms``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0 and (unit != "d" or seconds > 86400):
+            return f"{seconds / size:.0f}{unit}"
+    return human_seconds(seconds) if seconds >= 1 else f"{seconds * 1000:g}ms"
+
+
+def stats_renderables(stats: Stats) -> list[Any]:
+    """Rich renderables: per workflow a table of its branches and one of its joins; then the
+    alerts, in red (or a green line saying there are none)."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    def table(*headers: str) -> Table:
+        t = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+        t.add_column(headers[0], no_wrap=True)
+        for header in headers[1:]:
+            t.add_column(header, justify="right", no_wrap=True)
+        return t
+
+    out: list[Any] = []
+    over = f"over the last {span(stats.history_seconds)}"
+    if not stats.workflows:
+        out.append(f"no executions {over}" + (f" of {escape(stats.workflow)}" if stats.workflow else ""))
+    for name in stats.workflows:
+        branches = [b for b in stats.branches if b.workflow == name]
+        runs = max((sum(b.outcomes.values()) + b.unfinished for b in branches), default=0)
+        out.append(f"[bold]{escape(name)}[/bold]: {runs} execution(s) {over}")
+        ended = [o for o in OUTCOMES if o == "succeeded" or any(b.outcomes.get(o) for b in branches)]
+        running = any(b.unfinished for b in branches)
+        lost = any(b.lost for b in branches)  # a column only when a worker vanished
+        t = table("branch", "p50", "p95", "p99", "tries", "retries", *(["lost"] if lost else []),
+                  *("ok" if o == "succeeded" else o for o in ended), *(["running"] if running else []),
+                  "last\nsuccess")
+        for b in branches:
+            cells = [escape(b.step), _s(b.p50), _s(b.p95), _s(b.p99), str(b.attempts),
+                     f"[yellow]{b.retries}[/yellow]" if b.retries else "0"]
+            if lost:
+                cells.append(f"[red]{b.lost}[/red]" if b.lost else "0")
+            for o in ended:
+                n = b.outcomes.get(o, 0)
+                cells.append(f"[{_STYLES[o]}]{n}[/{_STYLES[o]}]" if n and o != "succeeded" else str(n))
+            if running:
+                cells.append(str(b.unfinished))
+            cells.append("—" if b.since_last_success is None else f"{_s(b.since_last_success)} ago")
+            t.add_row(*cells)
+        out.append(t)
+        joins = [j for j in stats.joins if j.workflow == name]
+        if not joins:
+            continue
+        t = table("join", "runs", "fan-in\nwait p50", "fan-in\nwait p95", "fan-in\nwait max",
+                  "dispatch\np50", "dispatch\np95", "straggler\n(times)")
+        for j in joins:
+            ranked = sorted(j.stragglers.items(), key=lambda kv: (-kv[1], kv[0]))
+            stragglers = "\n".join(f"{escape(s)} {n}" for s, n in ranked) or "—"
+            worst = _s(j.wait_max) if j.wait_max <= stats.threshold else f"[red]{_s(j.wait_max)}[/red]"
+            t.add_row(escape(j.join), str(j.samples), _s(j.wait_p50), _s(j.wait_p95), worst,
+                      _s(j.dispatch_p50), _s(j.dispatch_p95), stragglers)
+        out.append(t)
+    out.append("[dim]branch durations: succeeded attempts (started → finished); fan-in wait: first "
+               "branch ended → join fired; dispatch: last branch ended → join fired[/dim]")
+    for alert in stats.alerts:
+        out.append(f"[bold red]ALERT[/bold red] [red]{escape(alert.describe())}[/red]")
+    if not stats.alerts:
+        out.append(f"[green]no fan-in alert[/green] (no join waited more than "
+                   f"{span(stats.threshold)} in each of its last {stats.consecutive} execution(s))")
+    return out
