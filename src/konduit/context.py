@@ -45,7 +45,12 @@ class Context:
             return None
         return self.deadline - (time.monotonic() - self.started_at)
 
+    def request_cancel(self) -> None:
+        """The engine asks this attempt to stop; ``ctx.cancelled`` turns True."""
+        self._cancelled.set()
+
     def heartbeat(self) -> None:
-        """Tell the worker this attempt is alive; its lease is extended on the next beat."""
+        """Tell the worker this attempt is alive. Optional: the worker already extends the lease
+        of every attempt it runs on each heartbeat (a hung handler is ended by its deadline)."""
         if self._on_heartbeat is not None:
             self._on_heartbeat()

@@ -146,7 +146,7 @@ class Executor:
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            ctx._cancelled.set()
+            ctx.request_cancel()
             if late is not None:
                 loop = asyncio.get_running_loop()
                 future.add_done_callback(lambda f: self._late_done(loop, late, f))

@@ -11,12 +11,11 @@ import asyncio
 import logging
 import os
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
-from uuid import UUID
 
+from konduit.context import Context
 from konduit.db.database import Database
 from konduit.db.migrate import ensure_current
 from konduit.engine.advancer import Advanced
@@ -48,7 +47,7 @@ class Worker:
         self.executor = Executor(db, self.config.concurrency, max_payload_bytes)
         self.batcher = CompletionBatcher(lambda group: record_ended(db, registry, group))
         self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}
-        self.contexts: dict[int, object] = {}
+        self.contexts: dict[int, Context] = {}
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._draining = False
@@ -261,7 +260,7 @@ class Worker:
     def _cancel(self, task_id: int) -> None:
         ctx = self.contexts.get(task_id)
         if ctx is not None:
-            ctx._cancelled.set()  # type: ignore[attr-defined]
+            ctx.request_cancel()
         entry = self.running.get(task_id)
         if entry is not None:
             task, job = entry
@@ -315,16 +314,3 @@ class Worker:
             job.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-
-
-async def run_worker(
-    db: Database, registry: Registry, config: WorkerConfig, *, stop_after: float | None = None
-) -> Worker:
-    worker = Worker(db, registry, config)
-    if stop_after is not None:
-        asyncio.get_running_loop().call_later(stop_after, worker.stop)
-    await worker.run()
-    return worker
-
-
-__all__ = ["UUID", "Worker", "WorkerConfig", "run_worker", "time"]
