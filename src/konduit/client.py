@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 from konduit.advance import ExecutionState, initial_states
 from konduit.db.database import Database, Row, translate_errors
 from konduit.durations import Duration, parse_duration
-from konduit.engine.advancer import Advancer, finish_execution
+from konduit.engine.advancer import Advancer, finish_execution, state_columns
 from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
@@ -255,14 +255,7 @@ class Client:
                 "step_reset_many",
                 execution_id=eid,
                 steps=names,
-                statuses=[s.status for s in states],
-                up_pendings=[s.up_pending for s in states],
-                up_oks=[s.up_ok for s in states],
-                up_faileds=[s.up_failed for s in states],
-                up_required_faileds=[s.up_required_failed for s in states],
-                up_skippeds=[s.up_skipped for s in states],
-                tasks_totals=[s.tasks_total for s in states],
-                tasks_pendings=[s.tasks_pending for s in states],
+                **state_columns(states),
             )
             advancer = Advancer(
                 tx, spec, eid, ExecutionState("running", len(plan.rerun)), reopened["generation"]

@@ -49,6 +49,14 @@ _STATE_FIELDS = (
 )
 
 
+def state_columns(states: list[StepState]) -> dict[str, list[Any]]:
+    """Join counters as the parallel arrays the ``step_*_many`` queries unnest."""
+    return {
+        ("statuses" if name == "status" else f"{name}s"): [getattr(st, name) for st in states]
+        for name in _STATE_FIELDS
+    }
+
+
 @dataclass
 class _Loaded:
     state: StepState
@@ -181,17 +189,7 @@ class Advancer:
             "step_update_many",
             execution_id=self.execution_id,
             steps=names,
-            statuses=[s.status for s in states],
-            up_pendings=[s.up_pending for s in states],
-            up_oks=[s.up_ok for s in states],
-            up_faileds=[s.up_failed for s in states],
-            up_required_faileds=[s.up_required_failed for s in states],
-            up_skippeds=[s.up_skipped for s in states],
-            tasks_totals=[s.tasks_total for s in states],
-            tasks_pendings=[s.tasks_pending for s in states],
-            tasks_oks=[s.tasks_ok for s in states],
-            tasks_degradeds=[s.tasks_degraded for s in states],
-            tasks_faileds=[s.tasks_failed for s in states],
+            **state_columns(states),
             first_upstream_ats=[self.loaded[n].first_upstream_at for n in names],
             last_upstream_ats=[w.last_upstream_at for w in writes],
             stragglers=[w.straggler for w in writes],
