@@ -531,6 +531,37 @@ def dead_letters(
 
 
 @cli.command()
+def metrics(
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve /metrics on.")] = 9464,
+    host: Annotated[str, typer.Option(
+        help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    history: Annotated[str, typer.Option(
+        "--history", metavar="DURATION",
+        help="Use the executions started within this long ago.")] = "24h",
+    fan_in_alert: Annotated[str, typer.Option(
+        "--fan-in-alert", metavar="DURATION",
+        help="konduit_join_fan_in_alert is 1 when a join's fan-in wait exceeds this ...")] = "20s",
+    consecutive: Annotated[int, typer.Option(
+        "--consecutive", min=1, help="... in each of its last this many executions.")] = 2,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Serve the numbers of `konduit stats` to Prometheus on http://HOST:PORT/metrics until
+    SIGINT/SIGTERM. Every scrape reads the database; when it cannot (within 5 s), the scrape
+    still answers, with konduit_scrape_error 1."""
+    from konduit.metrics import serve, wait_for_signal
+
+    # Scrape errors are logged once each (and recovery once): warnings only, no library chatter.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    with serve(database_url, host=host, port=port, history=history, fan_in_alert=fan_in_alert,
+               consecutive=consecutive) as exporter:
+        err_console.print(f"konduit metrics: serving {exporter.url} from "
+                          f"{describe_url(database_url or os.environ.get('KONDUIT_DATABASE_URL'))} "
+                          f"(Ctrl-C stops)", soft_wrap=True, markup=False)
+        wait_for_signal()
+
+
+@cli.command()
 def stats(
     workflow: Annotated[str | None, typer.Argument(
         metavar="WORKFLOW", help="Only this workflow (default: every workflow).",

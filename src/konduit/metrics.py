@@ -1,0 +1,249 @@
+"""Prometheus metrics (``konduit metrics``): the numbers of ``konduit stats`` on ``/metrics``.
+
+Each scrape reads the history through :func:`konduit.stats.load_stats` (same queries, same alert
+rule, same ``--history`` window) plus one count of executions by status, on one connection pool
+kept for the process. A scrape never hangs and never fails: it is bounded by ``timeout``, and
+when the database cannot be read it answers with ``konduit_scrape_error 1`` (and no stale data).
+
+Every metric is a **gauge**, ``*_total`` ones included: they count tries and outcomes over the
+sliding ``--history`` window, so they go down as old executions leave it, which a Prometheus
+counter must never do (``rate()`` would read that as a reset). Read them as they are, or
+``delta()`` them; durations are in seconds; a value that does not exist yet (no successful
+attempt, a join that never fired) is left out rather than reported as 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+from prometheus_client import start_http_server
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from konduit.db.database import Database, Row, is_embedded, resolve_url
+from konduit.db.migrate import ensure_current, migrate
+from konduit.durations import Duration
+from konduit.errors import KonduitError
+from konduit.stats import (
+    DEFAULT_CONSECUTIVE,
+    DEFAULT_FAN_IN_ALERT,
+    DEFAULT_HISTORY,
+    OUTCOMES,
+    Stats,
+    StatsError,
+    load_stats,
+    seconds_option,
+)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9464
+SCRAPE_TIMEOUT = 5.0
+"""Seconds a scrape may spend reading the database (Prometheus gives up after 10 by default)."""
+EXECUTION_STATUSES = ("pending", "running", "succeeded", "failed", "timed_out", "cancelled")
+
+log = logging.getLogger("konduit.metrics")
+
+
+class MetricsError(KonduitError):
+    """The exporter cannot start as asked (the port is taken, say)."""
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str],
+           samples: Iterable[tuple[Sequence[str], float | None]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for values, value in samples:
+        if value is not None:
+            family.add_metric(values, value)
+    return family
+
+
+def metric_families(stats: Stats, executions: Sequence[Row]) -> list[Metric]:
+    """The families of one scrape, from the stats and the rows of ``execution_count_by_status``
+    (no I/O). Every known status of a workflow is reported, 0 when it has none."""
+    b, j = stats.branches, stats.joins
+    step, join = ("workflow", "step"), ("workflow", "join")
+    alerting = {(a.workflow, a.join) for a in stats.alerts}
+    counts: dict[str, dict[str, int]] = {}
+    for r in executions:
+        counts.setdefault(r["workflow_name"], dict.fromkeys(EXECUTION_STATUSES, 0))[r["status"]] = \
+            int(r["executions"])
+    return [
+        _gauge("konduit_step_duration_seconds", "Duration of a step's successful attempts.",
+               (*step, "quantile"), (((s.workflow, s.step, q), v) for s in b
+                                     for q, v in (("0.5", s.p50), ("0.95", s.p95), ("0.99", s.p99)))),
+        _gauge("konduit_step_attempts_total", "Tries of a step (gauge: over the history window).",
+               step, (((s.workflow, s.step), s.attempts) for s in b)),
+        _gauge("konduit_step_retries_total", "Tries of a step that failed and were retried.",
+               step, (((s.workflow, s.step), s.retries) for s in b)),
+        _gauge("konduit_step_lost_attempts_total", "Tries of a step whose worker vanished.",
+               step, (((s.workflow, s.step), s.lost) for s in b)),
+        _gauge("konduit_step_outcomes", "Executions of a step by how the step ended.",
+               (*step, "outcome"), (((s.workflow, s.step, o), s.outcomes.get(o, 0)) for s in b
+                                    for o in OUTCOMES)),
+        _gauge("konduit_step_seconds_since_success", "Seconds since a step last succeeded.",
+               step, (((s.workflow, s.step), s.since_last_success) for s in b)),
+        _gauge("konduit_join_fan_in_wait_seconds", "Fan-in wait: first branch ended -> join fired.",
+               (*join, "quantile"), (((x.workflow, x.join, q), v) for x in j
+                                     for q, v in (("0.5", x.wait_p50), ("0.95", x.wait_p95)))),
+        _gauge("konduit_join_fan_in_wait_seconds_max", "Longest fan-in wait of a join.",
+               join, (((x.workflow, x.join), x.wait_max) for x in j)),
+        _gauge("konduit_join_dispatch_latency_seconds", "Last branch ended -> join fired.",
+               (*join, "quantile"), (((x.workflow, x.join, q), v) for x in j
+                                     for q, v in (("0.5", x.dispatch_p50), ("0.95", x.dispatch_p95)))),
+        _gauge("konduit_join_straggler_count", "Executions in which a branch ended last at a join.",
+               (*join, "branch"), (((x.workflow, x.join, s), n) for x in j
+                                   for s, n in x.stragglers.items())),
+        _gauge("konduit_join_fan_in_alert",
+               f"1 when the fan-in wait exceeded {stats.threshold:g}s in each of the join's last "
+               f"{stats.consecutive} execution(s), else 0.",
+               join, ((key, float(key in alerting))
+                      for key in sorted({(x.workflow, x.join) for x in j} | alerting))),
+        _gauge("konduit_executions", "Executions created within the history window, by status.",
+               ("workflow", "status"), (((w, s), n) for w, by in sorted(counts.items())
+                                        for s, n in by.items())),
+    ]
+
+
+class KonduitCollector(Collector):
+    """Reads the stats on every :meth:`collect`, on its own event-loop thread and pool."""
+
+    def __init__(self, database_url: str | None = None, *, history: Duration = DEFAULT_HISTORY,
+                 fan_in_alert: Duration = DEFAULT_FAN_IN_ALERT,
+                 consecutive: int = DEFAULT_CONSECUTIVE, timeout: float = SCRAPE_TIMEOUT):
+        seconds_option(history, "--history")  # bad options fail here, not on every scrape
+        seconds_option(fan_in_alert, "--fan-in-alert")
+        if consecutive < 1:
+            raise StatsError(f"--consecutive must be at least 1, got {consecutive}")
+        self.options: dict[str, Any] = {"history": history, "fan_in_alert": fan_in_alert,
+                                        "consecutive": consecutive}
+        self.timeout = timeout
+        self.embedded = is_embedded(database_url)
+        self.url = resolve_url(database_url)  # starts the embedded server when it is the one
+        self._db: Database | None = None
+        self._lock = asyncio.Lock()
+        self._failing: str | None = ""  # the last error logged; "" before the first scrape
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="konduit-metrics", daemon=True).start()
+
+    async def _open(self) -> Database:
+        db = Database(self.url, min_size=1, max_size=2, name="konduit-metrics")
+        try:
+            # A direct connection first: an unreachable server fails the scrape now, not after
+            # the pool's wait for a connection (and the pool starts without a backlog of retries).
+            await (await db.listen_connection()).close()
+            await db.open(timeout=self.timeout)
+            await (migrate(db) if self.embedded else ensure_current(db))
+        except BaseException:
+            await db.close()
+            raise
+        return db
+
+    async def _read(self) -> tuple[Stats, list[Row]]:
+        async with self._lock:
+            try:
+                if self._db is None:
+                    self._db = await self._open()
+                stats = await load_stats(self._db, **self.options)
+                rows = await self._db.all("execution_count_by_status",
+                                          history_seconds=stats.history_seconds)
+                return stats, rows
+            except BaseException:  # a fresh pool next time: no waiting out a broken one's retries
+                db, self._db = self._db, None
+                if db is not None:
+                    await db.close()
+                raise
+
+    def read(self) -> tuple[Stats, list[Row]]:
+        """The stats and execution counts now, within ``timeout`` seconds (or an exception)."""
+        future = asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(self._read(), self.timeout), self._loop)
+        try:
+            return future.result(self.timeout + 10)  # wait_for also waits out the cleanup
+        finally:
+            future.cancel()
+
+    def collect(self) -> Iterator[Metric]:
+        began = time.perf_counter()
+        try:
+            stats, rows = self.read()
+        except Exception as exc:
+            error = " ".join(str(exc).split()) or f"no answer within {self.timeout:g}s"
+            if error != self._failing:
+                log.warning("cannot read the stats: %s", error)
+            self._failing, families = error, []
+        else:
+            if self._failing:
+                log.warning("reading the stats again")
+            self._failing, families = None, metric_families(stats, rows)
+        yield from families
+        yield GaugeMetricFamily("konduit_scrape_error", "1 when this scrape could not read the "
+                                "database, else 0.", value=float(self._failing is not None))
+        yield GaugeMetricFamily("konduit_scrape_duration_seconds", "Seconds this scrape took.",
+                                value=time.perf_counter() - began)
+
+    def close(self) -> None:
+        async def shut() -> None:
+            async with self._lock:
+                if self._db is not None:
+                    await self._db.close()
+                    self._db = None
+
+        if self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(self.timeout + 10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+class Exporter:
+    """A running ``/metrics`` server (a daemon thread); ``close()`` stops it."""
+
+    def __init__(self, collector: KonduitCollector, host: str = DEFAULT_HOST,
+                 port: int = DEFAULT_PORT):
+        self.collector = collector
+        registry = CollectorRegistry()
+        registry.register(collector)
+        try:
+            self.server, self.thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            collector.close()
+            raise MetricsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        self.host, self.port = host, int(self.server.server_port)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.collector.close()
+
+    def __enter__(self) -> Exporter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def serve(database_url: str | None = None, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+          **options: Any) -> Exporter:
+    """Serve the metrics of ``database_url`` on ``http://host:port/metrics`` (port 0: any free
+    one, see :attr:`Exporter.port`); ``options`` are :class:`KonduitCollector`'s."""
+    return Exporter(KonduitCollector(database_url, **options), host, port)
+
+
+def wait_for_signal() -> None:
+    """Block until SIGINT or SIGTERM (the main thread's way to keep an exporter serving)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1):
+        pass
