@@ -51,6 +51,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._draining = False
+        self._completer: asyncio.Task[None] | None = None
         self.completed = 0
 
     def stop(self) -> None:
@@ -80,6 +81,7 @@ class Worker:
             asyncio.create_task(self._maintain(), name="konduit-maintenance"),
             asyncio.create_task(self.batcher.run(), name="konduit-completer"),
         ]
+        self._completer = helpers[-1]
         try:
             await self._claim_loop()
             await self._drain()
@@ -174,7 +176,10 @@ class Worker:
             self._wake.set()
 
     async def _record(self, completion: Completion) -> tuple[Recorded, Advanced | None]:
-        if completion.outcome in ("retry", "released"):
+        if completion.outcome in ("retry", "released") or self._completer is None \
+                or self._completer.done():
+            # Retries decide nothing about the DAG; and should the batching loop ever be gone
+            # (shutdown), an outcome is still recorded, alone.
             return await record(self.db, self.registry, completion)
         return await self.batcher.submit(completion)
 
