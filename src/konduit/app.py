@@ -43,9 +43,11 @@ class ExecutionHandle:
         return self.app.wait(self.id, timeout)
 
     def status(self) -> ExecutionResult:
+        """How the execution stands now."""
         return self.app.status(self.id)
 
     def cancel(self) -> bool:
+        """Cancel it; False when it had already finished."""
         return self.app.cancel(self.id)
 
     def __repr__(self) -> str:
@@ -77,6 +79,7 @@ class App:
         self._lock = threading.Lock()
 
     def add(self, workflow: Workflow) -> None:
+        """Register one more workflow (before the first start or worker)."""
         self.registry.add(workflow)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -153,12 +156,15 @@ class App:
         return ExecutionHandle(self, coerce_execution_id(execution_id))
 
     def wait(self, execution_id: UUID | str, timeout: float | None = None) -> ExecutionResult:
+        """Block until the execution finishes; see :meth:`ExecutionHandle.wait`."""
         return self._call(self._c().wait(execution_id, timeout))
 
     def status(self, execution_id: UUID | str) -> ExecutionResult:
+        """How an execution stands now: status, output, error, each step's outcome."""
         return self._call(self._c().get(execution_id))
 
     def cancel(self, execution_id: UUID | str) -> bool:
+        """Cancel a running execution; False when it had already finished."""
         return self._call(self._c().cancel(execution_id))
 
     def repair(self, execution_id: UUID | str) -> builtins.list[str]:
@@ -177,15 +183,19 @@ class App:
 
     def list(self, *, status: str | None = None, workflow: str | None = None,
              limit: int = 50) -> builtins.list[ExecutionResult]:
+        """Recent executions, newest first (without outputs: use :meth:`status`)."""
         return self._call(self._c().list(status=status, workflow=workflow, limit=limit))
 
     def tasks(self, execution_id: UUID | str) -> builtins.list[Row]:
+        """Every task of an execution (all generations), with attempts and errors."""
         return self._call(self._c().tasks(execution_id))
 
     def steps(self, execution_id: UUID | str) -> builtins.list[Row]:
+        """Every step of an execution with its join counters and timings (fan-in wait)."""
         return self._call(self._c().steps(execution_id))
 
     def dead_letters(self, limit: int = 50) -> builtins.list[Row]:
+        """Tasks that failed for good (retries exhausted or non-retryable), newest first."""
         return self._call(self._c().dead_letters(limit))
 
     def migrate(self) -> builtins.list[str]:

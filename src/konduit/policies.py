@@ -76,6 +76,7 @@ class Retry:
         return raw
 
     def to_spec(self) -> dict[str, Any]:
+        """The policy as JSON, part of the workflow's spec hash."""
         return {
             "max_attempts": self.max_attempts,
             "backoff": self.backoff,
@@ -121,6 +122,7 @@ class Join:
         return cls("quorum", k)
 
     def to_spec(self) -> dict[str, Any]:
+        """The policy as JSON, part of the workflow's spec hash."""
         return {"kind": self.kind, "k": self.k}
 
 
@@ -167,6 +169,7 @@ class Deadline:
         )
 
     def to_spec(self) -> dict[str, Any]:
+        """The policy as JSON, part of the workflow's spec hash."""
         if not self.adaptive_:
             return {"seconds": self.seconds}
         return {
