@@ -531,6 +531,32 @@ def dead_letters(
 
 
 @cli.command()
+def dashboard(
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve the dashboard on.")] = 8090,
+    host: Annotated[str, typer.Option(
+        help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    app_spec: Annotated[str | None, typer.Option(
+        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
+        help="module:attribute of the konduit.App whose workflows Repair re-runs "
+        "(without it, Repair is disabled).", show_default=False)] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Serve the web dashboard until SIGINT/SIGTERM: executions, each one's DAG with live step
+    states and a timeline of its attempts and fan-in waits, dead letters with repair, the stats,
+    /metrics and a JSON API under /api. While the database is down its pages answer 503."""
+    from konduit.dashboard.app import serve
+
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)  # a down database is a 503 page
+    app = load_app(app_spec, database_url) if app_spec else None
+    where = describe_url(database_url or (app.database_url if app else None)
+                         or os.environ.get("KONDUIT_DATABASE_URL"))
+    serve(database_url, app, host=host, port=port, announce=lambda url: err_console.print(
+        f"konduit dashboard: serving {url} from {where}"
+        + (f", repairs with {app_spec}" if app_spec else " (read-only: no --app)") + " (Ctrl-C stops)",
+        soft_wrap=True, markup=False))
+
+
+@cli.command()
 def metrics(
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve /metrics on.")] = 9464,
     host: Annotated[str, typer.Option(

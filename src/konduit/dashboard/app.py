@@ -1,0 +1,327 @@
+"""``konduit dashboard``: executions, the DAG with live step states, a Gantt timeline that makes
+the latency composition visible, dead letters with repair, the stats and ``/metrics``.
+
+Server-rendered (FastAPI + Jinja2, no JavaScript framework, nothing fetched from elsewhere). Every
+page reads the database through one :class:`~konduit.client.Client`, created on first use in the
+server's event loop and dropped when the database fails, so a page answers 503 while it is down
+and works again once it is back. Repair re-runs workflow code, so it is offered only when the
+dashboard knows the workflows (``--app``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import psycopg
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, PackageLoader, select_autoescape
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
+from starlette.exceptions import HTTPException
+
+from konduit.app import App
+from konduit.client import Client, ExecutionResult
+from konduit.dashboard import views
+from konduit.db.database import Row, is_embedded, resolve_url, translate_errors
+from konduit.errors import (
+    DatabaseUnavailable,
+    ExecutionNotFound,
+    KonduitError,
+    SchemaOutdated,
+)
+from konduit.metrics import KonduitCollector
+from konduit.stats import StatsError, load_stats, span
+
+ClientFactory = Callable[[], Awaitable[Client]]
+REFRESH_SECONDS = 2
+
+env = Environment(loader=PackageLoader("konduit.dashboard", "templates"),
+                  autoescape=select_autoescape(["html"]))
+env.filters.update(secs=views.secs, last_line=views.last_line,
+                   pretty=lambda v: json.dumps(v, indent=2, default=str, ensure_ascii=False),
+                   clock=lambda t: "—" if t is None else t.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
+                   n=lambda v: f"{v:.1f}")
+env.globals["span"] = span
+templates = Jinja2Templates(env=env)
+
+
+class DashboardError(KonduitError):
+    """The dashboard cannot start as asked (the port is taken, say)."""
+
+
+def database_client(database_url: str | None = None, app: App | None = None) -> ClientFactory:
+    """Make a fresh client (with ``app``'s workflows, for repair) on each call, in the caller's
+    event loop; the URL is ``database_url``, else ``app``'s, else the usual fallbacks."""
+
+    async def make() -> Client:
+        url = database_url
+        if url is None and app is not None:
+            url = await asyncio.to_thread(lambda: app.database_url)
+        fresh = App([], database_url=url)
+        if app is not None:
+            fresh.registry = app.registry
+        if not is_embedded(url):  # a down server answers now, not after the pool's wait
+            with translate_errors():
+                await (await psycopg.AsyncConnection.connect(resolve_url(url),
+                                                             connect_timeout=5)).close()
+        return await fresh.client_async()
+
+    return make
+
+
+class Clients:
+    """The dashboard's one client and metrics collector, made on first use."""
+
+    def __init__(self, factory: ClientFactory):
+        self.factory = factory
+        self.client: Client | None = None
+        self.metrics: CollectorRegistry | None = None
+        self.collector: KonduitCollector | None = None
+        self.lock, self.metrics_lock = asyncio.Lock(), asyncio.Lock()
+
+    async def get(self) -> Client:
+        async with self.lock:
+            if self.client is None:
+                self.client = await self.factory()
+            return self.client
+
+    async def drop(self) -> None:
+        async with self.lock:
+            client, self.client = self.client, None
+        if client is not None:
+            await client.db.close()
+
+    async def registry(self) -> CollectorRegistry:
+        """The Prometheus registry of ``konduit metrics``'s collector, on the client's database."""
+        async with self.metrics_lock:
+            if self.metrics is None:
+                url = (await self.get()).db.url
+                self.collector = await asyncio.to_thread(KonduitCollector, url)
+                self.metrics = CollectorRegistry()
+                self.metrics.register(self.collector)
+            return self.metrics
+
+    async def close(self) -> None:
+        await self.drop()
+        if self.collector is not None:
+            await asyncio.to_thread(self.collector.close)
+
+
+@dataclass
+class Detail:
+    """Everything the execution page shows."""
+
+    result: ExecutionResult
+    row: Row
+    spec_steps: list[dict[str, Any]]
+    steps: list[Row]
+    attempts: list[Row]
+    versions: list[Row]
+    late: list[Row]
+
+
+async def load_detail(client: Client, execution_id: str) -> Detail:
+    result = await client.get(execution_id)
+    row = await client.db.one("execution_get", id=result.id)
+    workflow = await client.db.one("workflow_get", name=result.workflow, version=result.version)
+    assert row is not None
+    steps = await client.steps(result.id)
+    attempts = await client.db.all("attempt_list_by_execution", execution_id=result.id)
+    payloads = await client.payloads(result.id)
+    return Detail(result, row, list(workflow["spec"]["steps"]) if workflow else [], steps, attempts,
+                  await client.outputs(result.id), [p for p in payloads if p["source"] == "late"])
+
+
+def wants_json(request: Request) -> bool:
+    return request.url.path.startswith("/api/")
+
+
+def create_app(client_factory: ClientFactory, app: App | None = None) -> FastAPI:
+    """The dashboard as an ASGI app. ``client_factory`` makes the client the pages read with
+    (see :func:`database_client`); ``app`` supplies the workflow code that Repair re-runs."""
+    clients = Clients(client_factory)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await clients.close()
+
+    web = FastAPI(title="konduit dashboard", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        context.setdefault("flash", request.query_params.get("flash"))
+        context.setdefault("error", request.query_params.get("error"))
+        return templates.TemplateResponse(request, name, {"repair_enabled": app is not None,
+                                                          **context}, status_code=status_code)
+
+    def problem(request: Request, status_code: int, title: str, message: str) -> Response:
+        if wants_json(request):
+            return JSONResponse({"detail": message}, status_code=status_code)
+        return page(request, "error.html", status_code, title=title, message=message)
+
+    @web.exception_handler(ExecutionNotFound)
+    async def not_found(request: Request, exc: ExecutionNotFound) -> Response:
+        return problem(request, 404, "No such execution", str(exc))
+
+    @web.exception_handler(KonduitError)
+    async def failed(request: Request, exc: KonduitError) -> Response:
+        if isinstance(exc, DatabaseUnavailable | SchemaOutdated):
+            await clients.drop()  # a fresh connection next time
+            return problem(request, 503, "The database is unavailable",
+                           f"{exc} — the dashboard retries on the next request.")
+        return problem(request, 500, "Konduit error", str(exc))
+
+    @web.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return problem(request, exc.status_code, "Not found" if exc.status_code == 404 else "Error",
+                       f"{exc.detail}: {request.url.path}")
+
+    def filters(status: str | None, workflow: str | None) -> tuple[str | None, str | None]:
+        return status or None, workflow or None  # an empty select means "any"
+
+    @web.get("/", response_class=HTMLResponse)
+    async def executions(request: Request, status: str | None = None, workflow: str | None = None,
+                         limit: int = 50) -> Response:
+        client = await clients.get()
+        status, workflow = filters(status, workflow)
+        results = await client.list(status=status, workflow=workflow, limit=max(1, min(limit, 500)))
+        steps = await asyncio.gather(*(client.steps(r.id) for r in results))
+        now = datetime.now(UTC)
+        rows = [{"r": r, "took": views.between(r.created_at, r.finished_at or now),
+                 "degraded": sorted(s["step"] for s in st if s["status"] == "degraded"),
+                 "failed": sorted(s["step"] for s in st if s["status"] in ("failed", "timed_out"))}
+                for r, st in zip(results, steps, strict=True)]
+        names = sorted({w["name"] for w in await client.db.all("workflow_list")})
+        return page(request, "executions.html", rows=rows, workflows=names, status=status,
+                    workflow=workflow, statuses=views.FINISHED | {"pending", "running"},
+                    refresh=REFRESH_SECONDS if any(not r.finished for r in results) else None)
+
+    @web.get("/executions/{execution_id}", response_class=HTMLResponse)
+    async def execution(request: Request, execution_id: str) -> Response:
+        d = await load_detail(await clients.get(), execution_id)
+        now, origin = datetime.now(UTC), d.result.created_at or datetime.now(UTC)
+        tries = Counter(a["step"] for a in d.attempts)
+        place = {s["name"]: i for i, s in enumerate(d.spec_steps)}
+        ordered = sorted(d.steps, key=lambda s: (s["fired_at"] is None, s["fired_at"] or now,
+                                                 place.get(s["step"], 0)))
+        table = [s | {"tries": tries[s["step"]], "join": int(s["up_total"]) > 1,
+                      "fired": views.between(origin, s["fired_at"]),
+                      "ended": views.between(origin, s["ended_at"]),
+                      "wait": views.between(s["first_upstream_at"], s["fired_at"])} for s in ordered]
+        deadline = d.row["deadline_at"]
+        return page(
+            request, "execution.html", d=d, r=d.result, steps=table, now=now,
+            took=views.between(origin, d.result.finished_at or now),
+            dag=views.dag_layout(d.spec_steps, {s["step"]: s for s in d.steps}),
+            gantt=views.gantt(d.attempts, d.steps, origin, d.result.finished_at or now, deadline),
+            window=None if deadline is None else {
+                "at": deadline, "left": views.between(now, deadline),
+                "met": d.result.finished_at <= deadline if d.result.finished_at else None},
+            repairable=d.result.status in ("succeeded", "failed", "timed_out")
+            and any(s["status"] in views.REPAIRABLE for s in d.steps),
+            statuses=views.STEP_STATUSES, outcomes=views.ATTEMPT_OUTCOMES,
+            refresh=None if d.result.finished else REFRESH_SECONDS)
+
+    @web.post("/executions/{execution_id}/repair")
+    async def repair(request: Request, execution_id: str) -> Response:
+        origin = request.headers.get("origin")
+        if origin and urlsplit(origin).netloc != request.headers.get("host"):
+            return problem(request, 403, "Forbidden", "a repair must come from the dashboard's own page")
+        back = f"/executions/{execution_id}"
+        if app is None:
+            message = "repair re-runs workflow code: start the dashboard with --app MODULE:ATTR"
+            return RedirectResponse(back + "?" + urlencode({"error": message}), status_code=303)
+        client = await clients.get()
+        repairer = Client(client.db, app.registry, max_payload_bytes=app.max_payload_bytes)
+        try:
+            rerun = await repairer.repair(execution_id)
+        except (ExecutionNotFound, DatabaseUnavailable):
+            raise
+        except KonduitError as exc:  # nothing to repair, still running, unknown workflow...
+            return RedirectResponse(back + "?" + urlencode({"error": str(exc)}), status_code=303)
+        flash = f"repair started: re-running {', '.join(rerun)}"
+        return RedirectResponse(back + "?" + urlencode({"flash": flash}), status_code=303)
+
+    @web.get("/dead-letters", response_class=HTMLResponse)
+    async def dead_letters(request: Request, limit: int = 100) -> Response:
+        client = await clients.get()
+        rows = await client.dead_letters(max(1, min(limit, 1000)))
+        ids = list(dict.fromkeys(r["execution_id"] for r in rows))
+        found = await asyncio.gather(*(client.db.one("execution_get", id=i) for i in ids))
+        status = {i: e["status"] if e else "?" for i, e in zip(ids, found, strict=True)}
+        seen: set[Any] = set()
+        letters = []
+        for r in rows:
+            letters.append(r | {"first": r["execution_id"] not in seen,
+                                "execution_status": status[r["execution_id"]]})
+            seen.add(r["execution_id"])
+        return page(request, "dead_letters.html", letters=letters)
+
+    @web.get("/stats", response_class=HTMLResponse)
+    async def stats(request: Request, workflow: str | None = None, history: str = "24h",
+                    fan_in_alert: str = "20s", consecutive: int = 2) -> Response:
+        client = await clients.get()
+        options = {"workflow": workflow or "", "history": history, "fan_in_alert": fan_in_alert,
+                   "consecutive": consecutive}
+        try:
+            result = await load_stats(client.db, workflow or None, history=history,
+                                      fan_in_alert=fan_in_alert, consecutive=consecutive)
+        except StatsError as exc:
+            return page(request, "stats.html", 400, stats=None, options=options, error=str(exc))
+        alerting = {(a.workflow, a.join) for a in result.alerts}
+        return page(request, "stats.html", stats=result, options=options, alerting=alerting)
+
+    @web.get("/metrics")
+    async def metrics() -> Response:
+        body = await asyncio.to_thread(generate_latest, await clients.registry())
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @web.get("/api/executions")
+    async def api_executions(status: str | None = None, workflow: str | None = None,
+                             limit: int = 50) -> Response:
+        status, workflow = filters(status, workflow)
+        results = await (await clients.get()).list(status=status, workflow=workflow,
+                                                   limit=max(1, min(limit, 500)))
+        return JSONResponse(jsonable_encoder(results))
+
+    @web.get("/api/executions/{execution_id}")
+    async def api_execution(execution_id: str) -> Response:
+        d = await load_detail(await clients.get(), execution_id)
+        return JSONResponse(jsonable_encoder({
+            **jsonable_encoder(d.result), "deadline_at": d.row["deadline_at"],
+            "output_version": d.row["output_version"], "steps": d.steps, "attempts": d.attempts,
+            "output_versions": d.versions, "late_results": d.late}))
+
+    return web
+
+
+def serve(database_url: str | None = None, app: App | None = None, *, host: str = "127.0.0.1",
+          port: int = 8090, announce: Callable[[str], None] = print) -> None:
+    """Serve the dashboard on ``host:port`` until SIGINT/SIGTERM (port 0: any free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise DashboardError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    bound = sock.getsockname()[1]
+    announce(f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{bound}/")
+    config = uvicorn.Config(create_app(database_client(database_url, app), app),
+                            log_level="warning", lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
