@@ -52,6 +52,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._draining = False
         self._completer: asyncio.Task[None] | None = None
+        self._recording: set[int] = set()  # tasks whose handler returned: never cancel those
         self.completed = 0
 
     def stop(self) -> None:
@@ -139,6 +140,7 @@ class Worker:
             ctx = await self._retrying(lambda: self.executor.context_for(spec, task))
             self.contexts[task.id] = ctx
             completion = await self.executor.run(spec, task, ctx)
+            self._recording.add(task.id)
             try:
                 outcome, advanced = await self._retrying(lambda: self._record(completion))
             except DatabaseError as exc:
@@ -173,6 +175,7 @@ class Worker:
         finally:
             self.running.pop(task.id, None)
             self.contexts.pop(task.id, None)
+            self._recording.discard(task.id)
             self._wake.set()
 
     async def _record(self, completion: Completion) -> tuple[Recorded, Advanced | None]:
@@ -257,6 +260,8 @@ class Worker:
         """An execution ended (cancelled, failed, timed out): its running tasks here lost their
         leases in that transaction, so stop them now rather than at the next heartbeat."""
         for task_id, (task, _) in list(self.running.items()):
+            if task_id in self._recording:
+                continue  # its outcome is being recorded: possibly the one that ended it
             if str(task.execution_id) == execution_id:
                 log.info("execution %s ended; stopping its task %s (%s)", execution_id, task_id,
                          task.step)
