@@ -56,6 +56,14 @@ DatabaseUrl = Annotated[
         show_default=False,
     ),
 ]
+# Options shared by the commands that read history (stats, metrics).
+History = Annotated[str, typer.Option(
+    "--history", metavar="DURATION", help="Use the executions started within this long ago.")]
+FanInAlert = Annotated[str, typer.Option(
+    "--fan-in-alert", metavar="DURATION",
+    help="Alert when a join's fan-in wait exceeds this ...")]
+Consecutive = Annotated[int, typer.Option(
+    "--consecutive", min=1, help="... in each of its last this many executions.")]
 
 FINISHED_STYLES = {
     "succeeded": "green",
@@ -561,14 +569,9 @@ def metrics(
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve /metrics on.")] = 9464,
     host: Annotated[str, typer.Option(
         help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
-    history: Annotated[str, typer.Option(
-        "--history", metavar="DURATION",
-        help="Use the executions started within this long ago.")] = "24h",
-    fan_in_alert: Annotated[str, typer.Option(
-        "--fan-in-alert", metavar="DURATION",
-        help="konduit_join_fan_in_alert is 1 when a join's fan-in wait exceeds this ...")] = "20s",
-    consecutive: Annotated[int, typer.Option(
-        "--consecutive", min=1, help="... in each of its last this many executions.")] = 2,
+    history: History = "24h",
+    fan_in_alert: FanInAlert = "20s",
+    consecutive: Consecutive = 2,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Serve the numbers of `konduit stats` to Prometheus on http://HOST:PORT/metrics until
@@ -592,14 +595,9 @@ def stats(
     workflow: Annotated[str | None, typer.Argument(
         metavar="WORKFLOW", help="Only this workflow (default: every workflow).",
         show_default=False)] = None,
-    history: Annotated[str, typer.Option(
-        "--history", metavar="DURATION",
-        help="Use the executions started within this long ago.")] = "24h",
-    fan_in_alert: Annotated[str, typer.Option(
-        "--fan-in-alert", metavar="DURATION",
-        help="Alert when a join's fan-in wait exceeds this ...")] = "20s",
-    consecutive: Annotated[int, typer.Option(
-        "--consecutive", min=1, help="... in each of its last this many executions.")] = 2,
+    history: History = "24h",
+    fan_in_alert: FanInAlert = "20s",
+    consecutive: Consecutive = 2,
     as_json: Annotated[bool, typer.Option("--json", help="Print the stats as JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
@@ -651,9 +649,7 @@ def plan(
         "--start", metavar="HH:MM",
         help="When the execution starts: a time of day (its next occurrence) or a date-time "
         "(default: now).", show_default=False)] = None,
-    history: Annotated[str, typer.Option(
-        "--history", metavar="DURATION",
-        help="Use the executions started within this long ago.")] = "7d",
+    history: History = "7d",
     version: Annotated[int | None, typer.Option(
         help="Workflow version whose DAG to plan (default: the latest); history counts every "
         "version.", show_default=False)] = None,

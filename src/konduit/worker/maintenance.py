@@ -11,7 +11,8 @@ import logging
 from konduit.db.database import Database
 from konduit.engine.advancer import finish_execution
 from konduit.registry import Registry
-from konduit.worker.completer import Completion, Recorded, record
+from konduit.worker.completer import Recorded, record
+from konduit.worker.executor import Claimed
 
 log = logging.getLogger("konduit.maintenance")
 
@@ -30,16 +31,10 @@ async def reclaim_expired_leases(db: Database, registry: Registry, *, limit: int
             registry.get(task["workflow_name"], task["workflow_version"])
         except Exception:
             continue  # another deployment's workflow: its own workers reclaim it
-        exhausted = task["attempt"] >= task["max_attempts"]
-        completion = Completion(
-            task_id=task["id"],
-            lease_token=task["lease_token"],
-            execution_id=task["execution_id"],
-            step=task["step"],
-            map_index=task["map_index"],
-            attempt=task["attempt"],
-            outcome="failed" if exhausted else "retry",
-            error=f"lease expired on worker {task['worker_id']} (attempt {task['attempt']})",
+        lost = Claimed.from_row(task)
+        completion = lost.completion(
+            "failed" if lost.attempt >= lost.max_attempts else "retry",
+            error=f"lease expired on worker {task['worker_id']} (attempt {lost.attempt})",
             attempt_outcome="lost",
         )
         outcome, _ = await record(db, registry, completion)

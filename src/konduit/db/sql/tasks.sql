@@ -136,8 +136,9 @@ LIMIT %(limit)s;
 
 -- name: task_get_for_reclaim
 -- A running task with an expired lease, with what reclaiming it needs.
-SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.lease_token,
-       t.worker_id, e.workflow_name, e.workflow_version
+SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
+       t.lease_token, t.queue, t.generation, t.worker_id, e.workflow_name, e.workflow_version,
+       e.input
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
