@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import os
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -65,6 +66,19 @@ def db_url(admin_url: str, template_db: str) -> Iterator[str]:
     yield with_database(admin_url, name)
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def empty_db_url(admin_url: str) -> Iterator[str]:
+    """A database on the test server that was never migrated."""
+    name = f"konduit_empty_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(admin_url, name)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

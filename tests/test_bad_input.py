@@ -6,16 +6,13 @@ keys, conflicting definitions, and a database that was never migrated.
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
 import konduit
-from konduit.db.embedded import with_database
 from tests.conftest import running_worker
 
 pytestmark = pytest.mark.storage
@@ -35,17 +32,6 @@ def noop(ctx):
     return ctx.input
 
 
-@pytest.fixture
-def empty_db_url(admin_url: str) -> Iterator[str]:
-    """A database on the test server that was never migrated."""
-    name = f"konduit_empty_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_database(admin_url, name)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_every_public_exception_derives_from_konduit_error():

@@ -36,6 +36,17 @@ def spawn_worker(db_url: str, concurrency: int = 6) -> subprocess.Popen[bytes]:
     )
 
 
+def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every worker, then wait for them (killing any that will not stop)."""
+    for w in workers:
+        w.send_signal(signal.SIGTERM)
+    for w in workers:
+        try:
+            w.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            w.kill()
+
+
 def check_invariants(db_url: str, executions: int) -> dict[str, int]:
     """Every execution succeeded with the right output, each task exists once with one outcome,
     and each task's attempt count matches its attempts (lost leases included)."""
@@ -119,13 +130,7 @@ def test_chaos_sigkill_random_workers(db_url):
                 break
         wait_all(app, ids, timeout=90)
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        stop_workers(workers)
         app.close()
     stats = check_invariants(db_url, executions)
     print(f"chaos: {executions} executions, {kills} SIGKILLs, "
@@ -167,13 +172,7 @@ def test_database_restart_mid_run(private_server):
         private_server.ensure_postgres_running()
         wait_all(app, ids, timeout=90)
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        stop_workers(workers)
         app.close()
     check_invariants(url, 40)
 

@@ -9,7 +9,6 @@ named by convention and valid SQL on the real server.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import threading
 import uuid
@@ -24,7 +23,6 @@ from psycopg.types.json import Jsonb
 
 import konduit
 from konduit.db.database import Database
-from konduit.db.embedded import with_database
 from konduit.db.migrate import current_version, latest_version, migrate, migrations
 from konduit.db.queries import all_queries, parse_queries, q
 
@@ -36,17 +34,6 @@ NOT_PREPARABLE = {"schema_version_table_create_if_absent"}  # DDL: PREPARE takes
 EXECUTION = uuid.UUID("00000000-0000-4000-8000-000000000001")
 
 
-@pytest.fixture
-def empty_db_url(admin_url: str) -> Iterator[str]:
-    """A database on the test server that was never migrated."""
-    name = f"konduit_empty_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_database(admin_url, name)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
