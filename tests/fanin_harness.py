@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import konduit
-from konduit.advance import TaskEnded
 from konduit.bench import LoopThread, claim
+from konduit.core.advance import TaskEnded
 from konduit.db.database import Database
-from konduit.registry import Registry
-from konduit.worker.completer import Completion, Recorded, record
+from konduit.engine.completer import Completion, Recorded, record
+from konduit.engine.registry import Registry
 from konduit.worker.executor import Claimed
 
 WORKER_ID = "harness"

@@ -1,4 +1,4 @@
-"""Property tests of the pure fan-in decision (:func:`konduit.advance.advance`).
+"""Property tests of the pure fan-in decision (:func:`konduit.core.advance.advance`).
 
 A simulator drives random executions of random DAGs through ``advance`` exactly as the database
 layer would (load state, call, apply the decision, create the fired tasks, expand map steps) and
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from konduit.advance import (
+from konduit.core.advance import (
     Decision,
     ExecutionState,
     MapExpanded,
@@ -29,8 +29,8 @@ from konduit.advance import (
     initial_states,
     join_verdict,
 )
-from konduit.policies import Join
-from konduit.workflow import Workflow, WorkflowSpec
+from konduit.core.policies import Join
+from konduit.core.workflow import Workflow, WorkflowSpec
 
 OK = frozenset({"succeeded", "degraded"})
 FAILURES = frozenset({"failed", "timed_out", "cancelled"})

@@ -34,8 +34,8 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 import konduit
-from konduit.dashboard import create_app, database_client
-from konduit.dashboard.views import dag_layout, depths, gantt
+from konduit.web import create_app, database_client
+from konduit.web.views import dag_layout, depths, gantt
 from tests.conftest import running_worker
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

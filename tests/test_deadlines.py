@@ -14,7 +14,7 @@ import pydantic
 import pytest
 
 import konduit
-from konduit.deadlines import MIN_SAMPLES, adaptive_budget
+from konduit.engine.deadlines import MIN_SAMPLES, adaptive_budget
 from tests.conftest import running_worker
 
 pytestmark = pytest.mark.storage
@@ -308,7 +308,7 @@ def test_adaptive_deadline_from_real_history(make_app):
                 " now() - make_interval(secs => %s), now(), 'succeeded')",
                 (task_id, float(i)),
             )
-    from konduit.deadlines import budgets
+    from konduit.engine.deadlines import budgets
 
     budgets._cache.clear()
     second = app.start(wf.name)

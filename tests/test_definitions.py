@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from konduit.durations import parse_duration
+from konduit.core.durations import parse_duration
+from konduit.core.policies import Deadline, Join, Retry
+from konduit.core.workflow import Workflow, WorkflowSpec, parallel, step
 from konduit.errors import KonduitError, WorkflowDefinitionError
-from konduit.policies import Deadline, Join, Retry
-from konduit.workflow import Workflow, WorkflowSpec, parallel, step
 
 
 def _h(name: str) -> Any:

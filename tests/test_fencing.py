@@ -8,7 +8,7 @@ import threading
 import psycopg
 import pytest
 
-from konduit.worker.completer import Recorded, record
+from konduit.engine.completer import Recorded, record
 from konduit.worker.maintenance import reclaim_expired_leases
 from tests.fanin_harness import LoopThread, claim, completion_for, fan_in_workflow
 

@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 import konduit
-from konduit.metrics import EXECUTION_STATUSES, metric_families, serve
-from konduit.stats import build_stats
+from konduit.observe.metrics import EXECUTION_STATUSES, metric_families, serve
+from konduit.observe.stats import build_stats
 from tests.conftest import running_worker
 from tests.test_cli import _env, assert_clean_error, konduit_cli
 from tests.test_stats import SLOW_SECONDS, fan_in_workflow, run

@@ -1,6 +1,6 @@
 """Plans (``konduit plan``): the critical path from history, predicted finishes, the verdict.
 
-The pure part (:func:`konduit.plan.critical_path`, :func:`build_plan`, the window parsers) is
+The pure part (:func:`konduit.observe.plan.critical_path`, :func:`build_plan`, the window parsers) is
 tested on its own, with properties checked against a brute-force enumeration of every path; then a
 plan is built from the real history of executions run by real workers, and the CLI prints it.
 """
@@ -26,8 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import konduit
+from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database
-from konduit.plan import (
+from konduit.observe.plan import (
     QUANTILES,
     Plan,
     PlanError,
@@ -41,7 +42,6 @@ from konduit.plan import (
     parse_moment,
     window_from,
 )
-from konduit.workflow import WorkflowSpec
 from tests.conftest import running_worker
 from tests.test_cli import assert_clean_error, konduit_cli
 

@@ -1,6 +1,6 @@
 """Stats (``konduit stats``): per-branch latency, per-join fan-in wait, the seed-004 alert.
 
-The alert rule (:func:`konduit.stats.fan_in_alert`) is pure and tested on its own, with
+The alert rule (:func:`konduit.observe.stats.fan_in_alert`) is pure and tested on its own, with
 properties against a brute-force reading of "the last N executions all waited too long"; then
 stats are read from the real history of a fan-out/fan-in workflow with one slow branch, run by a
 real worker, and the CLI prints them and exits 3 on an alert.
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import konduit
 from konduit.db.database import Database
-from konduit.stats import (
+from konduit.observe.stats import (
     ALERT_EXIT_CODE,
     Alert,
     JoinStats,

@@ -1,8 +1,13 @@
 """Konduit: durable DAG workflows on PostgreSQL with an exactly-once join."""
 
 from konduit.app import App, ExecutionHandle
-from konduit.client import ExecutionResult
-from konduit.context import Context
+from konduit.core.context import Context
+from konduit.core.policies import Deadline, Join, Retry
+from konduit.core.repair import NothingToRepair
+from konduit.core.results import Route
+from konduit.core.validation import OutputInvalid
+from konduit.core.workflow import Workflow, parallel, step
+from konduit.engine.client import ExecutionResult
 from konduit.errors import (
     DatabaseError,
     DatabaseUnavailable,
@@ -17,11 +22,6 @@ from konduit.errors import (
     WorkflowNotFound,
     WorkflowVersionConflict,
 )
-from konduit.policies import Deadline, Join, Retry
-from konduit.repair import NothingToRepair
-from konduit.results import Route
-from konduit.validation import OutputInvalid
-from konduit.workflow import Workflow, parallel, step
 
 __version__ = "0.1.0"
 

@@ -1,7 +1,7 @@
 """``konduit.App``: the registry of workflows plus a synchronous face over the async core.
 
 Sync calls run on a private event-loop thread (one per App), so there is one implementation of
-every operation, in :mod:`konduit.client`, and no hand-written sync twin.
+every operation, in :mod:`konduit.engine.client`, and no hand-written sync twin.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
-from konduit.client import Client, ExecutionResult, coerce_execution_id
+from konduit.core.durations import Duration
+from konduit.core.payloads import DEFAULT_MAX_BYTES
+from konduit.core.workflow import Workflow
 from konduit.db.database import Database, Row, is_embedded, resolve_url
 from konduit.db.migrate import ensure_current, migrate
-from konduit.durations import Duration
-from konduit.payloads import DEFAULT_MAX_BYTES
-from konduit.registry import Registry
+from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
+from konduit.engine.registry import Registry
 from konduit.worker.config import WorkerConfig
 from konduit.worker.worker import Worker
-from konduit.workflow import Workflow
 
 T = TypeVar("T")
 log = logging.getLogger("konduit")
@@ -143,7 +143,7 @@ class App:
         timeout: Duration | None = None,
     ) -> ExecutionHandle:
         """Start an execution of the latest registered version (or ``version``); see
-        :meth:`konduit.client.Client.start`."""
+        :meth:`konduit.engine.client.Client.start`."""
         client = self._c()
         eid = self._call(
             client.start(workflow, input, idempotency_key=idempotency_key, version=version,
@@ -169,7 +169,7 @@ class App:
 
     def repair(self, execution_id: UUID | str) -> builtins.list[str]:
         """Re-run the degraded/failed branches of a finished execution and what depends on
-        them; returns the steps that run again. See :meth:`konduit.client.Client.repair`."""
+        them; returns the steps that run again. See :meth:`konduit.engine.client.Client.repair`."""
         return self._call(self._c().repair(execution_id))
 
     def outputs(self, execution_id: UUID | str) -> builtins.list[Row]:
@@ -178,7 +178,7 @@ class App:
 
     def payloads(self, execution_id: UUID | str) -> builtins.list[Row]:
         """Every payload of an execution's tasks, late results included; see
-        :meth:`konduit.client.Client.payloads`."""
+        :meth:`konduit.engine.client.Client.payloads`."""
         return self._call(self._c().payloads(execution_id))
 
     def list(self, *, status: str | None = None, workflow: str | None = None,

@@ -26,13 +26,13 @@ import psycopg
 from psycopg import sql
 
 import konduit
-from konduit.client import Client, ExecutionResult
 from konduit.db.database import Database
 from konduit.db.embedded import server_url, with_database
 from konduit.db.migrate import migrate
+from konduit.engine.client import Client, ExecutionResult
+from konduit.engine.completer import Completion, Recorded, record, record_ended
+from konduit.engine.registry import Registry
 from konduit.errors import KonduitError
-from konduit.registry import Registry
-from konduit.worker.completer import Completion, Recorded, record, record_ended
 from konduit.worker.executor import Claimed
 
 T = TypeVar("T")

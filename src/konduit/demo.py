@@ -45,9 +45,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import konduit
-from konduit.client import ExecutionResult
 from konduit.db.database import Database, Row
-from konduit.deadlines import MIN_SAMPLES, adaptive_budget
+from konduit.engine.client import ExecutionResult
+from konduit.engine.deadlines import MIN_SAMPLES, adaptive_budget
 
 # Bump the version whenever a step's options change: a database that already ran the demo keeps
 # the old definition under the old version number. (2: cover_image's deadline and fallback.)
@@ -298,7 +298,7 @@ async def _with_db(database_url: str, use: Callable[[Database], Awaitable[T]]) -
 
 def _cover_deadline(database_url: str) -> str:
     """cover_image's budget for the next tasks and where it comes from, as the engine computes
-    it (:mod:`konduit.deadlines`): 1.5 x p99 of its successful runs over 7 days, clamped."""
+    it (:mod:`konduit.engine.deadlines`): 1.5 x p99 of its successful runs over 7 days, clamped."""
     d = COVER_DEADLINE
     assert d.ceiling is not None and d.default is not None
 
@@ -319,7 +319,7 @@ def _cover_deadline(database_url: str) -> str:
 
 def _plan(database_url: str, window: float) -> list[Any]:
     """The plan of the next run from the history just made (what ``konduit plan`` prints)."""
-    from konduit.plan import load_plan, plan_renderables
+    from konduit.observe.plan import load_plan, plan_renderables
 
     async def load(db: Database) -> list[Any]:
         start = datetime.now(UTC)

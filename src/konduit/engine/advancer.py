@@ -15,7 +15,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from konduit.advance import (
+from konduit.core.advance import (
     OK_OUTCOMES,
     Decision,
     Event,
@@ -26,13 +26,13 @@ from konduit.advance import (
     TaskEnded,
     advance,
 )
+from konduit.core.payloads import canonical_json
+from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Row, Tx
-from konduit.deadlines import budgets
-from konduit.payloads import canonical_json
-from konduit.registry import workflow_key
-from konduit.workflow import WorkflowSpec
+from konduit.engine.deadlines import budgets
+from konduit.engine.registry import workflow_key
 
-log = logging.getLogger("konduit.advance")
+log = logging.getLogger("konduit.core.advance")
 
 _STATE_FIELDS = (
     "status",

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from uuid import UUID
 
 from konduit.engine.advancer import Advanced
+from konduit.engine.completer import Completion, Recorded
 from konduit.errors import DatabaseError, DatabaseUnavailable
-from konduit.worker.completer import Completion, Recorded
 
 log = logging.getLogger("konduit.completer")
 

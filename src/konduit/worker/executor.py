@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from konduit.context import Context
+from konduit.core.context import Context
+from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
+from konduit.core.results import Route
+from konduit.core.validation import OutputInvalid
+from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row
 from konduit.engine.advancer import Upstream, load_upstream
+from konduit.engine.completer import Completion, record_late_result
 from konduit.errors import NonRetryableError, PayloadError
-from konduit.payloads import DEFAULT_MAX_BYTES, canonical_json
-from konduit.results import Route
-from konduit.validation import OutputInvalid
-from konduit.worker.completer import Completion, record_late_result
-from konduit.workflow import WorkflowSpec
 
 log = logging.getLogger("konduit.executor")
 

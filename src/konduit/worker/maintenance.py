@@ -10,8 +10,8 @@ import logging
 
 from konduit.db.database import Database
 from konduit.engine.advancer import finish_execution
-from konduit.registry import Registry
-from konduit.worker.completer import Recorded, record
+from konduit.engine.completer import Recorded, record
+from konduit.engine.registry import Registry
 from konduit.worker.executor import Claimed
 
 log = logging.getLogger("konduit.maintenance")

@@ -15,15 +15,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
 
-from konduit.context import Context
+from konduit.core.context import Context
+from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.db.database import Database
 from konduit.db.migrate import ensure_current
 from konduit.engine.advancer import Advanced
+from konduit.engine.completer import Completion, Recorded, record, record_ended
+from konduit.engine.registry import Registry
 from konduit.errors import DatabaseError, DatabaseUnavailable, KonduitError
-from konduit.payloads import DEFAULT_MAX_BYTES
-from konduit.registry import Registry
 from konduit.worker.batcher import CompletionBatcher
-from konduit.worker.completer import Completion, Recorded, record, record_ended
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
 from konduit.worker.maintenance import end_timed_out_executions, reclaim_expired_leases
@@ -63,7 +63,7 @@ class Worker:
     async def run(self) -> None:
         cfg = self.config
         await ensure_current(self.db)
-        from konduit.client import Client
+        from konduit.engine.client import Client
 
         await Client(self.db, self.registry).register_all()
         await self.db.run(

@@ -17,7 +17,7 @@ FROM konduit_executions
 WHERE workflow_name = %(workflow_name)s AND idempotency_key = %(idempotency_key)s;
 
 -- name: execution_lock
--- Serialize every fan-in decision of one execution (see konduit.worker.completer).
+-- Serialize every fan-in decision of one execution (see konduit.engine.completer).
 SELECT id, workflow_name, workflow_version, status, steps_pending, generation
 FROM konduit_executions
 WHERE id = %(id)s

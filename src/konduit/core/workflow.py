@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
-from konduit.durations import Duration, parse_duration
+from konduit.core.durations import Duration, parse_duration
+from konduit.core.policies import Deadline, Join, Retry
+from konduit.core.validation import OutputValidator
 from konduit.errors import KonduitError, WorkflowDefinitionError
-from konduit.policies import Deadline, Join, Retry
-from konduit.validation import OutputValidator
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)

@@ -552,7 +552,7 @@ def dashboard(
     """Serve the web dashboard until SIGINT/SIGTERM: executions, each one's DAG with live step
     states and a timeline of its attempts and fan-in waits, dead letters with repair, the stats,
     /metrics and a JSON API under /api. While the database is down its pages answer 503."""
-    from konduit.dashboard.app import serve
+    from konduit.web.app import serve
 
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)  # a down database is a 503 page
     app = load_app(app_spec, database_url) if app_spec else None
@@ -577,7 +577,7 @@ def metrics(
     """Serve the numbers of `konduit stats` to Prometheus on http://HOST:PORT/metrics until
     SIGINT/SIGTERM. Every scrape reads the database; when it cannot (within 5 s), the scrape
     still answers, with konduit_scrape_error 1."""
-    from konduit.metrics import serve, wait_for_signal
+    from konduit.observe.metrics import serve, wait_for_signal
 
     # Scrape errors are logged once each (and recovery once): warnings only, no library chatter.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
@@ -608,7 +608,7 @@ def stats(
     on it; 1 on an error."""
     import asyncio
 
-    from konduit.stats import Stats, load_stats, seconds_option, stats_renderables
+    from konduit.observe.stats import Stats, load_stats, seconds_option, stats_renderables
 
     seconds_option(history, "--history")  # bad options are reported before connecting
     seconds_option(fan_in_alert, "--fan-in-alert")
@@ -660,7 +660,7 @@ def plan(
     and whether the window is at risk."""
     import asyncio
 
-    from konduit.plan import (
+    from konduit.observe.plan import (
         PLAN_NOTE,
         Plan,
         history_seconds,
@@ -709,8 +709,8 @@ def demo(
 ) -> None:
     """Run the nightly content pipeline: transcribe, five parallel branches, publish; the last
     execution hits the seed-004 incident (a slow image resize) and degrades to a fallback."""
+    from konduit.core.durations import parse_duration
     from konduit.demo import run_demo
-    from konduit.durations import parse_duration
 
     window = parse_duration(within, what="--within")
     raise typer.Exit(run_demo(executions=executions, concurrency=concurrency, workers=workers,

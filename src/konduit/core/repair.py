@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from konduit.advance import FAILURE_OUTCOMES, OK_OUTCOMES, StepState, join_verdict
+from konduit.core.advance import FAILURE_OUTCOMES, OK_OUTCOMES, StepState, join_verdict
+from konduit.core.workflow import WorkflowSpec
 from konduit.errors import KonduitError
-from konduit.workflow import WorkflowSpec
 
 REPAIRABLE = frozenset({"degraded"}) | FAILURE_OUTCOMES
 

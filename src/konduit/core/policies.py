@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from konduit.durations import Duration, parse_duration
+from konduit.core.durations import Duration, parse_duration
 from konduit.errors import KonduitError, WorkflowDefinitionError
 
 

@@ -1,6 +1,6 @@
 """Prometheus metrics (``konduit metrics``): the numbers of ``konduit stats`` on ``/metrics``.
 
-Each scrape reads the history through :func:`konduit.stats.load_stats` (same queries, same alert
+Each scrape reads the history through :func:`konduit.observe.stats.load_stats` (same queries, same alert
 rule, same ``--history`` window) plus one count of executions by status, on one connection pool
 kept for the process. A scrape never hangs and never fails: it is bounded by ``timeout``, and
 when the database cannot be read it answers with ``konduit_scrape_error 1`` (and no stale data).
@@ -27,11 +27,11 @@ from prometheus_client import start_http_server
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from konduit.core.durations import Duration
 from konduit.db.database import Database, Row, is_embedded, resolve_url
 from konduit.db.migrate import ensure_current, migrate
-from konduit.durations import Duration
 from konduit.errors import KonduitError
-from konduit.stats import (
+from konduit.observe.stats import (
     DEFAULT_CONSECUTIVE,
     DEFAULT_FAN_IN_ALERT,
     DEFAULT_HISTORY,
@@ -48,7 +48,7 @@ SCRAPE_TIMEOUT = 5.0
 """Seconds a scrape may spend reading the database (Prometheus gives up after 10 by default)."""
 EXECUTION_STATUSES = ("pending", "running", "succeeded", "failed", "timed_out", "cancelled")
 
-log = logging.getLogger("konduit.metrics")
+log = logging.getLogger("konduit.observe.metrics")
 
 
 class MetricsError(KonduitError):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from konduit.core.workflow import Workflow, WorkflowSpec
 from konduit.errors import KonduitError, WorkflowNotFound
-from konduit.workflow import Workflow, WorkflowSpec
 
 
 def workflow_key(name: str, version: int) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
+from konduit.core.policies import Deadline
 from konduit.db.database import Tx
-from konduit.policies import Deadline
 
 MIN_SAMPLES = 20
 """Below this many successful runs in the window, history is thin and the default applies."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from konduit.plan import human_seconds
+from konduit.observe.plan import human_seconds
 
 STEP_STATUSES = ("waiting", "active", "succeeded", "degraded", "failed", "timed_out", "skipped",
                  "cancelled")

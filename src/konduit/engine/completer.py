@@ -16,11 +16,11 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from konduit.advance import TaskEnded
+from konduit.core.advance import TaskEnded
+from konduit.core.payloads import content_hash
 from konduit.db.database import Database
 from konduit.engine.advancer import Advanced, record_events
-from konduit.payloads import content_hash
-from konduit.registry import Registry
+from konduit.engine.registry import Registry
 
 log = logging.getLogger("konduit.completer")
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from konduit.workflow import WorkflowSpec
+from konduit.core.workflow import WorkflowSpec
 
 OK_OUTCOMES = frozenset({"succeeded", "degraded"})
 FAILURE_OUTCOMES = frozenset({"failed", "timed_out", "cancelled"})

@@ -2,7 +2,7 @@
 the latency composition visible, dead letters with repair, the stats and ``/metrics``.
 
 Server-rendered (FastAPI + Jinja2, no JavaScript framework, nothing fetched from elsewhere). Every
-page reads the database through one :class:`~konduit.client.Client`, created on first use in the
+page reads the database through one :class:`~konduit.engine.client.Client`, created on first use in the
 server's event loop and dropped when the database fails, so a page answers 503 while it is down
 and works again once it is back. Repair re-runs workflow code, so it is offered only when the
 dashboard knows the workflows (``--app``).
@@ -33,22 +33,22 @@ from prometheus_client.registry import CollectorRegistry
 from starlette.exceptions import HTTPException
 
 from konduit.app import App
-from konduit.client import Client, ExecutionResult
-from konduit.dashboard import views
 from konduit.db.database import Row, is_embedded, resolve_url, translate_errors
+from konduit.engine.client import Client, ExecutionResult
 from konduit.errors import (
     DatabaseUnavailable,
     ExecutionNotFound,
     KonduitError,
     SchemaOutdated,
 )
-from konduit.metrics import KonduitCollector
-from konduit.stats import StatsError, load_stats, span
+from konduit.observe.metrics import KonduitCollector
+from konduit.observe.stats import StatsError, load_stats, span
+from konduit.web import views
 
 ClientFactory = Callable[[], Awaitable[Client]]
 REFRESH_SECONDS = 2
 
-env = Environment(loader=PackageLoader("konduit.dashboard", "templates"),
+env = Environment(loader=PackageLoader("konduit.web", "templates"),
                   autoescape=select_autoescape(["html"]))
 env.filters.update(secs=views.secs, last_line=views.last_line,
                    pretty=lambda v: json.dumps(v, indent=2, default=str, ensure_ascii=False),

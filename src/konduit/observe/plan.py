@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from konduit.core.durations import Duration, parse_duration
+from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database
-from konduit.durations import Duration, parse_duration
 from konduit.errors import KonduitError
-from konduit.workflow import WorkflowSpec
 
 Quantile = Literal["p50", "p95", "p99"]
 QUANTILES: tuple[Quantile, ...] = ("p50", "p95", "p99")

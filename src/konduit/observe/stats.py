@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
+from konduit.core.durations import Duration, parse_duration
 from konduit.db.database import Database, Row
-from konduit.durations import Duration, parse_duration
 from konduit.errors import KonduitError
-from konduit.plan import human_seconds
+from konduit.observe.plan import human_seconds
 
 DEFAULT_HISTORY = "24h"
 DEFAULT_FAN_IN_ALERT = "20s"

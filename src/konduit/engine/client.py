@@ -12,10 +12,14 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from konduit.advance import ExecutionState, initial_states
+from konduit.core.advance import ExecutionState, initial_states
+from konduit.core.durations import Duration, parse_duration
+from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json, content_hash
+from konduit.core.repair import plan_repair
+from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, translate_errors
-from konduit.durations import Duration, parse_duration
 from konduit.engine.advancer import Advancer, finish_execution, state_columns
+from konduit.engine.registry import Registry, workflow_key
 from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
@@ -23,10 +27,6 @@ from konduit.errors import (
     KonduitError,
     WorkflowVersionConflict,
 )
-from konduit.payloads import DEFAULT_MAX_BYTES, canonical_json, content_hash
-from konduit.registry import Registry, workflow_key
-from konduit.repair import plan_repair
-from konduit.workflow import WorkflowSpec
 
 FINISHED = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 

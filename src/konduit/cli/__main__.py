@@ -1,0 +1,3 @@
+from konduit.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Observability faces computed from the database: stats, plans and Prometheus metrics."""
