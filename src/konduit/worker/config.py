@@ -32,6 +32,16 @@ class WorkerConfig:
     """Seconds past a task's deadline before the sweep ends it for a worker that did not."""
     shutdown_grace: float = 10.0
     """Seconds running tasks get to finish after a stop request before they are released."""
+    isolation: str = "thread"
+    """How sync handlers run: ``thread`` (a thread each; one that ignores its deadline is
+    abandoned, never reused) or ``process`` (a child process each, killed at the deadline)."""
+    max_abandoned: int = field(default_factory=lambda: int(_env_float("KONDUIT_MAX_ABANDONED", 20)))
+    """Abandoned handler threads this worker tolerates; past it, it stops claiming, drains and
+    exits non-zero so that its supervisor restarts it (a thread cannot be killed)."""
+    fallback_timeout: float = field(
+        default_factory=lambda: _env_float("KONDUIT_FALLBACK_TIMEOUT", 5.0)
+    )
+    """Seconds a fallback may run; one that hangs or raises ends its task timed_out."""
     worker_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     )
@@ -39,5 +49,11 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.isolation not in ("thread", "process"):
+            raise ValueError(f"isolation must be 'thread' or 'process', got {self.isolation!r}")
+        if self.max_abandoned < 0:
+            raise ValueError(f"max_abandoned must be >= 0, got {self.max_abandoned}")
+        if self.fallback_timeout <= 0:
+            raise ValueError(f"fallback_timeout must be > 0, got {self.fallback_timeout}")
         if self.heartbeat_interval >= self.lease_seconds:
             raise ValueError("heartbeat_interval must be shorter than lease_seconds")

@@ -1,13 +1,40 @@
 -- name: worker_register
--- Record a worker coming up.
-INSERT INTO konduit_workers (id, hostname, pid, concurrency, queues)
-VALUES (%(id)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s)
-ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = clock_timestamp(), stopped_at = NULL;
+-- Record a worker coming up, with what it serves.
+INSERT INTO konduit_workers (id, hostname, pid, concurrency, queues, workflows, isolation,
+                             lease_seconds)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s, %(workflows)s,
+        %(isolation)s, %(lease_seconds)s)
+ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = clock_timestamp(), stopped_at = NULL,
+    workflows = EXCLUDED.workflows, queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency,
+    isolation = EXCLUDED.isolation, lease_seconds = EXCLUDED.lease_seconds;
 
 -- name: worker_heartbeat
--- Record that a worker is alive.
-UPDATE konduit_workers SET last_heartbeat_at = clock_timestamp() WHERE id = %(id)s;
+-- Record that a worker is alive, with how many tasks it runs and how many threads it abandoned.
+UPDATE konduit_workers
+SET last_heartbeat_at = clock_timestamp(), running = %(running)s, abandoned = %(abandoned)s,
+    stopped_at = NULL
+WHERE id = %(id)s;
 
 -- name: worker_stop
 -- Record a worker shutting down cleanly.
-UPDATE konduit_workers SET stopped_at = clock_timestamp() WHERE id = %(id)s;
+UPDATE konduit_workers SET stopped_at = clock_timestamp(), running = 0 WHERE id = %(id)s;
+
+-- name: worker_list_live
+-- Workers that are up: not stopped, and heard from within `stale_seconds` (or their own lease).
+SELECT id, hostname, pid, concurrency, queues, workflows, isolation, running, abandoned,
+       started_at, last_heartbeat_at, lease_seconds,
+       extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8 AS heartbeat_age
+FROM konduit_workers
+WHERE stopped_at IS NULL
+  AND last_heartbeat_at > clock_timestamp()
+      - make_interval(secs => COALESCE(%(stale_seconds)s, lease_seconds))
+ORDER BY hostname, started_at;
+
+-- name: worker_serving_exists
+-- Whether any live worker claims tasks of this workflow version (`konduit status` says when none).
+SELECT EXISTS (
+    SELECT 1 FROM konduit_workers
+    WHERE stopped_at IS NULL
+      AND last_heartbeat_at > clock_timestamp() - make_interval(secs => lease_seconds)
+      AND %(workflow)s = ANY(workflows)
+) AS serving;
