@@ -99,6 +99,11 @@ class Executor:
         self.late_jobs: set[asyncio.Future[bool]] = set()
         self._upstreams: OrderedDict[tuple[UUID, str, int], Upstream] = OrderedDict()
 
+    @property
+    def abandoned(self) -> int:
+        """Handler threads that outlived their deadline and are still running."""
+        return 0
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 

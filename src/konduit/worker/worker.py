@@ -73,6 +73,9 @@ class Worker:
             pid=os.getpid(),
             concurrency=cfg.concurrency,
             queues=list(cfg.queues),
+            workflows=self.registry.keys(),
+            isolation=cfg.isolation,
+            lease_seconds=cfg.lease_seconds,
         )
         log.info("worker %s up: concurrency %s, queues %s", cfg.worker_id, cfg.concurrency,
                  ",".join(cfg.queues))
@@ -236,7 +239,12 @@ class Worker:
             await asyncio.sleep(cfg.heartbeat_interval)
             held = [t for t, _ in self.running.values()]
             try:
-                await self.db.run("worker_heartbeat", id=cfg.worker_id)
+                await self.db.run(
+                    "worker_heartbeat",
+                    id=cfg.worker_id,
+                    running=len(self.running),
+                    abandoned=self.executor.abandoned,
+                )
                 if not held:
                     continue
                 rows = await self.db.all(
