@@ -54,6 +54,16 @@ class DatabaseUnavailable(DatabaseError):
     """The database cannot be reached."""
 
 
+class DatabaseConflict(DatabaseError):
+    """A transient conflict between transactions (deadlock, serialization failure, lock timeout)
+    that did not clear after the boundary retried it."""
+
+
+class PoolExhausted(DatabaseError):
+    """No pooled connection became free in time although the server answers: too many callers
+    for the pool's size."""
+
+
 class SchemaOutdated(KonduitError):
     """The database schema is older than this version of konduit expects."""
 
