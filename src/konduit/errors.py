@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from konduit.engine.client import ExecutionResult
+    from konduit.core.results import ExecutionResult
 
 
 class KonduitError(Exception):

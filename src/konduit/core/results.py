@@ -1,10 +1,12 @@
-"""What a handler may return besides a plain payload."""
+"""What a handler may return besides a plain payload, and what an execution comes to."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 
 @dataclass(frozen=True)
@@ -25,3 +27,25 @@ class Route:
             to = [to]
         object.__setattr__(self, "output", output)
         object.__setattr__(self, "to", tuple(to))
+
+
+FINISHED = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+
+
+@dataclass
+class ExecutionResult:
+    """How an execution stands (or ended)."""
+
+    id: UUID
+    workflow: str
+    version: int
+    status: str
+    output: Any = None
+    error: str | None = None
+    outcomes: dict[str, str] = field(default_factory=dict)
+    created_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import uuid
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -16,6 +15,7 @@ from konduit.core.advance import ExecutionState, initial_states
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json, content_hash
 from konduit.core.repair import plan_repair
+from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, translate_errors
 from konduit.engine.advancer import Advancer, finish_execution, state_columns
@@ -27,27 +27,6 @@ from konduit.errors import (
     KonduitError,
     WorkflowVersionConflict,
 )
-
-FINISHED = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
-
-
-@dataclass
-class ExecutionResult:
-    """How an execution stands (or ended)."""
-
-    id: UUID
-    workflow: str
-    version: int
-    status: str
-    output: Any = None
-    error: str | None = None
-    outcomes: dict[str, str] = field(default_factory=dict)
-    created_at: datetime | None = None
-    finished_at: datetime | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINISHED
 
 
 def coerce_execution_id(execution_id: UUID | str) -> UUID:
@@ -291,4 +270,4 @@ class Client:
         return await self.db.all("task_list_dead", limit=limit)
 
 
-__all__ = ["Client", "ExecutionFailed", "ExecutionResult", "KonduitError"]
+__all__ = ["FINISHED", "Client", "ExecutionFailed", "ExecutionResult", "KonduitError"]
