@@ -89,14 +89,6 @@ SET status = 'ready',
 WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
 RETURNING id, queue;
 
--- name: task_extend_leases_if_held
--- Heartbeat: extend the leases a worker still holds; returns the ids it still holds.
-UPDATE konduit_tasks t
-SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS u(id, lease_token)
-WHERE t.id = u.id AND t.lease_token = u.lease_token AND t.status = 'running'
-RETURNING t.id;
-
 -- name: task_list_expired_leases
 -- Running tasks whose lease ran out (their worker died or hung), oldest first.
 SELECT id, execution_id, lease_token
