@@ -32,16 +32,12 @@ from konduit.db.migrate import migrate
 from konduit.engine.client import Client, ExecutionResult
 from konduit.engine.completer import Completion, Recorded, record, record_ended
 from konduit.engine.registry import Registry
-from konduit.errors import KonduitError
+from konduit.errors import BenchError as BenchError
 from konduit.worker.executor import Claimed
 
 T = TypeVar("T")
 Json = dict[str, Any]
 WORKER_ID = "konduit-bench"
-
-
-class BenchError(KonduitError):
-    """The engine did something a benchmark did not expect (the numbers would be meaningless)."""
 
 
 def _check(condition: bool, message: str) -> None:

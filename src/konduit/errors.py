@@ -84,3 +84,35 @@ class NonRetryableError(KonduitError):
 
     def __init__(self, message: str = "", *args: Any):
         super().__init__(message, *args)
+
+
+class OutputInvalid(KonduitError):
+    """A handler's payload does not match the step's declared output type."""
+
+
+class NothingToRepair(KonduitError):
+    """The execution has no degraded, failed, timed-out or cancelled step."""
+
+
+class CliError(KonduitError):
+    """A usage problem the command line reports in one line (bad APP, bad JSON, ...)."""
+
+
+class StatsError(KonduitError):
+    """Stats cannot be computed as asked (a threshold that is not a duration, say)."""
+
+
+class PlanError(KonduitError):
+    """A plan cannot be made as asked (a window that cannot be read, say)."""
+
+
+class MetricsError(KonduitError):
+    """The exporter cannot start as asked (the port is taken, say)."""
+
+
+class DashboardError(KonduitError):
+    """The dashboard cannot start as asked (the port is taken, say)."""
+
+
+class BenchError(KonduitError):
+    """The engine did something a benchmark did not expect (the numbers would be meaningless)."""

@@ -29,6 +29,7 @@ import konduit
 from konduit.db.database import Row
 from konduit.db.migrate import latest_version
 from konduit.db.queries import q
+from konduit.errors import CliError
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -42,10 +43,6 @@ cli = typer.Typer(
 )
 db_cli = typer.Typer(help="Database schema commands.", no_args_is_help=True)
 cli.add_typer(db_cli, name="db")
-
-
-class CliError(konduit.KonduitError):
-    """A usage problem the command line reports in one line (bad APP, bad JSON, ...)."""
 
 
 DatabaseUrl = Annotated[

@@ -10,12 +10,9 @@ from dataclasses import dataclass, replace
 from konduit.core.advance import FAILURE_OUTCOMES, OK_OUTCOMES, StepState, join_verdict
 from konduit.core.workflow import WorkflowSpec
 from konduit.errors import KonduitError
+from konduit.errors import NothingToRepair as NothingToRepair
 
 REPAIRABLE = frozenset({"degraded"}) | FAILURE_OUTCOMES
-
-
-class NothingToRepair(KonduitError):
-    """The execution has no degraded, failed, timed-out or cancelled step."""
 
 
 @dataclass(frozen=True)

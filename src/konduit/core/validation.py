@@ -9,11 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from konduit.errors import KonduitError, WorkflowDefinitionError
-
-
-class OutputInvalid(KonduitError):
-    """A handler's payload does not match the step's declared output type."""
+from konduit.errors import OutputInvalid as OutputInvalid
+from konduit.errors import WorkflowDefinitionError
 
 
 class OutputValidator:

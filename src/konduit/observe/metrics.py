@@ -30,14 +30,14 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from konduit.core.durations import Duration
 from konduit.db.database import Database, Row, is_embedded, resolve_url
 from konduit.db.migrate import ensure_current, migrate
-from konduit.errors import KonduitError
+from konduit.errors import MetricsError as MetricsError
+from konduit.errors import StatsError
 from konduit.observe.stats import (
     DEFAULT_CONSECUTIVE,
     DEFAULT_FAN_IN_ALERT,
     DEFAULT_HISTORY,
     OUTCOMES,
     Stats,
-    StatsError,
     load_stats,
     seconds_option,
 )
@@ -49,10 +49,6 @@ SCRAPE_TIMEOUT = 5.0
 EXECUTION_STATUSES = ("pending", "running", "succeeded", "failed", "timed_out", "cancelled")
 
 log = logging.getLogger("konduit.observe.metrics")
-
-
-class MetricsError(KonduitError):
-    """The exporter cannot start as asked (the port is taken, say)."""
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str],

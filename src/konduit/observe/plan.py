@@ -28,6 +28,7 @@ from konduit.core.durations import Duration, parse_duration
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database
 from konduit.errors import KonduitError
+from konduit.errors import PlanError as PlanError
 
 Quantile = Literal["p50", "p95", "p99"]
 QUANTILES: tuple[Quantile, ...] = ("p50", "p95", "p99")
@@ -36,10 +37,6 @@ _BY_FRACTION: dict[float, Quantile] = {0.5: "p50", 0.95: "p95", 0.99: "p99"}
 Verdict = Literal["safe", "at risk", "will miss"]
 
 DEFAULT_HISTORY = "7d"
-
-
-class PlanError(KonduitError):
-    """A plan cannot be made as asked (a window that cannot be read, say)."""
 
 
 @dataclass(frozen=True)

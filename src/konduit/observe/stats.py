@@ -23,6 +23,7 @@ from typing import Any
 from konduit.core.durations import Duration, parse_duration
 from konduit.db.database import Database, Row
 from konduit.errors import KonduitError
+from konduit.errors import StatsError as StatsError
 from konduit.observe.plan import human_seconds
 
 DEFAULT_HISTORY = "24h"
@@ -32,10 +33,6 @@ ALERT_EXIT_CODE = 3
 """``konduit stats`` exits with this code when an alert fires (0 otherwise, 1 on an error)."""
 
 OUTCOMES = ("succeeded", "degraded", "failed", "timed_out", "skipped", "cancelled")
-
-
-class StatsError(KonduitError):
-    """Stats cannot be computed as asked (a threshold that is not a duration, say)."""
 
 
 # -- the alert rule ------------------------------------------------------------------------------

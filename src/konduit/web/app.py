@@ -36,13 +36,17 @@ from konduit.app import App
 from konduit.db.database import Row, is_embedded, resolve_url, translate_errors
 from konduit.engine.client import Client, ExecutionResult
 from konduit.errors import (
+    DashboardError as DashboardError,
+)
+from konduit.errors import (
     DatabaseUnavailable,
     ExecutionNotFound,
     KonduitError,
     SchemaOutdated,
+    StatsError,
 )
 from konduit.observe.metrics import KonduitCollector
-from konduit.observe.stats import StatsError, load_stats, span
+from konduit.observe.stats import load_stats, span
 from konduit.web import views
 
 ClientFactory = Callable[[], Awaitable[Client]]
@@ -56,10 +60,6 @@ env.filters.update(secs=views.secs, last_line=views.last_line,
                    n=lambda v: f"{v:.1f}")
 env.globals["span"] = span
 templates = Jinja2Templates(env=env)
-
-
-class DashboardError(KonduitError):
-    """The dashboard cannot start as asked (the port is taken, say)."""
 
 
 def database_client(database_url: str | None = None, app: App | None = None) -> ClientFactory:
