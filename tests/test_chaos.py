@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -110,32 +111,82 @@ def wait_all(app: konduit.App, ids: list[object], timeout: float) -> None:
     assert not pending, f"{len(pending)} executions did not finish"
 
 
+def running_tasks_by_worker(conn: psycopg.Connection[Any], pids: list[int]) -> dict[int, str]:
+    """pid -> worker id, for each of ``pids`` whose worker holds a running task right now."""
+    rows = conn.execute(
+        "SELECT w.pid, w.id FROM konduit_workers w"
+        " WHERE w.pid = ANY(%s) AND w.stopped_at IS NULL AND EXISTS ("
+        "   SELECT 1 FROM konduit_tasks t WHERE t.worker_id = w.id AND t.status = 'running')"
+        " ORDER BY w.started_at",
+        (pids,),
+    ).fetchall()
+    return {pid: worker_id for pid, worker_id in rows}
+
+
 def test_chaos_sigkill_random_workers(db_url):
+    """SIGKILL a worker while the database shows it running tasks, over and over: the kills land
+    on in-flight work (its attempts end 'lost'), and every invariant still holds."""
     executions = int(os.environ.get("KONDUIT_CHAOS_EXECUTIONS", "200"))
     rng = random.Random(int(os.environ.get("KONDUIT_CHAOS_SEED", "1")))
     app = konduit.App([chaos_app.wf], database_url=db_url)
     workers = [spawn_worker(db_url) for _ in range(3)]
     kills = 0
+    landed = 0  # kills that left the victim's running tasks orphaned
+    orphaned = 0  # tasks still 'running' under a worker once it was dead
+    killed_ids: list[str] = []
     try:
         ids = [app.start("chaos", input={"n": i}).id for i in range(executions)]
-        chaos_until = time.monotonic() + 25
-        while time.monotonic() < chaos_until:
-            time.sleep(rng.uniform(0.3, 1.2))
-            victim = rng.randrange(len(workers))
-            workers[victim].send_signal(signal.SIGKILL)
-            workers[victim].wait()
-            kills += 1
-            workers[victim] = spawn_worker(db_url)
-            if kills >= 10 and all(r.finished for r in app.list(limit=executions)):
-                break
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            chaos_until = time.monotonic() + 25
+            while time.monotonic() < chaos_until:
+                time.sleep(rng.uniform(0.3, 1.2))
+                # Aim at a worker the database shows in the middle of a task; a fresh worker
+                # still starting up holds nothing, so wait (bounded) for one that does.
+                busy: dict[int, str] = {}
+                aim_until = time.monotonic() + 3
+                while not busy and time.monotonic() < aim_until:
+                    busy = running_tasks_by_worker(conn, [w.pid for w in workers])
+                    if not busy:
+                        time.sleep(0.05)
+                if busy:
+                    pid = rng.choice(sorted(busy))
+                    victim = next(i for i, w in enumerate(workers) if w.pid == pid)
+                else:
+                    victim = rng.randrange(len(workers))
+                workers[victim].send_signal(signal.SIGKILL)
+                workers[victim].wait()
+                kills += 1
+                if busy:
+                    worker_id = busy[workers[victim].pid]
+                    killed_ids.append(worker_id)
+                    (left,) = conn.execute(
+                        "SELECT count(*) FROM konduit_tasks"
+                        " WHERE worker_id = %s AND status = 'running'",
+                        (worker_id,),
+                    ).fetchone() or (0,)
+                    orphaned += left
+                    landed += left > 0
+                workers[victim] = spawn_worker(db_url)
+                if kills >= 10 and all(r.finished for r in app.list(limit=executions)):
+                    break
         wait_all(app, ids, timeout=90)
     finally:
         stop_workers(workers)
         app.close()
     stats = check_invariants(db_url, executions)
-    print(f"chaos: {executions} executions, {kills} SIGKILLs, "
-          f"{stats['lost_attempts']} lost attempts, all invariants held")
+    with psycopg.connect(db_url) as conn:
+        (lost_to_kills,) = conn.execute(
+            "SELECT count(*) FROM konduit_attempts WHERE outcome = 'lost' AND worker_id = ANY(%s)",
+            (killed_ids,),
+        ).fetchone() or (0,)
+    print(f"chaos: {executions} executions, {kills} SIGKILLs ({landed} on running tasks, "
+          f"{orphaned} tasks orphaned), {stats['lost_attempts']} lost attempts "
+          f"({lost_to_kills} of killed workers), all invariants held")
     assert kills >= 10
+    assert landed > 0, "no SIGKILL caught a worker in the middle of a task"
+    # The kills hit running work: the attempts they cut short were reclaimed as lost.
+    assert stats["lost_attempts"] > 0
+    assert lost_to_kills > 0
 
 
 @pytest.fixture
