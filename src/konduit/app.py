@@ -19,8 +19,9 @@ from uuid import UUID
 from konduit.core.durations import Duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.workflow import Workflow
-from konduit.db.database import Database, Row, is_embedded, resolve_url
-from konduit.db.migrate import ensure_current, migrate
+from konduit.db.connect import open_database
+from konduit.db.database import Database, Row, resolve_url
+from konduit.db.migrate import migrate
 from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
 from konduit.worker.config import WorkerConfig
@@ -72,6 +73,7 @@ class App:
         self.registry = Registry(workflows)
         self.max_payload_bytes = max_payload_bytes
         self._database_url = database_url
+        self._resolved_url: str | None = None
         self.pool_size = pool_size
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -86,12 +88,11 @@ class App:
 
     @property
     def database_url(self) -> str:
-        if self._database_url is None or self._embedded_pending:
-            self._embedded_pending = False
-            self._database_url = resolve_url(self._database_url)
-        return self._database_url
-
-    _embedded_pending = False
+        """The URL this App uses (resolving the fallbacks, which starts the embedded server when
+        it is the one)."""
+        if self._resolved_url is None:
+            self._resolved_url = resolve_url(self._database_url)
+        return self._resolved_url
 
     def _portal(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -105,19 +106,11 @@ class App:
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._portal()).result()
 
-    async def _open_database(self, max_size: int, *, check_schema: bool = True) -> Database:
-        embedded = is_embedded(self._database_url)
-        url = await asyncio.to_thread(lambda: self.database_url)
-        db = Database(url, min_size=1, max_size=max_size)
-        await db.open()
-        try:
-            if embedded:
-                await migrate(db)
-            elif check_schema:
-                await ensure_current(db)  # say which command fixes it, not "relation ... missing"
-        except BaseException:
-            await db.close()
-            raise
+    async def _open_database(self, max_size: int, *, name: str = "konduit",
+                             check_schema: bool = True, wait: float | None = 0.0) -> Database:
+        db = await open_database(self._database_url, max_size=max_size, name=name,
+                                 check_schema=check_schema, wait=wait)
+        self._resolved_url = db.url
         return db
 
     async def client_async(self) -> Client:
@@ -211,19 +204,22 @@ class App:
         return self._call(go())
 
     async def run_worker_async(
-        self, config: WorkerConfig | None = None, *, stop_after: float | None = None
+        self,
+        config: WorkerConfig | None = None,
+        *,
+        stop_after: float | None = None,
+        connect_wait: float | None = None,
     ) -> Worker:
-        """Run a worker in the current event loop until :meth:`Worker.stop` (or ``stop_after``)."""
+        """Run a worker in the current event loop until :meth:`Worker.stop` (or ``stop_after``).
+
+        A server that does not answer at start is waited for (``connect_wait`` seconds; ``None``:
+        until it answers or the worker is stopped), so that a worker started during an outage
+        comes up with the database instead of exiting."""
         config = config or WorkerConfig()
-        db = await self._open_database(max(4, min(config.concurrency + 2, 20)))
-        worker = Worker(db, self.registry, config, max_payload_bytes=self.max_payload_bytes)
+        runner = _WorkerRun(self, config, connect_wait)
         if stop_after is not None:
-            asyncio.get_running_loop().call_later(stop_after, worker.stop)
-        try:
-            await worker.run()
-        finally:
-            await db.close()
-        return worker
+            asyncio.get_running_loop().call_later(stop_after, runner.stop)
+        return await runner.run()
 
     def run_worker(
         self,
@@ -232,49 +228,30 @@ class App:
         queues: Iterable[str] = ("default",),
         stop_after: float | None = None,
         stop_event: threading.Event | None = None,
+        connect_wait: float | None = None,
         **options: Any,
     ) -> Worker:
         """Run a worker in this thread until SIGINT/SIGTERM (graceful), ``stop_after`` seconds,
-        or ``stop_event`` is set."""
+        or ``stop_event`` is set. A database that does not answer at start is waited for
+        (``connect_wait`` seconds; ``None``, the default: until it answers or the worker is
+        stopped); each failed attempt is logged."""
         config = WorkerConfig(concurrency=concurrency, queues=tuple(queues), **options)
 
         async def main() -> Worker:
-            task = asyncio.current_task()
-            assert task is not None
-            holder: dict[str, Worker] = {}
+            runner = _WorkerRun(self, config, connect_wait)
             loop = asyncio.get_running_loop()
-
-            stop_requested = threading.Event()
-
-            def request_stop() -> None:
-                # A signal may come while the worker is still connecting: remember it.
-                stop_requested.set()
-                if "w" in holder:
-                    holder["w"].stop()
-
             if threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGINT, signal.SIGTERM):
-                    loop.add_signal_handler(sig, request_stop)
+                    loop.add_signal_handler(sig, runner.stop)
             if stop_event is not None:
                 def watch() -> None:
                     stop_event.wait()
-                    loop.call_soon_threadsafe(request_stop)
+                    loop.call_soon_threadsafe(runner.stop)
 
                 threading.Thread(target=watch, daemon=True).start()
-
-            config_db = await self._open_database(max(4, min(config.concurrency + 2, 20)))
-            worker = Worker(config_db, self.registry, config,
-                            max_payload_bytes=self.max_payload_bytes)
-            holder["w"] = worker
             if stop_after is not None:
-                loop.call_later(stop_after, worker.stop)
-            if stop_requested.is_set() or (stop_event is not None and stop_event.is_set()):
-                worker.stop()
-            try:
-                await worker.run()
-            finally:
-                await config_db.close()
-            return worker
+                loop.call_later(stop_after, runner.stop)
+            return await runner.run()
 
         return asyncio.run(main())
 
@@ -296,3 +273,52 @@ class App:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _WorkerRun:
+    """One worker's life: wait for the database, then run; a stop request ends either phase."""
+
+    def __init__(self, app: App, config: WorkerConfig, connect_wait: float | None):
+        self.app = app
+        self.config = config
+        self.connect_wait = connect_wait
+        self.worker: Worker | None = None
+        self.stopped = False
+        self.opening: asyncio.Task[Database] | None = None
+
+    def stop(self) -> None:
+        # A stop may come while the worker is still waiting for the server: give up waiting.
+        self.stopped = True
+        if self.worker is not None:
+            self.worker.stop()
+        elif self.opening is not None:
+            self.opening.cancel()
+
+    async def run(self) -> Worker:
+        app, config = self.app, self.config
+        if self.stopped:
+            return self._idle()
+        self.opening = asyncio.create_task(app._open_database(
+            max(4, min(config.concurrency + 2, 20)), name="konduit-worker",
+            wait=self.connect_wait))
+        try:
+            db = await self.opening
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not self.stopped or (current is not None and current.cancelling()):
+                raise  # cancelled from outside, not stopped by us
+            log.info("worker stopped before the database answered")
+            return self._idle()
+        self.worker = Worker(db, app.registry, config, max_payload_bytes=app.max_payload_bytes)
+        if self.stopped:
+            self.worker.stop()
+        try:
+            await self.worker.run()
+        finally:
+            await db.close()
+        return self.worker
+
+    def _idle(self) -> Worker:
+        """A worker that never connected and ran nothing (its pool is never opened)."""
+        return Worker(Database(self.app._resolved_url or "", max_size=1), self.app.registry,
+                      self.config, max_payload_bytes=self.app.max_payload_bytes)

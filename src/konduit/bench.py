@@ -26,6 +26,7 @@ import psycopg
 from psycopg import sql
 
 import konduit
+from konduit.db.connect import open_database
 from konduit.db.database import Database
 from konduit.db.embedded import server_url, with_database
 from konduit.db.migrate import migrate
@@ -165,8 +166,8 @@ async def _migrate(url: str) -> None:
 
 @asynccontextmanager
 async def opened(url: str, size: int) -> AsyncIterator[Database]:
-    db = Database(url, min_size=1, max_size=size, name=WORKER_ID)
-    await db.open()
+    # Scratch databases are migrated explicitly (fresh_database): no schema check here.
+    db = await open_database(url, max_size=size, name=WORKER_ID, check_schema=False)
     try:
         yield db
     finally:
@@ -294,8 +295,7 @@ class LoopThread:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                        name="konduit-bench-loop")
         self.thread.start()
-        self.db = Database(url, min_size=1, max_size=1, name=WORKER_ID)
-        self.run(self.db.open())
+        self.db = self.run(open_database(url, max_size=1, name=WORKER_ID, check_schema=False))
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)

@@ -45,6 +45,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import konduit
+from konduit.db.connect import open_database
 from konduit.db.database import Database, Row
 from konduit.engine.client import ExecutionResult
 from konduit.engine.deadlines import MIN_SAMPLES, adaptive_budget
@@ -288,8 +289,8 @@ def _summary(app: konduit.App, ids: list[UUID], results: dict[UUID, ExecutionRes
 
 
 async def _with_db(database_url: str, use: Callable[[Database], Awaitable[T]]) -> T:
-    db = Database(database_url, min_size=1, max_size=1, name="konduit-demo")
-    await db.open()
+    # Migrated by run_demo already: no schema check on every look.
+    db = await open_database(database_url, max_size=1, name="konduit-demo", check_schema=False)
     try:
         return await use(db)
     finally:

@@ -7,6 +7,7 @@ Errors konduit knows about (:class:`konduit.KonduitError`) print one red line an
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import logging
@@ -18,7 +19,6 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-import psycopg
 import typer
 from rich import box
 from rich.console import Console
@@ -26,9 +26,9 @@ from rich.markup import escape
 from rich.table import Table
 
 import konduit
+from konduit.db.connect import describe_url, open_database
 from konduit.db.database import Row
 from konduit.db.migrate import latest_version
-from konduit.db.queries import q
 from konduit.errors import CliError
 
 console = Console(highlight=False)
@@ -157,31 +157,21 @@ def opened(app: konduit.App) -> Iterator[konduit.App]:
 
 
 def reachable(database_url: str | None, *, schema: bool = True) -> str | None:
-    """Fail fast, in one line, when an explicitly configured database does not answer (the
-    connection pool would keep retrying for half a minute) or, with ``schema``, has an older
-    schema than this konduit needs. The embedded server is left alone: it is started and
-    migrated on first use. Returns ``database_url``."""
-    url = database_url or os.environ.get("KONDUIT_DATABASE_URL")
-    if not url:
+    """Fail fast, in one line, when an explicitly configured database does not answer or, with
+    ``schema``, has an older schema than this konduit needs (naming the command that fixes it).
+    The embedded server is left alone: it is started and migrated on first use. Returns
+    ``database_url``."""
+    if not (database_url or os.environ.get("KONDUIT_DATABASE_URL")):
         return database_url
-    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)  # its retries say the same
-    try:
-        with psycopg.connect(url, connect_timeout=10) as conn:
-            version = 0
-            present = conn.execute(q("schema_version_table_exists")).fetchone()
-            if present and present[0]:
-                row = conn.execute(q("schema_version_get")).fetchone()
-                version = int(row[0]) if row else 0
-    except psycopg.Error as exc:
-        raise konduit.DatabaseUnavailable(
-            f"cannot connect to {describe_url(url)}: {one_line(str(exc))}"
-        ) from None
-    if schema and version < latest_version():
-        flag = " --database-url URL" if database_url else ""
-        raise konduit.SchemaOutdated(
-            f"the schema of {describe_url(url)} is at version {version}, this konduit needs "
-            f"{latest_version()}: run `konduit db migrate{flag}` first"
-        )
+    flag = " --database-url URL" if database_url else ""
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)  # the probe says it in one line
+
+    async def probe() -> None:
+        db = await open_database(database_url, max_size=1, name="konduit-cli", check_schema=schema,
+                                 schema_hint=f"konduit db migrate{flag}")
+        await db.close()
+
+    asyncio.run(probe())
     return database_url
 
 
@@ -201,24 +191,6 @@ def parse_json(text: str | None, what: str) -> Any:
 
 def dump_json(value: Any) -> str:
     return json.dumps(value, indent=2, default=str, ensure_ascii=False)
-
-
-def describe_url(url: str | None) -> str:
-    """Where a URL points, without its password."""
-    if not url:
-        return "the embedded PostgreSQL server"
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        params = conninfo_to_dict(url)
-    except Exception:
-        return "the configured database"
-    host = str(params.get("host") or "localhost")
-    port = str(params.get("port") or "5432")
-    name = str(params.get("dbname") or params.get("user") or "?")
-    if host.startswith("/"):
-        return f"database {name} (socket in {host})"
-    return f"database {name} on {host}:{port}"
 
 
 # -- commands -----------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from konduit.core.durations import Duration
-from konduit.db.database import Database, Row, is_embedded, resolve_url
-from konduit.db.migrate import ensure_current, migrate
+from konduit.db.connect import open_database
+from konduit.db.database import Database, Row, resolve_url
 from konduit.errors import MetricsError as MetricsError
 from konduit.errors import StatsError
 from konduit.observe.stats import (
@@ -120,7 +120,7 @@ class KonduitCollector(Collector):
         self.options: dict[str, Any] = {"history": history, "fan_in_alert": fan_in_alert,
                                         "consecutive": consecutive}
         self.timeout = timeout
-        self.embedded = is_embedded(database_url)
+        self.database_url = database_url
         self.url = resolve_url(database_url)  # starts the embedded server when it is the one
         self._db: Database | None = None
         self._lock = asyncio.Lock()
@@ -129,17 +129,9 @@ class KonduitCollector(Collector):
         threading.Thread(target=self._loop.run_forever, name="konduit-metrics", daemon=True).start()
 
     async def _open(self) -> Database:
-        db = Database(self.url, min_size=1, max_size=2, name="konduit-metrics")
-        try:
-            # A direct connection first: an unreachable server fails the scrape now, not after
-            # the pool's wait for a connection (and the pool starts without a backlog of retries).
-            await (await db.listen_connection()).close()
-            await db.open(timeout=self.timeout)
-            await (migrate(db) if self.embedded else ensure_current(db))
-        except BaseException:
-            await db.close()
-            raise
-        return db
+        # The configured URL, not the resolved one: the embedded server is migrated on open.
+        return await open_database(self.database_url, max_size=2, name="konduit-metrics",
+                                   connect_timeout=self.timeout)
 
     async def _read(self) -> tuple[Stats, list[Row]]:
         async with self._lock:

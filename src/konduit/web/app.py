@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-import psycopg
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -33,7 +32,7 @@ from prometheus_client.registry import CollectorRegistry
 from starlette.exceptions import HTTPException
 
 from konduit.app import App
-from konduit.db.database import Row, is_embedded, resolve_url, translate_errors
+from konduit.db.database import Row
 from konduit.engine.client import Client, ExecutionResult
 from konduit.errors import (
     DashboardError as DashboardError,
@@ -73,11 +72,7 @@ def database_client(database_url: str | None = None, app: App | None = None) -> 
         fresh = App([], database_url=url)
         if app is not None:
             fresh.registry = app.registry
-        if not is_embedded(url):  # a down server answers now, not after the pool's wait
-            with translate_errors():
-                await (await psycopg.AsyncConnection.connect(resolve_url(url),
-                                                             connect_timeout=5)).close()
-        return await fresh.client_async()
+        return await fresh.client_async()  # a down server answers now (open_database)
 
     return make
 
