@@ -30,6 +30,7 @@ from konduit.db.connect import open_database
 from konduit.db.database import Database
 from konduit.db.embedded import server_url, with_database
 from konduit.db.migrate import migrate
+from konduit.engine import transitions
 from konduit.engine.client import Client, ExecutionResult
 from konduit.engine.completer import Completion, Recorded, record, record_ended
 from konduit.engine.registry import Registry
@@ -182,8 +183,8 @@ def completion_for(task: Claimed) -> Completion:
 
 
 async def claim(db: Database, registry: Registry, limit: int) -> list[Claimed]:
-    rows = await db.all("task_claim_batch", queues=["default"], workflows=registry.keys(),
-                        limit=limit, lease_seconds=600, worker_id=WORKER_ID)
+    rows = await transitions.claim(db, queues=["default"], workflows=registry.keys(),
+                                   limit=limit, lease_seconds=600, worker_id=WORKER_ID)
     return [Claimed.from_row(r) for r in rows]
 
 

@@ -29,6 +29,7 @@ from konduit.core.advance import (
 from konduit.core.payloads import canonical_json
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Row, Tx
+from konduit.engine import transitions
 from konduit.engine.deadlines import budgets
 from konduit.engine.registry import workflow_key
 
@@ -274,15 +275,9 @@ async def finish_execution(
         return False
     await tx.run("execution_output_insert", id=execution_id, version=row["output_version"])
     if status != "succeeded":
-        cancelled = await tx.all(
-            "task_cancel_unfinished", execution_id=execution_id, reason=f"execution {status}"
-        )
+        cancelled = await transitions.cancel_unfinished(tx, execution_id, f"execution {status}")
         if cancelled:
-            await tx.run(
-                "attempt_finish_open_for_tasks",
-                task_ids=[r["id"] for r in cancelled],
-                outcome="cancelled",
-            )
+            await tx.run("attempt_finish_open_for_tasks", task_ids=cancelled, outcome="cancelled")
         await tx.run("step_cancel_unfinished", execution_id=execution_id)
     await tx.one("execution_notify_finished", id=str(execution_id))
     return True
