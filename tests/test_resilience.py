@@ -520,7 +520,7 @@ async def _reclaim(db_url: str, registry: Any) -> int:
     db = Database(db_url, min_size=1, max_size=1)
     await db.open()
     try:
-        return await reclaim_expired_leases(db, registry)
+        return await reclaim_expired_leases(db, registry, lease_seconds=1.0)
     finally:
         await db.close()
 
@@ -548,8 +548,11 @@ def test_stale_worker_completing_after_its_task_was_redone_changes_nothing(
         (task_id,) = rows(db_url, "SELECT id FROM konduit_tasks WHERE execution_id = %s",
                           handle.id)[0]
         with psycopg.connect(db_url, autocommit=True) as conn:
+            # Stale: its lease ran out and its worker has not been heard from for longer than a
+            # lease (rescue keys on the worker's liveness, not on one lease alone).
             conn.execute("UPDATE konduit_tasks SET lease_expires_at = now() - interval '1 second'"
                          " WHERE id = %s", (task_id,))
+            conn.execute("UPDATE konduit_workers SET last_heartbeat_at = now() - interval '1 hour'")
         asyncio.run(_reclaim(db_url, first.registry))  # the first worker's sweep may win: fine
         wait_until(lambda: attempts(db_url, handle.id)["work"][0][1] == "lost", 5,
                    "the first attempt to be reclaimed")
@@ -566,8 +569,14 @@ def test_stale_worker_completing_after_its_task_was_redone_changes_nothing(
                     if r.name == "konduit.worker" and "no longer leased" in r.getMessage()]
 
         (record,) = wait_until(dropped, 10, "the worker to log the dropped result")
-    assert str(task_id) in record.getMessage() and "dropped" in record.getMessage()
+    assert str(task_id) in record.getMessage() and "not used" in record.getMessage()
     assert record.levelno == logging.WARNING
+    late = wait_until(lambda: rows(db_url, "SELECT payload FROM konduit_outputs WHERE"
+                                   " execution_id = %s AND source = 'late'", handle.id), 5,
+                      "the stale worker's result to be kept as late")
+    assert late == [({"attempt": 1},)]
+    with psycopg.connect(db_url, autocommit=True) as conn:  # compare all but the late result
+        conn.execute("DELETE FROM konduit_outputs WHERE source = 'late'")
     assert snapshot(db_url, handle.id) == before
     assert first.status(handle.id).output == {"attempt": 2}
     assert [(n, o) for n, o, _ in attempts(db_url, handle.id)["work"]] == [

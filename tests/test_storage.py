@@ -279,10 +279,32 @@ def test_every_query_is_described_and_named_entity_verb():
 
 
 def test_lease_fenced_writes_say_so_in_their_name():
+    guards = ("_if_leased", "_if_held", "_if_leased_before_deadline", "_if_rescuable",
+              "_if_past_deadline")
+    fenced = []
     for query in all_queries().values():
         sql = " ".join(query.sql.split())
-        if sql.startswith("UPDATE konduit_tasks") and "lease_token = %(lease_token)s" in sql:
-            assert query.name.endswith(("_if_leased", "_if_held")), query.name
+        if "UPDATE konduit_tasks" in sql and "lease_token = %(lease_token)s" in sql:
+            assert query.name.endswith(guards), query.name
+            fenced.append(query.name)
+    assert len(fenced) >= 6, fenced  # complete, retry, release, lose x2, expire
+
+
+def test_every_task_status_write_lives_in_the_transitions_module():
+    """One module owns the task lifecycle: no other module calls a statement that writes a
+    task's status."""
+    writers = {
+        name for name, query in all_queries().items()
+        if re.search(r"UPDATE konduit_tasks\b[^;]*\bSET\b[^;]*\bstatus\s*=", query.sql, re.S)
+    }
+    assert "task_complete_many_if_leased" in writers and "task_cancel_unfinished" in writers
+    source = Path(konduit.__file__).parent
+    for path in source.rglob("*.py"):
+        if path.name == "transitions.py":
+            continue
+        text = path.read_text()
+        for name in writers:
+            assert f'"{name}"' not in text, f"{path.relative_to(source)} writes task status via {name}"
 
 
 def test_every_query_the_engine_calls_exists():

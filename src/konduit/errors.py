@@ -64,6 +64,11 @@ class PoolExhausted(DatabaseError):
     for the pool's size."""
 
 
+class WorkerUnhealthy(KonduitError):
+    """A worker stopped itself: too many handler threads ignored their deadline. Its supervisor
+    should start a fresh process."""
+
+
 class SchemaOutdated(KonduitError):
     """The database schema is older than this version of konduit expects."""
 

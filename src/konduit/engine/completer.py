@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -19,6 +20,7 @@ from psycopg.types.json import Jsonb
 from konduit.core.advance import TaskEnded
 from konduit.core.payloads import content_hash
 from konduit.db.database import Database
+from konduit.engine import transitions
 from konduit.engine.advancer import Advanced, record_events
 from konduit.engine.registry import Registry
 
@@ -30,12 +32,14 @@ class Recorded(enum.Enum):
     RETRYING = "retrying"  # attempt failed, the task is ready again after its backoff
     RELEASED = "released"  # handed back unrun (shutdown): ready at once, attempt not counted
     LEASE_LOST = "lease_lost"  # the caller no longer held the task: nothing changed
+    TOO_LATE = "too_late"  # a retry whose backoff would end past the deadline: nothing changed;
+    # the caller ends the task instead (degraded with its fallback, else timed_out)
 
 
 @dataclass(frozen=True)
 class Completion:
     task_id: int
-    lease_token: UUID
+    lease_token: UUID | None  # None only for the deadline sweep of a ready task
     execution_id: UUID
     step: str
     map_index: int
@@ -49,47 +53,37 @@ class Completion:
     attempt_outcome: str | None = None  # how the attempt itself ended, when not `outcome` ("lost")
     routes: tuple[str, ...] | None = None  # downstream steps the handler chose (Route)
     source: str = "handler"  # where the payload came from: the handler or the fallback
+    transition: str = "complete"  # complete (a live worker), lose (reclaim), expire (sweep)
+    guard_seconds: float = 0.0  # lose: the lease the server must have been up for; expire: grace
 
 
 async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recorded, Advanced | None]:
     """Record one attempt's end. Returns what happened and, when the DAG advanced, how."""
-    if c.outcome == "retry":
-        # A retry decides nothing about the DAG, so it takes no execution lock: the lease fence
-        # alone keeps a stale worker from resurrecting a task someone else already ended.
+    if c.outcome in ("retry", "released"):
+        # Neither decides anything about the DAG, so they take no execution lock: the guards in
+        # the statement alone keep a stale worker from resurrecting a task someone else ended.
         async with db.transaction() as tx:
-            row = await tx.one(
-                "task_retry_if_leased",
-                id=c.task_id,
-                lease_token=c.lease_token,
-                delay_seconds=c.retry_delay,
-                error=c.error,
-            )
+            if c.outcome == "released":
+                row = await transitions.release(tx, c)
+            elif c.transition == "lose":
+                row = await transitions.lose(tx, c)
+            else:
+                row = await transitions.retry(tx, c)
             if row is None:
+                if c.outcome == "retry" and c.lease_token is not None \
+                        and c.transition == "complete" \
+                        and await transitions.is_leased(tx, c.task_id, c.lease_token):
+                    return Recorded.TOO_LATE, None
                 return Recorded.LEASE_LOST, None
             await tx.run(
                 "attempt_finish_if_open",
                 lease_token=c.lease_token,
-                outcome=c.attempt_outcome or "retry",
+                outcome="released" if c.outcome == "released" else c.attempt_outcome or "retry",
                 error=c.error,
                 age_seconds=c.age_seconds,
             )
             await tx.one("task_notify_ready", queue=row["queue"])
-            return Recorded.RETRYING, None
-
-    if c.outcome == "released":
-        async with db.transaction() as tx:
-            row = await tx.one("task_release_if_leased", id=c.task_id, lease_token=c.lease_token)
-            if row is None:
-                return Recorded.LEASE_LOST, None
-            await tx.run(
-                "attempt_finish_if_open",
-                lease_token=c.lease_token,
-                outcome="released",
-                error=c.error,
-                age_seconds=0.0,
-            )
-            await tx.one("task_notify_ready", queue=row["queue"])
-            return Recorded.RELEASED, None
+            return (Recorded.RELEASED if c.outcome == "released" else Recorded.RETRYING), None
 
     ((outcome, advanced),) = await record_ended(db, registry, [c])
     return outcome, advanced
@@ -118,17 +112,7 @@ async def record_ended(
         if execution is None:
             return [(Recorded.LEASE_LOST, None)] * len(batch)
         hashes = [content_hash(c.payload_json) if c.payload_json is not None else None for c in unique]
-        rows = await tx.all(
-            "task_complete_many_if_leased",
-            ids=[c.task_id for c in unique],
-            lease_tokens=[c.lease_token for c in unique],
-            outcomes=[c.outcome for c in unique],
-            output_hashes=hashes,
-            errors=[c.error for c in unique],
-            routes=[Jsonb(list(c.routes)) if c.routes is not None else None for c in unique],
-            ages=[c.age_seconds for c in unique],
-        )
-        ended = {row["id"]: row for row in rows}
+        ended = await transitions.end(tx, unique, hashes)
         kept = [(c, h) for c, h in zip(unique, hashes, strict=True) if c.task_id in ended]
         stored = [(c, h) for c, h in kept if h is not None]
         if stored:
@@ -141,22 +125,23 @@ async def record_ended(
                 payloads=[Jsonb(c.payload) for c, _ in stored],
                 sources=[c.source for c, _ in stored],
             )
-        if kept:
+        closing = [c for c, _ in kept if c.lease_token is not None]
+        if closing:
             await tx.run(
                 "attempt_finish_many_if_open",
-                lease_tokens=[c.lease_token for c, _ in kept],
-                outcomes=[c.attempt_outcome or c.outcome for c, _ in kept],
-                errors=[c.error for c, _ in kept],
-                ages=[c.age_seconds for c, _ in kept],
+                lease_tokens=[c.lease_token for c in closing],
+                outcomes=[c.attempt_outcome or c.outcome for c in closing],
+                errors=[c.error for c in closing],
+                ages=[c.age_seconds for c in closing],
             )
         advanced = None
         if kept and execution["status"] == "running":
             spec = registry.get(execution["workflow_name"], execution["workflow_version"])
-            events = [
+            events: list[tuple[TaskEnded, datetime | None]] = [
                 (
                     TaskEnded(c.step, c.outcome,
                               frozenset(c.routes) if c.routes is not None else None),
-                    ended[c.task_id]["finished_at"],
+                    ended[c.task_id],
                 )
                 for c, _ in kept
             ]

@@ -1,29 +1,37 @@
-"""Run one claimed task's handler and turn whatever happens into a :class:`Completion`."""
+"""Run one claimed task's handler and turn whatever happens into a :class:`Completion`.
+
+Whatever a handler or fallback does — returns, raises (``BaseException`` included), blocks past
+its deadline — ends only its own attempt: the executor asks the outcome policy
+(:mod:`konduit.core.outcome`) what follows, and never raises for user code."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import inspect
 import logging
+import threading
 import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from konduit.core.context import Context
+from konduit.core.outcome import Ending, Final, RetryAt, StepPolicy, Verdict, decide
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.results import Route
 from konduit.core.validation import OutputInvalid
-from konduit.core.workflow import WorkflowSpec
-from konduit.db.database import Database, Row
+from konduit.core.workflow import StepSpec, WorkflowSpec
+from konduit.db.database import Database, Row, Tx
 from konduit.engine.advancer import Upstream, load_upstream
 from konduit.engine.completer import Completion, record_late_result
 from konduit.errors import NonRetryableError, PayloadError
+from konduit.worker.threads import HandlerThreads
 
 log = logging.getLogger("konduit.executor")
 
@@ -39,7 +47,7 @@ class Claimed:
     item: Any
     attempt: int
     max_attempts: int
-    lease_token: UUID
+    lease_token: UUID | None  # None: a ready task the deadline sweep ends
     queue: str
     workflow_name: str
     workflow_version: int
@@ -89,12 +97,34 @@ def _describe(exc: BaseException) -> str:
     return text[-8000:].replace("\x00", "\\x00")
 
 
-class Executor:
-    """Runs handlers: async ones on the loop, sync ones on a thread pool sized to the worker."""
+def policy_of(step: StepSpec) -> StepPolicy:
+    return StepPolicy(step.retry, step.fallback is not None, step.fallback_on_failure)
 
-    def __init__(self, db: Database, threads: int, max_payload_bytes: int = DEFAULT_MAX_BYTES):
+
+def _being_cancelled() -> bool:
+    """Whether the current task is being cancelled from outside (shutdown, execution ended), as
+    opposed to user code raising ``CancelledError`` of its own."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class Executor:
+    """Runs handlers: async ones on the loop, sync ones on threads (or child processes) that a
+    hung handler never keeps from new work."""
+
+    def __init__(
+        self,
+        db: Database,
+        threads: int = 0,  # kept for callers of the old signature; threads are elastic now
+        max_payload_bytes: int = DEFAULT_MAX_BYTES,
+        *,
+        isolation: str = "thread",
+        fallback_timeout: float = 5.0,
+    ):
         self.db = db
-        self.pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="konduit")
+        self.threads = HandlerThreads()
+        self.isolation = isolation
+        self.fallback_timeout = fallback_timeout
         self.max_payload_bytes = max_payload_bytes
         self.late_jobs: set[asyncio.Future[bool]] = set()
         self._upstreams: OrderedDict[tuple[UUID, str, int], Upstream] = OrderedDict()
@@ -102,32 +132,35 @@ class Executor:
     @property
     def abandoned(self) -> int:
         """Handler threads that outlived their deadline and are still running."""
-        return 0
+        return self.threads.abandoned
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """Nothing to wait for: handler threads are daemons and own no engine state."""
 
-    async def _upstream(self, spec: WorkflowSpec, task: Claimed) -> Upstream:
+    async def _upstream(self, tx: Tx, spec: WorkflowSpec, task: Claimed) -> Upstream:
         # A map step's upstream outputs are fixed once it fired (a repair makes a new
         # generation), so its items, which share them, read them once. Other steps read afresh:
         # a quorum join's stragglers may have ended since its last attempt.
         if not spec[task.step].is_map:
-            async with self.db.transaction() as tx:
-                return await load_upstream(tx, spec, task.execution_id, task.step)
+            return await load_upstream(tx, spec, task.execution_id, task.step)
         key = (task.execution_id, task.step, task.generation)
         cached = self._upstreams.get(key)
         if cached is not None:
             self._upstreams.move_to_end(key)
             return cached
-        async with self.db.transaction() as tx:
-            upstream = await load_upstream(tx, spec, task.execution_id, task.step)
+        upstream = await load_upstream(tx, spec, task.execution_id, task.step)
         self._upstreams[key] = upstream
         if len(self._upstreams) > 256:
             self._upstreams.popitem(last=False)
         return upstream
 
-    async def context_for(self, spec: WorkflowSpec, task: Claimed) -> Context:
-        upstream = await self._upstream(spec, task)
+    async def context_for(self, spec: WorkflowSpec, task: Claimed, tx: Tx | None = None) -> Context:
+        """The handler's context, its upstream read in ``tx`` (or a transaction of its own)."""
+        if tx is None:
+            async with self.db.transaction() as own:
+                upstream = await self._upstream(own, spec, task)
+        else:
+            upstream = await self._upstream(tx, spec, task)
         return Context(
             execution_id=task.execution_id,
             workflow=spec.name,
@@ -141,17 +174,41 @@ class Executor:
             deadline=task.deadline_remaining,
         )
 
-    async def _call(self, fn: Callable[[Context], Any], ctx: Context, *, late: Claimed | None = None) -> Any:
-        """Call a handler or fallback: async ones on the loop, sync ones on the pool. A sync call
-        cannot be interrupted; when ``late`` is given and the await is abandoned (deadline), its
+    async def _call(
+        self,
+        fn: Callable[[Context], Any],
+        ctx: Context,
+        *,
+        late: Claimed | None = None,
+        started: asyncio.Event | None = None,
+    ) -> Any:
+        """Call a handler or fallback: async ones on the loop, sync ones on a thread (or in a
+        child process). A sync thread cannot be interrupted: when the await is abandoned
+        (deadline, cancel) the thread is counted as abandoned and, when ``late`` is given, its
         eventual result is kept as a late result of that attempt."""
         if inspect.iscoroutinefunction(fn):
+            if started is not None:
+                started.set()
             return await fn(ctx)
-        future = self.pool.submit(contextvars.copy_context().run, fn, ctx)
+        if self.isolation == "process":
+            from konduit.worker.isolation import call_in_process
+
+            if started is not None:
+                started.set()
+            return await call_in_process(fn, ctx, timeout=None)
+        future = self.threads.submit(contextvars.copy_context().run, fn, ctx)
+        if started is not None:
+            started.set()
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             ctx.request_cancel()
+            self.threads.abandon(future)
+            if not future.done():
+                log.warning(
+                    "abandoned the thread of step %r (it ignored its deadline or cancel); "
+                    "%s abandoned thread(s) in this worker", ctx.step, self.threads.abandoned,
+                )
             if late is not None:
                 loop = asyncio.get_running_loop()
                 future.add_done_callback(lambda f: self._late_done(loop, late, f))
@@ -167,9 +224,14 @@ class Executor:
     def _keep_late(self, task: Claimed, future: Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None:
             return
-        result = future.result()
+        self.keep_late(task, future.result())
+
+    def keep_late(self, task: Claimed, result: Any) -> None:
+        """Store a result whose attempt was already ended (deadline or reclaim) as ``late``."""
         if isinstance(result, Route):
             result = result.output
+        if task.lease_token is None:
+            return
         try:
             payload_json = canonical_json(result, what="late result", max_bytes=self.max_payload_bytes)
         except PayloadError:
@@ -181,7 +243,7 @@ class Executor:
     def _late_recorded(self, job: asyncio.Future[bool]) -> None:
         self.late_jobs.discard(job)
         if not job.cancelled() and job.exception() is None and job.result():
-            log.info("kept a late result (it arrived after its deadline; the join did not use it)")
+            log.info("kept a late result (it arrived after its attempt ended; the join did not use it)")
 
     def _payload(
         self, spec: WorkflowSpec, task: Claimed, result: Any
@@ -204,89 +266,141 @@ class Executor:
         )
         return result, payload_json, routes
 
-    async def run(self, spec: WorkflowSpec, task: Claimed, ctx: Context) -> Completion:
-        """Run the handler under the task's deadline; never raises for anything the handler does."""
+    async def run(
+        self, spec: WorkflowSpec, task: Claimed, ctx: Context, *, started: asyncio.Event | None = None
+    ) -> Completion:
+        """Run the handler under the task's deadline; never raises for anything the handler does
+        (only ``CancelledError`` when the worker itself cancels the attempt). ``started`` is set
+        once the handler has been handed its context."""
         step = spec[task.step]
-        base = task.completion
-        retryable = True
         budget = task.deadline_remaining
+        began = time.monotonic()
+        ending, error, result = await self._attempt(step, task, ctx, budget, started)
+        ended = time.monotonic()
+        if ending is Ending.RETURNED:
+            try:
+                payload, payload_json, routes = self._payload(spec, task, result)
+            except (PayloadError, OutputInvalid) as exc:
+                # Unstorable or not of its declared type: retrying would produce the same.
+                ending, error = Ending.INVALID_OUTPUT, str(exc)
+            else:
+                return task.completion(
+                    "succeeded", payload_json=payload_json, payload=payload, routes=routes,
+                    age_seconds=time.monotonic() - ended,
+                )
+        remaining = None if budget is None else budget - (ended - began)
+        verdict = decide(
+            policy_of(step), ending, attempt=task.attempt, max_attempts=task.max_attempts,
+            remaining=remaining, error=error,
+        )
+        completion = await self.conclude(spec, task, ctx, verdict, error=error)
+        return dataclasses.replace(completion, age_seconds=time.monotonic() - ended)
+
+    async def _attempt(
+        self,
+        step: StepSpec,
+        task: Claimed,
+        ctx: Context,
+        budget: float | None,
+        started: asyncio.Event | None,
+    ) -> tuple[Ending, str | None, Any]:
+        if budget is not None and budget <= 0:
+            if started is not None:
+                started.set()
+            return Ending.DEADLINE_PASSED, None, None
         deadline = asyncio.timeout(budget)
         try:
-            if budget is not None and budget <= 0:
-                return await self.deadline_passed(spec, task, ctx)
             async with deadline:
-                try:
-                    result = await self._call(step.handler, ctx, late=task)
-                except asyncio.CancelledError:
-                    if deadline.expired():
-                        raise TimeoutError from None
-                    raise
-            ended = time.monotonic()
-            payload, payload_json, routes = self._payload(spec, task, result)
-            return base(
-                "succeeded",
-                payload_json=payload_json,
-                payload=payload,
-                routes=routes,
-                age_seconds=time.monotonic() - ended,
-            )
-        except asyncio.CancelledError:
-            raise
-        except TimeoutError:
+                result = await self._call(step.handler, ctx, late=task, started=started)
+            return Ending.RETURNED, None, result
+        except asyncio.CancelledError as exc:
+            if _being_cancelled():
+                raise
+            # The handler raised CancelledError of its own: an error like any other.
+            return Ending.RAISED, _describe(exc), None
+        except TimeoutError as exc:
             if deadline.expired():
-                return await self.deadline_passed(spec, task, ctx)
-            error = _describe(TimeoutError("the handler raised TimeoutError"))
+                return Ending.DEADLINE_PASSED, None, None
+            return Ending.RAISED, _describe(exc), None
         except (PayloadError, OutputInvalid) as exc:
-            # The handler ran and returned something that cannot be stored or does not match its
-            # declared type: retrying would produce the same, so the attempt fails for good.
-            error, retryable = str(exc), False
+            return Ending.INVALID_OUTPUT, str(exc), None
         except Exception as exc:
-            error = _describe(exc)
-            retryable = not isinstance(exc, (NonRetryableError, *step.retry.non_retryable))
-        except BaseException as exc:  # SystemExit/KeyboardInterrupt raised inside a handler
-            error, retryable = _describe(exc), True
-        ended = time.monotonic()
-        if retryable and task.attempt < task.max_attempts:
-            return base(
-                "retry",
-                error=error,
-                retry_delay=step.retry.delay(task.attempt),
-                age_seconds=time.monotonic() - ended,
-            )
-        log.warning(
-            "task %s/%s[%s] of %s failed for good after %s attempt(s): %s",
-            task.execution_id, task.step, task.map_index, spec.name, task.attempt,
-            error.splitlines()[-1] if error else "",
-        )
-        if step.fallback_on_failure:
-            degraded = await self._fallback(spec, task, ctx, reason=error)
-            if degraded is not None:
-                return degraded
-        return base("failed", error=error, age_seconds=time.monotonic() - ended)
+            permanent = isinstance(exc, (NonRetryableError, *step.retry.non_retryable))
+            return (Ending.NON_RETRYABLE if permanent else Ending.RAISED), _describe(exc), None
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt... raised by user code
+            permanent = isinstance(exc, step.retry.non_retryable)
+            return (Ending.NON_RETRYABLE if permanent else Ending.RAISED), _describe(exc), None
 
-    async def deadline_passed(self, spec: WorkflowSpec, task: Claimed, ctx: Context) -> Completion:
+    async def conclude(
+        self,
+        spec: WorkflowSpec,
+        task: Claimed,
+        ctx: Context | None,
+        verdict: Verdict,
+        *,
+        error: str | None = None,
+        **fields: Any,
+    ) -> Completion:
+        """Turn the outcome policy's verdict into a completion, running the fallback (with its
+        own time limit) when the verdict asks for one (``ctx`` is read then when not given).
+        ``fields`` go to the completion (the transition and its guard, for reclaims and sweeps)."""
+        if isinstance(verdict, RetryAt):
+            return task.completion(
+                "retry", error=error, retry_delay=verdict.delay,
+                attempt_outcome=verdict.attempt_outcome, **fields,
+            )
+        assert isinstance(verdict, Final)
+        reason = verdict.reason if verdict.reason is not None else error
+        if verdict.outcome == "failed":
+            log.warning(
+                "task %s/%s[%s] of %s failed for good after %s attempt(s): %s",
+                task.execution_id, task.step, task.map_index, spec.name, task.attempt,
+                (reason or "").strip().splitlines()[-1:] or "",
+            )
+        if verdict.use_fallback:
+            return await self._fallback(spec, task, ctx, verdict, reason, **fields)
+        return task.completion(
+            verdict.outcome, error=reason, attempt_outcome=verdict.attempt_outcome, **fields
+        )
+
+    async def deadline_passed(self, spec: WorkflowSpec, task: Claimed, ctx: Context | None,
+                              **fields: Any) -> Completion:
         """The task ran out of budget: degraded with the fallback's payload, else timed_out."""
-        reason = f"deadline exceeded (attempt {task.attempt} of step {task.step!r})"
-        degraded = await self._fallback(spec, task, ctx, reason=reason)
-        if degraded is not None:
-            return degraded
-        return task.completion("timed_out", error=reason)
+        verdict = decide(policy_of(spec[task.step]), Ending.DEADLINE_PASSED, attempt=task.attempt,
+                         max_attempts=task.max_attempts, remaining=0.0)
+        return await self.conclude(spec, task, ctx, verdict, **fields)
 
     async def _fallback(
-        self, spec: WorkflowSpec, task: Claimed, ctx: Context, *, reason: str
-    ) -> Completion | None:
+        self, spec: WorkflowSpec, task: Claimed, ctx: Context | None, verdict: Final,
+        reason: str | None, **fields: Any,
+    ) -> Completion:
         step = spec[task.step]
-        if step.fallback is None:
-            return None
+        assert step.fallback is not None
         try:
-            result = await self._call(step.fallback, ctx)
+            if ctx is None:
+                ctx = await self.context_for(spec, task)
+            # A fresh cancellation flag: the handler's attempt was asked to stop, not the fallback.
+            fresh = dataclasses.replace(ctx, _cancelled=threading.Event())
+            async with asyncio.timeout(self.fallback_timeout):
+                result = await self._call(step.fallback, fresh)
             payload, payload_json, _ = self._payload(spec, task, result)
-        except Exception as exc:
-            log.warning("fallback of step %r failed: %s", task.step, exc)
+        except asyncio.CancelledError as exc:
+            if _being_cancelled():
+                raise
+            failure = _describe(exc)
+        except TimeoutError:
+            failure = f"the fallback did not return within {self.fallback_timeout:g} s"
+        except BaseException as exc:  # the fallback is user code too: nothing it raises escapes
+            failure = _describe(exc)
+        else:
             return task.completion(
-                "timed_out" if "deadline" in reason else "failed",
-                error=f"{reason}; the fallback failed too: {_describe(exc)}",
+                "degraded", payload_json=payload_json, payload=payload, error=reason,
+                source="fallback", attempt_outcome=verdict.attempt_outcome, **fields,
             )
+        log.warning("fallback of step %r failed: %s", task.step, failure.splitlines()[-1])
         return task.completion(
-            "degraded", payload_json=payload_json, payload=payload, error=reason, source="fallback"
+            verdict.outcome,
+            error=f"{reason}; the fallback failed too: {failure}",
+            attempt_outcome=verdict.attempt_outcome,
+            **fields,
         )

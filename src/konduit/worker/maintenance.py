@@ -1,47 +1,124 @@
-"""Maintenance: return tasks whose lease expired (worker died or hung) to the DAG.
+"""Maintenance: rescue tasks whose worker is gone, end tasks past their deadline, end executions
+past their timeout.
 
-Runs in every worker; concurrent sweeps are safe because each reclaim goes through the same
-lease-fenced completion as a worker's own write, so only one of them changes a task.
+Every worker runs it; concurrent runs are safe because each write goes through a transition whose
+statement re-checks its own guard (:mod:`konduit.engine.transitions`), so only one of them changes
+a task. Rescue and the deadline sweep ask the same outcome policy as the executor, so a reclaimed
+task gets the backoff and fallback it would have had failing in place. Fallbacks run in jobs of
+their own, each with a time limit, never on the maintenance loop: a hanging fallback stalls
+nothing but its own task.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
+from collections.abc import Awaitable, Callable, Container
 
-from konduit.db.database import Database
+from konduit.core.outcome import Ending, decide
+from konduit.db.database import Database, Row
 from konduit.engine.advancer import finish_execution
 from konduit.engine.completer import Recorded, record
 from konduit.engine.registry import Registry
-from konduit.worker.executor import Claimed
+from konduit.errors import KonduitError
+from konduit.worker.executor import Claimed, Executor, policy_of
 
 log = logging.getLogger("konduit.maintenance")
 
 
-async def reclaim_expired_leases(db: Database, registry: Registry, *, limit: int = 100) -> int:
-    """Retry (or dead-letter, when attempts are exhausted) every task whose lease expired.
-    Returns how many tasks were reclaimed."""
-    rows = await db.all("task_list_expired_leases", limit=limit)
-    reclaimed = 0
-    for row in rows:
-        async with db.transaction() as tx:
-            task = await tx.one("task_get_for_reclaim", id=row["id"], lease_token=row["lease_token"])
-        if task is None:
-            continue
+class Maintenance:
+    """The sweeps of one worker, with the jobs (one per task) that end what they found."""
+
+    def __init__(
+        self,
+        db: Database,
+        registry: Registry,
+        executor: Executor,
+        *,
+        lease_seconds: float,
+        deadline_grace: float,
+    ):
+        self.db = db
+        self.registry = registry
+        self.executor = executor
+        self.lease_seconds = lease_seconds
+        self.deadline_grace = deadline_grace
+        self.jobs: dict[int, asyncio.Task[None]] = {}
+
+    def _spawn(self, task_id: int, make: Callable[[], Awaitable[None]]) -> bool:
+        if task_id in self.jobs:
+            return False  # already being ended (its fallback may still be running)
+
+        async def job() -> None:
+            try:
+                await make()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the next sweep tries again
+                log.warning("maintenance of task %s failed: %s", task_id, exc)
+            finally:
+                self.jobs.pop(task_id, None)
+
+        self.jobs[task_id] = asyncio.create_task(job(), name=f"konduit-maintain-{task_id}")
+        return True
+
+    async def drain(self, timeout: float) -> None:
+        if self.jobs:
+            await asyncio.wait(list(self.jobs.values()), timeout=timeout)
+        for job in list(self.jobs.values()):
+            job.cancel()
+
+    async def rescue(self, *, limit: int = 100) -> int:
+        """Start ending every task whose worker is gone; returns how many jobs started."""
+        rows = await self.db.all("task_list_rescuable", limit=limit)
+        return sum(self._spawn(row["id"], functools.partial(self._rescue, row)) for row in rows)
+
+    async def _rescue(self, row: Row) -> None:
         try:
-            registry.get(task["workflow_name"], task["workflow_version"])
-        except Exception:
-            continue  # another deployment's workflow: its own workers reclaim it
-        lost = Claimed.from_row(task)
-        completion = lost.completion(
-            "failed" if lost.attempt >= lost.max_attempts else "retry",
-            error=f"lease expired on worker {task['worker_id']} (attempt {lost.attempt})",
-            attempt_outcome="lost",
+            spec = self.registry.get(row["workflow_name"], row["workflow_version"])
+        except KonduitError:
+            return  # another deployment's workflow: its own workers rescue it
+        lost = Claimed.from_row(row)
+        error = f"lease expired on worker {row['worker_id']} (attempt {lost.attempt})"
+        verdict = decide(
+            policy_of(spec[lost.step]), Ending.LEASE_LOST, attempt=lost.attempt,
+            max_attempts=lost.max_attempts, remaining=lost.deadline_remaining, error=error,
         )
-        outcome, _ = await record(db, registry, completion)
+        completion = await self.executor.conclude(
+            spec, lost, None, verdict, error=error, transition="lose",
+            guard_seconds=self.lease_seconds,
+        )
+        outcome, _ = await record(self.db, self.registry, completion)
         if outcome is not Recorded.LEASE_LOST:
-            reclaimed += 1
-            log.info("reclaimed task %s (%s): %s", task["id"], task["step"], completion.error)
-    return reclaimed
+            log.info("rescued task %s (%s): %s -> %s", lost.id, lost.step, error, completion.outcome)
+
+    async def sweep_deadlines(self, own: Container[int], *, limit: int = 100) -> int:
+        """Start ending every task past its deadline that its own worker did not end (it died or
+        hung, or the task waited in the queue); ``own`` are this worker's running tasks, which
+        its executor ends itself."""
+        rows = await self.db.all(
+            "task_list_past_deadline", grace_seconds=self.deadline_grace, limit=limit
+        )
+        return sum(
+            self._spawn(row["id"], functools.partial(self._expire, row))
+            for row in rows
+            if row["id"] not in own
+        )
+
+    async def _expire(self, row: Row) -> None:
+        try:
+            spec = self.registry.get(row["workflow_name"], row["workflow_version"])
+        except KonduitError:
+            return
+        task = Claimed.from_row(row)
+        completion = await self.executor.deadline_passed(
+            spec, task, None, transition="expire", guard_seconds=self.deadline_grace
+        )
+        outcome, _ = await record(self.db, self.registry, completion)
+        if outcome is Recorded.ENDED:
+            log.info("task %s (%s) ended %s by the deadline sweep", task.id, task.step,
+                     completion.outcome)
 
 
 async def end_timed_out_executions(db: Database, *, limit: int = 100) -> int:
@@ -60,3 +137,13 @@ async def end_timed_out_executions(db: Database, *, limit: int = 100) -> int:
                 ended += 1
                 log.info("execution %s timed out", row["id"])
     return ended
+
+
+async def reclaim_expired_leases(
+    db: Database, registry: Registry, *, lease_seconds: float = 15.0, limit: int = 100
+) -> int:
+    """One rescue round outside a worker, waited for; returns how many tasks it tried to end."""
+    rounds = Maintenance(db, registry, Executor(db), lease_seconds=lease_seconds, deadline_grace=1.0)
+    started = await rounds.rescue(limit=limit)
+    await asyncio.gather(*list(rounds.jobs.values()), return_exceptions=True)
+    return started

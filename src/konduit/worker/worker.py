@@ -11,22 +11,32 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
 
 from konduit.core.context import Context
 from konduit.core.payloads import DEFAULT_MAX_BYTES
+from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database
 from konduit.db.migrate import ensure_current
+from konduit.engine import transitions
 from konduit.engine.advancer import Advanced
 from konduit.engine.completer import Completion, Recorded, record, record_ended
 from konduit.engine.registry import Registry
-from konduit.errors import DatabaseError, DatabaseUnavailable, KonduitError
+from konduit.errors import (
+    DatabaseConflict,
+    DatabaseError,
+    DatabaseUnavailable,
+    KonduitError,
+    PoolExhausted,
+    WorkerUnhealthy,
+)
 from konduit.worker.batcher import CompletionBatcher
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
-from konduit.worker.maintenance import end_timed_out_executions, reclaim_expired_leases
+from konduit.worker.maintenance import Maintenance, end_timed_out_executions
 
 log = logging.getLogger("konduit.worker")
 T = TypeVar("T")
@@ -44,7 +54,14 @@ class Worker:
         self.db = db
         self.registry = registry
         self.config = config or WorkerConfig()
-        self.executor = Executor(db, self.config.concurrency, max_payload_bytes)
+        self.executor = Executor(
+            db, max_payload_bytes=max_payload_bytes, isolation=self.config.isolation,
+            fallback_timeout=self.config.fallback_timeout,
+        )
+        self.maintenance = Maintenance(
+            db, registry, self.executor, lease_seconds=self.config.lease_seconds,
+            deadline_grace=self.config.deadline_grace,
+        )
         self.batcher = CompletionBatcher(lambda group: record_ended(db, registry, group))
         self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}
         self.contexts: dict[int, Context] = {}
@@ -54,6 +71,10 @@ class Worker:
         self._completer: asyncio.Task[None] | None = None
         self._recording: set[int] = set()  # tasks whose handler returned: never cancel those
         self.completed = 0
+        self.unhealthy: str | None = None  # why the worker stopped itself (abandoned threads)
+        # When this worker last (re)gained the database: it rescues other workers' tasks only
+        # after a full lease of being connected, so an outage is never charged to live workers.
+        self._connected_since: float | None = None
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and shut down gracefully."""
@@ -93,12 +114,15 @@ class Worker:
             for h in helpers:
                 h.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await self.maintenance.drain(timeout=self.config.fallback_timeout)
             self.executor.close()
             try:
                 await self.db.run("worker_stop", id=cfg.worker_id)
             except DatabaseError:
                 pass
             log.info("worker %s stopped after %s tasks", cfg.worker_id, self.completed)
+        if self.unhealthy is not None:
+            raise WorkerUnhealthy(self.unhealthy)
 
     async def _claim_loop(self) -> None:
         cfg = self.config
@@ -109,16 +133,18 @@ class Worker:
             claimed: list[Claimed] = []
             if free > 0:
                 try:
-                    rows = await self.db.all(
-                        "task_claim_batch",
-                        queues=list(cfg.queues),
+                    rows = await transitions.claim(
+                        self.db,
+                        queues=cfg.queues,
                         workflows=workflows,
                         limit=free,
                         lease_seconds=cfg.lease_seconds,
                         worker_id=cfg.worker_id,
                     )
                     backoff = 0.5
+                    self._connected()
                 except DatabaseError as exc:
+                    self._disconnected()
                     log.warning("claim failed (%s); retrying in %.1f s", exc, backoff)
                     await self._sleep(backoff)
                     backoff = min(backoff * 2, 10.0)
@@ -140,33 +166,12 @@ class Worker:
     async def _run(self, task: Claimed) -> None:
         try:
             spec = self.registry.get(task.workflow_name, task.workflow_version)
-            ctx = await self._retrying(lambda: self.executor.context_for(spec, task))
-            self.contexts[task.id] = ctx
-            completion = await self.executor.run(spec, task, ctx)
-            self._recording.add(task.id)
-            try:
-                outcome, advanced = await self._retrying(lambda: self._record(completion))
-            except DatabaseError as exc:
-                # The outcome itself cannot be stored: record that as the task's failure (no
-                # payload), so the execution moves on instead of waiting for a lease to expire.
-                log.error("could not record task %s (%s): %s", task.id, task.step, exc)
-                failure = replace(
-                    completion, outcome="failed", payload=None, payload_json=None, routes=None,
-                    error=f"the outcome could not be stored: {exc}", source="handler",
-                )
-                outcome, advanced = await self._retrying(lambda: self._record(failure))
-            if outcome is Recorded.LEASE_LOST:
-                log.warning(
-                    "task %s (%s) was no longer leased by this worker; its result was dropped",
-                    task.id, task.step,
-                )
-            else:
-                self.completed += 1
-                if advanced and advanced.fired:
-                    self._wake.set()
-                if outcome is Recorded.RETRYING:
-                    # Claim the retry when it is due, not at the next poll.
-                    asyncio.get_running_loop().call_later(completion.retry_delay, self._wake.set)
+            job = await self._retrying(lambda: self._start(spec, task))
+            if job is None:
+                log.info("task %s (%s) was cancelled before its handler started", task.id, task.step)
+                return
+            completion = await job
+            await self._finish(spec, task, completion)
         except asyncio.CancelledError:
             if self._draining:
                 # Shutdown ran out of grace: hand the task back so another worker takes it now
@@ -180,6 +185,82 @@ class Worker:
             self.contexts.pop(task.id, None)
             self._recording.discard(task.id)
             self._wake.set()
+            self._check_abandoned()
+
+    async def _start(self, spec: WorkflowSpec, task: Claimed) -> asyncio.Task[Completion] | None:
+        """Start the handler while the task row is share-locked by a lease check: a cancel that
+        commits after the check waits for the handler to have started, and one that committed
+        before it is seen, so no handler ever starts after its execution's cancel committed."""
+        async with self.db.transaction() as tx:
+            if task.lease_token is None or not await transitions.hold(tx, task.id, task.lease_token):
+                return None
+            ctx = await self.executor.context_for(spec, task, tx)
+            self.contexts[task.id] = ctx
+            started = asyncio.Event()
+            job = asyncio.create_task(self.executor.run(spec, task, ctx, started=started))
+            waiter = asyncio.create_task(started.wait())
+            await asyncio.wait([job, waiter], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+        return job
+
+    async def _finish(self, spec: WorkflowSpec, task: Claimed, completion: Completion) -> None:
+        self._recording.add(task.id)
+        try:
+            outcome, advanced = await self._retrying(lambda: self._record(completion))
+        except DatabaseError as exc:
+            # The outcome itself cannot be stored: record that as the task's failure (no
+            # payload), so the execution moves on instead of waiting for a lease to expire.
+            log.error("could not record task %s (%s): %s", task.id, task.step, exc)
+            failure = replace(
+                completion, outcome="failed", payload=None, payload_json=None, routes=None,
+                error=f"the outcome could not be stored: {exc}", source="handler",
+            )
+            outcome, advanced = await self._retrying(lambda: self._record(failure))
+        if outcome is Recorded.TOO_LATE:
+            # The backoff would end past the deadline by the database's clock: end it now.
+            ended = await self.executor.deadline_passed(spec, task, self.contexts.get(task.id))
+            outcome, advanced = await self._retrying(lambda: self._record(ended))
+        if outcome is Recorded.LEASE_LOST:
+            if completion.outcome == "succeeded" and completion.source == "handler":
+                # A sweep or a rescue ended the attempt first: the join never waits for this
+                # result, but it is kept beside the one it consumed, never thrown away.
+                self.executor.keep_late(task, completion.payload)
+            log.warning(
+                "task %s (%s) was no longer leased by this worker; its result was not used",
+                task.id, task.step,
+            )
+            return
+        self.completed += 1
+        if advanced and advanced.fired:
+            self._wake.set()
+        if outcome is Recorded.RETRYING:
+            # Claim the retry when it is due, not at the next poll.
+            asyncio.get_running_loop().call_later(completion.retry_delay, self._wake.set)
+
+    def _check_abandoned(self) -> None:
+        abandoned = self.executor.abandoned
+        if abandoned > self.config.max_abandoned and self.unhealthy is None:
+            self.unhealthy = (
+                f"{abandoned} handler threads ignored their deadline and are still running "
+                f"(limit {self.config.max_abandoned}): this worker stops claiming and exits so "
+                f"that its supervisor starts a fresh one (or use --isolation process)"
+            )
+            log.error("worker %s: %s", self.config.worker_id, self.unhealthy)
+            self.stop()
+
+    def _connected(self) -> None:
+        if self._connected_since is None:
+            self._connected_since = time.monotonic()
+
+    def _disconnected(self) -> None:
+        self._connected_since = None
+
+    @property
+    def may_rescue(self) -> bool:
+        """Connected for at least a lease: long enough for every live worker's heartbeat to have
+        landed since the outage, so the leases still expired belong to dead workers."""
+        since = self._connected_since
+        return since is not None and time.monotonic() - since >= self.config.lease_seconds
 
     async def _record(self, completion: Completion) -> tuple[Recorded, Advanced | None]:
         if completion.outcome in ("retry", "released") or self._completer is None \
@@ -207,8 +288,10 @@ class Worker:
         while True:
             try:
                 return await make()
-            except DatabaseUnavailable as exc:
-                log.warning("database unavailable (%s); retrying in %.1f s", exc, delay)
+            except (DatabaseUnavailable, DatabaseConflict, PoolExhausted) as exc:
+                if isinstance(exc, DatabaseUnavailable):
+                    self._disconnected()
+                log.warning("%s; retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
@@ -254,8 +337,11 @@ class Worker:
                     lease_seconds=cfg.lease_seconds,
                 )
             except DatabaseError as exc:
+                if isinstance(exc, DatabaseUnavailable):
+                    self._disconnected()
                 log.warning("heartbeat failed: %s", exc)
                 continue
+            self._connected()
             still = {r["id"] for r in rows}
             for t in held:
                 if t.id not in still and t.id in self.running:
@@ -290,32 +376,15 @@ class Worker:
         while True:
             await asyncio.sleep(self.config.maintenance_interval)
             try:
-                await reclaim_expired_leases(self.db, self.registry)
-                await self._sweep_deadlines()
+                if self.may_rescue:
+                    await self.maintenance.rescue()
+                await self.maintenance.sweep_deadlines(self.running)
                 await end_timed_out_executions(self.db)
+                self._connected()
             except (DatabaseError, KonduitError) as exc:
+                if isinstance(exc, DatabaseUnavailable):
+                    self._disconnected()
                 log.warning("maintenance failed: %s", exc)
-
-    async def _sweep_deadlines(self) -> None:
-        """End tasks past their deadline whose own worker did not (it died or hung): the same
-        degraded/timed_out completion, fenced by the lease token read here."""
-        rows = await self.db.all(
-            "task_list_past_deadline", grace_seconds=self.config.deadline_grace, limit=100
-        )
-        for row in rows:
-            task = Claimed.from_row(row)
-            if task.id in self.running:
-                continue  # ours: the executor's own timer ends it
-            try:
-                spec = self.registry.get(task.workflow_name, task.workflow_version)
-            except KonduitError:
-                continue  # another deployment's workflow
-            ctx = await self.executor.context_for(spec, task)
-            completion = await self.executor.deadline_passed(spec, task, ctx)
-            outcome, _ = await record(self.db, self.registry, completion)
-            if outcome is Recorded.ENDED:
-                log.info("task %s (%s) ended %s by the deadline sweep", task.id, task.step,
-                         completion.outcome)
 
     async def _drain(self) -> None:
         """Graceful shutdown: let running tasks finish within the grace period, then cancel the

@@ -8,12 +8,13 @@ FROM unnest(%(steps)s::text[], %(map_indexes)s::int[], %(content_hashes)s::text[
 ON CONFLICT DO NOTHING;
 
 -- name: output_insert_late_if_attempt_ended_by_deadline
--- Keep a result that arrived after its attempt was ended by the deadline, for inspection only.
+-- Keep a result that arrived after its attempt was ended by the deadline or by a reclaim, for
+-- inspection only: it never replaces what the join consumed.
 INSERT INTO konduit_outputs (execution_id, step, map_index, content_hash, payload, source)
 SELECT t.execution_id, t.step, t.map_index, %(content_hash)s, %(payload)s, 'late'
 FROM konduit_attempts a
 JOIN konduit_tasks t ON t.id = a.task_id
-WHERE a.lease_token = %(lease_token)s AND a.outcome IN ('timed_out', 'degraded')
+WHERE a.lease_token = %(lease_token)s AND a.outcome IN ('timed_out', 'degraded', 'lost')
 ON CONFLICT DO NOTHING;
 
 -- name: output_list_by_execution

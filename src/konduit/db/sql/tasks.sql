@@ -21,6 +21,10 @@ WITH picked AS (
     FROM konduit_tasks
     WHERE status = 'ready' AND queue = ANY(%(queues)s::text[]) AND run_at <= clock_timestamp()
       AND workflow = ANY(%(workflows)s::text[])
+      -- Re-checked here, not trusted from when the task was made ready: a cancel commits its
+      -- tasks' status in the same transaction, but a claim must never outrun it.
+      AND EXISTS (SELECT 1 FROM konduit_executions e
+                  WHERE e.id = konduit_tasks.execution_id AND e.status = 'running')
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -67,8 +71,16 @@ FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
 WHERE t.id = u.id AND t.lease_token = u.lease_token AND t.status = 'running'
 RETURNING t.id, t.finished_at;
 
--- name: task_retry_if_leased
--- Return a failed attempt's task to ready after a backoff, only while the caller holds its lease.
+-- name: task_hold_if_leased
+-- Before a handler starts: is the task still ours? FOR SHARE holds off a cancel until it started.
+SELECT id
+FROM konduit_tasks
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+FOR SHARE;
+
+-- name: task_retry_if_leased_before_deadline
+-- Return a failed attempt's task to ready after a backoff, while the caller holds its lease and
+-- the backoff ends before the task's deadline (else the caller ends the task instead).
 UPDATE konduit_tasks
 SET status = 'ready',
     run_at = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
@@ -76,7 +88,68 @@ SET status = 'ready',
     lease_token = NULL,
     lease_expires_at = NULL
 WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+  AND (deadline_at IS NULL
+       OR deadline_at > clock_timestamp() + make_interval(secs => %(delay_seconds)s))
 RETURNING id, queue;
+
+-- name: task_lose_if_rescuable
+-- Reclaim: return a task whose worker is gone to ready after a backoff. Every condition is
+-- re-checked at the time of this write (River #1302): the lease is still the one read, it has
+-- expired, the server has been up for a lease, and the owner is not a live worker whose lease
+-- on the task ran out less than a lease ago (a heartbeat may be about to land).
+UPDATE konduit_tasks t
+SET status = 'ready',
+    run_at = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
+    error = %(error)s,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
+  AND t.lease_expires_at < clock_timestamp()
+  AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
+  AND NOT EXISTS (
+      SELECT 1 FROM konduit_workers w
+      WHERE w.id = t.worker_id AND w.stopped_at IS NULL
+        AND w.last_heartbeat_at > clock_timestamp() - make_interval(secs => w.lease_seconds)
+        AND t.lease_expires_at > clock_timestamp() - make_interval(secs => w.lease_seconds))
+  AND (t.deadline_at IS NULL
+       OR t.deadline_at > clock_timestamp() + make_interval(secs => %(delay_seconds)s))
+RETURNING t.id, t.queue;
+
+-- name: task_end_if_rescuable
+-- Reclaim that ends the task (attempts exhausted, or the deadline is near): the same guards as
+-- task_lose_if_rescuable, inside the fan-in transaction.
+UPDATE konduit_tasks t
+SET status = %(outcome)s,
+    output_hash = %(output_hash)s,
+    error = %(error)s,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    finished_at = clock_timestamp()
+WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
+  AND t.lease_expires_at < clock_timestamp()
+  AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
+  AND NOT EXISTS (
+      SELECT 1 FROM konduit_workers w
+      WHERE w.id = t.worker_id AND w.stopped_at IS NULL
+        AND w.last_heartbeat_at > clock_timestamp() - make_interval(secs => w.lease_seconds)
+        AND t.lease_expires_at > clock_timestamp() - make_interval(secs => w.lease_seconds))
+RETURNING t.id, t.finished_at;
+
+-- name: task_expire_if_past_deadline
+-- Deadline sweep: end a task past its deadline (by more than a grace) whose own worker did not:
+-- a running task still under the lease read, or a ready one (a retry waiting out its backoff).
+UPDATE konduit_tasks t
+SET status = %(outcome)s,
+    output_hash = %(output_hash)s,
+    error = %(error)s,
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    finished_at = clock_timestamp()
+WHERE t.id = %(id)s
+  AND t.deadline_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
+  AND ((t.status = 'running' AND t.lease_token = %(lease_token)s)
+       OR (t.status = 'ready' AND %(lease_token)s::uuid IS NULL))
+RETURNING t.id, t.finished_at;
 
 -- name: task_release_if_leased
 -- Hand a task back unrun (graceful shutdown): ready at once, and the attempt does not count.
@@ -89,24 +162,41 @@ SET status = 'ready',
 WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
 RETURNING id, queue;
 
--- name: task_list_expired_leases
--- Running tasks whose lease ran out (their worker died or hung), oldest first.
-SELECT id, execution_id, lease_token
-FROM konduit_tasks
-WHERE status = 'running' AND lease_expires_at < clock_timestamp()
-ORDER BY lease_expires_at
+-- name: task_list_rescuable
+-- Running tasks whose worker is gone (lease expired, owner not live), oldest first; the write
+-- that reclaims one re-checks all of it (task_lose_if_rescuable).
+SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
+       t.lease_token, t.queue, t.generation, t.worker_id, e.workflow_name, e.workflow_version,
+       e.input, extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining
+FROM konduit_tasks t
+JOIN konduit_executions e ON e.id = t.execution_id
+WHERE t.status = 'running' AND t.lease_expires_at < clock_timestamp()
+  AND NOT EXISTS (
+      SELECT 1 FROM konduit_workers w
+      WHERE w.id = t.worker_id AND w.stopped_at IS NULL
+        AND w.last_heartbeat_at > clock_timestamp() - make_interval(secs => w.lease_seconds)
+        AND t.lease_expires_at > clock_timestamp() - make_interval(secs => w.lease_seconds))
+ORDER BY t.lease_expires_at
 LIMIT %(limit)s;
 
 -- name: task_cancel_unfinished
 -- End the ready and running tasks of a stopped execution; running workers lose their lease.
-UPDATE konduit_tasks
+-- Rows are locked in id order, the order every multi-row task write takes.
+WITH doomed AS (
+    SELECT id FROM konduit_tasks
+    WHERE execution_id = %(execution_id)s AND status IN ('ready', 'running')
+    ORDER BY id
+    FOR NO KEY UPDATE
+)
+UPDATE konduit_tasks t
 SET status = 'cancelled',
     error = %(reason)s,
     lease_token = NULL,
     lease_expires_at = NULL,
     finished_at = clock_timestamp()
-WHERE execution_id = %(execution_id)s AND status IN ('ready', 'running')
-RETURNING id;
+FROM doomed
+WHERE t.id = doomed.id AND t.status IN ('ready', 'running')
+RETURNING t.id;
 
 -- name: task_list_by_execution
 -- Every task of one execution, in DAG-independent order, for status pages.
@@ -126,24 +216,16 @@ WHERE t.status = 'failed'
 ORDER BY t.finished_at DESC
 LIMIT %(limit)s;
 
--- name: task_get_for_reclaim
--- A running task with an expired lease, with what reclaiming it needs.
-SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-       t.lease_token, t.queue, t.generation, t.worker_id, e.workflow_name, e.workflow_version,
-       e.input
-FROM konduit_tasks t
-JOIN konduit_executions e ON e.id = t.execution_id
-WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
-  AND t.lease_expires_at < clock_timestamp();
-
 -- name: task_list_past_deadline
--- Running tasks past their deadline by more than a grace (their worker died or hung).
+-- Ready and running tasks past their deadline by more than a grace (their worker died or hung,
+-- or a retry's backoff or a queue outlasted the budget).
 SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-       t.lease_token, t.queue, t.generation, e.workflow_name, e.workflow_version, e.input,
-       0.0::float8 AS deadline_remaining
+       t.lease_token, t.queue, t.generation, t.status, t.worker_id, e.workflow_name,
+       e.workflow_version, e.input, 0.0::float8 AS deadline_remaining
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
-WHERE t.status = 'running' AND t.deadline_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
+WHERE t.status IN ('ready', 'running') AND e.status = 'running'
+  AND t.deadline_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
 ORDER BY t.deadline_at
 LIMIT %(limit)s;
 
@@ -153,3 +235,8 @@ SELECT DISTINCT ON (step) step, routes
 FROM konduit_tasks
 WHERE execution_id = %(execution_id)s
 ORDER BY step, generation DESC, map_index;
+
+-- name: task_is_leased
+-- Whether a lease still holds its task (after a guarded write changed nothing: which guard?).
+SELECT id FROM konduit_tasks
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running';

@@ -1,0 +1,138 @@
+"""Every change of a task's status, and nothing else.
+
+Each transition of DESIGN.md's task lifecycle is one guard-named statement that re-checks, at the
+time of its own write, what it depends on: the lease token (and for a reclaim, that the lease has
+expired and its worker is gone), the deadline, the status. A check made in an earlier statement
+would be a race (River #1302: a rescuer overwrote a job that completed after the rescuer's read).
+
+| transition | from -> to                          | statement                               |
+|------------|-------------------------------------|-----------------------------------------|
+| claim      | ready -> running                    | task_claim_batch                        |
+| complete   | running -> terminal                 | task_complete_many_if_leased            |
+| retry      | running -> ready (backoff)          | task_retry_if_leased_before_deadline    |
+| release    | running -> ready, attempt uncounted | task_release_if_leased                  |
+| lose       | running -> ready or terminal        | task_lose_if_rescuable / task_end_if_rescuable |
+| expire     | ready/running -> degraded/timed_out | task_expire_if_past_deadline            |
+| cancel     | ready/running -> cancelled          | task_cancel_unfinished                  |
+
+Terminal transitions run inside the fan-in transaction (:mod:`konduit.engine.completer`), after
+the execution row is locked; the others decide nothing about the DAG and take no execution lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from konduit.db.database import Database, Row, Tx
+
+if TYPE_CHECKING:
+    from konduit.engine.completer import Completion
+
+
+async def claim(
+    db: Database,
+    *,
+    queues: Sequence[str],
+    workflows: Sequence[str],
+    limit: int,
+    lease_seconds: float,
+    worker_id: str,
+) -> list[Row]:
+    """Lease up to ``limit`` ready tasks of running executions (ready -> running)."""
+    return await db.all(
+        "task_claim_batch",
+        queues=list(queues),
+        workflows=list(workflows),
+        limit=limit,
+        lease_seconds=lease_seconds,
+        worker_id=worker_id,
+    )
+
+
+async def hold(tx: Tx, task_id: int, lease_token: UUID) -> bool:
+    """Whether the lease still holds the task; the row stays share-locked until ``tx`` ends, so a
+    cancel cannot commit between this check and the handler's start."""
+    return await tx.one("task_hold_if_leased", id=task_id, lease_token=lease_token) is not None
+
+
+async def is_leased(tx: Tx, task_id: int, lease_token: UUID) -> bool:
+    return await tx.one("task_is_leased", id=task_id, lease_token=lease_token) is not None
+
+
+async def retry(tx: Tx, c: Completion) -> Row | None:
+    """running -> ready after ``c.retry_delay``, if the lease holds and the backoff ends before
+    the deadline (the caller tells the two apart with :func:`is_leased`)."""
+    return await tx.one(
+        "task_retry_if_leased_before_deadline",
+        id=c.task_id,
+        lease_token=c.lease_token,
+        delay_seconds=c.retry_delay,
+        error=c.error,
+    )
+
+
+async def lose(tx: Tx, c: Completion) -> Row | None:
+    """Reclaim: running -> ready after the backoff, if the task's worker is still gone."""
+    return await tx.one(
+        "task_lose_if_rescuable",
+        id=c.task_id,
+        lease_token=c.lease_token,
+        delay_seconds=c.retry_delay,
+        error=c.error,
+        lease_seconds=c.guard_seconds,
+    )
+
+
+async def release(tx: Tx, c: Completion) -> Row | None:
+    """Graceful stop: running -> ready at once; the attempt does not count."""
+    return await tx.one("task_release_if_leased", id=c.task_id, lease_token=c.lease_token)
+
+
+async def end(tx: Tx, completions: Sequence[Completion], hashes: Sequence[str | None]
+              ) -> dict[int, datetime]:
+    """Terminal transitions of tasks of one locked execution; returns the ids that changed with
+    their finish time. Completions of live workers go in one statement (in id order, the lock
+    order of every multi-row task write); reclaims and deadline sweeps come one at a time."""
+    ended: dict[int, datetime] = {}
+    leased = [(c, h) for c, h in zip(completions, hashes, strict=True) if c.transition == "complete"]
+    leased.sort(key=lambda pair: pair[0].task_id)
+    if leased:
+        rows = await tx.all(
+            "task_complete_many_if_leased",
+            ids=[c.task_id for c, _ in leased],
+            lease_tokens=[c.lease_token for c, _ in leased],
+            outcomes=[c.outcome for c, _ in leased],
+            output_hashes=[h for _, h in leased],
+            errors=[c.error for c, _ in leased],
+            routes=[Jsonb(list(c.routes)) if c.routes is not None else None for c, _ in leased],
+            ages=[c.age_seconds for c, _ in leased],
+        )
+        ended.update((row["id"], row["finished_at"]) for row in rows)
+    for c, h in zip(completions, hashes, strict=True):
+        if c.transition == "complete":
+            continue
+        params: dict[str, Any] = {
+            "id": c.task_id, "lease_token": c.lease_token, "outcome": c.outcome,
+            "output_hash": h, "error": c.error,
+        }
+        if c.transition == "lose":
+            row = await tx.one("task_end_if_rescuable", lease_seconds=c.guard_seconds, **params)
+        elif c.transition == "expire":
+            row = await tx.one("task_expire_if_past_deadline", grace_seconds=c.guard_seconds,
+                               **params)
+        else:
+            raise ValueError(f"unknown transition {c.transition!r}")
+        if row is not None:
+            ended[row["id"]] = row["finished_at"]
+    return ended
+
+
+async def cancel_unfinished(tx: Tx, execution_id: UUID, reason: str) -> list[int]:
+    """ready/running -> cancelled for every unfinished task of a stopped execution."""
+    rows = await tx.all("task_cancel_unfinished", execution_id=execution_id, reason=reason)
+    return [r["id"] for r in rows]

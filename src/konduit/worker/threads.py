@@ -1,0 +1,101 @@
+"""Threads for sync handlers that never let a hung handler hold a slot.
+
+A thread cannot be killed. When the worker gives up on a sync call (its deadline passed, its
+execution was cancelled, its lease was lost) the thread is *abandoned*: it keeps running until the
+user's code returns, but it no longer counts as one of the worker's slots, and the next call gets
+another thread. Finished threads are reused; idle ones exit after a while. The count of abandoned
+threads is reported (``konduit workers``, metrics) and bounded by the worker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+log = logging.getLogger("konduit.worker")
+
+_Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
+
+
+class HandlerThreads:
+    """An elastic pool: a free thread if there is one, else a new one; never a queue behind a
+    hung call."""
+
+    def __init__(self, *, idle_seconds: float = 60.0, name: str = "konduit-handler"):
+        self.idle_seconds = idle_seconds
+        self.name = name
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a job and not yet promised to a submitter
+        self._threads = 0
+        self._abandoned: set[Future[Any]] = set()
+        self._names = itertools.count(1)
+
+    @property
+    def threads(self) -> int:
+        with self._lock:
+            return self._threads
+
+    @property
+    def abandoned(self) -> int:
+        """Calls given up on whose thread is still running the user's code."""
+        with self._lock:
+            return len(self._abandoned)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            spawn = self._idle == 0
+            if spawn:
+                self._threads += 1
+            else:
+                self._idle -= 1  # promised: an idle thread takes the job we are about to queue
+        self._jobs.put((future, fn, args))
+        if spawn:
+            threading.Thread(
+                target=self._serve, name=f"{self.name}-{next(self._names)}", daemon=True
+            ).start()
+        return future
+
+    def abandon(self, future: Future[Any]) -> None:
+        """The caller stopped waiting for ``future``; count its thread until it returns."""
+        with self._lock:
+            if future.done():
+                return
+            self._abandoned.add(future)
+        future.add_done_callback(self._returned)
+
+    def _returned(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._abandoned.discard(future)
+
+    def _serve(self) -> None:
+        job: _Job | None = self._jobs.get()
+        while job is not None:
+            future, fn, args = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # SystemExit too: it ends the call, not the thread
+                    future.set_exception(exc)
+            del job, future, fn, args
+            with self._lock:
+                self._idle += 1
+            job = self._next_job()
+
+    def _next_job(self) -> _Job | None:
+        while True:
+            try:
+                return self._jobs.get(timeout=self.idle_seconds)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # no submitter promised this thread a job: retire
+                        self._idle -= 1
+                        self._threads -= 1
+                        return None
+                # every idle thread is promised a job, this one included: it is on its way
