@@ -1,0 +1,462 @@
+"""Sync handlers in a child process each, killed at their deadline (``--isolation process``).
+
+A sync handler on a thread that ignores its deadline cannot be stopped: the worker abandons the
+thread and it runs on, holding memory, connections and locks, until it returns. In a child
+process the same handler can be ended for real: :func:`call_in_process` forks, runs the handler
+in the child, brings its result or exception back over a pipe, and SIGKILLs the child when the
+time limit passes or the awaiting coroutine is cancelled (execution cancelled, lease lost,
+worker shutdown).
+
+Why fork (and not spawn): the child inherits the handler's code, so any handler works, closures
+and functions of a test module included, with no re-import and no pickling of the handler. The
+parent is a multi-threaded asyncio process, so the child touches nothing but the handler and its
+pipe and leaves with ``os._exit``: it never runs the parent's event loop, its atexit handlers or
+the finalizers of its database connections (a finalized libpq connection would tell the server
+to close a socket the parent still uses).
+
+What the handler sees in the child:
+
+* ``ctx`` is the parent's, copied by the fork. ``ctx.remaining`` is right (the monotonic clock is
+  shared). ``ctx.heartbeat()`` does nothing (the worker extends the lease of every task it runs
+  anyway) and ``ctx.cancelled`` never turns True: cancellation is enforced by killing the child.
+* The result and the exception cross the pipe pickled. A result that cannot be pickled cannot be
+  stored either (outputs are JSON), so it fails the attempt with :class:`~konduit.PayloadError`.
+  An exception comes back as itself, with the child's traceback as its ``__cause__``; one that
+  cannot be pickled comes back as :class:`HandlerFailed`, whose text carries that traceback.
+* SIGINT and SIGTERM are ignored: the worker owns the child's lifetime (a Ctrl-C to the process
+  group or a supervisor's SIGTERM to every process must not kill a handler the worker is still
+  draining). On Linux the child is SIGKILLed when the worker's thread that forked it exits, so a
+  worker killed with SIGKILL leaves no handler running behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import inspect
+import os
+import pickle
+import select
+import signal
+import struct
+import sys
+import threading
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from konduit.core.context import Context
+from konduit.errors import KonduitError, NonRetryableError, PayloadError
+
+__all__ = [
+    "HandlerFailed",
+    "HandlerProcessDied",
+    "HandlerTimedOut",
+    "IsolationError",
+    "NonRetryableHandlerFailed",
+    "call_in_process",
+]
+
+# Python 3.12+ warns on every fork of a multi-threaded process; the child here runs nothing that
+# could need a lock another thread held (see the module docstring), so the warning is noise.
+warnings.filterwarnings(
+    "ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning,
+    module=__name__,
+)
+
+_HEADER = struct.Struct("!Q")
+_READ_CHUNK = 1 << 20
+_EX_SOFTWARE = 70  # the child failed before or after the handler, in this module's own code
+_REAP_AFTER_KILL = 5.0  # seconds a timed-out call waits for its killed child to be reaped
+
+
+class IsolationError(KonduitError, RuntimeError):
+    """A handler run in a child process ended without a result that could be brought back."""
+
+
+class HandlerFailed(IsolationError):
+    """The handler raised an exception that could not be brought back as itself (it does not
+    pickle). ``str()`` carries the type, the message and the traceback from the child."""
+
+    def __init__(self, type_name: str, message: str, traceback_text: str):
+        self.type_name = type_name
+        self.traceback_text = traceback_text
+        super().__init__(
+            f"the handler raised {type_name}: {message}\n"
+            f"traceback in the handler's process:\n{traceback_text.rstrip()}"
+        )
+
+
+class NonRetryableHandlerFailed(HandlerFailed, NonRetryableError):
+    """A :class:`HandlerFailed` whose original exception was a :class:`~konduit.NonRetryableError`:
+    the attempt must not be retried, as in a thread."""
+
+
+class HandlerProcessDied(IsolationError):
+    """The handler's process ended without returning or raising: ``SystemExit``, ``os._exit``,
+    a crash or a signal. ``exitcode`` is its exit status, or minus the signal that killed it."""
+
+    def __init__(self, message: str, exitcode: int | None):
+        self.exitcode = exitcode
+        super().__init__(message)
+
+
+class HandlerTimedOut(KonduitError, TimeoutError):
+    """The handler ran past its time limit; its process was killed."""
+
+
+class ChildTraceback(KonduitError):
+    """Carries the traceback text of an exception raised in the handler's process; set as the
+    ``__cause__`` of that exception in the worker, so formatting it shows where it was raised."""
+
+    def __str__(self) -> str:
+        return "\n" + str(self.args[0]).rstrip() if self.args else ""
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+# Resolved once in the parent: the child only calls it.
+_prctl = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+_pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
+
+
+# --- the child -------------------------------------------------------------------------------
+
+
+def _child_setup(parent_pid: int) -> None:
+    # The parent's event loop wakes up on signals through a socket this process shares: a
+    # signal delivered here must not be reported there as the parent's own.
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread: cannot happen after fork, but never fatal
+        pass
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before the line above took effect
+            os._exit(_EX_SOFTWARE)
+    # Everything inherited is the parent's: never collect (and finalize) it here. Objects the
+    # handler creates are collected as usual.
+    gc.freeze()
+
+
+def _type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:
+        return "(unprintable message)"
+
+
+def _safe_traceback(exc: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(exc))
+    except Exception:
+        return f"{_type_name(exc)} (the traceback could not be formatted)\n"
+
+
+def _result_message(result: Any) -> bytes:
+    try:
+        return pickle.dumps(("ok", pickle.dumps(result, pickle.HIGHEST_PROTOCOL)), pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        return pickle.dumps(("unsendable", type(result).__qualname__, _safe_str(exc)))
+
+
+def _error_message(exc: Exception) -> bytes:
+    try:
+        exc_bytes: bytes | None = pickle.dumps(exc, pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        exc_bytes = None
+    return pickle.dumps((
+        "raised", exc_bytes, _type_name(exc), _safe_str(exc), _safe_traceback(exc),
+        isinstance(exc, NonRetryableError),
+    ))
+
+
+def _exit_status(exc: BaseException) -> int:
+    if isinstance(exc, SystemExit):
+        if exc.code is None:
+            return 0
+        return exc.code if isinstance(exc.code, int) else 1
+    return 1
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
+
+
+def _child_main(fn: Callable[[Context], Any], ctx: Context, wfd: int, parent_pid: int) -> NoReturn:
+    status = _EX_SOFTWARE
+    try:
+        _child_setup(parent_pid)
+        # The callback belongs to the parent's worker: calling it here would touch its loop.
+        ctx._on_heartbeat = None
+        try:
+            result = fn(ctx)
+        except Exception as exc:
+            message, status = _error_message(exc), 0
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt: the process ends as Python's would
+            message = pickle.dumps(("exited", f"{_type_name(exc)}({_safe_str(exc)})",
+                                    _safe_traceback(exc)))
+            status = _exit_status(exc)
+        else:
+            message, status = _result_message(result), 0
+        _write_all(wfd, message)
+    except BaseException:
+        status = _EX_SOFTWARE
+    finally:
+        _flush_std_streams()
+        os._exit(status)
+
+
+# --- the parent ------------------------------------------------------------------------------
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "ended (its exit status is unknown: something else reaped it)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {-exitcode} ({name})"
+    return f"exited with status {exitcode}"
+
+
+class _Child:
+    """One forked handler: its pipe, its exit, and reaping it exactly once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Callable[[Context], Any], ctx: Context):
+        self.loop = loop
+        self.buffer = bytearray()
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.exitcode: int | None = None
+        self.reaped = False
+        self.killed = False
+        self.pid_released = False  # reaped by the waiting thread: the pid may belong to another
+        rfd, wfd = os.pipe()
+        parent_pid = os.getpid()
+        # Output buffered in this process would be copied into the child and written twice.
+        _flush_std_streams()
+        try:
+            pid = os.fork()
+        except BaseException as exc:
+            os.close(rfd)
+            os.close(wfd)
+            raise IsolationError(f"could not start a process for the handler: {exc}") from exc
+        if pid == 0:  # pragma: no cover - the child's coverage is not collected
+            try:
+                os.close(rfd)
+                _child_main(fn, ctx, wfd, parent_pid)
+            finally:
+                os._exit(_EX_SOFTWARE)
+        self.pid = pid
+        os.close(wfd)
+        self.rfd: int | None = rfd
+        os.set_blocking(rfd, False)
+        # Read as the child writes: a result larger than the pipe's buffer would block it.
+        loop.add_reader(rfd, self._read)
+        self.pidfd: int | None = None
+        if _pidfd_open is not None:
+            try:
+                self.pidfd = _pidfd_open(pid)
+            except OSError:
+                self.pidfd = None
+        if self.pidfd is not None:
+            loop.add_reader(self.pidfd, self._on_exit)
+        else:
+            threading.Thread(target=self._wait_in_thread, name=f"konduit-reap-{pid}", daemon=True).start()
+
+    def _read(self) -> None:
+        if self.rfd is None:
+            return
+        while True:
+            try:
+                chunk = os.read(self.rfd, _READ_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:  # EOF: nothing more will come (the exit still decides when we are done)
+                self._close_pipe()
+                return
+            self.buffer += chunk
+
+    def _close_pipe(self) -> None:
+        if self.rfd is not None:
+            self.loop.remove_reader(self.rfd)
+            os.close(self.rfd)
+            self.rfd = None
+
+    def _on_exit(self) -> None:
+        # The pidfd turned readable: the child is a zombie now, so this reaps it at once.
+        self._reap(block=False)
+
+    def _reap(self, *, block: bool) -> bool:
+        if self.reaped:
+            return True
+        try:
+            pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            pid, status = self.pid, -1
+        if pid == 0:
+            return False
+        self._finish(None if status == -1 else os.waitstatus_to_exitcode(status))
+        return True
+
+    def _finish(self, exitcode: int | None) -> None:
+        self.reaped = True
+        self.exitcode = exitcode
+        if self.pidfd is not None:
+            self.loop.remove_reader(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = None
+        # Everything the child wrote before it exited is in the pipe now: take the rest.
+        self._read()
+        self._close_pipe()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def _wait_in_thread(self) -> None:
+        # Without pidfds (not Linux): a thread blocks in waitpid for this one child.
+        try:
+            _, status = os.waitpid(self.pid, 0)
+            exitcode: int | None = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            exitcode = None
+        self.pid_released = True  # from now on its pid may be reused: never signal it again
+        try:
+            self.loop.call_soon_threadsafe(self._finish, exitcode)
+        except RuntimeError:  # the loop closed meanwhile; the child is reaped all the same
+            pass
+
+    def kill(self) -> None:
+        if self.reaped or self.pid_released or self.killed:
+            return
+        self.killed = True
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def reap_soon(self, within: float = 0.05) -> None:
+        """After a kill, when the caller cannot await: reap now if the child dies within
+        ``within`` seconds (it nearly always does); otherwise the exit callback reaps it."""
+        if self.reaped or self.pidfd is None:
+            return
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        if poller.poll(within * 1000):
+            self._reap(block=False)
+
+    def outcome(self) -> Any:
+        """The handler's result, or raise what it raised (or how its process ended)."""
+        message = self._message()
+        how = f"the handler's process {_how_it_ended(self.exitcode)}"
+        if message is None:
+            raise HandlerProcessDied(f"{how} before returning a result", self.exitcode)
+        kind = message[0]
+        if kind == "ok":
+            try:
+                return pickle.loads(message[1])
+            except Exception as exc:
+                raise PayloadError(f"the handler's result could not be brought back from its "
+                                   f"process: {exc}") from exc
+        if kind == "unsendable":
+            raise PayloadError(f"the handler returned a {message[1]}, which cannot be brought back "
+                               f"from its process (it does not pickle: {message[2]})")
+        if kind == "raised":
+            _, exc_bytes, type_name, text, tb_text, non_retryable = message
+            raised: object = None
+            if exc_bytes is not None:
+                try:
+                    raised = pickle.loads(exc_bytes)
+                except Exception:  # e.g. an exception class whose __init__ wants other arguments
+                    raised = None
+            if not isinstance(raised, BaseException):
+                cls = NonRetryableHandlerFailed if non_retryable else HandlerFailed
+                raise cls(type_name, text, tb_text)
+            raise raised from ChildTraceback(tb_text)
+        _, description, tb_text = message  # "exited"
+        raise HandlerProcessDied(
+            f"{how}: the handler raised {description}\n"
+            f"traceback in the handler's process:\n{tb_text.rstrip()}",
+            self.exitcode,
+        )
+
+    def _message(self) -> tuple[Any, ...] | None:
+        if len(self.buffer) < _HEADER.size:
+            return None
+        (size,) = _HEADER.unpack_from(self.buffer)
+        if len(self.buffer) < _HEADER.size + size:  # killed while writing
+            return None
+        try:
+            message = pickle.loads(bytes(self.buffer[_HEADER.size:_HEADER.size + size]))
+        except Exception:
+            return None
+        return message if isinstance(message, tuple) and message else None
+
+
+async def call_in_process(fn: Callable[[Context], Any], ctx: Context, *, timeout: float | None) -> Any:
+    """Run the sync handler ``fn(ctx)`` in a forked child process and return its result.
+
+    Raises what the handler raised (the child's traceback as its ``__cause__``), or
+    :class:`HandlerFailed` when that exception does not pickle, :class:`HandlerProcessDied` when
+    the process ended without an answer (``SystemExit``, ``os._exit``, a crash, a signal), or
+    :class:`HandlerTimedOut` (a ``TimeoutError``) once ``timeout`` seconds passed: the child is
+    then SIGKILLed and reaped. If the awaiting coroutine is cancelled, the child is killed too
+    and the cancellation propagates. Must be called from the event loop's thread.
+    """
+    if inspect.iscoroutinefunction(fn):
+        raise TypeError(f"call_in_process runs sync handlers; {fn!r} is async")
+    loop = asyncio.get_running_loop()
+    child = _Child(loop, fn, ctx)
+    try:
+        async with asyncio.timeout(timeout):
+            await asyncio.shield(child.exited)
+    except TimeoutError:
+        child.kill()
+        try:
+            await asyncio.wait_for(asyncio.shield(child.exited), _REAP_AFTER_KILL)
+        except TimeoutError:  # stuck in the kernel: the exit callback reaps it when it can
+            pass
+        raise HandlerTimedOut(
+            f"the handler ran past its time limit of {timeout:g} s; its process (pid {child.pid}) "
+            f"was killed"
+        ) from None
+    except BaseException:  # cancelled: execution cancel, lost lease, deadline, worker shutdown
+        child.kill()
+        child.reap_soon()
+        raise
+    return child.outcome()
