@@ -1,25 +1,66 @@
 """The one narrow boundary between konduit and the driver.
 
-Queries are called by name (see :mod:`konduit.db.queries`); driver errors leave this module as
-:class:`~konduit.errors.DatabaseError` (or :class:`~konduit.errors.DatabaseUnavailable` when the
-server cannot be reached) with the original in ``__cause__``.
+Queries are called by name (see :mod:`konduit.db.queries`). Driver errors leave this module as
+a :class:`~konduit.errors.DatabaseError` that says what happened, with the driver's original in
+``__cause__``:
+
+- :class:`~konduit.errors.DatabaseUnavailable`: the server cannot be reached (connection
+  refused or lost, shutting down, not accepting connections, no connection slot left);
+- :class:`~konduit.errors.DatabaseConflict`: a transient conflict between transactions
+  (deadlock, serialization failure, lock not available) that retrying did not clear;
+- :class:`~konduit.errors.PoolExhausted`: the server answers but every pooled connection stayed
+  in use for the pool's whole timeout;
+- :class:`~konduit.errors.DatabaseError`: anything else.
+
+:meth:`Database.one`, :meth:`Database.all`, :meth:`Database.run` and :meth:`Database.atomic`
+rerun their transaction on a conflict, a few times with a short jittered pause, before raising
+it: a conflict is resolved by PostgreSQL aborting one side, which then simply goes again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
-from collections.abc import AsyncIterator, Iterator
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from konduit.db.queries import q
-from konduit.errors import DatabaseError, DatabaseUnavailable
+from konduit.errors import DatabaseConflict, DatabaseError, DatabaseUnavailable, PoolExhausted
+
+log = logging.getLogger("konduit.db")
 
 Row = dict[str, Any]
+T = TypeVar("T")
+
+CONFLICT_ATTEMPTS = 5
+"""How many times a transaction runs before a conflict it keeps meeting is raised."""
+
+PROBE_TIMEOUT = 2.0
+"""Seconds a direct connection attempt may take when the pool timed out, to tell a server that
+does not answer from a pool that is too small."""
+
+# SQLSTATEs of transient conflicts: PostgreSQL aborted this transaction so another could go on.
+_CONFLICTS = {
+    "40P01": "deadlock",
+    "40001": "serialization failure",
+    "55P03": "lock not available",
+}
+# SQLSTATEs of a server that is there but cannot serve us now (class 08, connection exceptions,
+# is matched by prefix). Errors raised without a SQLSTATE come from the client side: the
+# connection was refused, timed out or was lost.
+_UNREACHABLE = {
+    "57P01": "server shutting down",  # admin_shutdown
+    "57P02": "server crashed",  # crash_shutdown
+    "57P03": "server not accepting connections yet",  # cannot_connect_now
+    "53300": "no connection slot left on the server",  # too_many_connections
+}
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -36,14 +77,44 @@ def is_embedded(url: str | None) -> bool:
     return not (url or os.environ.get("KONDUIT_DATABASE_URL"))
 
 
+def _text(exc: BaseException) -> str:
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+def translated(exc: psycopg.Error) -> DatabaseError:
+    """The konduit error that tells the truth about a driver error (raise it ``from exc``)."""
+    state = exc.sqlstate
+    if state in _CONFLICTS:
+        return DatabaseConflict(f"database conflict ({_CONFLICTS[state]}, {state}): {_text(exc)}")
+    if isinstance(exc, PoolClosed):
+        return DatabaseError(f"database error: the connection pool is closed: {_text(exc)}")
+    if isinstance(exc, PoolTimeout):
+        # Only Database.open gets here (a pool that could not fill up in time); a caller waiting
+        # for a pooled connection is told PoolExhausted or DatabaseUnavailable by Database.
+        return DatabaseUnavailable(f"database unavailable: {_text(exc)}")
+    if isinstance(exc, psycopg.OperationalError) and (
+        state is None or state.startswith("08") or state in _UNREACHABLE
+    ):
+        why = _UNREACHABLE.get(state or "")
+        return DatabaseUnavailable(
+            f"database unavailable{f' ({why}, {state})' if why else ''}: {_text(exc)}"
+        )
+    return DatabaseError(f"database error{f' ({state})' if state else ''}: {_text(exc)}")
+
+
 @contextmanager
 def translate_errors() -> Iterator[None]:
+    """Raise driver errors met in the block as konduit errors (see the module docstring)."""
     try:
         yield
-    except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"database unavailable: {exc}".strip()) from exc
     except psycopg.Error as exc:
-        raise DatabaseError(f"database error: {exc}".strip()) from exc
+        raise translated(exc) from exc
+
+
+def _pause(attempt: int) -> float:
+    """Jittered, growing pause before rerunning a conflicted transaction: 10-20 ms, then twice
+    as long each time, so the two sides of a deadlock do not collide again in step."""
+    return random.uniform(0.5, 1.0) * min(0.5, 0.02 * 2.0 ** (attempt - 1))
 
 
 class Tx:
@@ -74,10 +145,19 @@ class Tx:
 
 
 class Database:
-    """A pool of connections to one PostgreSQL database."""
+    """A pool of connections to one PostgreSQL database.
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10, name: str = "konduit"):
+    ``pool_timeout`` is how long a caller waits for a free pooled connection before it is told
+    :class:`~konduit.errors.PoolExhausted` (or :class:`~konduit.errors.DatabaseUnavailable` when
+    the server does not answer), instead of hanging.
+    """
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10,
+                 name: str = "konduit", pool_timeout: float = 10.0):
         self.url = url
+        self.name = name
+        self.max_size = max_size
+        self.pool_timeout = pool_timeout
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
             url,
             min_size=min_size,
@@ -90,41 +170,125 @@ class Database:
                 "connect_timeout": 5,
             },
             check=AsyncConnectionPool.check_connection,
-            # A caller waits at most this long for a connection: when the server is down the
-            # client raises DatabaseUnavailable instead of hanging (workers retry on their own).
-            timeout=10.0,
+            timeout=pool_timeout,
             reconnect_timeout=60,
         )
 
     async def open(self, timeout: float = 10.0) -> None:
-        with translate_errors():
-            try:
-                await self.pool.open(wait=True, timeout=timeout)
-            except Exception as exc:
-                if isinstance(exc, psycopg.Error):
-                    raise
-                raise DatabaseUnavailable(f"cannot connect to the database: {exc}") from exc
+        try:
+            await self.pool.open(wait=True, timeout=timeout)
+        except PoolTimeout as exc:
+            why = await self._probe()
+            raise DatabaseUnavailable(
+                f"cannot connect to the database: {why}" if why else
+                f"cannot connect to the database: the pool did not open its first connections "
+                f"within {timeout:g} s"
+            ) from exc
+        except psycopg.Error as exc:
+            raise translated(exc) from exc
+        except Exception as exc:
+            raise DatabaseUnavailable(f"cannot connect to the database: {exc}") from exc
 
     async def close(self) -> None:
         await self.pool.close()
 
+    async def _probe(self) -> str | None:
+        """Whether the server answers a fresh connection now: None if so, else why not."""
+        try:
+            conn = await asyncio.wait_for(
+                psycopg.AsyncConnection.connect(
+                    self.url, connect_timeout=max(1, round(PROBE_TIMEOUT)),
+                    application_name=f"{self.name}-probe",
+                ),
+                timeout=PROBE_TIMEOUT + 1.0,
+            )
+        except psycopg.Error as exc:
+            return _text(exc)
+        except TimeoutError:
+            return f"the server did not answer within {PROBE_TIMEOUT:g} s"
+        await conn.close()
+        return None
+
+    async def _timed_out(self, exc: PoolTimeout) -> DatabaseError:
+        """Why no pooled connection came in time: the server is gone, or the pool is too small."""
+        why = await self._probe()
+        if why is not None:
+            return DatabaseUnavailable(f"database unavailable: {why}")
+        stats = self.pool.get_stats()
+        if stats.get("pool_size", 0) < self.max_size:
+            # The pool had room, so callers did not use it up: it could not open connections
+            # (the server was down and is just back; the pool reconnects on its own schedule).
+            return DatabaseUnavailable(
+                f"database unavailable: no connection could be opened within "
+                f"{self.pool_timeout:g} s (the server answers again; the pool is reconnecting)"
+            )
+        return PoolExhausted(
+            f"no free connection in the {self.name!r} pool after {self.pool_timeout:g} s: all "
+            f"{self.max_size} connections stayed in use although the server answers; raise the "
+            f"pool size (max_size, App(pool_size=...)) or make fewer concurrent calls"
+        )
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
+        """A pooled connection for the block (committed, or rolled back on error, on exit)."""
+        try:
+            conn = await self.pool.getconn()
+        except PoolTimeout as exc:
+            raise await self._timed_out(exc) from exc
+        except psycopg.Error as exc:
+            raise translated(exc) from exc
+        try:
+            with translate_errors():
+                async with conn:  # what the pool's own connection() does: commit or roll back
+                    yield conn
+        finally:
+            await self.pool.putconn(conn)
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
-        with translate_errors():
-            async with self.pool.connection() as conn, conn.transaction():
-                yield Tx(conn)
+        """One transaction, not retried: a conflict in it is raised as DatabaseConflict."""
+        async with self.connection() as conn:
+            with translate_errors():
+                async with conn.transaction():
+                    yield Tx(conn)
+
+    async def atomic(self, body: Callable[[Tx], Awaitable[T]], *,
+                     attempts: int = CONFLICT_ATTEMPTS) -> T:
+        """Run ``body`` in a fresh transaction and return its result; when PostgreSQL aborts it
+        for a conflict (deadlock, serialization failure, lock not available), roll back and run
+        it again, up to ``attempts`` times in all, then raise the DatabaseConflict.
+
+        The body must be safe to rerun: it does only database work through its ``Tx`` (whatever
+        it wrote was rolled back with the conflict), and no side effects outside the database.
+        """
+        attempt = 1
+        while True:
+            try:
+                async with self.transaction() as tx:
+                    return await body(tx)
+            except DatabaseConflict as exc:
+                if attempt >= attempts:
+                    if attempts > 1:
+                        raise DatabaseConflict(
+                            f"{exc} (still conflicting after {attempts} attempts)"
+                        ) from exc.__cause__
+                    raise
+                pause = _pause(attempt)
+                log.debug("%s; running the transaction again in %.0f ms", exc, pause * 1000)
+                attempt += 1
+                await asyncio.sleep(pause)
 
     async def one(self, query: str, /, **params: Any) -> Row | None:
-        async with self.transaction() as tx:
-            return await tx.one(query, **params)
+        """Run one named query in its own transaction (rerun on a conflict): its first row."""
+        return await self.atomic(lambda tx: tx.one(query, **params))
 
     async def all(self, query: str, /, **params: Any) -> list[Row]:
-        async with self.transaction() as tx:
-            return await tx.all(query, **params)
+        """Run one named query in its own transaction (rerun on a conflict): every row."""
+        return await self.atomic(lambda tx: tx.all(query, **params))
 
     async def run(self, query: str, /, **params: Any) -> int:
-        async with self.transaction() as tx:
-            return await tx.run(query, **params)
+        """Run one named query in its own transaction (rerun on a conflict): rows affected."""
+        return await self.atomic(lambda tx: tx.run(query, **params))
 
     async def listen_connection(self) -> psycopg.AsyncConnection[Row]:
         """A dedicated autocommit connection for LISTEN (outside the pool)."""
