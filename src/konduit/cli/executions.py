@@ -1,0 +1,248 @@
+"""Commands on executions: start, status, list, cancel, repair, dead-letters."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+import konduit
+from konduit.cli.common import (
+    DatabaseUrl,
+    between,
+    console,
+    dump_json,
+    err_console,
+    last_line,
+    load_app,
+    offset,
+    opened,
+    parse_json,
+    plain_app,
+    reachable,
+    seconds,
+    stamp,
+    styled,
+)
+from konduit.db.database import Row
+from konduit.errors import CliError
+
+
+def start(
+    workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Name of the workflow to start.")],
+    app_spec: Annotated[str, typer.Option(
+        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
+        help="module:attribute of the konduit.App that defines the workflow.")],
+    input: Annotated[str | None, typer.Option("--input", "-i", help="Input as JSON.")] = None,
+    idempotency_key: Annotated[str | None, typer.Option(
+        "--idempotency-key", "-k", help="Starting twice with the same key returns the same id.")
+    ] = None,
+    version: Annotated[int | None, typer.Option(help="Workflow version (default: the latest).",
+                                                show_default=False)] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for it to finish.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Start an execution and print its id (with --wait: then its output)."""
+    payload = parse_json(input, "--input")
+    with opened(load_app(app_spec, reachable(database_url))) as app:
+        handle = app.start(workflow, payload, idempotency_key=idempotency_key, version=version)
+        console.print(str(handle.id))
+        if not wait:
+            return
+        began = time.monotonic()
+        try:
+            result = handle.wait(timeout=timeout)
+        except TimeoutError as exc:
+            raise CliError(str(exc)) from None
+        err_console.print(f"{styled(result.status)} after {time.monotonic() - began:.2f} s")
+        console.print(dump_json(result.output), markup=False)
+
+
+def step_table(steps: list[Row], tasks: list[Row], origin: datetime | None) -> Table:
+    """One row per step, in firing order; times in seconds after the execution started."""
+    attempts: dict[str, int] = {}
+    for task in tasks:
+        attempts[task["step"]] = attempts.get(task["step"], 0) + int(task["attempt"])
+    far = datetime.max.replace(tzinfo=origin.tzinfo if origin else None)
+    ordered = sorted(steps, key=lambda s: (s["fired_at"] or far, s["step"]))
+    show_tasks = any(s["tasks_total"] != 1 for s in steps)  # only map steps make several
+    table = Table(title="steps (seconds after the execution started)", title_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    table.add_column("step", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    if show_tasks:
+        table.add_column("tasks", justify="right")
+    for header in ("tries", "fired", "ended", "took", "fan-in\nwait"):
+        table.add_column(header, justify="right")
+    table.add_column("straggler", no_wrap=True)
+    for s in ordered:
+        is_join = int(s["up_total"]) > 1
+        done = int(s["tasks_ok"]) + int(s["tasks_degraded"])
+        cells = [escape(s["step"]), styled(s["status"])]
+        if show_tasks:
+            cells.append(f"{done}/{s['tasks_total']}" if s["tasks_total"] is not None else "—")
+        cells += [
+            str(attempts.get(s["step"], 0)),
+            offset(s["fired_at"], origin),
+            offset(s["ended_at"], origin),
+            seconds(between(s["fired_at"], s["ended_at"])),
+            seconds(between(s["first_upstream_at"], s["fired_at"])) if is_join else "",
+            escape(s["straggler"] or "") if is_join else "",
+        ]
+        table.add_row(*cells)
+    return table
+
+
+def status(
+    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Show an execution: status, error, output and a table of its steps."""
+    with opened(plain_app(database_url)) as app:
+        result = app.status(execution_id)
+        steps = app.steps(result.id)
+        tasks = app.tasks(result.id)
+        versions = app.outputs(result.id)
+        late = [p for p in app.payloads(result.id) if p["source"] == "late"]
+    if as_json:
+        print(dump_json({
+            "id": result.id, "workflow": result.workflow, "version": result.version,
+            "status": result.status, "error": result.error, "output": result.output,
+            "outcomes": result.outcomes, "created_at": result.created_at,
+            "finished_at": result.finished_at, "output_versions": versions,
+            "late_results": late,
+        }))
+        return
+    took = between(result.created_at, result.finished_at)
+    console.print(f"execution [bold]{result.id}[/bold]  {escape(result.workflow)} "
+                  f"v{result.version}  {styled(result.status)}")
+    console.print(f"started {stamp(result.created_at)}"
+                  + (f", finished {stamp(result.finished_at)} ({seconds(took)} s)" if took else ""))
+    if result.error:
+        console.print(f"[red]error:[/red] {escape(result.error)}")
+    if result.output is not None:
+        console.print("output:")
+        console.print(dump_json(result.output), markup=False)
+    if len(versions) > 1:
+        console.print("output versions (repairs):")
+        for version in versions:
+            degraded = ", ".join(version["degraded"]) or "none degraded"
+            console.print(f"  v{version['version']} {version['status']} ({degraded}): "
+                          f"{dump_json(version['output'])}", markup=False, soft_wrap=True)
+    if steps:
+        console.print(step_table(steps, tasks, result.created_at))
+    for payload in late:
+        where = payload["step"] + (f"[{payload['map_index']}]" if payload["map_index"] else "")
+        console.print(f"[yellow]late result[/yellow] of {escape(where)} (after its deadline; "
+                      f"the join did not use it): {escape(dump_json(payload['payload']))}",
+                      soft_wrap=True)
+
+
+def list_executions(
+    status: Annotated[str | None, typer.Option(help="Only executions with this status.")] = None,
+    workflow: Annotated[str | None, typer.Option(help="Only executions of this workflow.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """List recent executions, newest first."""
+    with opened(plain_app(database_url)) as app:
+        results = app.list(status=status, workflow=workflow, limit=limit)
+    if not results:
+        console.print("no executions")
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    table.add_column("id", no_wrap=True, min_width=36)
+    table.add_column("status", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    table.add_column("took", justify="right")
+    table.add_column("workflow", overflow="fold")
+    today = datetime.now().astimezone().date()
+    for r in results:
+        started = r.created_at.astimezone() if r.created_at else None
+        table.add_row(
+            str(r.id), styled(r.status),
+            "—" if started is None else started.strftime(
+                "%H:%M:%S" if started.date() == today else "%Y-%m-%d %H:%M"),
+            seconds(between(r.created_at, r.finished_at)), f"{escape(r.workflow)} v{r.version}",
+        )
+    console.print(table)
+    for r in results:
+        if r.error:
+            console.print(f"[red]{r.id}[/red]: {escape(last_line(r.error))}")
+
+
+def cancel(
+    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Cancel a running execution (its pending work is never started)."""
+    with opened(plain_app(database_url)) as app:
+        if app.cancel(execution_id):
+            console.print(f"cancelled {execution_id}")
+            return
+        result = app.status(execution_id)
+    console.print(f"execution {execution_id} has already finished ({styled(result.status)}); "
+                  "nothing to cancel")
+
+
+def repair(
+    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
+    app_spec: Annotated[str, typer.Option(
+        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
+        help="module:attribute of the konduit.App that defines the workflow.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the repair to finish.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Re-run the degraded or failed branches of a finished execution and what depends on them.
+
+    When it finishes, its output becomes a new version that replaces the degraded one; earlier
+    versions stay visible (``status`` lists them). Workers of APP do the re-running.
+    """
+    with opened(load_app(app_spec, database_url)) as app:
+        rerun = app.repair(execution_id)
+        console.print(f"re-running {', '.join(rerun)} of {execution_id}")
+        if not wait:
+            return
+        try:
+            result = app.wait(execution_id, timeout)
+        except konduit.ExecutionFailed as exc:
+            result = exc.result
+        versions = app.outputs(execution_id)
+    console.print(f"execution {execution_id}: {styled(result.status)}")
+    for version in versions:
+        degraded = ", ".join(version["degraded"]) or "none degraded"
+        console.print(f"  output v{version['version']} ({version['status']}, {degraded}): "
+                      f"{dump_json(version['output'])}", soft_wrap=True)
+    if result.status != "succeeded":
+        raise typer.Exit(1)
+
+
+def dead_letters(
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """List dead-lettered tasks: retries exhausted or a non-retryable error."""
+    with opened(plain_app(database_url)) as app:
+        rows = app.dead_letters(limit)
+    if not rows:
+        console.print("no dead letters")
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    for header in ("task", "execution", "workflow", "step", "attempts", "failed at", "error"):
+        table.add_column(header)
+    for r in rows:
+        step = r["step"] + (f"[{r['map_index']}]" if r["map_index"] else "")
+        table.add_row(
+            str(r["id"]), str(r["execution_id"]), escape(r["workflow_name"]), escape(step),
+            str(r["attempt"]), stamp(r["finished_at"]),
+            escape(last_line(r["error"]))[:80],
+        )
+    console.print(table)

@@ -1,0 +1,174 @@
+"""Commands that watch the history: dashboard, metrics, stats, plan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from datetime import datetime
+from typing import Annotated
+
+import typer
+
+from konduit.cli.common import (
+    Consecutive,
+    DatabaseUrl,
+    FanInAlert,
+    History,
+    console,
+    describe_url,
+    dump_json,
+    err_console,
+    load_app,
+    plain_app,
+    reachable,
+)
+
+
+def dashboard(
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve the dashboard on.")] = 8090,
+    host: Annotated[str, typer.Option(
+        help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    app_spec: Annotated[str | None, typer.Option(
+        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
+        help="module:attribute of the konduit.App whose workflows Repair re-runs "
+        "(without it, Repair is disabled).", show_default=False)] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Serve the web dashboard until SIGINT/SIGTERM: executions, each one's DAG with live step
+    states and a timeline of its attempts and fan-in waits, dead letters with repair, the stats,
+    /metrics and a JSON API under /api. While the database is down its pages answer 503."""
+    from konduit.web.app import serve
+
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)  # a down database is a 503 page
+    app = load_app(app_spec, database_url) if app_spec else None
+    where = describe_url(database_url or (app.database_url if app else None)
+                         or os.environ.get("KONDUIT_DATABASE_URL"))
+    serve(database_url, app, host=host, port=port, announce=lambda url: err_console.print(
+        f"konduit dashboard: serving {url} from {where}"
+        + (f", repairs with {app_spec}" if app_spec else " (read-only: no --app)") + " (Ctrl-C stops)",
+        soft_wrap=True, markup=False))
+
+
+def metrics(
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve /metrics on.")] = 9464,
+    host: Annotated[str, typer.Option(
+        help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    history: History = "24h",
+    fan_in_alert: FanInAlert = "20s",
+    consecutive: Consecutive = 2,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Serve the numbers of `konduit stats` to Prometheus on http://HOST:PORT/metrics until
+    SIGINT/SIGTERM. Every scrape reads the database; when it cannot (within 5 s), the scrape
+    still answers, with konduit_scrape_error 1."""
+    from konduit.observe.metrics import serve, wait_for_signal
+
+    # Scrape errors are logged once each (and recovery once): warnings only, no library chatter.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    with serve(database_url, host=host, port=port, history=history, fan_in_alert=fan_in_alert,
+               consecutive=consecutive) as exporter:
+        err_console.print(f"konduit metrics: serving {exporter.url} from "
+                          f"{describe_url(database_url or os.environ.get('KONDUIT_DATABASE_URL'))} "
+                          f"(Ctrl-C stops)", soft_wrap=True, markup=False)
+        wait_for_signal()
+
+
+def stats(
+    workflow: Annotated[str | None, typer.Argument(
+        metavar="WORKFLOW", help="Only this workflow (default: every workflow).",
+        show_default=False)] = None,
+    history: History = "24h",
+    fan_in_alert: FanInAlert = "20s",
+    consecutive: Consecutive = 2,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the stats as JSON.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Instrument the branches, not the pipeline: per branch p50/p95/p99 of its attempts,
+    retries, outcomes and time since its last success; per join its fan-in wait, dispatch latency
+    and usual straggler. Exit code: 0, or 3 when a fan-in alert fires (a join waited longer than
+    --fan-in-alert in each of its last --consecutive executions) so cron and monitoring can page
+    on it; 1 on an error."""
+
+    from konduit.observe.stats import Stats, load_stats, seconds_option, stats_renderables
+
+    seconds_option(history, "--history")  # bad options are reported before connecting
+    seconds_option(fan_in_alert, "--fan-in-alert")
+    app = plain_app(database_url)
+
+    async def load() -> Stats:
+        client = await app.client_async()
+        try:
+            return await load_stats(client.db, workflow, history=history,
+                                    fan_in_alert=fan_in_alert, consecutive=consecutive)
+        finally:
+            await client.db.close()
+
+    result = asyncio.run(load())
+    if as_json:
+        print(dump_json(result.to_json()))
+    else:
+        for renderable in stats_renderables(result):
+            console.print(renderable)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+def plan(
+    workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Name of the workflow to plan.")],
+    app_spec: Annotated[str, typer.Option(
+        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
+        help="module:attribute of the konduit.App (or Workflow) that defines the workflow.")],
+    window: Annotated[str | None, typer.Option(
+        "--window", metavar="HH:MM",
+        help="The window to finish in: the next such time of day (local), or a date-time.",
+        show_default=False)] = None,
+    within: Annotated[str | None, typer.Option(
+        "--within", metavar="DURATION", help="The window as a duration from the start (e.g. 45m).",
+        show_default=False)] = None,
+    start: Annotated[str | None, typer.Option(
+        "--start", metavar="HH:MM",
+        help="When the execution starts: a time of day (its next occurrence) or a date-time "
+        "(default: now).", show_default=False)] = None,
+    history: History = "7d",
+    version: Annotated[int | None, typer.Option(
+        help="Workflow version whose DAG to plan (default: the latest); history counts every "
+        "version.", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Show the critical path with each step's p50/p95/p99 from history, the predicted finish
+    and whether the window is at risk."""
+
+    from konduit.observe.plan import (
+        PLAN_NOTE,
+        Plan,
+        history_seconds,
+        load_plan,
+        parse_moment,
+        plan_renderables,
+        window_from,
+    )
+
+    history_seconds(history)  # a bad --history is reported before connecting
+    app = load_app(app_spec, reachable(database_url))
+    spec = app.registry.get(workflow, version)
+    began = parse_moment(start, what="--start") if start is not None else \
+        datetime.now().astimezone()
+    deadline = window_from(began, window=window, within=within)
+
+    async def load() -> Plan:
+        client = await app.client_async()
+        try:
+            return await load_plan(client.db, spec, history=history, start=began, window=deadline)
+        finally:
+            await client.db.close()
+
+    result = asyncio.run(load())
+    if as_json:
+        print(dump_json(result.to_json()))
+        return
+    for renderable in plan_renderables(result):
+        console.print(renderable)
+    console.print(f"[dim]{PLAN_NOTE}[/dim]")

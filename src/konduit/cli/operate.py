@@ -1,0 +1,95 @@
+"""Commands that run and look after konduit: db migrate, worker, workers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+
+import konduit
+from konduit.cli.common import (
+    DatabaseUrl,
+    console,
+    describe_url,
+    err_console,
+    load_app,
+    opened,
+    reachable,
+)
+from konduit.db.migrate import latest_version
+from konduit.errors import CliError
+
+
+def db_migrate(database_url: DatabaseUrl = None) -> None:
+    """Apply the schema migrations this konduit needs (a no-op when the schema is current)."""
+    with opened(konduit.App([], database_url=reachable(database_url, schema=False))) as app:
+        applied = app.migrate()
+    if applied:
+        for name in applied:
+            console.print(f"applied [green]{name}[/green]")
+    console.print(f"schema is at version {latest_version()}"
+                  + ("" if applied else " (already current)"))
+
+
+def worker(
+    app_spec: Annotated[str, typer.Argument(metavar="APP", help="module:attribute of a konduit.App")],
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1,
+                                             help="Tasks run at once.")] = 10,
+    queue: Annotated[list[str] | None, typer.Option(
+        "--queue", "-q", help="Queue to claim from; repeatable (default: default).")] = None,
+    poll_interval: Annotated[float | None, typer.Option(
+        help="Seconds between claims without a notification (default: $KONDUIT_POLL_INTERVAL or 1).",
+        show_default=False)] = None,
+    lease_seconds: Annotated[float | None, typer.Option(
+        help="Lease length; a dead worker's tasks are retaken after it "
+        "(default: $KONDUIT_LEASE_SECONDS or 15).",
+        show_default=False)] = None,
+    heartbeat_interval: Annotated[float | None, typer.Option(
+        help="Seconds between lease extensions (default: $KONDUIT_HEARTBEAT_INTERVAL or 3).",
+        show_default=False)] = None,
+    shutdown_grace: Annotated[float | None, typer.Option(
+        help="Seconds running tasks get to finish on SIGINT/SIGTERM (default: 10).",
+        show_default=False)] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Run a worker for the workflows of APP until SIGINT/SIGTERM (a graceful stop)."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    app = load_app(app_spec, database_url)
+    names = sorted({spec.name for spec in app.registry})
+    if not names:
+        raise CliError(f"{app_spec} has no workflows: nothing for a worker to run")
+    options: dict[str, Any] = {
+        key: value
+        for key, value in {
+            "poll_interval": poll_interval,
+            "lease_seconds": lease_seconds,
+            "heartbeat_interval": heartbeat_interval,
+            "shutdown_grace": shutdown_grace,
+        }.items()
+        if value is not None
+    }
+    queues = tuple(queue or ("default",))
+    url = database_url or os.environ.get("KONDUIT_DATABASE_URL")
+    where = describe_url(url) if url else "the App's database (embedded server by default)"
+    err_console.print(
+        f"konduit worker: {', '.join(names)} on {where}, "
+        f"queues {', '.join(queues)}, concurrency {concurrency} (Ctrl-C stops gracefully)",
+        soft_wrap=True,
+    )
+    with opened(app):
+        try:
+            done = app.run_worker(concurrency, queues=queues, **options)
+        except ValueError as exc:  # WorkerConfig rejects inconsistent settings
+            raise CliError(str(exc)) from None
+    err_console.print(f"worker stopped after {done.completed} task(s)")
+    # Tasks still running at the end of the grace period were released to other workers, but a
+    # sync handler's thread cannot be interrupted, and the interpreter would join it at exit:
+    # leave now, so a stop takes the grace period and no longer (their results are fenced off).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

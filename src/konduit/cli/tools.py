@@ -1,0 +1,66 @@
+"""Commands that show konduit off: demo and bench."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from konduit.cli.common import (
+    DatabaseUrl,
+    console,
+    err_console,
+    reachable,
+)
+from konduit.errors import CliError
+
+
+def demo(
+    executions: Annotated[int, typer.Option(min=1, help="Executions to start.")] = 5,
+    concurrency: Annotated[int, typer.Option(min=1, help="Tasks each worker runs at once.")] = 8,
+    workers: Annotated[int, typer.Option(min=1, help="In-process workers.")] = 2,
+    incident_after: Annotated[int | None, typer.Option(
+        "--incident-after", metavar="K", min=0,
+        help="The image-resize call slows from ~0.2 s to 10 s in the executions after the K-th "
+        "(default: only in the last one).", show_default=False)] = None,
+    within: Annotated[str, typer.Option(
+        "--within", metavar="DURATION",
+        help="Each execution's window (deadline_at = its start + this).")] = "5s",
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Run the nightly content pipeline: transcribe, five parallel branches, publish; the last
+    execution hits the seed-004 incident (a slow image resize) and degrades to a fallback."""
+    from konduit.core.durations import parse_duration
+    from konduit.demo import run_demo
+
+    window = parse_duration(within, what="--within")
+    raise typer.Exit(run_demo(executions=executions, concurrency=concurrency, workers=workers,
+                              incident_after=incident_after, window=window,
+                              database_url=reachable(database_url, schema=False),
+                              console=console))
+
+
+def bench(
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="Smaller widths and fewer trials (well under a minute).")] = False,
+    output: Annotated[str | None, typer.Option(
+        "--output", "-o", metavar="FILE", help="Also write the JSON report to FILE.",
+        show_default=False)] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Measure the fan-in protocol: cost per completion by join width, simultaneous finishes,
+    batching, end-to-end throughput and join latency, a wide map. Prints one JSON document.
+    Each benchmark runs in its own scratch database on the server, created and dropped here."""
+    from pathlib import Path
+
+    from konduit.bench import run_bench
+
+    if output is not None and not Path(output).absolute().parent.is_dir():
+        raise CliError(f"--output: directory {Path(output).absolute().parent} does not exist")
+    report = run_bench(reachable(database_url, schema=False), quick=quick,
+                       progress=lambda message: err_console.print(message, markup=False))
+    text = json.dumps(report, indent=2)
+    if output is not None:
+        Path(output).write_text(text + "\n")
+    print(text)
