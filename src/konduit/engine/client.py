@@ -270,4 +270,16 @@ class Client:
         return await self.db.all("task_list_dead", limit=limit)
 
 
+    async def workers(self, stale_seconds: float | None = None) -> builtins.list[Row]:
+        """Live workers (not stopped, heard from within ``stale_seconds``, else within their own
+        lease): host, pid, queues, workflows served, isolation, slots, running tasks, abandoned
+        threads and ``heartbeat_age`` in seconds."""
+        return await self.db.all("worker_list_live", stale_seconds=stale_seconds)
+
+    async def workflow_served(self, name: str, version: int) -> bool:
+        """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
+        row = await self.db.one("worker_serving_exists", workflow=workflow_key(name, version))
+        return bool(row and row["serving"])
+
+
 __all__ = ["FINISHED", "Client", "ExecutionFailed", "ExecutionResult", "KonduitError"]
