@@ -191,6 +191,14 @@ class App:
         """Tasks that failed for good (retries exhausted or non-retryable), newest first."""
         return self._call(self._c().dead_letters(limit))
 
+    def workers(self, stale_seconds: float | None = None) -> builtins.list[Row]:
+        """Live workers; see :meth:`konduit.engine.client.Client.workers`."""
+        return self._call(self._c().workers(stale_seconds))
+
+    def workflow_served(self, name: str, version: int) -> bool:
+        """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
+        return self._call(self._c().workflow_served(name, version))
+
     def migrate(self) -> builtins.list[str]:
         """Apply the schema migrations this konduit needs; returns the ones applied."""
 

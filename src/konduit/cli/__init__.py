@@ -46,6 +46,7 @@ def root(
 # Registration order is the order of `konduit --help`.
 db_cli.command("migrate")(operate.db_migrate)
 cli.command()(operate.worker)
+cli.command()(operate.workers)
 cli.command()(executions.start)
 cli.command()(executions.status)
 cli.command("list")(executions.list_executions)

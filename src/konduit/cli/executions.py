@@ -111,13 +111,18 @@ def status(
         tasks = app.tasks(result.id)
         versions = app.outputs(result.id)
         late = [p for p in app.payloads(result.id) if p["source"] == "late"]
+        # A running execution nobody serves waits forever without a word: say so.
+        served = None if result.finished else app.workflow_served(result.workflow, result.version)
+    hint = None if served is not False else (
+        f"no live worker serves {result.workflow}@{result.version}: "
+        f"start one with `konduit worker module:app`")
     if as_json:
         print(dump_json({
             "id": result.id, "workflow": result.workflow, "version": result.version,
             "status": result.status, "error": result.error, "output": result.output,
             "outcomes": result.outcomes, "created_at": result.created_at,
             "finished_at": result.finished_at, "output_versions": versions,
-            "late_results": late,
+            "late_results": late, "served_by_live_worker": served, "hint": hint,
         }))
         return
     took = between(result.created_at, result.finished_at)
@@ -138,6 +143,8 @@ def status(
                           f"{dump_json(version['output'])}", markup=False, soft_wrap=True)
     if steps:
         console.print(step_table(steps, tasks, result.created_at))
+    if hint:
+        console.print(f"[yellow]hint:[/yellow] {escape(hint)}", soft_wrap=True)
     for payload in late:
         where = payload["step"] + (f"[{payload['map_index']}]" if payload["map_index"] else "")
         console.print(f"[yellow]late result[/yellow] of {escape(where)} (after its deadline; "

@@ -8,15 +8,20 @@ import sys
 from typing import Annotated, Any
 
 import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
 
 import konduit
 from konduit.cli.common import (
     DatabaseUrl,
     console,
     describe_url,
+    dump_json,
     err_console,
     load_app,
     opened,
+    plain_app,
     reachable,
 )
 from konduit.db.migrate import latest_version
@@ -93,3 +98,37 @@ def worker(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def workers(
+    stale: Annotated[float | None, typer.Option(
+        "--stale", metavar="SECONDS", min=0,
+        help="Count a worker live when heard from within this long (default: its own lease).",
+        show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the workers as JSON.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """List the live workers: host and pid, queues, workflow versions served, isolation, slots
+    in use, abandoned handler threads and how long ago each last sent a heartbeat."""
+    with opened(plain_app(database_url)) as app:
+        rows = app.workers(stale)
+    if as_json:
+        print(dump_json(rows))
+        return
+    if not rows:
+        console.print("no live workers")
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    for header in ("host", "pid", "queues", "workflows", "isolation", "slots", "abandoned",
+                   "heartbeat"):
+        table.add_column(header, justify="right" if header in ("pid", "slots") else "left")
+    for r in rows:
+        abandoned = int(r["abandoned"])
+        table.add_row(
+            escape(r["hostname"]), str(r["pid"]), escape(", ".join(r["queues"])),
+            escape(", ".join(r["workflows"])) or "—", r["isolation"],
+            f"{r['running']}/{r['concurrency']}",
+            f"[yellow]{abandoned}[/yellow]" if abandoned else "0",
+            f"{r['heartbeat_age']:.1f} s ago",
+        )
+    console.print(table)
