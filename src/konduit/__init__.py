@@ -20,6 +20,7 @@ from konduit.errors import (
     SchemaOutdated,
     WorkflowDefinitionError,
     WorkflowNotFound,
+    WorkerUnhealthy,
     WorkflowVersionConflict,
 )
 
@@ -48,6 +49,7 @@ __all__ = [
     "Workflow",
     "WorkflowDefinitionError",
     "WorkflowNotFound",
+    "WorkerUnhealthy",
     "WorkflowVersionConflict",
     "parallel",
     "step",

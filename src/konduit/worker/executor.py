@@ -97,6 +97,17 @@ def _describe(exc: BaseException) -> str:
     return text[-8000:].replace("\x00", "\\x00")
 
 
+def _captured(fn: Callable[[Context], Any], ctx: Context) -> tuple[bool, Any]:
+    """Run user code on its thread and hand back what it returned or raised as a value. An
+    exception set on an awaited future is *thrown* into the awaiting task, and a thrown
+    ``GeneratorExit`` closes every coroutine of the task on its way out, whatever they catch;
+    raised afresh in the executor's own frame it is an ordinary exception."""
+    try:
+        return True, fn(ctx)
+    except BaseException as exc:
+        return False, exc
+
+
 def policy_of(step: StepSpec) -> StepPolicy:
     return StepPolicy(step.retry, step.fallback is not None, step.fallback_on_failure)
 
@@ -196,11 +207,11 @@ class Executor:
             if started is not None:
                 started.set()
             return await call_in_process(fn, ctx, timeout=None)
-        future = self.threads.submit(contextvars.copy_context().run, fn, ctx)
+        future = self.threads.submit(contextvars.copy_context().run, _captured, fn, ctx)
         if started is not None:
             started.set()
         try:
-            return await asyncio.wrap_future(future)
+            returned, value = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             ctx.request_cancel()
             self.threads.abandon(future)
@@ -213,6 +224,9 @@ class Executor:
                 loop = asyncio.get_running_loop()
                 future.add_done_callback(lambda f: self._late_done(loop, late, f))
             raise
+        if not returned:
+            raise value  # raised here, in this frame: see _captured
+        return value
 
     def _late_done(self, loop: asyncio.AbstractEventLoop, task: Claimed, future: Future[Any]) -> None:
         # Runs on the handler's thread; the worker may have shut down since (loop closed).
@@ -224,7 +238,9 @@ class Executor:
     def _keep_late(self, task: Claimed, future: Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None:
             return
-        self.keep_late(task, future.result())
+        returned, value = future.result()
+        if returned:
+            self.keep_late(task, value)
 
     def keep_late(self, task: Claimed, result: Any) -> None:
         """Store a result whose attempt was already ended (deadline or reclaim) as ``late``."""
