@@ -58,10 +58,16 @@ def worker(
     shutdown_grace: Annotated[float | None, typer.Option(
         help="Seconds running tasks get to finish on SIGINT/SIGTERM (default: 10).",
         show_default=False)] = None,
+    connect_wait: Annotated[float | None, typer.Option(
+        "--connect-wait", metavar="SECONDS", min=0,
+        help="How long to wait for a database that does not answer at start "
+        "(default: until it answers; each failed attempt is logged).",
+        show_default=False)] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Run a worker for the workflows of APP until SIGINT/SIGTERM (a graceful stop)."""
+    """Run a worker for the workflows of APP until SIGINT/SIGTERM (a graceful stop). A database
+    that is down at start is waited for, so a worker started during an outage comes up with it."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     app = load_app(app_spec, database_url)
@@ -88,7 +94,8 @@ def worker(
     )
     with opened(app):
         try:
-            done = app.run_worker(concurrency, queues=queues, **options)
+            done = app.run_worker(concurrency, queues=queues, connect_wait=connect_wait,
+                                  **options)
         except ValueError as exc:  # WorkerConfig rejects inconsistent settings
             raise CliError(str(exc)) from None
     err_console.print(f"worker stopped after {done.completed} task(s)")
