@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -103,6 +104,36 @@ def test_metric_families_from_stats() -> None:
     assert value(samples, "konduit_join_straggler_count", branch="slow") == 2
     executions = {s.labels["status"]: s.value for s in samples["konduit_executions"]}
     assert executions == {s: float(s == "failed") for s in EXECUTION_STATUSES}
+
+
+@pytest.mark.storage
+def test_exporter_shows_live_workers_their_tasks_and_abandoned_threads(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    hang = threading.Event()
+    wf = konduit.Workflow("metrics-hung", version=1)
+
+    @wf.step(deadline="200ms", retry=konduit.Retry(max_attempts=1))
+    def stuck(ctx: konduit.Context) -> None:
+        hang.wait(60)  # ignores its deadline: the worker abandons the thread
+
+    app = make_app(wf)
+    try:
+        with running_worker(app, concurrency=2, heartbeat_interval=0.2), \
+                serve(db_url, port=0) as exporter:
+            with pytest.raises(konduit.ExecutionFailed):
+                app.start(wf.name).wait(timeout=10)
+            deadline = time.monotonic() + 10
+            while True:
+                samples = scrape(exporter.url)
+                abandoned = samples.get("konduit_worker_abandoned_threads", [])
+                if (abandoned and abandoned[0].value == 1) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert value(samples, "konduit_workers_live") == 1
+            assert [s.value for s in abandoned] == [1]
+            assert value(samples, "konduit_worker_running_tasks") == 0
+    finally:
+        hang.set()
 
 
 @pytest.mark.storage

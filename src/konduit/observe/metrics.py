@@ -60,9 +60,11 @@ def _gauge(name: str, doc: str, labels: Sequence[str],
     return family
 
 
-def metric_families(stats: Stats, executions: Sequence[Row]) -> list[Metric]:
-    """The families of one scrape, from the stats and the rows of ``execution_count_by_status``
-    (no I/O). Every known status of a workflow is reported, 0 when it has none."""
+def metric_families(stats: Stats, executions: Sequence[Row],
+                    workers: Sequence[Row] = ()) -> list[Metric]:
+    """The families of one scrape, from the stats, the rows of ``execution_count_by_status`` and
+    of ``worker_list_live`` (no I/O). Every known status of a workflow is reported, 0 when it has
+    none."""
     b, j = stats.branches, stats.joins
     step, join = ("workflow", "step"), ("workflow", "join")
     alerting = {(a.workflow, a.join) for a in stats.alerts}
@@ -104,6 +106,14 @@ def metric_families(stats: Stats, executions: Sequence[Row]) -> list[Metric]:
         _gauge("konduit_executions", "Executions created within the history window, by status.",
                ("workflow", "status"), (((w, s), n) for w, by in sorted(counts.items())
                                         for s, n in by.items())),
+        _gauge("konduit_workers_live", "Workers heard from within their lease.", (),
+               [((), len(workers))]),
+        _gauge("konduit_worker_running_tasks", "Tasks a live worker is running.",
+               ("worker", "host"), (((w["id"], w["hostname"]), w["running"]) for w in workers)),
+        _gauge("konduit_worker_abandoned_threads",
+               "Handler threads a live worker gave up on (deadline passed) that still run: a "
+               "sync handler ignoring its deadline. Past the worker's limit it restarts.",
+               ("worker", "host"), (((w["id"], w["hostname"]), w["abandoned"]) for w in workers)),
     ]
 
 
@@ -133,7 +143,7 @@ class KonduitCollector(Collector):
         return await open_database(self.database_url, max_size=2, name="konduit-metrics",
                                    connect_timeout=self.timeout)
 
-    async def _read(self) -> tuple[Stats, list[Row]]:
+    async def _read(self) -> tuple[Stats, list[Row], list[Row]]:
         async with self._lock:
             try:
                 if self._db is None:
@@ -141,15 +151,17 @@ class KonduitCollector(Collector):
                 stats = await load_stats(self._db, **self.options)
                 rows = await self._db.all("execution_count_by_status",
                                           history_seconds=stats.history_seconds)
-                return stats, rows
+                workers = await self._db.all("worker_list_live", stale_seconds=None)
+                return stats, rows, workers
             except BaseException:  # a fresh pool next time: no waiting out a broken one's retries
                 db, self._db = self._db, None
                 if db is not None:
                     await db.close()
                 raise
 
-    def read(self) -> tuple[Stats, list[Row]]:
-        """The stats and execution counts now, within ``timeout`` seconds (or an exception)."""
+    def read(self) -> tuple[Stats, list[Row], list[Row]]:
+        """The stats, execution counts and live workers now, within ``timeout`` seconds (or an
+        exception)."""
         future = asyncio.run_coroutine_threadsafe(
             asyncio.wait_for(self._read(), self.timeout), self._loop)
         try:
@@ -160,7 +172,7 @@ class KonduitCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         began = time.perf_counter()
         try:
-            stats, rows = self.read()
+            stats, rows, workers = self.read()
         except Exception as exc:
             error = " ".join(str(exc).split()) or f"no answer within {self.timeout:g}s"
             if error != self._failing:
@@ -169,7 +181,7 @@ class KonduitCollector(Collector):
         else:
             if self._failing:
                 log.warning("reading the stats again")
-            self._failing, families = None, metric_families(stats, rows)
+            self._failing, families = None, metric_families(stats, rows, workers)
         yield from families
         yield GaugeMetricFamily("konduit_scrape_error", "1 when this scrape could not read the "
                                 "database, else 0.", value=float(self._failing is not None))
