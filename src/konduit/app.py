@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import logging
 import signal
 import threading
@@ -254,7 +255,8 @@ class App:
             if stop_event is not None:
                 def watch() -> None:
                     stop_event.wait()
-                    loop.call_soon_threadsafe(runner.stop)
+                    with contextlib.suppress(RuntimeError):  # the worker already ended by itself
+                        loop.call_soon_threadsafe(runner.stop)
 
                 threading.Thread(target=watch, daemon=True).start()
             if stop_after is not None:
