@@ -1,0 +1,112 @@
+"""Driving the completer directly, as the benchmarks and the fan-in tests do: claim tasks,
+bring an execution to "every branch leased", record completions one by one, and run each
+completion on a thread with its own loop and connection (so that siblings can collide).
+
+Shared by :mod:`konduit.bench` and ``tests/`` (fanin_harness, lock order); not part of the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Coroutine
+from concurrent.futures import Future
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from konduit.db.connect import open_database
+from konduit.db.database import Database
+from konduit.engine import transitions
+from konduit.engine.client import Client
+from konduit.engine.completer import Completion, Recorded, record
+from konduit.engine.registry import Registry
+from konduit.errors import BenchError
+from konduit.worker.executor import Claimed
+
+T = TypeVar("T")
+WORKER_ID = "konduit-bench"
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise BenchError(f"bench: {message}")
+
+
+@asynccontextmanager
+async def opened(url: str, size: int) -> AsyncIterator[Database]:
+    # Scratch databases are migrated explicitly (fresh_database): no schema check here.
+    db = await open_database(url, max_size=size, name=WORKER_ID, check_schema=False)
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+def completion_for(task: Claimed) -> Completion:
+    return task.completion("succeeded", payload_json="1", payload=1)
+
+
+async def claim(db: Database, registry: Registry, limit: int) -> list[Claimed]:
+    rows = await transitions.claim(db, queues=["default"], workflows=registry.keys(),
+                                   limit=limit, lease_seconds=600, worker_id=WORKER_ID)
+    return [Claimed.from_row(r) for r in rows]
+
+
+async def leased_branches(db: Database, registry: Registry, workflow: str, width: int) -> list[Claimed]:
+    """Start an execution and bring it to: every branch leased, none finished."""
+    execution_id = await Client(db, registry).start(workflow)
+    (root,) = await claim(db, registry, 1)
+    _check(root.execution_id == execution_id and root.step == "root", "unexpected first task")
+    await record(db, registry, completion_for(root))
+    branches = await claim(db, registry, width)
+    _check(len(branches) == width and {b.execution_id for b in branches} == {execution_id},
+           f"expected {width} leased branches of the new execution, got {len(branches)}")
+    return branches
+
+
+async def finish_join(db: Database, registry: Registry) -> None:
+    """Run the join task that the last branch fired, so the execution ends cleanly."""
+    (join,) = await claim(db, registry, 1)
+    _check(join.step == "join", f"expected the join task, claimed {join.step!r}")
+    outcome, advanced = await record(db, registry, completion_for(join))
+    _check(outcome is Recorded.ENDED and advanced is not None and advanced.finished == "succeeded",
+           "the execution did not finish after its join")
+
+
+async def record_each(db: Database, registry: Registry, tasks: list[Claimed]) -> list[float]:
+    """Record the completions one at a time (the un-batched path); seconds each. Checks that
+    only the last one fired the join."""
+    completions = [completion_for(t) for t in tasks]
+    took, fired = [], []
+    for c in completions:
+        began = time.perf_counter()
+        outcome, advanced = await record(db, registry, c)
+        took.append(time.perf_counter() - began)
+        _check(outcome is Recorded.ENDED, f"completion of {c.step} was {outcome.value}")
+        fired.append(advanced is not None and "join" in advanced.fired)
+    _check(fired == [False] * (len(tasks) - 1) + [True], "the join did not fire exactly once, last")
+    return took
+
+
+class LoopThread:
+    """A thread running its own event loop with its own one-connection pool."""
+
+    def __init__(self, url: str):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="konduit-bench-loop")
+        self.thread.start()
+        self.db = self.run(open_database(url, max_size=1, name=WORKER_ID, check_schema=False))
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.submit(coro).result(timeout=120)
+
+    def close(self) -> None:
+        self.run(self.db.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.loop.close()
