@@ -189,3 +189,36 @@ def test_a_stopped_server_is_started_again(fresh_home: Path) -> None:
     with pytest.raises(psycopg.OperationalError):
         answers(first)
     assert answers(embedded.server_url())
+
+
+def test_processes_using_konduit_testing_on_a_fresh_server_at_once(fresh_home: Path) -> None:
+    """``pytest -n 3`` on a machine that never ran konduit: each process starts the server or
+    waits for it, builds the test template or waits for it, and runs a workflow."""
+    go = fresh_home.parent / f"{fresh_home.name}.go"
+    script = (
+        "import os, sys, time\n"
+        "import konduit, konduit.testing\n"
+        "wf = konduit.Workflow('first-use', version=1)\n"
+        "@wf.step()\n"
+        "def one(ctx):\n"
+        "    return os.getpid()\n"
+        "deadline = time.monotonic() + 30\n"
+        "while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.005)\n"
+        "with konduit.testing.run([wf], concurrency=1) as app:\n"
+        "    assert app.start('first-use').wait(timeout=60).output == os.getpid()\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, KONDUIT_HOME=str(fresh_home))
+    env.pop("KONDUIT_DATABASE_URL", None)
+    env.pop("KONDUIT_TEST_DATABASE_URL", None)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(go)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    time.sleep(0.5)  # a head start for the imports, not part of any assertion
+    go.touch()
+    outcomes = [proc.communicate(timeout=180) for proc in procs]
+    assert [err[-2000:] for proc, (_, err) in zip(procs, outcomes, strict=True) if proc.returncode] == []
+    assert [out.strip() for out, _ in outcomes] == ["ok"] * 3

@@ -1,0 +1,107 @@
+"""konduit.testing as a user's test suite would use it: no conftest fixtures, only the package."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+import konduit
+import konduit.testing
+
+pytestmark = [pytest.mark.storage]
+
+wf = konduit.Workflow("word-lengths", version=1)
+
+
+@wf.step()
+def split(ctx: konduit.Context) -> list[str]:
+    return str(ctx.input["text"]).split()
+
+
+@wf.map(after=[split], over=lambda words: words)
+def measure(ctx: konduit.Context) -> int:
+    return len(ctx.item)
+
+
+@wf.step(after=[split])
+async def shout(ctx: konduit.Context) -> str:
+    return " ".join(ctx.upstream["split"]).upper()
+
+
+@wf.step(after=[measure, shout])
+def report(ctx: konduit.Context) -> dict[str, object]:
+    return {"lengths": ctx.upstream["measure"], "shout": ctx.upstream["shout"]}
+
+
+def test_run_a_fan_out_fan_in_workflow() -> None:
+    with konduit.testing.run([wf]) as app:
+        result = app.start("word-lengths", input={"text": "a durable join"}).wait(timeout=30)
+    assert result.output == {"lengths": [1, 7, 4], "shout": "A DURABLE JOIN"}
+
+
+def test_run_takes_an_app_and_leaves_it_alone() -> None:
+    mine = konduit.App([wf], database_url="postgresql://nobody@invalid.invalid/never")
+    with konduit.testing.run(mine, concurrency=2) as app:
+        assert app is not mine
+        assert app.start("word-lengths", input={"text": "x yy"}).wait(timeout=30).output == {
+            "lengths": [1, 2], "shout": "X YY"}
+
+
+def test_each_run_gets_its_own_database_and_drops_it() -> None:
+    with konduit.testing.run([wf]) as first, konduit.testing.run([wf]) as second:
+        assert first.database_url != second.database_url
+        first.start("word-lengths", input={"text": "one"}, idempotency_key="k").wait(timeout=30)
+        assert second.list() == []
+        url = first.database_url
+    with pytest.raises(psycopg.OperationalError, match="does not exist"):
+        psycopg.connect(url).close()
+
+
+def test_a_failing_step_fails_the_execution_not_the_worker() -> None:
+    broken = konduit.Workflow("broken", version=1)
+
+    @broken.step(retry=konduit.Retry(max_attempts=1))
+    def explode(ctx: konduit.Context) -> None:
+        raise ValueError("boom")
+
+    with konduit.testing.run([broken]) as app, pytest.raises(konduit.ExecutionFailed):
+        app.start("broken").wait(timeout=30)
+
+
+def test_a_worker_that_dies_is_reported_at_the_end_of_the_block() -> None:
+    with pytest.raises(konduit.testing.TestWorkerError), konduit.testing.run(
+        [wf], concurrency=0  # an invalid worker setting: the worker thread dies at once
+    ):
+        pass
+
+
+def test_fresh_database_yields_a_migrated_database() -> None:
+    with konduit.testing.fresh_database() as url, konduit.App([wf], database_url=url) as app:
+        assert app.list() == []
+    with pytest.raises(psycopg.OperationalError, match="does not exist"):
+        psycopg.connect(url).close()
+
+
+def test_many_threads_may_run_at_once() -> None:
+    outputs: list[object] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def one(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            with konduit.testing.run([wf], concurrency=2) as app:
+                result = app.start("word-lengths", input={"text": "w" * (i + 1)}).wait(timeout=60)
+                outputs.append(result.output["lengths"])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    assert sorted(outputs) == [[1], [2], [3], [4]]  # type: ignore[type-var]
