@@ -265,6 +265,34 @@ def test_a_busy_pool_raises_pool_exhausted_quickly(db_url: str) -> None:
     assert type(exc.__cause__).__name__ == "PoolTimeout"
 
 
+def test_callers_timing_out_together_share_one_probe(db_url: str) -> None:
+    async def go() -> tuple[list[BaseException], int]:
+        db = await opened(db_url, max_size=1, pool_timeout=0.5)
+        probes = 0
+        real = db._connect_once
+
+        async def counted() -> str | None:
+            nonlocal probes
+            probes += 1
+            return await real()
+
+        db._connect_once = counted  # type: ignore[method-assign]
+        try:
+            async with db.transaction():
+                errors = await asyncio.gather(
+                    *(db.one("execution_lock", id="00000000-0000-0000-0000-000000000000")
+                      for _ in range(4)),
+                    return_exceptions=True,
+                )
+            return [e for e in errors if isinstance(e, BaseException)], probes
+        finally:
+            await db.close()
+
+    errors, probes = asyncio.run(go())
+    assert len(errors) == 4 and all(isinstance(e, PoolExhausted) for e in errors)
+    assert probes == 1
+
+
 def test_a_server_that_does_not_answer_is_unavailable() -> None:
     async def go() -> tuple[BaseException, BaseException, float]:
         with pytest.raises(DatabaseUnavailable) as opening:

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
@@ -158,6 +159,8 @@ class Database:
         self.name = name
         self.max_size = max_size
         self.pool_timeout = pool_timeout
+        self._probing: asyncio.Future[str | None] | None = None
+        self._probed_at = 0.0
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
             url,
             min_size=min_size,
@@ -193,7 +196,16 @@ class Database:
         await self.pool.close()
 
     async def _probe(self) -> str | None:
-        """Whether the server answers a fresh connection now: None if so, else why not."""
+        """Whether the server answers a fresh connection now: None if so, else why not. Callers
+        that time out together share one attempt (and its answer for a second), so a stampede of
+        timeouts does not open a connection each."""
+        now = time.monotonic()
+        if self._probing is None or (self._probing.done() and now - self._probed_at > 1.0):
+            self._probed_at = now
+            self._probing = asyncio.ensure_future(self._connect_once())
+        return await asyncio.shield(self._probing)
+
+    async def _connect_once(self) -> str | None:
         try:
             conn = await asyncio.wait_for(
                 psycopg.AsyncConnection.connect(
