@@ -113,7 +113,8 @@ def test_returns_the_result_computed_in_another_process():
     result = call(handler, {"n": 1})
     assert result["input"] == {"n": 1}
     assert result["pid"] != os.getpid()
-    assert reaped(result["pid"])
+    # Its event loop is closed already: reaping a child that answered does not depend on it.
+    assert eventually(lambda: reaped(result["pid"]), timeout=5)
 
 
 def test_the_handlers_exception_comes_back_with_its_traceback_from_the_child():
@@ -254,7 +255,7 @@ def test_twenty_calls_run_at_once_and_leave_no_zombie():
     assert [i for i, _ in results] == list(range(20))
     assert len({pid for _, pid in results}) == 20
     assert elapsed < 5, f"20 calls of 0.5 s took {elapsed:.1f} s: they did not run at once"
-    assert all(reaped(pid) for _, pid in results)
+    assert eventually(lambda: all(reaped(pid) for _, pid in results), timeout=5)
 
 
 def test_a_signal_the_child_receives_never_reaches_the_workers_loop():
@@ -325,8 +326,8 @@ def test_works_from_an_event_loop_on_another_thread(tmp_path):
     thread.start()
     thread.join(timeout=30)
     assert len(outcome) == 2 and isinstance(outcome[1], HandlerTimedOut)
-    assert reaped(outcome[0])
-    assert reaped(wait_for_pid(tmp_path / "pid"))
+    assert eventually(lambda: reaped(outcome[0]), timeout=5)
+    assert reaped(wait_for_pid(tmp_path / "pid"))  # killed at its time limit: reaped before the raise
 
 
 def test_without_pidfds_a_thread_waits_for_the_child(monkeypatch, tmp_path):
