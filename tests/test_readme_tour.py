@@ -1,0 +1,51 @@
+"""The README's code runs as written (issue 7, case 11): each block is extracted and run as its
+own program, on this test's database."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.storage]
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def python_block(section: str) -> str:
+    """The first ```python block under the ``## section`` heading of the README."""
+    text = README.read_text()
+    start = text.index(f"## {section}\n")
+    end = text.find("\n## ", start + 1)
+    found = re.search(r"```python\n(.*?)```", text[start:end if end != -1 else None], re.S)
+    assert found, f"no python block under '## {section}'"
+    return found.group(1)
+
+
+def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items()
+                   if k not in ("KONDUIT_DATABASE_URL", "KONDUIT_TEST_DATABASE_URL")}
+    environment.update(env)
+    return subprocess.run(args, cwd=cwd, env=environment, capture_output=True, text=True, timeout=180)
+
+
+def test_the_five_minute_tour_runs_as_written(db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "tour.py").write_text(python_block("A five-minute tour"))
+    done = run([sys.executable, "tour.py"], tmp_path, KONDUIT_DATABASE_URL=db_url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    status, published = done.stdout.splitlines()[0].split(" ", 1)
+    assert status == "succeeded"
+    assert published == "['caption', 'cover_image', 'summarise', 'translate']"
+    assert done.stdout.splitlines()[1] == "False"  # cancel of a finished execution
+
+
+def test_the_testing_example_passes_under_pytest(admin_url: str, tmp_path: Path) -> None:
+    (tmp_path / "test_word_count.py").write_text(python_block("Testing your workflows"))
+    done = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_word_count.py"],
+               tmp_path, KONDUIT_TEST_DATABASE_URL=admin_url)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 passed" in done.stdout
