@@ -264,7 +264,6 @@ def test_database_restart_mid_run(private_server):
     check_invariants(url, 40)
 
 
-@pytest.mark.xfail(reason="issue 7 case 8: lead is fixing reclaim-on-liveness", strict=False)
 def test_database_down_longer_than_the_lease_costs_no_live_worker_its_result(private_server):
     """An outage longer than the lease expires every lease at once, though no worker died. The
     workers that ran the tasks are alive and write their results when the server is back; a

@@ -16,10 +16,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
 
+import psycopg
+
 from konduit.core.context import Context
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.workflow import WorkflowSpec
-from konduit.db.database import Database
+from konduit.db.database import Database, Row, Tx
 from konduit.db.migrate import ensure_current
 from konduit.engine import transitions
 from konduit.engine.advancer import Advanced
@@ -317,38 +319,46 @@ class Worker:
                     await conn.close()
 
     async def _heartbeat(self) -> None:
+        """Extend the leases of running tasks. On a connection of its own, reopened at the next
+        beat when it breaks: after an outage the pool may wait out its reconnect backoff for
+        seconds, and a heartbeat that waited for it would let live workers' leases be rescued."""
         cfg = self.config
-        while True:
-            await asyncio.sleep(cfg.heartbeat_interval)
-            held = [t for t, _ in self.running.values()]
-            try:
-                await self.db.run(
-                    "worker_heartbeat",
-                    id=cfg.worker_id,
-                    running=len(self.running),
-                    abandoned=self.executor.abandoned,
-                )
-                if not held:
+        conn: psycopg.AsyncConnection[Row] | None = None
+        try:
+            while True:
+                await asyncio.sleep(cfg.heartbeat_interval)
+                held = [t for t, _ in self.running.values()]
+                try:
+                    if conn is None or conn.closed or conn.broken:
+                        conn = await self.db.listen_connection()
+                    beat = Tx(conn)
+                    await beat.run("worker_heartbeat", id=cfg.worker_id, running=len(held),
+                                   abandoned=self.executor.abandoned)
+                    rows = await beat.all(
+                        "task_extend_leases_if_held",
+                        ids=[t.id for t in held],
+                        lease_tokens=[t.lease_token for t in held],
+                        lease_seconds=cfg.lease_seconds,
+                    ) if held else []
+                except DatabaseError as exc:
+                    if isinstance(exc, DatabaseUnavailable):
+                        self._disconnected()
+                    log.warning("heartbeat failed: %s", exc)
+                    if conn is not None:
+                        await conn.close()
+                        conn = None
                     continue
-                rows = await self.db.all(
-                    "task_extend_leases_if_held",
-                    ids=[t.id for t in held],
-                    lease_tokens=[t.lease_token for t in held],
-                    lease_seconds=cfg.lease_seconds,
-                )
-            except DatabaseError as exc:
-                if isinstance(exc, DatabaseUnavailable):
-                    self._disconnected()
-                log.warning("heartbeat failed: %s", exc)
-                continue
-            self._connected()
-            still = {r["id"] for r in rows}
-            for t in held:
-                if t.id not in still and t.id in self.running:
-                    # Cancelled, or reclaimed after our lease ran out: stop the handler; its
-                    # result would be refused by the fence anyway.
-                    log.info("task %s (%s) lost its lease; asking it to stop", t.id, t.step)
-                    self._cancel(t.id)
+                self._connected()
+                still = {r["id"] for r in rows}
+                for t in held:
+                    if t.id not in still and t.id in self.running:
+                        # Cancelled, or rescued after our lease ran out: stop the handler; its
+                        # result would be refused by the fence anyway.
+                        log.info("task %s (%s) lost its lease; asking it to stop", t.id, t.step)
+                        self._cancel(t.id)
+        finally:
+            if conn is not None:
+                await conn.close()
 
     def _stop_tasks_of(self, execution_id: str) -> None:
         """An execution ended (cancelled, failed, timed out): its running tasks here lost their
