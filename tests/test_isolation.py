@@ -182,6 +182,22 @@ def test_a_hung_handler_is_killed_at_the_timeout_and_reaped(tmp_path):
     assert reaped(wait_for_pid(pidfile))
 
 
+def test_programs_the_handler_started_are_killed_with_it(tmp_path):
+    def handler(ctx: Context) -> None:
+        proc = subprocess.Popen(["sleep", "600"])
+        (tmp_path / "grandchild").write_text(str(proc.pid))
+        hang_forever(ctx)
+
+    with pytest.raises(HandlerTimedOut):
+        call(handler, str(tmp_path / "pid"), timeout=0.5)
+    grandchild = wait_for_pid(tmp_path / "grandchild")
+    try:
+        assert eventually(lambda: dead(grandchild), timeout=5), "the handler's program lives on"
+    finally:
+        if not dead(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
 @pytest.mark.parametrize(
     ("handler", "expected", "exitcode"),
     [
@@ -286,6 +302,22 @@ def test_a_signal_the_child_receives_never_reaches_the_workers_loop():
 
     asyncio.run(scenario())
     assert got == []
+
+
+def test_programs_the_handler_runs_still_stop_on_sigterm():
+    """The child ignores SIGTERM (its worker decides when it ends), but SIG_IGN would be
+    inherited across exec and make the handler's own subprocesses unstoppable."""
+
+    def handler(ctx: Context) -> int | None:
+        proc = subprocess.Popen(["sleep", "60"])
+        proc.terminate()
+        try:
+            return proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return None
+
+    assert call(handler) == -signal.SIGTERM
 
 
 def test_heartbeat_in_the_child_does_not_call_into_the_worker():

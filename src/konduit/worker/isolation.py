@@ -23,10 +23,14 @@ What the handler sees in the child:
   stored either (outputs are JSON), so it fails the attempt with :class:`~konduit.PayloadError`.
   An exception comes back as itself, with the child's traceback as its ``__cause__``; one that
   cannot be pickled comes back as :class:`HandlerFailed`, whose text carries that traceback.
-* SIGINT and SIGTERM are ignored: the worker owns the child's lifetime (a Ctrl-C to the process
-  group or a supervisor's SIGTERM to every process must not kill a handler the worker is still
-  draining). On Linux the child is SIGKILLed when the worker's thread that forked it exits, so a
-  worker killed with SIGKILL leaves no handler running behind it.
+* SIGINT and SIGTERM are ignored (programs it runs get them back): the worker owns the child's
+  lifetime (a supervisor's SIGTERM to every process must not kill a handler the worker is still
+  draining). On Linux the child is SIGKILLed when the worker's thread that forked it exits, so
+  a worker killed with SIGKILL leaves no handler running behind it.
+* The child leads a process group of its own, and a kill (time limit, cancel) is sent to the
+  group: programs the handler started die with it (unless they left the group, like daemons).
+  A program that reads the terminal would be stopped there (a background group): handlers
+  should not.
 * Memory is the parent's, copied on write: whatever the handler changes (module globals,
   counters, caches) stays in the child. A result that arrives after the deadline does not exist
   here (the child is dead), so there is no late result to keep as with threads.
@@ -144,14 +148,25 @@ _pidfd_open: Callable[[int], int] | None = getattr(os, "pidfd_open", None)
 # --- the child -------------------------------------------------------------------------------
 
 
+def _ignore_signal(signum: int, frame: object) -> None:
+    pass
+
+
 def _child_setup(parent_pid: int) -> None:
     # The parent's event loop wakes up on signals through a socket this process shares: a
     # signal delivered here must not be reported there as the parent's own.
     try:
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # A handler, not SIG_IGN: an ignored signal stays ignored across exec, and a program the
+        # handler runs (subprocess) must still stop on SIGTERM.
+        signal.signal(signal.SIGINT, _ignore_signal)
+        signal.signal(signal.SIGTERM, _ignore_signal)
     except ValueError:  # not the main thread: cannot happen after fork, but never fatal
+        pass
+    try:
+        # A group of its own, so that a kill reaches the programs the handler started too.
+        os.setpgid(0, 0)
+    except OSError:
         pass
     if _prctl is not None:
         _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
@@ -295,6 +310,10 @@ class _Child:
             finally:
                 os._exit(_EX_SOFTWARE)
         self.pid = pid
+        try:
+            os.setpgid(pid, pid)  # as the child does: whichever runs first, a kill finds the group
+        except OSError:
+            pass
         os.close(wfd)
         self.rfd: int | None = rfd
         os.set_blocking(rfd, False)
@@ -383,6 +402,11 @@ class _Child:
         if self.reaped or self.released or self.killed:
             return
         self.killed = True
+        # Unreaped, the child holds its pid and so its group id: neither can name another process.
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:  # not (yet) a group of its own
+            pass
         try:
             if self.pidfd is not None:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
