@@ -454,7 +454,9 @@ def test_a_worker_with_process_isolation_kills_a_hung_branch_and_serves_the_next
         # The worker itself ended it (not the sweep, which waits deadline_grace more), and
         # killed the process that ran it.
         assert eventually(lambda: dead(hung), timeout=5), "the hung handler's process lives on"
-        assert not Path(f"/proc/{hung}").exists(), "the worker left the killed handler a zombie"
+        assert eventually(lambda: not Path(f"/proc/{hung}").exists(), timeout=5), (
+            "the worker left the killed handler a zombie"
+        )
 
         # With one slot, a second execution runs only if the hung handler freed it.
         started = time.monotonic()

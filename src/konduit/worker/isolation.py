@@ -218,7 +218,8 @@ def _exit_status(exc: BaseException) -> int:
     if isinstance(exc, SystemExit):
         if exc.code is None:
             return 0
-        return exc.code if isinstance(exc.code, int) else 1
+        # What the process will report: os._exit keeps the low 8 bits, as exit() does.
+        return exc.code & 0xFF if isinstance(exc.code, int) else 1
     return 1
 
 
