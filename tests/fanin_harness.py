@@ -3,7 +3,8 @@
 Each branch completion runs on its own thread, event loop and database connection; a
 ``threading.Barrier`` releases them together, so the completions collide in PostgreSQL instead of
 arriving one by one. The completion function is a parameter, so the same harness runs the
-engine's protocol and the naive check of seed 000.
+engine's protocol and the naive check of seed 000 (which can also be held, deterministically,
+between its write and its check: the interleaving that makes it stall).
 """
 
 from __future__ import annotations
@@ -62,9 +63,16 @@ async def engine_complete(db: Database, registry: Registry, task: Claimed) -> ob
     return outcome
 
 
-async def naive_complete(db: Database, registry: Registry, task: Claimed) -> object:
-    """Seed 000's obvious check: mark done, read the siblings, dispatch if all are terminal —
-    in one transaction but with no lock on the execution row."""
+async def _write_then_check(
+    db: Database, task: Claimed, pause: threading.Barrier | None, lock: bool
+) -> bool:
+    """Seed 000's check in one transaction: mark this branch done, read its siblings, dispatch
+    the join if all are terminal. ``pause`` holds every finisher between its write and its
+    check (its transaction still open); ``lock`` takes the execution row lock after that pause,
+    before the check (the seed's fix); without the lock, ``pause`` also holds every finisher
+    again after its check, so that all check before any commits. Returns whether this finisher
+    decided to fire the join: the join row's unique key would hide a second insert, the
+    decision cannot hide."""
     async with db.transaction() as tx:
         await tx.conn.execute(
             "UPDATE konduit_tasks SET status = 'succeeded', lease_token = NULL,"
@@ -72,25 +80,68 @@ async def naive_complete(db: Database, registry: Registry, task: Claimed) -> obj
             " WHERE id = %s AND lease_token = %s AND status = 'running'",
             (task.id, task.lease_token),
         )
+        if pause is not None:
+            # Blocks this branch's own loop thread, which is all it runs.
+            pause.wait(timeout=30)
+        if lock:
+            await tx.conn.execute(
+                "SELECT 1 FROM konduit_executions WHERE id = %s FOR UPDATE", (task.execution_id,)
+            )
         cur = await tx.conn.execute(
             "SELECT status FROM konduit_tasks WHERE execution_id = %s AND step LIKE 'b%%'",
             (task.execution_id,),
         )
         statuses = [r["status"] for r in await cur.fetchall()]
-        if statuses and all(s in ("succeeded", "failed") for s in statuses):
+        fire = bool(statuses) and all(s in ("succeeded", "failed") for s in statuses)
+        if fire:
             await tx.conn.execute(
                 "INSERT INTO konduit_tasks (execution_id, workflow, step, map_index, queue,"
                 " max_attempts) VALUES (%s, %s, 'join', 0, 'default', 1)"
                 " ON CONFLICT DO NOTHING",
                 (task.execution_id, f"{task.workflow_name}@{task.workflow_version}"),
             )
-    return None
+        if pause is not None and not lock:
+            # And hold every transaction open until all have checked: a finisher that commits
+            # first would otherwise be seen by a slower one's check.
+            pause.wait(timeout=30)
+    return fire
+
+
+async def naive_complete(db: Database, registry: Registry, task: Claimed) -> object:
+    """Seed 000's obvious check: mark done, read the siblings, dispatch if all are terminal —
+    in one transaction but with no lock on the execution row."""
+    return await _write_then_check(db, task, None, lock=False)
+
+
+def naive_complete_paused(pause: threading.Barrier) -> CompleteFn:
+    """The naive check with every finisher held between its write and its check, and again
+    before its commit: each reads its siblings while their writes are still uncommitted, so
+    under READ COMMITTED no one sees the group complete and the join never fires (seed 000's
+    interleaving, every time)."""
+
+    async def complete(db: Database, registry: Registry, task: Claimed) -> object:
+        return await _write_then_check(db, task, pause, lock=False)
+
+    return complete
+
+
+def locked_complete_paused(pause: threading.Barrier) -> CompleteFn:
+    """The same pause between write and check, then the execution row lock before the check:
+    the finishers now check one after another, each seeing every earlier one committed, so
+    exactly the last of them fires the join. (No pause before the commit: with the lock held,
+    that would deadlock.)"""
+
+    async def complete(db: Database, registry: Registry, task: Claimed) -> object:
+        return await _write_then_check(db, task, pause, lock=True)
+
+    return complete
 
 
 @dataclass
 class TrialResult:
     join_tasks: int
     join_fired: bool
+    decisions: int = 0  # finishers that decided to fire the join (the checks that say so)
 
 
 class Harness:
@@ -133,8 +184,8 @@ class Harness:
             return await complete(lt.db, self.registry, task)
 
         futures = [t.submit(finish(t, b)) for t, b in zip(self.threads, branches, strict=True)]
-        for f in futures:
-            f.result(timeout=60)
+        returned = [f.result(timeout=60) for f in futures]
+        decisions = sum(1 for r in returned if r is True)
         execution_id = branches[0].execution_id
 
         async def inspect() -> TrialResult:
@@ -146,7 +197,8 @@ class Harness:
                 )
                 row = await cur.fetchone()
                 assert row is not None
-                return TrialResult(join_tasks=row["n"], join_fired=row["n"] > 0)
+                return TrialResult(join_tasks=row["n"], join_fired=row["n"] > 0,
+                                   decisions=decisions)
 
         self.last_execution = execution_id
         return self.main.submit(inspect()).result()  # type: ignore[return-value]
@@ -166,4 +218,5 @@ class Harness:
         self.main.submit(go()).result()
 
 
-__all__ = ["Harness", "TaskEnded", "engine_complete", "fan_in_workflow", "naive_complete"]
+__all__ = ["Harness", "TaskEnded", "engine_complete", "fan_in_workflow", "locked_complete_paused",
+           "naive_complete", "naive_complete_paused"]
