@@ -58,6 +58,16 @@ def worker(
     shutdown_grace: Annotated[float | None, typer.Option(
         help="Seconds running tasks get to finish on SIGINT/SIGTERM (default: 10).",
         show_default=False)] = None,
+    isolation: Annotated[str, typer.Option(
+        help="How sync handlers run: 'thread' (one that ignores its deadline is abandoned) or "
+        "'process' (a child process each, killed at the deadline).")] = "thread",
+    max_abandoned: Annotated[int | None, typer.Option(
+        min=0, help="Abandoned handler threads tolerated before the worker drains and exits "
+        "non-zero for its supervisor to restart it (default: $KONDUIT_MAX_ABANDONED or 20).",
+        show_default=False)] = None,
+    fallback_timeout: Annotated[float | None, typer.Option(
+        help="Seconds a fallback may run before its task ends timed_out "
+        "(default: $KONDUIT_FALLBACK_TIMEOUT or 5).", show_default=False)] = None,
     connect_wait: Annotated[float | None, typer.Option(
         "--connect-wait", metavar="SECONDS", min=0,
         help="How long to wait for a database that does not answer at start "
@@ -81,6 +91,9 @@ def worker(
             "lease_seconds": lease_seconds,
             "heartbeat_interval": heartbeat_interval,
             "shutdown_grace": shutdown_grace,
+            "isolation": isolation,
+            "max_abandoned": max_abandoned,
+            "fallback_timeout": fallback_timeout,
         }.items()
         if value is not None
     }
@@ -98,6 +111,13 @@ def worker(
                                   **options)
         except ValueError as exc:  # WorkerConfig rejects inconsistent settings
             raise CliError(str(exc)) from None
+        except konduit.WorkerUnhealthy as exc:
+            # Threads that ignored their deadline still run and cannot be stopped: exit now,
+            # non-zero, so the supervisor starts a fresh process.
+            err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(3)
     err_console.print(f"worker stopped after {done.completed} task(s)")
     # Tasks still running at the end of the grace period were released to other workers, but a
     # sync handler's thread cannot be interrupted, and the interpreter would join it at exit:
