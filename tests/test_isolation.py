@@ -438,7 +438,6 @@ def wait_result(handle: Any, worker: subprocess.Popen[bytes], log: Path, timeout
 
 @pytest.mark.storage
 @pytest.mark.slow
-@pytest.mark.xfail(reason="waiting for executor wiring of isolation='process'", strict=False)
 def test_a_worker_with_process_isolation_kills_a_hung_branch_and_serves_the_next(db_url, tmp_path):
     from tests import isolation_app
 
