@@ -18,9 +18,9 @@ from konduit.errors import (
     NonRetryableError,
     PayloadError,
     SchemaOutdated,
+    WorkerUnhealthy,
     WorkflowDefinitionError,
     WorkflowNotFound,
-    WorkerUnhealthy,
     WorkflowVersionConflict,
 )
 
@@ -46,10 +46,10 @@ __all__ = [
     "Retry",
     "Route",
     "SchemaOutdated",
+    "WorkerUnhealthy",
     "Workflow",
     "WorkflowDefinitionError",
     "WorkflowNotFound",
-    "WorkerUnhealthy",
     "WorkflowVersionConflict",
     "parallel",
     "step",
