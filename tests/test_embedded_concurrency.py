@@ -118,7 +118,7 @@ def test_threads_of_one_process_all_get_a_working_url(fresh_home: Path) -> None:
 
 
 def test_processes_starting_it_at_once_all_get_a_working_url(fresh_home: Path) -> None:
-    go = fresh_home.parent / f"{fresh_home.name}.go"
+    go = fresh_home / "go"
     script = (
         "import os, sys, time\n"
         "from konduit.db.embedded import server_url\n"
@@ -194,7 +194,7 @@ def test_a_stopped_server_is_started_again(fresh_home: Path) -> None:
 def test_processes_using_konduit_testing_on_a_fresh_server_at_once(fresh_home: Path) -> None:
     """``pytest -n 3`` on a machine that never ran konduit: each process starts the server or
     waits for it, builds the test template or waits for it, and runs a workflow."""
-    go = fresh_home.parent / f"{fresh_home.name}.go"
+    go = fresh_home / "go"
     script = (
         "import os, sys, time\n"
         "import konduit, konduit.testing\n"
