@@ -179,3 +179,20 @@ def test_open_database_retries_until_wait_runs_out(caplog: Any) -> None:
         asyncio.run(open_database(UNREACHABLE, wait=1.0))
     assert 0.9 <= time.monotonic() - began < 5
     assert len([r for r in caplog.records if "retrying in" in r.getMessage()]) >= 1
+
+
+def test_a_server_that_answers_no_is_not_waited_for(admin_url: str) -> None:
+    """A missing database (or a rejected login) will not fix itself: even a worker's endless
+    wait raises at once, naming the database."""
+    from konduit.db.embedded import with_database
+
+    missing = with_database(admin_url, "konduit_no_such_database")
+
+    async def attempt() -> None:
+        await asyncio.wait_for(open_database(missing, wait=None), timeout=10)
+
+    began = time.monotonic()
+    with pytest.raises(konduit.DatabaseError, match="konduit_no_such_database") as info:
+        asyncio.run(attempt())
+    assert not isinstance(info.value, konduit.DatabaseUnavailable)
+    assert time.monotonic() - began < 5

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 
 import psycopg
@@ -30,10 +31,19 @@ MAX_RETRY = 5.0
 this long after the server does."""
 
 
-# SQLSTATE classes of a server that answered and said no (bad password, no such database, no
-# such role): not retried. Everything else (refused, timed out, starting up, shutting down,
-# out of connection slots) is the server being unavailable, which is worth waiting out.
-_REFUSED_FOR_GOOD = {"28", "3D"}
+# A server that answered and said no (bad password, no such database or role): not retried.
+# Everything else (refused, timed out, starting up, shutting down, out of connection slots) is
+# the server being unavailable, which is worth waiting out. libpq reports a failed login without
+# a SQLSTATE, so its message is what tells.
+_REFUSED_FOR_GOOD = {"28", "3D"}  # SQLSTATE classes: authorization, invalid catalog name
+_REFUSED_MESSAGE = re.compile(
+    r"FATAL:.*(does not exist|authentication failed|no pg_hba\.conf entry|permission denied)")
+
+
+def _refused_for_good(exc: psycopg.Error) -> bool:
+    if exc.sqlstate:
+        return exc.sqlstate[:2] in _REFUSED_FOR_GOOD
+    return bool(_REFUSED_MESSAGE.search(str(exc)))
 
 
 def describe_url(url: str | None) -> str:
@@ -117,7 +127,7 @@ async def _open_once(url: str | None, embedded: bool, *, max_size: int, min_size
         await conn.close()
     except psycopg.Error as exc:
         message = f"cannot connect to {where}: {_one_line(str(exc))}"
-        if exc.sqlstate and exc.sqlstate[:2] in _REFUSED_FOR_GOOD:
+        if _refused_for_good(exc):
             raise DatabaseError(message) from exc  # waiting would not change the answer
         raise DatabaseUnavailable(message) from exc
     db = Database(target, min_size=min_size, max_size=max_size, name=name)
