@@ -22,6 +22,10 @@ StepRef = str | Handler
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,99}$")
 
+DEFAULT_MAX_MAP_ITEMS = 1_000_000
+"""Items one map step may fan out to unless it sets ``max_items``: past it the execution fails
+naming the step and the limit, instead of a worker running out of memory creating tasks."""
+
 
 @dataclass(frozen=True)
 class StepSpec:
@@ -41,6 +45,7 @@ class StepSpec:
     output: Any = None
     fallback_on_failure: bool = False
     validator: OutputValidator | None = None
+    max_items: int = DEFAULT_MAX_MAP_ITEMS
 
     @property
     def is_map(self) -> bool:
@@ -196,12 +201,13 @@ class Workflow:
         priority: int = 0,
         output: Any = None,
         fallback_on_failure: bool = False,
+        max_items: int = DEFAULT_MAX_MAP_ITEMS,
     ) -> Callable[[F], F]:
         """Register a run-time fan-out: one task per item of ``over(upstream_output)``.
 
         With one upstream, ``over`` receives its payload; with several, a dict of step -> payload.
         Each task sees its item as ``ctx.item``; downstream steps receive the results as a list in
-        item order.
+        item order. ``over`` producing more than ``max_items`` items fails the execution.
         """
         if not callable(over):
             raise WorkflowDefinitionError("map(over=...) must be callable", workflow=self.name)
@@ -221,6 +227,7 @@ class Workflow:
                 output=output,
                 fallback_on_failure=fallback_on_failure,
                 map_over=over,
+                max_items=max_items,
             )
             return handler
 
@@ -288,6 +295,7 @@ class Workflow:
         priority: int = 0,
         output: Any = None,
         fallback_on_failure: bool = False,
+        max_items: int | None = None,
     ) -> str:
         if self._frozen_spec is not None:
             raise WorkflowDefinitionError(
@@ -329,6 +337,14 @@ class Workflow:
         if map_over is not None and not upstream:
             raise WorkflowDefinitionError("a map step needs an upstream to map over",
                                           workflow=self.name, step=step_name)
+        if max_items is not None and map_over is None:
+            raise WorkflowDefinitionError("max_items= applies to map steps only",
+                                          workflow=self.name, step=step_name)
+        if max_items is not None and (
+            not isinstance(max_items, int) or isinstance(max_items, bool) or max_items < 1
+        ):
+            raise WorkflowDefinitionError(f"max_items must be a positive integer, got {max_items!r}",
+                                          workflow=self.name, step=step_name)
         if retry is not None and not isinstance(retry, Retry):
             raise WorkflowDefinitionError(f"retry= must be a konduit.Retry, got {retry!r}",
                                           workflow=self.name, step=step_name)
@@ -362,6 +378,7 @@ class Workflow:
             fallback_on_failure=bool(fallback_on_failure),
             validator=None if output is None
             else OutputValidator(output, step=step_name, workflow=self.name),
+            max_items=DEFAULT_MAX_MAP_ITEMS if max_items is None else max_items,
         )
         self._steps[step_name] = spec
         # A handler shared by several steps cannot name an upstream unambiguously ("" marks it).

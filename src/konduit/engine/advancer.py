@@ -7,7 +7,10 @@ completion that committed before us, and no other completion of this execution c
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -26,14 +29,19 @@ from konduit.core.advance import (
     TaskEnded,
     advance,
 )
-from konduit.core.payloads import canonical_json
-from konduit.core.workflow import WorkflowSpec
+from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
+from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Row, Tx
 from konduit.engine import transitions
 from konduit.engine.deadlines import budgets
 from konduit.engine.registry import workflow_key
+from konduit.errors import PayloadError
 
 log = logging.getLogger("konduit.core.advance")
+
+MAP_CHUNK_ROWS = 5_000
+"""Map tasks created per statement: each chunk's parameters are built on the event loop, so a
+chunk must stay small enough not to stall heartbeats, yet big enough to keep round trips few."""
 
 _STATE_FIELDS = (
     "status",
@@ -92,11 +100,14 @@ class Advancer:
         execution_id: UUID,
         execution: ExecutionState,
         generation: int = 1,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_BYTES,
     ):
         self.tx = tx
         self.spec = spec
         self.execution_id = execution_id
         self.execution = execution
+        self.max_payload_bytes = max_payload_bytes
         self.generation = generation  # repairs re-run steps as a new generation of their tasks
         self.loaded: dict[str, _Loaded] = {}
         self.writes: dict[str, _StepWrite] = {}
@@ -202,37 +213,71 @@ class Advancer:
         """Create the tasks of a step whose join fired. For a map step, returns its item count
         (the caller feeds it back as a :class:`MapExpanded` event)."""
         spec = self.spec[step]
-        items: list[Any] = [None]
         if spec.is_map:
-            upstream = await load_upstream(self.tx, self.spec, self.execution_id, step)
-            source = (
-                upstream.payloads[spec.after[0]] if len(spec.after) == 1 else upstream.payloads
+            return await self._create_map_tasks(spec)
+        budget = await budgets.budget(self.tx, self.spec.name, step, spec.deadline)
+        await self.tx.run(
+            "task_insert_many",
+            execution_id=self.execution_id,
+            workflow=workflow_key(self.spec.name, self.spec.version),
+            generation=self.generation,
+            steps=[step],
+            map_indexes=[0],
+            items=[None],
+            queues=[spec.queue],
+            priorities=[spec.priority],
+            max_attempts=[spec.retry.max_attempts],
+            deadline_seconds=[budget],
+        )
+        self.result.queues.add(spec.queue)
+        return None
+
+    async def _create_map_tasks(self, spec: StepSpec) -> int | None:
+        """Expand a map step into one task per item. The user's ``over()`` and the encoding of
+        every item run on a thread, and the tasks are inserted in chunks: a map of a million
+        items must not stall the event loop that also runs this worker's heartbeats and other
+        tasks. The execution stays locked throughout, so the fan-out commits with its decision."""
+        step = spec.name
+        upstream = await load_upstream(self.tx, self.spec, self.execution_id, step)
+        source = upstream.payloads[spec.after[0]] if len(spec.after) == 1 else upstream.payloads
+        over = spec.map_over
+        assert over is not None
+        try:
+            items = await asyncio.to_thread(
+                expand_map, over, source, max_items=spec.max_items,
+                max_bytes=self.max_payload_bytes,
             )
-            try:
-                items = list(spec.map_over(source))  # type: ignore[misc]
-                for i, item in enumerate(items):
-                    canonical_json(item, what=f"map step {step!r} item {i}")
-            except Exception as exc:
-                self.execution = ExecutionState("failed", self.execution.steps_pending)
-                self.reason = f"map step {step!r}: over() failed: {type(exc).__name__}: {exc}"
-                return None
-        if items:
-            budget = await budgets.budget(self.tx, self.spec.name, step, spec.deadline)
+        except (MapTooLarge, PayloadError) as exc:
+            self._fail(f"map step {step!r} cannot fan out: {exc}")
+            return None
+        except Exception as exc:
+            self._fail(f"map step {step!r}: over() failed: {type(exc).__name__}: {exc}")
+            return None
+        if not items:
+            return 0
+        budget = await budgets.budget(self.tx, self.spec.name, step, spec.deadline)
+        for first in range(0, len(items), MAP_CHUNK_ROWS):
             await self.tx.run(
-                "task_insert_many",
+                "task_insert_map_chunk_if_running",
                 execution_id=self.execution_id,
                 workflow=workflow_key(self.spec.name, self.spec.version),
                 generation=self.generation,
-                steps=[step] * len(items),
-                map_indexes=list(range(len(items))),
-                items=[Jsonb(i) if spec.is_map else None for i in items],
-                queues=[spec.queue] * len(items),
-                priorities=[spec.priority] * len(items),
-                max_attempts=[spec.retry.max_attempts] * len(items),
-                deadline_seconds=[budget] * len(items),
+                step=step,
+                first_index=first,
+                # One text, not a text[]: compact JSON never holds a raw newline, and psycopg
+                # escapes the elements of a text array one by one in Python, on this loop.
+                items="\n".join(items[first : first + MAP_CHUNK_ROWS]),
+                queue=spec.queue,
+                priority=spec.priority,
+                max_attempts=spec.retry.max_attempts,
+                deadline_seconds=budget,
             )
-            self.result.queues.add(spec.queue)
-        return len(items) if spec.is_map else None
+        self.result.queues.add(spec.queue)
+        return len(items)
+
+    def _fail(self, reason: str) -> None:
+        self.execution = ExecutionState("failed", self.execution.steps_pending)
+        self.reason = reason
 
     async def _write_execution(self) -> None:
         ex = self.execution
@@ -257,6 +302,31 @@ class Advancer:
             self.tx, self.execution_id, ex.status, output, reason, ex.steps_pending
         )
         self.result.finished = ex.status
+
+
+class MapTooLarge(Exception):
+    """``over()`` produced more items than the map step's ``max_items``."""
+
+
+def expand_map(
+    over: Callable[[Any], Iterable[Any]],
+    source: Any,
+    *,
+    max_items: int,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> list[str]:
+    """The items of a map step as canonical JSON texts, in order. Runs the user's ``over()``
+    (on a thread: it may take a while) and stops reading it one item past ``max_items``, so an
+    endless or enormous iterable fails with the limit rather than exhausting memory."""
+    items: list[str] = []
+    for i, item in enumerate(itertools.islice(over(source), max_items + 1)):
+        if i == max_items:
+            raise MapTooLarge(
+                f"over() produced more than {max_items:,} items, the step's limit "
+                f"(raise it with Workflow.map(max_items=...))"
+            )
+        items.append(canonical_json(item, what=f"item {i}", max_bytes=max_bytes))
+    return items
 
 
 async def finish_execution(
@@ -328,10 +398,16 @@ async def record_events(
     execution: Row,
     events: list[tuple[TaskEnded, datetime | None]],
     errors: dict[str, str] | None = None,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Advanced:
     """Advance a locked execution after some of its tasks ended (in the order given).
-    ``errors`` maps failed steps to their error, to say why when the execution fails."""
+    ``errors`` maps failed steps to their error, to say why when the execution fails;
+    ``max_payload_bytes`` bounds each item of a map step that fans out."""
     state = ExecutionState(execution["status"], execution["steps_pending"])
-    advancer = Advancer(tx, spec, execution["id"], state, execution["generation"])
+    advancer = Advancer(
+        tx, spec, execution["id"], state, execution["generation"],
+        max_payload_bytes=max_payload_bytes,
+    )
     advancer.errors = dict(errors or {})
     return await advancer.run_events(list(events))

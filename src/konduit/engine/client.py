@@ -102,7 +102,7 @@ class Client:
                 id=new_id,
                 workflow_name=spec.name,
                 workflow_version=spec.version,
-                input=Jsonb(input),
+                input=Jsonb(input, dumps=lambda _: encoded),  # checked above: store that text
                 input_hash=input_hash,
                 idempotency_key=idempotency_key,
                 steps_pending=execution.steps_pending,
@@ -132,7 +132,9 @@ class Client:
                 tasks_totals=[states[n].tasks_total for n in names],
                 tasks_pendings=[states[n].tasks_pending for n in names],
             )
-            await Advancer(tx, spec, new_id, execution, generation=1).start_steps(roots)
+            await Advancer(
+                tx, spec, new_id, execution, generation=1, max_payload_bytes=self.max_payload_bytes
+            ).start_steps(roots)
         return new_id
 
     async def get(self, execution_id: UUID | str) -> ExecutionResult:
@@ -237,7 +239,8 @@ class Client:
                 **state_columns(states),
             )
             advancer = Advancer(
-                tx, spec, eid, ExecutionState("running", len(plan.rerun)), reopened["generation"]
+                tx, spec, eid, ExecutionState("running", len(plan.rerun)), reopened["generation"],
+                max_payload_bytes=self.max_payload_bytes,
             )
             await advancer.start_steps(list(plan.start))
         return names

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from konduit.core.advance import TaskEnded
 from konduit.core.payloads import content_hash
-from konduit.db.database import Database
+from konduit.db.database import Database, Tx
 from konduit.engine import transitions
 from konduit.engine.advancer import Advanced, record_events
 from konduit.engine.registry import Registry
@@ -62,7 +62,7 @@ async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recor
     if c.outcome in ("retry", "released"):
         # Neither decides anything about the DAG, so they take no execution lock: the guards in
         # the statement alone keep a stale worker from resurrecting a task someone else ended.
-        async with db.transaction() as tx:
+        async def move(tx: Tx) -> Recorded:
             if c.outcome == "released":
                 row = await transitions.release(tx, c)
             elif c.transition == "lose":
@@ -73,8 +73,8 @@ async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recor
                 if c.outcome == "retry" and c.lease_token is not None \
                         and c.transition == "complete" \
                         and await transitions.is_leased(tx, c.task_id, c.lease_token):
-                    return Recorded.TOO_LATE, None
-                return Recorded.LEASE_LOST, None
+                    return Recorded.TOO_LATE
+                return Recorded.LEASE_LOST
             await tx.run(
                 "attempt_finish_if_open",
                 lease_token=c.lease_token,
@@ -83,7 +83,9 @@ async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recor
                 age_seconds=c.age_seconds,
             )
             await tx.one("task_notify_ready", queue=row["queue"])
-            return (Recorded.RELEASED if c.outcome == "released" else Recorded.RETRYING), None
+            return Recorded.RELEASED if c.outcome == "released" else Recorded.RETRYING
+
+        return await db.atomic(move), None
 
     ((outcome, advanced),) = await record_ended(db, registry, [c])
     return outcome, advanced
@@ -103,14 +105,15 @@ async def record_ended(
     for c in batch:
         first.setdefault(c.task_id, c)
     unique = list(first.values())
-    async with db.transaction() as tx:
+
+    async def decide(tx: Tx) -> tuple[dict[int, datetime], Advanced | None]:
         # Acquire the execution row lock before anything else, to serialize fan-in decisions.
         # Without it, concurrent completions of sibling branches each read join state that
         # misses the others' uncommitted writes (READ COMMITTED), so none of them fires the
         # join and the execution stalls with every task green (seed 000).
         execution = await tx.one("execution_lock", id=execution_id)
         if execution is None:
-            return [(Recorded.LEASE_LOST, None)] * len(batch)
+            return {}, None
         hashes = [content_hash(c.payload_json) if c.payload_json is not None else None for c in unique]
         ended = await transitions.end(tx, unique, hashes)
         kept = [(c, h) for c, h in zip(unique, hashes, strict=True) if c.task_id in ended]
@@ -151,6 +154,10 @@ async def record_ended(
                 if c.error and c.outcome not in ("succeeded", "degraded")
             }
             advanced = await record_events(tx, spec, execution, events, errors)
+        return ended, advanced
+
+    # A deadlock or serialization failure rolls it all back: run it again (it is database work only).
+    ended, advanced = await db.atomic(decide)
     results: list[tuple[Recorded, Advanced | None]] = []
     recorded: set[int] = set()
     for c in batch:

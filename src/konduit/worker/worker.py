@@ -35,7 +35,7 @@ from konduit.errors import (
     PoolExhausted,
     WorkerUnhealthy,
 )
-from konduit.worker.batcher import CompletionBatcher
+from konduit.worker.batcher import BatcherStopped, CompletionBatcher
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
 from konduit.worker.maintenance import Maintenance, end_timed_out_executions
@@ -270,7 +270,12 @@ class Worker:
             # Retries decide nothing about the DAG; and should the batching loop ever be gone
             # (shutdown), an outcome is still recorded, alone.
             return await record(self.db, self.registry, completion)
-        return await self.batcher.submit(completion)
+        try:
+            return await self.batcher.submit(completion)
+        except BatcherStopped:
+            # Shutdown stopped the batching loop under us: record alone (the lease fence makes
+            # a second write of the same outcome harmless).
+            return await record(self.db, self.registry, completion)
 
     async def _release(self, task: Claimed) -> None:
         completion = task.completion(

@@ -1,0 +1,13 @@
+-- name: task_insert_map_chunk_if_running
+-- Create one chunk of a map step's ready tasks while its execution runs (items: one JSON text
+-- per line, indexes counted from first_index); a task that exists already is never made twice.
+INSERT INTO konduit_tasks
+    (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
+     deadline_seconds)
+SELECT e.id, %(workflow)s::text, %(generation)s::int, %(step)s::text,
+       %(first_index)s::int + u.ord::int - 1, u.item::jsonb, %(queue)s::text, %(priority)s::int,
+       %(max_attempts)s::int, %(deadline_seconds)s::float8
+FROM konduit_executions e
+CROSS JOIN unnest(string_to_array(%(items)s::text, E'\n')) WITH ORDINALITY AS u(item, ord)
+WHERE e.id = %(execution_id)s AND e.status = 'running'
+ON CONFLICT (execution_id, step, map_index, generation) DO NOTHING;

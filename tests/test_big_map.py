@@ -1,0 +1,121 @@
+"""A huge map fan-out must not stall the worker that creates its tasks.
+
+Worker A runs a long async handler (a loop-lag probe) with a short lease while it also records
+the completion that fans a map out to many items. Worker B serves nothing but runs maintenance,
+so if A's loop stalls past the lease, B reclaims A's task: the probe gets a second attempt and
+its first one ends 'lost'. Creating the map's tasks must keep A's loop (heartbeats, the probe)
+running: the probe keeps its lease and the worst stall it sees stays far below the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+import konduit
+from tests.conftest import running_worker
+
+pytestmark = [pytest.mark.storage]
+
+ITEMS = int(os.environ.get("KONDUIT_TEST_BIG_MAP_ITEMS", "100000"))
+LEASE = {"lease_seconds": 2.0, "heartbeat_interval": 0.5}
+
+release = threading.Event()
+probe_running = threading.Event()
+max_lag: list[float] = [0.0]
+
+big = konduit.Workflow("big-map")
+
+
+@big.step()
+def seed(ctx: Any) -> dict[str, int]:
+    return {"n": ctx.input["n"]}
+
+
+def frames(out: dict[str, int]) -> Any:
+    """Items of a realistic size (about 150 bytes of JSON each)."""
+    for i in range(out["n"]):
+        yield {"episode": i // 1000, "frame": i, "src": f"s3://media/episodes/{i:08d}/frame.png",
+               "sizes": [320, 640, 1280, 1920], "tags": ["thumbnail", "web", "archive"]}
+
+
+# The map's items run on a queue no worker serves: only their creation is measured.
+@big.map(after=[seed], over=frames, queue="unserved")
+def fan(ctx: Any) -> None:
+    return None
+
+
+long = konduit.Workflow("long-probe")
+
+
+@long.step(retry=konduit.Retry(max_attempts=3, base="0s"))
+async def probe(ctx: Any) -> dict[str, Any]:
+    """Runs on the worker's event loop: the largest gap between 20 ms ticks is the loop's stall."""
+    loop = asyncio.get_running_loop()
+    probe_running.set()
+    started = loop.time()
+    while not release.is_set() and loop.time() - started < 60:
+        before = loop.time()
+        await asyncio.sleep(0.02)
+        max_lag[0] = max(max_lag[0], loop.time() - before - 0.02)
+    return {"attempt": ctx.attempt}
+
+
+def _wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_huge_map_keeps_other_leases(make_app: Callable[..., konduit.App], db_url: str) -> None:
+    release.clear()
+    probe_running.clear()
+    max_lag[0] = 0.0
+    app_a = make_app(big, long)
+    app_b = make_app(big, long)
+    with running_worker(app_a, concurrency=4, **LEASE), \
+            running_worker(app_b, concurrency=1, queues=["idle"], maintenance_interval=0.2,
+                           **LEASE):
+        held = app_a.start("long-probe")
+        assert probe_running.wait(20), "the probe never started"
+        t0 = time.monotonic()
+        fanned = app_a.start("big-map", input={"n": ITEMS})
+
+        def created() -> bool:
+            steps = {s["step"]: s for s in app_a.steps(fanned.id)}
+            return bool(steps["fan"]["tasks_total"] == ITEMS)
+
+        _wait_for(created, 60, f"{ITEMS} map tasks to be created")
+        creation = time.monotonic() - t0
+        release.set()
+        result = held.wait(timeout=30)
+    with psycopg.connect(db_url) as conn:
+        tasks = conn.execute(
+            "SELECT attempt FROM konduit_tasks t JOIN konduit_executions e ON e.id = t.execution_id"
+            " WHERE e.workflow_name = 'long-probe'"
+        ).fetchall()
+        lost = conn.execute(
+            "SELECT count(*) FROM konduit_attempts WHERE outcome = 'lost'"
+        ).fetchone()
+        made = conn.execute(
+            "SELECT count(*) FROM konduit_tasks WHERE step = 'fan'"
+        ).fetchone()
+    print(f"\n{ITEMS} map tasks created in {creation:.1f} s; probe max loop stall "
+          f"{max_lag[0] * 1000:.0f} ms; probe attempts {tasks}; lost attempts {lost}")
+    assert made == (ITEMS,)
+    assert result.output == {"attempt": 1}
+    assert tasks == [(1,)]
+    assert lost == (0,)
+    assert max_lag[0] < 1.0
+
