@@ -5,6 +5,9 @@ the completion that fans a map out to many items. Worker B serves nothing but ru
 so if A's loop stalls past the lease, B reclaims A's task: the probe gets a second attempt and
 its first one ends 'lost'. Creating the map's tasks must keep A's loop (heartbeats, the probe)
 running: the probe keeps its lease and the worst stall it sees stays far below the lease.
+
+And a map's completions leave the execution row alone unless a step ended: it is the row every
+completion of the fan-out locks, and rewriting it unchanged left one dead tuple per item.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import psycopg
 import pytest
 
 import konduit
+from konduit.db.queries import q
 from tests.conftest import running_worker
 
 pytestmark = [pytest.mark.storage]
@@ -119,3 +123,67 @@ def test_huge_map_keeps_other_leases(make_app: Callable[..., konduit.App], db_ur
     assert lost == (0,)
     assert max_lag[0] < 1.0
 
+
+small = konduit.Workflow("row-writes")
+
+
+@small.step()
+def items(ctx: Any) -> int:
+    return int(ctx.input)
+
+
+@small.map(after=[items], over=range)
+def square(ctx: Any) -> int:
+    return int(ctx.item) ** 2
+
+
+@small.step(after=[square])
+def total(ctx: Any) -> int:
+    return sum(ctx.upstream["square"])
+
+
+# Counts every new version of an execution row (an UPDATE that matched it), whatever wrote it.
+_COUNT_UPDATES = """
+CREATE TABLE row_writes (execution_id uuid, steps_pending int, status text);
+CREATE FUNCTION count_row_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO row_writes VALUES (NEW.id, NEW.steps_pending, NEW.status);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER count_row_write AFTER UPDATE ON konduit_executions
+    FOR EACH ROW EXECUTE FUNCTION count_row_write();
+"""
+
+
+def test_map_completions_do_not_rewrite_the_execution_row(
+    make_app: Callable[..., konduit.App], db_url: str
+) -> None:
+    """Completing a map item that ends no step changes nothing on the execution row: the row
+    is written when a step ends (steps_pending changes) and when the execution finishes, O(1)
+    times, not once per item (each rewrite of the hottest row is a dead tuple)."""
+    n = 300
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(_COUNT_UPDATES)
+    app = make_app(small)
+    with running_worker(app, concurrency=8):
+        handle = app.start("row-writes", input=n)
+        assert handle.wait(timeout=60).output == sum(i * i for i in range(n))
+    with psycopg.connect(db_url) as conn:
+        writes = conn.execute(
+            "SELECT steps_pending, status FROM row_writes WHERE execution_id = %s",
+            (handle.id,),
+        ).fetchall()
+        tasks = conn.execute(
+            "SELECT count(*) FROM konduit_tasks WHERE execution_id = %s", (handle.id,)
+        ).fetchone()
+    print(f"\n{n}-item map: the execution row was written {len(writes)} times: {writes}")
+    assert tasks == (n + 2,)
+    # items ends (3 -> 2), square ends (2 -> 1), then the finish writes status and output.
+    assert writes == [(2, "running"), (1, "running"), (0, "succeeded")]
+
+    # The statement re-checks it too: an unchanged count matches no row.
+    idle = app.start("row-writes", input=1)  # no worker: stays running with 3 steps pending
+    with psycopg.connect(db_url) as conn:
+        update = q("execution_set_steps_pending_if_running_and_changed")
+        assert conn.execute(update, {"id": idle.id, "steps_pending": 3}).rowcount == 0
+        assert conn.execute(update, {"id": idle.id, "steps_pending": 2}).rowcount == 1
