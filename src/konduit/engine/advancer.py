@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -239,15 +240,21 @@ class Advancer:
         items must not stall the event loop that also runs this worker's heartbeats and other
         tasks. The execution stays locked throughout, so the fan-out commits with its decision."""
         step = spec.name
-        upstream = await load_upstream(self.tx, self.spec, self.execution_id, step)
-        source = upstream.payloads[spec.after[0]] if len(spec.after) == 1 else upstream.payloads
+        # The upstream payload may be the big list the map fans out over: it is decoded on the
+        # thread too, not by the driver on this loop.
+        rows = await self.tx.all(
+            "output_get_text_for_steps", execution_id=self.execution_id, steps=list(spec.after)
+        )
         over = spec.map_over
         assert over is not None
+
+        def expand() -> list[str]:
+            source = map_source(self.spec, spec, rows)
+            return expand_map(over, source, max_items=spec.max_items,
+                              max_bytes=self.max_payload_bytes)
+
         try:
-            items = await asyncio.to_thread(
-                expand_map, over, source, max_items=spec.max_items,
-                max_bytes=self.max_payload_bytes,
-            )
+            items = await asyncio.to_thread(expand)
         except (MapTooLarge, PayloadError) as exc:
             self._fail(f"map step {step!r} cannot fan out: {exc}")
             return None
@@ -308,6 +315,21 @@ class Advancer:
             self.tx, self.execution_id, ex.status, output, reason, ex.steps_pending
         )
         self.result.finished = ex.status
+
+
+def map_source(workflow: WorkflowSpec, spec: StepSpec, rows: list[Row]) -> Any:
+    """What ``over()`` receives, from ``output_get_text_for_steps`` rows: the upstream payload,
+    or a dict of step -> payload with several upstreams (a list in item order for a map)."""
+    payloads: dict[str, Any] = {s: [] for s in spec.after if workflow[s].is_map}
+    for row in rows:
+        if row["status"] not in OK_OUTCOMES:
+            continue
+        payload = None if row["payload"] is None else json.loads(row["payload"])
+        if workflow[row["step"]].is_map:
+            payloads[row["step"]].append(payload)
+        else:
+            payloads[row["step"]] = payload
+    return payloads[spec.after[0]] if len(spec.after) == 1 else payloads
 
 
 class MapTooLarge(Exception):
