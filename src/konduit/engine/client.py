@@ -30,8 +30,12 @@ from konduit.errors import (
 
 
 def coerce_execution_id(execution_id: UUID | str) -> UUID:
+    """An execution's id from a UUID, its text, or anything carrying it as ``.id`` (a handle)."""
     if isinstance(execution_id, UUID):
         return execution_id
+    carried = getattr(execution_id, "id", None)
+    if isinstance(carried, UUID):
+        return carried
     try:
         return UUID(str(execution_id))
     except ValueError:
