@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import uuid
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -13,6 +12,7 @@ from psycopg.types.json import Jsonb
 
 from konduit.core.advance import ExecutionState, initial_states
 from konduit.core.durations import Duration, parse_duration
+from konduit.core.ids import uuid7
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json, content_hash
 from konduit.core.repair import plan_repair
 from konduit.core.results import FINISHED, ExecutionResult
@@ -99,7 +99,7 @@ class Client:
         input_hash = content_hash(encoded)
         await self.register(spec)
         states, execution, roots = initial_states(spec)
-        new_id = uuid.uuid4()
+        new_id = uuid7()
         async with self.db.transaction() as tx:
             row = await tx.one(
                 "execution_insert_if_new_key",
