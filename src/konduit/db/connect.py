@@ -6,6 +6,13 @@ operator's back: its schema must already be current (``konduit db migrate``).
 
 A client fails fast when the server does not answer (one direct connection attempt, not the
 pool's half-minute of retries); a worker passes ``wait`` to ride out an outage at start.
+
+Behind PgBouncer in transaction pooling mode the URL is the pooler's and
+``KONDUIT_DIRECT_DATABASE_URL`` (or ``direct_url=``) names the same server directly, for LISTEN
+and the worker heartbeat (see :class:`~konduit.db.database.Database`). A direct URL also marks
+the URL as pooled (no prepared statements), unless ``KONDUIT_DATABASE_POOLED=0`` says the
+pooler keeps them (PgBouncer >= 1.21 with ``max_prepared_statements``);
+``KONDUIT_DATABASE_POOLED=1`` marks a pooler without a direct URL (the worker then polls).
 """
 
 from __future__ import annotations
@@ -13,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import re
 import time
+from typing import Any
 
 import psycopg
 
@@ -44,6 +53,42 @@ def _refused_for_good(exc: psycopg.Error) -> bool:
     if exc.sqlstate:
         return exc.sqlstate[:2] in _REFUSED_FOR_GOOD
     return bool(_REFUSED_MESSAGE.search(str(exc)))
+
+
+# Which server and database a connection reached: through a pooler the query runs on the server
+# behind it, so a direct URL can be checked to lead to the same place as the pooled one.
+_IDENTITY = ("SELECT current_database() AS database, current_setting('port') AS port, "
+             "pg_postmaster_start_time() AS started")
+
+_TRUE = {"1", "true", "yes", "on", "transaction"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def pooled_setting(value: str | None, direct_url: str | None) -> bool:
+    """Whether the URL is a transaction pooler's (``KONDUIT_DATABASE_POOLED``): yes or no when
+    set, else yes exactly when a direct URL was given for it."""
+    if value is None or not value.strip():
+        return direct_url is not None
+    word = value.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise DatabaseError(
+        f"KONDUIT_DATABASE_POOLED must be 1 or 0 (true/false, on/off), not {value!r}")
+
+
+async def _identity(url: str, *, connect_timeout: float, name: str) -> dict[str, Any]:
+    conn = await psycopg.AsyncConnection.connect(
+        url, connect_timeout=max(1, round(connect_timeout)), application_name=name,
+        autocommit=True, prepare_threshold=None)
+    try:
+        cur = await conn.execute(_IDENTITY)
+        row = await cur.fetchone()
+        assert row is not None
+        return {"database": row[0], "port": row[1], "started": row[2]}
+    finally:
+        await conn.close()
 
 
 def describe_url(url: str | None) -> str:
@@ -79,6 +124,8 @@ async def open_database(
     wait: float | None = 0.0,
     connect_timeout: float = 5.0,
     schema_hint: str = "konduit db migrate",
+    direct_url: str | None = None,
+    pooled: bool | None = None,
 ) -> Database:
     """Open a pool on ``url`` (else ``KONDUIT_DATABASE_URL``, else the embedded server), ready
     for konduit's queries.
@@ -102,7 +149,8 @@ async def open_database(
             return await _open_once(url, embedded, max_size=max_size, min_size=min_size,
                                     name=name, migrate_embedded=migrate_embedded,
                                     check_schema=check_schema, connect_timeout=connect_timeout,
-                                    schema_hint=schema_hint)
+                                    schema_hint=schema_hint, direct_url=direct_url,
+                                    pooled=pooled)
         except DatabaseUnavailable as exc:
             remaining = math.inf if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
@@ -115,22 +163,31 @@ async def open_database(
 
 async def _open_once(url: str | None, embedded: bool, *, max_size: int, min_size: int,
                      name: str, migrate_embedded: bool, check_schema: bool,
-                     connect_timeout: float, schema_hint: str) -> Database:
+                     connect_timeout: float, schema_hint: str, direct_url: str | None,
+                     pooled: bool | None) -> Database:
     # resolve_url starts the embedded server when it is the one: blocking, so off the loop.
     target = await asyncio.to_thread(resolve_url, url) if embedded else resolve_url(url)
     where = describe_url(None if embedded else target)
+    given = direct_url is not None
+    direct = None if embedded else (direct_url or os.environ.get("KONDUIT_DIRECT_DATABASE_URL")
+                                    or None)
+    if pooled is None:
+        pooled = not embedded and pooled_setting(os.environ.get("KONDUIT_DATABASE_POOLED"),
+                                                 direct)
     try:
-        # One direct connection first: a server that is down fails now, in one line, instead of
-        # after the pool's own retries (and the pool does not start with a backlog of them).
-        conn = await psycopg.AsyncConnection.connect(
-            target, connect_timeout=max(1, round(connect_timeout)), application_name=name)
-        await conn.close()
+        # One connection first: a server that is down fails now, in one line, instead of after
+        # the pool's own retries (and the pool does not start with a backlog of them).
+        identity = await _identity(target, connect_timeout=connect_timeout, name=name)
     except psycopg.Error as exc:
         message = f"cannot connect to {where}: {_one_line(str(exc))}"
         if _refused_for_good(exc):
             raise DatabaseError(message) from exc  # waiting would not change the answer
         raise DatabaseUnavailable(message) from exc
-    db = Database(target, min_size=min_size, max_size=max_size, name=name)
+    if direct is not None:
+        direct = await _checked_direct(direct, identity, where=where, given=given,
+                                       connect_timeout=connect_timeout, name=name)
+    db = Database(target, min_size=min_size, max_size=max_size, name=name, direct_url=direct,
+                  pooled=pooled)
     try:
         with translate_errors():
             await db.open(timeout=max(connect_timeout, 1.0))
@@ -142,3 +199,31 @@ async def _open_once(url: str | None, embedded: bool, *, max_size: int, min_size
         await db.close()
         raise
     return db
+
+
+async def _checked_direct(direct: str, identity: dict[str, Any], *, where: str, given: bool,
+                          connect_timeout: float, name: str) -> str | None:
+    """The direct URL when it reaches the same server and database as the pooled one. A
+    heartbeat sent elsewhere would let every lease of the worker lapse, so a direct URL that
+    leads anywhere else is never used."""
+    there = describe_url(direct)
+    try:
+        theirs = await _identity(direct, connect_timeout=connect_timeout, name=f"{name}-direct")
+    except psycopg.Error as exc:
+        problem = f"cannot connect to the direct URL ({there}): {_one_line(str(exc))}"
+        if given:
+            if _refused_for_good(exc):
+                raise DatabaseError(problem) from exc
+            raise DatabaseUnavailable(problem) from exc
+    else:
+        if theirs == identity:
+            return direct
+        problem = (f"the direct URL ({there}) leads to database {theirs['database']!r} of the "
+                   f"server on port {theirs['port']} started {theirs['started']:%Y-%m-%d %H:%M:%S}, "
+                   f"not to {where} (database {identity['database']!r} of the server on port "
+                   f"{identity['port']} started {identity['started']:%Y-%m-%d %H:%M:%S})")
+        if given:
+            raise DatabaseError(problem)
+    log.warning("KONDUIT_DIRECT_DATABASE_URL not used: %s; LISTEN goes through the pooled URL "
+                "and workers poll", problem)
+    return None

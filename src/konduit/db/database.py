@@ -15,6 +15,14 @@ a :class:`~konduit.errors.DatabaseError` that says what happened, with the drive
 :meth:`Database.one`, :meth:`Database.all`, :meth:`Database.run` and :meth:`Database.atomic`
 rerun their transaction on a conflict, a few times with a short jittered pause, before raising
 it: a conflict is resolved by PostgreSQL aborting one side, which then simply goes again.
+
+Behind PgBouncer in transaction pooling mode (``pooled=True``) consecutive transactions of one
+pooled connection may run on different server connections, so no session state may outlive a
+transaction: konduit sets none (no ``SET``, no session advisory lock; the migration lock is
+``pg_advisory_xact_lock``), and psycopg's automatic prepared statements are turned off, since a
+statement prepared on one server connection is missing (or already present) on the next.
+LISTEN/NOTIFY is session state too: :meth:`Database.listen_connection` opens ``direct_url``,
+a connection straight to PostgreSQL, when one is configured.
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ import asyncio
 import logging
 import os
 import random
+import select
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
@@ -46,6 +56,12 @@ CONFLICT_ATTEMPTS = 5
 PROBE_TIMEOUT = 2.0
 """Seconds a direct connection attempt may take when the pool timed out, to tell a server that
 does not answer from a pool that is too small."""
+
+IDLE_CHECK_AFTER = 2.0
+"""Seconds a pooled connection may sit idle and still be handed out unchecked. A busy worker
+reuses its connections within milliseconds and pays no check round trip; one idle longer (and
+any whose socket has something to read, such as the FATAL a stopping server sends) is checked
+with an empty query first, so a server restart is noticed before the connection is used."""
 
 # SQLSTATEs of transient conflicts: PostgreSQL aborted this transaction so another could go on.
 _CONFLICTS = {
@@ -112,6 +128,17 @@ def translate_errors() -> Iterator[None]:
         raise translated(exc) from exc
 
 
+def _has_input(conn: psycopg.AsyncConnection[Row]) -> bool:
+    """Whether an idle connection's socket is readable (or unusable): an idle session is sent
+    nothing unless the server is closing it (a FATAL, then EOF), so no round trip is needed to
+    see that."""
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(readable)
+
+
 def _pause(attempt: int) -> float:
     """Jittered, growing pause before rerunning a conflicted transaction: 10-20 ms, then twice
     as long each time, so the two sides of a deadlock do not collide again in step."""
@@ -154,28 +181,56 @@ class Database:
     """
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10,
-                 name: str = "konduit", pool_timeout: float = 10.0):
+                 name: str = "konduit", pool_timeout: float = 10.0,
+                 direct_url: str | None = None, pooled: bool = False,
+                 check_idle_after: float = IDLE_CHECK_AFTER):
         self.url = url
+        self.direct_url = direct_url
+        """A URL straight to the PostgreSQL server behind ``url`` (when ``url`` is a pooler):
+        LISTEN and the worker heartbeat connect there."""
+        self.pooled = pooled
+        """``url`` goes through a transaction-pooling PgBouncer: no prepared statements on it."""
         self.name = name
         self.max_size = max_size
         self.pool_timeout = pool_timeout
+        self.check_idle_after = check_idle_after
+        self.checkouts = 0
+        """Connections handed out by the pool (for measurements)."""
+        self.checks = 0
+        """Of those, how many were checked with a round trip first."""
+        self._idle_since: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Row], float] = (
+            weakref.WeakKeyDictionary())
         self._probing: asyncio.Future[str | None] | None = None
         self._probed_at = 0.0
+        kwargs: dict[str, Any] = {
+            "row_factory": dict_row,
+            "application_name": name,
+            "autocommit": False,
+            "connect_timeout": 5,
+        }
+        if pooled:
+            kwargs["prepare_threshold"] = None
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
             url,
             min_size=min_size,
             max_size=max_size,
             open=False,
-            kwargs={
-                "row_factory": dict_row,
-                "application_name": name,
-                "autocommit": False,
-                "connect_timeout": 5,
-            },
-            check=AsyncConnectionPool.check_connection,
+            kwargs=kwargs,
+            check=self._check,
             timeout=pool_timeout,
             reconnect_timeout=60,
         )
+
+    async def _check(self, conn: psycopg.AsyncConnection[Row]) -> None:
+        """The pool's check at checkout: a round trip only for a connection that sat idle past
+        ``check_idle_after`` (or was never handed out, or has input waiting)."""
+        since = self._idle_since.pop(conn, None)
+        self.checkouts += 1
+        if (since is not None and time.monotonic() - since < self.check_idle_after
+                and not _has_input(conn)):
+            return
+        self.checks += 1
+        await AsyncConnectionPool.check_connection(conn)
 
     async def open(self, timeout: float = 10.0) -> None:
         try:
@@ -254,6 +309,7 @@ class Database:
                 async with conn:  # what the pool's own connection() does: commit or roll back
                     yield conn
         finally:
+            self._idle_since[conn] = time.monotonic()
             await self.pool.putconn(conn)
 
     @asynccontextmanager
@@ -303,12 +359,18 @@ class Database:
         return await self.atomic(lambda tx: tx.run(query, **params))
 
     async def listen_connection(self) -> psycopg.AsyncConnection[Row]:
-        """A dedicated autocommit connection for LISTEN (outside the pool)."""
+        """A dedicated autocommit connection outside the pool, for LISTEN and the worker's
+        heartbeat: to ``direct_url`` when there is one (a transaction pooler would hand the
+        LISTEN's server connection to someone else, and the notifications with it). Without
+        one it goes through ``url``; behind a pooler LISTEN then hears nothing and the worker
+        falls back to polling, but nothing breaks."""
+        direct = self.direct_url is not None
         with translate_errors():
             return await psycopg.AsyncConnection.connect(
-                self.url,
+                self.direct_url or self.url,
                 autocommit=True,
                 row_factory=dict_row,
                 application_name="konduit-listen",
                 connect_timeout=5,
+                prepare_threshold=None if self.pooled and not direct else 5,
             )
