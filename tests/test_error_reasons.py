@@ -43,7 +43,7 @@ def test_start_against_an_unmigrated_server_names_the_command(admin_url):
     try:
         with pytest.raises(konduit.SchemaOutdated, match="konduit db migrate"):
             app.start("x")
-        assert app.migrate() == ["0001_initial", "0002_lifecycle"]
+        assert app.migrate() == ["0001_initial", "0002_lifecycle", "0003_claim_order"]
         assert app.start("x").id is not None
     finally:
         app.close()

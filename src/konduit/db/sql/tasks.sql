@@ -15,19 +15,37 @@ ON CONFLICT (execution_id, step, map_index, generation) DO NOTHING;
 SELECT pg_notify('konduit_ready', %(queue)s);
 
 -- name: task_claim_batch
--- Lease up to `limit` ready tasks of the given queues, skipping rows other workers hold.
+-- Lease up to `limit` ready tasks of the given queues, skipping rows other workers hold: in each
+-- queue the oldest execution's tasks first within a priority; the queues take turns.
 WITH picked AS (
-    SELECT id
-    FROM konduit_tasks
-    WHERE status = 'ready' AND queue = ANY(%(queues)s::text[]) AND run_at <= clock_timestamp()
-      AND workflow = ANY(%(workflows)s::text[])
-      -- Re-checked here, not trusted from when the task was made ready: a cancel commits its
-      -- tasks' status in the same transaction, but a claim must never outrun it.
-      AND EXISTS (SELECT 1 FROM konduit_executions e
-                  WHERE e.id = konduit_tasks.execution_id AND e.status = 'running')
-    ORDER BY priority, run_at, id
+    SELECT c.id
+    FROM (SELECT DISTINCT name FROM unnest(%(queues)s::text[]) AS u(name)) AS q
+    CROSS JOIN LATERAL (
+        -- Each queue's turn: its 1st task, then every queue's 2nd, ... so a queue with one ready
+        -- execution is served in the next claim however deep another queue's backlog is, and a
+        -- queue's unused share goes to the others.
+        SELECT l.id, l.priority, l.execution_id,
+               row_number() OVER (ORDER BY l.priority, l.execution_id, l.id) AS turn
+        FROM (
+            -- One index scan per queue on konduit_tasks_ready, in its order, stopping after
+            -- `limit` rows: execution ids are UUIDv7, so an older execution sorts first.
+            SELECT t.id, t.priority, t.execution_id
+            FROM konduit_tasks t
+            WHERE t.status = 'ready' AND t.queue = q.name
+              AND t.run_at <= clock_timestamp()
+              AND t.workflow = ANY(%(workflows)s::text[])
+              -- Re-checked here, not trusted from when the task was made ready: a cancel commits
+              -- its tasks' status in the same transaction, but a claim must never outrun it.
+              -- A lookup by primary key per candidate, whatever the statistics say (a semi-join
+              -- may scan every running execution for every candidate when they are stale).
+              AND (SELECT e.status = 'running' FROM konduit_executions e WHERE e.id = t.execution_id)
+            ORDER BY t.priority, t.execution_id, t.id
+            LIMIT %(limit)s
+            FOR UPDATE OF t SKIP LOCKED
+        ) AS l
+    ) AS c
+    ORDER BY c.turn, c.priority, c.execution_id, c.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE konduit_tasks t
     SET status = 'running',
