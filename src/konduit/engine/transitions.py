@@ -42,11 +42,18 @@ async def claim(
     limit: int,
     lease_seconds: float,
     worker_id: str,
+    turn: int = 0,
 ) -> list[Row]:
-    """Lease up to ``limit`` ready tasks of running executions (ready -> running)."""
+    """Lease up to ``limit`` ready tasks of running executions (ready -> running).
+
+    In each queue the oldest execution's tasks come first within a priority; the queues share
+    the limit, taking turns in the order given, starting at ``queues[turn % len(queues)]``. A
+    worker passes a counter as ``turn``, so that claims smaller than its number of queues (one
+    freed slot at a time) still serve every queue in turn."""
+    first = turn % len(queues) if queues else 0
     return await db.all(
         "task_claim_batch",
-        queues=list(queues),
+        queues=[*queues[first:], *queues[:first]],
         workflows=list(workflows),
         limit=limit,
         lease_seconds=lease_seconds,

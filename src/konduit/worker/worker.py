@@ -130,6 +130,7 @@ class Worker:
         cfg = self.config
         workflows = self.registry.keys()
         backoff = 0.5
+        turn = 0  # which of the queues a claim serves first: they take turns (task_claim_batch)
         while not self._stop.is_set():
             free = cfg.concurrency - len(self.running)
             claimed: list[Claimed] = []
@@ -142,7 +143,9 @@ class Worker:
                         limit=free,
                         lease_seconds=cfg.lease_seconds,
                         worker_id=cfg.worker_id,
+                        turn=turn,
                     )
+                    turn += 1
                     backoff = 0.5
                     self._connected()
                 except DatabaseError as exc:

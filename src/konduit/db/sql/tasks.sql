@@ -19,13 +19,15 @@ SELECT pg_notify('konduit_ready', %(queue)s);
 -- queue the oldest execution's tasks first within a priority; the queues take turns.
 WITH picked AS (
     SELECT c.id
-    FROM (SELECT DISTINCT name FROM unnest(%(queues)s::text[]) AS u(name)) AS q
+    FROM (SELECT name, min(pos) AS pos
+          FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS u(name, pos)
+          GROUP BY name) AS q
     CROSS JOIN LATERAL (
-        -- Each queue's turn: its 1st task, then every queue's 2nd, ... so a queue with one ready
-        -- execution is served in the next claim however deep another queue's backlog is, and a
-        -- queue's unused share goes to the others.
-        SELECT l.id, l.priority, l.execution_id,
-               row_number() OVER (ORDER BY l.priority, l.execution_id, l.id) AS turn
+        -- Turns: every queue's 1st task, in the order the queues are given, then every queue's
+        -- 2nd, ... so a queue with one ready execution is served in this claim however deep
+        -- another queue's backlog is, and a queue's unused share goes to the others. A claim
+        -- smaller than the number of queues serves the first ones: the worker rotates them.
+        SELECT l.id, row_number() OVER (ORDER BY l.priority, l.execution_id, l.id) AS turn
         FROM (
             -- One index scan per queue on konduit_tasks_ready, in its order, stopping after
             -- `limit` rows: execution ids are UUIDv7, so an older execution sorts first.
@@ -44,7 +46,7 @@ WITH picked AS (
             FOR UPDATE OF t SKIP LOCKED
         ) AS l
     ) AS c
-    ORDER BY c.turn, c.priority, c.execution_id, c.id
+    ORDER BY c.turn, q.pos
     LIMIT %(limit)s
 ), claimed AS (
     UPDATE konduit_tasks t
