@@ -25,6 +25,7 @@ import psycopg
 from psycopg import sql
 
 import konduit
+from konduit import bench_fleet
 from konduit.bench_harness import (
     LoopThread,
     completion_for,
@@ -36,7 +37,6 @@ from konduit.bench_harness import (
 from konduit.db.database import Database
 from konduit.db.embedded import server_url, with_database
 from konduit.db.migrate import migrate
-from konduit.engine.client import ExecutionResult
 from konduit.engine.completer import Completion, Recorded, record, record_ended
 from konduit.engine.registry import Registry
 from konduit.errors import BenchError as BenchError
@@ -373,46 +373,6 @@ def running_worker(app: konduit.App, concurrency: int) -> Iterator[None]:
         raise errors[0]
 
 
-def _span(results: list[ExecutionResult]) -> float:
-    """Seconds from the first execution's start to the last one's finish (database clock)."""
-    starts = [r.created_at for r in results if r.created_at is not None]
-    ends = [r.finished_at for r in results if r.finished_at is not None]
-    _check(len(starts) == len(ends) == len(results), "an execution has no start or finish time")
-    return (max(ends) - min(starts)).total_seconds()
-
-
-def throughput(url: str, executions: int, width: int = 8, concurrency: int = 16) -> Json:
-    """A burst of fan-out/fan-in executions through a real worker: rates and join latencies."""
-    wf = fan_in_workflow(width, final=True)
-    tasks_each = width + 3
-    with konduit.App([wf], database_url=url) as app, running_worker(app, concurrency):
-        app.start(wf.name).wait(timeout=60)  # warm-up: the worker is up and everything loaded
-        began = time.perf_counter()
-        handles = [app.start(wf.name) for _ in range(executions)]
-        starting = time.perf_counter() - began
-        results = [h.wait(timeout=600) for h in handles]
-        wall = time.perf_counter() - began
-        joins = [s for h in handles for s in app.steps(h.id) if s["step"] == "join"]
-    span = _span(results)
-    _check(len(joins) == executions and all(j["fired_at"] is not None for j in joins),
-           "a join never fired")
-    waits = [(j["fired_at"] - j["first_upstream_at"]).total_seconds() for j in joins]
-    dispatch = [(j["fired_at"] - j["last_upstream_at"]).total_seconds() for j in joins]
-    dispatch_ms = summary_ms(dispatch)
-    return {
-        "parameters": {"executions": executions, "workflow": f"root -> {width} branches -> join -> final",
-                       "tasks_per_execution": tasks_each, "worker_concurrency": concurrency,
-                       "handlers": "async, trivial", "poll_interval_s": 0.1},
-        "results": {"seconds": _r(span), "client_wall_seconds": _r(wall),
-                    "client_seconds_to_start_all": _r(starting),
-                    "executions_per_second": _r(executions / span),
-                    "tasks_per_second": _r(executions * tasks_each / span),
-                    "join_fan_in_wait": summary_ms(waits),
-                    "join_dispatch_latency": dispatch_ms},
-        "ratios": {"join_dispatch_p95_over_p50": ratio(dispatch_ms["p95_ms"], dispatch_ms["median_ms"])},
-    }
-
-
 def map_fan_out(url: str, items: int, concurrency: int = 32) -> Json:
     """One execution whose map step fans out to ``items`` tasks, through a real worker."""
     wf = map_workflow()
@@ -422,7 +382,10 @@ def map_fan_out(url: str, items: int, concurrency: int = 32) -> Json:
         result = app.start(wf.name, input=items).wait(timeout=1800)
         wall = time.perf_counter() - began
     _check(result.output == items, f"the map's join saw {result.output} items, not {items}")
-    seconds = _span([result])
+    _check(result.created_at is not None and result.finished_at is not None,
+           "the execution has no start or finish time")
+    assert result.created_at is not None and result.finished_at is not None
+    seconds = (result.finished_at - result.created_at).total_seconds()
     return {
         "parameters": {"items": items, "workflow": "source -> map(items) -> total",
                        "worker_concurrency": concurrency, "handlers": "async, trivial"},
@@ -432,46 +395,199 @@ def map_fan_out(url: str, items: int, concurrency: int = 32) -> Json:
     }
 
 
+# -- collisions ----------------------------------------------------------------------------------
+
+
+def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Json:
+    """All branches of a join finishing at the same instant: through the completer directly
+    (a thread and a connection per branch, released by a barrier) at several widths, and
+    through a real worker process. Counts stalls (the join never fired) and duplicate joins
+    (it fired twice) instead of stopping at the first, so every setting reports both."""
+    settings = []
+    threads: list[LoopThread] = []
+    try:
+        for _ in range(max(widths)):
+            threads.append(LoopThread(url))
+        main = threads[0]
+        for width in widths:
+            wf = fan_in_workflow(width)
+            registry = Registry([wf])
+            stalls = duplicates = 0
+            for _ in range(trials):
+                branches = main.run(leased_branches(main.db, registry, wf.name, width))
+                _, _, fired = released_together(threads[:width], registry, branches)
+                stalls += fired == 0
+                duplicates += fired > 1
+                if fired == 1:
+                    main.run(finish_join(main.db, registry))
+            settings.append({"width": width, "trials": trials, "stalls": stalls,
+                             "duplicate_joins": duplicates})
+    finally:
+        for t in threads:
+            t.close()
+    worker = bench_fleet.collide_worker(url, trials=worker_trials)
+    every = settings + worker["settings"]
+    return {
+        "parameters": {"completer": f"widths {widths}: every branch's completion from its own "
+                                    "thread and connection, released by a barrier",
+                       "worker": "one worker process x 32 slots; the branches sleep until one "
+                                 "shared instant (8 wide x 4 executions, 32 wide x 1)"},
+        "results": {"completer": settings, "worker": worker["settings"],
+                    "stalls": sum(s["stalls"] for s in every),
+                    "duplicate_joins": sum(s["duplicate_joins"] for s in every),
+                    "worker_peak_rss_mb": worker["worker_peak_rss_mb"]},
+        "ratios": {},
+    }
+
+
 # -- the whole run ------------------------------------------------------------------------------
+
+BENCHMARKS = ("commit_probe", "throughput", "workers", "latency", "start", "wide", "collide",
+              "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish", "batching",
+              "map_10k")
+"""Every benchmark, in the order they run (``history`` only in a full run)."""
 
 
 def run_bench(database_url: str | None = None, *, quick: bool = False,
+              workers: list[int] | None = None, only: list[str] | None = None,
               progress: Callable[[str], None] = lambda _: None) -> Json:
-    """Run every benchmark, each in its own fresh database; returns the JSON report."""
+    """Run the benchmarks (``only`` some of them), each in its own fresh database; returns the
+    JSON report. ``workers`` is the process counts of the ``workers`` curve."""
     server = Server(database_url)
-    plan: list[tuple[str, Callable[[str], Json]]] = [
-        ("fan_in_cost_by_width",
-         lambda u: asyncio.run(fan_in_cost_by_width(u, [10, 100] if quick else [10, 100, 1000]))),
-        ("simultaneous_finish", lambda u: simultaneous_finish(u, 50, 3 if quick else 10)),
-        ("batching", lambda u: asyncio.run(batching(u, 200, 2 if quick else 5))),
-        ("throughput", lambda u: throughput(u, 20 if quick else 100)),
-        ("map_10k", lambda u: map_fan_out(u, 1_000 if quick else 10_000)),
-    ]
+    unknown = sorted(set(only or ()) - set(BENCHMARKS))
+    if unknown:
+        raise BenchError(f"bench: no benchmark named {', '.join(unknown)} "
+                         f"(there are {', '.join(BENCHMARKS)})")
+    curve = workers or ([1, 2] if quick else [1, 2, 4])
+    executions = 50 if quick else 200
     report: Json = {"started_at": datetime.now(UTC).isoformat(timespec="seconds"),
                     "quick": quick, "machine": server.describe(), "benchmarks": {}}
+
+    def probe() -> float:
+        found = report["benchmarks"].get("commit_probe")
+        return float(found["results"]["commits_per_second"]) if found else 0.0
+
+    def in_fresh(bench: Callable[[str], Json]) -> Callable[[], Json]:
+        def go() -> Json:
+            with server.fresh_database() as url:
+                return bench(url)
+        return go
+
+    plan: list[tuple[str, Callable[[], Json]]] = [
+        ("commit_probe", in_fresh(lambda u: bench_fleet.commit_probe(u, 1.0 if quick else 3.0))),
+        ("throughput", lambda: bench_fleet.throughput(
+            server.fresh_database, executions=executions, repeats=1 if quick else 3,
+            probe=probe(), idle=1.0 if quick else 3.0)),
+        ("workers", lambda: bench_fleet.workers_curve(
+            server.fresh_database, processes=curve, executions=executions, probe=probe(),
+            one=_get(report, "benchmarks", "throughput", "results"))),
+        ("latency", in_fresh(lambda u: bench_fleet.latency(u, 10 if quick else 50))),
+        ("start", in_fresh(lambda u: bench_fleet.start(
+            u, roots=500, repeats=3 if quick else 10, many=200 if quick else 5_000))),
+        ("wide", in_fresh(lambda u: bench_fleet.wide(
+            u, widths=[10, 200] if quick else [10, 500, 10_000],
+            small_repeats=2 if quick else 5))),
+        ("collide", in_fresh(lambda u: collide(u, [2, 8, 50], 2 if quick else 10,
+                                               1 if quick else 5))),
+        ("backlog", in_fresh(lambda u: bench_fleet.backlog(
+            u, executions=300 if quick else 10_000, window=3.0 if quick else 60.0))),
+        ("history", in_fresh(lambda u: bench_fleet.history(
+            u, tasks=1_000_000, executions=executions))),
+        ("fan_in_cost_by_width", in_fresh(lambda u: asyncio.run(fan_in_cost_by_width(
+            u, [10, 100] if quick else [10, 100, 1000], 2 if quick else 3)))),
+        ("simultaneous_finish", in_fresh(lambda u: simultaneous_finish(u, 50, 2 if quick else 10))),
+        ("batching", in_fresh(lambda u: asyncio.run(batching(u, 200, 2 if quick else 5)))),
+        ("map_10k", in_fresh(lambda u: map_fan_out(u, 1_000 if quick else 10_000))),
+    ]
     began = time.perf_counter()
     for name, bench in plan:
+        if (only and name not in only) or (quick and name == "history" and not only):
+            continue
         progress(f"bench: {name} ...")
         step_began = time.perf_counter()
-        with server.fresh_database() as url:
-            report["benchmarks"][name] = bench(url)
+        report["benchmarks"][name] = bench()
         report["benchmarks"][name]["seconds"] = _r(time.perf_counter() - step_began)
+    if "commit_probe" in report["benchmarks"]:
+        # The storage may drift during a long run: probe again at the end, report both.
+        with server.fresh_database() as url:
+            again = bench_fleet.commit_probe(url, 1.0 if quick else 3.0)["results"]
+        report["benchmarks"]["commit_probe"]["results"]["commits_per_second_at_end"] = \
+            again["commits_per_second"]
     report["total_seconds"] = _r(time.perf_counter() - began)
     report["summary"] = headline(report["benchmarks"])
     return report
 
 
+def _get(b: Json, *path: str | int) -> Any:
+    """``b[path0][path1]...``, or None where a part is missing."""
+    value: Any = b
+    for part in path:
+        try:
+            value = value[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return value
+
+
+def _width(b: Json, width: int, key: str) -> Any:
+    return next((w[key] for w in _get(b, "wide", "results", "widths") or []
+                 if w["width"] == width), None)
+
+
 def headline(b: Json) -> Json:
-    """The numbers to read first."""
-    fan_in = b["fan_in_cost_by_width"]
-    tput = b["throughput"]["results"]
-    return {
-        "fan_in_cost_widest_over_narrowest": next(
-            v for k, v in fan_in["ratios"].items() if k.startswith("median_")),
-        "simultaneous_over_sequential": b["simultaneous_finish"]["ratios"]["concurrent_over_sequential"],
-        "batching_speedup": b["batching"]["ratios"]["speedup"],
-        "executions_per_second": tput["executions_per_second"],
-        "tasks_per_second": tput["tasks_per_second"],
-        "join_dispatch_p95_ms": tput["join_dispatch_latency"]["p95_ms"],
-        "map_tasks_per_second": b["map_10k"]["results"]["tasks_per_second"],
+    """The numbers to read first, each beside its issue-8 target, and the ratios to the
+    commit probe."""
+    probe = _get(b, "commit_probe", "results", "commits_per_second")
+    tput = _get(b, "throughput", "results") or {}
+    widths = [w["width"] for w in _get(b, "wide", "results", "widths") or []]
+    widest = max(widths) if widths else None
+
+    def target(value: Any, limit: float, at_least: bool) -> Json:
+        met = None if value is None else (value >= limit if at_least else value <= limit)
+        return {"value": value, "target": f"{'>=' if at_least else '<='} {limit}", "met": met}
+
+    backlog = _get(b, "backlog", "results") or {}
+    targets = {
+        "throughput_branch_tasks_per_second": target(tput.get("branch_tasks_per_second"),
+                                                     2000, True),
+        "throughput_over_commit_probe": target(
+            _get(b, "throughput", "ratios", "branch_tasks_per_second_over_commit_probe"), 1.5, True),
+        "commits_per_task": target(tput.get("commits_per_task"), 0.3, False),
+        "start_500_roots_ms": target(_get(b, "start", "results", "start_500_roots", "p50_ms"),
+                                     10, False),
+        "start_many_executions_per_second": target(
+            _get(b, "start", "results", "start_many_executions_per_second"), 5000, True),
+        "wide_500_join_done_s": target(_width(b, 500, "join_done_after_start_s"), 0.4, False),
+        f"wide_{widest}_over_10_tasks_per_second": target(
+            _get(b, "wide", "ratios", f"tasks_per_second_{widest}_over_10"), 0.5, True),
+        "idle_join_dispatch_p99_ms": target(
+            _get(b, "latency", "results", "join_dispatch_latency", "p99_ms"), 10, False),
+        "idle_pickup_p50_ms": target(_get(b, "latency", "results", "pickup_latency", "p50_ms"),
+                                     5, False),
+        "collide_stalls": target(_get(b, "collide", "results", "stalls"), 0, False),
+        "collide_duplicate_joins": target(_get(b, "collide", "results", "duplicate_joins"), 0,
+                                          False),
+        "worker_peak_rss_mb": target(max((v for v in (
+            _get(b, k, "results", "worker_peak_rss_mb") for k in ("throughput", "collide",
+                                                                   "wide", "backlog"))
+            if v is not None), default=None), 200, False),
+        "backlog_first_finish_s": target(backlog.get("first_finish_after_first_claim_s"), 2,
+                                         False),
+        "history_over_empty": target(_get(b, "history", "ratios", "history_over_empty"), 0.8,
+                                     True),
     }
+    over_probe = {
+        "throughput_branch_tasks": ratio(tput.get("branch_tasks_per_second") or 0, probe or 0),
+        "start_many_executions": ratio(
+            _get(b, "start", "results", "start_many_executions_per_second") or 0, probe or 0),
+        **{f"workers_p{c['processes']}_branch_tasks": ratio(c["branch_tasks_per_second"],
+                                                             probe or 0)
+           for c in _get(b, "workers", "results", "curve") or []},
+        **{f"wide_{w}_tasks": ratio(_width(b, w, "tasks_per_second") or 0, probe or 0)
+           for w in widths},
+        "backlog_steady_tasks": ratio(9 * (backlog.get("steady_finishes_per_second_mean") or 0),
+                                      probe or 0),
+    }
+    return {"commit_probe_commits_per_second": probe,
+            "targets": {k: v for k, v in targets.items() if v["value"] is not None},
+            "ratios_to_commit_probe": {k: v for k, v in over_probe.items() if v is not None}}

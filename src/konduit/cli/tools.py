@@ -43,22 +43,51 @@ def demo(
 
 def bench(
     quick: Annotated[bool, typer.Option(
-        "--quick", help="Smaller widths and fewer trials (well under a minute).")] = False,
+        "--quick", help="Smaller loads and fewer trials, no history (about a minute).")] = False,
+    workers: Annotated[str | None, typer.Option(
+        "--workers", metavar="P[,P...]",
+        help="Worker process counts of the 'workers' curve (default: 1,2,4; quick: 1,2).",
+        show_default=False)] = None,
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", metavar="NAME", help="Run only this benchmark; repeatable (commit_probe, "
+        "throughput, workers, latency, start, wide, collide, backlog, history, "
+        "fan_in_cost_by_width, simultaneous_finish, batching, map_10k).",
+        show_default=False)] = None,
+    profile: Annotated[str | None, typer.Option(
+        "--profile", metavar="DIR", help="Run every worker process under cProfile and write "
+        "its profile (.prof) into DIR.", show_default=False)] = None,
     output: Annotated[str | None, typer.Option(
         "--output", "-o", metavar="FILE", help="Also write the JSON report to FILE.",
         show_default=False)] = None,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Measure the fan-in protocol: cost per completion by join width, simultaneous finishes,
-    batching, end-to-end throughput and join latency, a wide map. Prints one JSON document.
-    Each benchmark runs in its own scratch database on the server, created and dropped here."""
+    """Measure the engine: a commit probe (what this storage commits per second), throughput
+    through real worker processes and its curve over process counts, idle-worker latency,
+    starts, wide joins, simultaneous finishes, a queued backlog, a large history, and the
+    fan-in protocol's own costs. Prints one JSON document; its summary puts each figure beside
+    its target. Each benchmark runs in its own scratch database on the server, created and
+    dropped here."""
+    import os
     from pathlib import Path
 
     from konduit.bench import run_bench
+    from konduit.bench_fleet import PROFILE_ENV
 
     if output is not None and not Path(output).absolute().parent.is_dir():
         raise CliError(f"--output: directory {Path(output).absolute().parent} does not exist")
-    report = run_bench(reachable(database_url, schema=False), quick=quick,
+    curve: list[int] | None = None
+    if workers is not None:
+        try:
+            curve = [int(p) for p in workers.split(",")]
+        except ValueError:
+            curve = []
+        if not curve or min(curve) < 1:
+            raise CliError(f"--workers: expected process counts like 1,2,4, got {workers!r}")
+    if profile is not None:
+        Path(profile).mkdir(parents=True, exist_ok=True)
+        os.environ[PROFILE_ENV] = str(Path(profile).absolute())
+    report = run_bench(reachable(database_url, schema=False), quick=quick, workers=curve,
+                       only=only,
                        progress=lambda message: err_console.print(message, markup=False))
     text = json.dumps(report, indent=2)
     if output is not None:

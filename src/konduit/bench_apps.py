@@ -1,0 +1,106 @@
+"""The workflows ``konduit bench`` runs through real worker processes.
+
+A worker is its own process (``python -m konduit.cli worker konduit.bench_apps:app``), so the
+workflows it serves must be importable by name: they live here, in the package. ``app`` holds
+the small ones; ``wide_app_{w}`` (e.g. ``wide_app_10000``) adds a ``w``-wide join, built only
+when asked for (a 10,000-step workflow takes seconds to validate, which every other worker would
+pay).
+
+Handlers are trivial on purpose: the benchmarks measure the engine, not the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import konduit
+
+#: Join widths of the ``bench-roots-{w}`` workflows in ``app``; ``wide_app_{w}`` adds one more.
+WIDTHS = (10, 20, 500)
+BACKLOG_BRANCHES = 7  # root -> 7 branches -> join: 9 tasks an execution
+COLLIDE_WIDTHS = (8, 32)
+LATENCY_BRANCHES = 4
+
+
+def _returning(value: int) -> Callable[[konduit.Context], Coroutine[Any, Any, int]]:
+    """A fresh trivial handler (a function can back only one step)."""
+
+    async def handler(ctx: konduit.Context) -> int:
+        return value
+
+    return handler
+
+
+async def _count(ctx: konduit.Context) -> int:
+    return len(ctx.upstream)
+
+
+def roots_workflow(width: int) -> konduit.Workflow:
+    """``width`` root branches, all ready at start, and one join: the shape of issue 8's
+    comparison (executions x no-op branches + a join) and of a many-root start."""
+    wf = konduit.Workflow(f"bench-roots-{width}", version=1)
+    branches = [wf.step(name=f"b{i}")(_returning(1)) for i in range(width)]
+    wf.step(name="join", after=branches)(_count)
+    return wf
+
+
+def chain_workflow(name: str, branches: int) -> konduit.Workflow:
+    """root -> ``branches`` branches -> join: downstream work behind a root."""
+    wf = konduit.Workflow(name, version=1)
+    root = wf.step(name="root")(_returning(0))
+    steps = [wf.step(name=f"b{i}", after=[root])(_returning(1)) for i in range(branches)]
+    wf.step(name="join", after=steps)(_count)
+    return wf
+
+
+def _releasing() -> Callable[[konduit.Context], Coroutine[Any, Any, int]]:
+    async def branch(ctx: konduit.Context) -> int:
+        # Every branch of the trial sleeps until the same wall-clock instant, so their
+        # completions reach the completer together and collide on the execution's join.
+        await asyncio.sleep(max(0.0, float(ctx.input["release_at"]) - time.time()))
+        return 1
+
+    return branch
+
+
+def collide_workflow(width: int) -> konduit.Workflow:
+    """``width`` root branches that all finish at ``input["release_at"]`` (epoch seconds)."""
+    wf = konduit.Workflow(f"bench-collide-{width}", version=1)
+    branches = [wf.step(name=f"b{i}")(_releasing()) for i in range(width)]
+    wf.step(name="join", after=branches)(_count)
+    return wf
+
+
+def one_workflow() -> konduit.Workflow:
+    """A single step: what a start costs when the workflow is small."""
+    wf = konduit.Workflow("bench-one", version=1)
+    wf.step(name="only")(_returning(1))
+    return wf
+
+
+def small_workflows() -> list[konduit.Workflow]:
+    return [one_workflow(), *(roots_workflow(w) for w in WIDTHS),
+            chain_workflow("bench-backlog", BACKLOG_BRANCHES),
+            chain_workflow("bench-latency", LATENCY_BRANCHES),
+            *(collide_workflow(w) for w in COLLIDE_WIDTHS)]
+
+
+app = konduit.App(small_workflows())
+
+
+def wide_workflows(width: int) -> list[konduit.Workflow]:
+    """The small workflows, and ``bench-roots-{width}`` if it is not one of them."""
+    return small_workflows() + ([] if width in WIDTHS else [roots_workflow(width)])
+
+
+def __getattr__(name: str) -> Any:
+    """``wide_app_{w}`` is built on first access (PEP 562), not at import."""
+    prefix = "wide_app_"
+    if name.startswith(prefix) and name[len(prefix):].isdigit():
+        wide = konduit.App(wide_workflows(int(name[len(prefix):])))
+        globals()[name] = wide
+        return wide
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
