@@ -8,6 +8,7 @@ from konduit.core.results import Route
 from konduit.core.validation import OutputInvalid
 from konduit.core.workflow import Workflow, parallel, step
 from konduit.engine.client import ExecutionResult
+from konduit.engine.starts import StartRequest
 from konduit.errors import (
     DatabaseError,
     DatabaseUnavailable,
@@ -46,6 +47,7 @@ __all__ = [
     "Retry",
     "Route",
     "SchemaOutdated",
+    "StartRequest",
     "WorkerUnhealthy",
     "Workflow",
     "WorkflowDefinitionError",

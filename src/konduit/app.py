@@ -12,7 +12,7 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -25,6 +25,7 @@ from konduit.db.database import Database, Row, resolve_url
 from konduit.db.migrate import migrate
 from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
+from konduit.engine.starts import StartRequest
 from konduit.worker.config import WorkerConfig
 from konduit.worker.worker import Worker
 
@@ -144,6 +145,18 @@ class App:
                          deadline_at=deadline_at, timeout=timeout)
         )
         return ExecutionHandle(self, eid)
+
+    def start_many(
+        self, requests: Iterable[StartRequest | Mapping[str, Any]]
+    ) -> builtins.list[ExecutionHandle]:
+        """Start many executions in one transaction and a few statements; handles come back in
+        request order. Each request is a :class:`konduit.StartRequest` or a dict of its fields
+        (``workflow``, ``input``, ``idempotency_key``, ``version``, ``deadline_at``,
+        ``timeout``); all start or none does. See
+        :meth:`konduit.engine.client.Client.start_many`."""
+        client = self._c()
+        ids = self._call(client.start_many(requests))
+        return [ExecutionHandle(self, eid) for eid in ids]
 
     def handle(self, execution_id: UUID | str) -> ExecutionHandle:
         """A handle on an execution started elsewhere (by id)."""

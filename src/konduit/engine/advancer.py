@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -141,14 +141,11 @@ class Advancer:
         return await self.run_events([(event, ended_at)])
 
     async def start_steps(self, steps: list[str]) -> Advanced:
-        """Create the tasks of steps that were made active outside :func:`advance` (the roots of
-        a new execution, the first steps of a repair), with their map expansions."""
-        queue: list[tuple[Event, datetime | None]] = []
-        for step in steps:
-            count = await self._create_tasks(step)
-            if count is not None:
-                queue.append((MapExpanded(step, count), None))
-        return await self.run_events(queue)
+        """Create the tasks of steps that were made active outside :func:`advance` (the first
+        steps of a repair), with their map expansions: every plain step's task in one
+        statement."""
+        expanded = await self._create_tasks(steps)
+        return await self.run_events([(MapExpanded(step, count), None) for step, count in expanded])
 
     async def run_events(self, queue: list[tuple[Event, datetime | None]]) -> Advanced:
         """Decide each event in turn (cascades append to the queue); write once at the end."""
@@ -160,10 +157,8 @@ class Advancer:
                 self.execution = decision.execution
             if self.execution.status != "running":
                 break
-            for step in decision.fire:
-                count = await self._create_tasks(step)
-                if count is not None:
-                    queue.append((MapExpanded(step, count), at))
+            for step, count in await self._create_tasks(decision.fire):
+                queue.append((MapExpanded(step, count), at))
         await self._write_steps()
         await self._write_execution()
         for queue_name in sorted(self.result.queues):
@@ -211,28 +206,37 @@ class Advancer:
             endeds=[w.ended for w in writes],
         )
 
-    async def _create_tasks(self, step: str) -> int | None:
-        """Create the tasks of a step whose join fired. For a map step, returns its item count
+    async def _create_tasks(self, steps: Sequence[str]) -> list[tuple[str, int]]:
+        """Create the tasks of steps whose join fired: the tasks of all plain steps in one
+        statement (a step fanning out to 500 branches is one round trip, not 500), each map
+        step through its chunked expansion. Returns each expanded map step with its item count
         (the caller feeds it back as a :class:`MapExpanded` event)."""
-        spec = self.spec[step]
-        if spec.is_map:
-            return await self._create_map_tasks(spec)
-        budget = await budgets.budget(self.tx, self.spec.name, step, spec.deadline)
-        await self.tx.run(
-            "task_insert_many",
-            execution_id=self.execution_id,
-            workflow=workflow_key(self.spec.name, self.spec.version),
-            generation=self.generation,
-            steps=[step],
-            map_indexes=[0],
-            items=[None],
-            queues=[spec.queue],
-            priorities=[spec.priority],
-            max_attempts=[spec.retry.max_attempts],
-            deadline_seconds=[budget],
-        )
-        self.result.queues.add(spec.queue)
-        return None
+        plain = [self.spec[s] for s in steps if not self.spec[s].is_map]
+        if plain:
+            deadlines = [
+                await budgets.budget(self.tx, self.spec.name, s.name, s.deadline) for s in plain
+            ]
+            await self.tx.run(
+                "task_insert_many",
+                execution_id=self.execution_id,
+                workflow=workflow_key(self.spec.name, self.spec.version),
+                generation=self.generation,
+                steps=[s.name for s in plain],
+                map_indexes=[0] * len(plain),
+                items=[None] * len(plain),
+                queues=[s.queue for s in plain],
+                priorities=[s.priority for s in plain],
+                max_attempts=[s.retry.max_attempts for s in plain],
+                deadline_seconds=deadlines,
+            )
+            self.result.queues.update(s.queue for s in plain)
+        expanded: list[tuple[str, int]] = []
+        for step in steps:
+            if self.spec[step].is_map:
+                count = await self._create_map_tasks(self.spec[step])
+                if count is not None:
+                    expanded.append((step, count))
+        return expanded
 
     async def _create_map_tasks(self, spec: StepSpec) -> int | None:
         """Expand a map step into one task per item. The user's ``over()`` and the encoding of

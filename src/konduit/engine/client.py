@@ -4,26 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from konduit.core.advance import ExecutionState, initial_states
-from konduit.core.durations import Duration, parse_duration
-from konduit.core.ids import uuid7
-from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json, content_hash
+from konduit.core.advance import ExecutionState
+from konduit.core.durations import Duration
+from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.repair import plan_repair
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, translate_errors
 from konduit.engine.advancer import Advancer, finish_execution, state_columns
 from konduit.engine.registry import Registry, workflow_key
+from konduit.engine.starts import (
+    Prepared,
+    StartRequest,
+    at_request,
+    collapse_repeated_keys,
+    insert_executions,
+    prepare,
+    requests_of,
+)
 from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
-    IdempotencyConflict,
     KonduitError,
     WorkflowVersionConflict,
 )
@@ -90,56 +98,50 @@ class Client:
 
         ``timeout`` is a hard limit (seconds or ``"10m"``): past it the execution ends
         ``timed_out`` and its unfinished tasks are cancelled. ``deadline_at`` is the window the
-        execution should finish in, which plans are checked against."""
-        timeout_seconds = None if timeout is None else parse_duration(timeout, what="timeout")
-        spec = self.registry.get(workflow, version)
-        encoded = canonical_json(
-            input, what=f"input of workflow {workflow!r}", max_bytes=self.max_payload_bytes
-        )
-        input_hash = content_hash(encoded)
-        await self.register(spec)
-        states, execution, roots = initial_states(spec)
-        new_id = uuid7()
-        async with self.db.transaction() as tx:
-            row = await tx.one(
-                "execution_insert_if_new_key",
-                id=new_id,
-                workflow_name=spec.name,
-                workflow_version=spec.version,
-                input=Jsonb(input, dumps=lambda _: encoded),  # checked above: store that text
-                input_hash=input_hash,
-                idempotency_key=idempotency_key,
-                steps_pending=execution.steps_pending,
-                deadline_at=deadline_at,
-                timeout_seconds=timeout_seconds,
-            )
-            if row is None:
-                existing = await tx.one(
-                    "execution_get_by_idempotency_key",
-                    workflow_name=spec.name,
-                    idempotency_key=idempotency_key,
-                )
-                assert existing is not None
-                if existing["input_hash"] != input_hash:
-                    raise IdempotencyConflict(
-                        f"idempotency key {idempotency_key!r} already started execution "
-                        f"{existing['id']} of {workflow!r} with a different input"
-                    )
-                return UUID(str(existing["id"]))
-            names = list(spec.order)
-            await tx.run(
-                "step_insert_many",
-                execution_id=new_id,
-                steps=names,
-                statuses=[states[n].status for n in names],
-                up_totals=[len(spec[n].after) for n in names],
-                tasks_totals=[states[n].tasks_total for n in names],
-                tasks_pendings=[states[n].tasks_pending for n in names],
-            )
-            await Advancer(
-                tx, spec, new_id, execution, generation=1, max_payload_bytes=self.max_payload_bytes
-            ).start_steps(roots)
-        return new_id
+        execution should finish in, which plans are checked against.
+
+        One statement creates the execution, its steps and all its root tasks, however many
+        roots the workflow has."""
+        request = StartRequest(workflow, input, idempotency_key, version, deadline_at, timeout)
+        prepared = prepare(self.registry, request, max_bytes=self.max_payload_bytes)
+        await self.register(prepared.spec)
+        [eid] = await self.db.atomic(lambda tx: insert_executions(tx, [prepared]))
+        return eid
+
+    async def start_many(
+        self, requests: Iterable[StartRequest | Mapping[str, Any]]
+    ) -> builtins.list[UUID]:
+        """Start many executions at once and return their ids in request order.
+
+        Each request is a :class:`~konduit.StartRequest` (or a dict of its fields: ``workflow``,
+        ``input``, ``idempotency_key``, ``version``, ``deadline_at``, ``timeout``), meaning what
+        the same arguments mean to :meth:`start`. Every request is checked before anything is
+        written, and all of them are started in one transaction with a few set-based
+        statements: either every execution is started or none is. A bad request (unknown
+        workflow, input that is not JSON or too big, bad timeout) raises the error
+        :meth:`start` would, its message starting with ``start request <index>:``.
+
+        Idempotency keys behave as in :meth:`start`: a key the workflow already used gives that
+        execution's id; a key repeated within the call gives every request the first one's
+        execution. A key reused with a different input raises
+        :class:`~konduit.IdempotencyConflict` naming the key, and nothing is started. An empty
+        list starts nothing and returns ``[]``."""
+        checked = requests_of(requests)
+        batch: builtins.list[Prepared] = []
+        for i, request in enumerate(checked):
+            try:
+                batch.append(prepare(self.registry, request, max_bytes=self.max_payload_bytes))
+            except KonduitError as exc:
+                raise at_request(i, exc) from exc
+        if not batch:
+            return []
+        owner = collapse_repeated_keys(batch)
+        for spec in {workflow_key(p.spec.name, p.spec.version): p.spec for p in batch}.values():
+            await self.register(spec)
+        distinct = [p for i, p in enumerate(batch) if owner[i] == i]
+        ids = await self.db.atomic(lambda tx: insert_executions(tx, distinct))
+        by_index = dict(zip((i for i in range(len(batch)) if owner[i] == i), ids, strict=True))
+        return [by_index[owner[i]] for i in range(len(batch))]
 
     async def get(self, execution_id: UUID | str) -> ExecutionResult:
         eid = coerce_execution_id(execution_id)

@@ -1,0 +1,71 @@
+-- name: execution_insert_many_with_roots
+-- Start executions in one statement: each execution row, its steps' join state and its root
+-- steps' ready tasks (from the step rows of its workflow, `template`, a JSON array), and one
+-- wake-up per queue that got tasks. A request whose idempotency key its workflow already used
+-- inserts nothing. Returns, in request order, whether each request created its execution.
+WITH request AS (
+    SELECT *
+    FROM unnest(%(ids)s::uuid[], %(workflow_names)s::text[], %(workflow_versions)s::int[],
+                -- One text, not a jsonb[]: compact JSON never holds a raw newline, and psycopg
+                -- escapes the elements of an array one by one in Python.
+                string_to_array(%(inputs)s::text, E'\n'), %(input_hashes)s::text[],
+                %(idempotency_keys)s::text[], %(steps_pendings)s::int[],
+                %(deadline_ats)s::timestamptz[], %(timeout_seconds)s::float8[])
+         WITH ORDINALITY AS r(id, workflow_name, workflow_version, input, input_hash,
+                              idempotency_key, steps_pending, deadline_at, timeout_seconds, ord)
+), template AS (
+    -- JSON, not arrays: the client builds it once per workflow and reuses the text.
+    SELECT *
+    FROM json_to_recordset(%(template)s::json)
+         AS t(name text, version int, workflow text, step text, status text, up_total int,
+              tasks_total int, tasks_pending int, root bool, queue text, priority int,
+              max_attempts int, deadline_seconds float8)
+), created AS (
+    INSERT INTO konduit_executions
+        (id, workflow_name, workflow_version, input, input_hash, idempotency_key, steps_pending,
+         deadline_at, timeout_at)
+    SELECT id, workflow_name, workflow_version, input::jsonb, input_hash, idempotency_key,
+           steps_pending, deadline_at, clock_timestamp() + make_interval(secs => timeout_seconds)
+    FROM request
+    -- Keys are taken in one order by every batch: two batches that share keys wait for each
+    -- other instead of deadlocking.
+    ORDER BY workflow_name, idempotency_key, id
+    ON CONFLICT (workflow_name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, workflow_name, workflow_version
+), steps AS (
+    INSERT INTO konduit_steps
+        (execution_id, step, status, up_total, up_pending, tasks_total, tasks_pending, fired_at)
+    SELECT c.id, t.step, t.status, t.up_total, t.up_total, t.tasks_total, t.tasks_pending,
+           CASE WHEN t.status = 'active' THEN clock_timestamp() END
+    FROM created c JOIN template t ON t.name = c.workflow_name AND t.version = c.workflow_version
+), tasks AS (
+    -- Unordered: the claim orders an execution's tasks by their execution id, and sorting wide
+    -- rows here would spill to disk for a big batch.
+    INSERT INTO konduit_tasks
+        (execution_id, workflow, generation, step, map_index, queue, priority, max_attempts,
+         deadline_seconds)
+    SELECT c.id, t.workflow, 1, t.step, 0, t.queue, t.priority, t.max_attempts,
+           t.deadline_seconds
+    FROM created c JOIN template t ON t.name = c.workflow_name AND t.version = c.workflow_version
+    WHERE t.root
+), woken AS (
+    -- NOTIFY takes a global lock at commit: once per queue, and only when tasks were made.
+    SELECT count(pg_notify('konduit_ready', q.queue)) AS queues
+    FROM (SELECT DISTINCT t.queue
+          FROM template t
+          WHERE t.root AND EXISTS (SELECT 1 FROM created c
+                                   WHERE c.workflow_name = t.name
+                                     AND c.workflow_version = t.version)) AS q
+)
+SELECT coalesce(array_agg(c.id IS NOT NULL ORDER BY r.ord), '{}') AS created,
+       (SELECT queues FROM woken) AS woken
+FROM request r
+LEFT JOIN created c ON c.id = r.id;
+
+-- name: execution_get_by_idempotency_keys
+-- The executions some idempotency keys already started (one key per workflow name each).
+SELECT e.id, e.workflow_name, e.idempotency_key, e.input_hash
+FROM unnest(%(workflow_names)s::text[], %(idempotency_keys)s::text[])
+     AS k(workflow_name, idempotency_key)
+JOIN konduit_executions e
+    ON e.workflow_name = k.workflow_name AND e.idempotency_key = k.idempotency_key;

@@ -1,0 +1,259 @@
+"""Starting executions set-based: one statement creates many executions, their steps' join
+state and their root tasks (``execution_insert_many_with_roots``).
+
+A start costs a fixed number of statements however many roots its workflow has and however many
+executions are started together: the rows of each workflow's steps are sent once per batch as a
+*template* and joined to the new executions inside PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from konduit.core.advance import initial_states
+from konduit.core.durations import Duration, parse_duration
+from konduit.core.ids import uuid7
+from konduit.core.payloads import canonical_json, content_hash
+from konduit.core.workflow import WorkflowSpec
+from konduit.db.database import Tx
+from konduit.engine.deadlines import budgets
+from konduit.engine.registry import Registry, workflow_key
+from konduit.errors import IdempotencyConflict, KonduitError
+
+BATCH_ROWS = 2_000
+"""Executions per statement: a bigger batch is split into statements of this many, all in one
+transaction (still atomic), so each statement's rows and their key checks stay a bounded chunk
+of memory on both sides."""
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """One execution for :meth:`konduit.App.start_many`: the same arguments as
+    :meth:`konduit.App.start`.
+
+    ``workflow`` is the workflow's name, started at its latest registered version unless
+    ``version`` says which. ``input`` is any JSON value. ``idempotency_key``: a key the workflow
+    already used returns that execution's id instead of starting another (with a different
+    input it raises :class:`~konduit.IdempotencyConflict`). ``deadline_at`` is the window the
+    execution should finish in; ``timeout`` (seconds or ``"10m"``) a hard limit past which it
+    ends ``timed_out``. A plain ``dict`` with these keys is accepted in its place.
+    """
+
+    workflow: str
+    input: Any = None
+    idempotency_key: str | None = None
+    version: int | None = None
+    deadline_at: datetime | None = None
+    timeout: Duration | None = None
+
+    @classmethod
+    def of(cls, request: StartRequest | Mapping[str, Any]) -> StartRequest:
+        """The request itself, or one made from a dict of the same fields."""
+        if isinstance(request, StartRequest):
+            return request
+        if isinstance(request, Mapping):
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(str(k) for k in request if k not in known)
+            if unknown:
+                raise KonduitError(
+                    f"unknown field(s) {', '.join(unknown)}; a start request has "
+                    f"{', '.join(sorted(known))}"
+                )
+            if "workflow" not in request:
+                raise KonduitError("a start request needs a 'workflow'")
+            return cls(**request)
+        raise KonduitError(
+            f"a start request is a konduit.StartRequest or a dict, not {type(request).__name__}"
+        )
+
+
+@dataclass
+class Prepared:
+    """A request checked and encoded, with the id it gets if it creates an execution."""
+
+    id: UUID
+    spec: WorkflowSpec
+    encoded: str
+    input_hash: str
+    idempotency_key: str | None
+    deadline_at: datetime | None
+    timeout_seconds: float | None
+
+
+def prepare(registry: Registry, request: StartRequest, *, max_bytes: int) -> Prepared:
+    """Check one request before anything is written: its timeout, workflow and input."""
+    timeout_seconds = (
+        None if request.timeout is None else parse_duration(request.timeout, what="timeout")
+    )
+    spec = registry.get(request.workflow, request.version)
+    encoded = canonical_json(
+        request.input, what=f"input of workflow {request.workflow!r}", max_bytes=max_bytes
+    )
+    return Prepared(
+        id=uuid7(),
+        spec=spec,
+        encoded=encoded,
+        input_hash=content_hash(encoded),
+        idempotency_key=request.idempotency_key,
+        deadline_at=request.deadline_at,
+        timeout_seconds=timeout_seconds,
+    )
+
+
+def at_request(index: int, exc: KonduitError) -> KonduitError:
+    """``exc`` again, its message prefixed with the index of the request at fault."""
+    message = f"start request {index}: {exc}"
+    try:
+        return type(exc)(message)
+    except TypeError:  # an error class whose constructor wants more than a message
+        return KonduitError(message)
+
+
+def collapse_repeated_keys(batch: list[Prepared]) -> list[int]:
+    """For each request, the index of the request whose execution it gets: itself, or the
+    first request of the batch with the same workflow name and idempotency key (the same input,
+    else :class:`IdempotencyConflict`)."""
+    first: dict[tuple[str, str], int] = {}
+    owner: list[int] = []
+    for i, p in enumerate(batch):
+        if p.idempotency_key is None:
+            owner.append(i)
+            continue
+        j = first.setdefault((p.spec.name, p.idempotency_key), i)
+        if batch[j].input_hash != p.input_hash:
+            raise IdempotencyConflict(
+                f"idempotency key {p.idempotency_key!r} is used by start requests {j} and {i} "
+                f"of {p.spec.name!r} with different inputs"
+            )
+        owner.append(j)
+    return owner
+
+
+_TEMPLATES: dict[tuple[str, str, tuple[float | None, ...]], str] = {}
+_TEMPLATES_KEPT = 256
+"""Template texts kept per process (one per workflow version, more only while adaptive
+budgets change)."""
+
+
+async def _root_budgets(tx: Tx, spec: WorkflowSpec) -> tuple[float | None, ...]:
+    """The time budget of each root step's task, in root order."""
+    return tuple([
+        await budgets.budget(tx, spec.name, name, spec[name].deadline)
+        if spec[name].deadline is not None else None
+        for name in spec.roots
+    ])
+
+
+def _template_text(spec: WorkflowSpec, root_budgets: tuple[float | None, ...]) -> str:
+    """The step rows of a new execution of ``spec`` as JSON objects (without the enclosing
+    brackets, so the texts of several workflows join with a comma)."""
+    states, _, roots = initial_states(spec)
+    budget_of = dict(zip(roots, root_budgets, strict=True))
+    key = workflow_key(spec.name, spec.version)
+    rows = []
+    for name in spec.order:
+        step = spec[name]
+        root = name in budget_of
+        assert not (root and step.is_map), "a map step always has an upstream"
+        rows.append({
+            "name": spec.name, "version": spec.version, "workflow": key, "step": name,
+            "status": states[name].status, "up_total": len(step.after),
+            "tasks_total": states[name].tasks_total, "tasks_pending": states[name].tasks_pending,
+            "root": root, "queue": step.queue, "priority": step.priority,
+            "max_attempts": step.retry.max_attempts, "deadline_seconds": budget_of.get(name),
+        })
+    return json.dumps(rows, separators=(",", ":"))[1:-1]
+
+
+async def template_for(tx: Tx, specs: Iterable[WorkflowSpec]) -> str:
+    """The ``template`` parameter of ``execution_insert_many_with_roots`` for these
+    workflows: built once per workflow version (and set of budgets), then reused."""
+    parts = []
+    for spec in specs:
+        root_budgets = await _root_budgets(tx, spec)
+        key = (workflow_key(spec.name, spec.version), spec.spec_hash, root_budgets)
+        text = _TEMPLATES.get(key)
+        if text is None:
+            if len(_TEMPLATES) >= _TEMPLATES_KEPT:
+                _TEMPLATES.clear()
+            text = _TEMPLATES[key] = _template_text(spec, root_budgets)
+        parts.append(text)
+    return "[" + ",".join(parts) + "]"
+
+
+async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
+    """Create the executions of ``batch`` (requests with distinct idempotency keys) with their
+    steps and root tasks; a key already used returns its execution's id (same input) or raises
+    :class:`IdempotencyConflict`. Ids come back in batch order."""
+    specs = {workflow_key(p.spec.name, p.spec.version): p.spec for p in batch}
+    template = await template_for(tx, specs.values())
+    created: list[bool] = []
+    for first in range(0, len(batch), BATCH_ROWS):
+        chunk = batch[first : first + BATCH_ROWS]
+        row = await tx.one(
+            "execution_insert_many_with_roots",
+            ids=[p.id for p in chunk],
+            workflow_names=[p.spec.name for p in chunk],
+            workflow_versions=[p.spec.version for p in chunk],
+            inputs="\n".join(p.encoded for p in chunk),
+            input_hashes=[p.input_hash for p in chunk],
+            idempotency_keys=[p.idempotency_key for p in chunk],
+            steps_pendings=[len(p.spec.steps) for p in chunk],
+            deadline_ats=[p.deadline_at for p in chunk],
+            timeout_seconds=[p.timeout_seconds for p in chunk],
+            template=template,
+        )
+        assert row is not None and len(row["created"]) == len(chunk)
+        created.extend(row["created"])
+    taken = [i for i, made in enumerate(created) if not made]
+    existing = await _existing(tx, [batch[i] for i in taken]) if taken else []
+    ids = [p.id for p in batch]
+    for i, eid in zip(taken, existing, strict=True):
+        ids[i] = eid
+    return ids
+
+
+async def _existing(tx: Tx, taken: list[Prepared]) -> list[UUID]:
+    """The executions whose idempotency keys these requests reused, in their order (a new
+    statement: it sees the rows that made the insert skip them, committed by others since ours
+    began); a different input raises :class:`IdempotencyConflict`."""
+    rows = await tx.all(
+        "execution_get_by_idempotency_keys",
+        workflow_names=[p.spec.name for p in taken],
+        idempotency_keys=[p.idempotency_key for p in taken],
+    )
+    found = {(r["workflow_name"], r["idempotency_key"]): r for r in rows}
+    out: list[UUID] = []
+    for p in taken:
+        row = found.get((p.spec.name, p.idempotency_key))
+        if row is None:
+            # The row that took the key was deleted between the insert and this read.
+            raise KonduitError(
+                f"idempotency key {p.idempotency_key!r} of {p.spec.name!r} was in use and is "
+                f"gone now (its execution was deleted meanwhile); start it again"
+            )
+        if row["input_hash"] != p.input_hash:
+            raise IdempotencyConflict(
+                f"idempotency key {p.idempotency_key!r} already started execution "
+                f"{row['id']} of {p.spec.name!r} with a different input"
+            )
+        out.append(UUID(str(row["id"])))
+    return out
+
+
+def requests_of(requests: Iterable[StartRequest | Mapping[str, Any]]) -> list[StartRequest]:
+    """The requests as :class:`StartRequest`, each fault named by its index."""
+    out: list[StartRequest] = []
+    for i, request in enumerate(requests):
+        try:
+            out.append(StartRequest.of(request))
+        except KonduitError as exc:
+            raise at_request(i, exc) from exc
+        except TypeError as exc:
+            raise KonduitError(f"start request {i}: {exc}") from exc
+    return out
