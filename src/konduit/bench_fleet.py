@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 
@@ -142,6 +142,34 @@ def commits_between(before: tuple[int, int], after: tuple[int, int]) -> int:
 # -- worker processes ---------------------------------------------------------------------------
 
 
+def profiled_cli() -> None:
+    """``konduit ARGS...`` under cProfile, writing the profile to ``sys.argv[1]`` at exit.
+
+    ``python -m cProfile`` writes its file on a normal exit only, and ``konduit worker`` leaves
+    through ``os._exit`` (so that abandoned handler threads cannot hold it up): the profile is
+    written just before that exit instead."""
+    import cProfile
+
+    from konduit.cli import main
+
+    path, sys.argv = sys.argv[1], ["konduit", *sys.argv[2:]]
+    profiler = cProfile.Profile()
+    leave = os._exit
+
+    def dump_then_exit(code: int) -> NoReturn:
+        profiler.disable()
+        profiler.dump_stats(path)
+        leave(code)
+
+    os._exit = dump_then_exit  # type: ignore[assignment]  # the parameter is named differently
+    profiler.enable()
+    try:
+        main()
+    finally:
+        profiler.disable()
+        profiler.dump_stats(path)
+
+
 def _kib(status: str, field: str) -> int | None:
     for line in status.splitlines():
         if line.startswith(field + ":"):
@@ -157,11 +185,14 @@ class WorkerProcess:
         command = [sys.executable]
         profile_dir = os.environ.get(PROFILE_ENV)
         self.profile: Path | None = None
+        arguments = ["worker", app_spec, "--concurrency", str(concurrency), "--database-url", url,
+                     "--log-level", "WARNING", "--shutdown-grace", "10"]
         if profile_dir:
             self.profile = Path(profile_dir) / f"{label}-{os.getpid()}-{time.monotonic_ns()}.prof"
-            command += ["-m", "cProfile", "-o", str(self.profile)]
-        command += ["-m", "konduit.cli", "worker", app_spec, "--concurrency", str(concurrency),
-                    "--database-url", url, "--log-level", "WARNING", "--shutdown-grace", "10"]
+            command += ["-c", "from konduit.bench_fleet import profiled_cli; profiled_cli()",
+                        str(self.profile), *arguments]
+        else:
+            command += ["-m", "konduit.cli", *arguments]
         self.log = log
         err = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
         try:
