@@ -133,7 +133,12 @@ def _has_input(conn: psycopg.AsyncConnection[Row]) -> bool:
     nothing unless the server is closing it (a FATAL, then EOF), so no round trip is needed to
     see that."""
     try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+        fd = conn.fileno()
+        if hasattr(select, "poll"):  # no FD_SETSIZE limit, unlike select()
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+            return bool(poller.poll(0))
+        readable, _, _ = select.select([fd], [], [], 0)
     except (OSError, ValueError, psycopg.Error):
         return True
     return bool(readable)
