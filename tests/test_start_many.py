@@ -150,6 +150,7 @@ def test_a_join_firing_500_steps_creates_their_tasks_in_one_statement(make_app, 
 # -- start_many ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_start_many_of_1000_executions_runs_them_all(make_app, db_url):
     app = make_app(fan("twenty", 20))
     app.list(limit=1)  # the pool is open
@@ -166,7 +167,8 @@ def test_start_many_of_1000_executions_runs_them_all(make_app, db_url):
                             execution_insert_many_with_roots=1), calls
     assert stored(db_url) == (1000, 21_000, 20_000)
     with running_worker(app, concurrency=16, poll_interval=0.05):
-        statuses = wait_all_finished(db_url, 1000)
+        # 21,000 tasks: bounded by the worker's speed, not by the start
+        statuses = wait_all_finished(db_url, 1000, timeout=300)
     assert statuses == {"succeeded": 1000}
     assert handles[7].status().output == {"sum": 20, "input": {"i": 7}}
     assert scalar(db_url, "SELECT count(*) FROM konduit_tasks WHERE status = 'succeeded'") == 21_000
@@ -413,3 +415,24 @@ def test_execution_ids_are_uuids_in_request_order(make_app, db_url):
     assert ids == sorted(ids)
     created = scalar(db_url, "SELECT array_agg(id ORDER BY id) FROM konduit_executions")
     assert created == ids
+
+
+def test_names_and_queues_that_are_tricky_in_an_array_literal_survive_the_template(
+    make_app, db_url
+):
+    # step names are identifiers ("NULL" unquoted would be a null); queues are any text
+    steps = ["NULL", "null", "a.b-c", "_"]
+    queues = ['a"b', "c\\d", "e,f", "{g}", " h ", "ü\u00a0"]
+    wf = konduit.Workflow("odd", version=1)
+    for step, queue in zip(steps, queues, strict=False):
+        wf.step(name=step, queue=queue)(lambda ctx: 1)
+    wf.step(name="join", after=steps, queue="NULL")(lambda ctx: sorted(ctx.upstream))
+    app = make_app(wf)
+    [handle] = app.start_many([{"workflow": "odd"}])
+    assert sorted(s["step"] for s in app.steps(handle)) == sorted([*steps, "join"])
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT step, queue FROM konduit_tasks WHERE execution_id = %s",
+                            (handle.id,)).fetchall()
+    assert sorted(rows) == sorted(zip(steps, queues, strict=False))
+    with running_worker(app, concurrency=4, queues=[*queues, "NULL"]):
+        assert handle.wait(timeout=WAIT).output == sorted(steps)

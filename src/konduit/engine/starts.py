@@ -8,7 +8,6 @@ executions are started together: the rows of each workflow's steps are sent once
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -134,10 +133,27 @@ def collapse_repeated_keys(batch: list[Prepared]) -> list[int]:
     return owner
 
 
-_TEMPLATES: dict[tuple[str, str, tuple[float | None, ...]], str] = {}
+TEMPLATE_COLUMNS = (
+    "names", "versions", "workflows", "steps", "statuses", "up_totals", "tasks_totals",
+    "tasks_pendings", "roots", "queues", "priorities", "max_attempts", "deadline_seconds",
+)
+"""The ``template_*`` parameters: one element per step of each workflow in the batch."""
+
+_TEMPLATES: dict[tuple[str, str, tuple[float | None, ...]], dict[str, str]] = {}
 _TEMPLATES_KEPT = 256
-"""Template texts kept per process (one per workflow version, more only while adaptive
-budgets change)."""
+"""Templates kept per process (one per workflow version, more only while adaptive budgets
+change)."""
+
+
+def _element(value: Any) -> str:
+    """One element of a PostgreSQL array literal."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, int | float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 async def _root_budgets(tx: Tx, spec: WorkflowSpec) -> tuple[float | None, ...]:
@@ -149,41 +165,41 @@ async def _root_budgets(tx: Tx, spec: WorkflowSpec) -> tuple[float | None, ...]:
     ])
 
 
-def _template_text(spec: WorkflowSpec, root_budgets: tuple[float | None, ...]) -> str:
-    """The step rows of a new execution of ``spec`` as JSON objects (without the enclosing
-    brackets, so the texts of several workflows join with a comma)."""
+def _template(spec: WorkflowSpec, root_budgets: tuple[float | None, ...]) -> dict[str, str]:
+    """The rows of a new execution's steps (and, for roots, of their tasks) as the elements of
+    each ``template_*`` array literal, without braces: the templates of several workflows join
+    with a comma."""
     states, _, roots = initial_states(spec)
     budget_of = dict(zip(roots, root_budgets, strict=True))
     key = workflow_key(spec.name, spec.version)
-    rows = []
+    columns: dict[str, list[Any]] = {c: [] for c in TEMPLATE_COLUMNS}
     for name in spec.order:
-        step = spec[name]
-        root = name in budget_of
+        step, state, root = spec[name], states[name], name in budget_of
         assert not (root and step.is_map), "a map step always has an upstream"
-        rows.append({
-            "name": spec.name, "version": spec.version, "workflow": key, "step": name,
-            "status": states[name].status, "up_total": len(step.after),
-            "tasks_total": states[name].tasks_total, "tasks_pending": states[name].tasks_pending,
-            "root": root, "queue": step.queue, "priority": step.priority,
-            "max_attempts": step.retry.max_attempts, "deadline_seconds": budget_of.get(name),
-        })
-    return json.dumps(rows, separators=(",", ":"))[1:-1]
+        for column, value in zip(TEMPLATE_COLUMNS, (
+            spec.name, spec.version, key, name, state.status, len(step.after),
+            state.tasks_total, state.tasks_pending, root, step.queue, step.priority,
+            step.retry.max_attempts, budget_of.get(name),
+        ), strict=True):
+            columns[column].append(value)
+    return {c: ",".join(map(_element, values)) for c, values in columns.items()}
 
 
-async def template_for(tx: Tx, specs: Iterable[WorkflowSpec]) -> str:
-    """The ``template`` parameter of ``execution_insert_many_with_roots`` for these
-    workflows: built once per workflow version (and set of budgets), then reused."""
+async def template_for(tx: Tx, specs: Iterable[WorkflowSpec]) -> dict[str, str]:
+    """The ``template_*`` parameters of ``execution_insert_many_with_roots`` for these
+    workflows, as array literals: built once per workflow version (and set of budgets), then
+    reused, so a start of a 500-step workflow does not encode 500 rows again."""
     parts = []
     for spec in specs:
         root_budgets = await _root_budgets(tx, spec)
         key = (workflow_key(spec.name, spec.version), spec.spec_hash, root_budgets)
-        text = _TEMPLATES.get(key)
-        if text is None:
+        template = _TEMPLATES.get(key)
+        if template is None:
             if len(_TEMPLATES) >= _TEMPLATES_KEPT:
                 _TEMPLATES.clear()
-            text = _TEMPLATES[key] = _template_text(spec, root_budgets)
-        parts.append(text)
-    return "[" + ",".join(parts) + "]"
+            template = _TEMPLATES[key] = _template(spec, root_budgets)
+        parts.append(template)
+    return {f"template_{c}": "{" + ",".join(p[c] for p in parts) + "}" for c in TEMPLATE_COLUMNS}
 
 
 async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
@@ -206,7 +222,7 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
             steps_pendings=[len(p.spec.steps) for p in chunk],
             deadline_ats=[p.deadline_at for p in chunk],
             timeout_seconds=[p.timeout_seconds for p in chunk],
-            template=template,
+            **template,
         )
         assert row is not None and len(row["created"]) == len(chunk)
         created.extend(row["created"])

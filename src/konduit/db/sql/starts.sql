@@ -1,6 +1,6 @@
 -- name: execution_insert_many_with_roots
 -- Start executions in one statement: each execution row, its steps' join state and its root
--- steps' ready tasks (from the step rows of its workflow, `template`, a JSON array), and one
+-- steps' ready tasks (from the step rows of its workflow, the `template_*` arrays), and one
 -- wake-up per queue that got tasks. A request whose idempotency key its workflow already used
 -- inserts nothing. Returns, in request order, whether each request created its execution.
 WITH request AS (
@@ -14,12 +14,17 @@ WITH request AS (
          WITH ORDINALITY AS r(id, workflow_name, workflow_version, input, input_hash,
                               idempotency_key, steps_pending, deadline_at, timeout_seconds, ord)
 ), template AS (
-    -- JSON, not arrays: the client builds it once per workflow and reuses the text.
+    -- Array literals the client builds once per workflow and reuses.
     SELECT *
-    FROM json_to_recordset(%(template)s::json)
-         AS t(name text, version int, workflow text, step text, status text, up_total int,
-              tasks_total int, tasks_pending int, root bool, queue text, priority int,
-              max_attempts int, deadline_seconds float8)
+    FROM unnest(%(template_names)s::text[], %(template_versions)s::int[],
+                %(template_workflows)s::text[], %(template_steps)s::text[],
+                %(template_statuses)s::text[], %(template_up_totals)s::int[],
+                %(template_tasks_totals)s::int[], %(template_tasks_pendings)s::int[],
+                %(template_roots)s::bool[], %(template_queues)s::text[],
+                %(template_priorities)s::int[], %(template_max_attempts)s::int[],
+                %(template_deadline_seconds)s::float8[])
+         AS t(name, version, workflow, step, status, up_total, tasks_total, tasks_pending, root,
+              queue, priority, max_attempts, deadline_seconds)
 ), created AS (
     INSERT INTO konduit_executions
         (id, workflow_name, workflow_version, input, input_hash, idempotency_key, steps_pending,
