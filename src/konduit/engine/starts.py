@@ -224,9 +224,10 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
             timeout_seconds=[p.timeout_seconds for p in chunk],
             **template,
         )
-        assert row is not None and len(row["created"]) == len(chunk)
-        created.extend(row["created"])
-    taken = [i for i, made in enumerate(created) if not made]
+        assert row is not None
+        made = set(row["created"])
+        created.extend(p.id in made for p in chunk)
+    taken = [i for i, is_new in enumerate(created) if not is_new]
     existing = await _existing(tx, [batch[i] for i in taken]) if taken else []
     ids = [p.id for p in batch]
     for i, eid in zip(taken, existing, strict=True):

@@ -2,7 +2,7 @@
 -- Start executions in one statement: each execution row, its steps' join state and its root
 -- steps' ready tasks (from the step rows of its workflow, the `template_*` arrays), and one
 -- wake-up per queue that got tasks. A request whose idempotency key its workflow already used
--- inserts nothing. Returns, in request order, whether each request created its execution.
+-- inserts nothing. Returns the ids of the executions created.
 WITH request AS (
     SELECT *
     FROM unnest(%(ids)s::uuid[], %(workflow_names)s::text[], %(workflow_versions)s::int[],
@@ -62,10 +62,8 @@ WITH request AS (
                                    WHERE c.workflow_name = t.name
                                      AND c.workflow_version = t.version)) AS q
 )
-SELECT coalesce(array_agg(c.id IS NOT NULL ORDER BY r.ord), '{}') AS created,
-       (SELECT queues FROM woken) AS woken
-FROM request r
-LEFT JOIN created c ON c.id = r.id;
+SELECT coalesce(array_agg(id), '{}') AS created, (SELECT queues FROM woken) AS woken
+FROM created;
 
 -- name: execution_get_by_idempotency_keys
 -- The executions some idempotency keys already started (one key per workflow name each).
