@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from konduit.core.advance import TaskEnded
 from konduit.core.payloads import content_hash
-from konduit.db.database import Database, Tx
+from konduit.db.database import Database, Row, Tx
 from konduit.engine import transitions
 from konduit.engine.advancer import Advanced, record_events
 from konduit.engine.registry import Registry
@@ -94,41 +94,64 @@ async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recor
 async def record_ended(
     db: Database, registry: Registry, batch: list[Completion]
 ) -> list[tuple[Recorded, Advanced | None]]:
-    """Record terminal outcomes of tasks of ONE execution and advance its DAG, in one
-    transaction: under load a worker's completions of one fan-out share a single lock, a single
-    round of writes and a single fan-in decision. Results come back in ``batch`` order."""
-    execution_id = batch[0].execution_id
-    if any(c.execution_id != execution_id for c in batch):
-        raise ValueError("record_ended takes completions of one execution")
+    """Record terminal outcomes and advance their DAGs in one transaction (kept for its callers:
+    :func:`record_many` does the work, for one execution's completions or several)."""
+    return await record_many(db, registry, batch)
+
+
+async def record_many(
+    db: Database, registry: Registry, batch: list[Completion]
+) -> list[tuple[Recorded, Advanced | None]]:
+    """Record the terminal outcomes of tasks of one or MANY executions in one transaction, and
+    make each execution's fan-in decision in it: under load a worker's completions that ended
+    together share one commit, one round of set-based writes, and one decision per execution.
+
+    The execution rows are locked first, in id order (DESIGN's global lock order: executions,
+    then tasks in id order, then outputs), so two batches that share executions queue instead of
+    deadlocking. Results come back in ``batch`` order; a task whose lease no longer holds (or
+    whose execution is gone) is :attr:`Recorded.LEASE_LOST` and changes nothing."""
     # The same task twice in one batch (a redelivery): only the first may pass the fence.
     first: dict[int, Completion] = {}
     for c in batch:
         first.setdefault(c.task_id, c)
     unique = list(first.values())
+    # Hashed once, outside the transaction: a conflict reruns only database work.
+    hashes = {
+        c.task_id: content_hash(c.payload_json) if c.payload_json is not None else None
+        for c in unique
+    }
+    execution_ids = sorted({c.execution_id for c in unique})
 
-    async def decide(tx: Tx) -> tuple[dict[int, datetime], Advanced | None]:
-        # Acquire the execution row lock before anything else, to serialize fan-in decisions.
-        # Without it, concurrent completions of sibling branches each read join state that
+    async def decide(tx: Tx) -> tuple[dict[int, datetime], dict[UUID, Advanced]]:
+        # Acquire the execution row locks before anything else, to serialize fan-in decisions.
+        # Without them, concurrent completions of sibling branches each read join state that
         # misses the others' uncommitted writes (READ COMMITTED), so none of them fires the
         # join and the execution stalls with every task green (seed 000).
-        execution = await tx.one("execution_lock", id=execution_id)
-        if execution is None:
-            return {}, None
-        hashes = [content_hash(c.payload_json) if c.payload_json is not None else None for c in unique]
-        ended = await transitions.end(tx, unique, hashes)
-        kept = [(c, h) for c, h in zip(unique, hashes, strict=True) if c.task_id in ended]
-        stored = [(c, h) for c, h in kept if h is not None]
+        if len(execution_ids) == 1:
+            row = await tx.one("execution_lock", id=execution_ids[0])
+            rows = [] if row is None else [row]
+        else:
+            rows = await tx.all("execution_lock_many_in_id_order", ids=execution_ids)
+        locked = {row["id"]: row for row in rows}
+        mine = [c for c in unique if c.execution_id in locked]
+        if not mine:
+            return {}, {}
+        ended = await transitions.end(tx, mine, [hashes[c.task_id] for c in mine])
+        kept = [c for c in mine if c.task_id in ended]
+        stored = [c for c in kept if hashes[c.task_id] is not None]
         if stored:
             await tx.run(
-                "output_insert_many_if_absent",
-                execution_id=execution_id,
-                steps=[c.step for c, _ in stored],
-                map_indexes=[c.map_index for c, _ in stored],
-                content_hashes=[h for _, h in stored],
-                payloads=[Jsonb(c.payload) for c, _ in stored],
-                sources=[c.source for c, _ in stored],
+                "output_insert_many_across_executions_if_absent",
+                execution_ids=[c.execution_id for c in stored],
+                steps=[c.step for c in stored],
+                map_indexes=[c.map_index for c in stored],
+                content_hashes=[hashes[c.task_id] for c in stored],
+                # The canonical JSON the hash was taken of: the server parses it, no second
+                # encoding on this loop.
+                payloads=[c.payload_json for c in stored],
+                sources=[c.source for c in stored],
             )
-        closing = [c for c, _ in kept if c.lease_token is not None]
+        closing = [c for c in kept if c.lease_token is not None]
         if closing:
             await tx.run(
                 "attempt_finish_many_if_open",
@@ -137,23 +160,16 @@ async def record_ended(
                 errors=[c.error for c in closing],
                 ages=[c.age_seconds for c in closing],
             )
-        advanced = None
-        if kept and execution["status"] == "running":
-            spec = registry.get(execution["workflow_name"], execution["workflow_version"])
-            events: list[tuple[TaskEnded, datetime | None]] = [
-                (
-                    TaskEnded(c.step, c.outcome,
-                              frozenset(c.routes) if c.routes is not None else None),
-                    ended[c.task_id],
-                )
-                for c, _ in kept
-            ]
-            errors = {
-                c.step: c.error.strip().splitlines()[-1][:500]
-                for c, _ in kept
-                if c.error and c.outcome not in ("succeeded", "degraded")
-            }
-            advanced = await record_events(tx, spec, execution, events, errors)
+        by_execution: dict[UUID, list[Completion]] = {}
+        for c in kept:
+            by_execution.setdefault(c.execution_id, []).append(c)
+        advanced: dict[UUID, Advanced] = {}
+        for execution_id in execution_ids:  # id order, as the locks were taken
+            ended_here = by_execution.get(execution_id)
+            execution = locked.get(execution_id)
+            if not ended_here or execution is None or execution["status"] != "running":
+                continue
+            advanced[execution_id] = await _advance(tx, registry, execution, ended_here, ended)
         return ended, advanced
 
     # A deadlock or serialization failure rolls it all back: run it again (it is database work only).
@@ -163,10 +179,29 @@ async def record_ended(
     for c in batch:
         if c.task_id in ended and c.task_id not in recorded:
             recorded.add(c.task_id)
-            results.append((Recorded.ENDED, advanced))
+            results.append((Recorded.ENDED, advanced.get(c.execution_id)))
         else:
             results.append((Recorded.LEASE_LOST, None))
     return results
+
+
+async def _advance(tx: Tx, registry: Registry, execution: Row, completions: list[Completion],
+                   ended: dict[int, datetime]) -> Advanced:
+    """One execution's fan-in decision for its tasks that just ended (under its lock)."""
+    spec = registry.get(execution["workflow_name"], execution["workflow_version"])
+    events: list[tuple[TaskEnded, datetime | None]] = [
+        (
+            TaskEnded(c.step, c.outcome, frozenset(c.routes) if c.routes is not None else None),
+            ended[c.task_id],
+        )
+        for c in completions
+    ]
+    errors = {
+        c.step: c.error.strip().splitlines()[-1][:500]
+        for c in completions
+        if c.error and c.outcome not in ("succeeded", "degraded")
+    }
+    return await record_events(tx, spec, execution, events, errors)
 
 
 async def record_late_result(db: Database, lease_token: UUID, payload_json: str, payload: Any) -> bool:

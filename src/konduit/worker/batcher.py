@@ -1,10 +1,12 @@
 """The completer's batching front: terminal outcomes that arrive together are recorded together.
 
 While one round of transactions is in flight, the outcomes that finish meanwhile queue up; the
-next round takes them all (at most ``max_batch``), one transaction per execution (the lock is
-per execution, so an execution's outcomes could not run in parallel anyway). A wide fan-out that
-finishes together then costs one lock, one round of writes and one fan-in decision per round
-instead of per task.
+next round takes them all (at most ``max_batch``). With ``max_executions`` set, a round's
+outcomes of up to that many executions go to ONE call of ``record_group`` (one transaction:
+:func:`konduit.engine.completer.record_many` locks the executions in id order), so fifty
+executions finishing together cost one commit, not fifty; without it, each execution's outcomes
+go to a call of their own. A wide fan-out that finishes together then costs one lock, one round
+of writes and one fan-in decision per round instead of per task.
 
 How a group's failure reaches its submitters:
 
@@ -13,8 +15,9 @@ How a group's failure reaches its submitters:
 - a conflict (deadlock, serialization failure): the whole group is recorded again, a few times,
   after a short jittered pause: conflicts are transient and the rerun is a fresh transaction;
   if it keeps conflicting every submitter gets the DatabaseConflict;
-- any other database error in a group of several: the group is split and each completion is
-  recorded alone, so one outcome the database refuses cannot fail its neighbours;
+- any other database error in a group of several: the group is split (a group of several
+  executions into one group per execution, an execution's group into single completions) and
+  each part recorded alone, so one outcome the database refuses cannot fail its neighbours;
 - the loop being cancelled (shutdown) or any other failure: no submitter is left waiting; each
   gets :class:`BatcherStopped` (or the unexpected error) and may record its completion directly.
 """
@@ -52,21 +55,29 @@ class BatcherStopped(KonduitError):
 class CompletionBatcher:
     """Queue terminal completions and record them in per-execution groups, one round at a time.
 
-    ``record_group`` records completions of ONE execution in one transaction and returns their
-    results in the same order. ``conflict_attempts`` is how many times a group is recorded when
-    it keeps meeting a DatabaseConflict.
+    ``record_group`` records the completions it is given in one transaction and returns their
+    results in the same order; it is given completions of ONE execution, or, when
+    ``max_executions`` is set, of up to that many. A round takes at most ``max_batch``
+    completions (both caps keep one transaction's lock holding short). ``conflict_attempts`` is
+    how many times a group is recorded when it keeps meeting a DatabaseConflict.
     """
 
     def __init__(self, record_group: RecordGroup, *, max_batch: int = 500,
-                 conflict_attempts: int = 3):
+                 conflict_attempts: int = 3, max_executions: int | None = None):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if max_executions is not None and max_executions < 1:
+            raise ValueError("max_executions must be at least 1")
         self.record_group = record_group
         self.max_batch = max_batch
+        self.max_executions = max_executions
         self.conflict_attempts = max(1, conflict_attempts)
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self.rounds = 0
         self.stopped = False
+        # The first item of the next round: taken from the queue, but of one execution too many
+        # for the round it was taken in.
+        self._carry: Item | None = None
 
     async def submit(self, completion: Completion) -> Result:
         """Queue ``completion`` for the next round and wait for its result."""
@@ -81,21 +92,41 @@ class CompletionBatcher:
         in_flight: list[Item] = []
         try:
             while True:
-                in_flight = [await self.queue.get()]
-                while len(in_flight) < self.max_batch and not self.queue.empty():
-                    in_flight.append(self.queue.get_nowait())
-                groups: dict[UUID, list[Item]] = {}
-                for item in in_flight:
-                    groups.setdefault(item[0].execution_id, []).append(item)
+                in_flight = await self._take()
                 self.rounds += 1
-                await asyncio.gather(*(self._flush(g) for g in groups.values()))
+                if self.max_executions is not None:
+                    await self._flush(in_flight)
+                else:
+                    await asyncio.gather(*(self._flush(g) for g in _per_execution(in_flight)))
                 in_flight = []
         finally:
             # Whatever ended the loop, nobody may wait for a round that will not come.
             self.stopped = True
+            if self._carry is not None:
+                in_flight.append(self._carry)
+                self._carry = None
             while not self.queue.empty():
                 in_flight.append(self.queue.get_nowait())
             _fail(in_flight, BatcherStopped("the completion batcher stopped before recording"))
+
+    async def _take(self) -> list[Item]:
+        """The next round: what is queued, up to ``max_batch`` completions and (when set)
+        ``max_executions`` executions; waits for the first."""
+        if self._carry is not None:
+            first, self._carry = self._carry, None
+        else:
+            first = await self.queue.get()
+        taken = [first]
+        executions = {first[0].execution_id}
+        while len(taken) < self.max_batch and not self.queue.empty():
+            item = self.queue.get_nowait()
+            if self.max_executions is not None and item[0].execution_id not in executions:
+                if len(executions) >= self.max_executions:
+                    self._carry = item
+                    break
+                executions.add(item[0].execution_id)
+            taken.append(item)
+        return taken
 
     async def _flush(self, group: list[Item]) -> None:
         conflicts = 0
@@ -122,10 +153,23 @@ class CompletionBatcher:
                     return
                 # One outcome the database refuses must not take its neighbours down: alone, each
                 # either records or gets its own error.
-                log.warning("a batch of %s outcomes failed (%s); recording them one by one",
-                            len(group), exc)
-                await self._flush_each(group)
+                parts = _per_execution(group)
+                if len(parts) > 1:
+                    log.warning("a batch of %s outcomes of %s executions failed (%s); recording "
+                                "each execution's alone", len(group), len(parts), exc)
+                    await self._flush_each(parts)
+                else:
+                    log.warning("a batch of %s outcomes failed (%s); recording them one by one",
+                                len(group), exc)
+                    await self._flush_each([[item] for item in group])
             except Exception as exc:  # a bug: the submitters see it rather than hang
+                parts = _per_execution(group)
+                if len(parts) > 1:
+                    # It may be one execution's (its workflow, its data): the others go on.
+                    log.exception("recording a batch of %s executions failed; recording each "
+                                  "execution's alone", len(parts))
+                    await self._flush_each(parts)
+                    return
                 log.exception("recording a batch of %s outcomes failed", len(group))
                 _fail(group, exc)
             except BaseException as exc:  # cancelled at shutdown: never leave waiters hanging
@@ -139,15 +183,23 @@ class CompletionBatcher:
                         future.set_result(result)
             return
 
-    async def _flush_each(self, group: list[Item]) -> None:
-        for i, item in enumerate(group):
+    async def _flush_each(self, parts: list[list[Item]]) -> None:
+        for i, part in enumerate(parts):
             try:
-                await self._flush([item])
+                await self._flush(part)
             except BaseException as exc:
                 stopped = BatcherStopped("the completion batcher stopped while recording")
                 stopped.__cause__ = exc
-                _fail(group[i + 1:], stopped)
+                _fail([item for rest in parts[i + 1:] for item in rest], stopped)
                 raise
+
+
+def _per_execution(items: list[Item]) -> list[list[Item]]:
+    """``items`` grouped by execution, each group in submission order."""
+    groups: dict[UUID, list[Item]] = {}
+    for item in items:
+        groups.setdefault(item[0].execution_id, []).append(item)
+    return list(groups.values())
 
 
 def _fail(items: list[Item], exc: BaseException) -> None:

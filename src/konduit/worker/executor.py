@@ -166,8 +166,11 @@ class Executor:
         return upstream
 
     async def context_for(self, spec: WorkflowSpec, task: Claimed, tx: Tx | None = None) -> Context:
-        """The handler's context, its upstream read in ``tx`` (or a transaction of its own)."""
-        if tx is None:
+        """The handler's context, its upstream read in ``tx`` (or a transaction of its own). A
+        root step has no upstream: nothing is read, and no transaction is opened for it."""
+        if not spec[task.step].after:
+            upstream = Upstream({}, {})
+        elif tx is None:
             async with self.db.transaction() as own:
                 upstream = await self._upstream(own, spec, task)
         else:

@@ -25,7 +25,7 @@ from konduit.db.database import Database, Row, Tx
 from konduit.db.migrate import ensure_current
 from konduit.engine import transitions
 from konduit.engine.advancer import Advanced
-from konduit.engine.completer import Completion, Recorded, record, record_ended
+from konduit.engine.completer import Completion, Recorded, record, record_many
 from konduit.engine.registry import Registry
 from konduit.errors import (
     DatabaseConflict,
@@ -42,6 +42,14 @@ from konduit.worker.maintenance import Maintenance, end_timed_out_executions
 
 log = logging.getLogger("konduit.worker")
 T = TypeVar("T")
+
+BATCH_COMPLETIONS = 500
+"""Most terminal outcomes recorded in one transaction."""
+BATCH_EXECUTIONS = 100
+"""Most executions whose outcomes one transaction records (and whose rows it keeps locked)."""
+
+Jobs = dict[int, asyncio.Task[Completion] | None]
+"""The handlers one start launched, by task id; None where the lease no longer held the task."""
 
 
 class Worker:
@@ -64,7 +72,11 @@ class Worker:
             db, registry, self.executor, lease_seconds=self.config.lease_seconds,
             deadline_grace=self.config.deadline_grace,
         )
-        self.batcher = CompletionBatcher(lambda group: record_ended(db, registry, group))
+        # Outcomes that end together, of however many executions, share one transaction.
+        self.batcher = CompletionBatcher(
+            lambda group: record_many(db, registry, group),
+            max_batch=BATCH_COMPLETIONS, max_executions=BATCH_EXECUTIONS,
+        )
         self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}
         self.contexts: dict[int, Context] = {}
         self._wake = asyncio.Event()
@@ -132,7 +144,7 @@ class Worker:
         backoff = 0.5
         turn = 0  # which of the queues a claim serves first: they take turns (task_claim_batch)
         while not self._stop.is_set():
-            free = cfg.concurrency - len(self.running)
+            free = cfg.concurrency - self._slots_taken()
             claimed: list[Claimed] = []
             if free > 0:
                 try:
@@ -155,8 +167,7 @@ class Worker:
                     backoff = min(backoff * 2, 10.0)
                     continue
                 claimed = [Claimed.from_row(r) for r in rows]
-                for task in claimed:
-                    self.running[task.id] = (task, asyncio.create_task(self._run(task)))
+                self._launch(claimed)
             if free > 0 and len(claimed) == free:
                 continue  # there may be more ready work: claim again at once
             self._wake.clear()
@@ -168,16 +179,51 @@ class Worker:
         except TimeoutError:
             pass
 
-    async def _run(self, task: Claimed) -> None:
+    def _slots_taken(self) -> int:
+        """Slots in use: tasks whose handler runs. A task whose handler returned holds its
+        lease until its outcome is recorded, but not its slot (up to ``concurrency`` of them):
+        the next tasks run meanwhile, and the outcomes that end together are recorded together."""
+        return len(self.running) - min(len(self._recording), self.config.concurrency)
+
+    def _launch(self, claimed: list[Claimed]) -> None:
+        """Run the tasks of one claim: their handlers start together, under one lease check."""
+        if not claimed:
+            return
+        starting = asyncio.ensure_future(self._start_claimed(claimed))
+        for task in claimed:
+            self.running[task.id] = (task, asyncio.create_task(self._run(task, starting)))
+
+    async def _start_claimed(self, claimed: list[Claimed]) -> Jobs:
+        """Start one claim's handlers in one transaction (through outages). When that fails for
+        another reason, nothing started: each task is then started alone (an empty answer), so
+        one task the database refuses cannot keep the others from running."""
+        try:
+            items = [(self.registry.get(t.workflow_name, t.workflow_version), t) for t in claimed]
+            return await self._retrying(lambda: self._start_many(items))
+        except (DatabaseError, KonduitError) as exc:
+            if len(claimed) == 1:
+                raise
+            log.warning("starting %s tasks together failed (%s); starting each alone",
+                        len(claimed), exc)
+            return {}
+
+    async def _run(self, task: Claimed, starting: asyncio.Future[Jobs] | None = None) -> None:
         try:
             spec = self.registry.get(task.workflow_name, task.workflow_version)
-            job = await self._retrying(lambda: self._start(spec, task))
+            jobs = await asyncio.shield(starting) if starting is not None else {}
+            if task.id in jobs:
+                job = jobs[task.id]
+            else:
+                job = await self._retrying(lambda: self._start(spec, task))
             if job is None:
                 log.info("task %s (%s) was cancelled before its handler started", task.id, task.step)
                 return
             completion = await job
             await self._finish(spec, task, completion)
         except asyncio.CancelledError:
+            if starting is not None and not starting.done():
+                # Cancelled while its handler was being started: stop the handler once it has.
+                starting.add_done_callback(lambda f: _cancel_job(f, task.id))
             if self._draining:
                 # Shutdown ran out of grace: hand the task back so another worker takes it now
                 # instead of after the lease expires. Shielded: this coroutine is being cancelled.
@@ -193,23 +239,53 @@ class Worker:
             self._check_abandoned()
 
     async def _start(self, spec: WorkflowSpec, task: Claimed) -> asyncio.Task[Completion] | None:
-        """Start the handler while the task row is share-locked by a lease check: a cancel that
-        commits after the check waits for the handler to have started, and one that committed
-        before it is seen, so no handler ever starts after its execution's cancel committed."""
-        async with self.db.transaction() as tx:
-            if task.lease_token is None or not await transitions.hold(tx, task.id, task.lease_token):
-                return None
-            ctx = await self.executor.context_for(spec, task, tx)
-            self.contexts[task.id] = ctx
-            started = asyncio.Event()
-            job = asyncio.create_task(self.executor.run(spec, task, ctx, started=started))
-            waiter = asyncio.create_task(started.wait())
-            await asyncio.wait([job, waiter], return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-        return job
+        """Start one task's handler (see :meth:`_start_many`); None if its lease no longer holds."""
+        return (await self._start_many([(spec, task)])).get(task.id)
+
+    async def _start_many(self, items: list[tuple[WorkflowSpec, Claimed]]) -> Jobs:
+        """Start the handlers while their task rows are share-locked by one lease check (one
+        statement, rows in id order): a cancel that commits after the check waits for the
+        handlers to have started, and one that committed before it is seen, so no handler ever
+        starts after its execution's cancel committed. One transaction for a whole claim; the
+        upstream payloads are read in it too (a root step reads nothing).
+
+        Raises only while no handler has started (a caller may then try again); once one has,
+        a failure to end the transaction (its locks go with the connection) changes nothing."""
+        jobs: Jobs = {task.id: None for _, task in items}
+        leased = sorted((pair for pair in items if pair[1].lease_token is not None),
+                        key=lambda pair: pair[1].id)
+        if not leased:
+            return jobs
+        started_any = False
+        try:
+            async with self.db.transaction() as tx:
+                rows = await tx.all(
+                    "task_hold_many_if_leased",
+                    ids=[task.id for _, task in leased],
+                    lease_tokens=[task.lease_token for _, task in leased],
+                )
+                held = {row["id"] for row in rows}
+                ready = [(spec, task, await self.executor.context_for(spec, task, tx))
+                         for spec, task in leased if task.id in held]
+                waits = []
+                for spec, task, ctx in ready:
+                    self.contexts[task.id] = ctx
+                    started = asyncio.Event()
+                    job = asyncio.create_task(self.executor.run(spec, task, ctx, started=started))
+                    jobs[task.id] = job
+                    started_any = True
+                    waits.append(_started(job, started))
+                await asyncio.gather(*waits)
+        except DatabaseError as exc:
+            if not started_any:
+                raise
+            log.info("the lease check of %s started task(s) did not end cleanly (%s); their "
+                     "handlers run on", len(leased), exc)
+        return jobs
 
     async def _finish(self, spec: WorkflowSpec, task: Claimed, completion: Completion) -> None:
         self._recording.add(task.id)
+        self._wake.set()  # its slot is free while the outcome is recorded
         try:
             outcome, advanced = await self._retrying(lambda: self._record(completion))
         except DatabaseError as exc:
@@ -419,3 +495,22 @@ class Worker:
             job.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _started(job: asyncio.Task[Completion], started: asyncio.Event) -> None:
+    """Return once the handler has been handed its context (or its attempt already ended)."""
+    if started.is_set() or job.done():
+        return
+    waiter = asyncio.create_task(started.wait())
+    try:
+        await asyncio.wait([job, waiter], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
+def _cancel_job(starting: asyncio.Future[Jobs], task_id: int) -> None:
+    if starting.cancelled() or starting.exception() is not None:
+        return
+    job = starting.result().get(task_id)
+    if job is not None:
+        job.cancel()
