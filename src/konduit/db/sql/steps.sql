@@ -1,13 +1,3 @@
--- name: step_insert_many
--- Create the join state of every step of a new execution.
-INSERT INTO konduit_steps
-    (execution_id, step, status, up_total, up_pending, tasks_total, tasks_pending, fired_at)
-SELECT %(execution_id)s, u.step, u.status, u.up_total, u.up_total, u.tasks_total,
-       u.tasks_pending, CASE WHEN u.status = 'active' THEN clock_timestamp() END
-FROM unnest(%(steps)s::text[], %(statuses)s::text[], %(up_totals)s::int[],
-            %(tasks_totals)s::int[], %(tasks_pendings)s::int[])
-     AS u(step, status, up_total, tasks_total, tasks_pending);
-
 -- name: step_get_many
 -- Join state of some steps of one execution (read under the execution lock).
 SELECT step, status, up_pending, up_ok, up_failed, up_required_failed, up_skipped,
