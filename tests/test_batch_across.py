@@ -190,6 +190,48 @@ def test_a_fenced_out_and_a_refused_completion_do_not_cost_the_others_theirs(db_
     run(db_url, [wf], scenario)
 
 
+def test_retries_ride_in_the_same_transaction_as_the_outcomes(db_url):
+    executions, width = 3, 2
+    wf = branches_and_join(width, "across-retry")
+
+    async def scenario(db: Database, registry: Registry, client: Client) -> None:
+        ids = [await client.start(wf.name) for _ in range(executions)]
+        tasks = await claim(db, registry, executions * width)
+        retried = [t for t in tasks if t.step == "b0"]
+        completions = [t.completion("retry", error="boom", retry_delay=30.0) if t.step == "b0"
+                       else done(t) for t in tasks]
+        transactions = 0
+        original = db.transaction
+
+        def counted() -> Any:
+            nonlocal transactions
+            transactions += 1
+            return original()
+
+        db.transaction = counted  # type: ignore[method-assign]
+        try:
+            results = await through_batcher(db, registry, completions)
+        finally:
+            db.transaction = original  # type: ignore[method-assign]
+        assert transactions == 1
+        assert all(isinstance(r, tuple) for r in results), results
+        assert [r[0] for r in results] == [  # type: ignore[index]
+            Recorded.RETRYING if c.outcome == "retry" else Recorded.ENDED for c in completions]
+        async with db.transaction() as tx:
+            cur = await tx.conn.execute(
+                "SELECT status, count(*) AS n, bool_and(run_at > clock_timestamp()) AS later"
+                " FROM konduit_tasks WHERE id = ANY(%s) GROUP BY status",
+                ([t.id for t in retried],))
+            rows = await cur.fetchall()
+        assert [(r["status"], r["n"], r["later"]) for r in rows] == [("ready", executions, True)]
+        assert await joins_per_execution(db, ids) == {e: 0 for e in ids}  # b0 has not ended
+        # A retried task's lease is gone: its late outcome changes nothing.
+        (late,) = await record_many(db, registry, [done(retried[0])])
+        assert late == (Recorded.LEASE_LOST, None)
+
+    run(db_url, [wf], scenario)
+
+
 # -- finishers in several processes, released together ------------------------------------------
 
 ACROSS_PROCESSES = branches_and_join(4, "across-processes")

@@ -57,38 +57,43 @@ class Completion:
     guard_seconds: float = 0.0  # lose: the lease the server must have been up for; expire: grace
 
 
+MOVES = ("retry", "released")
+"""Outcomes that return the task to ready instead of ending it: they decide nothing about the DAG."""
+
+
 async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recorded, Advanced | None]:
     """Record one attempt's end. Returns what happened and, when the DAG advanced, how."""
-    if c.outcome in ("retry", "released"):
-        # Neither decides anything about the DAG, so they take no execution lock: the guards in
-        # the statement alone keep a stale worker from resurrecting a task someone else ended.
-        async def move(tx: Tx) -> Recorded:
-            if c.outcome == "released":
-                row = await transitions.release(tx, c)
-            elif c.transition == "lose":
-                row = await transitions.lose(tx, c)
-            else:
-                row = await transitions.retry(tx, c)
-            if row is None:
-                if c.outcome == "retry" and c.lease_token is not None \
-                        and c.transition == "complete" \
-                        and await transitions.is_leased(tx, c.task_id, c.lease_token):
-                    return Recorded.TOO_LATE
-                return Recorded.LEASE_LOST
-            await tx.run(
-                "attempt_finish_if_open",
-                lease_token=c.lease_token,
-                outcome="released" if c.outcome == "released" else c.attempt_outcome or "retry",
-                error=c.error,
-                age_seconds=c.age_seconds,
-            )
-            await tx.one("task_notify_ready", queue=row["queue"])
-            return Recorded.RELEASED if c.outcome == "released" else Recorded.RETRYING
-
-        return await db.atomic(move), None
-
-    ((outcome, advanced),) = await record_ended(db, registry, [c])
+    if c.outcome in MOVES:
+        return await db.atomic(lambda tx: _move(tx, c)), None
+    ((outcome, advanced),) = await record_many(db, registry, [c])
     return outcome, advanced
+
+
+async def _move(tx: Tx, c: Completion) -> Recorded:
+    """A retry, reclaim or release: the task goes back to ready. It takes no execution lock: the
+    guards in the statement alone keep a stale worker from resurrecting a task someone else
+    ended."""
+    if c.outcome == "released":
+        row = await transitions.release(tx, c)
+    elif c.transition == "lose":
+        row = await transitions.lose(tx, c)
+    else:
+        row = await transitions.retry(tx, c)
+    if row is None:
+        if c.outcome == "retry" and c.lease_token is not None \
+                and c.transition == "complete" \
+                and await transitions.is_leased(tx, c.task_id, c.lease_token):
+            return Recorded.TOO_LATE
+        return Recorded.LEASE_LOST
+    await tx.run(
+        "attempt_finish_if_open",
+        lease_token=c.lease_token,
+        outcome="released" if c.outcome == "released" else c.attempt_outcome or "retry",
+        error=c.error,
+        age_seconds=c.age_seconds,
+    )
+    await tx.one("task_notify_ready", queue=row["queue"])
+    return Recorded.RELEASED if c.outcome == "released" else Recorded.RETRYING
 
 
 async def record_ended(
@@ -105,6 +110,7 @@ async def record_many(
     """Record the terminal outcomes of tasks of one or MANY executions in one transaction, and
     make each execution's fan-in decision in it: under load a worker's completions that ended
     together share one commit, one round of set-based writes, and one decision per execution.
+    Retries and releases in the batch (:data:`MOVES`) are written in the same transaction, last.
 
     The execution rows are locked first, in id order (DESIGN's global lock order: executions,
     then tasks in id order, then outputs), so two batches that share executions queue instead of
@@ -114,13 +120,21 @@ async def record_many(
     first: dict[int, Completion] = {}
     for c in batch:
         first.setdefault(c.task_id, c)
-    unique = list(first.values())
+    unique = [c for c in first.values() if c.outcome not in MOVES]
+    moving = sorted((c for c in first.values() if c.outcome in MOVES), key=lambda c: c.task_id)
     # Hashed once, outside the transaction: a conflict reruns only database work.
     hashes = {
         c.task_id: content_hash(c.payload_json) if c.payload_json is not None else None
         for c in unique
     }
     execution_ids = sorted({c.execution_id for c in unique})
+
+    async def write(tx: Tx) -> tuple[dict[int, datetime], dict[UUID, Advanced], dict[int, Recorded]]:
+        ended, advanced = await decide(tx) if unique else ({}, {})
+        # Task rows after every execution lock and every terminal write (the global lock order);
+        # one guarded statement each, in id order.
+        moved = {c.task_id: await _move(tx, c) for c in moving}
+        return ended, advanced, moved
 
     async def decide(tx: Tx) -> tuple[dict[int, datetime], dict[UUID, Advanced]]:
         # Acquire the execution row locks before anything else, to serialize fan-in decisions.
@@ -173,12 +187,17 @@ async def record_many(
         return ended, advanced
 
     # A deadlock or serialization failure rolls it all back: run it again (it is database work only).
-    ended, advanced = await db.atomic(decide)
+    ended, advanced, moved = await db.atomic(write)
     results: list[tuple[Recorded, Advanced | None]] = []
     recorded: set[int] = set()
     for c in batch:
-        if c.task_id in ended and c.task_id not in recorded:
-            recorded.add(c.task_id)
+        if first[c.task_id] is not c or c.task_id in recorded:
+            results.append((Recorded.LEASE_LOST, None))  # a duplicate: the first one counted
+            continue
+        recorded.add(c.task_id)
+        if c.task_id in moved:
+            results.append((moved[c.task_id], None))
+        elif c.task_id in ended:
             results.append((Recorded.ENDED, advanced.get(c.execution_id)))
         else:
             results.append((Recorded.LEASE_LOST, None))

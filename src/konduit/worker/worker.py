@@ -344,10 +344,10 @@ class Worker:
         return since is not None and time.monotonic() - since >= self.config.lease_seconds
 
     async def _record(self, completion: Completion) -> tuple[Recorded, Advanced | None]:
-        if completion.outcome in ("retry", "released") or self._completer is None \
+        if completion.outcome == "released" or self._completer is None \
                 or self._completer.done():
-            # Retries decide nothing about the DAG; and should the batching loop ever be gone
-            # (shutdown), an outcome is still recorded, alone.
+            # Releases happen at shutdown, when the batching loop may be gone; and should it
+            # ever be, an outcome is still recorded, alone. Retries join the batch.
             return await record(self.db, self.registry, completion)
         try:
             return await self.batcher.submit(completion)
