@@ -232,6 +232,67 @@ def test_retries_ride_in_the_same_transaction_as_the_outcomes(db_url):
     run(db_url, [wf], scenario)
 
 
+# -- the batcher's cross-execution rounds (its one dependency scripted, as in test_batcher) ----
+
+
+def _pure(record_group: Callable[[list[Completion]], Awaitable[list[Result]]],
+          completions: list[Completion], **options: Any) -> list[Result | BaseException]:
+    async def go() -> list[Result | BaseException]:
+        batcher = CompletionBatcher(record_group, **options)
+        submitted = [asyncio.create_task(batcher.submit(c)) for c in completions]
+        while batcher.queue.qsize() < len(completions):
+            await asyncio.sleep(0)
+        loop = asyncio.create_task(batcher.run())
+        try:
+            return list(await asyncio.wait_for(
+                asyncio.gather(*submitted, return_exceptions=True), BOUND))
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+
+    return asyncio.run(go())
+
+
+def _fake(execution_id: uuid.UUID, task_id: int) -> Completion:
+    return Completion(task_id=task_id, lease_token=uuid.uuid4(), execution_id=execution_id,
+                      step=f"s{task_id}", map_index=0, attempt=1, outcome="succeeded")
+
+
+def test_a_round_takes_at_most_max_executions_and_keeps_the_order():
+    executions = [uuid.uuid4() for _ in range(5)]
+    completions = [_fake(executions[i // 2], i) for i in range(10)]  # two per execution
+    calls: list[list[int]] = []
+
+    async def record_group(batch: list[Completion]) -> list[Result]:
+        calls.append([c.task_id for c in batch])
+        return [(Recorded.ENDED, None) for _ in batch]
+
+    results = _pure(record_group, completions, max_batch=500, max_executions=2)
+    assert results == [(Recorded.ENDED, None)] * 10
+    assert calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    calls.clear()
+    _pure(record_group, completions, max_batch=3, max_executions=100)
+    assert calls == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+def test_a_refused_round_is_split_per_execution_then_per_outcome():
+    executions = [uuid.uuid4() for _ in range(3)]
+    completions = [_fake(executions[i // 2], i) for i in range(6)]
+    bad = 3  # the second completion of the second execution
+    calls: list[list[int]] = []
+
+    async def record_group(batch: list[Completion]) -> list[Result]:
+        calls.append([c.task_id for c in batch])
+        if any(c.task_id == bad for c in batch):
+            raise DatabaseError("refused")
+        return [(Recorded.ENDED, None) for _ in batch]
+
+    results = _pure(record_group, completions, max_executions=100)
+    assert calls == [[0, 1, 2, 3, 4, 5], [0, 1], [2, 3], [2], [3], [4, 5]]
+    assert isinstance(results[bad], DatabaseError)
+    assert [r for i, r in enumerate(results) if i != bad] == [(Recorded.ENDED, None)] * 5
+
+
 # -- finishers in several processes, released together ------------------------------------------
 
 ACROSS_PROCESSES = branches_and_join(4, "across-processes")

@@ -284,8 +284,13 @@ class Worker:
         return jobs
 
     async def _finish(self, spec: WorkflowSpec, task: Claimed, completion: Completion) -> None:
+        full = self._slots_taken() >= self.config.concurrency
         self._recording.add(task.id)
-        self._wake.set()  # its slot is free while the outcome is recorded
+        if full:
+            # Its slot is free while the outcome is recorded: a claim loop that waits for one
+            # may claim now. (One that is not full claims on notifications and needs no wake: an
+            # empty claim racing this record would only delay the claim of what it fires.)
+            self._wake.set()
         try:
             outcome, advanced = await self._retrying(lambda: self._record(completion))
         except DatabaseError as exc:

@@ -1,0 +1,123 @@
+"""Commits per task and branch tasks/s: 50 executions x 20 no-op branches + a join, started
+while no worker runs, then one worker process x 8 slots drains them (issue 8).
+
+    KONDUIT_HOME=/tmp/somewhere python scripts/commits_per_task.py     # embedded server
+
+MEASURE_EXECUTIONS, MEASURE_WIDTH, MEASURE_CONCURRENCY change the load. Prints one JSON line.
+
+xact_commit is read from the admin database after every backend of the measured database has
+exited (a backend flushes its statistics at exit), so the count is complete; the polls this
+script makes are counted and subtracted."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import psycopg
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+APP = "commits_per_task_app"
+EXECUTIONS = int(os.environ.get("MEASURE_EXECUTIONS", "50"))
+WIDTH = int(os.environ.get("MEASURE_WIDTH", "20"))
+CONCURRENCY = int(os.environ.get("MEASURE_CONCURRENCY", "8"))
+
+
+def commits(admin: str, name: str) -> int:
+    last = -1
+    for _ in range(50):
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s",
+                               (name,)).fetchone()
+            busy = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
+                                (name,)).fetchone()
+        value = row[0]
+        if value == last and busy[0] == 0:
+            return value
+        last = value
+        time.sleep(0.2)
+    raise RuntimeError("xact_commit never settled")
+
+
+def main() -> None:
+    from konduit.db.database import Database
+    from konduit.db.embedded import server_url, with_database
+    from konduit.db.migrate import migrate
+
+    admin = server_url("postgres")
+    name = f"measure_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = with_database(admin, name)
+
+    async def mig() -> None:
+        db = Database(url, min_size=1, max_size=2)
+        await db.open()
+        await migrate(db)
+        await db.close()
+
+    asyncio.run(mig())
+    env = dict(os.environ, MEASURE_URL=url, MEASURE_WIDTH=str(WIDTH),
+               PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    sys.path.insert(0, HERE)
+    os.environ["MEASURE_URL"] = url
+    app = __import__(APP).app
+
+    began = time.perf_counter()
+    for _ in range(EXECUTIONS):
+        app.start("measure-fan")
+    start_seconds = time.perf_counter() - began
+    app.close()
+    before = commits(admin, name)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "konduit.cli", "worker", f"{APP}:app", "-c", str(CONCURRENCY),
+         "--poll-interval", "0.1", "--log-level", "WARNING"],
+        env=env, cwd=HERE)
+    polls = 0
+    deadline = time.monotonic() + float(os.environ.get("MEASURE_TIMEOUT", "300"))
+    with psycopg.connect(url, autocommit=True) as conn:
+        while True:
+            polls += 1
+            (left,) = conn.execute(
+                "SELECT count(*) FROM konduit_executions WHERE status = 'running'").fetchone()
+            if left == 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("executions did not finish")
+            time.sleep(0.05)
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=60)
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE step LIKE 'b%%'),"
+            " count(*),"
+            " extract(epoch FROM max(finished_at) FILTER (WHERE step LIKE 'b%%')"
+            "        - min(started_at)),"
+            " extract(epoch FROM max(finished_at) - min(started_at)),"
+            " count(*) FILTER (WHERE status <> 'succeeded')"
+            " FROM konduit_tasks").fetchone()
+        (ok,) = conn.execute(
+            "SELECT count(*) FROM konduit_executions WHERE status = 'succeeded'").fetchone()
+    extra = 1  # the connection above
+    after = commits(admin, name)
+    branch_tasks, tasks, branch_span, span, bad = row
+    delta = after - before - polls - extra
+    print(json.dumps({
+        "executions": EXECUTIONS, "width": WIDTH, "concurrency": CONCURRENCY,
+        "succeeded_executions": ok, "tasks": tasks, "not_succeeded_tasks": bad,
+        "commits": delta, "commits_per_task": round(delta / tasks, 3),
+        "branch_tasks_per_second": round(branch_tasks / float(branch_span), 1),
+        "tasks_per_second": round(tasks / float(span), 1),
+        "client_start_seconds": round(start_seconds, 2),
+    }))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()
