@@ -146,6 +146,9 @@ class Worker:
         while not self._stop.is_set():
             free = cfg.concurrency - self._slots_taken()
             claimed: list[Claimed] = []
+            # Cleared before the claim, not after: a wake that arrives while the claim is in
+            # flight (a join fired, a slot freed) must make the loop claim again, not sleep.
+            self._wake.clear()
             if free > 0:
                 try:
                     rows = await transitions.claim(
@@ -170,7 +173,6 @@ class Worker:
                 self._launch(claimed)
             if free > 0 and len(claimed) == free:
                 continue  # there may be more ready work: claim again at once
-            self._wake.clear()
             await self._sleep(cfg.poll_interval)
 
     async def _sleep(self, seconds: float) -> None:
