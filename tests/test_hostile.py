@@ -243,7 +243,10 @@ def test_cancelled_executions_never_start_a_handler_after_the_cancel_committed(m
         branches.append(wf.step(name=f"b{i}", after=[root])(branch))
 
     @wf.step(after=branches)
-    def join(ctx: konduit.Context) -> int:
+    async def join(ctx: konduit.Context) -> int:
+        # Async: its first line runs in the very step the worker starts it in, so the time read
+        # here is the handler's start. (A sync handler's first line waits for its thread to be
+        # scheduled, which can come after the cancel although the handler was already started.)
         with lock:
             starts[str(ctx.execution_id)] = time.monotonic()
         return 1

@@ -97,12 +97,18 @@ def _describe(exc: BaseException) -> str:
     return text[-8000:].replace("\x00", "\\x00")
 
 
-def _captured(fn: Callable[[Context], Any], ctx: Context) -> tuple[bool, Any]:
+def _captured(
+    fn: Callable[[Context], Any], ctx: Context, begin: Callable[[], None] | None = None
+) -> tuple[bool, Any]:
     """Run user code on its thread and hand back what it returned or raised as a value. An
     exception set on an awaited future is *thrown* into the awaiting task, and a thrown
     ``GeneratorExit`` closes every coroutine of the task on its way out, whatever they catch;
-    raised afresh in the executor's own frame it is an ordinary exception."""
+    raised afresh in the executor's own frame it is an ordinary exception. ``begin`` is called
+    on the thread right before the user's code: the handler has started then, not when it was
+    queued for a thread."""
     try:
+        if begin is not None:
+            begin()
         return True, fn(ctx)
     except BaseException as exc:
         return False, exc
@@ -210,9 +216,15 @@ class Executor:
             if started is not None:
                 started.set()
             return await call_in_process(fn, ctx, timeout=None)
-        future = self.threads.submit(contextvars.copy_context().run, _captured, fn, ctx)
+        begin = None
         if started is not None:
-            started.set()
+            loop = asyncio.get_running_loop()
+            flag = started
+
+            def begin() -> None:
+                loop.call_soon_threadsafe(flag.set)
+
+        future = self.threads.submit(contextvars.copy_context().run, _captured, fn, ctx, begin)
         try:
             returned, value = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
