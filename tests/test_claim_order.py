@@ -27,6 +27,7 @@ from konduit.engine.completer import Recorded, record
 from konduit.engine.registry import Registry
 from konduit.worker.executor import Claimed
 from tests.conftest import running_worker
+from tests.engine_scenario import run_scenario
 
 pytestmark = [pytest.mark.storage]
 T = TypeVar("T")
@@ -57,21 +58,7 @@ def single(name: str, *, queue: str = "default", priority: int = 0,
 
 def run(url: str, workflows: list[konduit.Workflow],
         scenario: Callable[[Database, Registry, Client], Awaitable[T]]) -> T:
-    async def main() -> T:
-        db = Database(url, min_size=1, max_size=4)
-        await db.open()
-        registry = Registry(workflows)
-        client = Client(db, registry)
-        await client.register_all()
-        await db.run("worker_register", id=WORKER, hostname="test", pid=1, concurrency=8,
-                     queues=["default"], workflows=registry.keys(), isolation="thread",
-                     lease_seconds=15.0)
-        try:
-            return await scenario(db, registry, client)
-        finally:
-            await db.close()
-
-    return asyncio.run(main())
+    return run_scenario(url, workflows, scenario, worker_id=WORKER)
 
 
 async def claim(db: Database, registry: Registry, limit: int, queues: list[str] | None = None,

@@ -23,6 +23,7 @@ from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
 from konduit.worker.maintenance import Maintenance
 from konduit.worker.worker import Worker
+from tests.engine_scenario import run_scenario
 
 pytestmark = [pytest.mark.storage]
 T = TypeVar("T")
@@ -38,21 +39,7 @@ WHERE id = %s AND lease_token = %s AND status = 'running' RETURNING id"""
 
 def run(url: str, workflows: list[konduit.Workflow],
         scenario: Callable[[Database, Registry, Client], Awaitable[T]]) -> T:
-    async def main() -> T:
-        db = Database(url, min_size=1, max_size=4)
-        await db.open()
-        registry = Registry(workflows)
-        client = Client(db, registry)
-        await client.register_all()
-        await db.run("worker_register", id=LIVE, hostname="test", pid=1, concurrency=4,
-                     queues=["default"], workflows=registry.keys(), isolation="thread",
-                     lease_seconds=15.0)
-        try:
-            return await scenario(db, registry, client)
-        finally:
-            await db.close()
-
-    return asyncio.run(main())
+    return run_scenario(url, workflows, scenario, worker_id=LIVE)
 
 
 async def claim_one(db: Database, registry: Registry, lease_seconds: float = 15.0) -> Claimed:
