@@ -149,6 +149,10 @@ class Advancer:
 
     async def run_events(self, queue: list[tuple[Event, datetime | None]]) -> Advanced:
         """Decide each event in turn (cascades append to the queue); write once at the end."""
+        # The join state every event will read, in one statement: sibling branches are distinct
+        # steps, so a batch of them would otherwise read one step row per outcome.
+        await self._load({s for event, _ in queue
+                          for s in (event.step, *self.spec.downstream[event.step])})
         while queue and self.execution.status == "running":
             current, at = queue.pop(0)
             decision = await self._decide(current)
