@@ -251,7 +251,7 @@ class Advancer:
         # The upstream payload may be the big list the map fans out over: it is decoded on the
         # thread too, not by the driver on this loop.
         rows = await self.tx.all(
-            "output_get_text_for_steps", execution_id=self.execution_id, steps=list(spec.after)
+            "output_get_for_steps", execution_id=self.execution_id, steps=list(spec.after)
         )
         over = spec.map_over
         assert over is not None
@@ -326,9 +326,16 @@ class Advancer:
 
 
 def map_source(workflow: WorkflowSpec, spec: StepSpec, rows: list[Row]) -> Any:
-    """What ``over()`` receives, from ``output_get_text_for_steps`` rows: the upstream payload,
-    or a dict of step -> payload with several upstreams (a list in item order for a map)."""
-    payloads: dict[str, Any] = {s: [] for s in spec.after if workflow[s].is_map}
+    """What ``over()`` receives, from ``output_get_for_steps`` rows: the upstream payload, or a
+    dict of step -> payload with several upstreams (a list in item order for a map)."""
+    payloads = group_payloads(workflow, list(spec.after), rows)
+    return payloads[spec.after[0]] if len(spec.after) == 1 else payloads
+
+
+def group_payloads(workflow: WorkflowSpec, steps: list[str], rows: list[Row]) -> dict[str, Any]:
+    """Decode ``output_get_for_steps`` rows into step -> payload of the succeeded or degraded
+    steps (a list in item order for a map step)."""
+    payloads: dict[str, Any] = {s: [] for s in steps if workflow[s].is_map}
     for row in rows:
         if row["status"] not in OK_OUTCOMES:
             continue
@@ -337,7 +344,7 @@ def map_source(workflow: WorkflowSpec, spec: StepSpec, rows: list[Row]) -> Any:
             payloads[row["step"]].append(payload)
         else:
             payloads[row["step"]] = payload
-    return payloads[spec.after[0]] if len(spec.after) == 1 else payloads
+    return payloads
 
 
 class MapTooLarge(Exception):
@@ -409,15 +416,8 @@ async def load_step_outputs(
         return Upstream({}, {})
     rows: list[Row] = await tx.all("output_get_for_steps", execution_id=execution_id, steps=steps)
     outcome_rows = await tx.all("step_get_outcomes", execution_id=execution_id, steps=steps)
-    payloads: dict[str, Any] = {s: [] for s in steps if spec[s].is_map}
-    for row in rows:
-        if row["status"] not in OK_OUTCOMES:
-            continue
-        if spec[row["step"]].is_map:
-            payloads[row["step"]].append(row["payload"])
-        else:
-            payloads[row["step"]] = row["payload"]
-    return Upstream(payloads, {r["step"]: r["status"] for r in outcome_rows})
+    return Upstream(group_payloads(spec, steps, rows),
+                    {r["step"]: r["status"] for r in outcome_rows})
 
 
 async def final_output(tx: Tx, spec: WorkflowSpec, execution_id: UUID) -> Any:

@@ -31,14 +31,15 @@ WHERE o.execution_id = %(execution_id)s
 ORDER BY o.step, o.map_index, o.created_at;
 
 -- name: output_get_for_steps
--- Outcome and current payload of each task of some steps (latest generation), in item order.
+-- Outcome and current payload of each task of some steps (latest generation), in item order;
+-- payloads as JSON text, so a big one (what a map fans out over) is decoded off the event loop.
 WITH latest AS (
     SELECT step, max(generation) AS generation
     FROM konduit_tasks
     WHERE execution_id = %(execution_id)s AND step = ANY(%(steps)s::text[])
     GROUP BY step
 )
-SELECT t.step, t.map_index, t.status, o.payload
+SELECT t.step, t.map_index, t.status, o.payload::text AS payload
 FROM konduit_tasks t
 JOIN latest l ON l.step = t.step AND l.generation = t.generation
 LEFT JOIN konduit_outputs o
