@@ -48,10 +48,6 @@ BATCH_COMPLETIONS = 500
 BATCH_EXECUTIONS = 100
 """Most executions whose outcomes one transaction records (and whose rows it keeps locked)."""
 
-Jobs = dict[int, asyncio.Task[Completion] | None]
-"""The handlers one start launched, by task id; None where the lease no longer held the task."""
-
-
 class Worker:
     def __init__(
         self,
@@ -140,26 +136,17 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         cfg = self.config
-        workflows = self.registry.keys()
         backoff = 0.5
         turn = 0  # which of the queues a claim serves first: they take turns (task_claim_batch)
         while not self._stop.is_set():
             free = cfg.concurrency - self._slots_taken()
-            claimed: list[Claimed] = []
+            claimed = 0
             # Cleared before the claim, not after: a wake that arrives while the claim is in
             # flight (a join fired, a slot freed) must make the loop claim again, not sleep.
             self._wake.clear()
             if free > 0:
                 try:
-                    rows = await transitions.claim(
-                        self.db,
-                        queues=cfg.queues,
-                        workflows=workflows,
-                        limit=free,
-                        lease_seconds=cfg.lease_seconds,
-                        worker_id=cfg.worker_id,
-                        turn=turn,
-                    )
+                    claimed = await self._claim_and_start(free, turn)
                     turn += 1
                     backoff = 0.5
                     self._connected()
@@ -169,9 +156,7 @@ class Worker:
                     await self._sleep(backoff)
                     backoff = min(backoff * 2, 10.0)
                     continue
-                claimed = [Claimed.from_row(r) for r in rows]
-                self._launch(claimed)
-            if free > 0 and len(claimed) == free:
+            if free > 0 and claimed == free:
                 continue  # there may be more ready work: claim again at once
             await self._sleep(cfg.poll_interval)
 
@@ -187,45 +172,76 @@ class Worker:
         the next tasks run meanwhile, and the outcomes that end together are recorded together."""
         return len(self.running) - min(len(self._recording), self.config.concurrency)
 
-    def _launch(self, claimed: list[Claimed]) -> None:
-        """Run the tasks of one claim: their handlers start together, under one lease check."""
-        if not claimed:
-            return
-        starting = asyncio.ensure_future(self._start_claimed(claimed))
-        for task in claimed:
-            self.running[task.id] = (task, asyncio.create_task(self._run(task, starting)))
+    async def _claim_and_start(self, limit: int, turn: int) -> int:
+        """Claim up to ``limit`` tasks and start their handlers in ONE transaction: the claim,
+        the upstream payloads the handlers read, and the handlers' start share a round of
+        statements and one commit.
 
-    async def _start_claimed(self, claimed: list[Claimed]) -> Jobs:
-        """Start one claim's handlers in one transaction (through outages). When that fails for
-        another reason, nothing started: each task is then started alone (an empty answer), so
-        one task the database refuses cannot keep the others from running."""
+        The claim's row locks are held until the handlers have started, so a cancel that commits
+        after the claim waits for them to have started, and one that committed before it is seen
+        by the claim (it re-checks the execution): no handler ever starts after its execution's
+        cancel committed. Handlers start only once every context is built, so a database error
+        before that rolls the claim back and starts nothing (the caller retries); a commit that
+        fails after they started is a crash as far as those tasks go: their leases were never
+        granted, the fence refuses their outcomes, and the tasks run again (at least once).
+
+        A task whose context cannot be built (a bug, a workflow this worker lost) is not started:
+        its lease expires and the maintenance sweep ends it as it would a dead worker's."""
+        cfg = self.config
+        claimed: list[Claimed] = []
+        jobs: dict[int, asyncio.Task[Completion]] = {}
+        started_any = False
         try:
-            items = [(self.registry.get(t.workflow_name, t.workflow_version), t) for t in claimed]
-            return await self._retrying(lambda: self._start_many(items))
-        except (DatabaseError, KonduitError) as exc:
-            if len(claimed) == 1:
+            async with self.db.transaction() as tx:
+                rows = await transitions.claim(
+                    tx,
+                    queues=cfg.queues,
+                    workflows=self.registry.keys(),
+                    limit=limit,
+                    lease_seconds=cfg.lease_seconds,
+                    worker_id=cfg.worker_id,
+                    turn=turn,
+                )
+                ready: list[tuple[WorkflowSpec, Claimed, Context]] = []
+                for row in rows:
+                    task = Claimed.from_row(row)
+                    try:
+                        spec = self.registry.get(task.workflow_name, task.workflow_version)
+                        ready.append((spec, task, await self.executor.context_for(spec, task, tx)))
+                    except (DatabaseError, asyncio.CancelledError):
+                        raise
+                    except Exception:
+                        log.exception("task %s (%s) cannot be started; its lease will expire",
+                                      task.id, task.step)
+                waits = []
+                for spec, task, ctx in ready:
+                    self.contexts[task.id] = ctx
+                    started = asyncio.Event()
+                    job = asyncio.create_task(self.executor.run(spec, task, ctx, started=started))
+                    jobs[task.id] = job
+                    claimed.append(task)
+                    started_any = True
+                    waits.append(_started(job, started))
+                await asyncio.gather(*waits)
+        except DatabaseError as exc:
+            if not started_any:
+                for task in claimed:
+                    self.contexts.pop(task.id, None)
                 raise
-            log.warning("starting %s tasks together failed (%s); starting each alone",
-                        len(claimed), exc)
-            return {}
+            log.warning("the claim of %s started task(s) did not commit cleanly (%s); their "
+                        "handlers run on, and the fence decides their outcomes", len(jobs), exc)
+        for task in claimed:
+            self.running[task.id] = (task, asyncio.create_task(self._run(task, jobs[task.id])))
+        # A task claimed but not startable counts as claimed: the loop claims again at once.
+        return len(rows)
 
-    async def _run(self, task: Claimed, starting: asyncio.Future[Jobs] | None = None) -> None:
+    async def _run(self, task: Claimed, job: asyncio.Task[Completion]) -> None:
         try:
             spec = self.registry.get(task.workflow_name, task.workflow_version)
-            jobs = await asyncio.shield(starting) if starting is not None else {}
-            if task.id in jobs:
-                job = jobs[task.id]
-            else:
-                job = await self._retrying(lambda: self._start(spec, task))
-            if job is None:
-                log.info("task %s (%s) was cancelled before its handler started", task.id, task.step)
-                return
             completion = await job
             await self._finish(spec, task, completion)
         except asyncio.CancelledError:
-            if starting is not None and not starting.done():
-                # Cancelled while its handler was being started: stop the handler once it has.
-                starting.add_done_callback(lambda f: _cancel_job(f, task.id))
+            job.cancel()
             if self._draining:
                 # Shutdown ran out of grace: hand the task back so another worker takes it now
                 # instead of after the lease expires. Shielded: this coroutine is being cancelled.
@@ -239,51 +255,6 @@ class Worker:
             self._recording.discard(task.id)
             self._wake.set()
             self._check_abandoned()
-
-    async def _start(self, spec: WorkflowSpec, task: Claimed) -> asyncio.Task[Completion] | None:
-        """Start one task's handler (see :meth:`_start_many`); None if its lease no longer holds."""
-        return (await self._start_many([(spec, task)])).get(task.id)
-
-    async def _start_many(self, items: list[tuple[WorkflowSpec, Claimed]]) -> Jobs:
-        """Start the handlers while their task rows are share-locked by one lease check (one
-        statement, rows in id order): a cancel that commits after the check waits for the
-        handlers to have started, and one that committed before it is seen, so no handler ever
-        starts after its execution's cancel committed. One transaction for a whole claim; the
-        upstream payloads are read in it too (a root step reads nothing).
-
-        Raises only while no handler has started (a caller may then try again); once one has,
-        a failure to end the transaction (its locks go with the connection) changes nothing."""
-        jobs: Jobs = {task.id: None for _, task in items}
-        leased = sorted((pair for pair in items if pair[1].lease_token is not None),
-                        key=lambda pair: pair[1].id)
-        if not leased:
-            return jobs
-        started_any = False
-        try:
-            async with self.db.transaction() as tx:
-                rows = await tx.all(
-                    "task_hold_many_if_leased",
-                    ids=[task.id for _, task in leased],
-                    lease_tokens=[task.lease_token for _, task in leased],
-                )
-                held = {row["id"] for row in rows}
-                ready = [(spec, task, await self.executor.context_for(spec, task, tx))
-                         for spec, task in leased if task.id in held]
-                waits = []
-                for spec, task, ctx in ready:
-                    self.contexts[task.id] = ctx
-                    started = asyncio.Event()
-                    job = asyncio.create_task(self.executor.run(spec, task, ctx, started=started))
-                    jobs[task.id] = job
-                    started_any = True
-                    waits.append(_started(job, started))
-                await asyncio.gather(*waits)
-        except DatabaseError as exc:
-            if not started_any:
-                raise
-            log.info("the lease check of %s started task(s) did not end cleanly (%s); their "
-                     "handlers run on", len(leased), exc)
-        return jobs
 
     async def _finish(self, spec: WorkflowSpec, task: Claimed, completion: Completion) -> None:
         full = self._slots_taken() >= self.config.concurrency
@@ -514,10 +485,3 @@ async def _started(job: asyncio.Task[Completion], started: asyncio.Event) -> Non
     finally:
         waiter.cancel()
 
-
-def _cancel_job(starting: asyncio.Future[Jobs], task_id: int) -> None:
-    if starting.cancelled() or starting.exception() is not None:
-        return
-    job = starting.result().get(task_id)
-    if job is not None:
-        job.cancel()
