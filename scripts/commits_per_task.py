@@ -11,6 +11,7 @@ script makes are counted and subtracted."""
 
 import asyncio
 import json
+import resource
 import os
 import signal
 import subprocess
@@ -76,7 +77,7 @@ def main() -> None:
     before = commits(admin, name)
     worker = subprocess.Popen(
         [sys.executable, "-m", "konduit.cli", "worker", f"{APP}:app", "-c", str(CONCURRENCY),
-         "--poll-interval", "0.1", "--log-level", "WARNING"],
+         "--poll-interval", "0.1", "--log-level", os.environ.get("MEASURE_LOG", "WARNING")],
         env=env, cwd=HERE)
     polls = 0
     deadline = time.monotonic() + float(os.environ.get("MEASURE_TIMEOUT", "300"))
@@ -92,6 +93,9 @@ def main() -> None:
             time.sleep(0.05)
     worker.send_signal(signal.SIGTERM)
     worker.wait(timeout=60)
+    # The worker's CPU time (user + system): unlike tasks/s, barely moved by other load.
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    worker_cpu = usage.ru_utime + usage.ru_stime
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FILTER (WHERE step LIKE 'b%%'),"
@@ -108,6 +112,7 @@ def main() -> None:
     branch_tasks, tasks, branch_span, span, bad = row
     delta = after - before - polls - extra
     print(json.dumps({
+        "worker_cpu_ms_per_task": round(1000 * worker_cpu / max(1, tasks), 3),
         "executions": EXECUTIONS, "width": WIDTH, "concurrency": CONCURRENCY,
         "succeeded_executions": ok, "tasks": tasks, "not_succeeded_tasks": bad,
         "commits": delta, "commits_per_task": round(delta / tasks, 3),

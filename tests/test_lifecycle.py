@@ -269,35 +269,24 @@ def test_a_handler_never_starts_after_its_executions_cancel_committed(db_url):
 
     async def scenario(db: Database, registry: Registry, client: Client) -> None:
         worker = Worker(db, registry, WorkerConfig(concurrency=1))
-        # Cancelled before the claim: the claim re-checks the execution and nothing starts.
+        spec = registry.get("cancel-start")
+        # Claimed, then cancelled before the handler starts: it never starts.
         first = await client.start("cancel-start")
+        task = await claim_one(db, registry)
         assert await client.cancel(first)
-        assert await worker._claim_and_start(1, 0) == 0 and started == []
-        # The other order: the claim's transaction holds the task rows while the handler starts;
-        # a cancel arriving meanwhile waits until the handler has started, never the reverse.
+        assert await worker._start(spec, task) is None and started == []
+        # The other order: the worker holds the task while it starts the handler; a cancel
+        # arriving meanwhile waits until the handler has started, never the reverse.
         second = await client.start("cancel-start")
+        task = await claim_one(db, registry)
         async with db.transaction() as tx:
-            rows = await transitions.claim(tx, queues=["default"], workflows=registry.keys(),
-                                           limit=1, lease_seconds=15, worker_id=LIVE)
-            assert len(rows) == 1
+            assert await transitions.hold(tx, task.id, task.lease_token)
             cancel = asyncio.create_task(client.cancel(second))
             done, _ = await asyncio.wait([cancel], timeout=0.5)
-            assert not done, "the cancel must wait for the claim's row lock"
+            assert not done, "the cancel must wait for the share lock"
             started.append(time.monotonic())  # the handler starts while the row is held
         assert await cancel
         assert await status_of(db, second) == ("cancelled", {"work": "cancelled"})
-        # And through the worker: a cancel racing its claim-and-start either wins (nothing
-        # starts) or waits for the start (the handler ran, then its task was cancelled).
-        for trial in range(10):
-            started.clear()
-            execution_id = await client.start("cancel-start", idempotency_key=f"race-{trial}")
-            results = await asyncio.gather(worker._claim_and_start(1, 0),
-                                           client.cancel(execution_id))
-            if results[0] == 0:
-                assert started == []
-            for _, job in list(worker.running.values()):
-                await asyncio.gather(job, return_exceptions=True)
-            assert (await status_of(db, execution_id))[0] in ("cancelled", "succeeded")
 
     run(db_url, [wf], scenario)
 

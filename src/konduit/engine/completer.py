@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -105,7 +106,8 @@ async def record_ended(
 
 
 async def record_many(
-    db: Database, registry: Registry, batch: list[Completion]
+    db: Database, registry: Registry, batch: list[Completion],
+    *, then: Callable[[Tx], Awaitable[None]] | None = None,
 ) -> list[tuple[Recorded, Advanced | None]]:
     """Record the terminal outcomes of tasks of one or MANY executions in one transaction, and
     make each execution's fan-in decision in it: under load a worker's completions that ended
@@ -115,7 +117,11 @@ async def record_many(
     The execution rows are locked first, in id order (DESIGN's global lock order: executions,
     then tasks in id order, then outputs), so two batches that share executions queue instead of
     deadlocking. Results come back in ``batch`` order; a task whose lease no longer holds (or
-    whose execution is gone) is :attr:`Recorded.LEASE_LOST` and changes nothing."""
+    whose execution is gone) is :attr:`Recorded.LEASE_LOST` and changes nothing.
+
+    ``then`` runs last in the same transaction (a worker claims its freed slots there: one commit
+    records a round and starts the next); it may run again if the transaction is rerun after a
+    conflict."""
     # The same task twice in one batch (a redelivery): only the first may pass the fence.
     first: dict[int, Completion] = {}
     for c in batch:
@@ -134,6 +140,8 @@ async def record_many(
         # Task rows after every execution lock and every terminal write (the global lock order);
         # one guarded statement each, in id order.
         moved = {c.task_id: await _move(tx, c) for c in moving}
+        if then is not None:
+            await then(tx)
         return ended, advanced, moved
 
     async def decide(tx: Tx) -> tuple[dict[int, datetime], dict[UUID, Advanced]]:

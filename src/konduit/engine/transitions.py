@@ -49,8 +49,7 @@ async def claim(
     In each queue the oldest execution's tasks come first within a priority; the queues share
     the limit, taking turns in the order given, starting at ``queues[turn % len(queues)]``. A
     worker passes a counter as ``turn``, so that claims smaller than its number of queues (one
-    freed slot at a time) still serve every queue in turn. The worker claims in a transaction
-    (``db`` a :class:`Tx`) that it commits once the handlers have started."""
+    freed slot at a time) still serve every queue in turn."""
     first = turn % len(queues) if queues else 0
     return await db.all(
         "task_claim_batch",
@@ -60,6 +59,12 @@ async def claim(
         lease_seconds=lease_seconds,
         worker_id=worker_id,
     )
+
+
+async def hold(tx: Tx, task_id: int, lease_token: UUID) -> bool:
+    """Whether the lease still holds the task; the row stays share-locked until ``tx`` ends, so a
+    cancel cannot commit between this check and the handler's start."""
+    return await tx.one("task_hold_if_leased", id=task_id, lease_token=lease_token) is not None
 
 
 async def is_leased(tx: Tx, task_id: int, lease_token: UUID) -> bool:

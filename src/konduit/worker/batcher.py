@@ -78,6 +78,12 @@ class CompletionBatcher:
         # The first item of the next round: taken from the queue, but of one execution too many
         # for the round it was taken in.
         self._carry: Item | None = None
+        self._recording = False
+
+    @property
+    def busy(self) -> bool:
+        """Whether a round is being recorded or outcomes wait for the next one."""
+        return self._recording or self._carry is not None or not self.queue.empty()
 
     async def submit(self, completion: Completion) -> Result:
         """Queue ``completion`` for the next round and wait for its result."""
@@ -94,10 +100,14 @@ class CompletionBatcher:
             while True:
                 in_flight = await self._take()
                 self.rounds += 1
-                if self.max_executions is not None:
-                    await self._flush(in_flight)
-                else:
-                    await asyncio.gather(*(self._flush(g) for g in _per_execution(in_flight)))
+                self._recording = True
+                try:
+                    if self.max_executions is not None:
+                        await self._flush(in_flight)
+                    else:
+                        await asyncio.gather(*(self._flush(g) for g in _per_execution(in_flight)))
+                finally:
+                    self._recording = False
                 in_flight = []
         finally:
             # Whatever ended the loop, nobody may wait for a round that will not come.

@@ -48,6 +48,10 @@ BATCH_COMPLETIONS = 500
 BATCH_EXECUTIONS = 100
 """Most executions whose outcomes one transaction records (and whose rows it keeps locked)."""
 
+Jobs = dict[int, asyncio.Task[Completion] | None]
+"""The handlers one start launched, by task id; None where the lease no longer held the task."""
+
+
 class Worker:
     def __init__(
         self,
@@ -70,8 +74,7 @@ class Worker:
         )
         # Outcomes that end together, of however many executions, share one transaction.
         self.batcher = CompletionBatcher(
-            lambda group: record_many(db, registry, group),
-            max_batch=BATCH_COMPLETIONS, max_executions=BATCH_EXECUTIONS,
+            self._record_group, max_batch=BATCH_COMPLETIONS, max_executions=BATCH_EXECUTIONS,
         )
         self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}
         self.contexts: dict[int, Context] = {}
@@ -81,6 +84,12 @@ class Worker:
         self._completer: asyncio.Task[None] | None = None
         self._recording: set[int] = set()  # tasks whose handler returned: never cancel those
         self.completed = 0
+        self.claims = {"alone": 0, "in_rounds": 0}  # claims that leased tasks, by where they ran
+        self._turn = 0  # which of the queues a claim serves first: they take turns
+        self._reserved = 0  # free slots that a claim in flight is filling
+        # Until when the completion rounds leave claiming to the claim loop (after a claim in
+        # one of them failed: a round must never fail for its claim).
+        self._claim_in_rounds_after = 0.0
         self.unhealthy: str | None = None  # why the worker stopped itself (abandoned threads)
         # When this worker last (re)gained the database: it rescues other workers' tasks only
         # after a full lease of being connected, so an outage is never charged to live workers.
@@ -130,24 +139,29 @@ class Worker:
                 await self.db.run("worker_stop", id=cfg.worker_id)
             except DatabaseError:
                 pass
-            log.info("worker %s stopped after %s tasks", cfg.worker_id, self.completed)
+            log.info("worker %s stopped after %s tasks (claims alone %s, in completion rounds %s)",
+                     cfg.worker_id, self.completed, self.claims["alone"], self.claims["in_rounds"])
         if self.unhealthy is not None:
             raise WorkerUnhealthy(self.unhealthy)
 
     async def _claim_loop(self) -> None:
         cfg = self.config
         backoff = 0.5
-        turn = 0  # which of the queues a claim serves first: they take turns (task_claim_batch)
         while not self._stop.is_set():
-            free = cfg.concurrency - self._slots_taken()
-            claimed = 0
+            free = self._free_slots()
+            if free > 0 and self._rounds_claim():
+                # The round being recorded claims the free slots in its own transaction; its
+                # tasks wake this loop as they are done.
+                free = 0
+            claimed: list[Claimed] = []
             # Cleared before the claim, not after: a wake that arrives while the claim is in
             # flight (a join fired, a slot freed) must make the loop claim again, not sleep.
             self._wake.clear()
             if free > 0:
+                self._reserved += free
                 try:
-                    claimed = await self._claim_and_start(free, turn)
-                    turn += 1
+                    claimed = await self._claim(self.db, free)
+                    self.claims["alone"] += bool(claimed)
                     backoff = 0.5
                     self._connected()
                 except DatabaseError as exc:
@@ -156,9 +170,71 @@ class Worker:
                     await self._sleep(backoff)
                     backoff = min(backoff * 2, 10.0)
                     continue
-            if free > 0 and claimed == free:
+                finally:
+                    self._reserved -= free
+                self._launch(claimed)
+            if free > 0 and len(claimed) == free:
                 continue  # there may be more ready work: claim again at once
             await self._sleep(cfg.poll_interval)
+
+    async def _claim(self, db: Database | Tx, limit: int) -> list[Claimed]:
+        cfg = self.config
+        rows = await transitions.claim(
+            db,
+            queues=cfg.queues,
+            workflows=self.registry.keys(),
+            limit=limit,
+            lease_seconds=cfg.lease_seconds,
+            worker_id=cfg.worker_id,
+            turn=self._turn,
+        )
+        self._turn += 1
+        return [Claimed.from_row(r) for r in rows]
+
+    def _free_slots(self) -> int:
+        return self.config.concurrency - self._slots_taken() - self._reserved
+
+    def _rounds_claim(self) -> bool:
+        """Whether a completion round is due that will claim the free slots (see
+        :meth:`_record_group`)."""
+        return self.batcher.busy and time.monotonic() >= self._claim_in_rounds_after \
+            and self._completer is not None and not self._completer.done()
+
+    async def _record_group(self, group: list[Completion]) -> list[tuple[Recorded, Advanced | None]]:
+        """Record a round of outcomes and claim the slots they freed in the same transaction:
+        under load one commit ends a round of tasks and leases the next, and a join that the
+        round fired is claimed before any other worker could see it. The claimed handlers start
+        once it has committed (their attempts count before any user code runs), under the usual
+        lease check (:meth:`_start_many`)."""
+        if self._stop.is_set() or time.monotonic() < self._claim_in_rounds_after:
+            return await record_many(self.db, self.registry, group)
+        claimed: list[Claimed] = []
+        free = self._free_slots()
+        self._reserved += max(free, 0)
+        try:
+            return await record_many(
+                self.db, self.registry, group,
+                then=lambda tx: self._claim_in_round(tx, free, claimed))
+        finally:
+            self._reserved -= max(free, 0)
+            # Whether or not the round committed: a lease that did not is refused by the check
+            # that starts the handlers.
+            self._launch(claimed)
+
+    async def _claim_in_round(self, tx: Tx, limit: int, claimed: list[Claimed]) -> None:
+        claimed.clear()  # a rerun of the round (after a conflict) claims afresh
+        if limit <= 0:
+            return
+        try:
+            claimed.extend(await self._claim(tx, limit))
+            self.claims["in_rounds"] += bool(claimed)
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError | DatabaseConflict | DatabaseUnavailable):
+                # Whatever it was, it must not fail the outcomes again: the claim loop claims.
+                log.warning("claiming in a completion round failed (%s); the claim loop claims "
+                            "alone for a while", exc)
+                self._claim_in_rounds_after = time.monotonic() + 30.0
+            raise
 
     async def _sleep(self, seconds: float) -> None:
         try:
@@ -172,76 +248,45 @@ class Worker:
         the next tasks run meanwhile, and the outcomes that end together are recorded together."""
         return len(self.running) - min(len(self._recording), self.config.concurrency)
 
-    async def _claim_and_start(self, limit: int, turn: int) -> int:
-        """Claim up to ``limit`` tasks and start their handlers in ONE transaction: the claim,
-        the upstream payloads the handlers read, and the handlers' start share a round of
-        statements and one commit.
-
-        The claim's row locks are held until the handlers have started, so a cancel that commits
-        after the claim waits for them to have started, and one that committed before it is seen
-        by the claim (it re-checks the execution): no handler ever starts after its execution's
-        cancel committed. Handlers start only once every context is built, so a database error
-        before that rolls the claim back and starts nothing (the caller retries); a commit that
-        fails after they started is a crash as far as those tasks go: their leases were never
-        granted, the fence refuses their outcomes, and the tasks run again (at least once).
-
-        A task whose context cannot be built (a bug, a workflow this worker lost) is not started:
-        its lease expires and the maintenance sweep ends it as it would a dead worker's."""
-        cfg = self.config
-        claimed: list[Claimed] = []
-        jobs: dict[int, asyncio.Task[Completion]] = {}
-        started_any = False
-        try:
-            async with self.db.transaction() as tx:
-                rows = await transitions.claim(
-                    tx,
-                    queues=cfg.queues,
-                    workflows=self.registry.keys(),
-                    limit=limit,
-                    lease_seconds=cfg.lease_seconds,
-                    worker_id=cfg.worker_id,
-                    turn=turn,
-                )
-                ready: list[tuple[WorkflowSpec, Claimed, Context]] = []
-                for row in rows:
-                    task = Claimed.from_row(row)
-                    try:
-                        spec = self.registry.get(task.workflow_name, task.workflow_version)
-                        ready.append((spec, task, await self.executor.context_for(spec, task, tx)))
-                    except (DatabaseError, asyncio.CancelledError):
-                        raise
-                    except Exception:
-                        log.exception("task %s (%s) cannot be started; its lease will expire",
-                                      task.id, task.step)
-                waits = []
-                for spec, task, ctx in ready:
-                    self.contexts[task.id] = ctx
-                    started = asyncio.Event()
-                    job = asyncio.create_task(self.executor.run(spec, task, ctx, started=started))
-                    jobs[task.id] = job
-                    claimed.append(task)
-                    started_any = True
-                    waits.append(_started(job, started))
-                await asyncio.gather(*waits)
-        except DatabaseError as exc:
-            if not started_any:
-                for task in claimed:
-                    self.contexts.pop(task.id, None)
-                raise
-            log.warning("the claim of %s started task(s) did not commit cleanly (%s); their "
-                        "handlers run on, and the fence decides their outcomes", len(jobs), exc)
+    def _launch(self, claimed: list[Claimed]) -> None:
+        """Run the tasks of one claim: their handlers start together, under one lease check."""
+        if not claimed:
+            return
+        starting = asyncio.ensure_future(self._start_claimed(claimed))
         for task in claimed:
-            self.running[task.id] = (task, asyncio.create_task(self._run(task, jobs[task.id])))
-        # A task claimed but not startable counts as claimed: the loop claims again at once.
-        return len(rows)
+            self.running[task.id] = (task, asyncio.create_task(self._run(task, starting)))
 
-    async def _run(self, task: Claimed, job: asyncio.Task[Completion]) -> None:
+    async def _start_claimed(self, claimed: list[Claimed]) -> Jobs:
+        """Start one claim's handlers in one transaction (through outages). When that fails for
+        another reason, nothing started: each task is then started alone (an empty answer), so
+        one task the database refuses cannot keep the others from running."""
+        try:
+            items = [(self.registry.get(t.workflow_name, t.workflow_version), t) for t in claimed]
+            return await self._retrying(lambda: self._start_many(items))
+        except (DatabaseError, KonduitError) as exc:
+            if len(claimed) == 1:
+                raise
+            log.warning("starting %s tasks together failed (%s); starting each alone",
+                        len(claimed), exc)
+            return {}
+
+    async def _run(self, task: Claimed, starting: asyncio.Future[Jobs] | None = None) -> None:
         try:
             spec = self.registry.get(task.workflow_name, task.workflow_version)
+            jobs = await asyncio.shield(starting) if starting is not None else {}
+            if task.id in jobs:
+                job = jobs[task.id]
+            else:
+                job = await self._retrying(lambda: self._start(spec, task))
+            if job is None:
+                log.info("task %s (%s) was cancelled before its handler started", task.id, task.step)
+                return
             completion = await job
             await self._finish(spec, task, completion)
         except asyncio.CancelledError:
-            job.cancel()
+            if starting is not None and not starting.done():
+                # Cancelled while its handler was being started: stop the handler once it has.
+                starting.add_done_callback(lambda f: _cancel_job(f, task.id))
             if self._draining:
                 # Shutdown ran out of grace: hand the task back so another worker takes it now
                 # instead of after the lease expires. Shielded: this coroutine is being cancelled.
@@ -255,6 +300,51 @@ class Worker:
             self._recording.discard(task.id)
             self._wake.set()
             self._check_abandoned()
+
+    async def _start(self, spec: WorkflowSpec, task: Claimed) -> asyncio.Task[Completion] | None:
+        """Start one task's handler (see :meth:`_start_many`); None if its lease no longer holds."""
+        return (await self._start_many([(spec, task)])).get(task.id)
+
+    async def _start_many(self, items: list[tuple[WorkflowSpec, Claimed]]) -> Jobs:
+        """Start the handlers while their task rows are share-locked by one lease check (one
+        statement, rows in id order): a cancel that commits after the check waits for the
+        handlers to have started, and one that committed before it is seen, so no handler ever
+        starts after its execution's cancel committed. One transaction for a whole claim; the
+        upstream payloads are read in it too (a root step reads nothing).
+
+        Raises only while no handler has started (a caller may then try again); once one has,
+        a failure to end the transaction (its locks go with the connection) changes nothing."""
+        jobs: Jobs = {task.id: None for _, task in items}
+        leased = sorted((pair for pair in items if pair[1].lease_token is not None),
+                        key=lambda pair: pair[1].id)
+        if not leased:
+            return jobs
+        started_any = False
+        try:
+            async with self.db.transaction() as tx:
+                rows = await tx.all(
+                    "task_hold_many_if_leased",
+                    ids=[task.id for _, task in leased],
+                    lease_tokens=[task.lease_token for _, task in leased],
+                )
+                held = {row["id"] for row in rows}
+                ready = [(spec, task, await self.executor.context_for(spec, task, tx))
+                         for spec, task in leased if task.id in held]
+                waits = []
+                for spec, task, ctx in ready:
+                    self.contexts[task.id] = ctx
+                    started = asyncio.Event()
+                    job = asyncio.create_task(self.executor.run(spec, task, ctx, started=started))
+                    jobs[task.id] = job
+                    started_any = True
+                    waits.append(_started(job, started))
+                await asyncio.gather(*waits)
+        except DatabaseError as exc:
+            if not started_any:
+                raise
+            log.info("the lease check of %s started task(s) did not end cleanly (%s); their "
+                     "handlers run on", len(leased), exc)
+        return jobs
 
     async def _finish(self, spec: WorkflowSpec, task: Claimed, completion: Completion) -> None:
         full = self._slots_taken() >= self.config.concurrency
@@ -485,3 +575,10 @@ async def _started(job: asyncio.Task[Completion], started: asyncio.Event) -> Non
     finally:
         waiter.cancel()
 
+
+def _cancel_job(starting: asyncio.Future[Jobs], task_id: int) -> None:
+    if starting.cancelled() or starting.exception() is not None:
+        return
+    job = starting.result().get(task_id)
+    if job is not None:
+        job.cancel()

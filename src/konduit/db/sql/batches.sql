@@ -1,5 +1,6 @@
 -- The worker's batched round trips: outcomes of many executions recorded in one transaction
--- (konduit.engine.completer.record_many). Each statement takes its rows in id order: DESIGN's global lock
+-- (konduit.engine.completer.record_many), and the tasks of one claim started under one lease
+-- check (konduit.worker.worker). Each statement takes its rows in id order: DESIGN's global lock
 -- order is executions in id order, then tasks in id order, then outputs.
 
 -- name: execution_lock_many_in_id_order
@@ -19,3 +20,14 @@ FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[], %(map_indexes)s::int[]
      AS u(execution_id, step, map_index, content_hash, payload, source)
 ORDER BY u.execution_id, u.step, u.map_index
 ON CONFLICT DO NOTHING;
+
+-- name: task_hold_many_if_leased
+-- Before handlers start: which of these tasks do our leases still hold? FOR SHARE, in id order,
+-- holds off a cancel until the handlers have started.
+SELECT t.id
+FROM konduit_tasks t
+JOIN unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS u(id, lease_token)
+  ON t.id = u.id AND t.lease_token = u.lease_token
+WHERE t.status = 'running'
+ORDER BY t.id
+FOR SHARE OF t;

@@ -91,6 +91,13 @@ FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
 WHERE t.id = u.id AND t.lease_token = u.lease_token AND t.status = 'running'
 RETURNING t.id, t.finished_at;
 
+-- name: task_hold_if_leased
+-- Before a handler starts: is the task still ours? FOR SHARE holds off a cancel until it started.
+SELECT id
+FROM konduit_tasks
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+FOR SHARE;
+
 -- name: task_retry_if_leased_before_deadline
 -- Return a failed attempt's task to ready after a backoff, while the caller holds its lease and
 -- the backoff ends before the task's deadline (else the caller ends the task instead).
