@@ -44,7 +44,8 @@ class AutoRepairer:
         self.specs: dict[tuple[str, int], WorkflowSpec] = {
             (spec.name, spec.version): spec for spec in registry if spec.repair is not None
         }
-        self._next_at = 0.0
+        # The first look comes one interval after the worker started, like every later one.
+        self._next_at = time.monotonic() + interval
 
     async def run_if_due(self) -> list[UUID] | None:
         """Repair what is due if a look is due (None: not yet); returns the repaired ids."""
