@@ -290,7 +290,7 @@ def test_a_repair_that_cannot_start_is_recorded_once(make_app: Callable[..., kon
             repairers = [AutoRepairer(db, app.registry, max_payload_bytes=DEFAULT_MAX_BYTES)
                          for db in dbs]
             first = list(await asyncio.gather(*(r.repair_due() for r in repairers)))
-            return first + [await repairers[0].repair_due()]
+            return [*first, await repairers[0].repair_due()]
         finally:
             for db in dbs:
                 await db.close()
