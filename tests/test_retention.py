@@ -321,12 +321,22 @@ def test_workers_apply_the_apps_retention(make_app: Callable[..., konduit.App], 
         kept = app.start(wf.name, 99)
         kept.wait(timeout=30)
         age(db_url, [h.id for h in handles])
+        with psycopg.connect(db_url) as conn:  # a worker that died two days ago
+            conn.execute("INSERT INTO konduit_workers (id, hostname, pid, concurrency, queues,"
+                         " started_at, last_heartbeat_at) VALUES ('gone', 'h', 1, 1, '{default}',"
+                         " now() - interval '3 days', now() - interval '2 days')")
 
         def left() -> set[UUID]:
             with psycopg.connect(db_url) as conn:
                 return {r[0] for r in conn.execute("SELECT id FROM konduit_executions")}
 
         wait_for(lambda: left() == {kept.id})
+        # Even a prune of everything finished forgets only workers silent for over an hour.
+        assert app.prune(older_than="0s") == 1
+        with psycopg.connect(db_url) as conn:
+            workers = [r[0] for r in conn.execute("SELECT id FROM konduit_workers")]
+        assert len(workers) == 1 and workers != ["gone"]
+        assert len(app.workers()) == 1
     with psycopg.connect(db_url) as conn:
         assert orphans(conn) == {}
 

@@ -66,7 +66,7 @@ async def prune(
 ) -> int:
     """Delete executions that finished more than ``older_than`` ago (``"30d"``, or seconds) and
     all their rows, ``batch_size`` executions per transaction; returns how many were deleted.
-    Workers stopped (or silent) for that long are forgotten too."""
+    Workers not heard from for that long (and at least an hour) are forgotten too."""
     seconds = parse_duration(older_than, what="older_than")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise KonduitError(f"batch_size: must be a positive integer, got {batch_size!r}")
@@ -87,7 +87,7 @@ async def prune(
         # Resume after the last row deleted: executions a dead letter keeps are not re-read by
         # every batch. (A row another prune had locked is that prune's to delete.)
         after_at, after_id = max((r["finished_at"], r["id"]) for r in rows)
-    await db.run("worker_delete_stopped_before", older_than_seconds=seconds)
+    await db.run("worker_delete_silent_before", older_than_seconds=seconds)
     if deleted:
         log.info("pruned %s execution(s) finished more than %s ago in %s batch(es), %.1f s",
                  deleted, older_than, batches, time.monotonic() - began)

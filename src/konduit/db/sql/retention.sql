@@ -49,8 +49,9 @@ FROM konduit_executions e
 WHERE e.finished_at < now() - make_interval(secs => %(older_than_seconds)s)
   AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled');
 
--- name: worker_delete_stopped_before
--- Forget workers that stopped, or were last heard from, before the cutoff.
+-- name: worker_delete_silent_before
+-- Forget workers last heard from before the cutoff, and at least an hour ago: a live worker
+-- beats every few seconds, so a short cutoff never forgets one that runs.
 DELETE FROM konduit_workers
-WHERE coalesce(stopped_at, last_heartbeat_at) < now() - make_interval(secs => %(older_than_seconds)s)
-  AND last_heartbeat_at < now() - make_interval(secs => %(older_than_seconds)s);
+WHERE last_heartbeat_at < now() - greatest(make_interval(secs => %(older_than_seconds)s),
+                                           interval '1 hour');
