@@ -19,7 +19,9 @@ import psycopg
 import pytest
 
 import konduit
+from konduit.db.connect import open_database
 from konduit.db.database import Database
+from konduit.engine.retention import prune
 from tests.conftest import running_worker
 from tests.test_cli import konduit_cli
 
@@ -226,8 +228,19 @@ def test_prune_deletes_in_batches_and_resumes_past_dead_letters(
         return rows
 
     monkeypatch.setattr(Database, "all", spy)
-    assert app.prune(older_than="1d", batch_size=4) == 18  # 5 hold a dead letter
-    assert calls == [4, 4, 4, 4, 2]  # batches of at most 4; the last short one ends it
+
+    async def capped() -> int:  # a worker's round stops after a few batches
+        db = await open_database(db_url, max_size=2)
+        try:
+            return await prune(db, "1d", batch_size=4, max_batches=2)
+        finally:
+            await db.close()
+
+    assert asyncio.run(capped()) == 8
+    assert calls == [4, 4]
+    calls.clear()
+    assert app.prune(older_than="1d", batch_size=4) == 10  # the rest; 5 hold a dead letter
+    assert calls == [4, 4, 2]  # batches of at most 4; the last short one ends it
     assert app.prune(older_than="1d", include_dead_letters=True, batch_size=4) == 5
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT count(*) FROM konduit_executions").fetchone() == (0,)

@@ -36,6 +36,11 @@ BATCH_SIZE = 500
 RETENTION_INTERVAL = 300.0
 """Seconds between the retention rounds of a worker (``App(retention=...)``)."""
 
+ROUND_BATCHES = 20
+"""Most batches one worker round deletes: a round runs on the maintenance loop, whose rescues and
+deadline sweeps must not wait behind a year of backlog (the next round, or ``konduit prune``,
+goes on where it stopped)."""
+
 
 def retention_seconds(value: Duration, *, what: str = "retention") -> float:
     """A retention period in seconds; zero or a negative/unreadable value is refused with an
@@ -63,9 +68,11 @@ async def prune(
     *,
     include_dead_letters: bool = False,
     batch_size: int = BATCH_SIZE,
+    max_batches: int | None = None,
 ) -> int:
     """Delete executions that finished more than ``older_than`` ago (``"30d"``, or seconds) and
-    all their rows, ``batch_size`` executions per transaction; returns how many were deleted.
+    all their rows, ``batch_size`` executions per transaction (at most ``max_batches`` of them);
+    returns how many were deleted.
     Workers not heard from for that long (and at least an hour) are forgotten too."""
     seconds = parse_duration(older_than, what="older_than")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
@@ -84,6 +91,8 @@ async def prune(
         deleted += len(rows)
         if len(rows) < batch_size:
             break  # the rest is gone, held by a dead letter, or being deleted by another prune
+        if max_batches is not None and batches >= max_batches:
+            break
         # Resume after the last row deleted: executions a dead letter keeps are not re-read by
         # every batch. (A row another prune had locked is that prune's to delete.)
         after_at, after_id = max((r["finished_at"], r["id"]) for r in rows)
@@ -117,4 +126,4 @@ class Retention:
         if now < self._next_at:
             return None
         self._next_at = now + self.interval
-        return await prune(self.db, self.retention)
+        return await prune(self.db, self.retention, max_batches=ROUND_BATCHES)
