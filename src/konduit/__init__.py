@@ -12,6 +12,7 @@ from konduit.engine.starts import StartRequest
 from konduit.errors import (
     DatabaseError,
     DatabaseUnavailable,
+    DefinitionWarning,
     ExecutionFailed,
     ExecutionNotFound,
     IdempotencyConflict,
@@ -33,6 +34,7 @@ __all__ = [
     "DatabaseError",
     "DatabaseUnavailable",
     "Deadline",
+    "DefinitionWarning",
     "ExecutionFailed",
     "ExecutionHandle",
     "ExecutionNotFound",

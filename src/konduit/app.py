@@ -19,13 +19,17 @@ from uuid import UUID
 
 from konduit.core.durations import Duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
+from konduit.core.repair_contract import human_duration
 from konduit.core.workflow import Workflow
 from konduit.db.connect import open_database
 from konduit.db.database import Database, Row, resolve_url
 from konduit.db.migrate import migrate
+from konduit.engine.auto_repair import auto_repair_status
 from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
+from konduit.engine.retention import BATCH_SIZE, prune, retention_seconds
 from konduit.engine.starts import StartRequest
+from konduit.errors import WorkflowDefinitionError
 from konduit.worker.config import WorkerConfig
 from konduit.worker.worker import Worker
 
@@ -62,6 +66,9 @@ class App:
 
     ``database_url`` falls back to ``KONDUIT_DATABASE_URL``, then to the embedded server (which
     is migrated automatically; a real server is migrated with ``konduit db migrate``).
+
+    ``retention="30d"``: every worker of this App prunes executions that finished more than that
+    long ago, every few minutes (see :meth:`prune`); None (the default) keeps everything.
     """
 
     def __init__(
@@ -71,8 +78,11 @@ class App:
         *,
         pool_size: int = 10,
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
+        retention: Duration | None = None,
     ):
         self.registry = Registry(workflows)
+        self.retention = None if retention is None else retention_seconds(retention)
+        self._check_retention()
         self.max_payload_bytes = max_payload_bytes
         self._database_url = database_url
         self._resolved_url: str | None = None
@@ -85,6 +95,18 @@ class App:
     def add(self, workflow: Workflow) -> None:
         """Register one more workflow (before the first start or worker)."""
         self.registry.add(workflow)
+        self._check_retention()
+
+    def _check_retention(self) -> None:
+        # Pruning an execution before its repair window closes would drop the repair it is owed.
+        if self.retention is None:
+            return
+        for spec in self.registry:
+            if spec.repair is not None and spec.repair.within >= self.retention:
+                raise WorkflowDefinitionError(
+                    f"repair_within ({human_duration(spec.repair.within)}) must be shorter than "
+                    f"the App's retention ({human_duration(self.retention)}): its executions "
+                    "would be pruned before their automatic repair", workflow=spec.name)
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -178,6 +200,22 @@ class App:
         """Re-run the degraded/failed branches of a finished execution and what depends on
         them; returns the steps that run again. See :meth:`konduit.engine.client.Client.repair`."""
         return self._call(self._c().repair(execution_id))
+
+    def prune(self, older_than: Duration, *, include_dead_letters: bool = False,
+              batch_size: int = BATCH_SIZE) -> int:
+        """Delete executions that finished more than ``older_than`` ago (``"7d"``, or seconds)
+        with every row of theirs, ``batch_size`` executions per transaction; returns how many
+        executions were deleted. Pending and running executions are never touched; executions
+        holding a dead letter that no repair superseded are kept unless
+        ``include_dead_letters``. See :mod:`konduit.engine.retention`."""
+        return self._call(prune(self._c().db, older_than,
+                                include_dead_letters=include_dead_letters, batch_size=batch_size))
+
+    def auto_repair_status(self, execution_id: UUID | str) -> str | None:
+        """How the automatic repair (``repair_within``) of an execution stands, as one line
+        (``auto-repaired at ... (repair_within=24h)``, ``auto-repair pending: ...``), or None
+        when its workflow has no repair contract or the execution is not covered by it."""
+        return self._call(auto_repair_status(self._c().db, execution_id))
 
     def outputs(self, execution_id: UUID | str) -> builtins.list[Row]:
         """Every output version of an execution, oldest first (repairs add versions)."""
@@ -332,7 +370,8 @@ class _WorkerRun:
                 raise  # cancelled from outside, not stopped by us
             log.info("worker stopped before the database answered")
             return self._idle()
-        self.worker = Worker(db, app.registry, config, max_payload_bytes=app.max_payload_bytes)
+        self.worker = Worker(db, app.registry, config, max_payload_bytes=app.max_payload_bytes,
+                             retention=app.retention)
         if self.stopped:
             self.worker.stop()
         try:

@@ -26,6 +26,13 @@ class WorkflowDefinitionError(KonduitError):
         super().__init__(f"{prefix}: {message}" if prefix else message)
 
 
+class DefinitionWarning(KonduitError, UserWarning):
+    """A workflow definition that works but can misbehave at run time (an optional branch with no
+    deadline under ``Join.required()`` can hold its join forever); issued with
+    :func:`warnings.warn` when the definition is made, pointing at the user's line. Silence or
+    escalate it with the usual warning filters."""
+
+
 class WorkflowNotFound(KonduitError):
     """No workflow with that name (and version) is registered."""
 

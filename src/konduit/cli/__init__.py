@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 import konduit
-from konduit.cli import executions, observe, operate, tools
+from konduit.cli import executions, observe, operate, retention, tools
 from konduit.cli.common import CliError, console, err_console, load_app, one_line
 
 cli = typer.Typer(
@@ -53,6 +53,7 @@ cli.command("list")(executions.list_executions)
 cli.command()(executions.cancel)
 cli.command()(executions.repair)
 cli.command("dead-letters")(executions.dead_letters)
+cli.command()(retention.prune)
 cli.command()(observe.dashboard)
 cli.command()(observe.metrics)
 cli.command()(observe.stats)

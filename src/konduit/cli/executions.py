@@ -111,6 +111,7 @@ def status(
         tasks = app.tasks(result.id)
         versions = app.outputs(result.id)
         late = [p for p in app.payloads(result.id) if p["source"] == "late"]
+        auto_repair = app.auto_repair_status(result.id)
         # A running execution nobody serves waits forever without a word: say so.
         served = None if result.finished else app.workflow_served(result.workflow, result.version)
     hint = None if served is not False else (
@@ -123,6 +124,7 @@ def status(
             "outcomes": result.outcomes, "created_at": result.created_at,
             "finished_at": result.finished_at, "output_versions": versions,
             "late_results": late, "served_by_live_worker": served, "hint": hint,
+            "auto_repair": auto_repair,
         }))
         return
     took = between(result.created_at, result.finished_at)
@@ -132,6 +134,8 @@ def status(
                   + (f", finished {stamp(result.finished_at)} ({seconds(took)} s)" if took else ""))
     if result.error:
         console.print(f"[red]error:[/red] {escape(result.error)}")
+    if auto_repair:
+        console.print(f"[yellow]{escape(auto_repair)}[/yellow]", soft_wrap=True)
     if result.output is not None:
         console.print("output:")
         console.print(dump_json(result.output), markup=False)

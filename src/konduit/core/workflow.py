@@ -6,15 +6,19 @@ import hashlib
 import inspect
 import json
 import re
+import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
+from konduit.core.definition_warnings import unbounded_branch_message, unbounded_optional_branches
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.policies import Deadline, Join, Retry
+from konduit.core.repair_contract import RepairContract
 from konduit.core.validation import OutputValidator
-from konduit.errors import KonduitError, WorkflowDefinitionError
+from konduit.errors import DefinitionWarning, KonduitError, WorkflowDefinitionError
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
@@ -120,15 +124,32 @@ def _check_signature(name: str, workflow: str, handler: Handler) -> None:
         ) from exc
 
 
+def _outside_this_module() -> int:
+    """The ``stacklevel`` that points a warning issued in this module at the user's line (the
+    decorator or the ``sequence`` call), however deep the definition helpers nest."""
+    frame = sys._getframe(1)  # the frame that calls warnings.warn
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 class Workflow:
     """A named, versioned DAG of steps.
 
     >>> wf = Workflow("publish-content", version=1)
     >>> @wf.step()
     ... def transcribe(ctx): ...
+
+    ``repair_within="24h"`` (seed 004's contract): an execution that succeeded with a degraded
+    output is repaired automatically, once, by a worker, ``repair_delay`` (default 5 minutes, or
+    half of ``repair_within`` when that is shorter) to ``repair_within`` after it finished; see
+    docs/retention.md.
     """
 
-    def __init__(self, name: str, version: int = 1):
+    def __init__(self, name: str, version: int = 1, *, repair_within: Duration | None = None,
+                 repair_delay: Duration | None = None):
         if not isinstance(name, str) or not _NAME.match(name):
             raise WorkflowDefinitionError(
                 f"workflow name {name!r} must be 1-100 letters, digits, '_', '-' or '.'"
@@ -138,6 +159,7 @@ class Workflow:
                                           workflow=name)
         self.name = name
         self.version = version
+        self.repair = RepairContract.of(repair_within, repair_delay, workflow=name)
         self._steps: dict[str, StepSpec] = {}
         self._by_handler: dict[int, str] = {}
         self._frozen_spec: WorkflowSpec | None = None
@@ -383,6 +405,9 @@ class Workflow:
         self._steps[step_name] = spec
         # A handler shared by several steps cannot name an upstream unambiguously ("" marks it).
         self._by_handler[id(handler)] = "" if id(handler) in self._by_handler else step_name
+        for join_step, branch in unbounded_optional_branches(self._steps, step_name):
+            warnings.warn(unbounded_branch_message(self.name, join_step, branch),
+                          DefinitionWarning, stacklevel=_outside_this_module())
         return step_name
 
     # -- compiled view ------------------------------------------------------------------------
@@ -390,7 +415,8 @@ class Workflow:
     def compile(self) -> WorkflowSpec:
         """Check the whole DAG (unknown upstreams, cycles) and freeze it."""
         if self._frozen_spec is None:
-            self._frozen_spec = WorkflowSpec(self.name, self.version, dict(self._steps))
+            self._frozen_spec = WorkflowSpec(self.name, self.version, dict(self._steps),
+                                             repair=self.repair)
         return self._frozen_spec
 
     @property
@@ -404,10 +430,12 @@ class Workflow:
 class WorkflowSpec:
     """The frozen, validated DAG of a workflow: what the engine and the pure advance function use."""
 
-    def __init__(self, name: str, version: int, steps: dict[str, StepSpec]):
+    def __init__(self, name: str, version: int, steps: dict[str, StepSpec],
+                 *, repair: RepairContract | None = None):
         self.name = name
         self.version = version
         self.steps = steps
+        self.repair = repair  # the automatic repair contract (repair_within), if any
         if not steps:
             raise WorkflowDefinitionError("a workflow needs at least one step", workflow=name)
         for s in steps.values():
@@ -461,11 +489,14 @@ class WorkflowSpec:
 
     @cached_property
     def spec_json(self) -> dict[str, Any]:
-        return {
+        spec: dict[str, Any] = {
             "name": self.name,
             "version": self.version,
             "steps": [self.steps[n].to_spec() for n in self.order],
         }
+        if self.repair is not None:  # only when set: the hashes of other workflows stay as they were
+            spec["repair"] = self.repair.to_spec()
+        return spec
 
     @cached_property
     def spec_hash(self) -> str:

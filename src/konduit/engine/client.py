@@ -17,7 +17,7 @@ from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.repair import plan_repair
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.workflow import WorkflowSpec
-from konduit.db.database import Database, Row, translate_errors
+from konduit.db.database import Database, Row, Tx, translate_errors
 from konduit.engine.advancer import Advancer, finish_execution, state_columns
 from konduit.engine.registry import Registry, workflow_key
 from konduit.engine.starts import (
@@ -215,41 +215,7 @@ class Client:
         steps that will run again."""
         eid = coerce_execution_id(execution_id)
         async with self.db.transaction() as tx:
-            row = await tx.one("execution_lock", id=eid)
-            if row is None:
-                raise ExecutionNotFound(f"no execution with id {eid}")
-            if row["status"] in ("running", "pending", "cancelled"):
-                raise KonduitError(
-                    f"execution {eid} is {row['status']}: only a finished, not cancelled, "
-                    "execution can be repaired"
-                )
-            spec = self.registry.get(row["workflow_name"], row["workflow_version"])
-            steps = await tx.all("step_get_all", execution_id=eid)
-            routes = await tx.all("task_list_routes_latest", execution_id=eid)
-            plan = plan_repair(
-                spec,
-                {s["step"]: s["status"] for s in steps},
-                {r["step"]: frozenset(r["routes"]) if r["routes"] is not None else None
-                 for r in routes},
-            )
-            reopened = await tx.one(
-                "execution_reopen_if_finished", id=eid, steps_pending=len(plan.rerun)
-            )
-            assert reopened is not None
-            names = list(plan.rerun)
-            states = [plan.states[n] for n in names]
-            await tx.run(
-                "step_reset_many",
-                execution_id=eid,
-                steps=names,
-                **state_columns(states),
-            )
-            advancer = Advancer(
-                tx, spec, eid, ExecutionState("running", len(plan.rerun)), reopened["generation"],
-                max_payload_bytes=self.max_payload_bytes,
-            )
-            await advancer.start_steps(list(plan.start))
-        return names
+            return await repair_in(tx, self.registry, eid, max_payload_bytes=self.max_payload_bytes)
 
     async def outputs(self, execution_id: UUID | str) -> builtins.list[Row]:
         """Every output version of an execution (repairs add versions), oldest first."""
@@ -289,6 +255,46 @@ class Client:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
         row = await self.db.one("worker_serving_exists", workflow=workflow_key(name, version))
         return bool(row and row["serving"])
+
+
+async def repair_in(tx: Tx, registry: Registry, eid: UUID, *, max_payload_bytes: int) -> list[str]:
+    """:meth:`Client.repair` inside the caller's transaction (the automatic repair claims the
+    execution in the same one): lock it, plan, reopen it, start the re-run steps."""
+    row = await tx.one("execution_lock", id=eid)
+    if row is None:
+        raise ExecutionNotFound(f"no execution with id {eid}")
+    if row["status"] in ("running", "pending", "cancelled"):
+        raise KonduitError(
+            f"execution {eid} is {row['status']}: only a finished, not cancelled, "
+            "execution can be repaired"
+        )
+    spec = registry.get(row["workflow_name"], row["workflow_version"])
+    steps = await tx.all("step_get_all", execution_id=eid)
+    routes = await tx.all("task_list_routes_latest", execution_id=eid)
+    plan = plan_repair(
+        spec,
+        {s["step"]: s["status"] for s in steps},
+        {r["step"]: frozenset(r["routes"]) if r["routes"] is not None else None
+         for r in routes},
+    )
+    reopened = await tx.one(
+        "execution_reopen_if_finished", id=eid, steps_pending=len(plan.rerun)
+    )
+    assert reopened is not None
+    names = list(plan.rerun)
+    states = [plan.states[n] for n in names]
+    await tx.run(
+        "step_reset_many",
+        execution_id=eid,
+        steps=names,
+        **state_columns(states),
+    )
+    advancer = Advancer(
+        tx, spec, eid, ExecutionState("running", len(plan.rerun)), reopened["generation"],
+        max_payload_bytes=max_payload_bytes,
+    )
+    await advancer.start_steps(list(plan.start))
+    return names
 
 
 __all__ = ["FINISHED", "Client", "ExecutionFailed", "ExecutionResult", "KonduitError"]

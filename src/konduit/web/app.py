@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException
 
 from konduit.app import App
 from konduit.db.database import Row
+from konduit.engine.auto_repair import auto_repair_status
 from konduit.engine.client import Client, ExecutionResult
 from konduit.errors import (
     DashboardError as DashboardError,
@@ -126,6 +127,7 @@ class Detail:
     attempts: list[Row]
     versions: list[Row]
     late: list[Row]
+    auto_repair: str | None = None  # the repair_within line (auto-repaired at ..., pending ...)
 
 
 async def load_detail(client: Client, execution_id: str) -> Detail:
@@ -137,7 +139,8 @@ async def load_detail(client: Client, execution_id: str) -> Detail:
     attempts = await client.db.all("attempt_list_by_execution", execution_id=result.id)
     payloads = await client.payloads(result.id)
     return Detail(result, row, list(workflow["spec"]["steps"]) if workflow else [], steps, attempts,
-                  await client.outputs(result.id), [p for p in payloads if p["source"] == "late"])
+                  await client.outputs(result.id), [p for p in payloads if p["source"] == "late"],
+                  await auto_repair_status(client.db, result.id))
 
 
 def wants_json(request: Request) -> bool:
@@ -299,7 +302,7 @@ def create_app(client_factory: ClientFactory, app: App | None = None) -> FastAPI
         return JSONResponse(jsonable_encoder({
             **jsonable_encoder(d.result), "deadline_at": d.row["deadline_at"],
             "output_version": d.row["output_version"], "steps": d.steps, "attempts": d.attempts,
-            "output_versions": d.versions, "late_results": d.late}))
+            "output_versions": d.versions, "late_results": d.late, "auto_repair": d.auto_repair}))
 
     return web
 

@@ -42,6 +42,14 @@ class WorkerConfig:
         default_factory=lambda: _env_float("KONDUIT_FALLBACK_TIMEOUT", 5.0)
     )
     """Seconds a fallback may run; one that hangs or raises ends its task timed_out."""
+    retention_interval: float = field(
+        default_factory=lambda: _env_float("KONDUIT_RETENTION_INTERVAL", 300.0)
+    )
+    """Seconds between retention rounds when the App sets ``retention=`` (each deletes in batches)."""
+    auto_repair_interval: float = field(
+        default_factory=lambda: _env_float("KONDUIT_AUTO_REPAIR_INTERVAL", 30.0)
+    )
+    """Seconds between looks for due automatic repairs (workflows with ``repair_within=``)."""
     worker_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     )
@@ -55,5 +63,7 @@ class WorkerConfig:
             raise ValueError(f"max_abandoned must be >= 0, got {self.max_abandoned}")
         if self.fallback_timeout <= 0:
             raise ValueError(f"fallback_timeout must be > 0, got {self.fallback_timeout}")
+        if self.retention_interval <= 0 or self.auto_repair_interval <= 0:
+            raise ValueError("retention_interval and auto_repair_interval must be > 0")
         if self.heartbeat_interval >= self.lease_seconds:
             raise ValueError("heartbeat_interval must be shorter than lease_seconds")

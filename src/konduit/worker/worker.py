@@ -25,8 +25,10 @@ from konduit.db.database import Database, Row, Tx
 from konduit.db.migrate import ensure_current
 from konduit.engine import transitions
 from konduit.engine.advancer import Advanced
+from konduit.engine.auto_repair import AutoRepairer
 from konduit.engine.completer import Completion, Recorded, record, record_many
 from konduit.engine.registry import Registry
+from konduit.engine.retention import Retention
 from konduit.errors import (
     DatabaseConflict,
     DatabaseError,
@@ -60,6 +62,7 @@ class Worker:
         config: WorkerConfig | None = None,
         *,
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
+        retention: float | None = None,
     ):
         self.db = db
         self.registry = registry
@@ -72,6 +75,11 @@ class Worker:
             db, registry, self.executor, lease_seconds=self.config.lease_seconds,
             deadline_grace=self.config.deadline_grace,
         )
+        # Housekeeping on the maintenance loop, each at its own (longer) interval.
+        self.retention = None if retention is None else Retention(
+            db, retention, interval=self.config.retention_interval)
+        self.auto_repairer = AutoRepairer(db, registry, max_payload_bytes=max_payload_bytes,
+                                          interval=self.config.auto_repair_interval)
         # Outcomes that end together, of however many executions, share one transaction.
         self.batcher = CompletionBatcher(
             self._record_group, max_batch=BATCH_COMPLETIONS, max_executions=BATCH_EXECUTIONS,
@@ -542,6 +550,9 @@ class Worker:
                     await self.maintenance.rescue()
                 await self.maintenance.sweep_deadlines(self.running)
                 await end_timed_out_executions(self.db)
+                await self.auto_repairer.run_if_due()
+                if self.retention is not None:
+                    await self.retention.run_if_due()
                 self._connected()
             except (DatabaseError, KonduitError) as exc:
                 if isinstance(exc, DatabaseUnavailable):

@@ -1,0 +1,59 @@
+"""``konduit prune``: delete finished executions older than a cutoff, in batches."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+
+from konduit.cli.common import DatabaseUrl, console, dump_json, reachable
+from konduit.db.connect import open_database
+from konduit.engine.retention import BATCH_SIZE, count_prunable
+from konduit.engine.retention import prune as prune_executions
+
+
+async def _prune(database_url: str | None, older_than: str, include_dead_letters: bool,
+                 batch_size: int, dry_run: bool) -> tuple[int, int]:
+    db = await open_database(database_url, max_size=2, name="konduit-cli")
+    try:
+        before = await count_prunable(db, older_than)
+        if dry_run:
+            return before.deletable(include_dead_letters), before.dead_letters
+        deleted = await prune_executions(db, older_than, include_dead_letters=include_dead_letters,
+                                         batch_size=batch_size)
+        kept = 0 if include_dead_letters else (await count_prunable(db, older_than)).dead_letters
+        return deleted, kept
+    finally:
+        await db.close()
+
+
+def prune(
+    older_than: Annotated[str, typer.Option(
+        "--older-than", metavar="DURATION",
+        help="Delete executions that finished longer ago than this (e.g. 30d, 12h).")],
+    include_dead_letters: Annotated[bool, typer.Option(
+        "--include-dead-letters",
+        help="Also delete executions holding a dead letter no repair has superseded.")] = False,
+    batch_size: Annotated[int, typer.Option(
+        min=1, help="Executions deleted per transaction.")] = BATCH_SIZE,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Only count what would be deleted.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counts as JSON.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Delete finished executions older than --older-than with all their rows (steps, tasks,
+    attempts, payloads, output versions), in batches. Pending and running executions are never
+    touched; executions holding a dead letter are kept unless --include-dead-letters."""
+    deleted, kept = asyncio.run(_prune(reachable(database_url), older_than, include_dead_letters,
+                                       batch_size, dry_run))
+    if as_json:
+        print(dump_json({"deleted": 0 if dry_run else deleted,
+                         "would_delete": deleted if dry_run else None,
+                         "kept_with_dead_letters": kept, "dry_run": dry_run}))
+        return
+    verb = "would prune" if dry_run else "pruned"
+    console.print(f"{verb} {deleted} execution(s) that finished more than {older_than} ago")
+    if kept and not include_dead_letters:
+        console.print(f"kept {kept} holding a dead letter (see `konduit dead-letters`; "
+                      "--include-dead-letters prunes them too)")

@@ -1,0 +1,122 @@
+"""The automatic repair of seed 004's contract (``Workflow(..., repair_within="24h")``).
+
+A worker's maintenance loop looks, every ``auto_repair_interval`` seconds, for executions of the
+workflows it serves that succeeded with a degraded output ``repair_delay`` to ``repair_within``
+ago and were not auto-repaired yet (:mod:`konduit.core.repair_contract` says what that means).
+Each one is taken and repaired in **one transaction**: a guarded UPDATE sets ``auto_repair_at``
+from NULL while re-checking that the execution is still due, then the manual repair
+(:func:`konduit.engine.client.repair_in`) reopens it and starts the re-run steps. Workers that
+race for the same execution queue on its row; the losers' UPDATE re-checks after the winner
+commits, finds ``auto_repair_at`` set (and the execution running), and changes nothing. So an
+execution is auto-repaired at most once, however many workers run, and a repair that cannot
+start is recorded once (``auto_repair_error``) instead of being retried forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+from uuid import UUID
+
+from konduit.core.repair_contract import AutoRepairState, RepairContract, describe
+from konduit.core.workflow import WorkflowSpec
+from konduit.db.database import Database
+from konduit.engine.client import coerce_execution_id, repair_in
+from konduit.engine.registry import Registry
+from konduit.errors import DatabaseError, ExecutionNotFound, KonduitError
+
+log = logging.getLogger("konduit.auto_repair")
+
+AUTO_REPAIR_INTERVAL = 30.0
+"""Seconds between a worker's looks for due automatic repairs."""
+
+
+class AutoRepairer:
+    """Takes and starts the due automatic repairs of the workflows in ``registry``."""
+
+    def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int,
+                 interval: float = AUTO_REPAIR_INTERVAL):
+        self.db = db
+        self.registry = registry
+        self.max_payload_bytes = max_payload_bytes
+        self.interval = interval
+        self.specs: dict[tuple[str, int], WorkflowSpec] = {
+            (spec.name, spec.version): spec for spec in registry if spec.repair is not None
+        }
+        # The first look comes one interval after the worker started, like every later one.
+        self._next_at = time.monotonic() + interval
+
+    async def run_if_due(self) -> list[UUID] | None:
+        """Repair what is due if a look is due (None: not yet); returns the repaired ids."""
+        now = time.monotonic()
+        if not self.specs or now < self._next_at:
+            return None
+        self._next_at = now + self.interval
+        return await self.repair_due()
+
+    async def repair_due(self, *, limit: int = 100) -> list[UUID]:
+        """Take and start every due automatic repair (up to ``limit``); returns their ids."""
+        if not self.specs:
+            return []
+        keys = list(self.specs)
+        contracts = [self._contract(key) for key in keys]
+        rows = await self.db.all(
+            "execution_list_auto_repair_due",
+            names=[name for name, _ in keys], versions=[version for _, version in keys],
+            within_seconds=[c.within for c in contracts], delay_seconds=[c.delay for c in contracts],
+            max_within_seconds=max(c.within for c in contracts), limit=limit,
+        )
+        repaired = []
+        for row in rows:
+            eid = UUID(str(row["id"]))
+            if await self.repair_one(eid, self.specs[(row["workflow_name"], row["workflow_version"])]):
+                repaired.append(eid)
+        return repaired
+
+    def _contract(self, key: tuple[str, int]) -> RepairContract:
+        contract = self.specs[key].repair
+        assert contract is not None
+        return contract
+
+    async def repair_one(self, eid: UUID, spec: WorkflowSpec) -> bool:
+        """Take the automatic repair of one execution and start it; False when another worker
+        took it first, it is no longer due, or it cannot start (recorded on the execution)."""
+        contract = spec.repair
+        assert contract is not None
+        try:
+            async with self.db.transaction() as tx:
+                taken = await tx.one("execution_claim_auto_repair_if_due", id=eid,
+                                     within_seconds=contract.within, delay_seconds=contract.delay)
+                if taken is None:
+                    return False
+                rerun = await repair_in(tx, self.registry, eid,
+                                        max_payload_bytes=self.max_payload_bytes)
+        except DatabaseError:
+            raise  # the transaction rolled back: still due, the next look tries again
+        except KonduitError as exc:
+            # Deterministic (the plan cannot fire with the outcomes that stand): say so once.
+            marked = await self.db.one("execution_mark_auto_repair_impossible_if_untaken",
+                                       id=eid, error=str(exc))
+            if marked is not None:
+                log.warning("execution %s cannot be auto-repaired: %s", eid, exc)
+            return False
+        log.info("auto-repairing execution %s (%s v%s, repair_within %ss): re-running %s",
+                 eid, spec.name, spec.version, f"{contract.within:g}", ", ".join(rerun))
+        return True
+
+
+async def auto_repair_status(db: Database, execution_id: UUID | str,
+                             now: datetime | None = None) -> str | None:
+    """How the automatic repair of an execution stands, as one line (``auto-repaired at ...
+    (repair_within=24h)``, ``auto-repair pending: ...``), or None when there is nothing to say."""
+    eid = coerce_execution_id(execution_id)
+    row = await db.one("execution_get_auto_repair", id=eid)
+    if row is None:
+        raise ExecutionNotFound(f"no execution with id {eid}")
+    state = AutoRepairState(
+        status=row["status"], finished_at=row["finished_at"], auto_repair_at=row["auto_repair_at"],
+        auto_repair_error=row["auto_repair_error"], degraded=tuple(row["degraded"]),
+        contract=RepairContract.from_spec(row["spec"]),
+    )
+    return describe(state, now or datetime.now(UTC))

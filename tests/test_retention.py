@@ -1,0 +1,393 @@
+"""Retention: `konduit prune`, `App.prune()` and `App(retention=...)` on a real PostgreSQL.
+
+Pruned executions lose every row in every konduit table (found generically through
+information_schema, so a table added later is checked too), running ones keep all of theirs,
+executions holding a dead letter stay until repaired or pruned explicitly, deletion goes in
+batches, and two prunes (or a prune and a repair) racing each other are safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+import konduit
+from konduit.db.connect import open_database
+from konduit.db.database import Database
+from konduit.engine.retention import prune
+from tests.conftest import running_worker
+from tests.test_cli import konduit_cli
+
+pytestmark = pytest.mark.storage
+
+RELEASE = threading.Event()  # blocked joins finish when set
+HEALED = threading.Event()  # the flaky branch dead-letters until set
+
+
+def prune_workflow() -> konduit.Workflow:
+    """root -> (square over 3 items, an optional flaky branch, an optional slow branch that
+    degrades) -> join (Join.required()); input decides which branch misbehaves and whether the
+    join blocks, so one definition makes finished, dead-lettered, degraded and running executions."""
+    wf = konduit.Workflow("prune-fan", version=1)
+
+    @wf.step()
+    def root(ctx: konduit.Context) -> list[int]:
+        return [1, 2, 3]
+
+    @wf.map(after=[root], over=lambda items: items)
+    def square(ctx: konduit.Context) -> int:
+        return int(ctx.item) ** 2
+
+    @wf.step(after=[root], required=False, deadline="10s", retry=konduit.Retry(max_attempts=1))
+    def flaky(ctx: konduit.Context) -> str:
+        if ctx.input.get("fail") and not HEALED.is_set():
+            raise konduit.NonRetryableError("the image service exploded")
+        return "image"
+
+    @wf.step(after=[root], required=False, deadline="200ms", retry=konduit.Retry(max_attempts=1),
+             fallback=lambda ctx: "fallback")
+    async def slow(ctx: konduit.Context) -> str:
+        if ctx.input.get("slow"):
+            await asyncio.sleep(30)
+        return "fast"
+
+    @wf.step(after=[square, flaky, slow], join=konduit.Join.required())
+    def join(ctx: konduit.Context) -> int:
+        if ctx.input.get("block"):
+            RELEASE.wait(30)
+        return sum(ctx.upstream["square"])
+
+    return wf
+
+
+def one_step() -> konduit.Workflow:
+    wf = konduit.Workflow("prune-one", version=1)
+
+    @wf.step()
+    def only(ctx: konduit.Context) -> int:
+        return int(ctx.input)
+
+    return wf
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> Iterator[None]:
+    RELEASE.clear()
+    HEALED.clear()
+    yield
+    RELEASE.set()  # never leave a worker thread blocked
+
+
+# -- generic row accounting ---------------------------------------------------------------------
+
+
+def referencing_columns(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str]]:
+    """(table, column, referenced table) for every konduit table column that names an execution
+    (``*execution_id``) or a task (``task_id``): whatever tables the migrations add."""
+    rows = conn.execute(
+        """
+        SELECT table_name, column_name FROM information_schema.columns
+        WHERE table_schema = current_schema() AND table_name LIKE 'konduit\\_%%'
+          AND table_name <> 'konduit_executions'
+          AND (column_name LIKE '%%execution\\_id' OR column_name = 'task_id')
+        ORDER BY table_name, column_name
+        """
+    ).fetchall()
+    return [(t, c, "konduit_tasks" if c == "task_id" else "konduit_executions") for t, c in rows]
+
+
+def orphans(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    """Rows of any konduit table whose execution (or task) no longer exists."""
+    found = {}
+    for table, column, target in referencing_columns(conn):
+        row = conn.execute(
+            f'SELECT count(*) FROM "{table}" x WHERE x."{column}" IS NOT NULL AND NOT EXISTS '
+            f'(SELECT 1 FROM "{target}" y WHERE y.id = x."{column}")'
+        ).fetchone()
+        assert row is not None
+        if row[0]:
+            found[f"{table}.{column}"] = row[0]
+    return found
+
+
+def rows_of(conn: psycopg.Connection[Any], eid: UUID) -> dict[str, int]:
+    """How many rows of each konduit table belong to one execution (attempts through its tasks)."""
+    counts = {}
+    row = conn.execute("SELECT count(*) FROM konduit_executions WHERE id = %s", (eid,)).fetchone()
+    assert row is not None
+    counts["konduit_executions"] = row[0]
+    task_ids = [r[0] for r in conn.execute(
+        "SELECT id FROM konduit_tasks WHERE execution_id = %s", (eid,)).fetchall()]
+    for table, column, target in referencing_columns(conn):
+        key: Any = task_ids if target == "konduit_tasks" else [eid]
+        row = conn.execute(f'SELECT count(*) FROM "{table}" WHERE "{column}" = ANY(%s)',
+                           (key,)).fetchone()
+        assert row is not None
+        counts[f"{table}.{column}"] = row[0]
+    return counts
+
+
+def age(db_url: str, ids: list[UUID], days: int = 2) -> None:
+    """Make finished executions look as if they finished ``days`` ago."""
+    with psycopg.connect(db_url) as conn:
+        changed = conn.execute(
+            "UPDATE konduit_executions SET finished_at = finished_at - make_interval(days => %s),"
+            " created_at = created_at - make_interval(days => %s)"
+            " WHERE id = ANY(%s) AND finished_at IS NOT NULL", (days, days, ids)).rowcount
+    assert changed == len(ids)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+# -- the tests ----------------------------------------------------------------------------------
+
+
+def test_prune_removes_every_row_of_old_finished_executions_and_nothing_else(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    wf = prune_workflow()
+    app = make_app(wf)
+    with running_worker(app, poll_interval=0.05):
+        done = [app.start(wf.name, {}) for _ in range(3)]
+        degraded = app.start(wf.name, {"slow": True})
+        dead, repaired = (app.start(wf.name, {"fail": True}) for _ in range(2))
+        recent = app.start(wf.name, {})
+        running = app.start(wf.name, {"block": True})
+        for handle in [*done, degraded, dead, repaired, recent]:
+            handle.wait(timeout=30)
+        assert app.status(degraded.id).outcomes["slow"] == "degraded"
+        assert app.status(dead.id).outcomes["flaky"] == "failed"
+        HEALED.set()  # a repair re-runs the dead-lettered branch: it no longer holds its execution
+        app.repair(repaired.id)
+        app.wait(repaired.id, timeout=30)
+        wait_for(lambda: app.status(running.id).outcomes.get("join") == "active")
+
+        old = [h.id for h in (*done, degraded, dead, repaired)]
+        age(db_url, old)
+        with psycopg.connect(db_url) as conn:
+            # The check below is not vacuous: it sees every table hanging off an execution.
+            tables = {t for t, _, _ in referencing_columns(conn)}
+            assert {"konduit_steps", "konduit_tasks", "konduit_attempts", "konduit_outputs",
+                    "konduit_execution_outputs"} <= tables
+            before = {eid: rows_of(conn, eid) for eid in [*old, recent.id, running.id]}
+        mine = before[running.id]  # a running execution has rows everywhere but output versions
+        assert all(n > 0 for k, n in mine.items() if k != "konduit_execution_outputs.execution_id")
+
+        deleted = app.prune(older_than="1d")
+        assert deleted == 5  # done x3, degraded, the repaired one; not the dead letter
+
+        with psycopg.connect(db_url) as conn:
+            after = {eid: rows_of(conn, eid) for eid in before}
+            assert orphans(conn) == {}
+        for eid in (*[h.id for h in done], degraded.id, repaired.id):
+            assert set(after[eid].values()) == {0}, (eid, after[eid])
+        for eid in (dead.id, recent.id, running.id):
+            assert after[eid] == before[eid], eid  # untouched, row for row
+        assert app.status(running.id).status == "running"
+
+        # The dead letter goes only when asked; the recent and running ones stay regardless.
+        assert app.prune(older_than="1d") == 0
+        assert app.prune(older_than="1d", include_dead_letters=True) == 1
+        assert app.prune(older_than="0s", include_dead_letters=True) == 1  # the recent one
+        with psycopg.connect(db_url) as conn:
+            assert set(rows_of(conn, dead.id).values()) == {0}
+            assert rows_of(conn, running.id) == before[running.id]
+            assert orphans(conn) == {}
+        RELEASE.set()
+        assert running.wait(timeout=30).output == 14  # the running execution finishes normally
+
+
+def test_prune_deletes_in_batches_and_resumes_past_dead_letters(
+        make_app: Callable[..., konduit.App], db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    wf = prune_workflow()
+    app = make_app(wf)
+    with running_worker(app, concurrency=16, poll_interval=0.05):
+        handles = [app.start(wf.name, {"fail": i % 5 == 0}) for i in range(23)]
+        for handle in handles:
+            handle.wait(timeout=60)
+    age(db_url, [h.id for h in handles])
+    calls: list[int] = []
+    original = Database.all
+
+    async def spy(self: Database, query: str, /, **params: Any) -> Any:
+        rows = await original(self, query, **params)
+        if query == "execution_delete_finished_batch_if_still_finished":
+            assert params["batch_size"] == 4
+            calls.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(Database, "all", spy)
+
+    async def capped() -> int:  # a worker's round stops after a few batches
+        db = await open_database(db_url, max_size=2)
+        try:
+            return await prune(db, "1d", batch_size=4, max_batches=2)
+        finally:
+            await db.close()
+
+    assert asyncio.run(capped()) == 8
+    assert calls == [4, 4]
+    calls.clear()
+    assert app.prune(older_than="1d", batch_size=4) == 10  # the rest; 5 hold a dead letter
+    assert calls == [4, 4, 2]  # batches of at most 4; the last short one ends it
+    assert app.prune(older_than="1d", include_dead_letters=True, batch_size=4) == 5
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM konduit_executions").fetchone() == (0,)
+        assert orphans(conn) == {}
+
+
+def _race(*calls: Callable[[], Any]) -> list[Any]:
+    """Run the calls on threads released together; returns results (or exceptions) in order."""
+    barrier = threading.Barrier(len(calls))
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = calls[i]()
+        except Exception as exc:  # reported by the caller's asserts
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_two_concurrent_prunes_delete_each_execution_once(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    wf = one_step()
+    runner = make_app(wf)
+    first, second = make_app(wf), make_app(wf)  # two pools: two connections racing
+    with running_worker(runner, concurrency=16, poll_interval=0.05):
+        for trial in range(3):
+            handles = runner.start_many([{"workflow": wf.name, "input": i} for i in range(60)])
+            for handle in handles:
+                handle.wait(timeout=60)
+            age(db_url, [h.id for h in handles])
+            results = _race(lambda: first.prune(older_than="1d", batch_size=5),
+                            lambda: second.prune(older_than="1d", batch_size=5))
+            assert not [r for r in results if isinstance(r, Exception)], results
+            assert sum(results) == 60, (trial, results)
+            with psycopg.connect(db_url) as conn:
+                assert conn.execute("SELECT count(*) FROM konduit_executions").fetchone() == (0,)
+                assert orphans(conn) == {}
+
+
+def test_a_prune_racing_a_repair_never_deletes_the_repaired_execution(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    """A repair reopens an execution (it is running again): the prune either deleted it first
+    (the repair then finds nothing) or skips it; never both, never a half-deleted execution."""
+    wf = prune_workflow()
+    app, pruner = make_app(wf), make_app(wf)
+    with running_worker(app, concurrency=16, poll_interval=0.05):
+        handles = [app.start(wf.name, {"slow": True}) for _ in range(12)]
+        for handle in handles:
+            handle.wait(timeout=60)
+        ids = [h.id for h in handles]
+        age(db_url, ids)
+
+        def repair_all() -> dict[UUID, str]:
+            outcome = {}
+            for eid in ids:
+                try:
+                    app.repair(eid)
+                    outcome[eid] = "repaired"
+                except konduit.ExecutionNotFound:
+                    outcome[eid] = "gone"
+            return outcome
+
+        repaired, pruned = _race(repair_all, lambda: pruner.prune(older_than="1d", batch_size=1))
+        assert isinstance(repaired, dict) and isinstance(pruned, int), (repaired, pruned)
+        assert sum(v == "gone" for v in repaired.values()) == pruned
+        for eid, what in repaired.items():
+            if what == "repaired":
+                assert app.wait(eid, timeout=30).status == "succeeded"
+                assert len(app.outputs(eid)) == 2
+    with psycopg.connect(db_url) as conn:
+        left = {r[0] for r in conn.execute("SELECT id FROM konduit_executions").fetchall()}
+        assert left == {eid for eid, what in repaired.items() if what == "repaired"}
+        assert orphans(conn) == {}
+
+
+def test_workers_apply_the_apps_retention(make_app: Callable[..., konduit.App], db_url: str) -> None:
+    wf = one_step()
+    app = make_app(wf, retention="1d")
+    with running_worker(app, poll_interval=0.05, maintenance_interval=0.1,
+                        retention_interval=0.2):
+        handles = [app.start(wf.name, i) for i in range(5)]
+        for handle in handles:
+            handle.wait(timeout=30)
+        kept = app.start(wf.name, 99)
+        kept.wait(timeout=30)
+        age(db_url, [h.id for h in handles])
+        with psycopg.connect(db_url) as conn:  # a worker that died two days ago
+            conn.execute("INSERT INTO konduit_workers (id, hostname, pid, concurrency, queues,"
+                         " started_at, last_heartbeat_at) VALUES ('gone', 'h', 1, 1, '{default}',"
+                         " now() - interval '3 days', now() - interval '2 days')")
+
+        def left() -> set[UUID]:
+            with psycopg.connect(db_url) as conn:
+                return {r[0] for r in conn.execute("SELECT id FROM konduit_executions")}
+
+        wait_for(lambda: left() == {kept.id})
+        # Even a prune of everything finished forgets only workers silent for over an hour.
+        assert app.prune(older_than="0s") == 1
+        with psycopg.connect(db_url) as conn:
+            workers = [r[0] for r in conn.execute("SELECT id FROM konduit_workers")]
+        assert len(workers) == 1 and workers != ["gone"]
+        assert len(app.workers()) == 1
+    with psycopg.connect(db_url) as conn:
+        assert orphans(conn) == {}
+
+
+def test_retention_settings_are_checked() -> None:
+    with pytest.raises(konduit.KonduitError, match="retention: must be longer than zero"):
+        konduit.App([], retention="0s")
+    with pytest.raises(konduit.KonduitError, match="retention"):
+        konduit.App([], retention="soon")
+    wf = konduit.Workflow("contract", version=1, repair_within="2d")
+    wf.step(name="only")(lambda ctx: 1)
+    with pytest.raises(konduit.WorkflowDefinitionError,
+                       match=r"repair_within \(2d\) must be shorter than the App's retention \(24h\)"):
+        konduit.App([wf], retention="1d")
+    assert konduit.App([wf], retention="30d").retention == 30 * 86400
+
+
+def test_prune_cli(make_app: Callable[..., konduit.App], db_url: str) -> None:
+    wf = prune_workflow()
+    app = make_app(wf)
+    with running_worker(app, poll_interval=0.05):
+        handles = [app.start(wf.name, {"fail": i == 0}) for i in range(4)]
+        for handle in handles:
+            handle.wait(timeout=30)
+    age(db_url, [h.id for h in handles])
+    dry = konduit_cli("prune", "--older-than", "1d", "--dry-run", "--database-url", db_url)
+    assert dry.returncode == 0, dry.stderr
+    assert "would prune 3 execution(s) that finished more than 1d ago" in dry.stdout
+    assert "kept 1 holding a dead letter" in dry.stdout
+    real = konduit_cli("prune", "--older-than", "1d", "--batch-size", "2", "--json",
+                       "--database-url", db_url)
+    assert real.returncode == 0, real.stderr
+    assert '"deleted": 3' in real.stdout and '"kept_with_dead_letters": 1' in real.stdout
+    bad = konduit_cli("prune", "--older-than", "a while", "--database-url", db_url)
+    assert bad.returncode == 1 and "older_than" in bad.stderr
+    final = konduit_cli("prune", "--older-than", "1d", "--include-dead-letters",
+                        "--database-url", db_url)
+    assert final.returncode == 0 and "pruned 1 execution(s)" in final.stdout
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM konduit_executions").fetchone() == (0,)
+        assert orphans(conn) == {}
