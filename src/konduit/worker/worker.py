@@ -25,6 +25,7 @@ from konduit.db.database import Database, Row, Tx
 from konduit.db.migrate import ensure_current
 from konduit.engine import transitions
 from konduit.engine.advancer import Advanced
+from konduit.engine.alerting import Alerting
 from konduit.engine.completer import Completion, Recorded, record, record_many
 from konduit.engine.registry import Registry
 from konduit.errors import (
@@ -68,6 +69,8 @@ class Worker:
             db, registry, self.executor, lease_seconds=self.config.lease_seconds,
             deadline_grace=self.config.deadline_grace,
         )
+        self.alerting = Alerting(db, registry, fan_in_wait=self.config.alert_fan_in_wait,
+                                 consecutive=self.config.alert_fan_in_consecutive)
         # Outcomes that end together, of however many executions, share one transaction.
         self.batcher = CompletionBatcher(
             lambda group: record_many(db, registry, group),
@@ -114,6 +117,8 @@ class Worker:
             asyncio.create_task(self._listen(), name="konduit-listen"),
             asyncio.create_task(self._heartbeat(), name="konduit-heartbeat"),
             asyncio.create_task(self._maintain(), name="konduit-maintenance"),
+            *([asyncio.create_task(self.alerting.run(cfg.alert_interval), name="konduit-alerts")]
+              if cfg.alert_interval > 0 else []),
             asyncio.create_task(self.batcher.run(), name="konduit-completer"),
         ]
         self._completer = helpers[-1]
