@@ -35,15 +35,15 @@ from konduit.app import App
 from konduit.db.database import Row
 from konduit.engine.client import Client, ExecutionResult
 from konduit.errors import (
-    DashboardError as DashboardError,
-)
-from konduit.errors import (
     AlertError,
     DatabaseUnavailable,
     ExecutionNotFound,
     KonduitError,
     SchemaOutdated,
     StatsError,
+)
+from konduit.errors import (
+    DashboardError as DashboardError,
 )
 from konduit.observe.metrics import KonduitCollector
 from konduit.observe.stats import load_stats, span
