@@ -94,12 +94,12 @@ def quick_workflow(name: str = "alerts-quick", seconds: float = 0.05,
 
 @contextmanager
 def worker_processes(db_url: str, count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}",
-           "KONDUIT_ALERT_INTERVAL": "0.2"}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"}
     procs = [subprocess.Popen(
         [sys.executable, "-m", "konduit.cli", "worker", "tests.alerts_app:app",
          "--database-url", db_url, "--concurrency", "8", "--poll-interval", "0.2",
-         "--log-level", "WARNING"], cwd=ROOT, env=env) for _ in range(count)]
+         "--alert-interval", "0.2", "--log-level", "WARNING"], cwd=ROOT, env=env)
+        for _ in range(count)]
     try:
         yield procs
     finally:
