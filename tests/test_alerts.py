@@ -425,3 +425,35 @@ def test_the_exporter_and_the_dashboard_show_alerts(db_url: str) -> None:
         assert {a["kind"] for a in api} == {"window_at_risk", "fan_in_wait"}
         assert [a["kind"] for a in client.get("/api/alerts").json()] == ["window_at_risk"]
         assert client.get("/api/alerts", params={"kind": "bogus"}).status_code == 400
+
+
+def test_rules_over_history_run_every_30s_and_only_they_resolve_their_alerts(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    wf = quick_workflow("alerts-nightly", alert_after_no_success="1h")
+    app = make_app(wf)
+    app.start(wf.name, {})
+    rows(db_url, "UPDATE konduit_workflows SET created_at = created_at - interval '2 hours' "
+         "RETURNING name")
+
+    async def go() -> list[Round]:
+        db = Database(db_url, min_size=1, max_size=2)
+        await db.open()
+        try:
+            alerting = Alerting(db, app.registry, history_every=3600)
+            rounds = [await alerting.evaluate()]
+            await asyncio.to_thread(run_once)
+            rounds.append(await alerting.evaluate())  # no history rules this round: left open
+            alerting.history_every = 0
+            rounds.append(await alerting.evaluate())
+            return rounds
+        finally:
+            await db.close()
+
+    def run_once() -> None:
+        with running_worker(app):
+            app.start(wf.name, {}).wait(timeout=30)
+
+    first, throttled, due = asyncio.run(go())
+    assert [a.kind for a in first.raised] == ["no_success"]
+    assert throttled.findings == throttled.resolved == []
+    assert [a.id for a in due.resolved] == [first.raised[0].id]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -49,7 +50,7 @@ from konduit.observe.alerts import (
 )
 from konduit.observe.forecast import StepProgress, forecast
 from konduit.observe.plan import DEFAULT_HISTORY as PLAN_HISTORY
-from konduit.observe.plan import StepQuantiles, load_durations
+from konduit.observe.plan import load_durations
 from konduit.observe.stats import DEFAULT_HISTORY as STATS_HISTORY
 from konduit.observe.stats import Wait, fan_in_alerts, seconds_option
 
@@ -57,6 +58,10 @@ log = logging.getLogger("konduit.alerts")
 
 MAX_WINDOWED = 500
 """Running executions with a window one round forecasts (soonest window first)."""
+HISTORY_EVERY = 30.0
+"""Seconds between two evaluations of the rules over history (fan-in waits, last successes):
+their facts move slowly and their reads cover a day of executions. Windows are forecast every
+round, from fresh span quantiles: a history of a few fast runs must count as soon as it exists."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class Alerting:
         history: Duration = PLAN_HISTORY,
         fan_in_history: Duration = STATS_HISTORY,
         hook: AlertHook = alert_changed,
+        history_every: float = HISTORY_EVERY,
     ):
         self.db = db
         self.registry = registry
@@ -119,6 +125,8 @@ class Alerting:
         self.history = history  # the spans that forecasts weigh steps by (as `konduit plan`)
         self.fan_in_history = seconds_option(fan_in_history, "fan-in history")
         self.hook = hook
+        self.history_every = history_every
+        self._history_read_at: float | None = None  # monotonic time of the last history rules
 
     @property
     def workflows(self) -> list[str]:
@@ -142,13 +150,19 @@ class Alerting:
         if not names:
             return done
         windows, evaluated = await self._windows()
-        done.findings = [*windows, *await self._fan_in(names), *await self._no_success(names)]
+        done.findings = windows
+        clock = time.monotonic()
+        judged = {"window_at_risk"}  # kinds whose every open alert this round may resolve
+        if self._history_read_at is None or clock - self._history_read_at >= self.history_every:
+            done.findings += [*await self._fan_in(names), *await self._no_success(names)]
+            judged |= {"fan_in_wait", "no_success"}
+            self._history_read_at = clock
         for finding in done.findings:
             await self._raise(finding, done)
         found = {f.key for f in done.findings}
         for row in await self.db.all("alert_list_open_for_workflows", workflows=names):
             open_alert = AlertRecord.from_row(row)
-            if (open_alert.kind, open_alert.subject) in found:
+            if (open_alert.kind, open_alert.subject) in found or open_alert.kind not in judged:
                 continue
             resolution = await self._resolution(open_alert, evaluated)
             if resolution is not None:
@@ -168,9 +182,8 @@ class Alerting:
                                    execution_ids=[r["id"] for r in known]):
             progress.setdefault(s["execution_id"], {})[s["step"]] = StepProgress(
                 s["status"], s["fired_at"], s["ended_at"])
-        durations: dict[str, dict[str, StepQuantiles]] = {}
-        for name in sorted({r["workflow_name"] for r in known}):
-            durations[name] = await load_durations(self.db, name, history=self.history)
+        durations = {name: await load_durations(self.db, name, history=self.history)
+                     for name in sorted({r["workflow_name"] for r in known})}
         found = []
         for r in known:
             spec = self.registry.get(r["workflow_name"], r["workflow_version"])

@@ -1,9 +1,11 @@
 """Prometheus metrics (``konduit metrics``): the numbers of ``konduit stats`` on ``/metrics``.
 
 Each scrape reads the history through :func:`konduit.observe.stats.load_stats` (same queries, same alert
-rule, same ``--history`` window) plus one count of executions by status, on one connection pool
-kept for the process. A scrape never hangs and never fails: it is bounded by ``timeout``, and
-when the database cannot be read it answers with ``konduit_scrape_error 1`` (and no stale data).
+rule, same ``--history`` window) plus one count of executions by status and the stored alerts
+(``konduit_alerts_open`` per kind, one ``konduit_alert_open_since_seconds`` per open alert; see
+docs/alerts.md), on one connection pool kept for the process. A scrape never hangs and never
+fails: it is bounded by ``timeout``, and when the database cannot be read it answers with
+``konduit_scrape_error 1`` (and no stale data).
 
 Every metric is a **gauge**, ``*_total`` ones included: they count tries and outcomes over the
 sliding ``--history`` window, so they go down as old executions leave it, which a Prometheus
