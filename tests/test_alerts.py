@@ -457,3 +457,17 @@ def test_rules_over_history_run_every_30s_and_only_they_resolve_their_alerts(
     assert [a.kind for a in first.raised] == ["no_success"]
     assert throttled.findings == throttled.resolved == []
     assert [a.id for a in due.resolved] == [first.raised[0].id]
+
+
+def test_a_repair_is_not_judged_against_the_window(make_app: Callable[..., konduit.App],
+                                                   db_url: str) -> None:
+    wf = quick_workflow()
+    app = make_app(wf)
+    eid = app.start(wf.name, {}, deadline_at=datetime.now(UTC) - timedelta(seconds=1)).id
+    [raised] = evaluate(db_url, app.registry).raised
+    # As a repair reopens it: running again, a later generation, long after its window.
+    rows(db_url, "UPDATE konduit_executions SET generation = 2 WHERE id = %s RETURNING id", eid)
+    cleared = evaluate(db_url, app.registry)
+    assert cleared.findings == [] and [a.id for a in cleared.resolved] == [raised.id]
+    assert "being repaired" in cleared.resolved[0].details["resolution"]
+    assert evaluate(db_url, app.registry).raised == []

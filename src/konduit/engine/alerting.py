@@ -275,8 +275,10 @@ class Alerting:
         row = await self.db.one("execution_get_window_outcome", id=execution_id)
         if row is None:
             return window_resolution(None, None, None)
-        if row["status"] == "running":
+        if row["status"] == "running" and row["generation"] == 1:
             return None  # not forecast this round (past the round's limit): leave it
+        if row["status"] == "running":
+            return {"resolution": "execution is being repaired: its window was its first run's"}
         return window_resolution(row["status"], row["deadline_at"], row["finished_at"])
 
 

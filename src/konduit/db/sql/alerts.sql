@@ -1,10 +1,11 @@
 -- name: execution_list_running_with_window
--- Running executions that have a window (deadline_at), soonest window first, with the server's time.
+-- Running first runs (not repairs) that have a window (deadline_at), soonest first, with the server's time.
 SELECT id, workflow_name, workflow_version, deadline_at, created_at,
        clock_timestamp() AS now
 FROM konduit_executions
 WHERE status = 'running'
   AND deadline_at IS NOT NULL
+  AND generation = 1
 ORDER BY deadline_at, id
 LIMIT %(limit)s;
 
@@ -16,7 +17,7 @@ WHERE execution_id = ANY(%(execution_ids)s::uuid[]);
 
 -- name: execution_get_window_outcome
 -- How an execution with a window stands now (to word the resolution of its window alert).
-SELECT id, status, deadline_at, finished_at, clock_timestamp() AS now
+SELECT id, status, generation, deadline_at, finished_at, clock_timestamp() AS now
 FROM konduit_executions
 WHERE id = %(id)s;
 
@@ -41,7 +42,7 @@ LEFT JOIN LATERAL (
 SELECT clock_timestamp() AS now;
 
 -- name: alert_raise_or_confirm_unless_resolved_since
--- Open the alert, or refresh the open one; not if it was resolved after as_of, nor for an execution no longer running.
+-- Open the alert, or refresh the open one; not if resolved after as_of, nor for an execution no longer in its first run.
 INSERT INTO konduit_alerts AS a (kind, subject, workflow, severity, message, details,
                                  raised_at, last_seen_at)
 SELECT %(kind)s, %(subject)s, %(workflow)s, %(severity)s, %(message)s, %(details)s,
@@ -51,7 +52,7 @@ WHERE NOT EXISTS (
         WHERE c.kind = %(kind)s AND c.subject = %(subject)s AND c.resolved_at >= %(as_of)s)
   AND (%(execution_id)s::uuid IS NULL OR EXISTS (
         SELECT 1 FROM konduit_executions e
-        WHERE e.id = %(execution_id)s::uuid AND e.status = 'running'))
+        WHERE e.id = %(execution_id)s::uuid AND e.status = 'running' AND e.generation = 1))
 ON CONFLICT (kind, subject) WHERE resolved_at IS NULL
 DO UPDATE SET severity = EXCLUDED.severity,
               message = EXCLUDED.message,
