@@ -48,6 +48,7 @@ class Finding:
 
     @property
     def key(self) -> tuple[str, str]:
+        """(kind, subject): at most one open alert per key."""
         return self.kind, self.subject
 
 
@@ -68,10 +69,12 @@ class AlertRecord:
 
     @property
     def open(self) -> bool:
+        """True until the alert is resolved."""
         return self.resolved_at is None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> AlertRecord:
+        """An alert from a row of ``konduit_alerts``."""
         return cls(id=int(row["id"]), kind=row["kind"], subject=row["subject"],
                    workflow=row["workflow"], severity=row["severity"], message=row["message"],
                    details=dict(row["details"] or {}), raised_at=row["raised_at"],
