@@ -32,7 +32,7 @@ from psycopg.types.json import Jsonb
 
 import konduit
 from konduit.db.database import Database, Tx
-from konduit.engine.alerting import AlertChange, Alerting, Round
+from konduit.engine.alerting import AlertChange, Alerting, Round, prune_resolved_alerts
 from konduit.engine.registry import Registry
 from konduit.observe.metrics import metric_families, serve
 from konduit.observe.stats import Stats
@@ -471,3 +471,25 @@ def test_a_repair_is_not_judged_against_the_window(make_app: Callable[..., kondu
     assert cleared.findings == [] and [a.id for a in cleared.resolved] == [raised.id]
     assert "being repaired" in cleared.resolved[0].details["resolution"]
     assert evaluate(db_url, app.registry).raised == []
+
+
+def test_pruning_deletes_old_resolved_alerts_and_never_open_ones(db_url: str) -> None:
+    seed_alerts(db_url)  # one open, one resolved just now
+    rows(db_url, "INSERT INTO konduit_alerts (kind, subject, workflow, severity, message, "
+         "raised_at, last_seen_at, resolved_at) SELECT 'no_success', 'wf' || i, 'wf', 'warning', "
+         "'old', now() - interval '40 days', now() - interval '40 days', now() - interval '39 days' "
+         "FROM generate_series(1, 5) i RETURNING id")
+    rows(db_url, "UPDATE konduit_alerts SET raised_at = now() - interval '90 days', last_seen_at = "
+         "now() - interval '90 days' WHERE resolved_at IS NULL RETURNING id")
+
+    async def go() -> int:
+        db = Database(db_url, min_size=1, max_size=1)
+        await db.open()
+        try:
+            return await prune_resolved_alerts(db, "30d", batch=2)
+        finally:
+            await db.close()
+
+    assert asyncio.run(go()) == 5
+    left = rows(db_url, "SELECT kind, resolved_at IS NULL FROM konduit_alerts ORDER BY id")
+    assert left == [("window_at_risk", True), ("fan_in_wait", False)]

@@ -294,3 +294,15 @@ async def list_alerts(
     rows = await db.all("alert_list_recent", include_resolved=include_resolved, kind=kind,
                         workflow=workflow, limit=limit)
     return [AlertRecord.from_row(r) for r in rows]
+
+
+async def prune_resolved_alerts(db: Database, older_than: Duration, *, batch: int = 1000) -> int:
+    """Delete alerts resolved more than ``older_than`` ago, in batches; returns how many. Open
+    alerts are never deleted. (For retention: ``App(retention=...)`` may call it.)"""
+    seconds = seconds_option(older_than, "older_than")
+    deleted = 0
+    while True:
+        n = await db.run("alert_delete_resolved_before", older_than_seconds=seconds, limit=batch)
+        deleted += n
+        if n < batch:
+            return deleted

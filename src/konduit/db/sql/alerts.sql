@@ -100,3 +100,14 @@ FROM konduit_alerts
 WHERE resolved_at IS NULL
 GROUP BY kind
 ORDER BY kind;
+
+-- name: alert_delete_resolved_before
+-- Retention: delete a batch of alerts resolved before the cutoff (open ones are never deleted).
+DELETE FROM konduit_alerts
+WHERE id IN (
+    SELECT id FROM konduit_alerts
+    WHERE resolved_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
+    ORDER BY id
+    LIMIT %(limit)s
+)
+  AND resolved_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s);
