@@ -133,13 +133,16 @@ class Alerting:
         return sorted({spec.name for spec in self.registry})
 
     async def run(self, interval: float) -> None:
-        """Evaluate every ``interval`` seconds until cancelled; a failed round is logged."""
+        """Evaluate every ``interval`` seconds until cancelled; a failed round is logged and the
+        next one tries again."""
         while True:
             await asyncio.sleep(interval)
             try:
                 await self.evaluate()
             except (DatabaseError, KonduitError) as exc:
                 log.warning("alert evaluation failed: %s", exc)
+            except Exception:  # a bug in a rule must not end alerting for the worker's life
+                log.exception("alert evaluation failed")
 
     async def evaluate(self) -> Round:
         """One round: raise what the rules find, resolve what they no longer find."""
