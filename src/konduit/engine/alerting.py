@@ -147,7 +147,7 @@ class Alerting:
     async def evaluate(self) -> Round:
         """One round: raise what the rules find, resolve what they no longer find."""
         names = self.workflows
-        now = await self.db.one("alert_clock_now")
+        now = await self.db.one("alert_get_clock")
         assert now is not None
         done = Round(as_of=now["now"])
         if not names:

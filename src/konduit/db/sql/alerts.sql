@@ -37,7 +37,7 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) last ON true;
 
--- name: alert_clock_now
+-- name: alert_get_clock
 -- The server's time: the moment an evaluation reads its data (guards its raises and resolutions).
 SELECT clock_timestamp() AS now;
 
