@@ -10,6 +10,7 @@ from konduit.core.workflow import Workflow, parallel, step
 from konduit.engine.client import ExecutionResult
 from konduit.engine.starts import StartRequest
 from konduit.errors import (
+    AlertError,
     DatabaseError,
     DatabaseUnavailable,
     DefinitionWarning,
@@ -25,10 +26,13 @@ from konduit.errors import (
     WorkflowNotFound,
     WorkflowVersionConflict,
 )
+from konduit.observe.alerts import AlertRecord
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AlertError",
+    "AlertRecord",
     "App",
     "Context",
     "DatabaseError",

@@ -30,6 +30,7 @@ from konduit.engine.registry import Registry
 from konduit.engine.retention import BATCH_SIZE, prune, retention_seconds
 from konduit.engine.starts import StartRequest
 from konduit.errors import WorkflowDefinitionError
+from konduit.observe.alerts import AlertRecord
 from konduit.worker.config import WorkerConfig
 from konduit.worker.worker import Worker
 
@@ -246,6 +247,13 @@ class App:
     def workers(self, stale_seconds: float | None = None) -> builtins.list[Row]:
         """Live workers; see :meth:`konduit.engine.client.Client.workers`."""
         return self._call(self._c().workers(stale_seconds))
+
+    def alerts(self, *, include_resolved: bool = False, kind: str | None = None,
+               workflow: str | None = None, limit: int = 100) -> builtins.list[AlertRecord]:
+        """Stored alerts (window at risk, fan-in wait, no recent success), newest first: the
+        open ones, or resolved ones too; see docs/alerts.md."""
+        return self._call(self._c().alerts(include_resolved=include_resolved, kind=kind,
+                                           workflow=workflow, limit=limit))
 
     def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""

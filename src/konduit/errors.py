@@ -128,3 +128,7 @@ class DashboardError(KonduitError):
 
 class BenchError(KonduitError):
     """The engine did something a benchmark did not expect (the numbers would be meaningless)."""
+
+
+class AlertError(KonduitError):
+    """Bad alert options (``konduit alerts``, ``app.alerts()``), such as an unknown kind."""

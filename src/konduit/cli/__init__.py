@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 import konduit
-from konduit.cli import executions, observe, operate, retention, tools
+from konduit.cli import alerts, executions, observe, operate, retention, tools
 from konduit.cli.common import CliError, console, err_console, load_app, one_line
 
 cli = typer.Typer(
@@ -58,6 +58,7 @@ cli.command()(observe.dashboard)
 cli.command()(observe.metrics)
 cli.command()(observe.stats)
 cli.command()(observe.plan)
+cli.command()(alerts.alerts)
 cli.command()(tools.demo)
 cli.command()(tools.bench)
 

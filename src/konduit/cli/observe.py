@@ -139,9 +139,11 @@ def plan(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Show the critical path with each step's p50/p95/p99 from history, the predicted finish
-    and whether the window is at risk."""
+    and whether the window is at risk. Exit code: 0, or 3 when the window is at risk or will be
+    missed (so a nightly check can page on it); 1 on an error."""
 
     from konduit.observe.plan import (
+        PLAN_AT_RISK_EXIT_CODE,
         PLAN_NOTE,
         Plan,
         history_seconds,
@@ -168,7 +170,9 @@ def plan(
     result = asyncio.run(load())
     if as_json:
         print(dump_json(result.to_json()))
-        return
-    for renderable in plan_renderables(result):
-        console.print(renderable)
-    console.print(f"[dim]{PLAN_NOTE}[/dim]")
+    else:
+        for renderable in plan_renderables(result):
+            console.print(renderable)
+        console.print(f"[dim]{PLAN_NOTE}[/dim]")
+    if result.verdict in ("at risk", "will miss"):
+        raise typer.Exit(PLAN_AT_RISK_EXIT_CODE)

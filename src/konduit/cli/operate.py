@@ -73,6 +73,9 @@ def worker(
         help="How long to wait for a database that does not answer at start "
         "(default: until it answers; each failed attempt is logged).",
         show_default=False)] = None,
+    alert_interval: Annotated[float | None, typer.Option(
+        min=0, help="Seconds between evaluations of the alert rules; 0 turns them off in this "
+        "worker (default: $KONDUIT_ALERT_INTERVAL or 5).", show_default=False)] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     database_url: DatabaseUrl = None,
 ) -> None:
@@ -94,6 +97,7 @@ def worker(
             "isolation": isolation,
             "max_abandoned": max_abandoned,
             "fallback_timeout": fallback_timeout,
+            "alert_interval": alert_interval,
         }.items()
         if value is not None
     }

@@ -149,7 +149,8 @@ class Workflow:
     """
 
     def __init__(self, name: str, version: int = 1, *, repair_within: Duration | None = None,
-                 repair_delay: Duration | None = None):
+                 repair_delay: Duration | None = None,
+                 alert_after_no_success: Duration | None = None):
         if not isinstance(name, str) or not _NAME.match(name):
             raise WorkflowDefinitionError(
                 f"workflow name {name!r} must be 1-100 letters, digits, '_', '-' or '.'"
@@ -160,6 +161,17 @@ class Workflow:
         self.name = name
         self.version = version
         self.repair = RepairContract.of(repair_within, repair_delay, workflow=name)
+        # Alert when no execution succeeded for this long (docs/alerts.md); None: never.
+        self.alert_after_no_success: float | None = None
+        if alert_after_no_success is not None:
+            try:
+                self.alert_after_no_success = parse_duration(
+                    alert_after_no_success, what="alert_after_no_success")
+            except KonduitError as exc:
+                raise WorkflowDefinitionError(str(exc), workflow=name) from exc
+            if self.alert_after_no_success <= 0:
+                raise WorkflowDefinitionError("alert_after_no_success must be a positive "
+                                              "duration, e.g. '26h'", workflow=name)
         self._steps: dict[str, StepSpec] = {}
         self._by_handler: dict[int, str] = {}
         self._frozen_spec: WorkflowSpec | None = None
@@ -416,7 +428,8 @@ class Workflow:
         """Check the whole DAG (unknown upstreams, cycles) and freeze it."""
         if self._frozen_spec is None:
             self._frozen_spec = WorkflowSpec(self.name, self.version, dict(self._steps),
-                                             repair=self.repair)
+                                             repair=self.repair,
+                                             alert_after_no_success=self.alert_after_no_success)
         return self._frozen_spec
 
     @property
@@ -430,12 +443,15 @@ class Workflow:
 class WorkflowSpec:
     """The frozen, validated DAG of a workflow: what the engine and the pure advance function use."""
 
-    def __init__(self, name: str, version: int, steps: dict[str, StepSpec],
-                 *, repair: RepairContract | None = None):
+    def __init__(self, name: str, version: int, steps: dict[str, StepSpec], *,
+                 repair: RepairContract | None = None,
+                 alert_after_no_success: float | None = None):
         self.name = name
         self.version = version
         self.steps = steps
         self.repair = repair  # the automatic repair contract (repair_within), if any
+        # An operating setting, not part of the DAG: kept out of spec_json and spec_hash.
+        self.alert_after_no_success = alert_after_no_success
         if not steps:
             raise WorkflowDefinitionError("a workflow needs at least one step", workflow=name)
         for s in steps.values():

@@ -19,6 +19,7 @@ from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
 from konduit.engine.advancer import Advancer, finish_execution, state_columns
+from konduit.engine.alerting import list_alerts
 from konduit.engine.registry import Registry, workflow_key
 from konduit.engine.starts import (
     Prepared,
@@ -35,6 +36,7 @@ from konduit.errors import (
     KonduitError,
     WorkflowVersionConflict,
 )
+from konduit.observe.alerts import AlertRecord
 
 
 def coerce_execution_id(execution_id: UUID | str) -> UUID:
@@ -250,6 +252,12 @@ class Client:
         lease): host, pid, queues, workflows served, isolation, slots, running tasks, abandoned
         threads and ``heartbeat_age`` in seconds."""
         return await self.db.all("worker_list_live", stale_seconds=stale_seconds)
+
+    async def alerts(self, *, include_resolved: bool = False, kind: str | None = None,
+                     workflow: str | None = None, limit: int = 100) -> builtins.list[AlertRecord]:
+        """Stored alerts, newest first: open ones, or resolved ones too (docs/alerts.md)."""
+        return await list_alerts(self.db, include_resolved=include_resolved, kind=kind,
+                                 workflow=workflow, limit=limit)
 
     async def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""

@@ -1,9 +1,11 @@
 """Prometheus metrics (``konduit metrics``): the numbers of ``konduit stats`` on ``/metrics``.
 
 Each scrape reads the history through :func:`konduit.observe.stats.load_stats` (same queries, same alert
-rule, same ``--history`` window) plus one count of executions by status, on one connection pool
-kept for the process. A scrape never hangs and never fails: it is bounded by ``timeout``, and
-when the database cannot be read it answers with ``konduit_scrape_error 1`` (and no stale data).
+rule, same ``--history`` window) plus one count of executions by status and the stored alerts
+(``konduit_alerts_open`` per kind, one ``konduit_alert_open_since_seconds`` per open alert; see
+docs/alerts.md), on one connection pool kept for the process. A scrape never hangs and never
+fails: it is bounded by ``timeout``, and when the database cannot be read it answers with
+``konduit_scrape_error 1`` (and no stale data).
 
 Every metric is a **gauge**, ``*_total`` ones included: they count tries and outcomes over the
 sliding ``--history`` window, so they go down as old executions leave it, which a Prometheus
@@ -32,6 +34,7 @@ from konduit.db.connect import open_database
 from konduit.db.database import Database, Row, resolve_url
 from konduit.errors import MetricsError as MetricsError
 from konduit.errors import StatsError
+from konduit.observe.alerts import KINDS
 from konduit.observe.stats import (
     DEFAULT_CONSECUTIVE,
     DEFAULT_FAN_IN_ALERT,
@@ -46,6 +49,8 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9464
 SCRAPE_TIMEOUT = 5.0
 """Seconds a scrape may spend reading the database (Prometheus gives up after 10 by default)."""
+MAX_ALERT_SAMPLES = 1000
+"""Open alerts one scrape reports one by one (newest first); the per-kind counts count them all."""
 EXECUTION_STATUSES = ("pending", "running", "succeeded", "failed", "timed_out", "cancelled")
 
 log = logging.getLogger("konduit.observe.metrics")
@@ -61,10 +66,12 @@ def _gauge(name: str, doc: str, labels: Sequence[str],
 
 
 def metric_families(stats: Stats, executions: Sequence[Row],
-                    workers: Sequence[Row] = ()) -> list[Metric]:
-    """The families of one scrape, from the stats, the rows of ``execution_count_by_status`` and
-    of ``worker_list_live`` (no I/O). Every known status of a workflow is reported, 0 when it has
-    none."""
+                    workers: Sequence[Row] = (), alerts: Sequence[Row] = (),
+                    alert_counts: Sequence[Row] | None = None) -> list[Metric]:
+    """The families of one scrape, from the stats, the rows of ``execution_count_by_status``,
+    of ``worker_list_live``, of the open alerts (``alert_list_recent``) and of
+    ``alert_count_open_by_kind`` (no I/O). Every known status of a workflow, and every alert
+    kind, is reported, 0 when it has none."""
     b, j = stats.branches, stats.joins
     step, join = ("workflow", "step"), ("workflow", "join")
     alerting = {(a.workflow, a.join) for a in stats.alerts}
@@ -114,6 +121,25 @@ def metric_families(stats: Stats, executions: Sequence[Row],
                "Handler threads a live worker gave up on (deadline passed) that still run: a "
                "sync handler ignoring its deadline. Past the worker's limit it restarts.",
                ("worker", "host"), (((w["id"], w["hostname"]), w["abandoned"]) for w in workers)),
+        *alert_families(alerts, alert_counts),
+    ]
+
+
+def alert_families(alerts: Sequence[Row], counts: Sequence[Row] | None = None) -> list[Metric]:
+    """``konduit_alerts_open`` per kind (every kind, 0 when none; from ``counts``, else counted
+    in ``alerts``) and one ``konduit_alert_open_since_seconds`` sample per open alert."""
+    open_ = [a for a in alerts if a["resolved_at"] is None]
+    by_kind = {k: sum(a["kind"] == k for a in open_) for k in KINDS}
+    if counts is not None:
+        by_kind = dict.fromkeys(KINDS, 0) | {r["kind"]: int(r["open"]) for r in counts}
+    return [
+        _gauge("konduit_alerts_open", "Open alerts (konduit alerts), by kind.", ("kind",),
+               (((k,), n) for k, n in by_kind.items())),
+        _gauge("konduit_alert_open_since_seconds",
+               "An open alert: Unix time it was raised (one sample per alert).",
+               ("kind", "subject", "workflow", "severity"),
+               (((a["kind"], a["subject"], a["workflow"], a["severity"]), a["raised_at"].timestamp())
+                for a in open_)),
     ]
 
 
@@ -143,7 +169,7 @@ class KonduitCollector(Collector):
         return await open_database(self.database_url, max_size=2, name="konduit-metrics",
                                    connect_timeout=self.timeout)
 
-    async def _read(self) -> tuple[Stats, list[Row], list[Row]]:
+    async def _read(self) -> tuple[Stats, list[Row], list[Row], tuple[list[Row], list[Row]]]:
         async with self._lock:
             try:
                 if self._db is None:
@@ -152,16 +178,19 @@ class KonduitCollector(Collector):
                 rows = await self._db.all("execution_count_by_status",
                                           history_seconds=stats.history_seconds)
                 workers = await self._db.all("worker_list_live", stale_seconds=None)
-                return stats, rows, workers
+                alerts = await self._db.all("alert_list_recent", include_resolved=False, kind=None,
+                                            workflow=None, limit=MAX_ALERT_SAMPLES)
+                counts = await self._db.all("alert_count_open_by_kind")
+                return stats, rows, workers, (alerts, counts)
             except BaseException:  # a fresh pool next time: no waiting out a broken one's retries
                 db, self._db = self._db, None
                 if db is not None:
                     await db.close()
                 raise
 
-    def read(self) -> tuple[Stats, list[Row], list[Row]]:
-        """The stats, execution counts and live workers now, within ``timeout`` seconds (or an
-        exception)."""
+    def read(self) -> tuple[Stats, list[Row], list[Row], tuple[list[Row], list[Row]]]:
+        """The stats, execution counts, live workers and open alerts now, within ``timeout``
+        seconds (or an exception)."""
         future = asyncio.run_coroutine_threadsafe(
             asyncio.wait_for(self._read(), self.timeout), self._loop)
         try:
@@ -172,7 +201,7 @@ class KonduitCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         began = time.perf_counter()
         try:
-            stats, rows, workers = self.read()
+            stats, rows, workers, (alerts, counts) = self.read()
         except Exception as exc:
             error = " ".join(str(exc).split()) or f"no answer within {self.timeout:g}s"
             if error != self._failing:
@@ -181,7 +210,7 @@ class KonduitCollector(Collector):
         else:
             if self._failing:
                 log.warning("reading the stats again")
-            self._failing, families = None, metric_families(stats, rows, workers)
+            self._failing, families = None, metric_families(stats, rows, workers, alerts, counts)
         yield from families
         yield GaugeMetricFamily("konduit_scrape_error", "1 when this scrape could not read the "
                                 "database, else 0.", value=float(self._failing is not None))

@@ -37,6 +37,8 @@ _BY_FRACTION: dict[float, Quantile] = {0.5: "p50", 0.95: "p95", 0.99: "p99"}
 Verdict = Literal["safe", "at risk", "will miss"]
 
 DEFAULT_HISTORY = "7d"
+PLAN_AT_RISK_EXIT_CODE = 3
+"""``konduit plan`` exits with this code when the verdict is "at risk" or "will miss"."""
 
 
 @dataclass(frozen=True)

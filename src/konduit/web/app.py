@@ -36,14 +36,15 @@ from konduit.db.database import Row
 from konduit.engine.auto_repair import auto_repair_status
 from konduit.engine.client import Client, ExecutionResult
 from konduit.errors import (
-    DashboardError as DashboardError,
-)
-from konduit.errors import (
+    AlertError,
     DatabaseUnavailable,
     ExecutionNotFound,
     KonduitError,
     SchemaOutdated,
     StatsError,
+)
+from konduit.errors import (
+    DashboardError as DashboardError,
 )
 from konduit.observe.metrics import KonduitCollector
 from konduit.observe.stats import load_stats, span
@@ -283,6 +284,13 @@ def create_app(client_factory: ClientFactory, app: App | None = None) -> FastAPI
         alerting = {(a.workflow, a.join) for a in result.alerts}
         return page(request, "stats.html", stats=result, options=options, alerting=alerting)
 
+    @web.get("/alerts", response_class=HTMLResponse)
+    async def alerts(request: Request, limit: int = 100) -> Response:
+        found = await (await clients.get()).alerts(include_resolved=True,
+                                                   limit=max(1, min(limit, 1000)))
+        return page(request, "alerts.html", refresh=REFRESH_SECONDS * 5,
+                    open=[a for a in found if a.open], resolved=[a for a in found if not a.open])
+
     @web.get("/metrics")
     async def metrics() -> Response:
         body = await asyncio.to_thread(generate_latest, await clients.registry())
@@ -295,6 +303,17 @@ def create_app(client_factory: ClientFactory, app: App | None = None) -> FastAPI
         results = await (await clients.get()).list(status=status, workflow=workflow,
                                                    limit=max(1, min(limit, 500)))
         return JSONResponse(jsonable_encoder(results))
+
+    @web.get("/api/alerts")
+    async def api_alerts(all: bool = False, kind: str | None = None, workflow: str | None = None,
+                         limit: int = 100) -> Response:
+        try:
+            found = await (await clients.get()).alerts(include_resolved=all, kind=kind or None,
+                                                       workflow=workflow or None,
+                                                       limit=max(1, min(limit, 1000)))
+        except AlertError as exc:
+            return JSONResponse({"detail": str(exc)}, status_code=400)
+        return JSONResponse([a.to_json() for a in found])
 
     @web.get("/api/executions/{execution_id}")
     async def api_execution(execution_id: str) -> Response:

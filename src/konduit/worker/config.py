@@ -50,6 +50,12 @@ class WorkerConfig:
         default_factory=lambda: _env_float("KONDUIT_AUTO_REPAIR_INTERVAL", 30.0)
     )
     """Seconds between looks for due automatic repairs (workflows with ``repair_within=``)."""
+    alert_interval: float = field(default_factory=lambda: _env_float("KONDUIT_ALERT_INTERVAL", 5.0))
+    """Seconds between evaluations of the alert rules (docs/alerts.md); 0 turns them off here."""
+    alert_fan_in_wait: float = 20.0
+    """The fan-in-wait rule: a join waiting longer than this (seconds) ..."""
+    alert_fan_in_consecutive: int = 2
+    """... in each of its last this many executions raises a ``fan_in_wait`` alert."""
     worker_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     )
@@ -65,5 +71,8 @@ class WorkerConfig:
             raise ValueError(f"fallback_timeout must be > 0, got {self.fallback_timeout}")
         if self.retention_interval <= 0 or self.auto_repair_interval <= 0:
             raise ValueError("retention_interval and auto_repair_interval must be > 0")
+        if self.alert_interval < 0 or self.alert_fan_in_wait <= 0 or self.alert_fan_in_consecutive < 1:
+            raise ValueError("alert_interval must be >= 0, alert_fan_in_wait > 0 and "
+                             "alert_fan_in_consecutive >= 1")
         if self.heartbeat_interval >= self.lease_seconds:
             raise ValueError("heartbeat_interval must be shorter than lease_seconds")

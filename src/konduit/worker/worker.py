@@ -25,6 +25,7 @@ from konduit.db.database import Database, Row, Tx
 from konduit.db.migrate import ensure_current
 from konduit.engine import transitions
 from konduit.engine.advancer import Advanced
+from konduit.engine.alerting import Alerting
 from konduit.engine.auto_repair import AutoRepairer
 from konduit.engine.completer import Completion, Recorded, record, record_many
 from konduit.engine.registry import Registry
@@ -80,6 +81,8 @@ class Worker:
             db, retention, interval=self.config.retention_interval)
         self.auto_repairer = AutoRepairer(db, registry, max_payload_bytes=max_payload_bytes,
                                           interval=self.config.auto_repair_interval)
+        self.alerting = Alerting(db, registry, fan_in_wait=self.config.alert_fan_in_wait,
+                                 consecutive=self.config.alert_fan_in_consecutive)
         # Outcomes that end together, of however many executions, share one transaction.
         self.batcher = CompletionBatcher(
             self._record_group, max_batch=BATCH_COMPLETIONS, max_executions=BATCH_EXECUTIONS,
@@ -131,6 +134,8 @@ class Worker:
             asyncio.create_task(self._listen(), name="konduit-listen"),
             asyncio.create_task(self._heartbeat(), name="konduit-heartbeat"),
             asyncio.create_task(self._maintain(), name="konduit-maintenance"),
+            *([asyncio.create_task(self.alerting.run(cfg.alert_interval), name="konduit-alerts")]
+              if cfg.alert_interval > 0 else []),
             asyncio.create_task(self.batcher.run(), name="konduit-completer"),
         ]
         self._completer = helpers[-1]

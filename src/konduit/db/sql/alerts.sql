@@ -1,0 +1,113 @@
+-- name: execution_list_running_with_window
+-- Running first runs (not repairs) that have a window (deadline_at), soonest first, with the server's time.
+SELECT id, workflow_name, workflow_version, deadline_at, created_at,
+       clock_timestamp() AS now
+FROM konduit_executions
+WHERE status = 'running'
+  AND deadline_at IS NOT NULL
+  AND generation = 1
+ORDER BY deadline_at, id
+LIMIT %(limit)s;
+
+-- name: step_list_progress_for_executions
+-- Where each step of some executions stands: status, when its join fired, when it ended.
+SELECT execution_id, step, status, fired_at, ended_at
+FROM konduit_steps
+WHERE execution_id = ANY(%(execution_ids)s::uuid[]);
+
+-- name: execution_get_window_outcome
+-- How an execution with a window stands now (to word the resolution of its window alert).
+SELECT id, status, generation, deadline_at, finished_at, clock_timestamp() AS now
+FROM konduit_executions
+WHERE id = %(id)s;
+
+-- name: workflow_last_success_for_names
+-- Per workflow name: when it was first registered and when its latest succeeded execution finished.
+SELECT w.name,
+       (SELECT min(r.created_at) FROM konduit_workflows r WHERE r.name = w.name) AS registered_at,
+       last.finished_at AS last_success_at,
+       clock_timestamp() AS now
+FROM unnest(%(names)s::text[]) AS w(name)
+LEFT JOIN LATERAL (
+    SELECT e.finished_at
+    FROM konduit_executions e
+    WHERE e.workflow_name = w.name
+      AND e.status = 'succeeded'
+    ORDER BY e.created_at DESC
+    LIMIT 1
+) last ON true;
+
+-- name: alert_get_clock
+-- The server's time: the moment an evaluation reads its data (guards its raises and resolutions).
+SELECT clock_timestamp() AS now;
+
+-- name: alert_raise_or_confirm_unless_resolved_since
+-- Open the alert, or refresh the open one; not if resolved after as_of, nor for an execution no longer in its first run.
+INSERT INTO konduit_alerts AS a (kind, subject, workflow, severity, message, details,
+                                 raised_at, last_seen_at)
+SELECT %(kind)s, %(subject)s, %(workflow)s, %(severity)s, %(message)s, %(details)s,
+       clock_timestamp(), clock_timestamp()
+WHERE NOT EXISTS (
+        SELECT 1 FROM konduit_alerts c
+        WHERE c.kind = %(kind)s AND c.subject = %(subject)s AND c.resolved_at >= %(as_of)s)
+  AND (%(execution_id)s::uuid IS NULL OR EXISTS (
+        SELECT 1 FROM konduit_executions e
+        WHERE e.id = %(execution_id)s::uuid AND e.status = 'running' AND e.generation = 1))
+ON CONFLICT (kind, subject) WHERE resolved_at IS NULL
+DO UPDATE SET severity = EXCLUDED.severity,
+              message = EXCLUDED.message,
+              details = EXCLUDED.details,
+              last_seen_at = greatest(a.last_seen_at, EXCLUDED.last_seen_at)
+RETURNING a.id, a.kind, a.subject, a.workflow, a.severity, a.message, a.details,
+          a.raised_at, a.last_seen_at, a.resolved_at, (a.xmax = 0) AS raised;
+
+-- name: alert_resolve_if_open_and_unconfirmed_since
+-- Resolve the open alert of (kind, subject) unless an evaluation newer than as_of confirmed it.
+UPDATE konduit_alerts
+SET resolved_at = greatest(clock_timestamp(), raised_at),
+    details = details || %(resolution)s
+WHERE kind = %(kind)s
+  AND subject = %(subject)s
+  AND resolved_at IS NULL
+  AND last_seen_at <= %(as_of)s
+RETURNING id, kind, subject, workflow, severity, message, details,
+          raised_at, last_seen_at, resolved_at;
+
+-- name: alert_list_open_for_workflows
+-- The open alerts of some workflows (the ones an evaluation may resolve).
+SELECT id, kind, subject, workflow, severity, message, details,
+       raised_at, last_seen_at, resolved_at
+FROM konduit_alerts
+WHERE resolved_at IS NULL
+  AND workflow = ANY(%(workflows)s::text[])
+ORDER BY raised_at, id;
+
+-- name: alert_list_recent
+-- Alerts newest first: open ones only, or resolved ones too; optionally of one kind or workflow.
+SELECT id, kind, subject, workflow, severity, message, details,
+       raised_at, last_seen_at, resolved_at
+FROM konduit_alerts
+WHERE (%(include_resolved)s OR resolved_at IS NULL)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+ORDER BY raised_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: alert_count_open_by_kind
+-- Open alerts per kind (the exporter's konduit_alerts_open).
+SELECT kind, count(*) AS open
+FROM konduit_alerts
+WHERE resolved_at IS NULL
+GROUP BY kind
+ORDER BY kind;
+
+-- name: alert_delete_resolved_before
+-- Retention: delete a batch of alerts resolved before the cutoff (open ones are never deleted).
+DELETE FROM konduit_alerts
+WHERE id IN (
+    SELECT id FROM konduit_alerts
+    WHERE resolved_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
+    ORDER BY id
+    LIMIT %(limit)s
+)
+  AND resolved_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s);

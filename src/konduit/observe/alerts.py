@@ -1,0 +1,185 @@
+"""Alert rules, pure: given what the history says, which alerts should be open.
+
+Three rules, each turning facts into :class:`Finding`\\ s (an alert that should be open now):
+
+- :func:`window_at_risk` — a running execution with a window (``deadline_at``) whose p95
+  forecast (:mod:`konduit.observe.forecast`) finishes after the window. ``warning`` while its p50
+  forecast still makes it, ``critical`` once not even that does (or the window has passed).
+- :func:`fan_in_findings` — seed 004's page: a join whose fan-in wait exceeded a threshold in
+  each of its last N executions (the rule of ``konduit stats``, :func:`konduit.observe.stats.fan_in_alert`).
+- :func:`no_success` — a workflow without a successful execution for longer than its
+  ``Workflow(..., alert_after_no_success=...)``.
+
+A finding that is no longer found resolves its alert. The service that stores them is
+:mod:`konduit.engine.alerting`; :class:`AlertRecord` is a stored alert as the API returns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from konduit.observe.forecast import Forecast
+from konduit.observe.plan import Quantile, human_seconds
+from konduit.observe.stats import Alert as FanInAlert
+from konduit.observe.stats import span
+
+Kind = Literal["window_at_risk", "fan_in_wait", "no_success"]
+KINDS: tuple[Kind, ...] = ("window_at_risk", "fan_in_wait", "no_success")
+Severity = Literal["warning", "critical"]
+
+WINDOW_QUANTILE: Quantile = "p95"
+"""The forecast that raises a window alert: the p95 finish crossing the window."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """An alert that a rule says should be open now."""
+
+    kind: Kind
+    subject: str  # what it is about: an execution id, "workflow/join", a workflow
+    workflow: str
+    severity: Severity
+    message: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+    execution_id: str | None = None  # set for alerts about one running execution
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(kind, subject): at most one open alert per key."""
+        return self.kind, self.subject
+
+
+@dataclass(frozen=True)
+class AlertRecord:
+    """A stored alert: open while ``resolved_at`` is None."""
+
+    id: int
+    kind: str
+    subject: str
+    workflow: str
+    severity: str
+    message: str
+    details: Mapping[str, Any]
+    raised_at: datetime
+    last_seen_at: datetime
+    resolved_at: datetime | None = None
+
+    @property
+    def open(self) -> bool:
+        """True until the alert is resolved."""
+        return self.resolved_at is None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> AlertRecord:
+        """An alert from a row of ``konduit_alerts``."""
+        return cls(id=int(row["id"]), kind=row["kind"], subject=row["subject"],
+                   workflow=row["workflow"], severity=row["severity"], message=row["message"],
+                   details=dict(row["details"] or {}), raised_at=row["raised_at"],
+                   last_seen_at=row["last_seen_at"], resolved_at=row["resolved_at"])
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (times as ISO 8601 strings)."""
+        return {"id": self.id, "kind": self.kind, "subject": self.subject,
+                "workflow": self.workflow, "severity": self.severity, "message": self.message,
+                "details": dict(self.details), "raised_at": self.raised_at.isoformat(),
+                "last_seen_at": self.last_seen_at.isoformat(),
+                "resolved_at": None if self.resolved_at is None else self.resolved_at.isoformat(),
+                "open": self.open}
+
+
+# -- window at risk ------------------------------------------------------------------------------
+
+
+def _clock(moment: datetime) -> str:
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def window_at_risk(
+    execution_id: str, workflow: str, *, window: datetime, now: datetime,
+    p50: Forecast, p95: Forecast,
+) -> Finding | None:
+    """A finding when the p95 forecast finishes after ``window`` (or the window has passed with
+    the execution still running), else None. Critical when the p50 forecast misses too."""
+    if p95.finish_at <= window and now <= window:
+        return None
+    missed = now > window
+    severity: Severity = "critical" if missed or p50.finish_at > window else "warning"
+    late = -p95.slack_seconds(window)
+    path = " → ".join(p95.path) if p95.path else "—"
+    if missed:
+        message = (f"{workflow} execution {execution_id} is still running "
+                   f"{human_seconds((now - window).total_seconds())} past its window "
+                   f"{_clock(window)}")
+    else:
+        message = (f"{workflow} execution {execution_id} is predicted to finish at "
+                   f"{_clock(p95.finish_at)} (p95), {human_seconds(late)} after its window "
+                   f"{_clock(window)}; still to run: {path}")
+    details = {"execution_id": execution_id, "window": window.isoformat(),
+               "evaluated_at": now.isoformat(), "missed": missed,
+               "p50_finish_at": p50.finish_at.isoformat(),
+               "p95_finish_at": p95.finish_at.isoformat(),
+               "p95_slack_seconds": p95.slack_seconds(window),
+               "p50_slack_seconds": p50.slack_seconds(window),
+               "path": list(p95.path), "no_history": list(p95.no_history)}
+    return Finding("window_at_risk", execution_id, workflow, severity, message, details,
+                   execution_id=execution_id)
+
+
+def window_resolution(status: str | None, window: datetime | None,
+                      finished_at: datetime | None) -> dict[str, Any]:
+    """Why a window alert closes, for its details: how its execution ended against its window
+    (``status`` None: the execution is gone; ``running``: its forecast is back inside)."""
+    if status is None:
+        return {"resolution": "execution no longer exists"}
+    if status == "running" or finished_at is None:
+        return {"resolution": "forecast back inside the window"}
+    if window is None or finished_at <= window:
+        return {"resolution": f"execution {status} inside its window", "status": status,
+                "finished_at": finished_at.isoformat()}
+    late = (finished_at - window).total_seconds()
+    return {"resolution": f"execution {status} {human_seconds(late)} after its window",
+            "status": status, "finished_at": finished_at.isoformat(), "missed_by_seconds": late}
+
+
+# -- fan-in wait ---------------------------------------------------------------------------------
+
+
+def fan_in_findings(alerts: Sequence[FanInAlert]) -> list[Finding]:
+    """The fan-in alerts of the stats rule as findings (subject ``workflow/join``); critical when
+    the join is still waiting past the threshold right now."""
+    found = []
+    for a in alerts:
+        details = a.to_json()
+        found.append(Finding("fan_in_wait", f"{a.workflow}/{a.join}", a.workflow,
+                             "critical" if a.waits[-1].waiting else "warning",
+                             a.describe(), details))
+    return found
+
+
+# -- time since last success ---------------------------------------------------------------------
+
+
+def no_success(
+    workflow: str, *, threshold: float, now: datetime, last_success_at: datetime | None,
+    registered_at: datetime | None,
+) -> Finding | None:
+    """A finding when ``workflow`` has had no successful execution for more than ``threshold``
+    seconds: since its last success, or, never having succeeded, since it was first registered
+    (a new workflow gets its threshold's grace)."""
+    since = last_success_at or registered_at
+    if since is None:
+        return None
+    quiet = (now - since).total_seconds()
+    if quiet <= threshold:
+        return None
+    what = (f"last success {human_seconds(quiet)} ago ({_clock(last_success_at)})"
+            if last_success_at is not None
+            else f"never succeeded since it was registered {human_seconds(quiet)} ago")
+    message = f"{workflow}: no successful execution for more than {span(threshold)}; {what}"
+    details = {"threshold_seconds": threshold, "seconds_since": quiet,
+               "last_success_at": None if last_success_at is None else last_success_at.isoformat(),
+               "registered_at": None if registered_at is None else registered_at.isoformat()}
+    return Finding("no_success", workflow, workflow, "warning", message, details)
