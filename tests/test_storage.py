@@ -139,6 +139,38 @@ def test_a_running_task_must_carry_a_lease(conn):
                     lease_expires_at="2030-01-01T00:00:00Z")
 
 
+def test_tasks_and_steps_belong_to_an_execution_and_go_with_it(conn):
+    """Checked per statement, not per row (migration 0009): a step of no execution is refused
+    (a mixed batch too, naming the table), and deleting executions deletes their tasks, steps
+    and attempts, and nothing of another execution."""
+    with pytest.raises(psycopg.errors.ForeignKeyViolation) as info:
+        conn.execute(
+            "INSERT INTO konduit_steps (execution_id, step, status, up_total, up_pending) "
+            "VALUES (%s, 'a', 'waiting', 0, 0), (%s, 'b', 'waiting', 0, 0)",
+            (EXECUTION, uuid.uuid4()),
+        )
+    assert info.value.diag.table_name == "konduit_steps"
+    other = uuid.uuid4()
+    conn.execute(
+        "INSERT INTO konduit_executions (id, workflow_name, workflow_version, input_hash, "
+        "steps_pending) VALUES (%s, 'wf', 1, 'h', 1)", (other,))
+    for execution in (EXECUTION, other):
+        conn.execute(
+            "INSERT INTO konduit_steps (execution_id, step, status, up_total, up_pending) "
+            "VALUES (%s, 's', 'waiting', 0, 0)", (execution,))
+        task = insert_task(conn, execution_id=execution)
+        conn.execute("INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token) "
+                     "VALUES (%s, 1, 'w', gen_random_uuid())", (task,))
+    conn.execute("DELETE FROM konduit_executions WHERE id = %s", (EXECUTION,))
+    counts = conn.execute(
+        "SELECT (SELECT count(*) FROM konduit_tasks WHERE execution_id = %(e)s),"
+        " (SELECT count(*) FROM konduit_steps WHERE execution_id = %(e)s),"
+        " (SELECT count(*) FROM konduit_tasks WHERE execution_id = %(o)s),"
+        " (SELECT count(*) FROM konduit_steps WHERE execution_id = %(o)s),"
+        " (SELECT count(*) FROM konduit_attempts)", {"e": EXECUTION, "o": other}).fetchone()
+    assert counts == (0, 0, 1, 1, 1)
+
+
 def test_other_task_and_execution_invariants(conn):
     with pytest.raises(psycopg.errors.CheckViolation):  # more attempts than allowed
         insert_task(conn, "a", attempt=4, max_attempts=3)
