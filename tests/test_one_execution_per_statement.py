@@ -82,6 +82,13 @@ HISTORY_READS = {
     "step_duration_quantile",
 }
 
+CLAIMS = {
+    # A worker claims the slots a round of outcomes freed in that round's transaction
+    # (Worker._record_group): the claim rides on the completion path but is the claimer's
+    # statement, a scan of ready tasks across executions by nature (docs/scaling.md, "The claim").
+    "task_claim_batch",
+}
+
 _ENGINE = Path(konduit.__file__).parent / "engine"
 _ADVANCER = str(_ENGINE / "advancer.py")
 _COMPLETER = str(_ENGINE / "completer.py")
@@ -117,7 +124,7 @@ def recording(log: list[Statement], lock: threading.Lock) -> dict[str, Any]:
 
         async def call(self: Tx, query: str, /, **params: Any) -> Any:
             path = _path_of_caller()
-            if path is not None:
+            if path is not None and query not in CLAIMS:
                 with lock:
                     log.append(Statement(query, q(query), dict(params), path))
             return await original(self, query, **params)

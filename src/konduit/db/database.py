@@ -42,6 +42,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
+from konduit.db.arrays import with_array_literals
 from konduit.db.queries import q
 from konduit.errors import DatabaseConflict, DatabaseError, DatabaseUnavailable, PoolExhausted
 
@@ -158,17 +159,17 @@ class Tx:
 
     async def one(self, query: str, /, **params: Any) -> Row | None:
         with translate_errors():
-            cur = await self.conn.execute(q(query), params)
+            cur = await self.conn.execute(q(query), with_array_literals(params))
             return await cur.fetchone()
 
     async def all(self, query: str, /, **params: Any) -> list[Row]:
         with translate_errors():
-            cur = await self.conn.execute(q(query), params)
+            cur = await self.conn.execute(q(query), with_array_literals(params))
             return await cur.fetchall()
 
     async def run(self, query: str, /, **params: Any) -> int:
         with translate_errors():
-            cur = await self.conn.execute(q(query), params)
+            cur = await self.conn.execute(q(query), with_array_literals(params))
             return cur.rowcount
 
     async def script(self, sql: str) -> None:
