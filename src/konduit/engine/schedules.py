@@ -221,7 +221,7 @@ class Schedules:
 
     async def list(self) -> builtins.list[dict[str, Any]]:
         """Every stored schedule: name, workflow and version, timing, ``paused``, ``last_tick``
-        (every tick up to it is handled), ``next_tick`` (the next one from now), ``behind``
+        (every tick up to it is handled), ``next_tick`` (the next one from now; None while paused), ``behind``
         (ticks are due that no worker has started for longer than they may be late: is a
         worker running?), and the execution of the latest tick started with its status
         (``last_execution_id``, ``last_status``, ``last_scheduled_at``, ``last_started_at``;
@@ -235,10 +235,10 @@ class Schedules:
             out.append({
                 **row,
                 "schedule": timing.describe(),
-                "next_tick": timing.next_after(max(row["last_tick"], now)),
+                "next_tick": None if row["paused"]
+                else timing.next_after(max(row["last_tick"], now)),
                 "behind": not row["paused"] and upcoming is not None
                 and (now - upcoming).total_seconds() > self.late_after,
-                "defined_here": row["name"] in self.registry.schedules,
             })
         return out
 
