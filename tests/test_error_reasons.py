@@ -6,7 +6,6 @@ import psycopg
 import pytest
 
 import konduit
-from konduit.db.migrate import migrations
 from konduit.db.embedded import with_database
 from konduit.db.migrate import migrations
 from tests.conftest import running_worker

@@ -4,6 +4,7 @@ and the definition-time checks of ``wf.schedule``."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -220,13 +221,13 @@ def test_rounds_at_most_late_after_apart_start_every_tick_exactly_once(
 def test_ticks_split_anywhere_are_the_same_ticks(
     timing: Timing, base: datetime, a: int, b: int
 ) -> None:
-    if timing.every is not None and timing.every < 30 or timing.cron == "*/20 * * * * *":
+    if (timing.every is not None and timing.every < 30) or timing.cron == "*/20 * * * * *":
         b = min(b, 3600)
     start, middle = base, base + timedelta(seconds=min(a, b))
     end = base + timedelta(seconds=max(a, b))
     whole = list(timing.ticks(start, end))
     assert whole == list(timing.ticks(start, middle)) + list(timing.ticks(middle, end))
-    assert all(x < y for x, y in zip(whole, whole[1:], strict=False))
+    assert all(x < y for x, y in itertools.pairwise(whole))
 
 
 # -- definition-time checks -----------------------------------------------------------------------

@@ -142,20 +142,21 @@ def test_racing_starts_of_the_same_ticks_make_one_execution_each(db_url: str) ->
         try:
             await Client(dbs[0], registry).register_all()
             await Schedules(dbs[0], registry).sync(now=T0)
+            row = {"name": "nightly", "workflow_name": wf.name, "workflow_version": 1,
+                   "input": {"channel": "web"}, "window_seconds": 1800.0}
+
+            async def start(db: Database, gate: asyncio.Event,
+                            trial_ticks: tuple[datetime, ...]) -> list[Any]:
+                s = Schedules(db, registry)
+                await gate.wait()
+                started = await db.atomic(lambda tx: s._insert(tx, row, trial_ticks))
+                return [x.execution_id for x in started]
+
             results = []
-            for _trial in range(4):
+            for trial in range(4):
                 gate = asyncio.Event()
-                row = {"name": "nightly", "workflow_name": wf.name, "workflow_version": 1,
-                       "input": {"channel": "web"}, "window_seconds": 1800.0}
-
-                async def start(db: Database, trial_ticks: tuple[datetime, ...]) -> list[Any]:
-                    s = Schedules(db, registry)
-                    await gate.wait()
-                    started = await db.atomic(lambda tx: s._insert(tx, row, trial_ticks))
-                    return [x.execution_id for x in started]
-
-                trial_ticks = tuple(t + timedelta(hours=_trial) for t in ticks)
-                jobs = [asyncio.create_task(start(db, trial_ticks)) for db in dbs]
+                trial_ticks = tuple(t + timedelta(hours=trial) for t in ticks)
+                jobs = [asyncio.create_task(start(db, gate, trial_ticks)) for db in dbs]
                 await asyncio.sleep(0.2)
                 gate.set()
                 results.append(await asyncio.gather(*jobs))
