@@ -295,6 +295,8 @@ def test_a_good_schedule_is_described_and_keyed() -> None:
                        window="1h", name="nightly", missed="latest")
     assert wf.schedules == (made,)
     assert made.timing.describe() == "0 5 * * * (Europe/Berlin)"
+    assert [Timing.of(every=e).describe() for e in ("1s", "90s", "1h", "1d1h1m1s")] == [
+        "every 1s", "every 1m30s", "every 1h", "every 1d1h1m1s"]
     assert made.window == 3600.0 and made.version == 1 and made.workflow == "nightly-publish"
     assert made.key(utc(2026, 11, 30, 4)) == "schedule:nightly:2026-11-30T04:00:00Z"
     assert wf.schedule(every="10s", name="often").missed == "latest"

@@ -269,7 +269,7 @@ def test_cli_lists_pauses_and_resumes(db_url: str) -> None:
 
     table = konduit_cli("schedules", "--database-url", db_url)
     assert table.returncode == 0, table.stderr
-    for text in ("nightly", "nightly-publish@1", "every 60s", str(execution_id), "running",
+    for text in ("nightly", "nightly-publish@1", "every 1m", str(execution_id), "running",
                  "behind", "is a worker of the App running?"):
         assert text in table.stdout, text
 

@@ -109,9 +109,14 @@ class Timing:
         return timing
 
     def describe(self) -> str:
-        """How a person reads it: ``every 10s`` or ``0 5 * * * (Europe/Berlin)``."""
+        """How a person reads it: ``every 1h30m`` or ``0 5 * * * (Europe/Berlin)``."""
         if self.every is not None:
-            return f"every {self.every}s"
+            parts, rest = [], self.every
+            for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+                if rest >= size:
+                    parts.append(f"{rest // size}{unit}")
+                    rest %= size
+            return f"every {''.join(parts)}"
         return f"{self.cron} ({self.timezone})"
 
     def _zone(self) -> ZoneInfo | None:
