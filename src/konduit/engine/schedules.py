@@ -8,7 +8,9 @@ so the unique index on (workflow, key) lets exactly one execution per tick exist
 workers try and whenever. On top of that, a worker starts a schedule's ticks holding that
 schedule's row (``FOR UPDATE SKIP LOCKED``): the others skip it instead of repeating the same
 inserts, a pause waits for a round in flight and then holds, and the missed policy is decided
-once per tick against one consistent state. Which ticks are due is the pure
+once per tick against one consistent state. (Lock order: the schedule row, then the rows of
+the executions its ticks create; nothing that locks executions ever locks a schedule.) Which
+ticks are due is the pure
 :func:`konduit.core.schedules.plan_ticks`; this module loads its inputs and applies its answer.
 """
 
@@ -144,10 +146,10 @@ class Schedules:
             return []
         if plan.passed_over:
             log.warning(
-                "schedule %r missed ticks after %s (no worker ran, or it was paused); "
-                "missed=%r starts %s of them", name, row["last_tick"].isoformat(), row["missed"],
-                {"skip": "none", "latest": "the most recent",
-                 "all": f"the most recent {self.max_catch_up}"}[row["missed"]])
+                "schedule %r missed ticks between %s and %s (no worker ran, or it was paused): "
+                "missed=%r passes over some of them; %d tick(s) start now", name,
+                row["last_tick"].isoformat(), plan.advance_to.isoformat(), row["missed"],
+                len(plan.start))
         started = await self._insert(tx, row, plan.start) if plan.start else []
         advanced = await tx.one(
             "schedule_advance_if_behind", name=name, tick=plan.advance_to,
@@ -199,23 +201,19 @@ class Schedules:
             return []
         return [(tick, eid)]
 
-    async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Start due ticks until cancelled (or ``stop`` is set), waking at each next tick."""
+    async def run(self) -> None:
+        """Start due ticks until cancelled, waking at each next tick (and at least every
+        :data:`MAX_WAIT` seconds). A worker runs it beside its claim loop: its maintenance
+        sweeps every couple of seconds, too coarse for an ``every="1s"`` schedule."""
         if not self.names:
             return
-        while stop is None or not stop.is_set():
+        while True:
             try:
                 _, wait = await self.run_due()
             except (DatabaseError, KonduitError) as exc:
                 log.warning("schedules round failed: %s", exc)
                 wait = 1.0
-            if stop is None:
-                await asyncio.sleep(wait)
-            else:
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=wait)
-                except TimeoutError:
-                    pass
+            await asyncio.sleep(wait)
 
     # -- looking and steering -----------------------------------------------------------------
 
