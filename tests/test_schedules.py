@@ -212,7 +212,9 @@ def test_a_worker_starts_the_ticks_and_handlers_see_scheduled_at(make_app, db_ur
             if len(done) >= 3:
                 break
             time.sleep(0.1)
-    assert len(done) >= 3
+        assert len(done) >= 3
+        by_hand = app.start("nightly-publish", input={"channel": "hand"}).wait(timeout=30)
+    assert by_hand.output == {"scheduled_at": None, "input": {"channel": "hand"}}
     for result in done:
         full = app.status(result.id)
         [(key, scheduled_at, deadline_at)] = rows(
@@ -227,6 +229,26 @@ def test_a_worker_starts_the_ticks_and_handlers_see_scheduled_at(make_app, db_ur
     assert nightly["workflow_name"] == "nightly-publish" and nightly["schedule"] == "every 1s"
     assert nightly["last_execution_id"] is not None and not nightly["paused"]
     assert nightly["next_tick"] > nightly["last_tick"]
+
+
+def test_a_tick_whose_key_was_taken_by_hand_is_not_started_again(make_app, db_url: str) -> None:
+    app = make_app(scheduled(missed="all"))
+    run(db_url, [scheduled(missed="all")], lambda s: s.sync(now=T0))
+    taken = app.start("nightly-publish", input={"by": "hand"},
+                      idempotency_key=tick_key("nightly", utc(2026, 11, 30, 4, 2)))
+
+    async def body(s: Schedules) -> list[datetime]:
+        started, _ = await s.run_due(now=utc(2026, 11, 30, 4, 3, 30))
+        return [x.tick for x in started]
+
+    # 04:01 and 04:03 start; 04:02's key already has an execution (another input): left alone.
+    assert run(db_url, [scheduled(missed="all")], body) == [utc(2026, 11, 30, 4, 1),
+                                                           utc(2026, 11, 30, 4, 3)]
+    assert sorted(keys_started(db_url)) == [tick_key("nightly", utc(2026, 11, 30, 4, m))
+                                            for m in (1, 2, 3)]
+    assert rows(db_url, "SELECT input, scheduled_at FROM konduit_executions WHERE id = %s",
+                taken.id) == [({"by": "hand"}, None)]
+    assert state(db_url)[0] == utc(2026, 11, 30, 4, 3)
 
 
 def test_pausing_an_unknown_schedule_names_it(make_app) -> None:
