@@ -36,7 +36,8 @@ def utc(*args: int) -> datetime:
 T0 = utc(2026, 11, 30, 4, 0, 5)
 
 
-def scheduled(missed: str = "latest", every: str = "1m", **options: Any) -> konduit.Workflow:
+def scheduled(missed: str = "latest", every: str = "1m", input: Any = None,
+              **options: Any) -> konduit.Workflow:
     wf = konduit.Workflow("nightly-publish", version=1)
 
     @wf.step()
@@ -44,8 +45,8 @@ def scheduled(missed: str = "latest", every: str = "1m", **options: Any) -> kond
         return {"scheduled_at": ctx.scheduled_at.isoformat() if ctx.scheduled_at else None,
                 "input": ctx.input}
 
-    wf.schedule(every=every, name="nightly", missed=missed, input={"channel": "web"},
-                window="30m", **options)
+    wf.schedule(every=every, name="nightly", missed=missed,
+                input={"channel": "web"} if input is None else input, window="30m", **options)
     return wf
 
 
@@ -119,9 +120,7 @@ def test_a_stored_schedule_keeps_its_state_and_a_new_timing_counts_from_now(db_u
     assert first[0] == T0 and first[1] is False  # a new schedule counts from when it is stored
     run(db_url, [scheduled()], lambda s: s.sync(now=T0 + timedelta(hours=1)))
     assert state(db_url) == first  # unchanged definition: not even rewritten
-    changed_input = scheduled()
-    changed_input._schedules.clear()
-    changed_input.schedule(every="1m", name="nightly", input={"channel": "app"}, window="30m")
+    changed_input = scheduled(input={"channel": "app"})
     run(db_url, [changed_input], lambda s: s.sync(now=T0 + timedelta(hours=1)))
     assert state(db_url)[0] == T0 and state(db_url)[3] == {"channel": "app"}
     run(db_url, [scheduled(every="5m")], lambda s: s.sync(now=T0 + timedelta(hours=2)))
