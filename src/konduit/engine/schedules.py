@@ -98,6 +98,7 @@ class Schedules:
             misseds=[s.missed for s in schedules],
             definition_hashes=[s.definition_hash for s in schedules],
         )
+        log.info("schedules: %s", ", ".join(f"{s.name} ({s.timing.describe()})" for s in schedules))
 
     async def run_due(self, *, now: datetime | None = None) -> tuple[builtins.list[Started], float]:
         """One round: start the due ticks of every schedule this App defines that no other
