@@ -33,7 +33,7 @@ Missed = Literal["skip", "latest", "all"]
 MISSED_POLICIES: tuple[str, ...] = ("skip", "latest", "all")
 
 LATE_AFTER = 10.0
-"""Seconds a tick may be late and still count as on time. Workers start a tick within a moment
+"""A tick less than this many seconds late counts as on time. Workers start a tick within a moment
 of it; a tick that nobody started for longer than this was *missed* (no worker ran, the schedule
 was paused, the database was down) and its schedule's ``missed`` policy decides its fate."""
 
@@ -249,8 +249,8 @@ def plan_ticks(
 ) -> TickPlan:
     """Which ticks to start now, for a schedule whose ticks up to ``last`` are handled.
 
-    The due ticks are those in ``(last, now]``. Those at most ``late_after`` seconds old are on
-    time and always start. The older ones were missed, and ``missed`` decides:
+    The due ticks are those in ``(last, now]``. Those less than ``late_after`` seconds old are
+    on time and always start. The older ones were missed, and ``missed`` decides:
 
     * ``"skip"``: none of them starts;
     * ``"latest"``: the most recent of them starts, unless an on-time tick starts now (it is
