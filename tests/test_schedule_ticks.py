@@ -111,6 +111,19 @@ def test_recent_does_not_walk_a_long_gap_and_finds_sparse_ticks() -> None:
         utc(2026, 11, 30, 3, 58), utc(2026, 11, 30, 3, 59), utc(2026, 11, 30, 4, 0)]
 
 
+@settings(max_examples=100, deadline=None)
+@given(cron=st.sampled_from(["0 0 1 * *", "0 5 * * 1", "0 0 29 2 *", "30 2 * * *"]),
+       zone=st.sampled_from(["UTC", BERLIN, "Australia/Lord_Howe"]),
+       after_days=st.integers(0, 3 * 365), gap_days=st.integers(0, 3 * 365),
+       count=st.integers(1, 12))
+def test_recent_is_the_tail_of_the_full_walk(cron: str, zone: str, after_days: int,
+                                             gap_days: int, count: int) -> None:
+    timing = Timing.of(cron=cron, timezone=zone)
+    after = utc(2024, 1, 1) + timedelta(days=after_days, seconds=after_days * 37)
+    until = after + timedelta(days=gap_days, seconds=gap_days * 53)
+    assert timing.recent(after, until, count) == list(timing.ticks(after, until))[-count:]
+
+
 # -- missed policies -----------------------------------------------------------------------------
 
 EVERY_MINUTE = Timing.of(every="1m")

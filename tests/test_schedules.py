@@ -227,6 +227,7 @@ def test_a_worker_starts_the_ticks_and_handlers_see_scheduled_at(make_app, db_ur
     nightly = listed["nightly"]
     assert nightly["workflow_name"] == "nightly-publish" and nightly["schedule"] == "every 1s"
     assert nightly["last_execution_id"] is not None and not nightly["paused"]
+    assert not nightly["behind"]
     assert nightly["next_tick"] > nightly["last_tick"]
 
 
