@@ -251,6 +251,19 @@ def test_a_tick_whose_key_was_taken_by_hand_is_not_started_again(make_app, db_ur
     assert state(db_url)[0] == utc(2026, 11, 30, 4, 3)
 
 
+def test_a_deleted_last_execution_leaves_no_dangling_id(db_url: str) -> None:
+    async def body(s: Schedules) -> None:
+        await s.sync(now=T0)
+        await s.run_due(now=utc(2026, 11, 30, 4, 1, 2))
+
+    run(db_url, [scheduled()], body)
+    [(eid,)] = rows(db_url, "SELECT last_execution_id FROM konduit_schedules")
+    assert eid is not None
+    with psycopg.connect(db_url) as conn:  # what retention's prune does to an old execution
+        conn.execute("DELETE FROM konduit_executions WHERE id = %s", (eid,))
+    assert rows(db_url, "SELECT last_execution_id FROM konduit_schedules") == [(None,)]
+
+
 def test_pausing_an_unknown_schedule_names_it(make_app) -> None:
     app = make_app(scheduled())
     with pytest.raises(konduit.ScheduleNotFound, match="no schedule named 'nighty'"):

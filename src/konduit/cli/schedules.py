@@ -58,7 +58,7 @@ def schedules(
             escape(r["name"]), escape(f"{r['workflow_name']}@{r['workflow_version']}"),
             escape(r["schedule"]), r["missed"], stamp(r["next_tick"]),
             str(last) if last is not None else "—", stamp(r["last_started_at"]),
-            styled(r["last_status"]) if r["last_status"] else ("pruned" if last else "—"),
+            styled(r["last_status"]) if r["last_status"] else "—",
             state,
         )
     console.print(table)

@@ -224,7 +224,7 @@ class Schedules:
         (ticks are due that no worker has started for longer than they may be late: is a
         worker running?), and the execution of the latest tick started with its status
         (``last_execution_id``, ``last_status``, ``last_scheduled_at``, ``last_started_at``;
-        None once pruned)."""
+        None once it was pruned)."""
         rows = await self.db.all("schedule_list")
         out = []
         for row in rows:

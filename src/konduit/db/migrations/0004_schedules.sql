@@ -17,7 +17,9 @@ CREATE TABLE konduit_schedules (
     -- Every tick up to here is handled: started, or passed over by the missed policy. A new
     -- schedule starts at its creation time, so none of its past ticks counts as missed.
     last_tick          timestamptz NOT NULL,
-    last_execution_id  uuid,         -- the execution of the latest tick started (may be pruned)
+    -- The execution of the latest tick started; a pruned one leaves NULL, not a dangling id
+    -- (No index for the delete's check: the table has one row per schedule.)
+    last_execution_id  uuid        REFERENCES konduit_executions (id) ON DELETE SET NULL,
     paused             boolean     NOT NULL DEFAULT false,
     paused_at          timestamptz,
     created_at         timestamptz NOT NULL DEFAULT now(),
