@@ -5,6 +5,7 @@ from konduit.core.context import Context
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair import NothingToRepair
 from konduit.core.results import Route
+from konduit.core.schedules import Schedule
 from konduit.core.validation import OutputInvalid
 from konduit.core.workflow import Workflow, parallel, step
 from konduit.engine.client import ExecutionResult
@@ -20,6 +21,7 @@ from konduit.errors import (
     KonduitError,
     NonRetryableError,
     PayloadError,
+    ScheduleNotFound,
     SchemaOutdated,
     WorkerUnhealthy,
     WorkflowDefinitionError,
@@ -52,6 +54,8 @@ __all__ = [
     "PayloadError",
     "Retry",
     "Route",
+    "Schedule",
+    "ScheduleNotFound",
     "SchemaOutdated",
     "StartRequest",
     "WorkerUnhealthy",

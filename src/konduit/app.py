@@ -28,6 +28,7 @@ from konduit.engine.auto_repair import auto_repair_status
 from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
 from konduit.engine.retention import BATCH_SIZE, prune, retention_seconds
+from konduit.engine.schedules import Schedules
 from konduit.engine.starts import StartRequest
 from konduit.errors import WorkflowDefinitionError
 from konduit.observe.alerts import AlertRecord
@@ -258,6 +259,25 @@ class App:
     def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
         return self._call(self._c().workflow_served(name, version))
+
+    def schedules(self) -> builtins.list[dict[str, Any]]:
+        """Every stored schedule with its next tick and the execution of its latest tick; see
+        :meth:`konduit.engine.schedules.Schedules.list`. Schedules are stored when a worker of
+        the App that defines them starts."""
+        return self._call(self._schedules().list())
+
+    def pause_schedule(self, name: str) -> bool:
+        """Stop starting ``name``'s ticks (in every worker) until :meth:`resume_schedule`;
+        False when it was paused already. Raises :class:`konduit.ScheduleNotFound`."""
+        return self._call(self._schedules().set_paused(name, True))
+
+    def resume_schedule(self, name: str) -> bool:
+        """Start ``name``'s ticks again; its ``missed`` policy decides what becomes of the
+        ticks that passed while it was paused. False when it was not paused."""
+        return self._call(self._schedules().set_paused(name, False))
+
+    def _schedules(self) -> Schedules:
+        return Schedules(self._c().db, self.registry, max_payload_bytes=self.max_payload_bytes)
 
     def migrate(self) -> builtins.list[str]:
         """Apply the schema migrations this konduit needs; returns the ones applied."""

@@ -49,6 +49,11 @@ class ExecutionNotFound(KonduitError):
     """No execution has that id."""
 
 
+class ScheduleNotFound(KonduitError):
+    """No stored schedule has that name (schedules are stored when a worker defining them
+    starts)."""
+
+
 class PayloadError(KonduitError):
     """A payload (input or output) cannot be stored: not JSON, or too large."""
 

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 import konduit
-from konduit.cli import alerts, executions, observe, operate, retention, tools
+from konduit.cli import alerts, executions, observe, operate, retention, schedules, tools
 from konduit.cli.common import CliError, console, err_console, load_app, one_line
 
 cli = typer.Typer(
@@ -47,6 +47,7 @@ def root(
 db_cli.command("migrate")(operate.db_migrate)
 cli.command()(operate.worker)
 cli.command()(operate.workers)
+cli.command()(schedules.schedules)
 cli.command()(executions.start)
 cli.command()(executions.status)
 cli.command("list")(executions.list_executions)

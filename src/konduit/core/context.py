@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -25,6 +26,7 @@ class Context:
     item: Any = None
     deadline: float | None = None  # seconds of budget for this attempt, when the step has one
     started_at: float = field(default_factory=time.monotonic)
+    scheduled_at: datetime | None = None  # the tick that started a scheduled execution (UTC)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _on_heartbeat: Callable[[], None] | None = field(default=None, repr=False)
 

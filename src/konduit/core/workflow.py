@@ -17,6 +17,8 @@ from konduit.core.definition_warnings import unbounded_branch_message, unbounded
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair_contract import RepairContract
+from konduit.core.schedules import Schedule
+from konduit.core.schedules import define as define_schedule
 from konduit.core.validation import OutputValidator
 from konduit.errors import DefinitionWarning, KonduitError, WorkflowDefinitionError
 
@@ -175,6 +177,7 @@ class Workflow:
         self._steps: dict[str, StepSpec] = {}
         self._by_handler: dict[int, str] = {}
         self._frozen_spec: WorkflowSpec | None = None
+        self._schedules: dict[str, Schedule] = {}
 
     # -- definition ---------------------------------------------------------------------------
 
@@ -266,6 +269,49 @@ class Workflow:
             return handler
 
         return decorate
+
+    def schedule(
+        self,
+        *,
+        cron: str | None = None,
+        every: Duration | None = None,
+        timezone: str | None = None,
+        input: Any = None,
+        window: Duration | None = None,
+        name: str | None = None,
+        missed: str = "latest",
+    ) -> Schedule:
+        """Start an execution of this workflow on a schedule: at each tick of ``cron`` (a
+        cron expression read in ``timezone``, an IANA name, default UTC) or ``every`` (``"10s"``,
+        ``"1h"``: ticks on multiples of it since the Unix epoch), with ``input``.
+
+        Each tick starts exactly one execution however many workers run (its idempotency key is
+        ``schedule:<name>:<tick in UTC, ISO 8601>``); handlers see the tick as
+        ``ctx.scheduled_at``. ``window`` sets the execution's ``deadline_at`` to the tick plus
+        the window. ``missed`` decides what happens to ticks missed while no worker ran or the
+        schedule was paused: ``"skip"`` (none of them), ``"latest"`` (the most recent one) or
+        ``"all"`` (each of them, at most :data:`konduit.core.schedules.MAX_CATCH_UP`).
+        ``name`` defaults to the workflow's name and is unique across an App. Faults raise
+        :class:`~konduit.WorkflowDefinitionError` naming the schedule."""
+        if self._frozen_spec is not None:
+            raise WorkflowDefinitionError(
+                "cannot add a schedule after the workflow was compiled (by wf.spec, wf.compile() "
+                "or an App): define schedules before creating the App", workflow=self.name)
+        made = define_schedule(self.name, self.version, cron=cron, every=every,
+                               timezone=timezone, input=input, window=window, name=name,
+                               missed=missed)
+        if made.name in self._schedules:
+            raise WorkflowDefinitionError(
+                f"schedule {made.name!r} is defined twice"
+                + ("" if name is not None else ": give each schedule of a workflow a name="),
+                workflow=self.name)
+        self._schedules[made.name] = made
+        return made
+
+    @property
+    def schedules(self) -> tuple[Schedule, ...]:
+        """The schedules defined with :meth:`schedule`, in definition order."""
+        return tuple(self._schedules.values())
 
     def sequence(self, *items: Any, after: Sequence[StepRef] = ()) -> list[str]:
         """Add steps that run one after another; a :func:`parallel` item fans out and the

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from konduit.core.schedules import Schedule
 from konduit.core.workflow import Workflow, WorkflowSpec
-from konduit.errors import KonduitError, WorkflowNotFound
+from konduit.errors import KonduitError, WorkflowDefinitionError, WorkflowNotFound
 
 
 def workflow_key(name: str, version: int) -> str:
@@ -15,6 +16,8 @@ def workflow_key(name: str, version: int) -> str:
 class Registry:
     def __init__(self, workflows: Iterable[Workflow] = ()):
         self._specs: dict[tuple[str, int], WorkflowSpec] = {}
+        self.schedules: dict[str, Schedule] = {}
+        """Every workflow's schedules by name: a name is unique across the App."""
         for wf in workflows:
             self.add(wf)
 
@@ -28,7 +31,16 @@ class Registry:
             raise KonduitError(
                 f"two different definitions of workflow {spec.name!r} version {spec.version}"
             )
+        for schedule in workflow.schedules:
+            other = self.schedules.get(schedule.name)
+            if other is not None and other is not schedule:
+                raise WorkflowDefinitionError(
+                    f"schedule {schedule.name!r} is defined twice: on workflow {other.workflow!r} "
+                    f"version {other.version} and on workflow {schedule.workflow!r} version "
+                    f"{schedule.version}; schedule names are unique across an App (name= sets one)"
+                )
         self._specs[key] = spec
+        self.schedules.update((s.name, s) for s in workflow.schedules)
         return spec
 
     def __iter__(self):  # type: ignore[no-untyped-def]

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -54,6 +55,7 @@ class Claimed:
     input: Any
     deadline_remaining: float | None = None  # seconds of the task's budget left at claim
     generation: int = 1
+    scheduled_at: datetime | None = None  # the execution's schedule tick, if a schedule started it
 
     def completion(self, outcome: str, **fields: Any) -> Completion:
         """How this attempt ended, addressed to this task and fenced by this lease."""
@@ -85,6 +87,7 @@ class Claimed:
             input=row["input"],
             deadline_remaining=row.get("deadline_remaining"),
             generation=row.get("generation", 1),
+            scheduled_at=row.get("scheduled_at"),
         )
 
 
@@ -192,6 +195,7 @@ class Executor:
             outcomes=upstream.outcomes,
             item=task.item,
             deadline=task.deadline_remaining,
+            scheduled_at=task.scheduled_at,
         )
 
     async def _call(

@@ -30,6 +30,7 @@ from konduit.engine.auto_repair import AutoRepairer
 from konduit.engine.completer import Completion, Recorded, record, record_many
 from konduit.engine.registry import Registry
 from konduit.engine.retention import Retention
+from konduit.engine.schedules import Schedules
 from konduit.errors import (
     DatabaseConflict,
     DatabaseError,
@@ -87,6 +88,7 @@ class Worker:
         self.batcher = CompletionBatcher(
             self._record_group, max_batch=BATCH_COMPLETIONS, max_executions=BATCH_EXECUTIONS,
         )
+        self.schedules = Schedules(db, registry, max_payload_bytes=max_payload_bytes)
         self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}
         self.contexts: dict[int, Context] = {}
         self._wake = asyncio.Event()
@@ -117,6 +119,7 @@ class Worker:
         from konduit.engine.client import Client
 
         await Client(self.db, self.registry).register_all()
+        await self.schedules.sync()
         await self.db.run(
             "worker_register",
             id=cfg.worker_id,
@@ -136,6 +139,8 @@ class Worker:
             asyncio.create_task(self._maintain(), name="konduit-maintenance"),
             *([asyncio.create_task(self.alerting.run(cfg.alert_interval), name="konduit-alerts")]
               if cfg.alert_interval > 0 else []),
+            # Every worker tries each tick; the tick's idempotency key lets one execution exist.
+            asyncio.create_task(self.schedules.run(), name="konduit-schedules"),
             asyncio.create_task(self.batcher.run(), name="konduit-completer"),
         ]
         self._completer = helpers[-1]

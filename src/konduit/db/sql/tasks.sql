@@ -69,6 +69,7 @@ WITH picked AS (
 )
 SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
        c.lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version, e.input,
+       e.scheduled_at,
        extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining
 FROM claimed c
 JOIN konduit_executions e ON e.id = c.execution_id;
@@ -187,7 +188,8 @@ RETURNING id, queue;
 -- that reclaims one re-checks all of it (task_lose_if_rescuable).
 SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
        t.lease_token, t.queue, t.generation, t.worker_id, e.workflow_name, e.workflow_version,
-       e.input, extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining
+       e.input, e.scheduled_at,
+       extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status = 'running' AND t.lease_expires_at < clock_timestamp()
@@ -241,7 +243,7 @@ LIMIT %(limit)s;
 -- or a retry's backoff or a queue outlasted the budget).
 SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
        t.lease_token, t.queue, t.generation, t.status, t.worker_id, e.workflow_name,
-       e.workflow_version, e.input, 0.0::float8 AS deadline_remaining
+       e.workflow_version, e.input, e.scheduled_at, 0.0::float8 AS deadline_remaining
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status IN ('ready', 'running') AND e.status = 'running'
