@@ -76,6 +76,11 @@ CROSS_EXECUTION_BATCH = {
     "task_complete_many_if_leased",
     "output_insert_many_across_executions_if_absent",
     "attempt_finish_many_if_open",
+    # The round's fan-in decisions read and write their join state set-based too: each row
+    # addressed by its (execution id, step) key.
+    "step_get_many_across_executions",
+    "step_update_many_across_executions",
+    "execution_set_steps_pending_many_if_running_and_changed",
 }
 HISTORY_READS = {
     # Adaptive deadline: a quantile of the step's successful durations over all executions.

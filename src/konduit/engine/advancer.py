@@ -103,8 +103,14 @@ class Advancer:
         generation: int = 1,
         *,
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
+        defer_writes: bool = False,
     ):
         self.tx = tx
+        # With defer_writes, a decision that leaves the execution running writes nothing at the
+        # end of run_events: the caller writes the step rows and counts of a whole round of
+        # executions in one statement each (write_deferred) and wakes their queues once.
+        self.defer_writes = defer_writes
+        self.deferred = False
         self.spec = spec
         self.execution_id = execution_id
         self.execution = execution
@@ -163,11 +169,29 @@ class Advancer:
                 break
             for step, count in await self._create_tasks(decision.fire):
                 queue.append((MapExpanded(step, count), at))
+        if self.defer_writes and self.execution.status == "running":
+            self.deferred = True
+            return self.result
         await self._write_steps()
         await self._write_execution()
         for queue_name in sorted(self.result.queues):
             await self.tx.one("task_notify_ready", queue=queue_name)
         return self.result
+
+    def step_writes(self) -> list[tuple[str, StepState, datetime | None, datetime | None, str | None,
+                                        bool, bool]]:
+        """The step rows this decision changed, in step order: (step, state, first_upstream_at,
+        last_upstream_at, straggler, fired, ended), for a caller that writes them
+        (defer_writes)."""
+        return [(name, self.loaded[name].state, self.loaded[name].first_upstream_at,
+                 w.last_upstream_at, w.straggler, w.fired, w.ended)
+                for name, w in sorted(self.writes.items())]
+
+    def preload(self, rows: Iterable[Row]) -> None:
+        """Join state read by the caller for several executions at once (see write_deferred)."""
+        for row in rows:
+            state = StepState(**{f: row[f] for f in _STATE_FIELDS})
+            self.loaded[row["step"]] = _Loaded(state, row["first_upstream_at"])
 
     def _remember(self, event: Event, decision: Decision, at: datetime | None) -> None:
         for name, state in decision.states.items():

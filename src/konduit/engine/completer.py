@@ -18,11 +18,11 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from konduit.core.advance import TaskEnded
+from konduit.core.advance import Event, ExecutionState, TaskEnded
 from konduit.core.payloads import content_hash
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import transitions
-from konduit.engine.advancer import Advanced, record_events
+from konduit.engine.advancer import Advanced, Advancer, state_columns
 from konduit.engine.registry import Registry
 
 log = logging.getLogger("konduit.completer")
@@ -185,13 +185,29 @@ async def record_many(
         by_execution: dict[UUID, list[Completion]] = {}
         for c in kept:
             by_execution.setdefault(c.execution_id, []).append(c)
+        deciding = [(locked[e], by_execution[e]) for e in execution_ids  # id order, as locked
+                    if e in by_execution and locked[e]["status"] == "running"]
+        advancers = [(_advancer(tx, registry, execution), completions)
+                     for execution, completions in deciding]
+        # The join state every decision of the round reads, in one statement.
+        pairs = [(a.execution_id, step) for a, completions in advancers
+                 for step in sorted({s for c in completions
+                                     for s in (c.step, *a.spec.downstream[c.step])})]
+        if pairs:
+            rows = await tx.all("step_get_many_across_executions",
+                                execution_ids=[e for e, _ in pairs], steps=[s for _, s in pairs])
+            state: dict[UUID, list[Row]] = {}
+            for row in rows:
+                state.setdefault(row["execution_id"], []).append(row)
+            for a, _ in advancers:
+                a.preload(state.get(a.execution_id, []))
         advanced: dict[UUID, Advanced] = {}
-        for execution_id in execution_ids:  # id order, as the locks were taken
-            ended_here = by_execution.get(execution_id)
-            execution = locked.get(execution_id)
-            if not ended_here or execution is None or execution["status"] != "running":
-                continue
-            advanced[execution_id] = await _advance(tx, registry, execution, ended_here, ended)
+        for a, completions in advancers:
+            # Name the cause when the execution fails: the last line of each failed step's error.
+            a.errors = {c.step: c.error.strip().splitlines()[-1][:500] for c in completions
+                        if c.error and c.outcome not in ("succeeded", "degraded")}
+            advanced[a.execution_id] = await a.run_events(_events(completions, ended))
+        await write_deferred(tx, [a for a, _ in advancers])
         return ended, advanced
 
     # A deadlock or serialization failure rolls it all back: run it again (it is database work only).
@@ -212,23 +228,55 @@ async def record_many(
     return results
 
 
-async def _advance(tx: Tx, registry: Registry, execution: Row, completions: list[Completion],
-                   ended: dict[int, datetime]) -> Advanced:
-    """One execution's fan-in decision for its tasks that just ended (under its lock)."""
+def _advancer(tx: Tx, registry: Registry, execution: Row) -> Advancer:
+    """The fan-in decision of one locked execution of a round; its writes are deferred to the
+    round's set-based statements (:func:`write_deferred`) unless it ends the execution."""
     spec = registry.get(execution["workflow_name"], execution["workflow_version"])
-    events: list[tuple[TaskEnded, datetime | None]] = [
+    return Advancer(tx, spec, execution["id"],
+                    ExecutionState(execution["status"], execution["steps_pending"]),
+                    execution["generation"], defer_writes=True)
+
+
+async def write_deferred(tx: Tx, advancers: list[Advancer]) -> None:
+    """Write what the deferred decisions of a round changed: the step rows of every execution
+    in one statement, in (execution, step) order, the changed step counts in another, and one
+    wake-up per queue that got tasks."""
+    deferred = sorted((a for a in advancers if a.deferred), key=lambda a: a.execution_id)
+    rows = [(a.execution_id, *write) for a in deferred for write in a.step_writes()]
+    if rows:
+        await tx.run(
+            "step_update_many_across_executions",
+            execution_ids=[r[0] for r in rows],
+            steps=[r[1] for r in rows],
+            **state_columns([r[2] for r in rows]),
+            first_upstream_ats=[r[3] for r in rows],
+            last_upstream_ats=[r[4] for r in rows],
+            stragglers=[r[5] for r in rows],
+            fireds=[r[6] for r in rows],
+            endeds=[r[7] for r in rows],
+        )
+    changed = [a for a in deferred if a.execution.steps_pending != a.stored_steps_pending]
+    if changed:
+        await tx.run(
+            "execution_set_steps_pending_many_if_running_and_changed",
+            ids=[a.execution_id for a in changed],
+            steps_pendings=[a.execution.steps_pending for a in changed],
+        )
+        for a in changed:
+            a.stored_steps_pending = a.execution.steps_pending
+    for queue_name in sorted({q for a in deferred for q in a.result.queues}):
+        await tx.one("task_notify_ready", queue=queue_name)
+
+
+def _events(completions: list[Completion], ended: dict[int, datetime]
+            ) -> list[tuple[Event, datetime | None]]:
+    return [
         (
             TaskEnded(c.step, c.outcome, frozenset(c.routes) if c.routes is not None else None),
             ended[c.task_id],
         )
         for c in completions
     ]
-    errors = {
-        c.step: c.error.strip().splitlines()[-1][:500]
-        for c in completions
-        if c.error and c.outcome not in ("succeeded", "degraded")
-    }
-    return await record_events(tx, spec, execution, events, errors)
 
 
 async def record_late_result(db: Database, lease_token: UUID, payload_json: str, payload: Any) -> bool:

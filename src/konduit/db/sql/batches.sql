@@ -31,3 +31,52 @@ JOIN unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS u(id, lease_token)
 WHERE t.status = 'running'
 ORDER BY t.id
 FOR SHARE OF t;
+
+-- name: step_get_many_across_executions
+-- Join state of the steps a round of outcomes touches, of several locked executions at once:
+-- each (execution, step) pair addressed by its own key.
+SELECT s.execution_id, s.step, s.status, s.up_pending, s.up_ok, s.up_failed,
+       s.up_required_failed, s.up_skipped, s.tasks_total, s.tasks_pending, s.tasks_ok,
+       s.tasks_degraded, s.tasks_failed, s.first_upstream_at
+FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[]) AS k(execution_id, step)
+JOIN konduit_steps s ON s.execution_id = k.execution_id AND s.step = k.step;
+
+-- name: step_update_many_across_executions
+-- Apply the fan-in decisions of a round to the steps they changed, of several executions, in
+-- (execution, step) order; fired and ended steps get their timestamps.
+UPDATE konduit_steps s
+SET status = u.status,
+    up_pending = u.up_pending,
+    up_ok = u.up_ok,
+    up_failed = u.up_failed,
+    up_required_failed = u.up_required_failed,
+    up_skipped = u.up_skipped,
+    tasks_total = u.tasks_total,
+    tasks_pending = u.tasks_pending,
+    tasks_ok = u.tasks_ok,
+    tasks_degraded = u.tasks_degraded,
+    tasks_failed = u.tasks_failed,
+    first_upstream_at = u.first_upstream_at,
+    last_upstream_at = COALESCE(u.last_upstream_at, s.last_upstream_at),
+    straggler = COALESCE(u.straggler, s.straggler),
+    fired_at = CASE WHEN u.fired THEN clock_timestamp() ELSE s.fired_at END,
+    ended_at = CASE WHEN u.ended THEN clock_timestamp() ELSE s.ended_at END
+FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[], %(statuses)s::text[],
+            %(up_pendings)s::int[], %(up_oks)s::int[], %(up_faileds)s::int[],
+            %(up_required_faileds)s::int[], %(up_skippeds)s::int[], %(tasks_totals)s::int[],
+            %(tasks_pendings)s::int[], %(tasks_oks)s::int[], %(tasks_degradeds)s::int[],
+            %(tasks_faileds)s::int[], %(first_upstream_ats)s::timestamptz[],
+            %(last_upstream_ats)s::timestamptz[], %(stragglers)s::text[], %(fireds)s::bool[],
+            %(endeds)s::bool[])
+     AS u(execution_id, step, status, up_pending, up_ok, up_failed, up_required_failed,
+          up_skipped, tasks_total, tasks_pending, tasks_ok, tasks_degraded, tasks_failed,
+          first_upstream_at, last_upstream_at, straggler, fired, ended)
+WHERE s.execution_id = u.execution_id AND s.step = u.step;
+
+-- name: execution_set_steps_pending_many_if_running_and_changed
+-- Record how many steps of several running executions have not ended; an unchanged count
+-- writes no new row version.
+UPDATE konduit_executions e
+SET steps_pending = u.steps_pending
+FROM unnest(%(ids)s::uuid[], %(steps_pendings)s::int[]) AS u(id, steps_pending)
+WHERE e.id = u.id AND e.status = 'running' AND e.steps_pending IS DISTINCT FROM u.steps_pending;
