@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from konduit.core.definition_warnings import unbounded_branch_message, unbounded_optional_branches
 from konduit.core.durations import Duration, parse_duration
+from konduit.core.flow import FlowLimit, parse_flow_limit
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair_contract import RepairContract
 from konduit.core.schedules import Schedule
@@ -53,6 +54,9 @@ class StepSpec:
     fallback_on_failure: bool = False
     validator: OutputValidator | None = None
     max_items: int = DEFAULT_MAX_MAP_ITEMS
+    # Fleet-wide limits (concurrency=, rate=). Operational, so not part of the spec hash: a
+    # limit changes without a new version (the latest registration sets it for the fleet).
+    flow: FlowLimit | None = None
 
     @property
     def is_map(self) -> bool:
@@ -196,6 +200,8 @@ class Workflow:
         priority: int = 0,
         output: Any = None,
         fallback_on_failure: bool = False,
+        concurrency: int | None = None,
+        rate: str | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as a step running after the steps in ``after``.
 
@@ -203,7 +209,9 @@ class Workflow:
         the task ends ``degraded`` with ``fallback(ctx)``'s payload, or ``timed_out`` without a
         fallback. ``fallback_on_failure`` also degrades a task whose retries are exhausted.
         ``required=False`` makes this step an optional branch for ``Join.required()``.
-        ``output`` declares the payload's type (Pydantic model or JSON Schema dict)."""
+        ``output`` declares the payload's type (Pydantic model or JSON Schema dict).
+        ``concurrency=N`` runs at most N tasks of this step at once and ``rate="N/s"`` (or
+        ``/m``, ``/h``) starts at most N in any such interval, across all workers."""
 
         def decorate(handler: F) -> F:
             self._add(
@@ -220,6 +228,8 @@ class Workflow:
                 output=output,
                 fallback_on_failure=fallback_on_failure,
                 map_over=None,
+                concurrency=concurrency,
+                rate=rate,
             )
             return handler
 
@@ -240,6 +250,8 @@ class Workflow:
         output: Any = None,
         fallback_on_failure: bool = False,
         max_items: int = DEFAULT_MAX_MAP_ITEMS,
+        concurrency: int | None = None,
+        rate: str | None = None,
     ) -> Callable[[F], F]:
         """Register a run-time fan-out: one task per item of ``over(upstream_output)``.
 
@@ -266,6 +278,8 @@ class Workflow:
                 fallback_on_failure=fallback_on_failure,
                 map_over=over,
                 max_items=max_items,
+                concurrency=concurrency,
+                rate=rate,
             )
             return handler
 
@@ -377,6 +391,8 @@ class Workflow:
         output: Any = None,
         fallback_on_failure: bool = False,
         max_items: int | None = None,
+        concurrency: int | None = None,
+        rate: str | None = None,
     ) -> str:
         if self._frozen_spec is not None:
             raise WorkflowDefinitionError(
@@ -443,6 +459,10 @@ class Workflow:
         if not isinstance(queue, str) or not queue:
             raise WorkflowDefinitionError("queue must be a non-empty string", workflow=self.name,
                                           step=step_name)
+        try:
+            flow = parse_flow_limit(concurrency, rate)
+        except ValueError as exc:
+            raise WorkflowDefinitionError(str(exc), workflow=self.name, step=step_name) from exc
         spec = StepSpec(
             name=step_name,
             handler=handler,
@@ -460,6 +480,7 @@ class Workflow:
             validator=None if output is None
             else OutputValidator(output, step=step_name, workflow=self.name),
             max_items=DEFAULT_MAX_MAP_ITEMS if max_items is None else max_items,
+            flow=flow,
         )
         self._steps[step_name] = spec
         # A handler shared by several steps cannot name an upstream unambiguously ("" marks it).
@@ -553,6 +574,11 @@ class WorkflowSpec:
 
     def __getitem__(self, step: str) -> StepSpec:
         return self.steps[step]
+
+    @cached_property
+    def flow_limits(self) -> dict[str, FlowLimit]:
+        """The steps with fleet-wide limits (``concurrency=``/``rate=``), by name."""
+        return {n: s.flow for n, s in self.steps.items() if s.flow is not None}
 
     @cached_property
     def spec_json(self) -> dict[str, Any]:

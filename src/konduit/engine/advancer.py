@@ -256,6 +256,7 @@ class Advancer:
                 priorities=[s.priority for s in plain],
                 max_attempts=[s.retry.max_attempts for s in plain],
                 deadline_seconds=deadlines,
+                limiteds=[s.flow is not None for s in plain],
             )
             self.result.queues.update(s.queue for s in plain)
         expanded: list[tuple[str, int]] = []
@@ -311,6 +312,7 @@ class Advancer:
                 priority=spec.priority,
                 max_attempts=spec.retry.max_attempts,
                 deadline_seconds=budget,
+                limited=spec.flow is not None,
             )
         self.result.queues.add(spec.queue)
         return len(items)

@@ -20,6 +20,7 @@ from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
 from konduit.engine.advancer import Advancer, finish_execution, state_columns
 from konduit.engine.alerting import list_alerts
+from konduit.engine.flow import register_flow_limits
 from konduit.engine.registry import Registry, workflow_key
 from konduit.engine.starts import (
     Prepared,
@@ -75,6 +76,8 @@ class Client:
                 spec=Jsonb(spec.spec_json),
             )
             row = await tx.one("workflow_get", name=spec.name, version=spec.version)
+            if row is not None and row["spec_hash"] == spec.spec_hash:
+                await register_flow_limits(tx, spec)
         if row is None or row["spec_hash"] != spec.spec_hash:
             raise WorkflowVersionConflict(
                 f"workflow {spec.name!r} version {spec.version} is already registered with a "

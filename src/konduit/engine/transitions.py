@@ -7,7 +7,7 @@ would be a race (River #1302: a rescuer overwrote a job that completed after the
 
 | transition | from -> to                          | statement                               |
 |------------|-------------------------------------|-----------------------------------------|
-| claim      | ready -> running                    | task_claim_batch                        |
+| claim      | ready -> running                    | task_claim_batch (_flow_limited)        |
 | complete   | running -> terminal                 | task_complete_many_if_leased            |
 | retry      | running -> ready (backoff)          | task_retry_if_leased_before_deadline    |
 | release    | running -> ready, attempt uncounted | task_release_if_leased                  |
@@ -34,6 +34,13 @@ if TYPE_CHECKING:
     from konduit.engine.completer import Completion
 
 
+class Claim(list[Row]):
+    """The rows of the claimed tasks. ``limited_ready``: steps with flow limits had ready tasks
+    at the time of the claim (its limits may have held some back: worth claiming again soon)."""
+
+    limited_ready: bool = False
+
+
 async def claim(
     db: Database | Tx,
     *,
@@ -43,22 +50,50 @@ async def claim(
     lease_seconds: float,
     worker_id: str,
     turn: int = 0,
-) -> list[Row]:
+    limited: bool = False,
+) -> Claim:
     """Lease up to ``limit`` ready tasks of running executions (ready -> running).
 
     In each queue the oldest execution's tasks come first within a priority; the queues share
     the limit, taking turns in the order given, starting at ``queues[turn % len(queues)]``. A
     worker passes a counter as ``turn``, so that claims smaller than its number of queues (one
-    freed slot at a time) still serve every queue in turn."""
+    freed slot at a time) still serve every queue in turn.
+
+    ``limited``: some of ``workflows`` have steps with flow limits (``concurrency=``,
+    ``rate=``). Their tasks are claimed only by :func:`_claim_flow`; the plain claim skips them."""
     first = turn % len(queues) if queues else 0
-    return await db.all(
-        "task_claim_batch",
-        queues=[*queues[first:], *queues[:first]],
-        workflows=list(workflows),
-        limit=limit,
-        lease_seconds=lease_seconds,
-        worker_id=worker_id,
-    )
+    params: dict[str, Any] = {
+        "queues": [*queues[first:], *queues[:first]],
+        "workflows": list(workflows),
+        "limit": limit,
+        "lease_seconds": lease_seconds,
+        "worker_id": worker_id,
+    }
+    if not limited:
+        return Claim(await db.all("task_claim_batch", **params))
+    if isinstance(db, Tx):
+        return await _claim_flow(db, params)
+    return await db.atomic(lambda tx: _claim_flow(tx, params))
+
+
+async def _claim_flow(tx: Tx, params: dict[str, Any]) -> Claim:
+    """Lock the rows of the limited steps with ready tasks (skipping those another claimer
+    holds), then claim in a second statement, whose snapshot is taken after the locks were
+    granted: two claimers of one step can never both count the same free slot. (One statement
+    could not do it: under READ COMMITTED its snapshot predates the lock it waits for.) With no
+    such step, the plain claim runs; it skips limited tasks."""
+    locked = await tx.all("flow_limit_lock_if_ready", queues=params["queues"],
+                          workflows=params["workflows"])
+    if not locked:
+        return Claim(await tx.all("task_claim_batch", **params))
+    rows = Claim(await tx.all(
+        "task_claim_batch_flow_limited",
+        flow_workflows=[r["workflow"] for r in locked],
+        flow_steps=[r["step"] for r in locked],
+        **params,
+    ))
+    rows.limited_ready = True
+    return rows
 
 
 async def hold(tx: Tx, task_id: int, lease_token: UUID) -> bool:

@@ -122,6 +122,7 @@ def metric_families(stats: Stats, executions: Sequence[Row],
                "sync handler ignoring its deadline. Past the worker's limit it restarts.",
                ("worker", "host"), (((w["id"], w["hostname"]), w["abandoned"]) for w in workers)),
         *alert_families(alerts, alert_counts),
+        *flow_families(stats),
     ]
 
 
@@ -140,6 +141,26 @@ def alert_families(alerts: Sequence[Row], counts: Sequence[Row] | None = None) -
                ("kind", "subject", "workflow", "severity"),
                (((a["kind"], a["subject"], a["workflow"], a["severity"]), a["raised_at"].timestamp())
                 for a in open_)),
+    ]
+
+
+def flow_families(stats: Stats) -> list[Metric]:
+    """Flow limits (``step(concurrency=, rate=)``): running and ready tasks of each limited
+    step, and the time and claims in which its limit held ready tasks back."""
+    labels = ("workflow", "version", "step")
+    rows = [((f.workflow, str(f.version), f.step), f) for f in stats.flow]
+    return [
+        _gauge("konduit_step_flow_running", "Running tasks of a step with a concurrency or rate "
+               "limit (fleet-wide).", labels, ((k, f.running) for k, f in rows)),
+        _gauge("konduit_step_flow_ready", "Ready tasks of a limited step.", labels,
+               ((k, f.ready) for k, f in rows)),
+        _gauge("konduit_step_throttled_seconds_total", "Seconds during which claims left ready "
+               "tasks of the step for its limit (an ongoing stretch counts up to now).", labels,
+               ((k, f.throttled_seconds) for k, f in rows)),
+        _gauge("konduit_step_throttled", "1 while the step's limit holds ready tasks back.",
+               labels, ((k, float(f.throttled_now)) for k, f in rows)),
+        _gauge("konduit_step_throttled_claims_total", "Claims that left ready tasks of the step "
+               "for its limit.", labels, ((k, f.throttled_claims) for k, f in rows)),
     ]
 
 

@@ -151,6 +151,28 @@ class JoinStats:
 
 
 @dataclass(frozen=True)
+class FlowStats:
+    """A step with fleet-wide limits (``concurrency=``, ``rate=``), now. ``throttled_seconds``:
+    wall-clock time during which claims left ready tasks of the step for its limit (measured at
+    each claim that saw the step: from the first such claim to the next claim that was not held
+    back); ``throttled_claims``: how many claims left tasks for it."""
+
+    workflow: str
+    version: int
+    step: str
+    concurrency: int | None
+    rate: str | None
+    running: int
+    ready: int
+    throttled_seconds: float
+    throttled_now: bool
+    throttled_claims: int
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+@dataclass(frozen=True)
 class Stats:
     workflow: str | None  # None: every workflow
     history_seconds: float
@@ -159,6 +181,7 @@ class Stats:
     branches: list[BranchStats]
     joins: list[JoinStats]
     alerts: list[Alert]
+    flow: list[FlowStats] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -173,7 +196,8 @@ class Stats:
                 "fan_in_alert_seconds": self.threshold, "consecutive": self.consecutive,
                 "branches": [b.to_json() for b in self.branches],
                 "joins": [j.to_json() for j in self.joins],
-                "alerts": [a.to_json() for a in self.alerts]}
+                "alerts": [a.to_json() for a in self.alerts],
+                "flow": [f.to_json() for f in self.flow]}
 
 
 def _plain(obj: Any) -> dict[str, Any]:
@@ -190,8 +214,10 @@ def _float(value: Any) -> float | None:
 def build_stats(
     step_rows: Sequence[Row], join_rows: Sequence[Row], wait_rows: Sequence[Row], *,
     workflow: str | None, history_seconds: float, threshold: float, consecutive: int,
+    flow_rows: Sequence[Row] = (),
 ) -> Stats:
-    """Stats from the rows of the three queries (``wait_rows`` oldest first per join)."""
+    """Stats from the rows of the three queries (``wait_rows`` oldest first per join) and of
+    ``flow_limit_list``."""
     branches = [BranchStats(
         workflow=r["workflow_name"], step=r["step"], p50=_float(r["p50"]), p95=_float(r["p95"]),
         p99=_float(r["p99"]), attempts=int(r["attempts"]), retries=int(r["retries"]),
@@ -211,7 +237,22 @@ def build_stats(
         recent.setdefault((r["workflow_name"], r["step"]), []).append(Wait(
             float(r["wait"]), r["straggler"], bool(r["waiting"]), str(r["execution_id"])))
     alerts = fan_in_alerts(recent, threshold=threshold, consecutive=consecutive)
-    return Stats(workflow, history_seconds, threshold, consecutive, branches, joins, alerts)
+    flow = [flow_stats(r) for r in flow_rows]
+    flow = [f for f in flow if workflow is None or f.workflow == workflow]
+    return Stats(workflow, history_seconds, threshold, consecutive, branches, joins, alerts, flow)
+
+
+def flow_stats(r: Row) -> FlowStats:
+    """One row of ``flow_limit_list`` (its workflow is ``name@version``)."""
+    from konduit.core.flow import FlowLimit
+
+    name, _, version = str(r["workflow"]).rpartition("@")
+    limit = FlowLimit(r["concurrency"], r["rate_count"], _float(r["rate_seconds"]))
+    return FlowStats(workflow=name, version=int(version), step=r["step"],
+                     concurrency=r["concurrency"], rate=limit.rate, running=int(r["running"]),
+                     ready=int(r["ready"]), throttled_seconds=float(r["throttled_seconds"]),
+                     throttled_now=bool(r["throttled_now"]),
+                     throttled_claims=int(r["throttled_claims"]))
 
 
 def seconds_option(value: Duration, what: str) -> float:
@@ -241,8 +282,9 @@ async def load_stats(
     joins = await db.all("step_join_stats_by_workflow", **params)
     waits = await db.all("step_join_waits_recent", threshold_seconds=threshold,
                          per_join=consecutive, **params)
+    flow = await db.all("flow_limit_list")
     return build_stats(steps, joins, waits, workflow=workflow, history_seconds=history_s,
-                       threshold=threshold, consecutive=consecutive)
+                       threshold=threshold, consecutive=consecutive, flow_rows=flow)
 
 
 # -- presentation --------------------------------------------------------------------------------
@@ -315,6 +357,16 @@ def stats_renderables(stats: Stats) -> list[Any]:
             worst = _s(j.wait_max) if j.wait_max <= stats.threshold else f"[red]{_s(j.wait_max)}[/red]"
             t.add_row(escape(j.join), str(j.samples), _s(j.wait_p50), _s(j.wait_p95), worst,
                       _s(j.dispatch_p50), _s(j.dispatch_p95), stragglers)
+        out.append(t)
+    if stats.flow:
+        t = table("flow limit", "concurrency", "rate", "running", "ready", "throttled",
+                  "throttled\nclaims")
+        for f in stats.flow:
+            throttled = _s(f.throttled_seconds) + (" [yellow](now)[/yellow]" if f.throttled_now
+                                                   else "")
+            t.add_row(escape(f"{f.workflow}@{f.version}/{f.step}"),
+                      "—" if f.concurrency is None else str(f.concurrency), f.rate or "—",
+                      str(f.running), str(f.ready), throttled, str(f.throttled_claims))
         out.append(t)
     out.append("[dim]branch durations: succeeded attempts (started → finished); fan-in wait: first "
                "branch ended → join fired; dispatch: last branch ended → join fired[/dim]")

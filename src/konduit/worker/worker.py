@@ -99,6 +99,15 @@ class Worker:
         self.completed = 0
         self.claims = {"alone": 0, "in_rounds": 0}  # claims that leased tasks, by where they ran
         self._turn = 0  # which of the queues a claim serves first: they take turns
+        # Whether some step this worker runs has flow limits: only then does a claim lock them.
+        self._limited = any(spec.flow_limits for spec in registry)
+        # While limited steps have ready tasks, claim again this often: a rate's window frees
+        # a start every interval/count (a running task that ends notifies instead).
+        self._flow_poll = min((max(0.05, f.rate_seconds / f.rate_count)
+                               for spec in registry for f in spec.flow_limits.values()
+                               if f.rate_seconds is not None and f.rate_count is not None),
+                              default=self.config.poll_interval)
+        self._limited_ready = False  # the last claim saw ready tasks of limited steps
         self._reserved = 0  # free slots that a claim in flight is filling
         # Until when the completion rounds leave claiming to the claim loop (after a claim in
         # one of them failed: a round must never fail for its claim).
@@ -193,7 +202,8 @@ class Worker:
                 self._launch(claimed)
             if free > 0 and len(claimed) == free:
                 continue  # there may be more ready work: claim again at once
-            await self._sleep(cfg.poll_interval)
+            await self._sleep(min(cfg.poll_interval, self._flow_poll) if self._limited_ready
+                              else cfg.poll_interval)
 
     async def _claim(self, db: Database | Tx, limit: int) -> list[Claimed]:
         cfg = self.config
@@ -205,8 +215,10 @@ class Worker:
             lease_seconds=cfg.lease_seconds,
             worker_id=cfg.worker_id,
             turn=self._turn,
+            limited=self._limited,
         )
         self._turn += 1
+        self._limited_ready = rows.limited_ready
         return [Claimed.from_row(r) for r in rows]
 
     def _free_slots(self) -> int:
@@ -398,11 +410,22 @@ class Worker:
             )
             return
         self.completed += 1
+        flow = spec[task.step].flow
+        if flow is not None and flow.concurrency is not None:
+            await self._notify_slot_free(task)
         if advanced and advanced.fired:
             self._wake.set()
         if outcome is Recorded.RETRYING:
             # Claim the retry when it is due, not at the next poll.
             asyncio.get_running_loop().call_later(completion.retry_delay, self._wake.set)
+
+    async def _notify_slot_free(self, task: Claimed) -> None:
+        """A task of a step with a concurrency limit ended or went back to ready: wake the
+        workers of its queue, whose claims may have left its step's ready tasks for the limit."""
+        try:
+            await self.db.one("task_notify_ready", queue=task.queue)
+        except DatabaseError as exc:  # they poll anyway
+            log.debug("could not notify the end of limited task %s: %s", task.id, exc)
 
     def _check_abandoned(self) -> None:
         abandoned = self.executor.abandoned

@@ -3,10 +3,10 @@
 -- per line, indexes counted from first_index); a task that exists already is never made twice.
 INSERT INTO konduit_tasks
     (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
-     deadline_seconds)
+     deadline_seconds, limited)
 SELECT e.id, %(workflow)s::text, %(generation)s::int, %(step)s::text,
        %(first_index)s::int + u.ord::int - 1, u.item::jsonb, %(queue)s::text, %(priority)s::int,
-       %(max_attempts)s::int, %(deadline_seconds)s::float8
+       %(max_attempts)s::int, %(deadline_seconds)s::float8, %(limited)s::bool
 FROM konduit_executions e
 CROSS JOIN unnest(string_to_array(%(items)s::text, E'\n')) WITH ORDINALITY AS u(item, ord)
 WHERE e.id = %(execution_id)s AND e.status = 'running'

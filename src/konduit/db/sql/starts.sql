@@ -22,9 +22,9 @@ WITH request AS (
                 %(template_tasks_totals)s::int[], %(template_tasks_pendings)s::int[],
                 %(template_roots)s::bool[], %(template_queues)s::text[],
                 %(template_priorities)s::int[], %(template_max_attempts)s::int[],
-                %(template_deadline_seconds)s::float8[])
+                %(template_deadline_seconds)s::float8[], %(template_limiteds)s::bool[])
          AS t(name, version, workflow, step, status, up_total, tasks_total, tasks_pending, root,
-              queue, priority, max_attempts, deadline_seconds)
+              queue, priority, max_attempts, deadline_seconds, limited)
 ), created AS (
     INSERT INTO konduit_executions
         (id, workflow_name, workflow_version, input, input_hash, idempotency_key, steps_pending,
@@ -48,9 +48,9 @@ WITH request AS (
     -- rows here would spill to disk for a big batch.
     INSERT INTO konduit_tasks
         (execution_id, workflow, generation, step, map_index, queue, priority, max_attempts,
-         deadline_seconds)
+         deadline_seconds, limited)
     SELECT c.id, t.workflow, 1, t.step, 0, t.queue, t.priority, t.max_attempts,
-           t.deadline_seconds
+           t.deadline_seconds, t.limited
     FROM created c JOIN template t ON t.name = c.workflow_name AND t.version = c.workflow_version
     WHERE t.root
 ), woken AS (

@@ -2,12 +2,13 @@
 -- Create the ready tasks of steps whose join fired; a task that exists already is never made twice.
 INSERT INTO konduit_tasks
     (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
-     deadline_seconds)
+     deadline_seconds, limited)
 SELECT %(execution_id)s, %(workflow)s, %(generation)s, u.step, u.map_index, u.item, u.queue, u.priority,
-       u.max_attempts, u.deadline_seconds
+       u.max_attempts, u.deadline_seconds, u.limited
 FROM unnest(%(steps)s::text[], %(map_indexes)s::int[], %(items)s::jsonb[], %(queues)s::text[],
-            %(priorities)s::int[], %(max_attempts)s::int[], %(deadline_seconds)s::float8[])
-     AS u(step, map_index, item, queue, priority, max_attempts, deadline_seconds)
+            %(priorities)s::int[], %(max_attempts)s::int[], %(deadline_seconds)s::float8[],
+            %(limiteds)s::bool[])
+     AS u(step, map_index, item, queue, priority, max_attempts, deadline_seconds, limited)
 ON CONFLICT (execution_id, step, map_index, generation) DO NOTHING;
 
 -- name: task_notify_ready
@@ -36,6 +37,9 @@ WITH picked AS (
             WHERE t.status = 'ready' AND t.queue = q.name
               AND t.run_at <= clock_timestamp()
               AND t.workflow = ANY(%(workflows)s::text[])
+              -- A limited step's tasks are claimed only under its flow row's lock
+              -- (task_claim_batch_flow_limited); false for every other task.
+              AND NOT t.limited
               -- Re-checked here, not trusted from when the task was made ready: a cancel commits
               -- its tasks' status in the same transaction, but a claim must never outrun it.
               -- A lookup by primary key per candidate, whatever the statistics say (a semi-join
