@@ -187,16 +187,17 @@ def test_claimers_released_together_never_run_two_of_a_concurrency_one_step(db_u
             for _ in range(TRIALS):
                 barrier = asyncio.Barrier(CLAIMERS + 1)
 
-                async def claimer() -> int:
+                async def claimer(barrier: asyncio.Barrier) -> int:
                     await barrier.wait()
                     rows = await claim(db, registry, 4)
                     return sum(1 for r in rows if r["step"] == "a")
 
-                async def finisher() -> int:
+                async def finisher(barrier: asyncio.Barrier) -> int:
                     await barrier.wait()
                     return await finish_running(db, "a")
 
-                ended, *took = await asyncio.gather(finisher(), *[claimer() for _ in range(CLAIMERS)])
+                ended, *took = await asyncio.gather(finisher(barrier),
+                                                     *[claimer(barrier) for _ in range(CLAIMERS)])
                 assert ended == 1
                 assert sum(took) <= 1, took
                 now = await running(db, "a")

@@ -68,7 +68,7 @@ class Client:
         if key in self._registered:
             return
         async with self.db.transaction() as tx:
-            await tx.run(
+            inserted = await tx.run(
                 "workflow_insert_if_absent",
                 name=spec.name,
                 version=spec.version,
@@ -76,7 +76,10 @@ class Client:
                 spec=Jsonb(spec.spec_json),
             )
             row = await tx.one("workflow_get", name=spec.name, version=spec.version)
-            if row is not None and row["spec_hash"] == spec.spec_hash:
+            # Limits of a version registered before may have changed (they are not in its
+            # hash); a version new here has none to lift.
+            if row is not None and row["spec_hash"] == spec.spec_hash \
+                    and (spec.flow_limits or not inserted):
                 await register_flow_limits(tx, spec)
         if row is None or row["spec_hash"] != spec.spec_hash:
             raise WorkflowVersionConflict(

@@ -6,7 +6,7 @@ INSERT INTO konduit_tasks
      deadline_seconds, limited)
 SELECT e.id, %(workflow)s::text, %(generation)s::int, %(step)s::text,
        %(first_index)s::int + u.ord::int - 1, u.item::jsonb, %(queue)s::text, %(priority)s::int,
-       %(max_attempts)s::int, %(deadline_seconds)s::float8, %(limited)s::bool
+       %(max_attempts)s::int, %(deadline_seconds)s::float8, COALESCE(%(limited)s::bool, false)
 FROM konduit_executions e
 CROSS JOIN unnest(string_to_array(%(items)s::text, E'\n')) WITH ORDINALITY AS u(item, ord)
 WHERE e.id = %(execution_id)s AND e.status = 'running'

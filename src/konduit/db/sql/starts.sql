@@ -50,7 +50,7 @@ WITH request AS (
         (execution_id, workflow, generation, step, map_index, queue, priority, max_attempts,
          deadline_seconds, limited)
     SELECT c.id, t.workflow, 1, t.step, 0, t.queue, t.priority, t.max_attempts,
-           t.deadline_seconds, t.limited
+           t.deadline_seconds, COALESCE(t.limited, false)
     FROM created c JOIN template t ON t.name = c.workflow_name AND t.version = c.workflow_version
     WHERE t.root
 ), woken AS (

@@ -4,7 +4,7 @@ INSERT INTO konduit_tasks
     (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
      deadline_seconds, limited)
 SELECT %(execution_id)s, %(workflow)s, %(generation)s, u.step, u.map_index, u.item, u.queue, u.priority,
-       u.max_attempts, u.deadline_seconds, u.limited
+       u.max_attempts, u.deadline_seconds, COALESCE(u.limited, false)
 FROM unnest(%(steps)s::text[], %(map_indexes)s::int[], %(items)s::jsonb[], %(queues)s::text[],
             %(priorities)s::int[], %(max_attempts)s::int[], %(deadline_seconds)s::float8[],
             %(limiteds)s::bool[])
