@@ -16,6 +16,7 @@ Both are enforced by the claim itself (``flow_limit_lock_if_ready`` then
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -234,7 +235,7 @@ def test_limited_tasks_keep_their_place_and_unlimited_ones_are_claimed_beside_th
     async def main() -> None:
         db = await open_db(db_url, 2)
         try:
-            registry, _ = await setup(db, limited_roots("flow-order"), 3)
+            registry, client = await setup(db, limited_roots("flow-order"), 3)
             ids = [r["id"] for r in await sql(db, "SELECT id FROM konduit_executions ORDER BY id")]
             first = await claim(db, registry, 10)
             # The oldest execution's a, and every b: the throttled a's do not hold up the claim.
@@ -261,6 +262,16 @@ def test_limited_tasks_keep_their_place_and_unlimited_ones_are_claimed_beside_th
             assert len(await claim(db, registry, 10)) == 1
             [limits] = await sql(db, "SELECT * FROM konduit_flow_limits")
             assert limits["throttled_since"] is None and limits["throttled_seconds"] > 0
+            # A stretch whose ready tasks went away otherwise (cancelled) ends at the next claim.
+            await client.start("flow-order")  # its a waits: the last a still runs
+            assert [r["step"] for r in await claim(db, registry, 10)] == ["b"]
+            [limits] = await sql(db, "SELECT * FROM konduit_flow_limits")
+            assert limits["throttled_since"] is not None
+            await sql(db, "UPDATE konduit_tasks SET status = 'cancelled', "
+                          "finished_at = clock_timestamp() WHERE status = 'ready'")
+            assert await claim(db, registry, 10) == []
+            [limits] = await sql(db, "SELECT * FROM konduit_flow_limits")
+            assert limits["throttled_since"] is None
         finally:
             await db.close()
 
@@ -393,3 +404,13 @@ def test_limits_hold_across_two_worker_processes(db_url, tmp_path):
         "limited", "rated"]
     # 16 starts at 4/s: the window frees as soon as it can (no poll-interval waits added).
     assert took < 12
+    # The throttled time, from the CLI.
+    from tests.test_cli import konduit_cli
+
+    proc = konduit_cli("stats", "--json", "--database-url", db_url)
+    assert proc.returncode == 0, proc.stderr
+    flow = {f["step"]: f for f in json.loads(proc.stdout)["flow"]}
+    assert flow["limited"]["concurrency"] == 2 and flow["rated"]["rate"] == "4/s"
+    assert flow["limited"]["throttled_seconds"] > 0 and not flow["limited"]["throttled_now"]
+    proc = konduit_cli("stats", "--database-url", db_url)
+    assert "flow limit" in proc.stdout and "flow-limits@1/limited" in proc.stdout

@@ -33,16 +33,17 @@ WHERE (konduit_flow_limits.concurrency, konduit_flow_limits.rate_count,
 
 -- name: flow_limit_lock_if_ready
 -- First statement of a flow claim: lock the rows of the limited steps that have ready tasks in
--- these queues, in one order; a row another claimer holds is skipped (that claimer serves the
--- step). The claim that follows in the same transaction takes a fresh snapshot, so the running
--- tasks and starts it counts include every claim committed before these locks were granted.
+-- these queues (or an open throttled stretch for the claim to end), in one order; a row another
+-- claimer holds is skipped (that claimer serves the step). The claim that follows in the same
+-- transaction takes a fresh snapshot, so the running tasks and starts it counts include every
+-- claim committed before these locks were granted.
 SELECT f.workflow, f.step
 FROM konduit_flow_limits f
 WHERE f.workflow = ANY(%(workflows)s::text[])
-  AND EXISTS (
+  AND (f.throttled_since IS NOT NULL OR EXISTS (
       SELECT 1 FROM konduit_tasks t
       WHERE t.limited AND t.workflow = f.workflow AND t.step = f.step AND t.status = 'ready'
-        AND t.queue = ANY(%(queues)s::text[]) AND t.run_at <= clock_timestamp())
+        AND t.queue = ANY(%(queues)s::text[]) AND t.run_at <= clock_timestamp()))
 ORDER BY f.workflow, f.step
 FOR UPDATE OF f SKIP LOCKED;
 
