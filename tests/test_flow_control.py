@@ -181,7 +181,7 @@ def test_claimers_released_together_never_run_two_of_a_concurrency_one_step(db_u
     async def main() -> tuple[int, int]:
         db = await open_db(db_url, CLAIMERS + 2)
         try:
-            registry, _ = await setup(db, limited_roots("flow-collide"), TRIALS * 2 + 5)
+            registry, _ = await setup(db, limited_roots("flow-collide"), TRIALS + 40)
             assert len(await claim(db, registry, 1)) == 1  # a: the oldest execution's task
             await finish_running(db, "b")
             most = 0
@@ -199,29 +199,34 @@ def test_claimers_released_together_never_run_two_of_a_concurrency_one_step(db_u
 
                 ended, *took = await asyncio.gather(finisher(barrier),
                                                      *[claimer(barrier) for _ in range(CLAIMERS)])
-                assert ended == 1
+                assert ended == 1, "the trial began without a running task of a"
                 assert sum(took) <= 1, took
                 now = await running(db, "a")
-                assert now <= 1
+                assert now <= 1, now
                 if now == 0:  # the claims all ran before the end committed: claim it now
                     assert len([r for r in await claim(db, registry, 4) if r["step"] == "a"]) == 1
                 await finish_running(db, "b")
                 most = max(most, sum(took))
             # The control: the flow claim alone, its snapshot taken before other claims commit.
-            await finish_running(db, "a")
-            barrier = asyncio.Barrier(CLAIMERS)
-
-            async def unlocked() -> int:
+            # (Up to 10 rounds: on a busy machine one round's claimers may happen to run one
+            # after the other.)
+            async def unlocked(barrier: asyncio.Barrier) -> None:
                 await barrier.wait()
                 async with db.transaction() as tx:
-                    rows = await tx.all(
+                    await tx.all(
                         "task_claim_batch_flow_limited", flow_workflows=["flow-collide@1"],
                         flow_steps=["a"], queues=["default"], workflows=registry.keys(), limit=4,
                         lease_seconds=30.0, worker_id=WORKER)
-                    return sum(1 for r in rows if r["step"] == "a")
 
-            await asyncio.gather(*[unlocked() for _ in range(CLAIMERS)])
-            return most, await running(db, "a")
+            control = 0
+            for _ in range(10):
+                await finish_running(db, "a")
+                barrier = asyncio.Barrier(CLAIMERS)
+                await asyncio.gather(*[unlocked(barrier) for _ in range(CLAIMERS)])
+                control = await running(db, "a")
+                if control > 1:
+                    break
+            return most, control
         finally:
             await db.close()
 
@@ -272,6 +277,27 @@ def test_limited_tasks_keep_their_place_and_unlimited_ones_are_claimed_beside_th
             assert await claim(db, registry, 10) == []
             [limits] = await sql(db, "SELECT * FROM konduit_flow_limits")
             assert limits["throttled_since"] is None
+        finally:
+            await db.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.storage
+def test_a_claim_short_of_free_slots_is_not_throttled(db_url):
+    """Ready tasks left behind because the worker had one free slot, not because of the limit,
+    are not throttled time."""
+
+    async def main() -> None:
+        db = await open_db(db_url, 2)
+        try:
+            registry, _ = await setup(db, limited_roots("flow-slots", concurrency=10), 5)
+            assert [r["step"] for r in await claim(db, registry, 1)] == ["a"]
+            [limits] = await sql(db, "SELECT * FROM konduit_flow_limits")
+            assert limits["throttled_claims"] == 0 and limits["throttled_since"] is None
+            assert len([r for r in await claim(db, registry, 20) if r["step"] == "a"]) == 4
+            [limits] = await sql(db, "SELECT * FROM konduit_flow_limits")
+            assert limits["throttled_claims"] == 0
         finally:
             await db.close()
 

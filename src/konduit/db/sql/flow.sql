@@ -55,19 +55,24 @@ FOR UPDATE OF f SKIP LOCKED;
 -- times and the window's new entries, so the starts stored are the starts decided.
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS at
-), allowance AS MATERIALIZED (
+), room AS MATERIALIZED (
+    -- What the limits allow now (NULL: no limit left on the step).
     SELECT f.workflow, f.step,
-           greatest(0, least(
-               %(limit)s,
-               f.concurrency - (SELECT count(*) FROM konduit_tasks r
-                                WHERE r.limited AND r.workflow = f.workflow AND r.step = f.step
-                                  AND r.status = 'running'),
-               f.rate_count - (SELECT count(*) FROM unnest(f.starts) AS s(at)
-                               WHERE s.at > k.at - make_interval(secs => f.rate_seconds))
-           ))::int AS n
+           CASE WHEN f.concurrency IS NOT NULL OR f.rate_count IS NOT NULL THEN
+               greatest(0, least(  -- least() skips a NULL (absent) limit
+                   f.concurrency - (SELECT count(*) FROM konduit_tasks r
+                                    WHERE r.limited AND r.workflow = f.workflow
+                                      AND r.step = f.step AND r.status = 'running'),
+                   f.rate_count - (SELECT count(*) FROM unnest(f.starts) AS s(at)
+                                   WHERE s.at > k.at - make_interval(secs => f.rate_seconds))
+               ))
+           END::int AS room
     FROM unnest(%(flow_workflows)s::text[], %(flow_steps)s::text[]) AS l(workflow, step)
     JOIN konduit_flow_limits f ON f.workflow = l.workflow AND f.step = l.step
     CROSS JOIN clock k
+), allowance AS MATERIALIZED (
+    -- ... and what this claim may take of it.
+    SELECT r.workflow, r.step, r.room, least(r.room, %(limit)s)::int AS n FROM room r
 ), picked AS (
     SELECT c.id, c.workflow, c.step, c.limited, c.turn, q.pos
     FROM (SELECT name, min(pos) AS pos
@@ -137,7 +142,7 @@ WITH clock AS MATERIALIZED (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, started_at)
     SELECT c.id, c.attempt, %(worker_id)s, c.lease_token, k.at FROM claimed c, clock k
 ), started AS (
-    SELECT a.workflow, a.step, a.n,
+    SELECT a.workflow, a.step, a.room,
            (SELECT count(*) FROM claimed c
             WHERE c.limited AND c.workflow = a.workflow AND c.step = a.step)::int AS took,
            -- Ready tasks of the step beyond those this claim takes (its snapshot predates them).
@@ -149,21 +154,21 @@ WITH clock AS MATERIALIZED (
                 LIMIT a.n + 1) AS r)::int AS ready
     FROM allowance a, clock k
 ), recorded AS (
-    -- Throttled: the step had more ready tasks than its allowance and this claim took all of
-    -- it (a claim that took less was short of free slots or found the rest locked, not held
-    -- back by the limit). A stretch of throttled claims is throttled time.
+    -- Throttled: the step had more ready tasks than its limits allow and this claim took all
+    -- they allow (a claim that took less was short of free slots or found the rest locked: the
+    -- limit held nothing back). A stretch of throttled claims is throttled time.
     UPDATE konduit_flow_limits f
     SET starts = CASE WHEN f.rate_count IS NULL OR s.took = 0 THEN f.starts
                       ELSE (f.starts || array_fill(k.at, ARRAY[s.took]))[
                           greatest(1, cardinality(f.starts) + s.took - f.rate_count + 1):]
                  END,
-        throttled_since = CASE WHEN s.ready > s.n AND s.took >= s.n
-                               THEN COALESCE(f.throttled_since, k.at) END,
+        throttled_since = CASE WHEN s.throttled THEN COALESCE(f.throttled_since, k.at) END,
         throttled_seconds = f.throttled_seconds
-            + CASE WHEN f.throttled_since IS NOT NULL AND NOT (s.ready > s.n AND s.took >= s.n)
+            + CASE WHEN f.throttled_since IS NOT NULL AND NOT s.throttled
                    THEN greatest(0, extract(epoch FROM k.at - f.throttled_since)) ELSE 0 END,
-        throttled_claims = f.throttled_claims + (s.ready > s.n AND s.took >= s.n)::int
-    FROM started s, clock k
+        throttled_claims = f.throttled_claims + s.throttled::int
+    FROM (SELECT s.*, COALESCE(s.ready > s.room AND s.took >= s.room, false) AS throttled
+          FROM started s) AS s, clock k
     WHERE f.workflow = s.workflow AND f.step = s.step
 )
 SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
