@@ -3,7 +3,9 @@
 Each scrape reads the history through :func:`konduit.observe.stats.load_stats` (same queries, same alert
 rule, same ``--history`` window) plus one count of executions by status and the stored alerts
 (``konduit_alerts_open`` per kind, one ``konduit_alert_open_since_seconds`` per open alert; see
-docs/alerts.md), on one connection pool kept for the process. A scrape never hangs and never
+docs/alerts.md) and the steps with flow limits (``konduit_step_throttled_seconds_total`` and the
+like, since the limit was first registered: they never go down; see docs/flow-control.md), on
+one connection pool kept for the process. A scrape never hangs and never
 fails: it is bounded by ``timeout``, and when the database cannot be read it answers with
 ``konduit_scrape_error 1`` (and no stale data).
 
