@@ -92,6 +92,10 @@ CLAIMS = {
     # (Worker._record_group): the claim rides on the completion path but is the claimer's
     # statement, a scan of ready tasks across executions by nature (docs/scaling.md, "The claim").
     "task_claim_batch",
+    # The same claim for a worker with flow-limited steps: the lock of their (workflow, step)
+    # rows, then the claim (docs/flow-control.md).
+    "flow_limit_lock_if_ready",
+    "task_claim_batch_flow_limited",
 }
 
 _ENGINE = Path(konduit.__file__).parent / "engine"
