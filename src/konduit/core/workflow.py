@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from konduit.core.definition_warnings import unbounded_branch_message, unbounded_optional_branches
 from konduit.core.durations import Duration, parse_duration
+from konduit.core.hedging import Hedge, parse_hedge
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair_contract import RepairContract
 from konduit.core.schedules import Schedule
@@ -53,6 +54,7 @@ class StepSpec:
     fallback_on_failure: bool = False
     validator: OutputValidator | None = None
     max_items: int = DEFAULT_MAX_MAP_ITEMS
+    hedge: Hedge | None = None  # when a straggling attempt gets a second one beside it
 
     @property
     def is_map(self) -> bool:
@@ -63,7 +65,7 @@ class StepSpec:
         return inspect.iscoroutinefunction(self.handler)
 
     def to_spec(self) -> dict[str, Any]:
-        return {
+        spec: dict[str, Any] = {
             "name": self.name,
             "after": list(self.after),
             "join": self.join.to_spec(),
@@ -77,6 +79,9 @@ class StepSpec:
             "queue": self.queue,
             "priority": self.priority,
         }
+        if self.hedge is not None:  # only when set: the hash of unhedged workflows is unchanged
+            spec["hedge"] = self.hedge.to_spec()
+        return spec
 
 
 @dataclass(frozen=True)
@@ -196,6 +201,7 @@ class Workflow:
         priority: int = 0,
         output: Any = None,
         fallback_on_failure: bool = False,
+        hedge: Duration | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as a step running after the steps in ``after``.
 
@@ -203,7 +209,9 @@ class Workflow:
         the task ends ``degraded`` with ``fallback(ctx)``'s payload, or ``timed_out`` without a
         fallback. ``fallback_on_failure`` also degrades a task whose retries are exhausted.
         ``required=False`` makes this step an optional branch for ``Join.required()``.
-        ``output`` declares the payload's type (Pydantic model or JSON Schema dict)."""
+        ``output`` declares the payload's type (Pydantic model or JSON Schema dict).
+        ``hedge`` (``"2s"``, or ``"p95"`` of the step's own history) starts a second attempt of a
+        task whose attempt has run that long; the first to finish counts (docs/hedging.md)."""
 
         def decorate(handler: F) -> F:
             self._add(
@@ -220,6 +228,7 @@ class Workflow:
                 output=output,
                 fallback_on_failure=fallback_on_failure,
                 map_over=None,
+                hedge=hedge,
             )
             return handler
 
@@ -240,6 +249,7 @@ class Workflow:
         output: Any = None,
         fallback_on_failure: bool = False,
         max_items: int = DEFAULT_MAX_MAP_ITEMS,
+        hedge: Duration | None = None,
     ) -> Callable[[F], F]:
         """Register a run-time fan-out: one task per item of ``over(upstream_output)``.
 
@@ -266,6 +276,7 @@ class Workflow:
                 fallback_on_failure=fallback_on_failure,
                 map_over=over,
                 max_items=max_items,
+                hedge=hedge,
             )
             return handler
 
@@ -377,6 +388,7 @@ class Workflow:
         output: Any = None,
         fallback_on_failure: bool = False,
         max_items: int | None = None,
+        hedge: Duration | None = None,
     ) -> str:
         if self._frozen_spec is not None:
             raise WorkflowDefinitionError(
@@ -440,6 +452,12 @@ class Workflow:
             except KonduitError as exc:
                 raise WorkflowDefinitionError(str(exc), workflow=self.name, step=step_name) from exc
             deadline = Deadline(seconds=seconds)
+        hedging = None
+        if hedge is not None:
+            try:
+                hedging = parse_hedge(hedge)
+            except KonduitError as exc:
+                raise WorkflowDefinitionError(str(exc), workflow=self.name, step=step_name) from exc
         if not isinstance(queue, str) or not queue:
             raise WorkflowDefinitionError("queue must be a non-empty string", workflow=self.name,
                                           step=step_name)
@@ -460,6 +478,7 @@ class Workflow:
             validator=None if output is None
             else OutputValidator(output, step=step_name, workflow=self.name),
             max_items=DEFAULT_MAX_MAP_ITEMS if max_items is None else max_items,
+            hedge=hedging,
         )
         self._steps[step_name] = spec
         # A handler shared by several steps cannot name an upstream unambiguously ("" marks it).
