@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.console import Console
 
 import konduit
 from konduit.bench_harness import LoopThread
@@ -27,6 +28,8 @@ from konduit.engine import transitions
 from konduit.engine.completer import Recorded, record, record_many
 from konduit.engine.registry import workflow_key
 from konduit.errors import KonduitError, WorkflowDefinitionError
+from konduit.observe.metrics import metric_families
+from konduit.observe.stats import load_stats, stats_renderables
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed
 from konduit.worker.hedging import Hedger
@@ -485,6 +488,24 @@ def test_a_hedged_async_straggler_the_hedge_wins_the_loser_is_cancelled(make_app
         outputs = conn.execute("SELECT payload FROM konduit_outputs WHERE step = 'slow'").fetchall()
     assert rows == [(False, "outrun"), (True, "succeeded")]
     assert outputs == [("hedge",)]
+    # konduit stats and the metrics count the hedge and its win.
+    lt = LoopThread(app.database_url)
+    try:
+        stats = lt.run(load_stats(lt.db, "straggle-async"))
+    finally:
+        lt.close()
+    by_step = {b.step: b for b in stats.branches}
+    assert (by_step["slow"].hedges, by_step["slow"].hedges_won) == (1, 1)
+    assert (by_step["fast"].hedges, by_step["fast"].hedges_won) == (0, 0)
+    console = Console(record=True, width=200)
+    for part in stats_renderables(stats):
+        console.print(part)
+    text = console.export_text()
+    assert "won/started" in text and "1/1" in text
+    samples = {(m.name, s.labels.get("step")): s.value for m in metric_families(stats, [])
+               for s in m.samples}
+    assert samples[("konduit_step_hedges_total", "slow")] == 1
+    assert samples[("konduit_step_hedges_won_total", "slow")] == 1
 
 
 @pytest.mark.storage

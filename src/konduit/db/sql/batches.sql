@@ -27,7 +27,7 @@ ON CONFLICT DO NOTHING;
 SELECT t.id
 FROM konduit_tasks t
 JOIN unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS u(id, lease_token)
-  ON t.id = u.id AND u.lease_token IN (t.lease_token, t.hedge_token)
+  ON t.id = u.id AND u.lease_token = ANY(ARRAY[t.lease_token, t.hedge_token])
 WHERE t.status = 'running'
 ORDER BY t.id
 FOR SHARE OF t;

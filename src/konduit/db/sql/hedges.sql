@@ -55,7 +55,8 @@ JOIN konduit_executions e ON e.id = c.execution_id;
 WITH mine AS (
     SELECT id, hedge_token
     FROM konduit_tasks
-    WHERE id = %(id)s AND status = 'running' AND %(lease_token)s::uuid IN (lease_token, hedge_token)
+    WHERE id = %(id)s AND status = 'running'
+      AND %(lease_token)s::uuid = ANY(ARRAY[lease_token, hedge_token])
     FOR NO KEY UPDATE
 )
 UPDATE konduit_tasks t
@@ -67,8 +68,8 @@ SET lease_token = CASE WHEN t.lease_token = %(lease_token)s THEN t.hedge_token E
     hedge_expires_at = NULL,
     hedge_worker_id = NULL
 FROM mine
-WHERE t.id = mine.id AND t.status = 'running' AND t.hedge_token IS NOT NULL
-  AND %(lease_token)s::uuid IN (t.lease_token, t.hedge_token)
+WHERE t.id = %(id)s AND t.id = mine.id AND t.status = 'running' AND t.hedge_token IS NOT NULL
+  AND %(lease_token)s::uuid = ANY(ARRAY[t.lease_token, t.hedge_token])
 RETURNING t.id, (mine.hedge_token = %(lease_token)s) AS was_hedge;
 
 -- name: task_list_hedges_rescuable

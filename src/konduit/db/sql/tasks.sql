@@ -96,8 +96,8 @@ FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
             %(ages)s::float8[])
      AS u(id, lease_token, outcome, output_hash, error, routes, age)
 WHERE t.id = u.id AND t.status = 'running'
-  AND u.lease_token IN (t.lease_token, t.hedge_token)
-  AND (u.outcome = 'succeeded' OR t.hedge_token IS NULL)
+  AND u.lease_token = ANY(ARRAY[t.lease_token, t.hedge_token])
+  AND CASE WHEN t.hedge_token IS NULL THEN true ELSE u.outcome = 'succeeded' END
 RETURNING t.id, t.finished_at;
 
 -- name: task_hold_if_leased
@@ -105,7 +105,8 @@ RETURNING t.id, t.finished_at;
 -- a cancel until it started.
 SELECT id
 FROM konduit_tasks
-WHERE id = %(id)s AND %(lease_token)s::uuid IN (lease_token, hedge_token) AND status = 'running'
+WHERE id = %(id)s AND %(lease_token)s::uuid = ANY(ARRAY[lease_token, hedge_token])
+  AND status = 'running'
 FOR SHARE;
 
 -- name: task_retry_if_leased_before_deadline
@@ -281,4 +282,5 @@ ORDER BY step, generation DESC, map_index;
 -- Whether a lease (or hedge lease) still holds its task (after a guarded write changed nothing:
 -- which guard?).
 SELECT id FROM konduit_tasks
-WHERE id = %(id)s AND %(lease_token)s::uuid IN (lease_token, hedge_token) AND status = 'running';
+WHERE id = %(id)s AND %(lease_token)s::uuid = ANY(ARRAY[lease_token, hedge_token])
+  AND status = 'running';
