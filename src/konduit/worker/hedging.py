@@ -14,6 +14,7 @@ from konduit.core.hedging import HISTORY_SECONDS, Hedge, threshold
 from konduit.db.database import Database
 from konduit.engine import transitions
 from konduit.engine.registry import Registry, workflow_key
+from konduit.errors import DatabaseError
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed
 
@@ -85,11 +86,17 @@ class Hedger:
         if not self.steps or limit <= 0 or now < self._next_look:
             return []
         self._next_look = now + self.poll
-        plan = await self.thresholds()
-        rows = await transitions.hedge(
-            self.db, hedged=plan, limit=limit, lease_seconds=self.config.lease_seconds,
-            worker_id=self.config.worker_id,
-        )
+        try:
+            plan = await self.thresholds()
+            rows = await transitions.hedge(
+                self.db, hedged=plan, limit=limit, lease_seconds=self.config.lease_seconds,
+                worker_id=self.config.worker_id,
+            )
+        except DatabaseError as exc:
+            # Never the claim's failure: the tasks it leased must still start. The next look
+            # tries again.
+            log.warning("looking for stragglers to hedge failed: %s", exc)
+            return []
         hedges = [Claimed.from_row(r) for r in rows]
         for h in hedges:
             log.info("hedging task %s (%s) attempt %s: it is straggling", h.id, h.step, h.attempt)

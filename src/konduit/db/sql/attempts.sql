@@ -34,7 +34,7 @@ WHERE task_id = ANY(%(task_ids)s::bigint[]) AND finished_at IS NULL;
 -- name: attempt_list_by_execution
 -- Every attempt of one execution's tasks, for timelines.
 SELECT a.task_id, t.step, t.map_index, t.generation, a.attempt, a.worker_id, a.started_at,
-       a.finished_at, a.outcome, a.error
+       a.finished_at, a.outcome, a.error, a.hedge
 FROM konduit_attempts a
 JOIN konduit_tasks t ON t.id = a.task_id
 WHERE t.execution_id = %(execution_id)s
