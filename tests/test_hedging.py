@@ -548,3 +548,44 @@ def test_hedge_p95_hedges_a_straggler_from_history(make_app: Any) -> None:
     result, seen = run_straggler(app, "straggle-p95", wait_for="cancelled")
     assert result.status == "succeeded" and result.output == "hedge"
     assert [h for _, h, w in seen if w == "started"] == [False, True]
+
+
+def primary_decides_workflow(name: str) -> konduit.Workflow:
+    """``slow``: the first attempt takes 1.5 s and returns; a hedge raises at once."""
+    wf = konduit.Workflow(name)
+
+    @wf.step(hedge="0.2s", retry=konduit.Retry(max_attempts=3))
+    async def slow(ctx: Any) -> str:
+        if ctx.hedged:
+            raise RuntimeError("the hedge breaks")
+        await asyncio.sleep(1.5)
+        return "primary"
+
+    return wf
+
+
+def slow_attempts(url: str) -> list[tuple[int, bool, str | None]]:
+    with psycopg.connect(url) as conn:
+        return [(r[0], r[1], r[2]) for r in conn.execute(
+            "SELECT a.attempt, a.hedge, a.outcome FROM konduit_attempts a JOIN konduit_tasks t"
+            " ON t.id = a.task_id WHERE t.step = 'slow' ORDER BY a.id")]
+
+
+@pytest.mark.storage
+def test_a_failing_hedge_leaves_the_decision_to_the_first_attempt(make_app: Any) -> None:
+    app = make_app(primary_decides_workflow("hedge-fails"))
+    with running_worker(app, concurrency=2, poll_interval=0.2):
+        result = app.start("hedge-fails").wait(timeout=20)
+    assert result.status == "succeeded" and result.output == "primary"
+    # No retry: the hedge's failure ended only its own attempt.
+    assert slow_attempts(app.database_url) == [(1, False, "succeeded"), (1, True, "dropped")]
+
+
+@pytest.mark.storage
+def test_no_free_slot_no_hedge(make_app: Any) -> None:
+    """A hedge only takes a free slot: a worker whose one slot runs the straggler hedges nothing."""
+    app = make_app(primary_decides_workflow("hedge-full"))
+    with running_worker(app, concurrency=1, poll_interval=0.2):
+        result = app.start("hedge-full").wait(timeout=20)
+    assert result.status == "succeeded" and result.output == "primary"
+    assert slow_attempts(app.database_url) == [(1, False, "succeeded")]
