@@ -25,6 +25,7 @@ class Context:
     outcomes: dict[str, str] = field(default_factory=dict)
     item: Any = None
     deadline: float | None = None  # seconds of budget for this attempt, when the step has one
+    hedged: bool = False  # True in a hedge: the second attempt beside a straggler (hedge=)
     started_at: float = field(default_factory=time.monotonic)
     scheduled_at: datetime | None = None  # the tick that started a scheduled execution (UTC)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)

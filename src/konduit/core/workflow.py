@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from konduit.core.definition_warnings import unbounded_branch_message, unbounded_optional_branches
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.flow import FlowLimit, parse_flow_limit
+from konduit.core.hedging import Hedge, parse_hedge
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair_contract import RepairContract
 from konduit.core.schedules import Schedule
@@ -57,6 +58,7 @@ class StepSpec:
     # Fleet-wide limits (concurrency=, rate=). Operational, so not part of the spec hash: a
     # limit changes without a new version (the latest registration sets it for the fleet).
     flow: FlowLimit | None = None
+    hedge: Hedge | None = None  # when a straggling attempt gets a second one beside it
 
     @property
     def is_map(self) -> bool:
@@ -67,7 +69,7 @@ class StepSpec:
         return inspect.iscoroutinefunction(self.handler)
 
     def to_spec(self) -> dict[str, Any]:
-        return {
+        spec: dict[str, Any] = {
             "name": self.name,
             "after": list(self.after),
             "join": self.join.to_spec(),
@@ -81,6 +83,9 @@ class StepSpec:
             "queue": self.queue,
             "priority": self.priority,
         }
+        if self.hedge is not None:  # only when set: the hash of unhedged workflows is unchanged
+            spec["hedge"] = self.hedge.to_spec()
+        return spec
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,7 @@ class Workflow:
         fallback_on_failure: bool = False,
         concurrency: int | None = None,
         rate: str | None = None,
+        hedge: Duration | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as a step running after the steps in ``after``.
 
@@ -211,7 +217,9 @@ class Workflow:
         ``required=False`` makes this step an optional branch for ``Join.required()``.
         ``output`` declares the payload's type (Pydantic model or JSON Schema dict).
         ``concurrency=N`` runs at most N tasks of this step at once and ``rate="N/s"`` (or
-        ``/m``, ``/h``) starts at most N in any such interval, across all workers."""
+        ``/m``, ``/h``) starts at most N in any such interval, across all workers.
+        ``hedge`` (``"2s"``, or ``"p95"`` of the step's own history) starts a second attempt of a
+        task whose attempt has run that long; the first to finish counts (docs/hedging.md)."""
 
         def decorate(handler: F) -> F:
             self._add(
@@ -230,6 +238,7 @@ class Workflow:
                 map_over=None,
                 concurrency=concurrency,
                 rate=rate,
+                hedge=hedge,
             )
             return handler
 
@@ -252,6 +261,7 @@ class Workflow:
         max_items: int = DEFAULT_MAX_MAP_ITEMS,
         concurrency: int | None = None,
         rate: str | None = None,
+        hedge: Duration | None = None,
     ) -> Callable[[F], F]:
         """Register a run-time fan-out: one task per item of ``over(upstream_output)``.
 
@@ -280,6 +290,7 @@ class Workflow:
                 max_items=max_items,
                 concurrency=concurrency,
                 rate=rate,
+                hedge=hedge,
             )
             return handler
 
@@ -393,6 +404,7 @@ class Workflow:
         max_items: int | None = None,
         concurrency: int | None = None,
         rate: str | None = None,
+        hedge: Duration | None = None,
     ) -> str:
         if self._frozen_spec is not None:
             raise WorkflowDefinitionError(
@@ -456,6 +468,12 @@ class Workflow:
             except KonduitError as exc:
                 raise WorkflowDefinitionError(str(exc), workflow=self.name, step=step_name) from exc
             deadline = Deadline(seconds=seconds)
+        hedging = None
+        if hedge is not None:
+            try:
+                hedging = parse_hedge(hedge)
+            except KonduitError as exc:
+                raise WorkflowDefinitionError(str(exc), workflow=self.name, step=step_name) from exc
         if not isinstance(queue, str) or not queue:
             raise WorkflowDefinitionError("queue must be a non-empty string", workflow=self.name,
                                           step=step_name)
@@ -481,6 +499,7 @@ class Workflow:
             else OutputValidator(output, step=step_name, workflow=self.name),
             max_items=DEFAULT_MAX_MAP_ITEMS if max_items is None else max_items,
             flow=flow,
+            hedge=hedging,
         )
         self._steps[step_name] = spec
         # A handler shared by several steps cannot name an upstream unambiguously ("" marks it).

@@ -35,6 +35,7 @@ class Recorded(enum.Enum):
     LEASE_LOST = "lease_lost"  # the caller no longer held the task: nothing changed
     TOO_LATE = "too_late"  # a retry whose backoff would end past the deadline: nothing changed;
     # the caller ends the task instead (degraded with its fallback, else timed_out)
+    DROPPED = "dropped"  # a hedged task's other attempt runs on: only this attempt ended
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ async def _move(tx: Tx, c: Completion) -> Recorded:
     """A retry, reclaim or release: the task goes back to ready. It takes no execution lock: the
     guards in the statement alone keep a stale worker from resurrecting a task someone else
     ended."""
+    if c.transition == "complete" and c.lease_token is not None \
+            and await transitions.drop(tx, c.task_id, c.lease_token) is not None:
+        return await _dropped(tx, c)
     if c.outcome == "released":
         row = await transitions.release(tx, c)
     elif c.transition == "lose":
@@ -95,6 +99,18 @@ async def _move(tx: Tx, c: Completion) -> Recorded:
     )
     await tx.one("task_notify_ready", queue=row["queue"])
     return Recorded.RELEASED if c.outcome == "released" else Recorded.RETRYING
+
+
+async def _dropped(tx: Tx, c: Completion) -> Recorded:
+    """Close the attempt that a hedged task's other attempt outlived."""
+    await tx.run(
+        "attempt_finish_if_open",
+        lease_token=c.lease_token,
+        outcome="released" if c.outcome == "released" else "dropped",
+        error=c.error,
+        age_seconds=c.age_seconds,
+    )
+    return Recorded.DROPPED
 
 
 async def record_ended(
@@ -134,8 +150,10 @@ async def record_many(
         for c in unique
     }
     execution_ids = sorted({c.execution_id for c in unique})
+    dropped: dict[int, Recorded] = {}
 
     async def write(tx: Tx) -> tuple[dict[int, datetime], dict[UUID, Advanced], dict[int, Recorded]]:
+        dropped.clear()  # a rerun of the transaction decides afresh
         ended, advanced = await decide(tx) if unique else ({}, {})
         # Task rows after every execution lock and every terminal write (the global lock order);
         # one guarded statement each, in id order.
@@ -156,6 +174,13 @@ async def record_many(
             rows = await tx.all("execution_lock_many_in_id_order", ids=execution_ids)
         locked = {row["id"]: row for row in rows}
         mine = [c for c in unique if c.execution_id in locked]
+        # Only a success ends a hedged task while its other attempt runs: any other outcome
+        # ends just its own attempt, and the survivor decides (under the row lock the drop took).
+        for c in sorted(mine, key=lambda c: c.task_id):
+            if c.transition == "complete" and c.outcome != "succeeded" and c.lease_token \
+                    is not None and await transitions.drop(tx, c.task_id, c.lease_token):
+                dropped[c.task_id] = await _dropped(tx, c)
+        mine = [c for c in mine if c.task_id not in dropped]
         if not mine:
             return {}, {}
         ended = await transitions.end(tx, mine, [hashes[c.task_id] for c in mine])
@@ -177,6 +202,7 @@ async def record_many(
         if closing:
             await tx.run(
                 "attempt_finish_many_if_open",
+                task_ids=[c.task_id for c in closing],
                 lease_tokens=[c.lease_token for c in closing],
                 outcomes=[c.attempt_outcome or c.outcome for c in closing],
                 errors=[c.error for c in closing],
@@ -212,6 +238,7 @@ async def record_many(
 
     # A deadlock or serialization failure rolls it all back: run it again (it is database work only).
     ended, advanced, moved = await db.atomic(write)
+    moved.update(dropped)
     results: list[tuple[Recorded, Advanced | None]] = []
     recorded: set[int] = set()
     for c in batch:

@@ -15,6 +15,16 @@ would be a race (River #1302: a rescuer overwrote a job that completed after the
 | expire     | ready/running -> degraded/timed_out | task_expire_if_past_deadline            |
 | cancel     | ready/running -> cancelled          | task_cancel_unfinished                  |
 
+Hedged attempts (docs/hedging.md) add a second lease to a running task; they change no status
+(the complete transition accepts either lease, and ends both):
+
+| transition | lease change                                | statement                          |
+|------------|---------------------------------------------|------------------------------------|
+| hedge      | running, no hedge -> running with a hedge   | task_hedge_claim_if_straggling     |
+| drop       | one attempt of two ends; the other decides  | task_drop_attempt_if_leased        |
+| unhedge    | the hedge's worker is gone: hedge dropped   | task_drop_hedge_if_rescuable       |
+| promote    | the primary's worker is gone: hedge takes it| task_promote_hedge_if_rescuable    |
+
 Terminal transitions run inside the fan-in transaction (:mod:`konduit.engine.completer`), after
 the execution row is locked; the others decide nothing about the DAG and take no execution lock.
 """
@@ -94,6 +104,51 @@ async def _claim_flow(tx: Tx, params: dict[str, Any]) -> Claim:
     ))
     rows.limited_ready = True
     return rows
+
+
+async def hedge(
+    db: Database | Tx,
+    *,
+    hedged: Sequence[tuple[str, str, float]],
+    limit: int,
+    lease_seconds: float,
+    worker_id: str,
+) -> list[Row]:
+    """Lease a hedge of up to ``limit`` straggling tasks: ``hedged`` lists (``name@version``,
+    step, threshold seconds) of the steps to hedge; a running task of one whose current attempt
+    has run past its threshold, never hedged in this attempt, gets a second lease. Rows look
+    like :func:`claim`'s (``lease_token`` is the hedge's) with ``hedged`` true."""
+    if not hedged or limit <= 0:
+        return []
+    return await db.all(
+        "task_hedge_claim_if_straggling",
+        workflows=[w for w, _, _ in hedged],
+        steps=[s for _, s, _ in hedged],
+        thresholds=[t for _, _, t in hedged],
+        limit=limit,
+        lease_seconds=lease_seconds,
+        worker_id=worker_id,
+    )
+
+
+async def drop(tx: Tx, task_id: int, lease_token: UUID) -> Row | None:
+    """End only this attempt of a task whose other attempt runs on (a dropped primary hands its
+    lease to the hedge). None when there is no other attempt (or no lease): the row stays
+    locked until ``tx`` ends, so the caller retries or ends the task with no hedge starting in
+    between."""
+    return await tx.one("task_drop_attempt_if_leased", id=task_id, lease_token=lease_token)
+
+
+async def unhedge(tx: Tx, task_id: int, hedge_token: UUID, lease_seconds: float) -> bool:
+    """Rescue: drop a hedge whose worker is gone (the primary attempt runs on)."""
+    return await tx.one("task_drop_hedge_if_rescuable", id=task_id, hedge_token=hedge_token,
+                        lease_seconds=lease_seconds) is not None
+
+
+async def promote(tx: Tx, task_id: int, lease_token: UUID, lease_seconds: float) -> bool:
+    """Rescue: the primary's worker is gone and the hedge lives: the hedge becomes the lease."""
+    return await tx.one("task_promote_hedge_if_rescuable", id=task_id, lease_token=lease_token,
+                        lease_seconds=lease_seconds) is not None
 
 
 async def hold(tx: Tx, task_id: int, lease_token: UUID) -> bool:

@@ -91,6 +91,11 @@ def metric_families(stats: Stats, executions: Sequence[Row],
                step, (((s.workflow, s.step), s.retries) for s in b)),
         _gauge("konduit_step_lost_attempts_total", "Tries of a step whose worker vanished.",
                step, (((s.workflow, s.step), s.lost) for s in b)),
+        _gauge("konduit_step_hedges_total", "Hedge attempts of a step started beside a "
+               "straggler (hedge=), over the history window.",
+               step, (((s.workflow, s.step), s.hedges) for s in b)),
+        _gauge("konduit_step_hedges_won_total", "Hedge attempts of a step that finished first "
+               "and ended their task.", step, (((s.workflow, s.step), s.hedges_won) for s in b)),
         _gauge("konduit_step_outcomes", "Executions of a step by how the step ended.",
                (*step, "outcome"), (((s.workflow, s.step, o), s.outcomes.get(o, 0)) for s in b
                                     for o in OUTCOMES)),

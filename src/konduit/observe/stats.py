@@ -120,6 +120,8 @@ class BranchStats:
     unfinished: int = 0  # executions in which the step has not ended yet
     last_success_at: datetime | None = None
     since_last_success: float | None = None  # seconds
+    hedges: int = 0  # hedge attempts started beside a straggler (hedge=)
+    hedges_won: int = 0  # ... that finished first and ended their task
 
     def to_json(self) -> dict[str, Any]:
         return _plain(self)
@@ -224,6 +226,7 @@ def build_stats(
         lost=int(r["lost"]), outcomes={o: int(r[o]) for o in OUTCOMES},
         unfinished=int(r["unfinished"]), last_success_at=r["last_success_at"],
         since_last_success=_float(r["since_last_success"]),
+        hedges=int(r.get("hedges") or 0), hedges_won=int(r.get("hedges_won") or 0),
     ) for r in step_rows]
     joins = [JoinStats(
         workflow=r["workflow_name"], join=r["step"], samples=int(r["samples"]),
@@ -330,7 +333,9 @@ def stats_renderables(stats: Stats) -> list[Any]:
         ended = [o for o in OUTCOMES if o == "succeeded" or any(b.outcomes.get(o) for b in branches)]
         running = any(b.unfinished for b in branches)
         lost = any(b.lost for b in branches)  # a column only when a worker vanished
+        hedged = any(b.hedges for b in branches)  # a column only when a step was hedged
         t = table("branch", "p50", "p95", "p99", "tries", "retries", *(["lost"] if lost else []),
+                  *(["hedges\nwon/started"] if hedged else []),
                   *("ok" if o == "succeeded" else o for o in ended), *(["running"] if running else []),
                   "last\nsuccess")
         for b in branches:
@@ -338,6 +343,8 @@ def stats_renderables(stats: Stats) -> list[Any]:
                      f"[yellow]{b.retries}[/yellow]" if b.retries else "0"]
             if lost:
                 cells.append(f"[red]{b.lost}[/red]" if b.lost else "0")
+            if hedged:
+                cells.append(f"{b.hedges_won}/{b.hedges}")
             for o in ended:
                 n = b.outcomes.get(o, 0)
                 cells.append(f"[{_STYLES[o]}]{n}[/{_STYLES[o]}]" if n and o != "succeeded" else str(n))

@@ -56,6 +56,13 @@ class Claimed:
     deadline_remaining: float | None = None  # seconds of the task's budget left at claim
     generation: int = 1
     scheduled_at: datetime | None = None  # the execution's schedule tick, if a schedule started it
+    hedged: bool = False  # a hedge: the second attempt of a straggling task (its own lease)
+
+    @property
+    def key(self) -> int:
+        """This attempt among a worker's running ones: the task id, negated for a hedge (a
+        worker may run a task's primary attempt and its hedge side by side)."""
+        return -self.id if self.hedged else self.id
 
     def completion(self, outcome: str, **fields: Any) -> Completion:
         """How this attempt ended, addressed to this task and fenced by this lease."""
@@ -88,6 +95,7 @@ class Claimed:
             deadline_remaining=row.get("deadline_remaining"),
             generation=row.get("generation", 1),
             scheduled_at=row.get("scheduled_at"),
+            hedged=bool(row.get("hedged", False)),
         )
 
 
@@ -196,6 +204,7 @@ class Executor:
             item=task.item,
             deadline=task.deadline_remaining,
             scheduled_at=task.scheduled_at,
+            hedged=task.hedged,
         )
 
     async def _call(

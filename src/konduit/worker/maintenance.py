@@ -17,7 +17,8 @@ import logging
 from collections.abc import Awaitable, Callable, Container
 
 from konduit.core.outcome import Ending, decide
-from konduit.db.database import Database, Row
+from konduit.db.database import Database, Row, Tx
+from konduit.engine import transitions
 from konduit.engine.advancer import finish_execution
 from konduit.engine.completer import Recorded, record
 from konduit.engine.registry import Registry
@@ -70,9 +71,38 @@ class Maintenance:
             job.cancel()
 
     async def rescue(self, *, limit: int = 100) -> int:
-        """Start ending every task whose worker is gone; returns how many jobs started."""
+        """Start ending every task whose worker is gone; returns how many jobs started. Hedged
+        tasks are settled first: a dead hedge is dropped, a dead primary hands over to its hedge."""
+        await self.rescue_hedges(limit=limit)
         rows = await self.db.all("task_list_rescuable", limit=limit)
         return sum(self._spawn(row["id"], functools.partial(self._rescue, row)) for row in rows)
+
+    async def rescue_hedges(self, *, limit: int = 100) -> int:
+        """Settle hedged tasks one of whose leases ran out; returns how many changed. The task
+        itself goes on under the surviving lease (its attempt is neither retried nor ended); when
+        both leases ran out the hedge is dropped here and the task rescued as usual."""
+        rows = await self.db.all("task_list_hedges_rescuable", limit=limit)
+        changed = 0
+        for row in rows:
+            async def settle(tx: Tx, row: Row = row) -> bool:
+                if row["hedge_expired"] and await transitions.unhedge(
+                        tx, row["id"], row["hedge_token"], self.lease_seconds):
+                    token, worker = row["hedge_token"], row["hedge_worker_id"]
+                elif row["primary_expired"] and await transitions.promote(
+                        tx, row["id"], row["lease_token"], self.lease_seconds):
+                    token, worker = row["lease_token"], row["worker_id"]
+                else:
+                    return False
+                await tx.run("attempt_finish_if_open", lease_token=token, outcome="lost",
+                             error=f"lease expired on worker {worker}; the task's other "
+                                   f"attempt runs on", age_seconds=0.0)
+                return True
+
+            if await self.db.atomic(settle):
+                changed += 1
+                log.info("task %s: a hedged attempt's worker is gone; the other attempt runs on",
+                         row["id"])
+        return changed
 
     async def _rescue(self, row: Row) -> None:
         try:

@@ -42,6 +42,7 @@ from konduit.errors import (
 from konduit.worker.batcher import BatcherStopped, CompletionBatcher
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
+from konduit.worker.hedging import Hedger
 from konduit.worker.maintenance import Maintenance, end_timed_out_executions
 
 log = logging.getLogger("konduit.worker")
@@ -53,7 +54,8 @@ BATCH_EXECUTIONS = 100
 """Most executions whose outcomes one transaction records (and whose rows it keeps locked)."""
 
 Jobs = dict[int, asyncio.Task[Completion] | None]
-"""The handlers one start launched, by task id; None where the lease no longer held the task."""
+"""The handlers one start launched, by :attr:`Claimed.key`; None where the lease no longer held
+the task."""
 
 
 class Worker:
@@ -89,7 +91,8 @@ class Worker:
             self._record_group, max_batch=BATCH_COMPLETIONS, max_executions=BATCH_EXECUTIONS,
         )
         self.schedules = Schedules(db, registry, max_payload_bytes=max_payload_bytes)
-        self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}
+        self.hedger = Hedger(db, registry, self.config)
+        self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}  # by Claimed.key
         self.contexts: dict[int, Context] = {}
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -189,6 +192,9 @@ class Worker:
                 try:
                     claimed = await self._claim(self.db, free)
                     self.claims["alone"] += bool(claimed)
+                    if len(claimed) < free and self.hedger.enabled:
+                        # Slots that ready work left free run hedges of straggling attempts.
+                        claimed += await self.hedger.claim(free - len(claimed))
                     backoff = 0.5
                     self._connected()
                 except DatabaseError as exc:
@@ -202,8 +208,12 @@ class Worker:
                 self._launch(claimed)
             if free > 0 and len(claimed) == free:
                 continue  # there may be more ready work: claim again at once
-            await self._sleep(min(cfg.poll_interval, self._flow_poll) if self._limited_ready
-                              else cfg.poll_interval)
+            poll = cfg.poll_interval
+            if self._limited_ready:
+                poll = min(poll, self._flow_poll)
+            if self.hedger.enabled:
+                poll = min(poll, self.hedger.poll)
+            await self._sleep(poll)
 
     async def _claim(self, db: Database | Tx, limit: int) -> list[Claimed]:
         cfg = self.config
@@ -284,7 +294,7 @@ class Worker:
             return
         starting = asyncio.ensure_future(self._start_claimed(claimed))
         for task in claimed:
-            self.running[task.id] = (task, asyncio.create_task(self._run(task, starting)))
+            self.running[task.key] = (task, asyncio.create_task(self._run(task, starting)))
 
     async def _start_claimed(self, claimed: list[Claimed]) -> Jobs:
         """Start one claim's handlers in one transaction (through outages). When that fails for
@@ -304,8 +314,8 @@ class Worker:
         try:
             spec = self.registry.get(task.workflow_name, task.workflow_version)
             jobs = await asyncio.shield(starting) if starting is not None else {}
-            if task.id in jobs:
-                job = jobs[task.id]
+            if task.key in jobs:
+                job = jobs[task.key]
             else:
                 job = await self._retrying(lambda: self._start(spec, task))
             if job is None:
@@ -316,7 +326,7 @@ class Worker:
         except asyncio.CancelledError:
             if starting is not None and not starting.done():
                 # Cancelled while its handler was being started: stop the handler once it has.
-                starting.add_done_callback(lambda f: _cancel_job(f, task.id))
+                starting.add_done_callback(lambda f: _cancel_job(f, task.key))
             if self._draining:
                 # Shutdown ran out of grace: hand the task back so another worker takes it now
                 # instead of after the lease expires. Shielded: this coroutine is being cancelled.
@@ -325,15 +335,15 @@ class Worker:
         except Exception:  # an engine bug must not take the worker down: the lease expires
             log.exception("internal error running task %s; its lease will expire", task.id)
         finally:
-            self.running.pop(task.id, None)
-            self.contexts.pop(task.id, None)
-            self._recording.discard(task.id)
+            self.running.pop(task.key, None)
+            self.contexts.pop(task.key, None)
+            self._recording.discard(task.key)
             self._wake.set()
             self._check_abandoned()
 
     async def _start(self, spec: WorkflowSpec, task: Claimed) -> asyncio.Task[Completion] | None:
         """Start one task's handler (see :meth:`_start_many`); None if its lease no longer holds."""
-        return (await self._start_many([(spec, task)])).get(task.id)
+        return (await self._start_many([(spec, task)])).get(task.key)
 
     async def _start_many(self, items: list[tuple[WorkflowSpec, Claimed]]) -> Jobs:
         """Start the handlers while their task rows are share-locked by one lease check (one
@@ -344,7 +354,7 @@ class Worker:
 
         Raises only while no handler has started (a caller may then try again); once one has,
         a failure to end the transaction (its locks go with the connection) changes nothing."""
-        jobs: Jobs = {task.id: None for _, task in items}
+        jobs: Jobs = {task.key: None for _, task in items}
         leased = sorted((pair for pair in items if pair[1].lease_token is not None),
                         key=lambda pair: pair[1].id)
         if not leased:
@@ -362,10 +372,10 @@ class Worker:
                          for spec, task in leased if task.id in held]
                 waits = []
                 for spec, task, ctx in ready:
-                    self.contexts[task.id] = ctx
+                    self.contexts[task.key] = ctx
                     started = asyncio.Event()
                     job = asyncio.create_task(self.executor.run(spec, task, ctx, started=started))
-                    jobs[task.id] = job
+                    jobs[task.key] = job
                     started_any = True
                     waits.append(_started(job, started))
                 await asyncio.gather(*waits)
@@ -378,7 +388,7 @@ class Worker:
 
     async def _finish(self, spec: WorkflowSpec, task: Claimed, completion: Completion) -> None:
         full = self._slots_taken() >= self.config.concurrency
-        self._recording.add(task.id)
+        self._recording.add(task.key)
         if full:
             # Its slot is free while the outcome is recorded: a claim loop that waits for one
             # may claim now. (One that is not full claims on notifications and needs no wake: an
@@ -397,8 +407,12 @@ class Worker:
             outcome, advanced = await self._retrying(lambda: self._record(failure))
         if outcome is Recorded.TOO_LATE:
             # The backoff would end past the deadline by the database's clock: end it now.
-            ended = await self.executor.deadline_passed(spec, task, self.contexts.get(task.id))
+            ended = await self.executor.deadline_passed(spec, task, self.contexts.get(task.key))
             outcome, advanced = await self._retrying(lambda: self._record(ended))
+        if outcome is Recorded.DROPPED:
+            log.info("task %s (%s): this attempt ended (%s) while its other attempt runs on; "
+                     "that one decides the task", task.id, task.step, completion.outcome)
+            return
         if outcome is Recorded.LEASE_LOST:
             if completion.outcome == "succeeded" and completion.source == "handler":
                 # A sweep or a rescue ended the attempt first: the join never waits for this
@@ -497,9 +511,13 @@ class Worker:
                 conn = await self.db.listen_connection()
                 await conn.execute("LISTEN konduit_ready")
                 await conn.execute("LISTEN konduit_finished")
+                if self.hedger.enabled:
+                    await conn.execute("LISTEN konduit_outrun")
                 async for note in conn.notifies():
                     if note.channel == "konduit_finished":
                         self._stop_tasks_of(note.payload)
+                    elif note.channel == "konduit_outrun":
+                        self._stop_outrun(note.payload)
                     elif note.payload in self.config.queues:
                         self._wake.set()
             except asyncio.CancelledError:
@@ -542,13 +560,14 @@ class Worker:
                         conn = None
                     continue
                 self._connected()
-                still = {r["id"] for r in rows}
+                still = {(r["id"], r["lease_token"]) for r in rows}
                 for t in held:
-                    if t.id not in still and t.id in self.running:
-                        # Cancelled, or rescued after our lease ran out: stop the handler; its
-                        # result would be refused by the fence anyway.
+                    if (t.id, t.lease_token) not in still and t.key in self.running:
+                        # Cancelled, rescued after our lease ran out, or the task's other
+                        # (hedged) attempt finished first: stop the handler; its result would be
+                        # refused by the fence anyway.
                         log.info("task %s (%s) lost its lease; asking it to stop", t.id, t.step)
-                        self._cancel(t.id)
+                        self._cancel(t.key)
         finally:
             if conn is not None:
                 await conn.close()
@@ -563,6 +582,15 @@ class Worker:
                 log.info("execution %s ended; stopping its task %s (%s)", execution_id, task_id,
                          task.step)
                 self._cancel(task_id)
+
+    def _stop_outrun(self, lease_token: str) -> None:
+        """The other attempt of a hedged task finished first: stop this one now rather than at
+        the next heartbeat (its lease ended with the task)."""
+        for key, (task, _) in list(self.running.items()):
+            if str(task.lease_token) == lease_token and key not in self._recording:
+                log.info("task %s (%s): its other attempt finished first; stopping this one",
+                         task.id, task.step)
+                self._cancel(key)
 
     def _cancel(self, task_id: int) -> None:
         ctx = self.contexts.get(task_id)

@@ -7,14 +7,23 @@ SET finished_at = clock_timestamp() - make_interval(secs => %(age_seconds)s),
 WHERE lease_token = %(lease_token)s AND finished_at IS NULL;
 
 -- name: attempt_finish_many_if_open
--- Close several attempts, each identified by its lease token, with how they ended.
-UPDATE konduit_attempts a
-SET finished_at = clock_timestamp() - make_interval(secs => u.age),
-    outcome = u.outcome,
-    error = u.error
-FROM unnest(%(lease_tokens)s::uuid[], %(outcomes)s::text[], %(errors)s::text[],
-            %(ages)s::float8[]) AS u(lease_token, outcome, error, age)
-WHERE a.lease_token = u.lease_token AND a.finished_at IS NULL;
+-- Close the attempts of tasks that just ended, each identified by its lease token, with how they
+-- ended; the other open attempt of a hedged task (the one that did not finish first) is closed
+-- as outrun, and its worker is told at commit (its lease went with the task's end).
+WITH closed AS (
+    UPDATE konduit_attempts a
+    SET finished_at = clock_timestamp()
+                      - make_interval(secs => CASE WHEN a.lease_token = u.lease_token
+                                                   THEN u.age ELSE 0 END),
+        outcome = CASE WHEN a.lease_token = u.lease_token THEN u.outcome ELSE 'outrun' END,
+        error = CASE WHEN a.lease_token = u.lease_token THEN u.error
+                     ELSE 'another attempt of the task finished first' END
+    FROM unnest(%(task_ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
+                %(errors)s::text[], %(ages)s::float8[]) AS u(task_id, lease_token, outcome, error, age)
+    WHERE a.task_id = u.task_id AND a.finished_at IS NULL
+    RETURNING a.lease_token, a.outcome
+)
+SELECT pg_notify('konduit_outrun', lease_token::text) FROM closed WHERE outcome = 'outrun';
 
 -- name: attempt_finish_open_for_tasks
 -- Close the open attempts of tasks that were cancelled.
@@ -25,7 +34,7 @@ WHERE task_id = ANY(%(task_ids)s::bigint[]) AND finished_at IS NULL;
 -- name: attempt_list_by_execution
 -- Every attempt of one execution's tasks, for timelines.
 SELECT a.task_id, t.step, t.map_index, t.generation, a.attempt, a.worker_id, a.started_at,
-       a.finished_at, a.outcome, a.error
+       a.finished_at, a.outcome, a.error, a.hedge
 FROM konduit_attempts a
 JOIN konduit_tasks t ON t.id = a.task_id
 WHERE t.execution_id = %(execution_id)s

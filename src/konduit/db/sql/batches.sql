@@ -22,12 +22,12 @@ ORDER BY u.execution_id, u.step, u.map_index
 ON CONFLICT DO NOTHING;
 
 -- name: task_hold_many_if_leased
--- Before handlers start: which of these tasks do our leases still hold? FOR SHARE, in id order,
--- holds off a cancel until the handlers have started.
+-- Before handlers start: which of these tasks do our leases (or hedge leases) still hold? FOR
+-- SHARE, in id order, holds off a cancel until the handlers have started.
 SELECT t.id
 FROM konduit_tasks t
 JOIN unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS u(id, lease_token)
-  ON t.id = u.id AND t.lease_token = u.lease_token
+  ON t.id = u.id AND u.lease_token = ANY(ARRAY[t.lease_token, t.hedge_token])
 WHERE t.status = 'running'
 ORDER BY t.id
 FOR SHARE OF t;

@@ -20,6 +20,10 @@ WITH recent AS (
            count(*) FILTER (WHERE a.outcome IS DISTINCT FROM 'released') AS attempts,
            count(*) FILTER (WHERE a.outcome = 'retry') AS retries,
            count(*) FILTER (WHERE a.outcome = 'lost') AS lost,
+           count(*) FILTER (WHERE a.hedge) AS hedges,
+           -- A hedge won when its attempt ended the task (an outcome of the task itself).
+           count(*) FILTER (WHERE a.hedge AND a.outcome IN ('succeeded', 'degraded', 'timed_out',
+                                                             'failed')) AS hedges_won,
            max(a.finished_at) FILTER (WHERE a.outcome = 'succeeded') AS last_success_at
     FROM recent r
     JOIN konduit_tasks t ON t.execution_id = r.id
@@ -47,6 +51,8 @@ SELECT o.workflow_name, o.step, o.executions, o.succeeded, o.degraded, o.failed,
        COALESCE(t.attempts, 0) AS attempts,
        COALESCE(t.retries, 0) AS retries,
        COALESCE(t.lost, 0) AS lost,
+       COALESCE(t.hedges, 0) AS hedges,
+       COALESCE(t.hedges_won, 0) AS hedges_won,
        t.last_success_at,
        extract(epoch FROM clock_timestamp() - t.last_success_at)::float8 AS since_last_success
 FROM outcomes o

@@ -79,7 +79,10 @@ FROM claimed c
 JOIN konduit_executions e ON e.id = c.execution_id;
 
 -- name: task_complete_many_if_leased
--- Record several tasks' outcomes at once, each only while the caller still holds its lease.
+-- Record several tasks' outcomes at once, each only while the caller still holds its lease: the
+-- task's lease or its hedge's (whichever attempt finishes first ends the task, and the other's
+-- lease goes with it). Only a success ends a task while its other attempt runs (a failure
+-- drops its own attempt first: task_drop_attempt_if_leased).
 UPDATE konduit_tasks t
 SET status = u.outcome,
     output_hash = u.output_hash,
@@ -88,19 +91,26 @@ SET status = u.outcome,
                   ELSE ARRAY(SELECT jsonb_array_elements_text(u.routes)) END,
     lease_token = NULL,
     lease_expires_at = NULL,
+    hedge_token = NULL,
+    hedge_expires_at = NULL,
+    hedge_worker_id = NULL,
     finished_at = clock_timestamp() - make_interval(secs => u.age)
 FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
             %(output_hashes)s::text[], %(errors)s::text[], %(routes)s::jsonb[],
             %(ages)s::float8[])
      AS u(id, lease_token, outcome, output_hash, error, routes, age)
-WHERE t.id = u.id AND t.lease_token = u.lease_token AND t.status = 'running'
+WHERE t.id = u.id AND t.status = 'running'
+  AND u.lease_token = ANY(ARRAY[t.lease_token, t.hedge_token])
+  AND CASE WHEN t.hedge_token IS NULL THEN true ELSE u.outcome = 'succeeded' END
 RETURNING t.id, t.finished_at;
 
 -- name: task_hold_if_leased
--- Before a handler starts: is the task still ours? FOR SHARE holds off a cancel until it started.
+-- Before a handler starts: is the task still ours (its lease or its hedge's)? FOR SHARE holds off
+-- a cancel until it started.
 SELECT id
 FROM konduit_tasks
-WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+WHERE id = %(id)s AND %(lease_token)s::uuid = ANY(ARRAY[lease_token, hedge_token])
+  AND status = 'running'
 FOR SHARE;
 
 -- name: task_retry_if_leased_before_deadline
@@ -131,6 +141,8 @@ SET status = 'ready',
 WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
   AND t.lease_expires_at < clock_timestamp()
   AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
+  -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
+  AND t.hedge_token IS NULL
   AND NOT EXISTS (
       SELECT 1 FROM konduit_workers w
       WHERE w.id = t.worker_id AND w.stopped_at IS NULL
@@ -153,6 +165,8 @@ SET status = %(outcome)s,
 WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
   AND t.lease_expires_at < clock_timestamp()
   AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
+  -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
+  AND t.hedge_token IS NULL
   AND NOT EXISTS (
       SELECT 1 FROM konduit_workers w
       WHERE w.id = t.worker_id AND w.stopped_at IS NULL
@@ -169,6 +183,9 @@ SET status = %(outcome)s,
     error = %(error)s,
     lease_token = NULL,
     lease_expires_at = NULL,
+    hedge_token = NULL,
+    hedge_expires_at = NULL,
+    hedge_worker_id = NULL,
     finished_at = clock_timestamp()
 WHERE t.id = %(id)s
   AND t.deadline_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
@@ -219,6 +236,9 @@ SET status = 'cancelled',
     error = %(reason)s,
     lease_token = NULL,
     lease_expires_at = NULL,
+    hedge_token = NULL,
+    hedge_expires_at = NULL,
+    hedge_worker_id = NULL,
     finished_at = clock_timestamp()
 FROM doomed
 WHERE t.id = doomed.id AND t.status IN ('ready', 'running')
@@ -263,6 +283,8 @@ WHERE execution_id = %(execution_id)s
 ORDER BY step, generation DESC, map_index;
 
 -- name: task_is_leased
--- Whether a lease still holds its task (after a guarded write changed nothing: which guard?).
+-- Whether a lease (or hedge lease) still holds its task (after a guarded write changed nothing:
+-- which guard?).
 SELECT id FROM konduit_tasks
-WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running';
+WHERE id = %(id)s AND %(lease_token)s::uuid = ANY(ARRAY[lease_token, hedge_token])
+  AND status = 'running';
