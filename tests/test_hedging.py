@@ -65,6 +65,16 @@ def test_bad_hedge_settings_fail_at_definition_naming_the_step(value: Any) -> No
     assert err.value.step == "slowpoke" and "hedge" in str(err.value)
 
 
+@pytest.mark.parametrize("limit", [{"concurrency": 2}, {"rate": "4/s"}])
+def test_a_hedge_cannot_run_past_a_flow_limit(limit: dict[str, Any]) -> None:
+    """A hedged attempt starts beside the claim, not through it: with a limit it would run a
+    second handler past it, so the two do not combine."""
+    wf = konduit.Workflow("hedge-flow")
+    with pytest.raises(WorkflowDefinitionError) as err:
+        wf.step(name="guarded", hedge="2s", **limit)(_noop)
+    assert err.value.step == "guarded" and "flow limit" in str(err.value)
+
+
 def test_unhedged_steps_keep_their_spec_hash() -> None:
     """A step without hedge= describes itself as before: deployed workflows keep their hash."""
     wf = konduit.Workflow("hedge-hash")

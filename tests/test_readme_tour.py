@@ -49,3 +49,17 @@ def test_the_testing_example_passes_under_pytest(admin_url: str, tmp_path: Path)
                tmp_path, KONDUIT_TEST_DATABASE_URL=admin_url)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "2 passed" in done.stdout
+
+
+def test_the_operating_example_defines_and_prunes(db_url: str, tmp_path: Path) -> None:
+    """The 'Operating it every night' block is a valid definition, and its App registers it
+    (schedule, flow limit, hedge) and prunes with it on a real database."""
+    block = python_block("Operating it every night")
+    script = ("import konduit\n" + block + "\napp.migrate()\n"
+              "print([s.name for s in wf.schedules], wf.spec['resize_image'].flow is not None,"
+              " wf.spec['fetch_metadata'].hedge is not None, app.prune(older_than='30d'))\n"
+              "app.close()\n")
+    (tmp_path / "night.py").write_text(script)
+    done = run([sys.executable, "night.py"], tmp_path, KONDUIT_DATABASE_URL=db_url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "['nightly'] True True 0"

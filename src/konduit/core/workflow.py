@@ -481,6 +481,12 @@ class Workflow:
             flow = parse_flow_limit(concurrency, rate)
         except ValueError as exc:
             raise WorkflowDefinitionError(str(exc), workflow=self.name, step=step_name) from exc
+        if flow is not None and hedging is not None:
+            # A hedge starts beside the claim, not through it: it would run a second handler
+            # past the step's concurrency and rate limits, the very thing they protect.
+            raise WorkflowDefinitionError(
+                "hedge= cannot be combined with concurrency= or rate=: a hedged attempt would "
+                "run past the step's flow limit", workflow=self.name, step=step_name)
         spec = StepSpec(
             name=step_name,
             handler=handler,
