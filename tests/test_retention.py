@@ -394,3 +394,26 @@ def test_prune_cli(make_app: Callable[..., konduit.App], db_url: str) -> None:
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT count(*) FROM konduit_executions").fetchone() == (0,)
         assert orphans(conn) == {}
+
+
+def test_prune_deletes_old_resolved_alerts_and_keeps_open_ones(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for subject, raised, resolved in [("old", "2 days", "1 day"), ("recent", "2 days", "1 hour"),
+                                          ("open", "2 days", None)]:
+            conn.execute(
+                "INSERT INTO konduit_alerts (kind, subject, workflow, severity, message, raised_at,"
+                " last_seen_at, resolved_at) VALUES ('no_success', %s, 'wf', 'warning', 'm',"
+                " now() - %s::interval, now() - %s::interval, now() - %s::interval)",
+                (subject, raised, raised, resolved))
+
+    async def go() -> int:
+        db = await open_database(db_url)
+        try:
+            return await prune(db, "12h")
+        finally:
+            await db.close()
+
+    assert asyncio.run(go()) == 0
+    with psycopg.connect(db_url) as conn:
+        left = [r[0] for r in conn.execute("SELECT subject FROM konduit_alerts ORDER BY subject")]
+    assert left == ["open", "recent"]

@@ -73,7 +73,8 @@ async def prune(
     """Delete executions that finished more than ``older_than`` ago (``"30d"``, or seconds) and
     all their rows, ``batch_size`` executions per transaction (at most ``max_batches`` of them);
     returns how many were deleted.
-    Workers not heard from for that long (and at least an hour) are forgotten too."""
+    Workers not heard from for that long (and at least an hour) are forgotten too, and alerts
+    resolved that long ago (open alerts are never deleted)."""
     seconds = parse_duration(older_than, what="older_than")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise KonduitError(f"batch_size: must be a positive integer, got {batch_size!r}")
@@ -97,6 +98,11 @@ async def prune(
         # every batch. (A row another prune had locked is that prune's to delete.)
         after_at, after_id = max((r["finished_at"], r["id"]) for r in rows)
     await db.run("worker_delete_silent_before", older_than_seconds=seconds)
+    # Alerts resolved that long ago go too (open ones never): they describe executions and
+    # workflows whose rows are being pruned.
+    while await db.run("alert_delete_resolved_before", older_than_seconds=seconds,
+                       limit=batch_size) == batch_size:
+        pass
     if deleted:
         log.info("pruned %s execution(s) finished more than %s ago in %s batch(es), %.1f s",
                  deleted, older_than, batches, time.monotonic() - began)
