@@ -112,10 +112,10 @@ def test_outcomes_of_fifty_executions_are_recorded_in_two_transactions(db_url):
         transactions = 0
         original = db.transaction
 
-        def counted() -> Any:
+        def counted(**options: Any) -> Any:
             nonlocal transactions
             transactions += 1
-            return original()
+            return original(**options)
 
         db.transaction = counted  # type: ignore[method-assign]
         try:
@@ -203,10 +203,10 @@ def test_retries_ride_in_the_same_transaction_as_the_outcomes(db_url):
         transactions = 0
         original = db.transaction
 
-        def counted() -> Any:
+        def counted(**options: Any) -> Any:
             nonlocal transactions
             transactions += 1
-            return original()
+            return original(**options)
 
         db.transaction = counted  # type: ignore[method-assign]
         try:

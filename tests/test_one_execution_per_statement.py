@@ -126,7 +126,7 @@ def _path_of_caller() -> str | None:
 
 def recording(log: list[Statement], lock: threading.Lock) -> dict[str, Any]:
     """Replacements for Tx.one/all/run that record completion-path statements, then run them."""
-    originals = {name: getattr(Tx, name) for name in ("one", "all", "run")}
+    originals = {name: getattr(Tx, name) for name in ("one", "all", "run", "send", "later")}
 
     def wrap(name: str) -> Any:
         original = originals[name]

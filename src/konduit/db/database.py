@@ -152,10 +152,20 @@ def _pause(attempt: int) -> float:
 
 
 class Tx:
-    """Named-query calls inside one transaction."""
+    """Named-query calls inside one transaction.
 
-    def __init__(self, conn: psycopg.AsyncConnection[Row]):
+    In a pipelined transaction (``Database.transaction(pipeline=True)``) statements go to the
+    server without waiting for each other's answers: :meth:`send` (a write whose result nobody
+    reads) and :meth:`later` (rows fetched when awaited) queue a statement, and the next call that
+    needs an answer (:meth:`one`, :meth:`all`, :meth:`run`, a fetch) sends everything queued in
+    one round trip. The server still runs them one after the other, in the order sent, so a
+    statement queued after a lock runs only once the lock is held. An error in a queued statement
+    surfaces at that next call, and fails the transaction as a whole."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Row],
+                 pipeline: psycopg.AsyncPipeline | None = None):
         self.conn = conn
+        self.pipeline = pipeline
 
     async def one(self, query: str, /, **params: Any) -> Row | None:
         with translate_errors():
@@ -170,7 +180,26 @@ class Tx:
     async def run(self, query: str, /, **params: Any) -> int:
         with translate_errors():
             cur = await self.conn.execute(q(query), with_array_literals(params))
+            if self.pipeline is not None:
+                await self.pipeline.sync()  # the count is only known once the answer is in
             return cur.rowcount
+
+    async def send(self, query: str, /, **params: Any) -> None:
+        """Run a statement whose result nobody reads (queued in a pipelined transaction)."""
+        with translate_errors():
+            await self.conn.execute(q(query), with_array_literals(params))
+
+    async def later(self, query: str, /, **params: Any) -> Callable[[], Awaitable[list[Row]]]:
+        """Send a statement now and return what fetches its rows (in a pipelined transaction
+        the statement is queued, and awaiting the fetch sends it with whatever else is)."""
+        with translate_errors():
+            cur = await self.conn.execute(q(query), with_array_literals(params))
+
+        async def rows() -> list[Row]:
+            with translate_errors():
+                return await cur.fetchall()
+
+        return rows
 
     async def script(self, sql: str) -> None:
         """Run a whole migration file (several statements, no parameters)."""
@@ -319,15 +348,21 @@ class Database:
             await self.pool.putconn(conn)
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Tx]:
-        """One transaction, not retried: a conflict in it is raised as DatabaseConflict."""
+    async def transaction(self, *, pipeline: bool = False) -> AsyncIterator[Tx]:
+        """One transaction, not retried: a conflict in it is raised as DatabaseConflict. With
+        ``pipeline`` its statements may be queued (:class:`Tx`): BEGIN goes out with the first
+        statement, and what nobody waits for goes out with the next one that is waited for."""
         async with self.connection() as conn:
             with translate_errors():
-                async with conn.transaction():
-                    yield Tx(conn)
+                if pipeline:
+                    async with conn.pipeline() as queued, conn.transaction():
+                        yield Tx(conn, queued)
+                else:
+                    async with conn.transaction():
+                        yield Tx(conn)
 
     async def atomic(self, body: Callable[[Tx], Awaitable[T]], *,
-                     attempts: int = CONFLICT_ATTEMPTS) -> T:
+                     attempts: int = CONFLICT_ATTEMPTS, pipeline: bool = False) -> T:
         """Run ``body`` in a fresh transaction and return its result; when PostgreSQL aborts it
         for a conflict (deadlock, serialization failure, lock not available), roll back and run
         it again, up to ``attempts`` times in all, then raise the DatabaseConflict.
@@ -338,7 +373,7 @@ class Database:
         attempt = 1
         while True:
             try:
-                async with self.transaction() as tx:
+                async with self.transaction(pipeline=pipeline) as tx:
                     return await body(tx)
             except DatabaseConflict as exc:
                 if attempt >= attempts:

@@ -222,7 +222,7 @@ class Advancer:
         names = sorted(self.writes)
         states = [self.loaded[n].state for n in names]
         writes = [self.writes[n] for n in names]
-        await self.tx.run(
+        await self.tx.send(
             "step_update_many",
             execution_id=self.execution_id,
             steps=names,
@@ -244,7 +244,7 @@ class Advancer:
             deadlines = [
                 await budgets.budget(self.tx, self.spec.name, s.name, s.deadline) for s in plain
             ]
-            await self.tx.run(
+            await self.tx.send(
                 "task_insert_many",
                 execution_id=self.execution_id,
                 workflow=workflow_key(self.spec.name, self.spec.version),

@@ -167,27 +167,36 @@ async def record_many(
         # Without them, concurrent completions of sibling branches each read join state that
         # misses the others' uncommitted writes (READ COMMITTED), so none of them fires the
         # join and the execution stalls with every task green (seed 000).
-        if len(execution_ids) == 1:
-            row = await tx.one("execution_lock", id=execution_ids[0])
-            rows = [] if row is None else [row]
-        else:
-            rows = await tx.all("execution_lock_many_in_id_order", ids=execution_ids)
-        locked = {row["id"]: row for row in rows}
-        mine = [c for c in unique if c.execution_id in locked]
+        lock = await (tx.later("execution_lock", id=execution_ids[0]) if len(execution_ids) == 1
+                      else tx.later("execution_lock_many_in_id_order", ids=execution_ids))
         # Only a success ends a hedged task while its other attempt runs: any other outcome
         # ends just its own attempt, and the survivor decides (under the row lock the drop took).
-        for c in sorted(mine, key=lambda c: c.task_id):
-            if c.transition == "complete" and c.outcome != "succeeded" and c.lease_token \
-                    is not None and await transitions.drop(tx, c.task_id, c.lease_token):
+        may_drop = [c for c in unique if c.transition == "complete" and c.outcome != "succeeded"
+                    and c.lease_token is not None]
+        # Without such outcomes (the usual round) the terminal writes go out with the locks, in
+        # one round trip: the server runs them in order, so only once every lock is held.
+        ending = None if may_drop else await transitions.end_later(
+            tx, unique, [hashes[c.task_id] for c in unique])
+        locked = {row["id"]: row for row in await lock()}
+        mine = [c for c in unique if c.execution_id in locked]
+        for c in sorted((c for c in may_drop if c.execution_id in locked), key=lambda c: c.task_id):
+            assert c.lease_token is not None
+            if await transitions.drop(tx, c.task_id, c.lease_token):
                 dropped[c.task_id] = await _dropped(tx, c)
         mine = [c for c in mine if c.task_id not in dropped]
+        if ending is not None:
+            # A task of an execution that is gone is gone with it: nothing of it could end.
+            ended = {t: at for t, at in (await ending()).items() if t in {c.task_id for c in mine}}
+        elif mine:
+            ended = await transitions.end(tx, mine, [hashes[c.task_id] for c in mine])
+        else:
+            ended = {}
         if not mine:
             return {}, {}
-        ended = await transitions.end(tx, mine, [hashes[c.task_id] for c in mine])
         kept = [c for c in mine if c.task_id in ended]
         stored = [c for c in kept if hashes[c.task_id] is not None]
         if stored:
-            await tx.run(
+            await tx.send(
                 "output_insert_many_across_executions_if_absent",
                 execution_ids=[c.execution_id for c in stored],
                 steps=[c.step for c in stored],
@@ -200,7 +209,7 @@ async def record_many(
             )
         closing = [c for c in kept if c.lease_token is not None]
         if closing:
-            await tx.run(
+            await tx.send(
                 "attempt_finish_many_if_open",
                 task_ids=[c.task_id for c in closing],
                 lease_tokens=[c.lease_token for c in closing],
@@ -237,7 +246,7 @@ async def record_many(
         return ended, advanced
 
     # A deadlock or serialization failure rolls it all back: run it again (it is database work only).
-    ended, advanced, moved = await db.atomic(write)
+    ended, advanced, moved = await db.atomic(write, pipeline=True)
     moved.update(dropped)
     results: list[tuple[Recorded, Advanced | None]] = []
     recorded: set[int] = set()
@@ -271,7 +280,7 @@ async def write_deferred(tx: Tx, advancers: list[Advancer]) -> None:
     deferred = sorted((a for a in advancers if a.deferred), key=lambda a: a.execution_id)
     rows = [(a.execution_id, *write) for a in deferred for write in a.step_writes()]
     if rows:
-        await tx.run(
+        await tx.send(
             "step_update_many_across_executions",
             execution_ids=[r[0] for r in rows],
             steps=[r[1] for r in rows],
@@ -284,7 +293,7 @@ async def write_deferred(tx: Tx, advancers: list[Advancer]) -> None:
         )
     changed = [a for a in deferred if a.execution.steps_pending != a.stored_steps_pending]
     if changed:
-        await tx.run(
+        await tx.send(
             "execution_set_steps_pending_many_if_running_and_changed",
             ids=[a.execution_id for a in changed],
             steps_pendings=[a.execution.steps_pending for a in changed],
@@ -292,7 +301,7 @@ async def write_deferred(tx: Tx, advancers: list[Advancer]) -> None:
         for a in changed:
             a.stored_steps_pending = a.execution.steps_pending
     for queue_name in sorted({q for a in deferred for q in a.result.queues}):
-        await tx.one("task_notify_ready", queue=queue_name)
+        await tx.send("task_notify_ready", queue=queue_name)
 
 
 def _events(completions: list[Completion], ended: dict[int, datetime]

@@ -31,7 +31,7 @@ the execution row is locked; the others decide nothing about the DAG and take no
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -192,41 +192,54 @@ async def release(tx: Tx, c: Completion) -> Row | None:
 
 async def end(tx: Tx, completions: Sequence[Completion], hashes: Sequence[str | None]
               ) -> dict[int, datetime]:
-    """Terminal transitions of tasks of one locked execution; returns the ids that changed with
+    """Terminal transitions of tasks of locked executions; returns the ids that changed with
     their finish time. Completions of live workers go in one statement (in id order, the lock
     order of every multi-row task write); reclaims and deadline sweeps come one at a time."""
-    ended: dict[int, datetime] = {}
+    return await (await end_later(tx, completions, hashes))()
+
+
+async def end_later(tx: Tx, completions: Sequence[Completion], hashes: Sequence[str | None]
+                    ) -> Callable[[], Awaitable[dict[int, datetime]]]:
+    """:func:`end`, with the live workers' statement sent now (queued behind what the caller
+    sent before it, such as the execution locks, in a pipelined transaction) and its answer
+    read, and the one-at-a-time transitions run, when the returned function is awaited."""
     leased = [(c, h) for c, h in zip(completions, hashes, strict=True) if c.transition == "complete"]
     leased.sort(key=lambda pair: pair[0].task_id)
-    if leased:
-        rows = await tx.all(
-            "task_complete_many_if_leased",
-            ids=[c.task_id for c, _ in leased],
-            lease_tokens=[c.lease_token for c, _ in leased],
-            outcomes=[c.outcome for c, _ in leased],
-            output_hashes=[h for _, h in leased],
-            errors=[c.error for c, _ in leased],
-            routes=[Jsonb(list(c.routes)) if c.routes is not None else None for c, _ in leased],
-            ages=[c.age_seconds for c, _ in leased],
-        )
-        ended.update((row["id"], row["finished_at"]) for row in rows)
-    for c, h in zip(completions, hashes, strict=True):
-        if c.transition == "complete":
-            continue
-        params: dict[str, Any] = {
-            "id": c.task_id, "lease_token": c.lease_token, "outcome": c.outcome,
-            "output_hash": h, "error": c.error,
-        }
-        if c.transition == "lose":
-            row = await tx.one("task_end_if_rescuable", lease_seconds=c.guard_seconds, **params)
-        elif c.transition == "expire":
-            row = await tx.one("task_expire_if_past_deadline", grace_seconds=c.guard_seconds,
-                               **params)
-        else:
-            raise ValueError(f"unknown transition {c.transition!r}")
-        if row is not None:
-            ended[row["id"]] = row["finished_at"]
-    return ended
+    fetch = await tx.later(
+        "task_complete_many_if_leased",
+        ids=[c.task_id for c, _ in leased],
+        lease_tokens=[c.lease_token for c, _ in leased],
+        outcomes=[c.outcome for c, _ in leased],
+        output_hashes=[h for _, h in leased],
+        errors=[c.error for c, _ in leased],
+        routes=[Jsonb(list(c.routes)) if c.routes is not None else None for c, _ in leased],
+        ages=[c.age_seconds for c, _ in leased],
+    ) if leased else None
+
+    async def finish() -> dict[int, datetime]:
+        ended: dict[int, datetime] = {}
+        if fetch is not None:
+            ended.update((row["id"], row["finished_at"]) for row in await fetch())
+        for c, h in zip(completions, hashes, strict=True):
+            if c.transition == "complete":
+                continue
+            params: dict[str, Any] = {
+                "id": c.task_id, "lease_token": c.lease_token, "outcome": c.outcome,
+                "output_hash": h, "error": c.error,
+            }
+            if c.transition == "lose":
+                row = await tx.one("task_end_if_rescuable", lease_seconds=c.guard_seconds,
+                                   **params)
+            elif c.transition == "expire":
+                row = await tx.one("task_expire_if_past_deadline", grace_seconds=c.guard_seconds,
+                                   **params)
+            else:
+                raise ValueError(f"unknown transition {c.transition!r}")
+            if row is not None:
+                ended[row["id"]] = row["finished_at"]
+        return ended
+
+    return finish
 
 
 async def cancel_unfinished(tx: Tx, execution_id: UUID, reason: str) -> list[int]:
