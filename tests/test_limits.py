@@ -217,6 +217,24 @@ def test_map_item_postgres_cannot_take_fails_the_execution(
 
 
 @storage
+def test_map_items_are_bounded_by_the_apps_payload_limit(make_app: Any) -> None:
+    """The App's max_payload_bytes bounds each item a worker fans out, not the default 16 MB:
+    a small upstream output that ``over()`` expands into big items fails the fan-out."""
+    wf = _map_workflow("app-limit-items", lambda out: ["x" * out, "y" * 10])
+    app = make_app(wf, max_payload_bytes=10_000)
+    fits = app.start("app-limit-items", input=9_000)
+    too_big = app.start("app-limit-items", input=20_000)
+    with running_worker(app, concurrency=2):
+        assert fits.wait(timeout=WAIT).output == ["x" * 9_000, "y" * 10]
+        with pytest.raises(konduit.ExecutionFailed) as info:
+            too_big.wait(timeout=WAIT)
+    error = info.value.result.error or ""
+    assert "map step 'each' cannot fan out" in error
+    assert "item 0 is 20,002 bytes" in error or "item 0 is 20002 bytes" in error, error
+    assert "10000" in error.replace(",", ""), error
+
+
+@storage
 def test_map_over_its_item_limit_fails_naming_step_and_limit(make_app: Any) -> None:
     capped = _map_workflow("capped", lambda out: range(out), max_items=100)
     endless = konduit.Workflow("endless", version=1)

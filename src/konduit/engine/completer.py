@@ -19,7 +19,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from konduit.core.advance import Event, ExecutionState, TaskEnded
-from konduit.core.payloads import content_hash
+from konduit.core.payloads import DEFAULT_MAX_BYTES, content_hash
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import transitions
 from konduit.engine.advancer import Advanced, Advancer, state_columns
@@ -63,11 +63,13 @@ MOVES = ("retry", "released")
 """Outcomes that return the task to ready instead of ending it: they decide nothing about the DAG."""
 
 
-async def record(db: Database, registry: Registry, c: Completion) -> tuple[Recorded, Advanced | None]:
+async def record(db: Database, registry: Registry, c: Completion, *,
+                 max_payload_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Recorded, Advanced | None]:
     """Record one attempt's end. Returns what happened and, when the DAG advanced, how."""
     if c.outcome in MOVES:
         return await db.atomic(lambda tx: _move(tx, c)), None
-    ((outcome, advanced),) = await record_many(db, registry, [c])
+    ((outcome, advanced),) = await record_many(db, registry, [c],
+                                               max_payload_bytes=max_payload_bytes)
     return outcome, advanced
 
 
@@ -124,6 +126,7 @@ async def record_ended(
 async def record_many(
     db: Database, registry: Registry, batch: list[Completion],
     *, then: Callable[[Tx], Awaitable[None]] | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_BYTES,
 ) -> list[tuple[Recorded, Advanced | None]]:
     """Record the terminal outcomes of tasks of one or MANY executions in one transaction, and
     make each execution's fan-in decision in it: under load a worker's completions that ended
@@ -137,7 +140,8 @@ async def record_many(
 
     ``then`` runs last in the same transaction (a worker claims its freed slots there: one commit
     records a round and starts the next); it may run again if the transaction is rerun after a
-    conflict."""
+    conflict. ``max_payload_bytes`` bounds each item of a map step that fans out (the App's
+    limit)."""
     # The same task twice in one batch (a redelivery): only the first may pass the fence.
     first: dict[int, Completion] = {}
     for c in batch:
@@ -222,7 +226,7 @@ async def record_many(
             by_execution.setdefault(c.execution_id, []).append(c)
         deciding = [(locked[e], by_execution[e]) for e in execution_ids  # id order, as locked
                     if e in by_execution and locked[e]["status"] == "running"]
-        advancers = [(_advancer(tx, registry, execution), completions)
+        advancers = [(_advancer(tx, registry, execution, max_payload_bytes), completions)
                      for execution, completions in deciding]
         # The join state every decision of the round reads, in one statement.
         pairs = [(a.execution_id, step) for a, completions in advancers
@@ -264,13 +268,14 @@ async def record_many(
     return results
 
 
-def _advancer(tx: Tx, registry: Registry, execution: Row) -> Advancer:
+def _advancer(tx: Tx, registry: Registry, execution: Row, max_payload_bytes: int) -> Advancer:
     """The fan-in decision of one locked execution of a round; its writes are deferred to the
     round's set-based statements (:func:`write_deferred`) unless it ends the execution."""
     spec = registry.get(execution["workflow_name"], execution["workflow_version"])
     return Advancer(tx, spec, execution["id"],
                     ExecutionState(execution["status"], execution["steps_pending"]),
-                    execution["generation"], defer_writes=True)
+                    execution["generation"], max_payload_bytes=max_payload_bytes,
+                    defer_writes=True)
 
 
 async def write_deferred(tx: Tx, advancers: list[Advancer]) -> None:

@@ -119,7 +119,8 @@ class Maintenance:
             spec, lost, None, verdict, error=error, transition="lose",
             guard_seconds=self.lease_seconds,
         )
-        outcome, _ = await record(self.db, self.registry, completion)
+        outcome, _ = await record(self.db, self.registry, completion,
+                                    max_payload_bytes=self.executor.max_payload_bytes)
         if outcome is not Recorded.LEASE_LOST:
             log.info("rescued task %s (%s): %s -> %s", lost.id, lost.step, error, completion.outcome)
 
@@ -145,7 +146,8 @@ class Maintenance:
         completion = await self.executor.deadline_passed(
             spec, task, None, transition="expire", guard_seconds=self.deadline_grace
         )
-        outcome, _ = await record(self.db, self.registry, completion)
+        outcome, _ = await record(self.db, self.registry, completion,
+                                    max_payload_bytes=self.executor.max_payload_bytes)
         if outcome is Recorded.ENDED:
             log.info("task %s (%s) ended %s by the deadline sweep", task.id, task.step,
                      completion.outcome)

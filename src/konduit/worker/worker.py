@@ -247,13 +247,15 @@ class Worker:
         once it has committed (their attempts count before any user code runs), under the usual
         lease check (:meth:`_start_many`)."""
         if self._stop.is_set() or time.monotonic() < self._claim_in_rounds_after:
-            return await record_many(self.db, self.registry, group)
+            return await record_many(self.db, self.registry, group,
+                                     max_payload_bytes=self.executor.max_payload_bytes)
         claimed: list[Claimed] = []
         free = self._free_slots()
         self._reserved += max(free, 0)
         try:
             return await record_many(
                 self.db, self.registry, group,
+                max_payload_bytes=self.executor.max_payload_bytes,
                 then=lambda tx: self._claim_in_round(tx, free, claimed))
         finally:
             self._reserved -= max(free, 0)
@@ -471,20 +473,23 @@ class Worker:
                 or self._completer.done():
             # Releases happen at shutdown, when the batching loop may be gone; and should it
             # ever be, an outcome is still recorded, alone. Retries join the batch.
-            return await record(self.db, self.registry, completion)
+            return await record(self.db, self.registry, completion,
+                                max_payload_bytes=self.executor.max_payload_bytes)
         try:
             return await self.batcher.submit(completion)
         except BatcherStopped:
             # Shutdown stopped the batching loop under us: record alone (the lease fence makes
             # a second write of the same outcome harmless).
-            return await record(self.db, self.registry, completion)
+            return await record(self.db, self.registry, completion,
+                                max_payload_bytes=self.executor.max_payload_bytes)
 
     async def _release(self, task: Claimed) -> None:
         completion = task.completion(
             "released", error=f"released by worker {self.config.worker_id} at shutdown"
         )
         try:
-            outcome, _ = await record(self.db, self.registry, completion)
+            outcome, _ = await record(self.db, self.registry, completion,
+                                max_payload_bytes=self.executor.max_payload_bytes)
             log.info("task %s (%s) released: %s", task.id, task.step, outcome.value)
         except DatabaseError as exc:
             log.warning("could not release task %s (%s); its lease will expire", task.id, exc)
