@@ -139,7 +139,7 @@ WIDTH = 20
 BRANCH_SECONDS = 5.0
 CANCEL_PROMPTNESS = 2.0
 """A running handler must be stopped this soon after the cancel. Shorter than the heartbeat
-interval used below (3 s): only the worker's LISTEN on ``konduit_finished`` can meet it."""
+interval used below (3 s): only the worker's LISTEN on ``konduit_stopped`` can meet it."""
 
 
 def cancel_fanout_workflow(

@@ -417,8 +417,10 @@ async def finish_execution(
         cancelled = await transitions.cancel_unfinished(tx, execution_id, f"execution {status}")
         if cancelled:
             await tx.run("attempt_finish_open_for_tasks", task_ids=cancelled, outcome="cancelled")
+            await tx.one("execution_notify_stopped", id=str(execution_id))
         await tx.run("step_cancel_unfinished", execution_id=execution_id)
-    await tx.one("execution_notify_finished", id=str(execution_id))
+    if row["finish_waited"]:
+        await tx.one("execution_notify_finished", id=str(execution_id))
     return True
 
 

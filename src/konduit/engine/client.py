@@ -184,6 +184,9 @@ class Client:
         try:
             with translate_errors():
                 await conn.execute("LISTEN konduit_finished")
+            # Listening first, then saying we wait, then reading the status: a finish that
+            # commits before the mark is read below, one after it notifies.
+            await self.db.run("execution_mark_waited_if_unfinished", id=eid)
             while True:
                 result = await self.get(eid)
                 if result.finished:

@@ -125,7 +125,7 @@ async def record_ended(
 
 async def record_many(
     db: Database, registry: Registry, batch: list[Completion],
-    *, then: Callable[[Tx], Awaitable[None]] | None = None,
+    *, then: Callable[[Tx], Awaitable[set[tuple[UUID, str]]]] | None = None,
     max_payload_bytes: int = DEFAULT_MAX_BYTES,
 ) -> list[tuple[Recorded, Advanced | None]]:
     """Record the terminal outcomes of tasks of one or MANY executions in one transaction, and
@@ -139,9 +139,10 @@ async def record_many(
     whose execution is gone) is :attr:`Recorded.LEASE_LOST` and changes nothing.
 
     ``then`` runs last in the same transaction (a worker claims its freed slots there: one commit
-    records a round and starts the next); it may run again if the transaction is rerun after a
-    conflict. ``max_payload_bytes`` bounds each item of a map step that fans out (the App's
-    limit)."""
+    records a round and starts the next) and returns the (execution, step) pairs it claimed; the
+    round then wakes other workers only for a queue that got tasks it did not claim itself. It
+    may run again if the transaction is rerun after a conflict. ``max_payload_bytes`` bounds
+    each item of a map step that fans out (the App's limit)."""
     # The same task twice in one batch (a redelivery): only the first may pass the fence.
     first: dict[int, Completion] = {}
     for c in batch:
@@ -155,15 +156,22 @@ async def record_many(
     }
     execution_ids = sorted({c.execution_id for c in unique})
     dropped: dict[int, Recorded] = {}
+    # (queue, (execution, step)) of the tasks the round's deferred decisions made ready; a map
+    # step's key is never claimed whole (it has one task per item), so its queue is always woken.
+    waking: list[tuple[str, tuple[UUID, str] | None]] = []
 
     async def write(tx: Tx) -> tuple[dict[int, datetime], dict[UUID, Advanced], dict[int, Recorded]]:
         dropped.clear()  # a rerun of the transaction decides afresh
+        waking.clear()
         ended, advanced = await decide(tx) if unique else ({}, {})
         # Task rows after every execution lock and every terminal write (the global lock order);
         # one guarded statement each, in id order.
         moved = {c.task_id: await _move(tx, c) for c in moving}
-        if then is not None:
-            await then(tx)
+        taken = await then(tx) if then is not None else set()
+        # NOTIFY takes a global lock at commit and costs every listener a transaction: wake a
+        # queue only for the tasks this round made ready and did not claim itself.
+        for queue_name in sorted({queue for queue, key in waking if key not in taken}):
+            await tx.send("task_notify_ready", queue=queue_name)
         return ended, advanced, moved
 
     async def decide(tx: Tx) -> tuple[dict[int, datetime], dict[UUID, Advanced]]:
@@ -246,7 +254,7 @@ async def record_many(
             a.errors = {c.step: c.error.strip().splitlines()[-1][:500] for c in completions
                         if c.error and c.outcome not in ("succeeded", "degraded")}
             advanced[a.execution_id] = await a.run_events(_events(completions, ended))
-        await write_deferred(tx, [a for a, _ in advancers])
+        waking.extend(await write_deferred(tx, [a for a, _ in advancers]))
         return ended, advanced
 
     # A deadlock or serialization failure rolls it all back: run it again (it is database work only).
@@ -278,10 +286,12 @@ def _advancer(tx: Tx, registry: Registry, execution: Row, max_payload_bytes: int
                     defer_writes=True)
 
 
-async def write_deferred(tx: Tx, advancers: list[Advancer]) -> None:
+async def write_deferred(tx: Tx, advancers: list[Advancer]
+                         ) -> list[tuple[str, tuple[UUID, str] | None]]:
     """Write what the deferred decisions of a round changed: the step rows of every execution
-    in one statement, in (execution, step) order, the changed step counts in another, and one
-    wake-up per queue that got tasks."""
+    in one statement, in (execution, step) order, and the changed step counts in another.
+    Returns the tasks they made ready as (queue, (execution, step)), the key None for a map
+    step's items: the caller wakes their queues (see :func:`record_many`)."""
     deferred = sorted((a for a in advancers if a.deferred), key=lambda a: a.execution_id)
     rows = [(a.execution_id, *write) for a in deferred for write in a.step_writes()]
     if rows:
@@ -305,8 +315,16 @@ async def write_deferred(tx: Tx, advancers: list[Advancer]) -> None:
         )
         for a in changed:
             a.stored_steps_pending = a.execution.steps_pending
-    for queue_name in sorted({q for a in deferred for q in a.result.queues}):
-        await tx.send("task_notify_ready", queue=queue_name)
+    made: list[tuple[str, tuple[UUID, str] | None]] = []
+    for a in deferred:
+        for step in a.result.fired:
+            spec = a.spec[step]
+            made.append((spec.queue, None if spec.is_map else (a.execution_id, step)))
+        # Queues that got tasks other than through a fired step (a repair's first steps):
+        # always woken.
+        fired_queues = {a.spec[step].queue for step in a.result.fired}
+        made.extend((queue, None) for queue in a.result.queues - fired_queues)
+    return made
 
 
 def _events(completions: list[Completion], ended: dict[int, datetime]

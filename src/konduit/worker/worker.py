@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TypeVar
+from uuid import UUID
 
 import psycopg
 
@@ -263,13 +264,17 @@ class Worker:
             # that starts the handlers.
             self._launch(claimed)
 
-    async def _claim_in_round(self, tx: Tx, limit: int, claimed: list[Claimed]) -> None:
+    async def _claim_in_round(self, tx: Tx, limit: int, claimed: list[Claimed]
+                              ) -> set[tuple[UUID, str]]:
+        """Claim in the round's transaction; returns the (execution, step) pairs claimed, so the
+        round wakes other workers only for the tasks it made ready and did not take itself."""
         claimed.clear()  # a rerun of the round (after a conflict) claims afresh
         if limit <= 0:
-            return
+            return set()
         try:
             claimed.extend(await self._claim(tx, limit))
             self.claims["in_rounds"] += bool(claimed)
+            return {(task.execution_id, task.step) for task in claimed}
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError | DatabaseConflict | DatabaseUnavailable):
                 # Whatever it was, it must not fail the outcomes again: the claim loop claims.
@@ -515,11 +520,12 @@ class Worker:
             try:
                 conn = await self.db.listen_connection()
                 await conn.execute("LISTEN konduit_ready")
-                await conn.execute("LISTEN konduit_finished")
+                # Not konduit_finished: that one is for clients waiting on every execution.
+                await conn.execute("LISTEN konduit_stopped")
                 if self.hedger.enabled:
                     await conn.execute("LISTEN konduit_outrun")
                 async for note in conn.notifies():
-                    if note.channel == "konduit_finished":
+                    if note.channel == "konduit_stopped":
                         self._stop_tasks_of(note.payload)
                     elif note.channel == "konduit_outrun":
                         self._stop_outrun(note.payload)

@@ -40,11 +40,25 @@ SET status = %(status)s,
     output_version = output_version + 1,
     finished_at = clock_timestamp()
 WHERE id = %(id)s AND status = 'running'
-RETURNING id, output_version;
+RETURNING id, output_version, finish_waited;
+
+-- name: execution_mark_waited_if_unfinished
+-- A client is about to wait for this execution: its finish must notify (see migration 0010).
+-- Under the row lock, so a finish in flight is waited for and then seen as finished.
+UPDATE konduit_executions
+SET finish_waited = true
+WHERE id = %(id)s AND status IN ('pending', 'running') AND NOT finish_waited;
 
 -- name: execution_notify_finished
--- Wake clients waiting on this execution; delivered when the transaction commits.
+-- Wake clients waiting on this execution (only sent when one said it waits); delivered when the
+-- transaction commits.
 SELECT pg_notify('konduit_finished', %(id)s);
+
+-- name: execution_notify_stopped
+-- Tell workers that an execution ended with tasks cancelled under them, so they stop those
+-- handlers now. A separate channel from konduit_finished: every notification a listening
+-- backend receives costs it a transaction, and most executions end with nothing left to stop.
+SELECT pg_notify('konduit_stopped', %(id)s);
 
 -- name: execution_list_timed_out
 -- Running executions past their hard timeout, oldest first.
