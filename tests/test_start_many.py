@@ -52,7 +52,7 @@ def fan(name: str, roots: int, *, queue: str = "default", version: int = 1) -> k
 def counted() -> Iterator[Counter[str]]:
     """Count the named statements run through any ``Tx`` (all threads) during the block."""
     calls: Counter[str] = Counter()
-    originals = {m: getattr(Tx, m) for m in ("one", "all", "run")}
+    originals = {m: getattr(Tx, m) for m in ("one", "all", "run", "send", "later")}
 
     def wrap(method: Any) -> Any:
         async def counting(self: Tx, query: str, /, **params: Any) -> Any:
