@@ -33,7 +33,7 @@ from konduit.core.advance import (
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Row, Tx
-from konduit.engine import transitions
+from konduit.engine import step_rows, transitions
 from konduit.engine.deadlines import budgets
 from konduit.engine.registry import workflow_key
 from konduit.errors import PayloadError
@@ -43,29 +43,6 @@ log = logging.getLogger("konduit.core.advance")
 MAP_CHUNK_ROWS = 5_000
 """Map tasks created per statement: each chunk's parameters are built on the event loop, so a
 chunk must stay small enough not to stall heartbeats, yet big enough to keep round trips few."""
-
-_STATE_FIELDS = (
-    "status",
-    "up_pending",
-    "up_ok",
-    "up_failed",
-    "up_required_failed",
-    "up_skipped",
-    "tasks_total",
-    "tasks_pending",
-    "tasks_ok",
-    "tasks_degraded",
-    "tasks_failed",
-)
-
-
-def state_columns(states: list[StepState]) -> dict[str, list[Any]]:
-    """Join counters as the parallel arrays the ``step_*_many`` queries unnest."""
-    return {
-        ("statuses" if name == "status" else f"{name}s"): [getattr(st, name) for st in states]
-        for name in _STATE_FIELDS
-    }
-
 
 @dataclass
 class _Loaded:
@@ -127,10 +104,7 @@ class Advancer:
         wanted = sorted(s for s in steps if s not in self.loaded)
         if not wanted:
             return
-        rows = await self.tx.all("step_get_many", execution_id=self.execution_id, steps=wanted)
-        for row in rows:
-            state = StepState(**{f: row[f] for f in _STATE_FIELDS})
-            self.loaded[row["step"]] = _Loaded(state, row["first_upstream_at"])
+        self.preload(await step_rows.read(self.tx, [(self.execution_id, s) for s in wanted]))
 
     async def _decide(self, event: Event) -> Decision:
         await self._load({event.step, *self.spec.downstream[event.step]})
@@ -190,8 +164,7 @@ class Advancer:
     def preload(self, rows: Iterable[Row]) -> None:
         """Join state read by the caller for several executions at once (see write_deferred)."""
         for row in rows:
-            state = StepState(**{f: row[f] for f in _STATE_FIELDS})
-            self.loaded[row["step"]] = _Loaded(state, row["first_upstream_at"])
+            self.loaded[row["step"]] = _Loaded(step_rows.state_of(row), row["first_upstream_at"])
 
     def _remember(self, event: Event, decision: Decision, at: datetime | None) -> None:
         for name, state in decision.states.items():
@@ -217,22 +190,7 @@ class Advancer:
             self.reason = decision.reason
 
     async def _write_steps(self) -> None:
-        if not self.writes:
-            return
-        names = sorted(self.writes)
-        states = [self.loaded[n].state for n in names]
-        writes = [self.writes[n] for n in names]
-        await self.tx.send(
-            "step_update_many",
-            execution_id=self.execution_id,
-            steps=names,
-            **state_columns(states),
-            first_upstream_ats=[self.loaded[n].first_upstream_at for n in names],
-            last_upstream_ats=[w.last_upstream_at for w in writes],
-            stragglers=[w.straggler for w in writes],
-            fireds=[w.fired for w in writes],
-            endeds=[w.ended for w in writes],
-        )
+        await step_rows.write(self.tx, [(self.execution_id, *w) for w in self.step_writes()])
 
     async def _create_tasks(self, steps: Sequence[str]) -> list[tuple[str, int]]:
         """Create the tasks of steps whose join fired: the tasks of all plain steps in one

@@ -18,7 +18,7 @@ from konduit.core.repair import plan_repair
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
-from konduit.engine.advancer import Advancer, finish_execution, state_columns
+from konduit.engine.advancer import Advancer, finish_execution
 from konduit.engine.alerting import list_alerts
 from konduit.engine.flow import register_flow_limits
 from konduit.engine.registry import Registry, workflow_key
@@ -31,6 +31,7 @@ from konduit.engine.starts import (
     prepare,
     requests_of,
 )
+from konduit.engine.step_rows import state_columns
 from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,

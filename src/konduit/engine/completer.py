@@ -21,8 +21,8 @@ from psycopg.types.json import Jsonb
 from konduit.core.advance import Event, ExecutionState, TaskEnded
 from konduit.core.payloads import DEFAULT_MAX_BYTES, content_hash
 from konduit.db.database import Database, Row, Tx
-from konduit.engine import transitions
-from konduit.engine.advancer import Advanced, Advancer, state_columns
+from konduit.engine import step_rows, transitions
+from konduit.engine.advancer import Advanced, Advancer
 from konduit.engine.registry import Registry
 
 log = logging.getLogger("konduit.completer")
@@ -240,14 +240,11 @@ async def record_many(
         pairs = [(a.execution_id, step) for a, completions in advancers
                  for step in sorted({s for c in completions
                                      for s in (c.step, *a.spec.downstream[c.step])})]
-        if pairs:
-            rows = await tx.all("step_get_many_across_executions",
-                                execution_ids=[e for e, _ in pairs], steps=[s for _, s in pairs])
-            state: dict[UUID, list[Row]] = {}
-            for row in rows:
-                state.setdefault(row["execution_id"], []).append(row)
-            for a, _ in advancers:
-                a.preload(state.get(a.execution_id, []))
+        state: dict[UUID, list[Row]] = {}
+        for row in await step_rows.read(tx, pairs):
+            state.setdefault(row["execution_id"], []).append(row)
+        for a, _ in advancers:
+            a.preload(state.get(a.execution_id, []))
         advanced: dict[UUID, Advanced] = {}
         for a, completions in advancers:
             # Name the cause when the execution fails: the last line of each failed step's error.
@@ -293,19 +290,7 @@ async def write_deferred(tx: Tx, advancers: list[Advancer]
     Returns the tasks they made ready as (queue, (execution, step)), the key None for a map
     step's items: the caller wakes their queues (see :func:`record_many`)."""
     deferred = sorted((a for a in advancers if a.deferred), key=lambda a: a.execution_id)
-    rows = [(a.execution_id, *write) for a in deferred for write in a.step_writes()]
-    if rows:
-        await tx.send(
-            "step_update_many_across_executions",
-            execution_ids=[r[0] for r in rows],
-            steps=[r[1] for r in rows],
-            **state_columns([r[2] for r in rows]),
-            first_upstream_ats=[r[3] for r in rows],
-            last_upstream_ats=[r[4] for r in rows],
-            stragglers=[r[5] for r in rows],
-            fireds=[r[6] for r in rows],
-            endeds=[r[7] for r in rows],
-        )
+    await step_rows.write(tx, [(a.execution_id, *w) for a in deferred for w in a.step_writes()])
     changed = [a for a in deferred if a.execution.steps_pending != a.stored_steps_pending]
     if changed:
         await tx.send(

@@ -1,10 +1,3 @@
--- name: step_get_many
--- Join state of some steps of one execution (read under the execution lock).
-SELECT step, status, up_pending, up_ok, up_failed, up_required_failed, up_skipped,
-       tasks_total, tasks_pending, tasks_ok, tasks_degraded, tasks_failed, first_upstream_at
-FROM konduit_steps
-WHERE execution_id = %(execution_id)s AND step = ANY(%(steps)s::text[]);
-
 -- name: step_get_all
 -- Every step of one execution, for status pages and the final output.
 SELECT step, status, up_total, up_pending, up_ok, up_failed, up_skipped, tasks_total,
@@ -12,36 +5,6 @@ SELECT step, status, up_total, up_pending, up_ok, up_failed, up_skipped, tasks_t
        last_upstream_at, straggler, fired_at, ended_at
 FROM konduit_steps
 WHERE execution_id = %(execution_id)s;
-
--- name: step_update_many
--- Apply a fan-in decision to the steps it changed; fired and ended steps get their timestamps.
-UPDATE konduit_steps s
-SET status = u.status,
-    up_pending = u.up_pending,
-    up_ok = u.up_ok,
-    up_failed = u.up_failed,
-    up_required_failed = u.up_required_failed,
-    up_skipped = u.up_skipped,
-    tasks_total = u.tasks_total,
-    tasks_pending = u.tasks_pending,
-    tasks_ok = u.tasks_ok,
-    tasks_degraded = u.tasks_degraded,
-    tasks_failed = u.tasks_failed,
-    first_upstream_at = u.first_upstream_at,
-    last_upstream_at = COALESCE(u.last_upstream_at, s.last_upstream_at),
-    straggler = COALESCE(u.straggler, s.straggler),
-    fired_at = CASE WHEN u.fired THEN clock_timestamp() ELSE s.fired_at END,
-    ended_at = CASE WHEN u.ended THEN clock_timestamp() ELSE s.ended_at END
-FROM unnest(%(steps)s::text[], %(statuses)s::text[], %(up_pendings)s::int[], %(up_oks)s::int[],
-            %(up_faileds)s::int[], %(up_required_faileds)s::int[], %(up_skippeds)s::int[],
-            %(tasks_totals)s::int[], %(tasks_pendings)s::int[], %(tasks_oks)s::int[],
-            %(tasks_degradeds)s::int[], %(tasks_faileds)s::int[],
-            %(first_upstream_ats)s::timestamptz[], %(last_upstream_ats)s::timestamptz[],
-            %(stragglers)s::text[], %(fireds)s::bool[], %(endeds)s::bool[])
-     AS u(step, status, up_pending, up_ok, up_failed, up_required_failed, up_skipped,
-          tasks_total, tasks_pending, tasks_ok, tasks_degraded, tasks_failed,
-          first_upstream_at, last_upstream_at, straggler, fired, ended)
-WHERE s.execution_id = %(execution_id)s AND s.step = u.step;
 
 -- name: step_cancel_unfinished
 -- End every step of a stopped execution that had not ended.
