@@ -29,9 +29,14 @@ from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
 from konduit.engine.retention import BATCH_SIZE, prune, retention_seconds
 from konduit.engine.schedules import Schedules
-from konduit.engine.starts import StartRequest
+from konduit.engine.starts import StartRequest, requests_of
 from konduit.errors import WorkflowDefinitionError
+from konduit.logs import bind_worker
 from konduit.observe.alerts import AlertRecord
+from konduit.tracing import AttemptTracer
+from konduit.tracing import active as tracing_active
+from konduit.tracing import capture as capture_trace
+from konduit.tracing import check_mode as check_tracing
 from konduit.worker.config import WorkerConfig
 from konduit.worker.worker import Worker
 
@@ -71,6 +76,11 @@ class App:
 
     ``retention="30d"``: every worker of this App prunes executions that finished more than that
     long ago, every few minutes (see :meth:`prune`); None (the default) keeps everything.
+
+    ``tracing``: OpenTelemetry traces, one per execution with a span per attempt, parented by
+    the span that called :meth:`start` (needs ``pip install 'konduit-pg[otel]'``). ``None``
+    (the default) traces once the application set a tracer provider, ``True`` always,
+    ``False`` never; see docs/observability.md.
     """
 
     def __init__(
@@ -81,8 +91,10 @@ class App:
         pool_size: int = 10,
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
         retention: Duration | None = None,
+        tracing: bool | None = None,
     ):
         self.registry = Registry(workflows)
+        self.tracing = check_tracing(tracing)
         self.retention = None if retention is None else retention_seconds(retention)
         self._check_retention()
         self.max_payload_bytes = max_payload_bytes
@@ -143,7 +155,8 @@ class App:
         """The async client (created on first use), for code already inside an event loop."""
         if self._client is None:
             db = await self._open_database(self.pool_size)
-            self._client = Client(db, self.registry, max_payload_bytes=self.max_payload_bytes)
+            self._client = Client(db, self.registry, max_payload_bytes=self.max_payload_bytes,
+                                  tracing=self.tracing)
         return self._client
 
     def _c(self) -> Client:
@@ -164,9 +177,11 @@ class App:
         """Start an execution of the latest registered version (or ``version``); see
         :meth:`konduit.engine.client.Client.start`."""
         client = self._c()
+        # The caller's span is in this thread's context, not in the App's loop thread.
+        trace_context = capture_trace(self.tracing, workflow)
         eid = self._call(
             client.start(workflow, input, idempotency_key=idempotency_key, version=version,
-                         deadline_at=deadline_at, timeout=timeout)
+                         deadline_at=deadline_at, timeout=timeout, trace_context=trace_context)
         )
         return ExecutionHandle(self, eid)
 
@@ -179,7 +194,9 @@ class App:
         ``timeout``); all start or none does. See
         :meth:`konduit.engine.client.Client.start_many`."""
         client = self._c()
-        ids = self._call(client.start_many(requests))
+        requests = requests_of(requests)
+        trace_context = capture_trace(self.tracing, requests[0].workflow) if requests else None
+        ids = self._call(client.start_many(requests, trace_context=trace_context))
         return [ExecutionHandle(self, eid) for eid in ids]
 
     def handle(self, execution_id: UUID | str) -> ExecutionHandle:
@@ -400,6 +417,10 @@ class _WorkerRun:
             return self._idle()
         self.worker = Worker(db, app.registry, config, max_payload_bytes=app.max_payload_bytes,
                              retention=app.retention)
+        # Tasks and handler threads the worker starts inherit these (logs and spans name it).
+        bind_worker(config.worker_id)
+        if tracing_active(app.tracing):
+            self.worker.executor.tracer = AttemptTracer(config.worker_id)
         if self.stopped:
             self.worker.stop()
         try:

@@ -39,6 +39,7 @@ from konduit.errors import (
     WorkflowVersionConflict,
 )
 from konduit.observe.alerts import AlertRecord
+from konduit.tracing import TraceContext, capture
 
 
 def coerce_execution_id(execution_id: UUID | str) -> UUID:
@@ -57,10 +58,12 @@ def coerce_execution_id(execution_id: UUID | str) -> UUID:
 class Client:
     """Everything an application does with executions, as coroutines."""
 
-    def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int = DEFAULT_MAX_BYTES,
+                 tracing: bool | None = None):
         self.db = db
         self.registry = registry
         self.max_payload_bytes = max_payload_bytes
+        self.tracing = tracing  # see konduit.tracing: None follows the tracer provider
         self._registered: set[str] = set()
 
     async def register(self, spec: WorkflowSpec) -> None:
@@ -102,6 +105,7 @@ class Client:
         version: int | None = None,
         deadline_at: datetime | None = None,
         timeout: Duration | None = None,
+        trace_context: TraceContext | None = None,
     ) -> UUID:
         """Start an execution and return its id; the same idempotency key returns the same id.
 
@@ -110,15 +114,20 @@ class Client:
         execution should finish in, which plans are checked against.
 
         One statement creates the execution, its steps and all its root tasks, however many
-        roots the workflow has."""
+        roots the workflow has. With tracing on it stores ``trace_context`` (default: the
+        current span's) with the execution: see :mod:`konduit.tracing`."""
         request = StartRequest(workflow, input, idempotency_key, version, deadline_at, timeout)
-        prepared = prepare(self.registry, request, max_bytes=self.max_payload_bytes)
+        if trace_context is None:
+            trace_context = capture(self.tracing, workflow)
+        prepared = prepare(self.registry, request, max_bytes=self.max_payload_bytes,
+                           trace=trace_context)
         await self.register(prepared.spec)
         [eid] = await self.db.atomic(lambda tx: insert_executions(tx, [prepared]))
         return eid
 
     async def start_many(
-        self, requests: Iterable[StartRequest | Mapping[str, Any]]
+        self, requests: Iterable[StartRequest | Mapping[str, Any]],
+        *, trace_context: TraceContext | None = None,
     ) -> builtins.list[UUID]:
         """Start many executions at once and return their ids in request order.
 
@@ -134,12 +143,16 @@ class Client:
         execution's id; a key repeated within the call gives every request the first one's
         execution. A key reused with a different input raises
         :class:`~konduit.IdempotencyConflict` naming the key, and nothing is started. An empty
-        list starts nothing and returns ``[]``."""
+        list starts nothing and returns ``[]``. With tracing on, every execution carries
+        ``trace_context`` (default: the current span's)."""
         checked = requests_of(requests)
+        if trace_context is None and checked:
+            trace_context = capture(self.tracing, checked[0].workflow)
         batch: builtins.list[Prepared] = []
         for i, request in enumerate(checked):
             try:
-                batch.append(prepare(self.registry, request, max_bytes=self.max_payload_bytes))
+                batch.append(prepare(self.registry, request, max_bytes=self.max_payload_bytes,
+                                     trace=trace_context))
             except KonduitError as exc:
                 raise at_request(i, exc) from exc
         if not batch:

@@ -23,6 +23,7 @@ from konduit.db.database import Tx
 from konduit.engine.deadlines import budgets
 from konduit.engine.registry import Registry, workflow_key
 from konduit.errors import IdempotencyConflict, KonduitError
+from konduit.tracing import TraceContext
 
 BATCH_ROWS = 2_000
 """Executions per statement: a bigger batch is split into statements of this many, all in one
@@ -82,9 +83,11 @@ class Prepared:
     idempotency_key: str | None
     deadline_at: datetime | None
     timeout_seconds: float | None
+    trace: TraceContext | None = None  # the caller's W3C trace context, when tracing is on
 
 
-def prepare(registry: Registry, request: StartRequest, *, max_bytes: int) -> Prepared:
+def prepare(registry: Registry, request: StartRequest, *, max_bytes: int,
+            trace: TraceContext | None = None) -> Prepared:
     """Check one request before anything is written: its timeout, workflow and input."""
     timeout_seconds = (
         None if request.timeout is None else parse_duration(request.timeout, what="timeout")
@@ -101,6 +104,7 @@ def prepare(registry: Registry, request: StartRequest, *, max_bytes: int) -> Pre
         idempotency_key=request.idempotency_key,
         deadline_at=request.deadline_at,
         timeout_seconds=timeout_seconds,
+        trace=trace,
     )
 
 
@@ -225,6 +229,7 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
             steps_pendings=[len(p.spec.steps) for p in chunk],
             deadline_ats=[p.deadline_at for p in chunk],
             timeout_seconds=[p.timeout_seconds for p in chunk],
+            **_traces(chunk),
             **template,
         )
         assert row is not None
@@ -236,6 +241,17 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
     for i, eid in zip(taken, existing, strict=True):
         ids[i] = eid
     return ids
+
+
+def _traces(chunk: list[Prepared]) -> dict[str, list[str | None] | None]:
+    """The ``traceparents``/``tracestates`` parameters: NULL arrays (nothing to send) unless
+    some start of the chunk was traced."""
+    if all(p.trace is None for p in chunk):
+        return {"traceparents": None, "tracestates": None}
+    return {
+        "traceparents": [None if p.trace is None else p.trace[0] for p in chunk],
+        "tracestates": [None if p.trace is None else p.trace[1] for p in chunk],
+    }
 
 
 async def _existing(tx: Tx, taken: list[Prepared]) -> list[UUID]:

@@ -32,6 +32,8 @@ from konduit.db.database import Database, Row, Tx
 from konduit.engine.advancer import Upstream, load_upstream
 from konduit.engine.completer import Completion, record_late_result
 from konduit.errors import NonRetryableError, PayloadError
+from konduit.logs import attempt_scope
+from konduit.tracing import AttemptTracer
 from konduit.worker.threads import HandlerThreads
 
 log = logging.getLogger("konduit.executor")
@@ -156,6 +158,8 @@ class Executor:
         self.max_payload_bytes = max_payload_bytes
         self.late_jobs: set[asyncio.Future[bool]] = set()
         self._upstreams: OrderedDict[tuple[UUID, str, int], Upstream] = OrderedDict()
+        # Set by the App when tracing is on (konduit.tracing); None costs nothing.
+        self.tracer: AttemptTracer | None = None
 
     @property
     def abandoned(self) -> int:
@@ -185,6 +189,11 @@ class Executor:
     async def context_for(self, spec: WorkflowSpec, task: Claimed, tx: Tx | None = None) -> Context:
         """The handler's context, its upstream read in ``tx`` (or a transaction of its own). A
         root step has no upstream: nothing is read, and no transaction is opened for it."""
+        if self.tracer is not None and not self.tracer.knows(task.execution_id):
+            row = await (self.db if tx is None else tx).one(
+                "execution_get_trace_context", id=task.execution_id)
+            self.tracer.remember(task.execution_id, None if row is None else row["traceparent"],
+                                 None if row is None else row["tracestate"])
         if not spec[task.step].after:
             upstream = Upstream({}, {})
         elif tx is None:
@@ -315,7 +324,21 @@ class Executor:
     ) -> Completion:
         """Run the handler under the task's deadline; never raises for anything the handler does
         (only ``CancelledError`` when the worker itself cancels the attempt). ``started`` is set
-        once the handler has been handed its context."""
+        once the handler has been handed its context.
+
+        Lines logged meanwhile carry the attempt's fields (:mod:`konduit.logs`); with tracing
+        on, the attempt is a span, current while the handler runs."""
+        with attempt_scope(task):
+            if self.tracer is None:
+                return await self._run(spec, task, ctx, started)
+            with self.tracer.attempt(spec.name, task) as span:
+                completion = await self._run(spec, task, ctx, started)
+                self.tracer.ended(span, completion)
+                return completion
+
+    async def _run(
+        self, spec: WorkflowSpec, task: Claimed, ctx: Context, started: asyncio.Event | None
+    ) -> Completion:
         step = spec[task.step]
         budget = task.deadline_remaining
         began = time.monotonic()

@@ -23,6 +23,7 @@ from konduit.engine.advancer import finish_execution
 from konduit.engine.completer import Recorded, record
 from konduit.engine.registry import Registry
 from konduit.errors import KonduitError
+from konduit.logs import attempt_scope, log_recorded
 from konduit.worker.executor import Claimed, Executor, policy_of
 
 log = logging.getLogger("konduit.maintenance")
@@ -122,7 +123,12 @@ class Maintenance:
         outcome, _ = await record(self.db, self.registry, completion,
                                     max_payload_bytes=self.executor.max_payload_bytes)
         if outcome is not Recorded.LEASE_LOST:
-            log.info("rescued task %s (%s): %s -> %s", lost.id, lost.step, error, completion.outcome)
+            # One line per reclaim, by the worker whose statement took the task; a retry or a
+            # degradation it led to is logged as such (as the task's own worker would).
+            with attempt_scope(lost):
+                log.warning("reclaimed task %s (%s): %s -> %s", lost.id, lost.step, error,
+                            completion.outcome)
+            log_recorded(lost, completion, outcome, by="reclaimed")
 
     async def sweep_deadlines(self, own: Container[int], *, limit: int = 100) -> int:
         """Start ending every task past its deadline that its own worker did not end (it died or
@@ -149,8 +155,12 @@ class Maintenance:
         outcome, _ = await record(self.db, self.registry, completion,
                                     max_payload_bytes=self.executor.max_payload_bytes)
         if outcome is Recorded.ENDED:
-            log.info("task %s (%s) ended %s by the deadline sweep", task.id, task.step,
-                     completion.outcome)
+            if completion.outcome == "degraded":
+                log_recorded(task, completion, outcome, by="deadline sweep")
+            else:
+                with attempt_scope(task):
+                    log.info("task %s (%s) ended %s by the deadline sweep", task.id, task.step,
+                             completion.outcome)
 
 
 async def end_timed_out_executions(db: Database, *, limit: int = 100) -> int:

@@ -40,6 +40,7 @@ from konduit.errors import (
     PoolExhausted,
     WorkerUnhealthy,
 )
+from konduit.logs import log_recorded
 from konduit.worker.batcher import BatcherStopped, CompletionBatcher
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
@@ -416,6 +417,7 @@ class Worker:
             # The backoff would end past the deadline by the database's clock: end it now.
             ended = await self.executor.deadline_passed(spec, task, self.contexts.get(task.key))
             outcome, advanced = await self._retrying(lambda: self._record(ended))
+            completion = ended
         if outcome is Recorded.DROPPED:
             log.info("task %s (%s): this attempt ended (%s) while its other attempt runs on; "
                      "that one decides the task", task.id, task.step, completion.outcome)
@@ -431,6 +433,7 @@ class Worker:
             )
             return
         self.completed += 1
+        log_recorded(task, completion, outcome)  # a retry or a degradation: once, by its recorder
         flow = spec[task.step].flow
         if flow is not None and flow.concurrency is not None:
             await self._notify_slot_free(task)

@@ -94,3 +94,8 @@ SET status = 'running',
     finished_at = NULL
 WHERE id = %(id)s AND status IN ('succeeded', 'failed', 'timed_out')
 RETURNING generation;
+
+-- name: execution_get_trace_context
+-- The W3C trace context an execution was started with (NULL columns when it was not traced);
+-- read by a worker that traces, once per execution it runs.
+SELECT traceparent, tracestate FROM konduit_executions WHERE id = %(id)s;

@@ -10,9 +10,12 @@ WITH request AS (
                 -- escapes the elements of an array one by one in Python.
                 string_to_array(%(inputs)s::text, E'\n'), %(input_hashes)s::text[],
                 %(idempotency_keys)s::text[], %(steps_pendings)s::int[],
-                %(deadline_ats)s::timestamptz[], %(timeout_seconds)s::float8[])
+                %(deadline_ats)s::timestamptz[], %(timeout_seconds)s::float8[],
+                -- NULL (no element) when tracing is off: unnest pads a shorter array with NULLs.
+                %(traceparents)s::text[], %(tracestates)s::text[])
          WITH ORDINALITY AS r(id, workflow_name, workflow_version, input, input_hash,
-                              idempotency_key, steps_pending, deadline_at, timeout_seconds, ord)
+                              idempotency_key, steps_pending, deadline_at, timeout_seconds,
+                              traceparent, tracestate, ord)
 ), template AS (
     -- Array literals the client builds once per workflow and reuses.
     SELECT *
@@ -28,9 +31,10 @@ WITH request AS (
 ), created AS (
     INSERT INTO konduit_executions
         (id, workflow_name, workflow_version, input, input_hash, idempotency_key, steps_pending,
-         deadline_at, timeout_at)
+         deadline_at, timeout_at, traceparent, tracestate)
     SELECT id, workflow_name, workflow_version, input::jsonb, input_hash, idempotency_key,
-           steps_pending, deadline_at, clock_timestamp() + make_interval(secs => timeout_seconds)
+           steps_pending, deadline_at, clock_timestamp() + make_interval(secs => timeout_seconds),
+           traceparent, tracestate
     FROM request
     -- Keys are taken in one order by every batch: two batches that share keys wait for each
     -- other instead of deadlocking.

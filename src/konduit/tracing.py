@@ -1,0 +1,182 @@
+"""OpenTelemetry tracing of executions, optional: ``pip install 'konduit-pg[otel]'``.
+
+Konduit imports and runs without OpenTelemetry; this module only touches it when it is
+installed and tracing is on. On means ``App(tracing=True)``, or ``App(tracing=None)`` (the
+default) once the application has set an SDK ``TracerProvider``
+(``opentelemetry.trace.set_tracer_provider``); ``App(tracing=False)`` turns it off.
+
+- :meth:`konduit.App.start` (and ``start_many``) capture the caller's current span as a W3C
+  trace context (``traceparent``/``tracestate``), stored with the execution by the start's own
+  INSERT. Without a current span a short ``konduit.start`` span is made the execution's root.
+- A worker makes that context the parent of one span per attempt (:class:`AttemptTracer`),
+  current while the handler runs, so spans the handler makes nest under its attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from konduit.errors import KonduitError
+
+if TYPE_CHECKING:
+    from konduit.engine.completer import Completion
+    from konduit.worker.executor import Claimed
+
+TraceContext = tuple[str, str | None]
+"""A W3C trace context: the ``traceparent`` header and the ``tracestate`` one (or None)."""
+
+INSTALL_HINT = "pip install 'konduit-pg[otel]'"
+TRACER_NAME = "konduit"
+
+_api: ModuleType | None = None
+_api_checked = False
+
+
+def _otel() -> ModuleType | None:
+    """``opentelemetry.trace``, or None when OpenTelemetry is not installed (looked up once)."""
+    global _api, _api_checked
+    if not _api_checked:
+        try:
+            from opentelemetry import trace
+        except ImportError:
+            trace = None  # type: ignore[assignment]
+        _api, _api_checked = trace, True
+    return _api
+
+
+def available() -> bool:
+    """Whether the OpenTelemetry API can be imported."""
+    return _otel() is not None
+
+
+def check_mode(mode: bool | None) -> bool | None:
+    """``mode`` as given to :class:`konduit.App`; ``True`` without OpenTelemetry is an error
+    that says what to install."""
+    if mode not in (True, False, None):
+        raise KonduitError(f"tracing must be True, False or None (automatic), not {mode!r}")
+    if mode is True and not available():
+        raise KonduitError(f"tracing=True needs OpenTelemetry: {INSTALL_HINT}")
+    return mode
+
+
+def active(mode: bool | None) -> bool:
+    """Whether to trace now: always with ``True``, never with ``False``; with ``None`` when the
+    application configured a tracer provider (the API's default is a no-op proxy)."""
+    if mode is False:
+        return False
+    trace = _otel()
+    if trace is None:
+        return False
+    if mode is True:
+        return True
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def _inject() -> TraceContext | None:
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    parent = carrier.get("traceparent")
+    return None if parent is None else (parent, carrier.get("tracestate"))
+
+
+def capture(mode: bool | None, workflow: str) -> TraceContext | None:
+    """The trace context a start stores with its execution: the caller's current span's, or,
+    when the caller has none, that of a ``konduit.start`` span made the execution's root (so
+    every execution is one trace). None when tracing is off."""
+    if not active(mode):
+        return None
+    trace = _otel()
+    assert trace is not None
+    if trace.get_current_span().get_span_context().is_valid:
+        return _inject()
+    tracer = trace.get_tracer(TRACER_NAME)
+    with tracer.start_as_current_span(
+        f"konduit.start {workflow}", kind=trace.SpanKind.PRODUCER,
+        attributes={"konduit.workflow": workflow},
+    ):
+        return _inject()
+
+
+class AttemptTracer:
+    """One span per attempt, child of the trace context its execution was started with.
+
+    The contexts of the executions a worker runs are kept (the last ``keep``), so the column is
+    read once per execution and worker, in the transaction that reads the task's upstream."""
+
+    def __init__(self, worker_id: str, *, keep: int = 4096):
+        trace = _otel()
+        if trace is None:
+            raise KonduitError(f"tracing needs OpenTelemetry: {INSTALL_HINT}")
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self._trace = trace
+        self._propagator = TraceContextTextMapPropagator()
+        self.worker_id = worker_id
+        self._parents: OrderedDict[UUID, Any] = OrderedDict()
+        self._keep = keep
+
+    def knows(self, execution_id: UUID) -> bool:
+        """Whether this execution's trace context was read already."""
+        if execution_id in self._parents:
+            self._parents.move_to_end(execution_id)
+            return True
+        return False
+
+    def remember(self, execution_id: UUID, traceparent: str | None, tracestate: str | None) -> None:
+        """Keep the parent context of an execution's attempts (None: a start that was not
+        traced; its attempts are then the roots of traces of their own)."""
+        parent = None
+        if traceparent:
+            carrier = {"traceparent": traceparent}
+            if tracestate:
+                carrier["tracestate"] = tracestate
+            parent = self._propagator.extract(carrier)
+        self._parents[execution_id] = parent
+        if len(self._parents) > self._keep:
+            self._parents.popitem(last=False)
+
+    @contextlib.contextmanager
+    def attempt(self, workflow: str, task: Claimed) -> Iterator[Any]:
+        """The current span for the duration of one attempt (the handler, output checks and the
+        fallback). Its status and ``konduit.outcome`` are set by :meth:`ended`."""
+        tracer = self._trace.get_tracer(TRACER_NAME)
+        attributes: dict[str, Any] = {
+            "konduit.execution_id": str(task.execution_id),
+            "konduit.workflow": workflow,
+            "konduit.step": task.step,
+            "konduit.map_index": task.map_index,
+            "konduit.attempt": task.attempt,
+            "konduit.worker": self.worker_id,
+        }
+        if task.hedged:
+            attributes["konduit.hedged"] = True
+        with tracer.start_as_current_span(
+            f"konduit.attempt {workflow}/{task.step}",
+            context=self._parents.get(task.execution_id),
+            kind=self._trace.SpanKind.CONSUMER,
+            attributes=attributes,
+            # An error is an outcome here, recorded by ended(); a CancelledError (worker stop)
+            # is recorded as it passes.
+            set_status_on_exception=True,
+        ) as span:
+            yield span
+
+    def ended(self, span: Any, completion: Completion) -> None:
+        """Record how the attempt ended: ``konduit.outcome`` (succeeded, retry, degraded,
+        timed_out, failed) and an error status for anything but a success."""
+        span.set_attribute("konduit.outcome", completion.outcome)
+        if completion.outcome == "succeeded":
+            return
+        from opentelemetry.trace import Status, StatusCode
+
+        error = (completion.error or completion.outcome).strip().splitlines()
+        span.set_status(Status(StatusCode.ERROR, error[-1] if error else completion.outcome))
+        if completion.error:
+            span.set_attribute("konduit.error", completion.error[-2000:])
