@@ -33,7 +33,7 @@ from konduit.engine.starts import StartRequest, requests_of
 from konduit.errors import WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.observe.alerts import AlertRecord
-from konduit.tracing import AttemptTracer
+from konduit.tracing import AttemptTracer, Tracing
 from konduit.tracing import active as tracing_active
 from konduit.tracing import capture as capture_trace
 from konduit.tracing import check_mode as check_tracing
@@ -79,8 +79,9 @@ class App:
 
     ``tracing``: OpenTelemetry traces, one per execution with a span per attempt, parented by
     the span that called :meth:`start` (needs ``pip install 'konduit-pg[otel]'``). ``None``
-    (the default) traces once the application set a tracer provider, ``True`` always,
-    ``False`` never; see docs/observability.md.
+    (the default) traces once the application set a global tracer provider, ``True`` always,
+    a ``TracerProvider`` always and into that provider, ``False`` never; see
+    docs/observability.md.
     """
 
     def __init__(
@@ -91,7 +92,7 @@ class App:
         pool_size: int = 10,
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
         retention: Duration | None = None,
-        tracing: bool | None = None,
+        tracing: Tracing = None,
     ):
         self.registry = Registry(workflows)
         self.tracing = check_tracing(tracing)
@@ -420,7 +421,7 @@ class _WorkerRun:
         # Tasks and handler threads the worker starts inherit these (logs and spans name it).
         bind_worker(config.worker_id)
         if tracing_active(app.tracing):
-            self.worker.executor.tracer = AttemptTracer(config.worker_id)
+            self.worker.executor.tracer = AttemptTracer(config.worker_id, app.tracing)
         if self.stopped:
             self.worker.stop()
         try:

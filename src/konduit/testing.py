@@ -148,6 +148,7 @@ def run(
         if isinstance(workflows, App):
             app.registry = workflows.registry
             app.max_payload_bytes = workflows.max_payload_bytes
+            app.tracing = workflows.tracing
         else:
             for workflow in workflows:
                 app.add(workflow)

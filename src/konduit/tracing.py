@@ -3,7 +3,8 @@
 Konduit imports and runs without OpenTelemetry; this module only touches it when it is
 installed and tracing is on. On means ``App(tracing=True)``, or ``App(tracing=None)`` (the
 default) once the application has set an SDK ``TracerProvider``
-(``opentelemetry.trace.set_tracer_provider``); ``App(tracing=False)`` turns it off.
+(``opentelemetry.trace.set_tracer_provider``), or ``App(tracing=provider)`` (spans go to that
+``TracerProvider`` instead of the global one); ``App(tracing=False)`` turns it off.
 
 - :meth:`konduit.App.start` (and ``start_many``) capture the caller's current span as a W3C
   trace context (``traceparent``/``tracestate``), stored with the execution by the start's own
@@ -26,6 +27,9 @@ from konduit.errors import KonduitError
 if TYPE_CHECKING:
     from konduit.engine.completer import Completion
     from konduit.worker.executor import Claimed
+
+Tracing = Any
+"""What ``App(tracing=...)`` takes: True, False, None (automatic) or a ``TracerProvider``."""
 
 TraceContext = tuple[str, str | None]
 """A W3C trace context: the ``traceparent`` header and the ``tracestate`` one (or None)."""
@@ -54,25 +58,40 @@ def available() -> bool:
     return _otel() is not None
 
 
-def check_mode(mode: bool | None) -> bool | None:
-    """``mode`` as given to :class:`konduit.App`; ``True`` without OpenTelemetry is an error
-    that says what to install."""
-    if mode not in (True, False, None):
-        raise KonduitError(f"tracing must be True, False or None (automatic), not {mode!r}")
-    if mode is True and not available():
-        raise KonduitError(f"tracing=True needs OpenTelemetry: {INSTALL_HINT}")
+def _is_provider(mode: Tracing) -> bool:
+    return mode not in (True, False, None) and callable(getattr(mode, "get_tracer", None))
+
+
+def check_mode(mode: Tracing) -> Tracing:
+    """``mode`` as given to :class:`konduit.App`; tracing asked for without OpenTelemetry is an
+    error that says what to install."""
+    if mode is not None and not isinstance(mode, bool) and not _is_provider(mode):
+        raise KonduitError(
+            f"tracing must be True, False, None (automatic) or an OpenTelemetry TracerProvider, "
+            f"not {type(mode).__name__}")
+    if mode is not None and mode is not False and not available():
+        raise KonduitError(f"tracing needs OpenTelemetry: {INSTALL_HINT}")
     return mode
 
 
-def active(mode: bool | None) -> bool:
-    """Whether to trace now: always with ``True``, never with ``False``; with ``None`` when the
-    application configured a tracer provider (the API's default is a no-op proxy)."""
+def _tracer(mode: Tracing) -> Any:
+    if _is_provider(mode):
+        return mode.get_tracer(TRACER_NAME)
+    trace = _otel()
+    assert trace is not None
+    return trace.get_tracer(TRACER_NAME)
+
+
+def active(mode: Tracing) -> bool:
+    """Whether to trace now: always with ``True`` or a provider, never with ``False``; with
+    ``None`` when the application configured a tracer provider (the API's default is a no-op
+    proxy)."""
     if mode is False:
         return False
     trace = _otel()
     if trace is None:
         return False
-    if mode is True:
+    if mode is not None:
         return True
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
@@ -86,7 +105,7 @@ def _inject() -> TraceContext | None:
     return None if parent is None else (parent, carrier.get("tracestate"))
 
 
-def capture(mode: bool | None, workflow: str) -> TraceContext | None:
+def capture(mode: Tracing, workflow: str) -> TraceContext | None:
     """The trace context a start stores with its execution: the caller's current span's, or,
     when the caller has none, that of a ``konduit.start`` span made the execution's root (so
     every execution is one trace). None when tracing is off."""
@@ -96,8 +115,7 @@ def capture(mode: bool | None, workflow: str) -> TraceContext | None:
     assert trace is not None
     if trace.get_current_span().get_span_context().is_valid:
         return _inject()
-    tracer = trace.get_tracer(TRACER_NAME)
-    with tracer.start_as_current_span(
+    with _tracer(mode).start_as_current_span(
         f"konduit.start {workflow}", kind=trace.SpanKind.PRODUCER,
         attributes={"konduit.workflow": workflow},
     ):
@@ -110,13 +128,14 @@ class AttemptTracer:
     The contexts of the executions a worker runs are kept (the last ``keep``), so the column is
     read once per execution and worker, in the transaction that reads the task's upstream."""
 
-    def __init__(self, worker_id: str, *, keep: int = 4096):
+    def __init__(self, worker_id: str, mode: Tracing = True, *, keep: int = 4096):
         trace = _otel()
         if trace is None:
             raise KonduitError(f"tracing needs OpenTelemetry: {INSTALL_HINT}")
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self._trace = trace
+        self._tracer = _tracer(mode)
         self._propagator = TraceContextTextMapPropagator()
         self.worker_id = worker_id
         self._parents: OrderedDict[UUID, Any] = OrderedDict()
@@ -146,7 +165,6 @@ class AttemptTracer:
     def attempt(self, workflow: str, task: Claimed) -> Iterator[Any]:
         """The current span for the duration of one attempt (the handler, output checks and the
         fallback). Its status and ``konduit.outcome`` are set by :meth:`ended`."""
-        tracer = self._trace.get_tracer(TRACER_NAME)
         attributes: dict[str, Any] = {
             "konduit.execution_id": str(task.execution_id),
             "konduit.workflow": workflow,
@@ -157,7 +175,7 @@ class AttemptTracer:
         }
         if task.hedged:
             attributes["konduit.hedged"] = True
-        with tracer.start_as_current_span(
+        with self._tracer.start_as_current_span(
             f"konduit.attempt {workflow}/{task.step}",
             context=self._parents.get(task.execution_id),
             kind=self._trace.SpanKind.CONSUMER,

@@ -39,7 +39,7 @@ from konduit.errors import (
     WorkflowVersionConflict,
 )
 from konduit.observe.alerts import AlertRecord
-from konduit.tracing import TraceContext, capture
+from konduit.tracing import TraceContext, Tracing, capture
 
 
 def coerce_execution_id(execution_id: UUID | str) -> UUID:
@@ -59,7 +59,7 @@ class Client:
     """Everything an application does with executions, as coroutines."""
 
     def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int = DEFAULT_MAX_BYTES,
-                 tracing: bool | None = None):
+                 tracing: Tracing = None):
         self.db = db
         self.registry = registry
         self.max_payload_bytes = max_payload_bytes
