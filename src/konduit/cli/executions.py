@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from typing import Annotated
+from uuid import UUID
 
 import typer
 from rich import box
@@ -21,6 +22,7 @@ from konduit.cli.common import (
     last_line,
     load_app,
     offset,
+    one_line,
     opened,
     parse_json,
     plain_app,
@@ -30,7 +32,7 @@ from konduit.cli.common import (
     styled,
 )
 from konduit.db.database import Row
-from konduit.errors import CliError
+from konduit.engine.client import coerce_execution_id
 
 
 def start(
@@ -48,7 +50,11 @@ def start(
     timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Start an execution and print its id (with --wait: then its output)."""
+    """Start an execution and print its id (with --wait: then its output).
+
+    Exit codes with --wait: 0 it succeeded, 1 it failed, timed out or was cancelled (or any
+    error), 2 a bad command line, 124 --timeout passed while it still runs (it goes on).
+    """
     payload = parse_json(input, "--input")
     with opened(load_app(app_spec, reachable(database_url))) as app:
         handle = app.start(workflow, payload, idempotency_key=idempotency_key, version=version)
@@ -56,12 +62,32 @@ def start(
         if not wait:
             return
         began = time.monotonic()
-        try:
-            result = handle.wait(timeout=timeout)
-        except TimeoutError as exc:
-            raise CliError(str(exc)) from None
+        result = _wait(app, handle.id, timeout)
         err_console.print(f"{styled(result.status)} after {time.monotonic() - began:.2f} s")
+        if result.status != "succeeded":
+            if result.error:
+                err_console.print(f"[red]error:[/red] {escape(last_line(result.error))}",
+                                  soft_wrap=True)
+            raise typer.Exit(EXIT_FAILED)
         console.print(dump_json(result.output), markup=False)
+
+
+EXIT_FAILED = 1
+"""``--wait``: the execution failed, timed out or was cancelled (as for any error)."""
+EXIT_WAIT_TIMEOUT = 124
+"""``--wait``: ``--timeout`` passed while the execution still runs (as ``timeout(1)`` exits)."""
+
+
+def _wait(app: konduit.App, execution_id: UUID, timeout: float | None) -> konduit.ExecutionResult:
+    """The finished execution's result, failed or not; exits 124 when ``timeout`` passes first
+    (one red line: the execution goes on)."""
+    try:
+        return app.wait(execution_id, timeout)
+    except konduit.ExecutionFailed as exc:
+        return exc.result
+    except TimeoutError as exc:
+        err_console.print(f"[red]error:[/red] {escape(one_line(str(exc)))}", soft_wrap=True)
+        raise typer.Exit(EXIT_WAIT_TIMEOUT) from None
 
 
 def step_table(steps: list[Row], tasks: list[Row], origin: datetime | None) -> Table:
@@ -160,11 +186,20 @@ def list_executions(
     status: Annotated[str | None, typer.Option(help="Only executions with this status.")] = None,
     workflow: Annotated[str | None, typer.Option(help="Only executions of this workflow.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the executions as JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """List recent executions, newest first."""
     with opened(plain_app(database_url)) as app:
         results = app.list(status=status, workflow=workflow, limit=limit)
+    if as_json:
+        print(dump_json([{
+            "id": r.id, "workflow": r.workflow, "version": r.version, "status": r.status,
+            "error": r.error, "created_at": r.created_at, "finished_at": r.finished_at,
+            "took_seconds": (None if (took := between(r.created_at, r.finished_at)) is None
+                             else took.total_seconds()),
+        } for r in results]))
+        return
     if not results:
         console.print("no executions")
         return
@@ -215,17 +250,15 @@ def repair(
     """Re-run the degraded or failed branches of a finished execution and what depends on them.
 
     When it finishes, its output becomes a new version that replaces the degraded one; earlier
-    versions stay visible (``status`` lists them). Workers of APP do the re-running.
+    versions stay visible (``status`` lists them). Workers of APP do the re-running. Exit codes
+    with --wait as for ``start --wait``: 0, 1 (not succeeded), 124 (--timeout passed).
     """
     with opened(load_app(app_spec, database_url)) as app:
         rerun = app.repair(execution_id)
         console.print(f"re-running {', '.join(rerun)} of {execution_id}")
         if not wait:
             return
-        try:
-            result = app.wait(execution_id, timeout)
-        except konduit.ExecutionFailed as exc:
-            result = exc.result
+        result = _wait(app, coerce_execution_id(execution_id), timeout)
         versions = app.outputs(execution_id)
     console.print(f"execution {execution_id}: {styled(result.status)}")
     for version in versions:
@@ -233,16 +266,20 @@ def repair(
         console.print(f"  output v{version['version']} ({version['status']}, {degraded}): "
                       f"{dump_json(version['output'])}", soft_wrap=True)
     if result.status != "succeeded":
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def dead_letters(
     limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the dead letters as JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """List dead-lettered tasks: retries exhausted or a non-retryable error."""
     with opened(plain_app(database_url)) as app:
         rows = app.dead_letters(limit)
+    if as_json:
+        print(dump_json(rows))
+        return
     if not rows:
         console.print("no dead letters")
         return

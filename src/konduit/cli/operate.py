@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import konduit
+from konduit import logs
 from konduit.cli.common import (
     DatabaseUrl,
     console,
@@ -77,12 +78,28 @@ def worker(
         min=0, help="Seconds between evaluations of the alert rules; 0 turns them off in this "
         "worker (default: $KONDUIT_ALERT_INTERVAL or 5).", show_default=False)] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_format: Annotated[str, typer.Option(
+        "--log-format", envvar="KONDUIT_LOG_FORMAT",
+        help="'text' or 'json': one JSON object per line on stderr with time, level, logger, "
+        "message, worker, and execution_id, step, map_index, attempt on lines logged inside "
+        "an attempt ($KONDUIT_LOG_FORMAT).")] = "text",
     database_url: DatabaseUrl = None,
 ) -> None:
     """Run a worker for the workflows of APP until SIGINT/SIGTERM (a graceful stop). A database
     that is down at start is waited for, so a worker started during an outage comes up with it."""
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    try:
+        logs.configure(log_level, log_format.lower())
+    except ValueError as exc:
+        raise CliError(f"--log-format: {exc}") from None
+    # In JSON the stderr stream is all log lines: the banners go through the log too.
+    as_json = log_format.lower() == "json"
+
+    def say(text: str) -> None:
+        if as_json:
+            logging.getLogger("konduit.worker").info("%s", text)
+        else:
+            err_console.print(escape(text), soft_wrap=True)
+
     app = load_app(app_spec, database_url)
     names = sorted({spec.name for spec in app.registry})
     if not names:
@@ -104,11 +121,8 @@ def worker(
     queues = tuple(queue or ("default",))
     url = database_url or os.environ.get("KONDUIT_DATABASE_URL")
     where = describe_url(url) if url else "the App's database (embedded server by default)"
-    err_console.print(
-        f"konduit worker: {', '.join(names)} on {where}, "
-        f"queues {', '.join(queues)}, concurrency {concurrency} (Ctrl-C stops gracefully)",
-        soft_wrap=True,
-    )
+    say(f"konduit worker: {', '.join(names)} on {where}, "
+        f"queues {', '.join(queues)}, concurrency {concurrency} (Ctrl-C stops gracefully)")
     with opened(app):
         try:
             done = app.run_worker(concurrency, queues=queues, connect_wait=connect_wait,
@@ -118,11 +132,14 @@ def worker(
         except konduit.WorkerUnhealthy as exc:
             # Threads that ignored their deadline still run and cannot be stopped: exit now,
             # non-zero, so the supervisor starts a fresh process.
-            err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+            if as_json:
+                logging.getLogger("konduit.worker").error("%s", exc)
+            else:
+                err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(3)
-    err_console.print(f"worker stopped after {done.completed} task(s)")
+    say(f"worker stopped after {done.completed} task(s)")
     # Tasks still running at the end of the grace period were released to other workers, but a
     # sync handler's thread cannot be interrupted, and the interpreter would join it at exit:
     # leave now, so a stop takes the grace period and no longer (their results are fenced off).
