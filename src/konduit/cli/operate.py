@@ -27,6 +27,7 @@ from konduit.cli.common import (
 )
 from konduit.db.migrate import latest_version
 from konduit.errors import CliError
+from konduit.worker.config import new_worker_id
 
 
 def db_migrate(database_url: DatabaseUrl = None) -> None:
@@ -90,7 +91,7 @@ def worker(
     try:
         logs.configure(log_level, log_format.lower())
     except ValueError as exc:
-        raise CliError(f"--log-format: {exc}") from None
+        raise CliError(f"--log-format/--log-level: {exc}") from None
     # In JSON the stderr stream is all log lines: the banners go through the log too.
     as_json = log_format.lower() == "json"
 
@@ -118,6 +119,9 @@ def worker(
         }.items()
         if value is not None
     }
+    # Chosen here so that the lines logged before the worker runs carry it too.
+    options["worker_id"] = logs_worker = new_worker_id()
+    logs.bind_worker(logs_worker)
     queues = tuple(queue or ("default",))
     url = database_url or os.environ.get("KONDUIT_DATABASE_URL")
     where = describe_url(url) if url else "the App's database (embedded server by default)"

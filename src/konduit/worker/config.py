@@ -56,9 +56,7 @@ class WorkerConfig:
     """The fan-in-wait rule: a join waiting longer than this (seconds) ..."""
     alert_fan_in_consecutive: int = 2
     """... in each of its last this many executions raises a ``fan_in_wait`` alert."""
-    worker_id: str = field(
-        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    )
+    worker_id: str = field(default_factory=lambda: new_worker_id())
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -76,3 +74,8 @@ class WorkerConfig:
                              "alert_fan_in_consecutive >= 1")
         if self.heartbeat_interval >= self.lease_seconds:
             raise ValueError("heartbeat_interval must be shorter than lease_seconds")
+
+
+def new_worker_id() -> str:
+    """A worker's id: host, pid and a random suffix (a pid is reused across restarts)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
