@@ -166,6 +166,30 @@ def test_tracing_off_stores_nothing_and_emits_nothing(make_app, worker, spans, d
     assert rows == [(None, None)] * 3
 
 
+def test_an_untraced_start_is_still_one_trace(make_app, worker, spans) -> None:
+    """Started where tracing was off (or by a schedule): the attempts share one trace, whose id
+    is the execution's."""
+    provider, exporter = spans
+    wf = konduit.Workflow("untraced", version=1)
+
+    @wf.step()
+    def first(ctx):  # type: ignore[no-untyped-def]
+        return 1
+
+    @wf.step(after=[first])
+    def second(ctx):  # type: ignore[no-untyped-def]
+        return 2
+
+    starter = make_app(wf, tracing=False)
+    handle = starter.start("untraced")
+    with worker(make_app(wf, tracing=provider)):
+        handle.wait(timeout=60)
+    attempts = _attempts(exporter)
+    assert sorted(s.attributes["konduit.step"] for s in attempts) == ["first", "second"]  # type: ignore[type-var]
+    assert {s.context.trace_id for s in attempts} == {handle.id.int}
+    assert len({s.parent.span_id for s in attempts if s.parent is not None}) == 1
+
+
 def test_start_many_carries_the_callers_context(make_app, spans, db_url: str) -> None:
     provider, _ = spans
     wf = konduit.Workflow("many", version=1)

@@ -77,16 +77,18 @@ def log_recorded(task: Claimed, completion: Completion, outcome: Recorded, *,
                  by: str | None = None) -> None:
     """Log a retry or a degradation once, by the worker that recorded it (after the record, so
     an attempt whose lease was lost, or whose hedge decided the task, logs neither)."""
-    from konduit.engine.completer import Recorded
-
+    # Compared by value: called for every recorded outcome, most of which log nothing.
+    retrying = outcome.value == "retrying"
+    if not retrying and not (outcome.value == "ended" and completion.outcome == "degraded"):
+        return
     why = (completion.error or "").strip().splitlines()
     reason = why[-1] if why else "no error recorded"
     suffix = f" ({by})" if by else ""
     with attempt_scope(task):
-        if outcome is Recorded.RETRYING:
-            log.warning("task %s (%s) attempt %s failed; retrying in %.1f s%s: %s", task.id,
+        if retrying:  # routine: what the retry policy is for
+            log.info("task %s (%s) attempt %s failed; retrying in %.1f s%s: %s", task.id,
                         task.step, task.attempt, completion.retry_delay or 0.0, suffix, reason)
-        elif outcome is Recorded.ENDED and completion.outcome == "degraded":
+        else:
             log.warning("task %s (%s) degraded to its fallback%s: %s", task.id, task.step,
                         suffix, reason)
 

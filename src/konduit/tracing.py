@@ -149,14 +149,21 @@ class AttemptTracer:
         return False
 
     def remember(self, execution_id: UUID, traceparent: str | None, tracestate: str | None) -> None:
-        """Keep the parent context of an execution's attempts (None: a start that was not
-        traced; its attempts are then the roots of traces of their own)."""
-        parent = None
+        """Keep the parent context of an execution's attempts. A start that was not traced
+        (tracing off in its process, a schedule's tick, a repair of an old execution) gets one
+        made of its id: the trace id is the execution id's 128 bits, so its attempts are still
+        one trace, under a parent span that nobody exported."""
         if traceparent:
             carrier = {"traceparent": traceparent}
             if tracestate:
                 carrier["tracestate"] = tracestate
             parent = self._propagator.extract(carrier)
+        else:
+            trace = self._trace
+            made = trace.SpanContext(
+                trace_id=execution_id.int, span_id=(execution_id.int & (2**64 - 1)) or 1,
+                is_remote=True, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+            parent = trace.set_span_in_context(trace.NonRecordingSpan(made))
         self._parents[execution_id] = parent
         if len(self._parents) > self._keep:
             self._parents.popitem(last=False)
