@@ -232,3 +232,21 @@ def test_konduit_runs_without_opentelemetry() -> None:
 def test_a_bad_tracing_argument_is_named() -> None:
     with pytest.raises(konduit.KonduitError, match="tracing must be"):
         konduit.App([], tracing="yes")
+
+
+def test_konduit_testing_run_keeps_the_apps_tracing(spans, admin_url: str) -> None:
+    import konduit.testing
+
+    provider, exporter = spans
+    wf = konduit.Workflow("in-tests", version=1)
+
+    @wf.step()
+    def only(ctx):  # type: ignore[no-untyped-def]
+        return 1
+
+    with konduit.testing.run(konduit.App([wf], tracing=provider), admin_url) as app, \
+            provider.get_tracer("test").start_as_current_span("test") as test_span:
+        app.start("in-tests").wait(timeout=60)
+    [attempt] = _attempts(exporter)
+    assert attempt.parent is not None
+    assert attempt.parent.span_id == test_span.get_span_context().span_id
