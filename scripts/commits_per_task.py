@@ -45,6 +45,35 @@ def commits(admin: str, name: str) -> int:
     raise RuntimeError("xact_commit never settled")
 
 
+def server_cpu_seconds() -> float | None:
+    """CPU time of the embedded server: its postmaster's reaped children plus the live ones.
+    None when the server is not the embedded one of this KONDUIT_HOME."""
+    from konduit.db.embedded import data_directory
+
+    try:
+        with open(os.path.join(data_directory(), "postmaster.pid")) as f:
+            postmaster = int(f.readline())
+    except (OSError, ValueError, ImportError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def fields(pid: int) -> list[str]:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()
+
+    own = fields(postmaster)
+    total = sum(int(x) for x in own[11:15])  # utime stime cutime cstime
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = fields(int(entry))
+            except OSError:
+                continue
+            if int(stat[1]) == postmaster:  # ppid
+                total += int(stat[11]) + int(stat[12])
+    return total / tick
+
+
 def main() -> None:
     from konduit.db.database import Database
     from konduit.db.embedded import server_url, with_database
@@ -75,6 +104,7 @@ def main() -> None:
     start_seconds = time.perf_counter() - began
     app.close()
     before = commits(admin, name)
+    server_before = server_cpu_seconds()
     worker = subprocess.Popen(
         [sys.executable, "-m", "konduit.cli", "worker", f"{APP}:app", "-c", str(CONCURRENCY),
          "--poll-interval", "0.1", "--log-level", os.environ.get("MEASURE_LOG", "WARNING")],
@@ -109,10 +139,14 @@ def main() -> None:
             "SELECT count(*) FROM konduit_executions WHERE status = 'succeeded'").fetchone()
     extra = 1  # the connection above
     after = commits(admin, name)
+    server_after = server_cpu_seconds()
     branch_tasks, tasks, branch_span, span, bad = row
     delta = after - before - polls - extra
     print(json.dumps({
         "worker_cpu_ms_per_task": round(1000 * worker_cpu / max(1, tasks), 3),
+        # Every process of the embedded server (backends, WAL writer, checkpointer) in the run.
+        "server_cpu_ms_per_task": None if server_before is None or server_after is None
+        else round(1000 * (server_after - server_before) / max(1, tasks), 3),
         "executions": EXECUTIONS, "width": WIDTH, "concurrency": CONCURRENCY,
         "succeeded_executions": ok, "tasks": tasks, "not_succeeded_tasks": bad,
         "commits": delta, "commits_per_task": round(delta / tasks, 3),
