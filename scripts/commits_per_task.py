@@ -105,8 +105,10 @@ def main() -> None:
     app.close()
     before = commits(admin, name)
     server_before = server_cpu_seconds()
+    # MEASURE_PROFILE=SCRIPT: the worker runs as `python SCRIPT worker ...` (a profiling wrapper).
+    profile = os.environ.get("MEASURE_PROFILE")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", f"{APP}:app", "-c", str(CONCURRENCY),
+        [sys.executable, *([profile] if profile else ["-m", "konduit.cli"]), "worker", f"{APP}:app", "-c", str(CONCURRENCY),
          "--poll-interval", "0.1", "--log-level", os.environ.get("MEASURE_LOG", "WARNING")],
         env=env, cwd=HERE)
     polls = 0
