@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -23,6 +24,7 @@ from selenium.webdriver.common.by import By
 import konduit
 from konduit.db.queries import q
 from konduit.web import create_app, database_client
+from konduit.web.summaries import BadCursor, decode_cursor, encode_cursor, map_summaries, rerun_steps
 from tests.browser_support import css, eventually, screenshot, serving
 from tests.conftest import running_worker
 
@@ -128,6 +130,26 @@ def no_alert(driver: WebDriver) -> bool:
     return False
 
 
+def test_cursors_map_summaries_and_the_repair_plan_shown() -> None:
+    at = datetime(2026, 12, 1, 5, 0, 0, 123456, tzinfo=UTC)
+    assert decode_cursor(encode_cursor(at, 42)) == (at, "42")
+    for bad in ("not-a-cursor", encode_cursor(at, "")[:-4], "", "%%%"):
+        with pytest.raises(BadCursor, match="start again from the first page"):
+            decode_cursor(bad)
+    row = {"step": "square", "tasks": 3, "tries": 4, "ready": 0, "running": 1, "succeeded": 1,
+           "degraded": 0, "failed": 1, "timed_out": 0, "cancelled": 0, "skipped": 0,
+           "first_started_at": at, "last_finished_at": at, "p50": 0.5, "p95": 0.9, "longest": 1.0}
+    summaries = map_summaries([row | {"generation": 1, "failed": 3, "running": 0, "succeeded": 0},
+                               row | {"generation": 2}])
+    square = summaries["square"]
+    assert square.generation == 2 and square.counts == {"running": 1, "succeeded": 1, "failed": 1}
+    assert square.finished == 2 and square.to_json()["max"] == 1.0
+    spec = [{"name": "a", "after": []}, {"name": "b", "after": ["a"]}, {"name": "c", "after": ["a"]},
+            {"name": "d", "after": ["b", "c"]}]
+    assert rerun_steps(spec, {"a": "succeeded", "b": "degraded", "c": "succeeded"}) == ["b", "d"]
+    assert rerun_steps(spec, {s["name"]: "succeeded" for s in spec}) == []
+
+
 @pytest.mark.storage
 def test_live_states_cancel_and_workers(make_app: Callable[..., konduit.App], db_url: str,
                                         browser: WebDriver, tmp_path: Path) -> None:
@@ -168,8 +190,10 @@ def test_live_states_cancel_and_workers(make_app: Callable[..., konduit.App], db
             browser.find_element(By.LINK_TEXT, "Workers").click()
             eventually(browser, lambda d: d.current_url == f"{base}/workers")
             eventually(browser, lambda d: len(css(d, "#workers tr[data-state='alive']")) == 1)
+            # Slots in use come with the worker's heartbeat, every few seconds: updated live.
+            eventually(browser, lambda d: d.find_element(
+                By.CSS_SELECTOR, "#workers tr[data-state='alive'] .slots").text == "1/8")
             [alive] = css(browser, "#workers tr[data-state='alive']")
-            assert alive.find_element(By.CSS_SELECTOR, ".slots").text == "1/8"
             alive.find_element(By.TAG_NAME, "summary").click()
             assert "gated" in alive.find_element(By.CSS_SELECTOR, "ul.attempts").text
             [ghost] = css(browser, "#workers tr[data-worker='ghost-worker']")

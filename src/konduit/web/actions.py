@@ -53,7 +53,13 @@ def register(web: FastAPI, site: Site) -> None:
         result = await client.get(execution_id)
         if (await form_fields(request)).get("confirm") != "yes":
             return RedirectResponse(f"/executions/{result.id}/cancel", status_code=303)
-        if await client.cancel(result.id, reason="cancelled from the dashboard"):
+        try:
+            done = await client.cancel(result.id, reason="cancelled from the dashboard")
+        except (ExecutionNotFound, DatabaseUnavailable):
+            raise
+        except KonduitError as exc:  # a read-only replica, say: said on the page, not a 500
+            return back_to(result.id, error=f"not cancelled: {exc}")
+        if done:
             return back_to(result.id, flash="cancelled: no further step of it will run")
         now = await client.get(result.id)
         return back_to(result.id, error=f"not cancelled: it had already ended ({now.status})")

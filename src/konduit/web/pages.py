@@ -95,7 +95,8 @@ def register(web: FastAPI, site: Site) -> None:
         return site.page(request, "executions.html", rows=rows, workflows=names, status=status,
                          workflow=workflow, statuses=views.FINISHED | {"pending", "running"},
                          strip=await load_strip(client), next_page=following,
-                         first_page=first if cursor else None, poll_ms=POLL_MS)
+                         first_page=first if cursor else None, live="/executions.json",
+                         poll_ms=POLL_MS)
 
     @web.get("/executions.json")
     async def executions_live(id: list[str] = Query(default=[])) -> Response:  # noqa: B008
