@@ -14,13 +14,13 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
@@ -46,6 +46,29 @@ def screenshot(driver: WebDriver, name: str) -> Path:
     assert driver.save_screenshot(str(path)), f"no screenshot of {name}"
     assert path.read_bytes()[:8] == PNG and path.stat().st_size > 5_000, path
     return path
+
+
+STRICT_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
+              "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+
+
+def strict_csp(web: FastAPI) -> FastAPI:
+    """Serve ``web``'s pages under a Content-Security-Policy without inline script or style, as
+    the security layer does, so a test proves the pages still work under it."""
+
+    @web.middleware("http")
+    async def csp(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        response.headers.setdefault("Content-Security-Policy", STRICT_CSP)
+        return response
+
+    return web
+
+
+def csp_violations(driver: WebDriver) -> list[str]:
+    """What the browser's console said about blocked content since the last call."""
+    return [e["message"] for e in driver.get_log("browser")
+            if "Content Security Policy" in e["message"] or "Refused to" in e["message"]]
 
 
 @contextmanager
@@ -81,6 +104,7 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--no-first-run", "--window-size=1280,1500", f"--user-data-dir={tmp_path / 'profile'}"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # for csp_violations
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
     try:

@@ -9,6 +9,7 @@ driven by headless Chromium. Every page visited is kept as a screenshot (tests/b
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -25,7 +26,7 @@ import konduit
 from konduit.db.queries import q
 from konduit.web import create_app, database_client
 from konduit.web.summaries import BadCursor, decode_cursor, encode_cursor, map_summaries, rerun_steps
-from tests.browser_support import css, eventually, screenshot, serving
+from tests.browser_support import csp_violations, css, eventually, screenshot, serving, strict_csp
 from tests.conftest import running_worker
 
 XSS = "<img src=x onerror=alert(1)> </script><script>alert(2)</script>"
@@ -150,6 +151,18 @@ def test_cursors_map_summaries_and_the_repair_plan_shown() -> None:
     assert rerun_steps(spec, {s["name"]: "succeeded" for s in spec}) == []
 
 
+def test_every_form_carries_the_csrf_token_and_no_page_inline_script_or_style() -> None:
+    templates = Path(konduit.__file__).parent / "web" / "templates"
+    for path in templates.glob("*.html"):
+        text = path.read_text()
+        forms = re.findall(r"<form\b.*?</form>", text, re.S)
+        for form in forms:
+            assert 'name="csrf_token" value="{{ csrf_token|default(\'\') }}"' in form, path.name
+        assert not re.search(r"<script(?![^>]*\bsrc=)", text), f"{path.name}: inline script"
+        assert not re.search(r"\son[a-z]+\s*=", text), f"{path.name}: inline event handler"
+        assert "style=" not in text and "<style" not in text, f"{path.name}: inline style"
+
+
 @pytest.mark.storage
 def test_live_states_cancel_and_workers(make_app: Callable[..., konduit.App], db_url: str,
                                         browser: WebDriver, tmp_path: Path) -> None:
@@ -166,7 +179,7 @@ def test_live_states_cancel_and_workers(make_app: Callable[..., konduit.App], db
         conn.execute(q("worker_heartbeat"), {"id": "ghost-worker", "running": 1, "abandoned": 2})
     try:
         with running_worker(app, poll_interval=0.05), \
-                serving(create_app(database_client(db_url, app), app)) as base:
+                serving(strict_csp(create_app(database_client(db_url, app), app))) as base:
             queued = waiting.start("ops-unserved")
             handle = app.start("ops-gate", input={"episode": 42, "title": "<b>bold</b>"})
 
@@ -235,6 +248,7 @@ def test_live_states_cancel_and_workers(make_app: Callable[..., konduit.App], db
             assert app.status(handle.id).status == "cancelled"
             assert not css(browser, "#cancel")  # nothing left to cancel
             screenshot(browser, "ops-execution-cancelled")
+            assert csp_violations(browser) == []  # live.js and the styles run under the CSP
             GATE.set()  # the cancelled handler's thread may end now
             waiting.cancel(queued.id)
     finally:
@@ -248,7 +262,7 @@ def test_maps_tracebacks_repair_and_paging(make_app: Callable[..., konduit.App],
     HEALED.clear()
     app = make_app(mapped(), hostile(), repairable())
     with running_worker(app, poll_interval=0.05), \
-            serving(create_app(database_client(db_url, app), app)) as base:
+            serving(strict_csp(create_app(database_client(db_url, app), app))) as base:
         big = app.start("ops-map")
         bad = [app.start("ops-xss", idempotency_key=f"xss-{i}") for i in range(2)]
         fixable = app.start("ops-repair")
@@ -333,6 +347,7 @@ def test_maps_tracebacks_repair_and_paging(make_app: Callable[..., konduit.App],
         for path, name in (("/alerts", "alerts"), ("/stats", "stats")):
             browser.get(base + path)
             screenshot(browser, f"ops-{name}")
+        assert csp_violations(browser) == []
 
 
 @pytest.mark.storage
