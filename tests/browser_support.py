@@ -22,7 +22,11 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
@@ -118,6 +122,14 @@ def css(driver: WebDriver | WebElement, selector: str) -> list[WebElement]:
 
 
 def eventually(driver: WebDriver, check: Callable[[WebDriver], object], timeout: float = 20) -> None:
-    """Wait for ``check`` across the page's own updates."""
-    WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=(
-        StaleElementReferenceException, NoSuchElementException)).until(check)
+    """Wait for ``check`` across the page's own updates; on a timeout, say what the page and its
+    console said."""
+    try:
+        WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=(
+            StaleElementReferenceException, NoSuchElementException)).until(check)
+    except TimeoutException:
+        console = [e["message"] for e in driver.get_log("browser")]
+        main = driver.execute_script(
+            "var m = document.querySelector('main'); return m ? m.outerHTML.slice(0, 200) : null;")
+        raise AssertionError(f"timed out after {timeout} s on {driver.current_url}: console "
+                             f"{console}, main {main}") from None

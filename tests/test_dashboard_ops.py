@@ -250,7 +250,18 @@ def test_live_states_cancel_and_workers(make_app: Callable[..., konduit.App], db
             screenshot(browser, "ops-execution-cancelled")
             assert csp_violations(browser) == []  # live.js and the styles run under the CSP
             GATE.set()  # the cancelled handler's thread may end now
-            waiting.cancel(queued.id)
+
+            # The executions list updates its rows and the queue strip in place too.
+            browser.get(base + "/")
+            browser.execute_script("window.__konduitMarker = 'list';")
+            assert waiting.cancel(queued.id)
+            eventually(browser, lambda d: d.find_element(
+                By.CSS_SELECTOR, f"#executions tr[data-id='{queued.id}'] .badge.status").text
+                == "cancelled")
+            eventually(browser, lambda d: not css(d, "#queues tr[data-workflow='ops-unserved']")
+                       and d.find_element(By.ID, "queues-empty").is_displayed())
+            assert browser.find_element(By.ID, "strip-running").text == "0"
+            assert browser.execute_script("return window.__konduitMarker") == "list"
     finally:
         FIRST_GO.set()
         GATE.set()

@@ -23,7 +23,9 @@
   function setBadge(el, status) {
     if (!el || el.getAttribute("data-status") === status && el.textContent === status) { return; }
     el.textContent = status;
-    el.className = "badge s-" + status;
+    // Only the status class changes: the badge keeps any other class it has (.status, ...).
+    el.className = /\bs-[a-z_]+/.test(el.className) ?
+      el.className.replace(/\bs-[a-z_]+/, "s-" + status) : el.className + " s-" + status;
     el.setAttribute("data-status", status);
   }
 
