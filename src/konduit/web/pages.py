@@ -76,7 +76,8 @@ def register(web: FastAPI, site: Site) -> None:
                                     before_id=before_id, limit=limit + 1)
         more, found = len(found) > limit, found[:limit]
         results = [result_of(r) for r in found]
-        marks = await client.db.all("step_list_unended_for_executions", ids=[r.id for r in results])
+        marks = await client.db.all("step_list_degraded_or_failed_for_executions",
+                                    ids=[r.id for r in results])
         by_execution: dict[str, list[Row]] = {}
         for m in marks:
             by_execution.setdefault(str(m["execution_id"]), []).append(m)

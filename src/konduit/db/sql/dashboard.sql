@@ -12,7 +12,7 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
--- name: step_list_unended_for_executions
+-- name: step_list_degraded_or_failed_for_executions
 -- The degraded and failed steps of a page of executions, for the marks on the executions list.
 SELECT execution_id, step, status
 FROM konduit_steps
