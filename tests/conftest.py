@@ -24,6 +24,8 @@ from konduit.db.database import Database
 from konduit.db.embedded import server_url, with_database
 from konduit.db.migrate import migrate
 
+pytest_plugins = ["tests.browser_support"]  # the browser fixture of the dashboard tests
+
 _counter = itertools.count()
 
 

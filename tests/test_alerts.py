@@ -38,9 +38,9 @@ from konduit.observe.metrics import metric_families, serve
 from konduit.observe.stats import Stats
 from konduit.web import create_app, database_client
 from tests import alerts_app
+from tests.browser_support import serving
 from tests.conftest import running_worker
 from tests.test_cli import assert_clean_error, konduit_cli
-from tests.test_dashboard import serving
 from tests.test_metrics import scrape, value
 
 pytestmark = [pytest.mark.storage]

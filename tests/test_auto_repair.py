@@ -40,9 +40,9 @@ from konduit.db.connect import open_database
 from konduit.engine.auto_repair import AutoRepairer
 from konduit.engine.registry import Registry
 from konduit.web import create_app, database_client
+from tests.browser_support import serving
 from tests.conftest import running_worker
 from tests.test_cli import konduit_cli
-from tests.test_dashboard import serving
 
 ROOT = Path(__file__).resolve().parent.parent
 HEALED = threading.Event()  # the resize service answers once set

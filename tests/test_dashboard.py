@@ -10,12 +10,9 @@ executions list, the DAG and the Gantt timeline of an execution, repair from the
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,22 +20,15 @@ from uuid import uuid4
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI
-from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support.ui import WebDriverWait
 
 import konduit
 from konduit.web import create_app, database_client
 from konduit.web.views import dag_layout, depths, gantt
+from tests.browser_support import css, eventually, screenshot, serving
 from tests.conftest import running_worker
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/none"
 DEGRADED_FILL = "rgb(240, 180, 41)"  # .s-degraded in the base template
 HEALED = threading.Event()  # the flaky branch fails until this is set
@@ -127,56 +117,6 @@ def test_layout_columns_by_depth_and_a_waiting_join_band() -> None:
     assert chart.span == 4 and chart.ticks[0][1] == "0s"
 
 
-@contextmanager
-def serving(web: FastAPI) -> Iterator[str]:
-    """Serve ``web`` with uvicorn on a thread, on a free port; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(web, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    began = time.monotonic()
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() - began < 10, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
-    if missing:
-        pytest.skip(f"no browser to drive: {', '.join(missing)} missing "
-                    "(apt-get install chromium chromium-driver)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", "--window-size=1280,1500", f"--user-data-dir={tmp_path / 'profile'}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def css(driver: WebDriver, selector: str) -> list[WebElement]:
-    return driver.find_elements(By.CSS_SELECTOR, selector)
-
-
-def eventually(driver: WebDriver, check: Callable[[WebDriver], object], timeout: float = 20) -> None:
-    """Wait for ``check`` across the page's own auto-refreshes."""
-    WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=(
-        StaleElementReferenceException, NoSuchElementException)).until(check)
-
-
 @pytest.mark.storage
 def test_the_dashboard_in_a_browser(make_app: Callable[..., konduit.App], db_url: str,
                                     browser: WebDriver, tmp_path: Path) -> None:
@@ -220,17 +160,19 @@ def test_the_dashboard_in_a_browser(make_app: Callable[..., konduit.App], db_url
         assert float(band.get_attribute("data-wait") or 0) >= 0.3  # quick/brisk ended, slow ran on
         join_row = browser.find_element(By.CSS_SELECTOR, "#steps tr[data-step='join']").text
         assert "slow" in join_row
-        shot = tmp_path / "execution.png"
-        assert browser.save_screenshot(str(shot))
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+        screenshot(browser, "dashboard-execution-degraded")
 
-        # Dead letters: the failed task with its error; Repair re-runs it.
+        # Dead letters: the failed task with its error; Repair, once confirmed, re-runs it.
         browser.get(base + "/dead-letters")
         [row] = css(browser, f"#dead-letters tr[data-execution='{dead.id}']")
         assert "flaky" in row.text and "RuntimeError: image service exploded" in row.text
+        screenshot(browser, "dashboard-dead-letters")
         HEALED.set()
-        row.find_element(By.CSS_SELECTOR, "button.repair").click()
-        eventually(browser, lambda d: d.current_url.startswith(f"{base}/executions/{dead.id}"))
+        row.find_element(By.CSS_SELECTOR, "a.repair").click()
+        eventually(browser, lambda d: d.current_url == f"{base}/executions/{dead.id}/repair")
+        assert [li.get_attribute("data-step") for li in css(browser, "#rerun li")] == ["flaky", "publish"]
+        browser.find_element(By.ID, "confirm-repair").click()
+        eventually(browser, lambda d: d.current_url.startswith(f"{base}/executions/{dead.id}?"))
         assert "re-running flaky, publish" in browser.find_element(By.ID, "flash").text
         eventually(browser, lambda d: d.find_element(By.ID, "status").text == "succeeded" and
                    d.find_element(By.CSS_SELECTOR, "#dag g.node[data-step='flaky']")
@@ -238,10 +180,11 @@ def test_the_dashboard_in_a_browser(make_app: Callable[..., konduit.App], db_url
         assert len(css(browser, "#versions tr")) == 3  # header, v1 (flaky failed), v2 (repaired)
         assert app.status(dead.id).outcomes["flaky"] == "succeeded"
 
-        # Nothing left to repair: said on the page, not a 500.
+        # Nothing left to repair: said on the confirmation page, with no form to post.
         browser.get(base + "/dead-letters")
-        css(browser, f"#dead-letters tr[data-execution='{dead.id}'] button.repair")[0].click()
-        eventually(browser, lambda d: "nothing to repair" in d.find_element(By.ID, "flash-error").text)
+        css(browser, f"#dead-letters tr[data-execution='{dead.id}'] a.repair")[0].click()
+        eventually(browser, lambda d: "Nothing to repair" in d.find_element(By.ID, "refusal").text)
+        assert not css(browser, "#confirm form")
 
         # An unknown execution is a 404 page that says so.
         missing = uuid4()
@@ -275,7 +218,8 @@ def test_metrics_api_read_only_and_a_down_database(make_app: Callable[..., kondu
         assert http.get("/stats?history=lately").status_code == 400
         # Without the workflow code, Repair is offered disabled and refused with a reason.
         assert "disabled" in http.get("/dead-letters").text
-        refused = http.post(f"/executions/{handle.id}/repair", follow_redirects=True)
+        refused = http.post(f"/executions/{handle.id}/repair", data={"confirm": "yes"},
+                            follow_redirects=True)
         assert refused.status_code == 200 and "start the dashboard with --app" in refused.text
 
     with serving(create_app(database_client(UNREACHABLE))) as base, httpx.Client(base_url=base) as http:

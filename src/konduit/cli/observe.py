@@ -35,9 +35,13 @@ def dashboard(
         "(without it, Repair is disabled).", show_default=False)] = None,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Serve the web dashboard until SIGINT/SIGTERM: executions, each one's DAG with live step
-    states and a timeline of its attempts and fan-in waits, dead letters with repair, the stats,
-    /metrics and a JSON API under /api. While the database is down its pages answer 503."""
+    """Serve the web dashboard until SIGINT/SIGTERM: executions (paged, with a strip of queue
+    depth and the oldest waiting task per queue), each one's input, DAG with live step states, a
+    timeline of its attempts and fan-in waits, full tracebacks and map steps summarised in one
+    row; Cancel and Repair behind a confirmation page; workers (alive, dead or stopped, slots,
+    running attempts, abandoned threads, last heartbeat); dead letters (paged); alerts; the
+    stats; /metrics and a JSON API under /api. See docs/dashboard.md. While the database is down
+    its pages answer 503."""
     from konduit.web.app import serve
 
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)  # a down database is a 503 page

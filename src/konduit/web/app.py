@@ -1,7 +1,13 @@
 """``konduit dashboard``: executions, the DAG with live step states, a Gantt timeline that makes
-the latency composition visible, dead letters with repair, the stats and ``/metrics``.
+the latency composition visible, dead letters with repair, workers, alerts, the stats and
+``/metrics`` (docs/dashboard.md).
 
-Server-rendered (FastAPI + Jinja2, no JavaScript framework, nothing fetched from elsewhere). Every
+This module builds the app and its error pages; the routes live in :mod:`konduit.web.pages`
+(executions, one execution, map items, dead letters), :mod:`konduit.web.actions` (cancel and
+repair, confirm-then-POST) and :mod:`konduit.web.ops` (workers, the queue strip).
+
+Server-rendered (FastAPI + Jinja2, no JavaScript framework, nothing fetched from elsewhere; one
+small static script, ``static/live.js``, updates status cells in place without inline script). Every
 page reads the database through one :class:`~konduit.engine.client.Client`, created on first use in the
 server's event loop and dropped when the database fails, so a page answers 503 while it is down
 and works again once it is back. Repair re-runs workflow code, so it is offered only when the
@@ -13,18 +19,16 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from importlib import resources
 from typing import Any
-from urllib.parse import urlencode, urlsplit
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,9 +36,7 @@ from prometheus_client.registry import CollectorRegistry
 from starlette.exceptions import HTTPException
 
 from konduit.app import App
-from konduit.db.database import Row
-from konduit.engine.auto_repair import auto_repair_status
-from konduit.engine.client import Client, ExecutionResult
+from konduit.engine.client import Client
 from konduit.errors import (
     AlertError,
     DatabaseUnavailable,
@@ -48,7 +50,10 @@ from konduit.errors import (
 )
 from konduit.observe.metrics import KonduitCollector
 from konduit.observe.stats import load_stats, span
-from konduit.web import views
+from konduit.web import actions, ops, pages, views
+from konduit.web.detail import Detail as Detail
+from konduit.web.detail import load_detail
+from konduit.web.site import Site
 
 ClientFactory = Callable[[], Awaitable[Client]]
 REFRESH_SECONDS = 2
@@ -117,35 +122,9 @@ class Clients:
             await asyncio.to_thread(self.collector.close)
 
 
-@dataclass
-class Detail:
-    """Everything the execution page shows."""
-
-    result: ExecutionResult
-    row: Row
-    spec_steps: list[dict[str, Any]]
-    steps: list[Row]
-    attempts: list[Row]
-    versions: list[Row]
-    late: list[Row]
-    auto_repair: str | None = None  # the repair_within line (auto-repaired at ..., pending ...)
-
-
-async def load_detail(client: Client, execution_id: str) -> Detail:
-    result = await client.get(execution_id)
-    row = await client.db.one("execution_get", id=result.id)
-    workflow = await client.db.one("workflow_get", name=result.workflow, version=result.version)
-    assert row is not None
-    steps = await client.steps(result.id)
-    attempts = await client.db.all("attempt_list_by_execution", execution_id=result.id)
-    payloads = await client.payloads(result.id)
-    return Detail(result, row, list(workflow["spec"]["steps"]) if workflow else [], steps, attempts,
-                  await client.outputs(result.id), [p for p in payloads if p["source"] == "late"],
-                  await auto_repair_status(client.db, result.id))
-
-
 def wants_json(request: Request) -> bool:
-    return request.url.path.startswith("/api/")
+    """JSON errors for the API and for the JSON the pages' script polls (``*.json``)."""
+    return request.url.path.startswith("/api/") or request.url.path.endswith(".json")
 
 
 def create_app(client_factory: ClientFactory, app: App | None = None) -> FastAPI:
@@ -192,83 +171,12 @@ def create_app(client_factory: ClientFactory, app: App | None = None) -> FastAPI
     def filters(status: str | None, workflow: str | None) -> tuple[str | None, str | None]:
         return status or None, workflow or None  # an empty select means "any"
 
-    @web.get("/", response_class=HTMLResponse)
-    async def executions(request: Request, status: str | None = None, workflow: str | None = None,
-                         limit: int = 50) -> Response:
-        client = await clients.get()
-        status, workflow = filters(status, workflow)
-        results = await client.list(status=status, workflow=workflow, limit=max(1, min(limit, 500)))
-        steps = await asyncio.gather(*(client.steps(r.id) for r in results))
-        now = datetime.now(UTC)
-        rows = [{"r": r, "took": views.between(r.created_at, r.finished_at or now),
-                 "degraded": sorted(s["step"] for s in st if s["status"] == "degraded"),
-                 "failed": sorted(s["step"] for s in st if s["status"] in ("failed", "timed_out"))}
-                for r, st in zip(results, steps, strict=True)]
-        names = sorted({w["name"] for w in await client.db.all("workflow_list")})
-        return page(request, "executions.html", rows=rows, workflows=names, status=status,
-                    workflow=workflow, statuses=views.FINISHED | {"pending", "running"},
-                    refresh=REFRESH_SECONDS if any(not r.finished for r in results) else None)
-
-    @web.get("/executions/{execution_id}", response_class=HTMLResponse)
-    async def execution(request: Request, execution_id: str) -> Response:
-        d = await load_detail(await clients.get(), execution_id)
-        now, origin = datetime.now(UTC), d.result.created_at or datetime.now(UTC)
-        tries = Counter(a["step"] for a in d.attempts)
-        place = {s["name"]: i for i, s in enumerate(d.spec_steps)}
-        ordered = sorted(d.steps, key=lambda s: (s["fired_at"] is None, s["fired_at"] or now,
-                                                 place.get(s["step"], 0)))
-        table = [s | {"tries": tries[s["step"]], "join": int(s["up_total"]) > 1,
-                      "fired": views.between(origin, s["fired_at"]),
-                      "ended": views.between(origin, s["ended_at"]),
-                      "wait": views.between(s["first_upstream_at"], s["fired_at"])} for s in ordered]
-        deadline = d.row["deadline_at"]
-        return page(
-            request, "execution.html", d=d, r=d.result, steps=table, now=now,
-            took=views.between(origin, d.result.finished_at or now),
-            dag=views.dag_layout(d.spec_steps, {s["step"]: s for s in d.steps}),
-            gantt=views.gantt(d.attempts, d.steps, origin, d.result.finished_at or now, deadline),
-            window=None if deadline is None else {
-                "at": deadline, "left": views.between(now, deadline),
-                "met": d.result.finished_at <= deadline if d.result.finished_at else None},
-            repairable=d.result.status in ("succeeded", "failed", "timed_out")
-            and any(s["status"] in views.REPAIRABLE for s in d.steps),
-            statuses=views.STEP_STATUSES, outcomes=views.ATTEMPT_OUTCOMES,
-            refresh=None if d.result.finished else REFRESH_SECONDS)
-
-    @web.post("/executions/{execution_id}/repair")
-    async def repair(request: Request, execution_id: str) -> Response:
-        origin = request.headers.get("origin")
-        if origin and urlsplit(origin).netloc != request.headers.get("host"):
-            return problem(request, 403, "Forbidden", "a repair must come from the dashboard's own page")
-        back = f"/executions/{execution_id}"
-        if app is None:
-            message = "repair re-runs workflow code: start the dashboard with --app MODULE:ATTR"
-            return RedirectResponse(back + "?" + urlencode({"error": message}), status_code=303)
-        client = await clients.get()
-        repairer = Client(client.db, app.registry, max_payload_bytes=app.max_payload_bytes)
-        try:
-            rerun = await repairer.repair(execution_id)
-        except (ExecutionNotFound, DatabaseUnavailable):
-            raise
-        except KonduitError as exc:  # nothing to repair, still running, unknown workflow...
-            return RedirectResponse(back + "?" + urlencode({"error": str(exc)}), status_code=303)
-        flash = f"repair started: re-running {', '.join(rerun)}"
-        return RedirectResponse(back + "?" + urlencode({"flash": flash}), status_code=303)
-
-    @web.get("/dead-letters", response_class=HTMLResponse)
-    async def dead_letters(request: Request, limit: int = 100) -> Response:
-        client = await clients.get()
-        rows = await client.dead_letters(max(1, min(limit, 1000)))
-        ids = list(dict.fromkeys(r["execution_id"] for r in rows))
-        found = await asyncio.gather(*(client.db.one("execution_get", id=i) for i in ids))
-        status = {i: e["status"] if e else "?" for i, e in zip(ids, found, strict=True)}
-        seen: set[Any] = set()
-        letters = []
-        for r in rows:
-            letters.append(r | {"first": r["execution_id"] not in seen,
-                                "execution_status": status[r["execution_id"]]})
-            seen.add(r["execution_id"])
-        return page(request, "dead_letters.html", letters=letters)
+    site = Site(clients, page, problem, app)
+    pages.register(web, site)
+    actions.register(web, site)
+    ops.register(web, site)
+    web.mount("/static", StaticFiles(directory=str(resources.files("konduit.web") / "static")),
+              name="static")
 
     @web.get("/stats", response_class=HTMLResponse)
     async def stats(request: Request, workflow: str | None = None, history: str = "24h",

@@ -179,11 +179,14 @@ def gantt(attempts: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, An
         outcome = a["outcome"] or "running"
         took = between(a["started_at"], end)
         where = a["step"] + (f"[{a['map_index']}]" if a["map_index"] else "")
-        title = f"{where} attempt {a['attempt']}: {outcome} after {secs(took)}"
+        # A collapsed map step comes as one row with its own label (see summaries.map_bars).
+        label = a.get("label") or f"{where} #{a['attempt']}"
+        what = a.get("what") or f"{where} attempt {a['attempt']}"
+        title = f"{what}: {outcome} after {secs(took)}"
         if a["error"]:
             title += f" ({last_line(a['error'])})"
         bars.append(Bar(AXIS_H + i * ROW_H, x(a["started_at"]), max(2.0, x(end) - x(a["started_at"])),
-                        a["step"], int(a["attempt"]), outcome, f"{where} #{a['attempt']}", title,
+                        a["step"], int(a["attempt"]), outcome, label, title,
                         secs(took), a["step"] in stragglers))
     bands = []
     for j, s in enumerate(joins, start=len(attempts)):

@@ -1,0 +1,82 @@
+"""The operator's view of the fleet: the workers page (alive, stopped or dead, slots, the attempts
+each one runs, abandoned handler threads, last heartbeat) and the status strip over the
+executions list (running executions, live workers, queue depth and the oldest due task per queue
+and workflow), each with the JSON its page's script polls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from konduit.db.database import Row
+from konduit.engine.client import Client
+from konduit.web import views
+from konduit.web.site import Site
+
+RECENT_WORKERS = 24 * 3600.0  # the workers page lists those heard from within a day
+RUNNING_SHOWN = 500  # open attempts listed on the workers page
+
+
+@dataclass
+class Strip:
+    """The line over the executions list."""
+
+    running: int
+    workers_alive: int
+    queues: list[Row] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"running": self.running, "workers_alive": self.workers_alive,
+                "queues": [{"queue": q["queue"], "workflow": q["workflow"], "ready": q["ready"],
+                            "due": q["due"], "oldest_age": q["oldest_age"],
+                            "oldest": views.secs(q["oldest_age"]) if q["oldest_age"] is not None
+                            else None} for q in self.queues]}
+
+
+async def load_strip(client: Client) -> Strip:
+    running = await client.db.one("execution_count_running")
+    live = await client.db.all("worker_list_live", stale_seconds=None)
+    queues = await client.db.all("task_count_ready_by_queue")
+    return Strip(int(running["running"]) if running else 0, len(live), queues)
+
+
+async def load_workers(client: Client, since_seconds: float = RECENT_WORKERS) -> list[dict[str, Any]]:
+    """Every worker heard from recently, each with the attempts it runs now."""
+    workers = await client.db.all("worker_list_recent_with_liveness", since_seconds=since_seconds)
+    running = await client.db.all("attempt_list_open_with_worker", limit=RUNNING_SHOWN)
+    by_worker: dict[str, list[Row]] = {}
+    for a in running:
+        by_worker.setdefault(str(a["worker_id"]), []).append(a)
+    return [w | {"attempts": by_worker.get(str(w["id"]), [])} for w in workers]
+
+
+def worker_json(w: dict[str, Any]) -> dict[str, Any]:
+    return {"id": w["id"], "state": w["state"], "running": w["running"],
+            "concurrency": w["concurrency"], "abandoned": w["abandoned"],
+            "heartbeat_age": w["heartbeat_age"], "heartbeat": f"{views.secs(w['heartbeat_age'])} ago",
+            "attempts": [{"execution_id": str(a["execution_id"]), "step": a["step"],
+                          "map_index": a["map_index"], "attempt": a["attempt"], "hedge": a["hedge"],
+                          "running_for": a["running_for"]} for a in w["attempts"]]}
+
+
+def register(web: FastAPI, site: Site) -> None:
+    """Add the workers page and its JSON to ``web``."""
+
+    @web.get("/workers", response_class=HTMLResponse)
+    async def workers(request: Request) -> Response:
+        client = await site.clients.get()
+        found = await load_workers(client)
+        return site.page(request, "workers.html", workers=found, strip=await load_strip(client),
+                         live="/workers.json", poll_ms=2000)
+
+    @web.get("/workers.json")
+    async def workers_live() -> Response:
+        client = await site.clients.get()
+        found = await load_workers(client)
+        return JSONResponse(jsonable_encoder({"workers": [worker_json(w) for w in found],
+                                              "strip": (await load_strip(client)).to_json()}))

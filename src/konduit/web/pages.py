@@ -1,0 +1,217 @@
+"""The executions list (paged, with the queue strip), one execution's page (input, DAG, timeline,
+tracebacks, map steps collapsed to one row each), a map step's items (paged), the dead letters
+(paged), and the JSON the pages' script polls to update their status cells in place.
+
+Paging is by keyset cursor (the last row's sort time and id), so a page does not shift while new
+executions arrive; every link to the next page keeps the filters.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+from uuid import UUID
+
+from fastapi import FastAPI, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from konduit.core.results import ExecutionResult
+from konduit.db.database import Row
+from konduit.web import views
+from konduit.web.detail import load_detail
+from konduit.web.ops import load_strip
+from konduit.web.site import Site
+from konduit.web.summaries import (
+    MAP_STATUSES,
+    BadCursor,
+    decode_cursor,
+    encode_cursor,
+    live_state,
+    map_bars,
+    map_summaries,
+)
+
+POLL_MS = 2000  # how often the pages' script asks for fresh states
+ITEMS_PAGE = 100
+
+
+def query_string(**params: Any) -> str:
+    """``?a=1&b=2`` of the parameters that are set (the filters a page link must keep)."""
+    kept = {k: v for k, v in params.items() if v not in (None, "")}
+    return "?" + urlencode(kept) if kept else ""
+
+
+def result_of(row: Row) -> ExecutionResult:
+    return ExecutionResult(id=UUID(str(row["id"])), workflow=row["workflow_name"],
+                           version=row["workflow_version"], status=row["status"], output=None,
+                           error=row.get("error"), outcomes={}, created_at=row.get("created_at"),
+                           finished_at=row.get("finished_at"))
+
+
+def register(web: FastAPI, site: Site) -> None:
+    """Add the pages to ``web``."""
+
+    def bad_cursor(request: Request, exc: BadCursor) -> Response:
+        return site.problem(request, 400, "Bad page cursor", str(exc))
+
+    @web.get("/", response_class=HTMLResponse)
+    async def executions(request: Request, status: str | None = None, workflow: str | None = None,
+                         limit: int = 50, cursor: str | None = None) -> Response:
+        client = await site.clients.get()
+        status, workflow, limit = status or None, workflow or None, max(1, min(limit, 500))
+        before_at: datetime | None = None
+        before_id: UUID | None = None
+        if cursor:
+            try:
+                before_at, key = decode_cursor(cursor)
+                before_id = UUID(key)
+            except (BadCursor, ValueError) as exc:
+                return bad_cursor(request, exc if isinstance(exc, BadCursor) else BadCursor(
+                    f"cursor {cursor[:40]!r} does not name an execution; start again from the first page"))
+        found = await client.db.all("execution_list_older_than_cursor", status=status,
+                                    workflow_name=workflow, before_at=before_at,
+                                    before_id=before_id, limit=limit + 1)
+        more, found = len(found) > limit, found[:limit]
+        results = [result_of(r) for r in found]
+        marks = await client.db.all("step_list_degraded_or_failed_for_executions",
+                                    ids=[r.id for r in results])
+        by_execution: dict[str, list[Row]] = {}
+        for m in marks:
+            by_execution.setdefault(str(m["execution_id"]), []).append(m)
+        now = datetime.now(UTC)
+        rows = [{"r": r, "took": views.between(r.created_at, r.finished_at or now),
+                 "degraded": sorted(m["step"] for m in by_execution.get(str(r.id), [])
+                                    if m["status"] == "degraded"),
+                 "failed": sorted(m["step"] for m in by_execution.get(str(r.id), [])
+                                  if m["status"] != "degraded")} for r in results]
+        names = sorted({w["name"] for w in await client.db.all("workflow_list")})
+        following = None
+        if more and found:
+            following = query_string(status=status, workflow=workflow, limit=limit if limit != 50 else None,
+                                     cursor=encode_cursor(found[-1]["created_at"], found[-1]["id"]))
+        first = query_string(status=status, workflow=workflow, limit=limit if limit != 50 else None)
+        return site.page(request, "executions.html", rows=rows, workflows=names, status=status,
+                         workflow=workflow, statuses=views.FINISHED | {"pending", "running"},
+                         strip=await load_strip(client), next_page=following,
+                         first_page=first if cursor else None, live="/executions.json",
+                         poll_ms=POLL_MS)
+
+    @web.get("/executions.json")
+    async def executions_live(id: list[str] = Query(default=[])) -> Response:  # noqa: B008
+        """The status of the listed executions and the queue strip, for the list's script."""
+        try:
+            ids = [UUID(i) for i in id[:500]]
+        except ValueError:
+            return JSONResponse({"detail": "id: expected execution ids (UUIDs)"}, status_code=400)
+        client = await site.clients.get()
+        rows = await client.db.all("execution_status_many", ids=ids) if ids else []
+        return JSONResponse(jsonable_encoder({
+            "executions": {str(r["id"]): {"status": r["status"], "took": views.secs(r["took"]),
+                                          "finished": r["status"] in views.FINISHED,
+                                          "error": views.last_line(r["error"])[:100]} for r in rows},
+            "strip": (await load_strip(client)).to_json()}))
+
+    @web.get("/executions/{execution_id}", response_class=HTMLResponse)
+    async def execution(request: Request, execution_id: str) -> Response:
+        d = await load_detail(await site.clients.get(), execution_id, collapse_maps=True)
+        now, origin = datetime.now(UTC), d.result.created_at or datetime.now(UTC)
+        tries = Counter(a["step"] for a in d.attempts)
+        for name, summary in d.maps.items():
+            tries[name] = summary.tries
+        place = {s["name"]: i for i, s in enumerate(d.spec_steps)}
+        ordered = sorted(d.steps, key=lambda s: (s["fired_at"] is None, s["fired_at"] or now,
+                                                 place.get(s["step"], 0)))
+        table = [s | {"tries": tries[s["step"]], "join": int(s["up_total"]) > 1,
+                      "fired": views.between(origin, s["fired_at"]),
+                      "ended": views.between(origin, s["ended_at"]),
+                      "wait": views.between(s["first_upstream_at"], s["fired_at"]),
+                      "map": d.maps.get(s["step"])} for s in ordered]
+        statuses = {s["step"]: s["status"] for s in d.steps}
+        bars = sorted([*d.attempts, *map_bars(d.maps, statuses, now)], key=lambda a: a["started_at"])
+        deadline = d.row["deadline_at"]
+        failed_in = {f["step"]: int(f["failed_in_step"]) for f in d.failures}
+        shown_in = Counter(f["step"] for f in d.failures)
+        return site.page(
+            request, "execution.html", d=d, r=d.result, steps=table, now=now,
+            took=views.between(origin, d.result.finished_at or now),
+            dag=views.dag_layout(d.spec_steps, {s["step"]: s for s in d.steps}),
+            gantt=views.gantt(bars, d.steps, origin, d.result.finished_at or now, deadline),
+            window=None if deadline is None else {
+                "at": deadline, "left": views.between(now, deadline),
+                "met": d.result.finished_at <= deadline if d.result.finished_at else None},
+            repairable=d.result.status in ("succeeded", "failed", "timed_out")
+            and any(s["status"] in views.REPAIRABLE for s in d.steps),
+            cancellable=d.result.status == "running",
+            failures=d.failures, more_failures={s: n - shown_in[s] for s, n in failed_in.items()
+                                                if n > shown_in[s]},
+            statuses=views.STEP_STATUSES, outcomes=views.ATTEMPT_OUTCOMES,
+            live=None if d.result.finished else f"/executions/{d.result.id}/live.json",
+            poll_ms=POLL_MS)
+
+    @web.get("/executions/{execution_id}/live.json")
+    async def execution_live(execution_id: str) -> Response:
+        """Status, step states and map counts of one execution, for its page's script."""
+        client = await site.clients.get()
+        result = await client.get(execution_id)
+        workflow = await client.db.one("workflow_get", name=result.workflow, version=result.version)
+        spec_steps = list(workflow["spec"]["steps"]) if workflow else []
+        steps = await client.steps(result.id)
+        mapped = [s["name"] for s in spec_steps if s.get("map")]
+        maps = map_summaries(await client.db.all("task_summarize_by_step", execution_id=result.id,
+                                                 steps=mapped)) if mapped else {}
+        dag = views.dag_layout(spec_steps, {s["step"]: s for s in steps})
+        return JSONResponse(jsonable_encoder(
+            live_state(result, steps, maps, {n.name: n.detail for n in dag.nodes})))
+
+    @web.get("/executions/{execution_id}/steps/{step}", response_class=HTMLResponse)
+    async def items(request: Request, execution_id: str, step: str, status: str | None = None,
+                    start: int = 0, limit: int = ITEMS_PAGE) -> Response:
+        """A map step's items (or a plain step's one task), a page at a time."""
+        client = await site.clients.get()
+        result = await client.get(execution_id)
+        status, start, limit = status or None, max(0, start), max(1, min(limit, 1000))
+        found = await client.db.all("task_list_by_step_page", execution_id=result.id, step=step,
+                                    status=status, from_index=start, limit=limit + 1)
+        if not found and start == 0 and status is None:
+            return site.problem(request, 404, "No such step",
+                                f"execution {result.id} has no tasks of a step named {step!r}")
+        more, found = len(found) > limit, found[:limit]
+        summary = map_summaries(await client.db.all("task_summarize_by_step", execution_id=result.id,
+                                                    steps=[step])).get(step)
+        keep = {"status": status, "limit": limit if limit != ITEMS_PAGE else None}
+        return site.page(request, "items.html", r=result, step=step, tasks=found, summary=summary,
+                         status=status, statuses=MAP_STATUSES,
+                         next_page=query_string(**keep, start=int(found[-1]["map_index"]) + 1)
+                         if more else None,
+                         first_page=query_string(**keep) if start else None)
+
+    @web.get("/dead-letters", response_class=HTMLResponse)
+    async def dead_letters(request: Request, limit: int = 100, cursor: str | None = None) -> Response:
+        client = await site.clients.get()
+        limit = max(1, min(limit, 1000))
+        before_at: datetime | None = None
+        before_id: int | None = None
+        if cursor:
+            try:
+                before_at, key = decode_cursor(cursor)
+                before_id = int(key)
+            except (BadCursor, ValueError) as exc:
+                return bad_cursor(request, exc if isinstance(exc, BadCursor) else BadCursor(
+                    f"cursor {cursor[:40]!r} does not name a task; start again from the first page"))
+        rows = await client.db.all("task_list_dead_older_than_cursor", before_at=before_at,
+                                   before_id=before_id, limit=limit + 1)
+        more, rows = len(rows) > limit, rows[:limit]
+        seen: set[Any] = set()
+        letters = []
+        for r in rows:
+            letters.append(r | {"first": r["execution_id"] not in seen})
+            seen.add(r["execution_id"])
+        keep = {"limit": limit if limit != 100 else None}
+        return site.page(request, "dead_letters.html", letters=letters,
+                         next_page=query_string(**keep, cursor=encode_cursor(
+                             rows[-1]["finished_at"], rows[-1]["id"])) if more and rows else None,
+                         first_page=query_string(**keep) if cursor else None)
+
