@@ -72,7 +72,7 @@ RETURNING d.id, d.subscription_id, d.url, d.event, d.execution_id, d.alert_id, d
 -- whose delivery another worker took changes nothing).
 UPDATE konduit_webhook_deliveries
 SET status = %(status)s::text,
-    last_error = %(error)s,
+    last_error = coalesce(%(error)s, last_error),  -- a delivery keeps the error it got past
     last_status_code = %(status_code)s,
     delivered_at = CASE WHEN %(status)s::text = 'delivered' THEN clock_timestamp() END,
     next_attempt_at = CASE WHEN %(status)s::text = 'pending'
