@@ -39,7 +39,7 @@ def receiver(answers: list[int] | None = None, *, hold_first: bool = False) -> I
     state: Receiver
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (the http.server API)
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             body = self.rfile.read(length)
             with state.arrived:
