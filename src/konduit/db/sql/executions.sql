@@ -57,7 +57,7 @@ WITH finished AS (
     WHERE ev.event = 'execution.finished'
        OR (ev.event = 'execution.degraded' AND f.status = 'succeeded' AND EXISTS (
             SELECT 1 FROM konduit_steps st
-            WHERE st.execution_id = f.id AND st.status IN ('degraded', 'timed_out', 'failed')))
+            WHERE st.execution_id = %(id)s AND st.status IN ('degraded', 'timed_out', 'failed')))
     ON CONFLICT DO NOTHING
 )
 SELECT id, output_version, finish_waited FROM finished;
