@@ -315,3 +315,24 @@ def test_cli_lists_deliveries_and_retries_a_failed_one(make_app, db_url):
     assert (row["status"], row["attempts"]) == ("pending", 0)
     with pytest.raises(konduit.KonduitError, match="unknown delivery status"):
         app.webhook_deliveries(status="lost")
+
+
+@pytest.mark.storage
+def test_the_dashboard_lists_deliveries(make_app, db_url):
+    import httpx
+
+    from konduit.web.app import create_app, database_client
+    from tests.test_dashboard import serving
+
+    app = make_app(waiting(), webhooks=[konduit.Webhook(
+        "https://hooks.example.com/<b>k</b>", secret=SECRET)])
+    eid = app.start("parked").id
+    app.cancel(eid)
+    with serving(create_app(database_client(db_url))) as base, httpx.Client(base_url=base) as http:
+        listed = http.get("/webhooks")
+        assert listed.status_code == 200
+        assert 'data-status="pending"' in listed.text and str(eid)[:8] in listed.text
+        assert "<b>k</b>" not in listed.text and "&lt;b&gt;k&lt;/b&gt;" in listed.text
+        assert 'id="no-deliveries"' in http.get("/webhooks?status=delivered").text
+        bad = http.get("/webhooks?status=lost")
+        assert bad.status_code == 400 and "unknown delivery status" in bad.text

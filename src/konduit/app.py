@@ -292,9 +292,8 @@ class App:
         failed, refused; or of one execution): id, event, url, status, attempts, last_error,
         last_status_code, execution_id, alert_id, created_at, last_attempt_at, delivered_at,
         next_attempt_at. See docs/webhooks.md."""
-        eid = None if execution_id is None else coerce_execution_id(execution_id)
-        return self._call(webhook_store.deliveries(self._c().db, status=status,
-                                                   execution_id=eid, limit=limit))
+        return self._call(self._c().webhook_deliveries(status=status, execution_id=execution_id,
+                                                       limit=limit))
 
     def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
         """Send a failed or refused delivery again now; False when it is not one."""
