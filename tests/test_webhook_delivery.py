@@ -133,3 +133,50 @@ def test_a_delivery_of_a_killed_worker_is_sent_again_with_the_same_id_and_one_ou
                              ).fetchall()
     assert len(found) == 1  # one outbox row for the one event
     assert found[0][:2] == ("delivered", 2)
+
+
+def test_https_goes_to_the_checked_address_with_the_hosts_name_for_tls(tmp_path: Path) -> None:
+    """TLS is verified against the URL's host name (SNI and certificate), not the address the
+    connection was pinned to; a certificate for another name fails the call."""
+    import ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=hooks.example.test", "-addext",
+                    "subjectAltName=DNS:hooks.example.test", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    seen: list[tuple[str | None, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append((self.headers["Host"], self.path))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        trusting = ssl.create_default_context(cafile=str(cert))
+        hook = konduit.Webhook(f"https://hooks.example.test:{port}/in", secret="s",
+                               allow_private=True, timeout=5)
+        assert post(hook, b"{}", {}, resolver=answers("127.0.0.1"), context=trusting).status == 204
+        assert seen == [(f"hooks.example.test:{port}", "/in")]
+        other = konduit.Webhook(f"https://other.example.test:{port}/in", secret="s",
+                                allow_private=True, timeout=5)
+        with pytest.raises(ssl.SSLCertVerificationError):
+            post(other, b"{}", {}, resolver=answers("127.0.0.1"), context=trusting)
+        assert len(seen) == 1
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -17,8 +17,9 @@ import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
-from konduit.core.webhooks import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, Webhook
+from konduit.core.webhooks import Webhook
 
 Resolver = Callable[[str, int], Sequence[tuple[Any, ...]]]
 """``socket.getaddrinfo``-shaped: (host, port) -> [(family, type, proto, canonname, sockaddr)]."""
@@ -47,8 +48,12 @@ def forbidden_reason(address: str) -> str | None:
     return None
 
 
-def resolve_checked(hook: Webhook, resolver: Resolver = socket.getaddrinfo
-                    ) -> list[tuple[int, str]]:
+def getaddrinfo(host: str, port: int) -> Sequence[tuple[Any, ...]]:
+    """The system resolver, for TCP."""
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+
+
+def resolve_checked(hook: Webhook, resolver: Resolver = getaddrinfo) -> list[tuple[int, str]]:
     """The (family, address) pairs to connect to for ``hook``. Raises :class:`Refused` when any
     address the name resolves to is internal (unless ``allow_private``): a name with one public
     and one private answer is refused, not half-trusted."""
@@ -125,14 +130,13 @@ class Response:
 
 
 def post(hook: Webhook, body: bytes, headers: dict[str, str], *,
-         resolver: Resolver = socket.getaddrinfo,
+         resolver: Resolver = getaddrinfo,
          context: ssl.SSLContext | None = None) -> Response:
     """POST ``body`` to the hook. Raises :class:`Refused` (nothing sent) or OSError/HTTPException
     for a failed call; returns the answer's status otherwise (the caller decides what is a
     success). The response body is read (at most 64 KiB) and dropped."""
-    parts = hook.url.split("://", 1)[1]
-    path = "/" + parts.split("/", 1)[1] if "/" in parts else "/"
-    path = path.split("#", 1)[0]
+    parts = urlsplit(hook.url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     conn: http.client.HTTPConnection
     if hook.scheme == "https":
         conn = _CheckedHTTPS(hook, resolver, context or ssl.create_default_context())
@@ -151,5 +155,4 @@ def post(hook: Webhook, body: bytes, headers: dict[str, str], *,
         conn.close()
 
 
-__all__ = ["DELIVERY_HEADER", "EVENT_HEADER", "SIGNATURE_HEADER", "Refused", "Response",
-           "forbidden_reason", "post", "resolve_checked"]
+__all__ = ["Refused", "Response", "forbidden_reason", "post", "resolve_checked"]
