@@ -1,7 +1,7 @@
-"""Webhooks (docs/webhooks.md): the outbox is written with the terminal state and only then, the
-finish path costs no statement more, deliveries are signed, retried once per failure, refused
-for internal addresses with nothing sent, listed, counted and pruned. Real PostgreSQL, a real
-worker thread, a real HTTP receiver on 127.0.0.1."""
+"""Webhooks (docs/webhooks.md): the outbox is written with the terminal state and only then;
+without a webhook the finish path sends no statement more; deliveries are signed, retried once
+per failure, refused for internal addresses with nothing sent, listed, counted and pruned. Real
+PostgreSQL, a real worker thread, a real HTTP receiver on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -190,9 +190,12 @@ def test_finishing_costs_the_same_statements_with_or_without_webhooks(make_app, 
             assert app.cancel(eid)
         calls.append(made)
         ended.append(eid)
-    assert calls[0] == calls[1]  # the same statements, the same number of each
+    # Without a webhook: no webhook statement at all. With one: that finish's outbox insert,
+    # and otherwise the same statements, the same number of each.
     assert not any("webhook" in name for name in calls[0])
     assert calls[0]["execution_finish_if_running"] == 1
+    assert calls[1] - calls[0] == Counter({"webhook_delivery_insert_for_execution_if_finished": 1})
+    assert calls[0] - calls[1] == Counter()
     # ... and only the execution ended while a webhook was registered has an outbox row.
     assert [r[5] for r in deliveries(db_url)] == [ended[1]]
 

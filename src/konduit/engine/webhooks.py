@@ -1,8 +1,10 @@
 """The webhook outbox in the database: subscriptions, alert deliveries, listing, retry, prune.
 
-Deliveries of finished executions are written by the statement that ends the execution
-(``execution_finish_if_running``): the outbox row commits with the terminal state or not at all,
-and with no webhook registered that statement writes nothing more and costs no extra statement.
+Deliveries of finished executions are written in the transaction that ends the execution:
+``execution_finish_if_running`` returns whether any webhook is registered, and only then does
+:func:`konduit.engine.advancer.finish_execution` send ``webhook_delivery_insert_for_execution_if_finished``
+after it. The outbox row commits with the terminal state or not at all, and with no webhook
+registered the finish sends no extra statement.
 Alert deliveries are written here, by :func:`alert_event`, in the transaction that raised or
 resolved the alert. Workers send them (:mod:`konduit.worker.webhook_sender`).
 """

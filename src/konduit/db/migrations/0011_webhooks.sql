@@ -2,9 +2,10 @@
 --
 -- Webhooks are configured in code (App(webhooks=[...])), but whether an event is due must be
 -- known inside the transaction that commits it, whichever process commits it (a worker, a
--- `konduit cancel`, the timeout sweep). So an App registers its webhooks here at start, and the
--- statement that ends an execution inserts one delivery per subscribed webhook from this table,
--- in the same statement: with no row here that costs no statement and no round trip.
+-- `konduit cancel`, the timeout sweep). So an App registers its webhooks here at start; the
+-- statement that ends an execution says whether this table has a row, and only then does the
+-- finish insert one delivery per subscribed webhook, from this table, in the same transaction:
+-- with no row here that costs no statement and no round trip.
 CREATE TABLE konduit_webhook_subscriptions (
     -- A fingerprint of (url, secret): the secret itself never reaches the database, and only a
     -- process configured with the same secret can sign (and so claim) its deliveries.
@@ -28,7 +29,7 @@ CREATE TABLE konduit_webhook_deliveries (
     output_version   integer,
     alert_id         bigint,
     -- The payload's fields (event and delivery_id are added when sent). For an execution event
-    -- the statement that ends it stores what it knows; the step outcomes are added by the first
+    -- the finish stores what it knows; the step outcomes are added by the first
     -- attempt (after the commit, when every step has its final state), then never change.
     body             jsonb       NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(body) = 'object'),
     status           text        NOT NULL DEFAULT 'pending'

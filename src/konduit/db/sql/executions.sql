@@ -31,36 +31,18 @@ SET steps_pending = %(steps_pending)s
 WHERE id = %(id)s AND status = 'running' AND steps_pending IS DISTINCT FROM %(steps_pending)s;
 
 -- name: execution_finish_if_running
--- End a running execution with its status, output and error, and write its webhook deliveries
--- in the same statement (the outbox: see webhooks.sql; no webhook registered, no row written).
-WITH finished AS (
-    UPDATE konduit_executions
-    SET status = %(status)s,
-        output = %(output)s,
-        error = %(error)s,
-        steps_pending = %(steps_pending)s,
-        output_version = output_version + 1,
-        finished_at = clock_timestamp()
-    WHERE id = %(id)s AND status = 'running'
-    RETURNING id, output_version, finish_waited, workflow_name, workflow_version, status,
-              finished_at
-), outbox AS (
-    INSERT INTO konduit_webhook_deliveries (subscription_id, url, event, execution_id,
-                                            output_version, body)
-    SELECT s.id, s.url, ev.event, f.id, f.output_version,
-           jsonb_build_object('execution_id', f.id, 'workflow', f.workflow_name,
-                              'version', f.workflow_version, 'status', f.status,
-                              'finished_at', f.finished_at)
-    FROM finished f
-    CROSS JOIN konduit_webhook_subscriptions s
-    CROSS JOIN LATERAL unnest(s.events) AS ev(event)
-    WHERE ev.event = 'execution.finished'
-       OR (ev.event = 'execution.degraded' AND f.status = 'succeeded' AND EXISTS (
-            SELECT 1 FROM konduit_steps st
-            WHERE st.execution_id = %(id)s AND st.status IN ('degraded', 'timed_out', 'failed')))
-    ON CONFLICT DO NOTHING
-)
-SELECT id, output_version, finish_waited FROM finished;
+-- End a running execution with its status, output and error. `webhooks`: some webhook is
+-- registered, so the caller writes the deliveries in this transaction (webhooks.sql: the outbox).
+UPDATE konduit_executions
+SET status = %(status)s,
+    output = %(output)s,
+    error = %(error)s,
+    steps_pending = %(steps_pending)s,
+    output_version = output_version + 1,
+    finished_at = clock_timestamp()
+WHERE id = %(id)s AND status = 'running'
+RETURNING id, output_version, finish_waited,
+          EXISTS (SELECT FROM konduit_webhook_subscriptions) AS webhooks;
 
 -- name: execution_mark_waited_if_unfinished
 -- A client is about to wait for this execution: its finish must notify (see migration 0010).

@@ -1,6 +1,4 @@
 -- Webhooks: subscriptions registered by Apps, and the outbox of deliveries their workers send.
--- The deliveries of finished executions are written by execution_finish_if_running
--- (executions.sql), in the statement that ends the execution.
 
 -- name: webhook_subscription_upsert_many
 -- Register an App's webhooks (fingerprint, url, events) for every process that ends executions;
@@ -24,6 +22,28 @@ WHERE id = ANY(%(ids)s::text[]);
 SELECT id, url, events, registered_at
 FROM konduit_webhook_subscriptions
 ORDER BY url, id;
+
+-- name: webhook_delivery_insert_for_execution_if_finished
+-- The deliveries of an execution this transaction just ended (sent right after
+-- execution_finish_if_running, when it said a webhook is registered): one per webhook and event
+-- it subscribed to. execution.degraded: it succeeded, and a step ended degraded, timed_out or
+-- failed (a branch its join policy tolerated). A finish repeated for the same output version
+-- writes nothing new.
+INSERT INTO konduit_webhook_deliveries (subscription_id, url, event, execution_id,
+                                        output_version, body)
+SELECT s.id, s.url, ev.event, e.id, e.output_version,
+       jsonb_build_object('execution_id', e.id, 'workflow', e.workflow_name,
+                          'version', e.workflow_version, 'status', e.status,
+                          'finished_at', e.finished_at)
+FROM konduit_executions e
+CROSS JOIN konduit_webhook_subscriptions s
+CROSS JOIN LATERAL unnest(s.events) AS ev(event)
+WHERE e.id = %(id)s AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
+  AND (ev.event = 'execution.finished'
+       OR (ev.event = 'execution.degraded' AND e.status = 'succeeded' AND EXISTS (
+            SELECT 1 FROM konduit_steps st
+            WHERE st.execution_id = %(id)s AND st.status IN ('degraded', 'timed_out', 'failed'))))
+ON CONFLICT DO NOTHING;
 
 -- name: webhook_delivery_insert_for_alert_event
 -- One delivery per webhook subscribed to this alert event, in the transaction that raised or
