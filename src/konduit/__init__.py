@@ -7,6 +7,7 @@ from konduit.core.repair import NothingToRepair
 from konduit.core.results import Route
 from konduit.core.schedules import Schedule
 from konduit.core.validation import OutputInvalid
+from konduit.core.webhooks import Webhook
 from konduit.core.workflow import Workflow, parallel, step
 from konduit.engine.client import ExecutionResult
 from konduit.engine.starts import StartRequest
@@ -58,6 +59,7 @@ __all__ = [
     "ScheduleNotFound",
     "SchemaOutdated",
     "StartRequest",
+    "Webhook",
     "WorkerUnhealthy",
     "Workflow",
     "WorkflowDefinitionError",

@@ -20,10 +20,12 @@ from uuid import UUID
 from konduit.core.durations import Duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.repair_contract import human_duration
+from konduit.core.webhooks import Webhook, check_unique
 from konduit.core.workflow import Workflow
 from konduit.db.connect import open_database
 from konduit.db.database import Database, Row, resolve_url
 from konduit.db.migrate import migrate
+from konduit.engine import webhooks as webhook_store
 from konduit.engine.auto_repair import auto_repair_status
 from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
@@ -82,6 +84,10 @@ class App:
     (the default) traces once the application set a global tracer provider, ``True`` always,
     a ``TracerProvider`` always and into that provider, ``False`` never; see
     docs/observability.md.
+
+    ``webhooks=[konduit.Webhook(url, events=..., secret=...)]``: signed POSTs of execution and
+    alert events, written to an outbox with the event and sent by this App's workers (see
+    :class:`konduit.Webhook` and docs/webhooks.md).
     """
 
     def __init__(
@@ -93,9 +99,11 @@ class App:
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
         retention: Duration | None = None,
         tracing: Tracing = None,
+        webhooks: Iterable[Webhook] = (),
     ):
         self.registry = Registry(workflows)
         self.tracing = check_tracing(tracing)
+        self.webhooks = check_unique(webhooks)
         self.retention = None if retention is None else retention_seconds(retention)
         self._check_retention()
         self.max_payload_bytes = max_payload_bytes
@@ -156,6 +164,9 @@ class App:
         """The async client (created on first use), for code already inside an event loop."""
         if self._client is None:
             db = await self._open_database(self.pool_size)
+            # Before the first finish this App's process may commit (a cancel): the outbox
+            # statement reads the registered webhooks.
+            await webhook_store.register(db, self.webhooks)
             self._client = Client(db, self.registry, max_payload_bytes=self.max_payload_bytes,
                                   tracing=self.tracing)
         return self._client
@@ -273,6 +284,25 @@ class App:
         open ones, or resolved ones too; see docs/alerts.md."""
         return self._call(self._c().alerts(include_resolved=include_resolved, kind=kind,
                                            workflow=workflow, limit=limit))
+
+    def webhook_deliveries(self, *, status: str | None = None,
+                           execution_id: UUID | str | None = None,
+                           limit: int = 100) -> builtins.list[Row]:
+        """Webhook deliveries, newest first (optionally of one status: pending, delivered,
+        failed, refused; or of one execution): id, event, url, status, attempts, last_error,
+        last_status_code, execution_id, alert_id, created_at, last_attempt_at, delivered_at,
+        next_attempt_at. See docs/webhooks.md."""
+        return self._call(self._c().webhook_deliveries(status=status, execution_id=execution_id,
+                                                       limit=limit))
+
+    def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
+        """Send a failed or refused delivery again now; False when it is not one."""
+        return self._call(webhook_store.retry(self._c().db, delivery_id))
+
+    def unregister_webhooks(self, webhooks: Iterable[Webhook]) -> int:
+        """Stop writing deliveries for webhooks an App no longer has (the database keeps the
+        webhooks Apps registered until told otherwise); returns how many were registered."""
+        return self._call(webhook_store.unregister(self._c().db, builtins.list(webhooks)))
 
     def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
@@ -417,7 +447,7 @@ class _WorkerRun:
             log.info("worker stopped before the database answered")
             return self._idle()
         self.worker = Worker(db, app.registry, config, max_payload_bytes=app.max_payload_bytes,
-                             retention=app.retention)
+                             retention=app.retention, webhooks=app.webhooks)
         # Tasks and handler threads the worker starts inherit these (logs and spans name it).
         bind_worker(config.worker_id)
         if tracing_active(app.tracing):

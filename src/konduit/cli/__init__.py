@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 import konduit
-from konduit.cli import alerts, executions, observe, operate, retention, schedules, tools
+from konduit.cli import alerts, executions, observe, operate, retention, schedules, tools, webhooks
 from konduit.cli.common import CliError, console, err_console, load_app, one_line
 
 cli = typer.Typer(
@@ -60,6 +60,7 @@ cli.command()(observe.metrics)
 cli.command()(observe.stats)
 cli.command()(observe.plan)
 cli.command()(alerts.alerts)
+cli.command()(webhooks.webhooks)
 cli.command()(tools.demo)
 cli.command()(tools.bench)
 

@@ -371,6 +371,8 @@ async def finish_execution(
     if row is None:
         return False
     await tx.run("execution_output_insert", id=execution_id, version=row["output_version"])
+    if row["webhooks"]:  # the outbox: deliveries commit with the finish (docs/webhooks.md)
+        await tx.send("webhook_delivery_insert_for_execution_if_finished", id=execution_id)
     if status != "succeeded":
         cancelled = await transitions.cancel_unfinished(tx, execution_id, f"execution {status}")
         if cancelled:

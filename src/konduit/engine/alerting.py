@@ -36,6 +36,7 @@ from psycopg.types.json import Jsonb
 
 from konduit.core.durations import Duration
 from konduit.db.database import Database, Tx
+from konduit.engine import webhooks
 from konduit.engine.registry import Registry
 from konduit.errors import AlertError, DatabaseError, KonduitError
 from konduit.observe.alerts import (
@@ -78,11 +79,12 @@ AlertHook = Callable[[Tx, AlertChange], Awaitable[None]]
 async def alert_changed(tx: Tx, change: AlertChange) -> None:
     """Called once per raise and per resolution, inside the transaction that wrote it.
 
-    Webhooks (a later issue) plug in here: write an outbox row through ``tx`` so a delivery is
-    committed together with the alert change (none lost, none invented) and a sender posts it.
-    Until then the change is logged. Keep it quick and free of network calls: it holds the
-    transaction open."""
+    The change is logged, and its webhook deliveries (``alert.raised`` / ``alert.resolved``)
+    are written to the outbox through ``tx``, so a delivery commits together with the alert
+    change (none lost, none invented); workers send it later. Keep it quick and free of network
+    calls: it holds the transaction open."""
     a = change.alert
+    await webhooks.alert_event(tx, f"alert.{change.event}", a)
     if change.event == "raised":
         log.warning("alert raised [%s %s] %s", a.kind, a.severity, a.message)
     else:

@@ -18,6 +18,7 @@ from konduit.core.repair import plan_repair
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
+from konduit.engine import webhooks
 from konduit.engine.advancer import Advancer, finish_execution
 from konduit.engine.alerting import list_alerts
 from konduit.engine.flow import register_flow_limits
@@ -281,6 +282,14 @@ class Client:
         """Stored alerts, newest first: open ones, or resolved ones too (docs/alerts.md)."""
         return await list_alerts(self.db, include_resolved=include_resolved, kind=kind,
                                  workflow=workflow, limit=limit)
+
+    async def webhook_deliveries(self, *, status: str | None = None,
+                                 execution_id: UUID | str | None = None,
+                                 limit: int = 100) -> builtins.list[Row]:
+        """Webhook deliveries, newest first (docs/webhooks.md); see
+        :func:`konduit.engine.webhooks.deliveries` for the columns."""
+        eid = None if execution_id is None else coerce_execution_id(execution_id)
+        return await webhooks.deliveries(self.db, status=status, execution_id=eid, limit=limit)
 
     async def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""

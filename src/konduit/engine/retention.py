@@ -26,6 +26,7 @@ from uuid import UUID
 
 from konduit.core.durations import Duration, parse_duration
 from konduit.db.database import Database
+from konduit.engine import webhooks
 from konduit.errors import KonduitError
 
 log = logging.getLogger("konduit.retention")
@@ -73,8 +74,9 @@ async def prune(
     """Delete executions that finished more than ``older_than`` ago (``"30d"``, or seconds) and
     all their rows, ``batch_size`` executions per transaction (at most ``max_batches`` of them);
     returns how many were deleted.
-    Workers not heard from for that long (and at least an hour) are forgotten too, and alerts
-    resolved that long ago (open alerts are never deleted)."""
+    Workers not heard from for that long (and at least an hour) are forgotten too, alerts
+    resolved that long ago (open alerts are never deleted), and webhook deliveries created that
+    long ago that ended (pending ones are never deleted)."""
     seconds = parse_duration(older_than, what="older_than")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise KonduitError(f"batch_size: must be a positive integer, got {batch_size!r}")
@@ -103,6 +105,9 @@ async def prune(
     while await db.run("alert_delete_resolved_before", older_than_seconds=seconds,
                        limit=batch_size) == batch_size:
         pass
+    # Webhook deliveries that ended (delivered, failed, refused) that long ago; pending ones
+    # are still owed to their receiver.
+    await webhooks.prune(db, seconds, batch_size=batch_size)
     if deleted:
         log.info("pruned %s execution(s) finished more than %s ago in %s batch(es), %.1f s",
                  deleted, older_than, batches, time.monotonic() - began)

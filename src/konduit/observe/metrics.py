@@ -4,7 +4,8 @@ Each scrape reads the history through :func:`konduit.observe.stats.load_stats` (
 rule, same ``--history`` window) plus one count of executions by status and the stored alerts
 (``konduit_alerts_open`` per kind, one ``konduit_alert_open_since_seconds`` per open alert; see
 docs/alerts.md) and the steps with flow limits (``konduit_step_throttled_seconds_total`` and the
-like, since the limit was first registered: they never go down; see docs/flow-control.md), on
+like, since the limit was first registered: they never go down; see docs/flow-control.md), the
+webhook deliveries by status (``konduit_webhook_deliveries``; see docs/webhooks.md), on
 one connection pool kept for the process. A scrape never hangs and never
 fails: it is bounded by ``timeout``, and when the database cannot be read it answers with
 ``konduit_scrape_error 1`` (and no stale data).
@@ -54,6 +55,7 @@ SCRAPE_TIMEOUT = 5.0
 MAX_ALERT_SAMPLES = 1000
 """Open alerts one scrape reports one by one (newest first); the per-kind counts count them all."""
 EXECUTION_STATUSES = ("pending", "running", "succeeded", "failed", "timed_out", "cancelled")
+DELIVERY_STATUSES = ("pending", "delivered", "failed", "refused")
 
 log = logging.getLogger("konduit.observe.metrics")
 
@@ -151,6 +153,16 @@ def alert_families(alerts: Sequence[Row], counts: Sequence[Row] | None = None) -
     ]
 
 
+def webhook_family(counts: Sequence[Row]) -> Metric:
+    """``konduit_webhook_deliveries`` by status (every status, 0 when none), from the rows of
+    ``webhook_delivery_count_by_status``: a growing ``failed`` or ``pending`` count is a receiver
+    that does not answer (docs/webhooks.md)."""
+    found = {r["status"]: int(r["deliveries"]) for r in counts}
+    return _gauge("konduit_webhook_deliveries", "Webhook deliveries in the outbox, by status "
+                  "(pending, delivered, failed, refused).", ("status",),
+                  (((s,), found.get(s, 0)) for s in DELIVERY_STATUSES))
+
+
 def flow_families(stats: Stats) -> list[Metric]:
     """Flow limits (``step(concurrency=, rate=)``): running and ready tasks of each limited
     step, and the time and claims in which its limit held ready tasks back."""
@@ -197,7 +209,7 @@ class KonduitCollector(Collector):
         return await open_database(self.database_url, max_size=2, name="konduit-metrics",
                                    connect_timeout=self.timeout)
 
-    async def _read(self) -> tuple[Stats, list[Row], list[Row], tuple[list[Row], list[Row]]]:
+    async def _read(self) -> tuple[Stats, list[Row], list[Row], tuple[list[Row], list[Row]], list[Row]]:
         async with self._lock:
             try:
                 if self._db is None:
@@ -209,14 +221,15 @@ class KonduitCollector(Collector):
                 alerts = await self._db.all("alert_list_recent", include_resolved=False, kind=None,
                                             workflow=None, limit=MAX_ALERT_SAMPLES)
                 counts = await self._db.all("alert_count_open_by_kind")
-                return stats, rows, workers, (alerts, counts)
+                deliveries = await self._db.all("webhook_delivery_count_by_status")
+                return stats, rows, workers, (alerts, counts), deliveries
             except BaseException:  # a fresh pool next time: no waiting out a broken one's retries
                 db, self._db = self._db, None
                 if db is not None:
                     await db.close()
                 raise
 
-    def read(self) -> tuple[Stats, list[Row], list[Row], tuple[list[Row], list[Row]]]:
+    def read(self) -> tuple[Stats, list[Row], list[Row], tuple[list[Row], list[Row]], list[Row]]:
         """The stats, execution counts, live workers and open alerts now, within ``timeout``
         seconds (or an exception)."""
         future = asyncio.run_coroutine_threadsafe(
@@ -229,7 +242,7 @@ class KonduitCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         began = time.perf_counter()
         try:
-            stats, rows, workers, (alerts, counts) = self.read()
+            stats, rows, workers, (alerts, counts), deliveries = self.read()
         except Exception as exc:
             error = " ".join(str(exc).split()) or f"no answer within {self.timeout:g}s"
             if error != self._failing:
@@ -238,7 +251,9 @@ class KonduitCollector(Collector):
         else:
             if self._failing:
                 log.warning("reading the stats again")
-            self._failing, families = None, metric_families(stats, rows, workers, alerts, counts)
+            self._failing, families = None, [
+                *metric_families(stats, rows, workers, alerts, counts),
+                webhook_family(deliveries)]
         yield from families
         yield GaugeMetricFamily("konduit_scrape_error", "1 when this scrape could not read the "
                                 "database, else 0.", value=float(self._failing is not None))

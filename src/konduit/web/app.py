@@ -199,6 +199,18 @@ def create_app(client_factory: ClientFactory, app: App | None = None) -> FastAPI
         return page(request, "alerts.html", refresh=REFRESH_SECONDS * 5,
                     open=[a for a in found if a.open], resolved=[a for a in found if not a.open])
 
+    @web.get("/webhooks", response_class=HTMLResponse)
+    async def webhook_deliveries(request: Request, status: str | None = None,
+                                 limit: int = 100) -> Response:
+        try:
+            found = await (await clients.get()).webhook_deliveries(
+                status=status or None, limit=max(1, min(limit, 1000)))
+        except KonduitError as exc:
+            return page(request, "webhooks.html", 400, deliveries=[], status=status,
+                        error=str(exc))
+        return page(request, "webhooks.html", refresh=REFRESH_SECONDS * 5, deliveries=found,
+                    status=status, error=None)
+
     @web.get("/metrics")
     async def metrics() -> Response:
         body = await asyncio.to_thread(generate_latest, await clients.registry())

@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 from uuid import UUID
@@ -21,10 +21,12 @@ import psycopg
 
 from konduit.core.context import Context
 from konduit.core.payloads import DEFAULT_MAX_BYTES
+from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.db.migrate import ensure_current
 from konduit.engine import transitions
+from konduit.engine import webhooks as webhook_store
 from konduit.engine.advancer import Advanced
 from konduit.engine.alerting import Alerting
 from konduit.engine.auto_repair import AutoRepairer
@@ -46,6 +48,7 @@ from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
 from konduit.worker.hedging import Hedger
 from konduit.worker.maintenance import Maintenance, end_timed_out_executions
+from konduit.worker.webhook_sender import WebhookSender
 
 log = logging.getLogger("konduit.worker")
 T = TypeVar("T")
@@ -69,6 +72,7 @@ class Worker:
         *,
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
         retention: float | None = None,
+        webhooks: Sequence[Webhook] = (),
     ):
         self.db = db
         self.registry = registry
@@ -93,6 +97,9 @@ class Worker:
             self._record_group, max_batch=BATCH_COMPLETIONS, max_executions=BATCH_EXECUTIONS,
         )
         self.schedules = Schedules(db, registry, max_payload_bytes=max_payload_bytes)
+        self.webhooks = list(webhooks)
+        self.webhook_sender = WebhookSender(db, self.webhooks, worker_id=self.config.worker_id) \
+            if self.webhooks else None
         self.hedger = Hedger(db, registry, self.config)
         self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}  # by Claimed.key
         self.contexts: dict[int, Context] = {}
@@ -134,6 +141,7 @@ class Worker:
 
         await Client(self.db, self.registry).register_all()
         await self.schedules.sync()
+        await webhook_store.register(self.db, self.webhooks)
         await self.db.run(
             "worker_register",
             id=cfg.worker_id,
@@ -155,6 +163,8 @@ class Worker:
               if cfg.alert_interval > 0 else []),
             # Every worker tries each tick; the tick's idempotency key lets one execution exist.
             asyncio.create_task(self.schedules.run(), name="konduit-schedules"),
+            *([asyncio.create_task(self.webhook_sender.run(), name="konduit-webhooks")]
+              if self.webhook_sender is not None else []),
             asyncio.create_task(self.batcher.run(), name="konduit-completer"),
         ]
         self._completer = helpers[-1]

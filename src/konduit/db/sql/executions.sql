@@ -31,7 +31,8 @@ SET steps_pending = %(steps_pending)s
 WHERE id = %(id)s AND status = 'running' AND steps_pending IS DISTINCT FROM %(steps_pending)s;
 
 -- name: execution_finish_if_running
--- End a running execution with its status, output and error.
+-- End a running execution with its status, output and error. `webhooks`: some webhook is
+-- registered, so the caller writes the deliveries in this transaction (webhooks.sql: the outbox).
 UPDATE konduit_executions
 SET status = %(status)s,
     output = %(output)s,
@@ -40,7 +41,8 @@ SET status = %(status)s,
     output_version = output_version + 1,
     finished_at = clock_timestamp()
 WHERE id = %(id)s AND status = 'running'
-RETURNING id, output_version, finish_waited;
+RETURNING id, output_version, finish_waited,
+          EXISTS (SELECT FROM konduit_webhook_subscriptions) AS webhooks;
 
 -- name: execution_mark_waited_if_unfinished
 -- A client is about to wait for this execution: its finish must notify (see migration 0010).

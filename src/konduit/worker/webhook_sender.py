@@ -1,0 +1,163 @@
+"""The webhook sender every worker of an App with webhooks runs beside its maintenance loop.
+
+A round claims due deliveries of the webhooks this worker knows the secrets of, with FOR UPDATE
+SKIP LOCKED and a lease (the delivery's next due time, pushed past the longest the call may
+take): two workers never send the same delivery at once, and one whose worker was killed mid-call
+is due again when the lease runs out, for any worker, with the same ``Konduit-Delivery`` id
+(at-least-once: receivers deduplicate on it). The HTTP calls run on threads of their own, so a
+slow receiver holds one of those threads, never the worker's event loop. The end of each attempt
+is recorded under its lease: delivered on a 2xx; else retried with backoff (2 s, doubling, at most
+an hour) until :data:`~konduit.core.webhooks.MAX_ATTEMPTS` attempts or
+:data:`~konduit.core.webhooks.MAX_AGE`, then failed; refused at once, with nothing sent, when
+the host resolves to an internal address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from konduit.core.webhooks import (
+    DELIVERY_HEADER,
+    EVENT_HEADER,
+    SIGNATURE_HEADER,
+    Webhook,
+    encode_body,
+    gives_up,
+    retry_delay,
+    signature,
+)
+from konduit.db.database import Database, Row
+from konduit.errors import DatabaseError, DatabaseUnavailable, KonduitError
+from konduit.worker import webhook_http
+
+log = logging.getLogger("konduit.webhooks")
+
+POLL_INTERVAL = 1.0
+"""Seconds between two claims when nothing was due (a first retry is due 2 s after a failure)."""
+CONCURRENCY = 8
+"""Deliveries one worker sends at once (threads)."""
+
+Post = Callable[[Webhook, bytes, dict[str, str]], webhook_http.Response]
+
+
+def lease_seconds(hook: Webhook) -> float:
+    """How long a claimed delivery stays out of other senders' reach: longer than one call may
+    take (resolve, connect, send and read, each bounded by the hook's timeout)."""
+    return 3 * hook.timeout + 5.0
+
+
+class WebhookSender:
+    """Sends the deliveries of ``webhooks`` (this App's; others' deliveries are left to the
+    workers that hold their secrets)."""
+
+    def __init__(self, db: Database, webhooks: Sequence[Webhook], *, worker_id: str,
+                 poll_interval: float = POLL_INTERVAL, concurrency: int = CONCURRENCY,
+                 post: Post | None = None):
+        self.db = db
+        self.hooks = {w.subscription_id: w for w in webhooks}
+        self.worker_id = worker_id
+        self.poll_interval = poll_interval
+        self.concurrency = concurrency
+        self.post: Post = post or webhook_http.post
+        self.lease = max((lease_seconds(w) for w in webhooks), default=35.0)
+        self._threads = ThreadPoolExecutor(max_workers=concurrency,
+                                           thread_name_prefix="konduit-webhook")
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._done = asyncio.Event()
+        self.sent = 0
+
+    async def run(self) -> None:
+        """Claim and send until cancelled. A call in flight when the worker stops is abandoned:
+        its lease runs out and the delivery is sent again (by this App's next worker)."""
+        try:
+            while True:
+                claimed = 0
+                try:
+                    claimed = await self.round()
+                except (DatabaseError, KonduitError) as exc:
+                    level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
+                    log.log(level, "webhook round failed: %s", exc)
+                if claimed == 0 or len(self._inflight) >= self.concurrency:
+                    self._done.clear()
+                    try:
+                        await asyncio.wait_for(self._done.wait(), self.poll_interval)
+                    except TimeoutError:
+                        pass
+        finally:
+            for task in list(self._inflight):
+                task.cancel()
+            self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def round(self) -> int:
+        """Claim what is due (up to the free threads) and start sending it; returns how many."""
+        free = self.concurrency - len(self._inflight)
+        if free <= 0 or not self.hooks:
+            return 0
+        rows = await self.db.all(
+            "webhook_delivery_claim_due", subscriptions=list(self.hooks), limit=free,
+            lease_seconds=self.lease, worker_id=self.worker_id,
+        )
+        for row in rows:
+            task = asyncio.create_task(self._deliver(row), name=f"konduit-webhook-{row['id']}")
+            self._inflight.add(task)
+            task.add_done_callback(self._finished)
+        return len(rows)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._done.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("webhook delivery failed to record: %s", task.exception())
+
+    async def _deliver(self, row: Row) -> None:
+        hook = self.hooks[row["subscription_id"]]
+        delivery_id = str(row["id"])
+        body = encode_body(row["event"], delivery_id, row["body"])
+        headers = {
+            SIGNATURE_HEADER: signature(hook.secret, int(time.time()), body),
+            DELIVERY_HEADER: delivery_id,
+            EVENT_HEADER: row["event"],
+        }
+        loop = asyncio.get_running_loop()
+        status_code: int | None = None
+        try:
+            answer = await loop.run_in_executor(self._threads, self.post, hook, body, headers)
+        except webhook_http.Refused as exc:
+            log.warning("webhook delivery %s to %s refused: %s", delivery_id, hook.host, exc)
+            await self._record(row, "refused", f"refused: {exc}", None)
+            return
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        else:
+            status_code = answer.status
+            if 200 <= answer.status < 300:
+                self.sent += 1
+                await self._record(row, "delivered", None, answer.status)
+                return
+            error = f"HTTP {answer.status} {answer.reason}".strip()
+        delay = retry_delay(row["attempts"])
+        if gives_up(row["attempts"], row["age_seconds"], delay):
+            log.warning("webhook delivery %s to %s failed for good after %s attempt(s): %s",
+                        delivery_id, hook.host, row["attempts"], error)
+            await self._record(row, "failed", error, status_code)
+        else:
+            log.info("webhook delivery %s to %s failed (attempt %s), retrying in %.0f s: %s",
+                     delivery_id, hook.host, row["attempts"], delay, error)
+            await self._record(row, "pending", error, status_code, retry_seconds=delay)
+
+    async def _record(self, row: Row, status: str, error: str | None, status_code: int | None,
+                      *, retry_seconds: float = 0.0) -> None:
+        params: dict[str, Any] = {
+            "id": row["id"], "lease_token": row["lease_token"], "status": status,
+            "error": None if error is None else error[:1000], "status_code": status_code,
+            "retry_seconds": retry_seconds,
+        }
+        if await self.db.one("webhook_delivery_record_if_leased", **params) is None:
+            log.info("webhook delivery %s: lease ran out before its attempt was recorded",
+                     row["id"])
