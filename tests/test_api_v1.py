@@ -19,8 +19,8 @@ import pytest
 import konduit
 from konduit.web import create_app, database_client
 from tests import api_app
+from tests.browser_support import serving
 from tests.conftest import running_worker
-from tests.test_dashboard import serving
 
 pytestmark = pytest.mark.storage
 PROBLEM = "application/problem+json"

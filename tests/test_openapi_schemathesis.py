@@ -20,7 +20,7 @@ import konduit
 from konduit.web import create_app, database_client
 from konduit.web.security import Security, parse_tokens
 from tests import api_app
-from tests.test_dashboard import serving
+from tests.browser_support import serving
 
 OP = "op-" + "s" * 24
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"

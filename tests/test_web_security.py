@@ -34,8 +34,8 @@ from konduit.web.security import (
     tokens_from_env,
 )
 from tests import api_app
+from tests.browser_support import browser, eventually, serving
 from tests.conftest import running_worker
-from tests.test_dashboard import browser, eventually, serving
 
 __all__ = ["browser"]  # the browser fixture, shared with the dashboard's tests
 
@@ -188,35 +188,40 @@ def test_login_session_and_csrf(make_app: Callable[..., konduit.App], db_url: st
         for flag in ("HttpOnly", "SameSite=Strict", "Path=/", f"Max-Age={int(security.session_seconds)}"):
             assert flag in cookie, cookie
         assert "Secure" not in cookie  # plain http here; https (behind a proxy) adds it
-        letters = http.get("/dead-letters")
-        assert letters.status_code == 200
-        csrf = csrf_of(letters.text)
-        assert csrf and csrf == csrf_of(http.get(f"/executions/{eid}").text)
+        assert http.get("/dead-letters").status_code == 200
         repair = f"/executions/{eid}/repair"
+        confirm = http.get(repair)  # the confirmation page, whose form carries the token
+        assert confirm.status_code == 200
+        csrf = csrf_of(confirm.text)
+        assert csrf and csrf == csrf_of(http.get("/").text)  # one token per session
 
-        no_csrf = http.post(repair)
+        no_csrf = http.post(repair, data={"confirm": "yes"})
         assert no_csrf.status_code == 403 and "CSRF" in no_csrf.text
-        wrong = http.post(repair, data={"csrf_token": "0" * len(csrf)})
+        wrong = http.post(repair, data={"confirm": "yes", "csrf_token": "0" * len(csrf)})
         assert wrong.status_code == 403
-        cross = http.post(repair, data={"csrf_token": csrf}, headers={"Origin": "http://evil.example"})
+        cross = http.post(repair, data={"confirm": "yes", "csrf_token": csrf},
+                          headers={"Origin": "http://evil.example"})
         assert cross.status_code == 403
-        site = http.post(repair, data={"csrf_token": csrf}, headers={"Sec-Fetch-Site": "cross-site"})
+        site = http.post(repair, data={"confirm": "yes", "csrf_token": csrf},
+                         headers={"Sec-Fetch-Site": "cross-site"})
         assert site.status_code == 403
+        assert app.status(eid).outcomes["flaky"] == "failed"  # none of them repaired anything
         api_app.HEALED.set()
-        done = http.post(repair, data={"csrf_token": csrf})
+        done = http.post(repair, data={"confirm": "yes", "csrf_token": csrf})
         assert done.status_code == 303 and "repair+started" in done.headers["location"]
 
         # Another login gets another CSRF token; the old one no longer works with it.
         http.cookies.clear()
         assert login(http, OP).status_code == 303
-        assert csrf_of(http.get("/dead-letters").text) != csrf
-        assert http.post(repair, data={"csrf_token": csrf}).status_code == 403
+        assert csrf_of(http.get("/").text) != csrf
+        assert http.post(repair, data={"confirm": "yes", "csrf_token": csrf}).status_code == 403
 
         # A read-only session looks but cannot POST, even with its CSRF token.
         http.cookies.clear()
         assert login(http, RO).status_code == 303
-        ro_csrf = csrf_of(http.get("/dead-letters").text)
-        assert http.post(repair, data={"csrf_token": ro_csrf}).status_code == 403
+        ro_csrf = csrf_of(http.get("/").text)
+        refusal = http.post(repair, data={"confirm": "yes", "csrf_token": ro_csrf})
+        assert refusal.status_code == 403 and "read-only session" in refusal.text
 
         # A forged, tampered or expired cookie is no session.
         value = http.cookies[SESSION_COOKIE]
@@ -227,7 +232,7 @@ def test_login_session_and_csrf(make_app: Callable[..., konduit.App], db_url: st
         http.cookies.clear()
         http.cookies.set(SESSION_COOKIE, security.new_session(security.tokens[1], now=time.time() - 9 * 3600))
         assert http.get("/").status_code == 303
-        assert http.post(repair, data={"csrf_token": csrf}).status_code == 401
+        assert http.post(repair, data={"confirm": "yes", "csrf_token": csrf}).status_code == 401
 
         # A session opened elsewhere with a token this server does not have is refused.
         other = Security(parse_tokens([f"op:{'z' * 20}"]), secret=security.secret)
@@ -239,6 +244,9 @@ def test_login_session_and_csrf(make_app: Callable[..., konduit.App], db_url: st
         away_next = http.post("/login", data={"token": OP, "next": "//evil.example/x"})
         assert away_next.headers["location"] == "/"
         assert http.post("/logout").headers["location"] == "/login"
+        # Behind a TLS proxy on this machine (X-Forwarded-Proto trusted from 127.0.0.1): Secure.
+        secure = http.post("/login", data={"token": OP}, headers={"X-Forwarded-Proto": "https"})
+        assert secure.status_code == 303 and "; Secure" in secure.headers["set-cookie"]
 
 
 @pytest.mark.storage
@@ -265,7 +273,9 @@ def test_headers_escaping_and_no_password_in_answers(db_url: str) -> None:
         listed = http.get("/", params={"workflow": hostile})
         assert hostile not in listed.text
         for html in (stats.text, listed.text, http.get("/api/v1/docs").text):
-            assert "<script" not in html.lower() and " on" + "click=" not in html.lower()
+            tags = re.findall(r"<script[^>]*>", html, re.IGNORECASE)
+            assert all(' src="/static/' in t for t in tags), tags  # no inline script
+            assert " on" + "click=" not in html.lower()
 
     for url in ("postgresql://bob:s3cretpw@127.0.0.1:1/none", "postgresql://bob:s3cretpw@[::1/none",
                 "host=127.0.0.1 port=1 user=bob password=s3cretpw"):
@@ -300,7 +310,9 @@ def test_login_and_repair_in_a_browser(make_app: Callable[..., konduit.App], db_
         cookie = browser.get_cookie(SESSION_COOKIE)
         assert cookie and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         api_app.HEALED.set()
-        browser.find_element(By.ID, "repair").click()
+        browser.find_element(By.ID, "repair").click()  # the confirmation page
+        eventually(browser, lambda d: d.current_url == f"{target}/repair")
+        browser.find_element(By.ID, "confirm-repair").click()  # its form: CSRF token, Origin
         eventually(browser, lambda d: "re-running" in d.find_element(By.ID, "flash").text)
         assert handle.wait(30).outcomes["flaky"] == "succeeded"
 
@@ -309,9 +321,15 @@ def test_login_and_repair_in_a_browser(make_app: Callable[..., konduit.App], db_
         browser.find_element(By.ID, "token").send_keys(RO)
         browser.find_element(By.CSS_SELECTOR, "#login button").click()
         eventually(browser, lambda d: d.current_url == target)
-        browser.get(f"{base}/dead-letters")
-        browser.find_element(By.CSS_SELECTOR, "button.repair").click()
-        eventually(browser, lambda d: "read-only session" in d.find_element(By.TAG_NAME, "main").text)
+        api_app.RELEASE.clear()
+        holding = app.start("api-hold")
+        try:
+            browser.get(f"{base}/executions/{holding.id}/cancel")
+            browser.find_element(By.ID, "confirm-cancel").click()
+            eventually(browser, lambda d: "read-only session" in d.find_element(By.TAG_NAME, "main").text)
+            assert app.status(holding.id).status == "running"
+        finally:
+            api_app.RELEASE.set()
 
 
 def test_database_passwords_are_masked_in_messages(tmp_path: Path) -> None:

@@ -54,8 +54,8 @@ from konduit.observe.stats import load_stats, span
 from konduit.web import actions, ops, pages, problems, views, wiring
 from konduit.web.detail import Detail as Detail
 from konduit.web.detail import load_detail
-from konduit.web.site import Site
 from konduit.web.security import Security, Token, check_bind
+from konduit.web.site import Site
 
 ClientFactory = Callable[[], Awaitable[Client]]
 REFRESH_SECONDS = 2
