@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from konduit.core.masking import mask_password
+
 if TYPE_CHECKING:
     from konduit.core.results import ExecutionResult
 
@@ -59,7 +61,11 @@ class PayloadError(KonduitError):
 
 
 class DatabaseError(KonduitError):
-    """The database failed; the driver's error is in ``__cause__``."""
+    """The database failed; the driver's error is in ``__cause__``. The message never holds a
+    database URL's password (a driver that cannot parse a URL quotes all of it)."""
+
+    def __init__(self, *args: object):
+        super().__init__(*(mask_password(a) if isinstance(a, str) else a for a in args))
 
 
 class DatabaseUnavailable(DatabaseError):

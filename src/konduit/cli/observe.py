@@ -33,6 +33,12 @@ def dashboard(
         "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
         help="module:attribute of the konduit.App whose workflows Repair re-runs "
         "(without it, Repair is disabled).", show_default=False)] = None,
+    token: Annotated[list[str] | None, typer.Option(
+        "--token", metavar="[ro:|op:]SECRET",
+        help="A token the API and the pages accept (repeatable): ro:SECRET reads, op:SECRET (or a "
+        "bare SECRET) also starts, cancels and repairs. Added to KONDUIT_API_TOKEN's "
+        "(comma-separated). Needed to listen on anything but a loopback address.",
+        show_default=False)] = None,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Serve the web dashboard until SIGINT/SIGTERM: executions (paged, with a strip of queue
@@ -40,18 +46,23 @@ def dashboard(
     timeline of its attempts and fan-in waits, full tracebacks and map steps summarised in one
     row; Cancel and Repair behind a confirmation page; workers (alive, dead or stopped, slots,
     running attempts, abandoned threads, last heartbeat); dead letters (paged); alerts; the
-    stats; /metrics and a JSON API under /api. See docs/dashboard.md. While the database is down
-    its pages answer 503."""
+    stats; /metrics and a JSON API under /api/v1 (docs at /api/v1/docs, OpenAPI at
+    /openapi.json). See docs/dashboard.md. While the database is down its pages answer 503.
+    With tokens, the API needs Authorization: Bearer and the pages a login (docs/api.md)."""
     from konduit.web.app import serve
+    from konduit.web.security import check_bind, parse_tokens, tokens_from_env
 
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)  # a down database is a 503 page
+    tokens = tokens_from_env() + parse_tokens(token or [])
+    check_bind(host, tokens)  # before loading the App: a refusal should not wait for it
     app = load_app(app_spec, database_url) if app_spec else None
     where = describe_url(database_url or (app.database_url if app else None)
                          or os.environ.get("KONDUIT_DATABASE_URL"))
-    serve(database_url, app, host=host, port=port, announce=lambda url: err_console.print(
+    guard = (f", {len(tokens)} token(s) required" if tokens else ", no token (loopback only)")
+    serve(database_url, app, host=host, port=port, tokens=tokens, announce=lambda url: err_console.print(
         f"konduit dashboard: serving {url} from {where}"
-        + (f", repairs with {app_spec}" if app_spec else " (read-only: no --app)") + " (Ctrl-C stops)",
-        soft_wrap=True, markup=False))
+        + (f", repairs with {app_spec}" if app_spec else " (read-only: no --app)") + guard
+        + " (Ctrl-C stops)", soft_wrap=True, markup=False))
 
 
 def metrics(

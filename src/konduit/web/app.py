@@ -39,6 +39,7 @@ from konduit.app import App
 from konduit.engine.client import Client
 from konduit.errors import (
     AlertError,
+    DatabaseError,
     DatabaseUnavailable,
     ExecutionNotFound,
     KonduitError,
@@ -50,9 +51,10 @@ from konduit.errors import (
 )
 from konduit.observe.metrics import KonduitCollector
 from konduit.observe.stats import load_stats, span
-from konduit.web import actions, ops, pages, views
+from konduit.web import actions, ops, pages, problems, views, wiring
 from konduit.web.detail import Detail as Detail
 from konduit.web.detail import load_detail
+from konduit.web.security import Security, Token, check_bind
 from konduit.web.site import Site
 
 ClientFactory = Callable[[], Awaitable[Client]]
@@ -127,29 +129,37 @@ def wants_json(request: Request) -> bool:
     return request.url.path.startswith("/api/") or request.url.path.endswith(".json")
 
 
-def create_app(client_factory: ClientFactory, app: App | None = None) -> FastAPI:
+def create_app(client_factory: ClientFactory, app: App | None = None, *,
+               security: Security | None = None) -> FastAPI:
     """The dashboard as an ASGI app. ``client_factory`` makes the client the pages read with
-    (see :func:`database_client`); ``app`` supplies the workflow code that Repair re-runs."""
+    (see :func:`database_client`); ``app`` supplies the workflow code that Repair and the API's
+    starts run; ``security`` holds the tokens (none: open, for a loopback address only)."""
     clients = Clients(client_factory)
+    security = security or Security()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         await clients.close()
 
-    web = FastAPI(title="konduit dashboard", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+    web = FastAPI(title="konduit", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
 
     def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
         context.setdefault("flash", request.query_params.get("flash"))
         context.setdefault("error", request.query_params.get("error"))
-        return templates.TemplateResponse(request, name, {"repair_enabled": app is not None,
-                                                          **context}, status_code=status_code)
+        session = request.scope.get("state", {}).get("session")
+        return templates.TemplateResponse(request, name, {
+            "repair_enabled": app is not None, "csrf_token": session.csrf if session else "",
+            "logged_in": session is not None, **context}, status_code=status_code)
 
     def problem(request: Request, status_code: int, title: str, message: str) -> Response:
         if wants_json(request):
-            return JSONResponse({"detail": message}, status_code=status_code)
-        return page(request, "error.html", status_code, title=title, message=message)
+            return problems.problem(status_code, message, title=title)
+        return page(request, "error.html", status_code, title=title, message=problems.scrub(message))
+
+    # The API (/api/v1, /openapi.json), the login form, tokens, CSRF and security headers.
+    wiring.install(web, clients, app, security, problem)
 
     @web.exception_handler(ExecutionNotFound)
     async def not_found(request: Request, exc: ExecutionNotFound) -> Response:
@@ -161,11 +171,15 @@ def create_app(client_factory: ClientFactory, app: App | None = None) -> FastAPI
             await clients.drop()  # a fresh connection next time
             return problem(request, 503, "The database is unavailable",
                            f"{exc} — the dashboard retries on the next request.")
+        if isinstance(exc, DatabaseError):  # a conflict that outlasted its retries, a full pool
+            return problem(request, 503, "The database could not answer", f"{exc} — try again.")
+        if wants_json(request):  # what a caller sent (the API's own refusals are Refused)
+            return problems.problem(422, str(exc))
         return problem(request, 500, "Konduit error", str(exc))
 
     @web.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        return problem(request, exc.status_code, "Not found" if exc.status_code == 404 else "Error",
+        return problem(request, exc.status_code, problems.TITLES.get(exc.status_code, "Error"),
                        f"{exc.detail}: {request.url.path}")
 
     def filters(status: str | None, workflow: str | None) -> tuple[str | None, str | None]:
@@ -232,7 +246,7 @@ def create_app(client_factory: ClientFactory, app: App | None = None) -> FastAPI
                                                        workflow=workflow or None,
                                                        limit=max(1, min(limit, 1000)))
         except AlertError as exc:
-            return JSONResponse({"detail": str(exc)}, status_code=400)
+            return problems.problem(400, str(exc), field="kind")
         return JSONResponse([a.to_json() for a in found])
 
     @web.get("/api/executions/{execution_id}")
@@ -247,8 +261,13 @@ def create_app(client_factory: ClientFactory, app: App | None = None) -> FastAPI
 
 
 def serve(database_url: str | None = None, app: App | None = None, *, host: str = "127.0.0.1",
-          port: int = 8090, announce: Callable[[str], None] = print) -> None:
-    """Serve the dashboard on ``host:port`` until SIGINT/SIGTERM (port 0: any free one)."""
+          port: int = 8090, announce: Callable[[str], None] = print,
+          tokens: tuple[Token, ...] = ()) -> None:
+    """Serve the dashboard on ``host:port`` until SIGINT/SIGTERM (port 0: any free one).
+
+    ``tokens`` (see :mod:`konduit.web.security`) are required on the API and for the pages;
+    without any, only a loopback ``host`` is allowed."""
+    check_bind(host, tokens)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -259,6 +278,7 @@ def serve(database_url: str | None = None, app: App | None = None, *, host: str 
         raise DashboardError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound = sock.getsockname()[1]
     announce(f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{bound}/")
-    config = uvicorn.Config(create_app(database_client(database_url, app), app),
-                            log_level="warning", lifespan="on")
+    config = uvicorn.Config(create_app(database_client(database_url, app), app,
+                                       security=Security(tokens)),
+                            log_level="warning", lifespan="on", server_header=False)
     uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,258 @@
+"""The request and response bodies of ``/api/v1`` (they make its OpenAPI description)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+ExecutionStatus = Literal["pending", "running", "succeeded", "failed", "timed_out", "cancelled"]
+
+MAX_BATCH = 1000
+
+
+class StartBody(BaseModel):
+    """One execution to start."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workflow: str = Field(min_length=1, max_length=200, description="The workflow's name")
+    input: Any = Field(None, description="Any JSON value; the handlers' ctx.input")
+    version: int | None = Field(None, ge=1, description="Default: the latest the server knows")
+    idempotency_key: str | None = Field(
+        None, min_length=1, max_length=500,
+        description="The same key (with the same input) gives the same execution")
+    timeout: float | str | None = Field(
+        None, description="A hard limit, in seconds or like \"10m\"; past it the execution "
+        "ends timed_out")
+    deadline_at: AwareDatetime | None = Field(
+        None, description="The window it should finish in (with a time zone)")
+
+
+class BatchBody(BaseModel):
+    """Many executions to start in one transaction: all of them, or none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: list[StartBody] = Field(max_length=MAX_BATCH)
+
+
+class Started(BaseModel):
+    """A started execution (or the one its idempotency key already named)."""
+
+    id: UUID
+    status: ExecutionStatus
+
+
+class StartedMany(BaseModel):
+    executions: list[Started] = Field(description="In request order")
+
+
+class ExecutionSummary(BaseModel):
+    id: UUID
+    workflow: str
+    version: int
+    status: ExecutionStatus
+    error: str | None = None
+    idempotency_key: str | None = None
+    created_at: datetime
+    finished_at: datetime | None = None
+
+
+class ExecutionPage(BaseModel):
+    """Executions, newest first; ``next_cursor`` fetches the ones after (None: no more)."""
+
+    items: list[ExecutionSummary]
+    next_cursor: str | None = None
+
+
+class StepState(BaseModel):
+    step: str
+    status: str
+    up_total: int | None = None
+    up_pending: int | None = None
+    up_ok: int | None = None
+    up_failed: int | None = None
+    up_skipped: int | None = None
+    tasks_total: int | None = None
+    tasks_pending: int | None = None
+    tasks_ok: int | None = None
+    tasks_degraded: int | None = None
+    tasks_failed: int | None = None
+    first_upstream_at: datetime | None = None
+    last_upstream_at: datetime | None = None
+    straggler: str | None = None
+    fired_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+class Attempt(BaseModel):
+    """One attempt of one task, with its whole error (traceback included) when it failed."""
+
+    task_id: int
+    step: str
+    map_index: int | None = None
+    generation: int
+    attempt: int
+    worker_id: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    outcome: str | None = None
+    error: str | None = None
+    hedge: bool | None = None
+
+
+class OutputVersion(BaseModel):
+    version: int
+    status: str
+    output: Any = None
+    degraded: list[str] | None = None
+    created_at: datetime
+
+
+class ExecutionDetail(BaseModel):
+    id: UUID
+    workflow: str
+    version: int
+    status: ExecutionStatus
+    input: Any = None
+    output: Any = None
+    error: str | None = None
+    outcomes: dict[str, str] = Field(description="Each step's outcome")
+    idempotency_key: str | None = None
+    created_at: datetime
+    finished_at: datetime | None = None
+    deadline_at: datetime | None = None
+    timeout_at: datetime | None = None
+    output_version: int | None = None
+    steps: list[StepState]
+    attempts: list[Attempt]
+    output_versions: list[OutputVersion]
+
+
+class Cancelled(BaseModel):
+    id: UUID
+    cancelled: bool = Field(description="False when it had already finished")
+    status: ExecutionStatus
+
+
+class Repaired(BaseModel):
+    id: UUID
+    rerun: list[str] = Field(description="The steps re-run")
+    status: ExecutionStatus
+
+
+class DeadLetter(BaseModel):
+    task_id: int
+    execution_id: UUID
+    workflow: str
+    step: str
+    map_index: int | None = None
+    attempt: int
+    error: str | None = None
+    finished_at: datetime | None = None
+
+
+class JoinPolicy(BaseModel):
+    kind: str
+    k: int | None = None
+
+
+class StepDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    after: list[str] = Field(default_factory=list)
+    join: JoinPolicy | None = None
+    required: bool = True
+    map: bool = False
+    queue: str | None = None
+    priority: int | None = None
+    deadline: Any = None
+    retry: dict[str, Any] | None = None
+
+
+class Join(BaseModel):
+    """A step with more than one upstream branch, and the policy that fires it."""
+
+    step: str
+    upstream: list[str]
+    policy: JoinPolicy
+
+
+class WorkflowOut(BaseModel):
+    name: str
+    version: int
+    spec_hash: str
+    created_at: datetime
+    served: bool = Field(description="Whether this server has its code (can start it)")
+    steps: list[StepDefinition]
+    edges: list[tuple[str, str]] = Field(description="[from, to] pairs")
+    joins: list[Join]
+
+
+class WorkerOut(BaseModel):
+    id: str
+    hostname: str
+    pid: int
+    concurrency: int
+    queues: list[str] | None = None
+    workflows: list[str] | None = None
+    isolation: str | None = None
+    running: int
+    abandoned: int
+    started_at: datetime
+    last_heartbeat_at: datetime
+    lease_seconds: float
+    heartbeat_age: float
+
+
+class ScheduleOut(BaseModel):
+    name: str
+    workflow: str
+    workflow_version: int | None = None
+    schedule: str
+    cron: str | None = None
+    every_seconds: float | None = None
+    timezone: str | None = None
+    missed: str
+    window_seconds: float | None = None
+    input: Any = None
+    paused: bool
+    paused_at: datetime | None = None
+    last_tick: datetime | None = None
+    next_tick: datetime | None = None
+    behind: bool
+    last_execution_id: UUID | None = None
+    last_status: str | None = None
+    last_scheduled_at: datetime | None = None
+    last_started_at: datetime | None = None
+
+
+class AlertOut(BaseModel):
+    id: int
+    kind: str
+    subject: str
+    workflow: str
+    severity: str
+    message: str
+    details: dict[str, Any]
+    raised_at: datetime
+    last_seen_at: datetime
+    resolved_at: datetime | None = None
+    open: bool
+
+
+class StatsOut(BaseModel):
+    """``konduit stats --json``: per branch and per join, the alerts, flow-limited steps."""
+
+    workflow: str | None = None
+    history_seconds: float
+    fan_in_alert_seconds: float
+    consecutive: int
+    branches: list[dict[str, Any]]
+    joins: list[dict[str, Any]]
+    alerts: list[dict[str, Any]]
+    flow: list[dict[str, Any]]

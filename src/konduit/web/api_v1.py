@@ -1,0 +1,324 @@
+"""``/api/v1``: the dashboard's JSON API (docs/api.md), described by ``/openapi.json``.
+
+Reading needs only the database; starting and repairing run workflow code, so they need the
+App (``konduit dashboard --app MODULE:ATTR``) and answer 503 with that reason without it. Every
+refusal is ``application/problem+json`` naming the field at fault (:mod:`konduit.web.problems`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from konduit.app import App
+from konduit.core.durations import parse_duration
+from konduit.engine.client import Client, coerce_execution_id
+from konduit.engine.registry import workflow_key
+from konduit.engine.schedules import Schedules
+from konduit.engine.starts import StartRequest
+from konduit.errors import (
+    AlertError,
+    ExecutionNotFound,
+    IdempotencyConflict,
+    KonduitError,
+    NothingToRepair,
+    PayloadError,
+    StatsError,
+    WorkflowNotFound,
+)
+from konduit.observe.stats import load_stats
+from konduit.web import api_models as m
+from konduit.web.problems import problem, problem_responses
+
+if TYPE_CHECKING:
+    from konduit.web.app import Clients
+
+NEEDS_APP = ("this server has no workflow code: {what} runs it, so start the dashboard with "
+             "--app MODULE:ATTR (or KONDUIT_APP)")
+
+
+class Refused(Exception):
+    """A request refused with a problem (turned into problem+json by the app's handler)."""
+
+    def __init__(self, status: int, detail: str, field: str | None = None):
+        super().__init__(detail)
+        self.status, self.detail, self.field = status, detail, field
+
+    def response(self) -> JSONResponse:
+        return problem(self.status, self.detail, field=self.field)
+
+
+def encode_cursor(created_at: datetime, eid: UUID) -> str:
+    raw = json.dumps([created_at.isoformat(), str(eid)]).encode()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, eid = json.loads(raw)
+        when = datetime.fromisoformat(at)
+        if when.tzinfo is None:
+            raise ValueError("naive")
+        return when, UUID(eid)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise Refused(422, "cursor: not a cursor this API gave out (pass next_cursor back "
+                      "unchanged)", "query.cursor") from None
+
+
+def check_start(app: App, body: m.StartBody, where: str) -> StartRequest:
+    """The request, after checking what can be checked before writing (each fault named)."""
+    try:
+        app.registry.get(body.workflow, body.version)
+    except WorkflowNotFound as exc:
+        known = {spec.name for spec in app.registry}
+        at_fault = "version" if body.version is not None and body.workflow in known else "workflow"
+        raise Refused(422, str(exc), f"{where}{at_fault}") from None
+    if body.timeout is not None:
+        try:
+            parse_duration(body.timeout, what="timeout")
+        except KonduitError as exc:
+            raise Refused(422, str(exc), f"{where}timeout") from None
+    return StartRequest(body.workflow, body.input, body.idempotency_key, body.version,
+                        body.deadline_at, body.timeout)
+
+
+def start_refusal(exc: KonduitError) -> Refused:
+    if isinstance(exc, IdempotencyConflict):
+        return Refused(409, str(exc), "body.idempotency_key")
+    if isinstance(exc, PayloadError):
+        return Refused(422, str(exc), "body.input")
+    return Refused(422, str(exc))
+
+
+def spec_view(spec: dict[str, Any]) -> tuple[list[m.StepDefinition], list[tuple[str, str]], list[m.Join]]:
+    steps = [m.StepDefinition.model_validate(s) for s in spec.get("steps", [])]
+    edges = [(up, s.name) for s in steps for up in s.after]
+    joins = [m.Join(step=s.name, upstream=list(s.after), policy=s.join or m.JoinPolicy(kind="all_succeeded"))
+             for s in steps if len(s.after) > 1]
+    return steps, edges, joins
+
+
+Limit = Annotated[int, Query(ge=1, le=500, description="At most this many")]
+
+
+def api_router(clients: Clients, app: App | None) -> APIRouter:
+    """The ``/api/v1`` routes, reading through ``clients``; ``app`` supplies workflow code."""
+    router = APIRouter(prefix="/api/v1",
+                       responses=problem_responses(400, 401, 403, 413, 422, 503))
+
+    def needs_app(what: str) -> App:
+        if app is None:
+            raise Refused(503, NEEDS_APP.format(what=what))
+        return app
+
+    async def operator(what: str) -> tuple[App, Client]:
+        code = needs_app(what)
+        client = await clients.get()
+        return code, Client(client.db, code.registry, max_payload_bytes=code.max_payload_bytes)
+
+    async def statuses(client: Client, ids: list[UUID]) -> dict[UUID, str]:
+        rows = await client.db.all("execution_status_list_by_ids", ids=ids)
+        return {UUID(str(r["id"])): r["status"] for r in rows}
+
+    @router.post("/executions", status_code=201, response_model=m.Started, tags=["executions"],
+                 responses=problem_responses(409))
+    async def start(body: m.StartBody) -> m.Started:
+        """Start an execution; the same idempotency key (and input) gives the same one."""
+        code, client = await operator("starting an execution")
+        request = check_start(code, body, "body.")
+        try:
+            eid = await client.start(request.workflow, request.input,
+                                     idempotency_key=request.idempotency_key,
+                                     version=request.version, deadline_at=request.deadline_at,
+                                     timeout=request.timeout)
+        except (WorkflowNotFound, IdempotencyConflict, PayloadError) as exc:
+            raise start_refusal(exc) from None
+        return m.Started(id=eid, status=(await statuses(client, [eid])).get(eid, "pending"))  # type: ignore[arg-type]
+
+    @router.post("/executions:batch", status_code=201, response_model=m.StartedMany,
+                 tags=["executions"], responses=problem_responses(409))
+    async def start_many(body: m.BatchBody) -> m.StartedMany:
+        """Start many executions in one transaction: every one of them, or none."""
+        code, client = await operator("starting an execution")
+        requests = [check_start(code, b, f"body.requests.{i}.") for i, b in enumerate(body.requests)]
+        try:
+            ids = await client.start_many(requests)
+        except (WorkflowNotFound, IdempotencyConflict, PayloadError) as exc:
+            raise start_refusal(exc) from None
+        found = await statuses(client, ids) if ids else {}
+        return m.StartedMany(executions=[m.Started(id=i, status=found.get(i, "pending"))  # type: ignore[arg-type]
+                                         for i in ids])
+
+    @router.get("/executions", response_model=m.ExecutionPage, tags=["executions"])
+    async def executions(status: m.ExecutionStatus | None = None,
+                         workflow: Annotated[str | None, Query(max_length=200)] = None,
+                         limit: Limit = 50,
+                         cursor: Annotated[str | None, Query(max_length=500)] = None) -> m.ExecutionPage:
+        """Executions, newest first, a page at a time: pass ``next_cursor`` back as ``cursor``.
+        Pages are stable while executions are started: none is repeated or skipped."""
+        before_at, before_id = decode_cursor(cursor) if cursor else (None, None)
+        client = await clients.get()
+        rows = await client.db.all("execution_list_before", status=status,
+                                   workflow_name=workflow or None, before_at=before_at,
+                                   before_id=before_id, limit=limit + 1)
+        items = [m.ExecutionSummary(id=r["id"], workflow=r["workflow_name"],
+                                    version=r["workflow_version"], status=r["status"],
+                                    error=r["error"], idempotency_key=r["idempotency_key"],
+                                    created_at=r["created_at"], finished_at=r["finished_at"])
+                 for r in rows[:limit]]
+        more = len(rows) > limit
+        return m.ExecutionPage(items=items, next_cursor=encode_cursor(items[-1].created_at, items[-1].id)
+                               if more else None)
+
+    @router.get("/executions/{execution_id}", response_model=m.ExecutionDetail, tags=["executions"],
+                responses=problem_responses(404))
+    async def execution(execution_id: str) -> m.ExecutionDetail:
+        """One execution whole: input, output, each step, every attempt with its full error."""
+        client = await clients.get()
+        result = await client.get(execution_id)
+        row = await client.db.one("execution_get", id=result.id)
+        if row is None:
+            raise ExecutionNotFound(f"no execution with id {result.id}")
+        steps = await client.steps(result.id)
+        attempts = await client.db.all("attempt_list_by_execution", execution_id=result.id)
+        return m.ExecutionDetail(
+            id=result.id, workflow=result.workflow, version=result.version,
+            status=result.status,  # type: ignore[arg-type]
+            input=row["input"], output=result.output, error=result.error,
+            outcomes=result.outcomes, idempotency_key=row["idempotency_key"],
+            created_at=row["created_at"], finished_at=row["finished_at"],
+            deadline_at=row["deadline_at"], timeout_at=row["timeout_at"],
+            output_version=row["output_version"],
+            steps=[m.StepState.model_validate(s) for s in steps],
+            attempts=[m.Attempt.model_validate(a) for a in attempts],
+            output_versions=[m.OutputVersion.model_validate(v) for v in await client.outputs(result.id)])
+
+    @router.post("/executions/{execution_id}/cancel", response_model=m.Cancelled,
+                 tags=["executions"], responses=problem_responses(404))
+    async def cancel(execution_id: str) -> m.Cancelled:
+        """Cancel an unfinished execution (its running tasks are told to stop)."""
+        client = await clients.get()
+        eid = coerce_execution_id(execution_id)
+        await client.get(eid)  # 404 before anything else
+        cancelled = await client.cancel(eid)
+        status = (await statuses(client, [eid])).get(eid, "cancelled")
+        return m.Cancelled(id=eid, cancelled=cancelled, status=status)  # type: ignore[arg-type]
+
+    @router.post("/executions/{execution_id}/repair", response_model=m.Repaired,
+                 tags=["executions"], responses=problem_responses(404, 409))
+    async def repair(execution_id: str) -> m.Repaired:
+        """Re-run the degraded and failed steps of a finished execution and what depends on
+        them (409 when there is nothing to repair or it has not finished)."""
+        eid = coerce_execution_id(execution_id)
+        _, client = await operator("repair")
+        await client.get(eid)
+        try:
+            rerun = await client.repair(eid)
+        except ExecutionNotFound:
+            raise
+        except (NothingToRepair, WorkflowNotFound) as exc:
+            raise Refused(409, str(exc)) from None
+        except KonduitError as exc:
+            if type(exc) is not KonduitError:
+                raise
+            raise Refused(409, str(exc)) from None  # running, pending or cancelled
+        status = (await statuses(client, [eid])).get(eid, "running")
+        return m.Repaired(id=eid, rerun=rerun, status=status)  # type: ignore[arg-type]
+
+    @router.get("/dead-letters", response_model=list[m.DeadLetter], tags=["operations"])
+    async def dead_letters(limit: Limit = 100) -> list[m.DeadLetter]:
+        """Tasks whose retries ran out (or that failed non-retryably), newest first."""
+        rows = await (await clients.get()).dead_letters(limit)
+        return [m.DeadLetter(task_id=r["id"], execution_id=r["execution_id"], workflow=r["workflow_name"],
+                             step=r["step"], map_index=r["map_index"], attempt=r["attempt"],
+                             error=r["error"], finished_at=r["finished_at"]) for r in rows]
+
+    @router.get("/workflows", response_model=list[m.WorkflowOut], tags=["operations"])
+    async def workflows() -> list[m.WorkflowOut]:
+        """Every registered workflow version with its DAG: steps, edges, joins."""
+        rows = await (await clients.get()).db.all("workflow_list_with_spec")
+        known = set(app.registry.keys()) if app is not None else set()
+        out = []
+        for r in rows:
+            steps, edges, joins = spec_view(r["spec"] or {})
+            served = workflow_key(r["name"], r["version"]) in known
+            out.append(m.WorkflowOut(name=r["name"], version=r["version"], spec_hash=r["spec_hash"],
+                                     created_at=r["created_at"], served=served,
+                                     steps=steps, edges=edges, joins=joins))
+        return out
+
+    @router.get("/workers", response_model=list[m.WorkerOut], tags=["operations"])
+    async def workers() -> list[m.WorkerOut]:
+        """The workers that are up, with what they serve and run."""
+        return [m.WorkerOut.model_validate(r) for r in await (await clients.get()).workers()]
+
+    @router.get("/schedules", response_model=list[m.ScheduleOut], tags=["operations"])
+    async def schedules() -> list[m.ScheduleOut]:
+        """Every stored schedule, its next tick and the execution of its latest tick."""
+        client = await clients.get()
+        rows = await Schedules(client.db, client.registry).list()
+        return [m.ScheduleOut.model_validate(r | {"workflow": r["workflow_name"]}) for r in rows]
+
+    @router.get("/alerts", response_model=list[m.AlertOut], tags=["operations"])
+    async def alerts(all: bool = False, kind: Annotated[str | None, Query(max_length=100)] = None,
+                     workflow: Annotated[str | None, Query(max_length=200)] = None,
+                     limit: Limit = 100) -> list[m.AlertOut]:
+        """Open alerts, newest first (``all``: resolved ones too)."""
+        try:
+            found = await (await clients.get()).alerts(include_resolved=all, kind=kind or None,
+                                                       workflow=workflow or None, limit=limit)
+        except AlertError as exc:
+            raise Refused(422, str(exc), "query.kind") from None
+        return [m.AlertOut.model_validate(a.to_json()) for a in found]
+
+    @router.get("/stats", response_model=m.StatsOut, tags=["operations"])
+    async def stats(workflow: Annotated[str | None, Query(max_length=200)] = None,
+                    history: Annotated[str, Query(max_length=50)] = "24h",
+                    fan_in_alert: Annotated[str, Query(max_length=50)] = "20s",
+                    consecutive: Annotated[int, Query(ge=1, le=1000)] = 2) -> m.StatsOut:
+        """``konduit stats``: per branch and per join over ``history``, and the fan-in alerts."""
+        try:
+            found = await load_stats((await clients.get()).db, workflow or None, history=history,
+                                     fan_in_alert=fan_in_alert, consecutive=consecutive)
+        except StatsError as exc:
+            text = str(exc)
+            field = next((f"query.{f}" for f in ("history", "fan_in_alert", "workflow")
+                          if f.replace("_", "-") in text or f in text), None)
+            raise Refused(422, text, field) from None
+        return m.StatsOut.model_validate(found.to_json())
+
+    @router.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    async def docs(request: Request) -> Response:
+        """The API's reference, rendered here from the OpenAPI (nothing fetched elsewhere)."""
+        from konduit.web.app import env
+
+        spec = request.app.openapi()
+        return HTMLResponse(env.get_template("api_docs.html").render(
+            spec=spec, operations=operations(spec), csrf_token=""))
+
+    return router
+
+
+def operations(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The operations of an OpenAPI document, in path order, for the docs page."""
+    out = []
+    for path, methods in spec.get("paths", {}).items():
+        for method, op in methods.items():
+            body = op.get("requestBody", {}).get("content", {}).get("application/json", {})
+            answers = op.get("responses", {})
+            ok: dict[str, Any] = next((r for s, r in answers.items() if s.startswith("2")), {})
+            out.append({"method": method.upper(), "path": path, "summary": op.get("summary", ""),
+                        "description": op.get("description", ""),
+                        "parameters": op.get("parameters", []),
+                        "body": body.get("schema"),
+                        "response": ok.get("content", {}).get("application/json", {}).get("schema"),
+                        "codes": sorted(op.get("responses", {}))})
+    return out

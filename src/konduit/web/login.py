@@ -1,0 +1,58 @@
+"""The login form that turns a token into a page session (see :mod:`konduit.web.security`)."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from konduit.web.security import SESSION_COOKIE, Security, session_cookie_header
+
+
+def safe_next(target: str | None) -> str:
+    """Where to go after logging in: a path of this server, never another site."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+def login_router(security: Security) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+
+    def form(request: Request, message: str | None = None, status: int = 200) -> Response:
+        from konduit.web.app import env
+
+        html = env.get_template("login.html").render(
+            request=request, message=message, csrf_token="",
+            next=safe_next(request.query_params.get("next")))
+        return HTMLResponse(html, status_code=status)
+
+    @router.get("/login")
+    async def login_page(request: Request) -> Response:
+        if not security.enabled:
+            return RedirectResponse("/", status_code=303)
+        return form(request)
+
+    @router.post("/login")
+    async def login(request: Request) -> Response:
+        if not security.enabled:
+            return RedirectResponse("/", status_code=303)
+        fields = parse_qs((await request.body())[:8192].decode("utf-8", "replace"))
+        token = security.token((fields.get("token") or [""])[0].strip())
+        if token is None:
+            return form(request, "That token is not valid.", 401)
+        target = safe_next((fields.get("next") or ["/"])[0])
+        response = RedirectResponse(target, status_code=303)
+        response.headers.append("set-cookie", session_cookie_header(
+            security.new_session(token), max_age=int(security.session_seconds),
+            secure=request.url.scheme == "https"))
+        return response
+
+    @router.post("/logout")
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+        return response
+
+    return router

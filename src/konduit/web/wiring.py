@@ -1,0 +1,74 @@
+"""What :func:`konduit.web.app.create_app` adds to the pages: the API (``/api/v1`` and its
+OpenAPI), the login form, and the security layer (tokens, sessions, CSRF, headers), with the
+error handlers that turn the API's refusals into ``application/problem+json``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import Response
+
+from konduit.app import App
+from konduit.web import problems
+from konduit.web.api_v1 import Refused, api_router
+from konduit.web.login import login_router
+from konduit.web.security import Security, SecurityMiddleware
+
+if TYPE_CHECKING:
+    from konduit.web.app import Clients
+
+ProblemPage = Callable[[Request, int, str, str], Response]
+
+
+def install(web: FastAPI, clients: Clients, app: App | None, security: Security,
+            problem: ProblemPage) -> None:
+    """Add the API, the login form and the security layer to ``web``; ``problem`` renders an
+    error (a page, or problem+json for the API) as the dashboard does."""
+    web.openapi = lambda: describe(web)  # type: ignore[method-assign]
+    web.add_middleware(SecurityMiddleware, security=security)
+    web.include_router(api_router(clients, app))
+    web.include_router(login_router(security))
+
+    @web.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception) -> Response:
+        # A bug of ours: said plainly, without the traceback (it is logged).
+        return problem(request, 500, "Internal error", "the server failed to answer this request")
+
+    @web.exception_handler(Refused)
+    async def refused(request: Request, exc: Refused) -> Response:
+        return exc.response()
+
+    @web.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        if problems.wants_problem(request):
+            return problems.validation_problem(exc)
+        return problem(request, 400, "Bad request", "; ".join(
+            f"{e.field}: {e.message}" for e in problems.field_errors(exc)))
+
+
+def describe(web: FastAPI) -> dict[str, Any]:
+    """The OpenAPI of ``/api/v1`` only (the pages are not an API), with its bearer scheme."""
+    if web.openapi_schema is None:
+        spec = get_openapi(title="konduit API", version="1", routes=web.routes,
+                           description="Start, inspect, cancel and repair executions; see docs/api.md.")
+        spec["paths"] = {p: v for p, v in spec.get("paths", {}).items() if p.startswith("/api/v1/")}
+        # Every refusal is problem+json (FastAPI describes its own 422 body otherwise).
+        problem_content = {problems.PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+        for operations in spec["paths"].values():
+            for operation in operations.values():
+                for status, answer in operation.get("responses", {}).items():
+                    if not status.startswith("2"):
+                        answer["content"] = problem_content
+                        answer["description"] = problems.TITLES.get(int(status), "Error")
+        for unused in ("HTTPValidationError", "ValidationError"):
+            spec["components"]["schemas"].pop(unused, None)
+        spec.setdefault("components", {})["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer",
+                       "description": "A token of --token / KONDUIT_API_TOKEN (needed when set)"}}
+        spec["security"] = [{"bearer": []}]
+        web.openapi_schema = spec
+    return web.openapi_schema

@@ -1,0 +1,54 @@
+"""schemathesis against ``/openapi.json`` of a served dashboard with tokens, on a real database.
+
+Every ``/api/v1`` operation gets generated requests, valid and invalid (bodies, queries, path
+ids): no answer may be a 5xx, every answer must be one the OpenAPI describes, with its content
+type and schema. A fixed seed, deterministic generation and no example database keep it from
+flaking; a small number of examples per operation keeps it near a minute.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import konduit
+from konduit.web import create_app, database_client
+from konduit.web.security import Security, parse_tokens
+from tests import api_app
+from tests.browser_support import serving
+
+OP = "op-" + "s" * 24
+CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
+          "response_schema_conformance")
+
+
+@pytest.mark.storage
+@pytest.mark.slow
+def test_schemathesis_finds_nothing(make_app: Callable[..., konduit.App], db_url: str,
+                                    tmp_path: Path) -> None:
+    local = Path(sys.executable).with_name("schemathesis")
+    tool = str(local) if local.exists() else shutil.which("schemathesis")
+    assert tool, "schemathesis is a test dependency: pip install -e '.[test]'"
+    app = make_app(*api_app.WORKFLOWS)
+    # Some history, so reads return real rows (and their schemas are checked).
+    handle = app.start("api-flow", {"fail": True}, idempotency_key="seed", timeout="1h")
+    security = Security(parse_tokens([f"op:{OP}"]))
+    with serving(create_app(database_client(db_url, app), app, security=security)) as base:
+        assert handle.id
+        run = subprocess.run(
+            [tool, "run", f"{base}/openapi.json",
+             "--header", f"Authorization: Bearer {OP}", "--checks", CHECKS,
+             "--max-examples", "15", "--seed", "20261201", "--generation-deterministic",
+             "--phases", "examples,coverage,fuzzing",
+             "--workers", "1", "--request-timeout", "20", "--no-color",
+             "--suppress-health-check", "all", "--report", "junit",
+             "--report-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-8000:]
+    assert "12 selected / 12 total" in output and "Tested: 12" in output, output[-3000:]
