@@ -34,7 +34,7 @@ from konduit.web.security import (
     tokens_from_env,
 )
 from tests import api_app
-from tests.browser_support import browser, eventually, serving
+from tests.browser_support import browser, eventually, screenshot, serving
 from tests.conftest import running_worker
 
 __all__ = ["browser"]  # the browser fixture, shared with the dashboard's tests
@@ -300,6 +300,7 @@ def test_login_and_repair_in_a_browser(make_app: Callable[..., konduit.App], db_
         target = f"{base}/executions/{handle.id}"
         browser.get(target)
         eventually(browser, lambda d: d.current_url.startswith(f"{base}/login"))
+        screenshot(browser, "security-login")
         browser.find_element(By.ID, "token").send_keys("x" * 20)
         browser.find_element(By.CSS_SELECTOR, "#login button").click()
         eventually(browser, lambda d: "not valid" in d.find_element(By.ID, "login-error").text)
@@ -315,6 +316,10 @@ def test_login_and_repair_in_a_browser(make_app: Callable[..., konduit.App], db_
         browser.find_element(By.ID, "confirm-repair").click()  # its form: CSRF token, Origin
         eventually(browser, lambda d: "re-running" in d.find_element(By.ID, "flash").text)
         assert handle.wait(30).outcomes["flaky"] == "succeeded"
+        for path, name in (("/webhooks", "webhooks"), ("/api/v1/docs", "api-docs")):
+            browser.get(base + path)
+            eventually(browser, lambda d: d.current_url == base + path)
+            screenshot(browser, f"security-{name}")
 
         browser.delete_all_cookies()
         browser.get(target)
