@@ -146,6 +146,7 @@ def main() -> None:
     delta = after - before - polls - extra
     print(json.dumps({
         "worker_cpu_ms_per_task": round(1000 * worker_cpu / max(1, tasks), 3),
+        "worker_system_cpu_ms_per_task": round(1000 * usage.ru_stime / max(1, tasks), 3),
         # Every process of the embedded server (backends, WAL writer, checkpointer) in the run.
         "server_cpu_ms_per_task": None if server_before is None or server_after is None
         else round(1000 * (server_after - server_before) / max(1, tasks), 3),
