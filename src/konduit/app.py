@@ -32,6 +32,7 @@ from konduit.engine.registry import Registry
 from konduit.engine.retention import BATCH_SIZE, prune, retention_seconds
 from konduit.engine.schedules import Schedules
 from konduit.engine.starts import StartRequest, requests_of
+from konduit.engine.waits import send_event
 from konduit.errors import WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.observe.alerts import AlertRecord
@@ -226,6 +227,20 @@ class App:
     def cancel(self, execution_id: UUID | str) -> bool:
         """Cancel a running execution; False when it had already finished."""
         return self._call(self._c().cancel(execution_id))
+
+    def send_event(self, name: str, *, key: str | None = None,
+                   execution_id: UUID | str | None = None, payload: Any = None) -> str:
+        """Send the event ``name`` to the step that waits for it (``wf.wait_for_event``), by
+        ``key`` (what the step's ``key=`` computed), by ``execution_id``, or both. Returns
+        ``"woke"`` (a waiting task took it before its deadline and succeeds with ``payload``),
+        ``"stored"`` (no task waits yet, but a running execution's event step may still start
+        waiting: the first that does consumes it) or ``"no match"`` (no step could ever take
+        it: the execution is unknown or finished, or its step already ended, e.g. past its
+        deadline; nothing is kept). An event is consumed at most once (docs/durable-waits.md)."""
+        client = self._c()
+        eid = None if execution_id is None else coerce_execution_id(execution_id)
+        return self._call(send_event(client.db, client.registry, name, key=key, execution_id=eid,
+                                     payload=payload, max_payload_bytes=client.max_payload_bytes))
 
     def repair(self, execution_id: UUID | str) -> builtins.list[str]:
         """Re-run the degraded/failed branches of a finished execution and what depends on

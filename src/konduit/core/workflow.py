@@ -23,6 +23,7 @@ from konduit.core.repair_contract import RepairContract
 from konduit.core.schedules import Schedule
 from konduit.core.schedules import define as define_schedule
 from konduit.core.validation import OutputValidator
+from konduit.core.waits import WaitSpec, WaitSteps
 from konduit.errors import DefinitionWarning, KonduitError, WorkflowDefinitionError
 
 Handler = Callable[..., Any]
@@ -59,6 +60,7 @@ class StepSpec:
     # limit changes without a new version (the latest registration sets it for the fleet).
     flow: FlowLimit | None = None
     hedge: Hedge | None = None  # when a straggling attempt gets a second one beside it
+    wait: WaitSpec | None = None  # a durable wait step (event, timer, child workflow)
 
     @property
     def is_map(self) -> bool:
@@ -85,6 +87,8 @@ class StepSpec:
         }
         if self.hedge is not None:  # only when set: the hash of unhedged workflows is unchanged
             spec["hedge"] = self.hedge.to_spec()
+        if self.wait is not None:
+            spec["wait"] = self.wait.to_spec()
         return spec
 
 
@@ -147,7 +151,7 @@ def _outside_this_module() -> int:
     return level
 
 
-class Workflow:
+class Workflow(WaitSteps):
     """A named, versioned DAG of steps.
 
     >>> wf = Workflow("publish-content", version=1)
@@ -405,6 +409,7 @@ class Workflow:
         concurrency: int | None = None,
         rate: str | None = None,
         hedge: Duration | None = None,
+        wait: WaitSpec | None = None,
     ) -> str:
         if self._frozen_spec is not None:
             raise WorkflowDefinitionError(
@@ -506,6 +511,7 @@ class Workflow:
             max_items=DEFAULT_MAX_MAP_ITEMS if max_items is None else max_items,
             flow=flow,
             hedge=hedging,
+            wait=wait,
         )
         self._steps[step_name] = spec
         # A handler shared by several steps cannot name an upstream unambiguously ("" marks it).

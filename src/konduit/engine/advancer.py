@@ -378,10 +378,24 @@ async def finish_execution(
         if cancelled:
             await tx.run("attempt_finish_open_for_tasks", task_ids=cancelled, outcome="cancelled")
             await tx.one("execution_notify_stopped", id=str(execution_id))
+            await _cancel_children(tx, execution_id, status)
         await tx.run("step_cancel_unfinished", execution_id=execution_id)
     if row["finish_waited"]:
         await tx.one("execution_notify_finished", id=str(execution_id))
     return True
+
+
+async def _cancel_children(tx: Tx, execution_id: UUID, status: str) -> None:
+    """A stopped execution stops the child executions its child-workflow steps started (and
+    theirs, recursively); asked only when it had unfinished tasks, so an ordinary execution's
+    end costs no statement more. Children are locked after their parent: a child's id is newer
+    (UUIDv7), so this is the id order of executions."""
+    for child in await tx.all("execution_children_running", execution_id=execution_id):
+        row = await tx.one("execution_lock", id=child["id"])
+        if row is not None and row["status"] == "running":
+            await finish_execution(tx, child["id"], "cancelled", None,
+                                   f"its parent execution {execution_id} ended {status}",
+                                   row["steps_pending"])
 
 
 @dataclass

@@ -36,6 +36,7 @@ class Recorded(enum.Enum):
     TOO_LATE = "too_late"  # a retry whose backoff would end past the deadline: nothing changed;
     # the caller ends the task instead (degraded with its fallback, else timed_out)
     DROPPED = "dropped"  # a hedged task's other attempt runs on: only this attempt ended
+    WAITING = "waiting"  # an arming attempt: the task waits (event, timer, child), slot freed
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class Completion:
     attempt_outcome: str | None = None  # how the attempt itself ended, when not `outcome` ("lost")
     routes: tuple[str, ...] | None = None  # downstream steps the handler chose (Route)
     source: str = "handler"  # where the payload came from: the handler or the fallback
-    transition: str = "complete"  # complete (a live worker), lose (reclaim), expire (sweep)
+    transition: str = "complete"  # complete (a live worker), lose (reclaim), expire (sweep),
+    # wake (a waiting task's event, timer or child; no lease)
     guard_seconds: float = 0.0  # lose: the lease the server must have been up for; expire: grace
 
 

@@ -12,8 +12,16 @@ would be a race (River #1302: a rescuer overwrote a job that completed after the
 | retry      | running -> ready (backoff)          | task_retry_if_leased_before_deadline    |
 | release    | running -> ready, attempt uncounted | task_release_if_leased                  |
 | lose       | running -> ready or terminal        | task_lose_if_rescuable / task_end_if_rescuable |
-| expire     | ready/running -> degraded/timed_out | task_expire_if_past_deadline            |
-| cancel     | ready/running -> cancelled          | task_cancel_unfinished                  |
+| expire     | ready/running/waiting -> degraded/timed_out | task_expire_if_past_deadline    |
+| cancel     | ready/running/waiting -> cancelled  | task_cancel_unfinished                  |
+| wait       | running -> waiting (arming attempt) | task_wait_if_leased                     |
+| due        | waiting, event accepted -> due now  | task_mark_due_if_waiting                |
+| wake       | waiting -> succeeded/degraded/failed| task_wake_if_waiting                    |
+
+Durable waits (docs/durable-waits.md): a wait step's arming attempt ends with ``wait`` instead of
+``complete``; the task then holds no lease. ``wake`` (in the fan-in transaction) and ``expire``
+are complements: a waiting task that became due (``wait_until``) before its deadline is only
+woken, one that did not is only expired, so a late event changes nothing.
 
 Hedged attempts (docs/hedging.md) add a second lease to a running task; they change no status
 (the complete transition accepts either lease, and ends both):
@@ -230,6 +238,9 @@ async def end_later(tx: Tx, completions: Sequence[Completion], hashes: Sequence[
             if c.transition == "lose":
                 row = await tx.one("task_end_if_rescuable", lease_seconds=c.guard_seconds,
                                    **params)
+            elif c.transition == "wake":
+                row = await tx.one("task_wake_if_waiting", outcome=c.outcome, output_hash=h,
+                                   error=c.error, id=c.task_id)
             elif c.transition == "expire":
                 row = await tx.one("task_expire_if_past_deadline", grace_seconds=c.guard_seconds,
                                    **params)
@@ -246,3 +257,18 @@ async def cancel_unfinished(tx: Tx, execution_id: UUID, reason: str) -> list[int
     """ready/running -> cancelled for every unfinished task of a stopped execution."""
     rows = await tx.all("task_cancel_unfinished", execution_id=execution_id, reason=reason)
     return [r["id"] for r in rows]
+
+
+async def wait(tx: Tx, c: Completion, *, kind: str, event: str | None = None,
+               key: str | None = None, until: datetime | None = None,
+               delay_seconds: float | None = None, child: UUID | None = None) -> Row | None:
+    """The arming attempt's end: running -> waiting, if the lease holds (no execution lock:
+    it decides nothing about the DAG)."""
+    return await tx.one("task_wait_if_leased", id=c.task_id, lease_token=c.lease_token,
+                        kind=kind, event=event, key=key, until=until,
+                        delay_seconds=delay_seconds, child=child)
+
+
+async def mark_due(tx: Tx, task_id: int) -> bool:
+    """An event was accepted for a waiting task before its deadline: it is due now."""
+    return await tx.one("task_mark_due_if_waiting", id=task_id) is not None

@@ -27,6 +27,7 @@ from konduit.core.outcome import Ending, Final, RetryAt, StepPolicy, Verdict, de
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.results import Route
 from konduit.core.validation import OutputInvalid
+from konduit.core.waits import Armed
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine.advancer import Upstream, load_upstream
@@ -345,6 +346,10 @@ class Executor:
         ending, error, result = await self._attempt(step, task, ctx, budget, started)
         ended = time.monotonic()
         if ending is Ending.RETURNED:
+            if step.wait is not None and isinstance(result, Armed):
+                # A wait step's arming attempt: the task waits (docs/durable-waits.md).
+                return task.completion("waiting", payload=result,
+                                       age_seconds=time.monotonic() - ended)
             try:
                 payload, payload_json, routes = self._payload(spec, task, result)
             except (PayloadError, OutputInvalid) as exc:

@@ -1,5 +1,6 @@
-"""Maintenance: rescue tasks whose worker is gone, end tasks past their deadline, end executions
-past their timeout.
+"""Maintenance: rescue tasks whose worker is gone, end tasks past their deadline, wake waiting
+tasks that are due (timers, accepted events, ended child workflows), end executions past their
+timeout.
 
 Every worker runs it; concurrent runs are safe because each write goes through a transition whose
 statement re-checks its own guard (:mod:`konduit.engine.transitions`), so only one of them changes
@@ -17,8 +18,9 @@ import logging
 from collections.abc import Awaitable, Callable, Container
 
 from konduit.core.outcome import Ending, decide
+from konduit.core.payloads import canonical_json
 from konduit.db.database import Database, Row, Tx
-from konduit.engine import transitions
+from konduit.engine import transitions, waits
 from konduit.engine.advancer import finish_execution
 from konduit.engine.completer import Recorded, record
 from konduit.engine.registry import Registry
@@ -161,6 +163,49 @@ class Maintenance:
                 with attempt_scope(task):
                     log.info("task %s (%s) ended %s by the deadline sweep", task.id, task.step,
                              completion.outcome)
+
+    async def wake_waits(self, *, limit: int = 100) -> int:
+        """Start waking every waiting task that is due: a timer whose time came, an event
+        accepted but not yet applied (its sender died), a child execution that ended. Returns
+        how many jobs started; each wake is fenced on ``status = 'waiting'``, so two workers
+        waking one task change it once."""
+        rows = await waits.list_due(self.db, limit=limit)
+        return sum(self._spawn(row["id"], functools.partial(self._wake, row)) for row in rows)
+
+    async def _wake(self, row: Row) -> None:
+        try:
+            spec = self.registry.get(row["workflow_name"], row["workflow_version"])
+        except KonduitError:
+            return  # another deployment's workflow: its own workers wake it
+        limit = self.executor.max_payload_bytes
+        if row["wait_kind"] != "child":
+            await waits.wake_task(self.db, self.registry, row["id"], row["execution_id"],
+                                  row["step"], max_payload_bytes=limit)
+            return
+        if row["child_status"] == "succeeded":
+            output = row["child_output"]
+            try:
+                payload_json = canonical_json(output, what=f"output of step {row['step']!r}",
+                                              max_bytes=limit)
+            except KonduitError as exc:
+                await waits.wake_task(self.db, self.registry, row["id"], row["execution_id"],
+                                      row["step"], outcome="failed", error=str(exc),
+                                      max_payload_bytes=limit)
+                return
+            await waits.wake_task(self.db, self.registry, row["id"], row["execution_id"],
+                                  row["step"], payload_json=payload_json, payload=output,
+                                  max_payload_bytes=limit)
+            return
+        # The child failed, timed out or was cancelled: the step's own policies decide (a
+        # fallback with fallback_on_failure=True, else failed); no retry starts a second child.
+        task = Claimed.from_row(row)
+        error = (f"child execution {row['wait_child']} ended {row['child_status']}"
+                 + (f": {row['child_error']}" if row["child_error"] else ""))
+        verdict = decide(policy_of(spec[task.step]), Ending.NON_RETRYABLE, attempt=task.attempt,
+                         max_attempts=task.max_attempts, remaining=None, error=error)
+        completion = await self.executor.conclude(spec, task, None, verdict, error=error,
+                                                  transition="wake")
+        await record(self.db, self.registry, completion, max_payload_bytes=limit)
 
 
 async def end_timed_out_executions(db: Database, *, limit: int = 100) -> int:

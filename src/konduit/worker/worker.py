@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import TypeVar
 from uuid import UUID
 
@@ -34,6 +35,7 @@ from konduit.engine.completer import Completion, Recorded, record, record_many
 from konduit.engine.registry import Registry
 from konduit.engine.retention import Retention
 from konduit.engine.schedules import Schedules
+from konduit.engine.waits import arm
 from konduit.errors import (
     DatabaseConflict,
     DatabaseError,
@@ -487,6 +489,8 @@ class Worker:
         return since is not None and time.monotonic() - since >= self.config.lease_seconds
 
     async def _record(self, completion: Completion) -> tuple[Recorded, Advanced | None]:
+        if completion.outcome == "waiting":  # an arming attempt (a wait step): rare, alone
+            return await self._arm(completion)
         if completion.outcome == "released" or self._completer is None \
                 or self._completer.done():
             # Releases happen at shutdown, when the batching loop may be gone; and should it
@@ -500,6 +504,25 @@ class Worker:
             # a second write of the same outcome harmless).
             return await record(self.db, self.registry, completion,
                                 max_payload_bytes=self.executor.max_payload_bytes)
+
+    async def _arm(self, completion: Completion) -> tuple[Recorded, Advanced | None]:
+        """running -> waiting (docs/durable-waits.md). A timer armed here is woken by this
+        worker at its time (the maintenance sweep of any worker does it otherwise)."""
+        recorded = await arm(self.db, self.registry, completion,
+                             max_payload_bytes=self.executor.max_payload_bytes)
+        armed = completion.payload
+        if recorded[0] is Recorded.WAITING and armed.kind == "timer":
+            delay = armed.delay if armed.delay is not None else \
+                (armed.until - datetime.now(UTC)).total_seconds()
+            loop = asyncio.get_running_loop()
+            loop.call_later(max(delay, 0.0) + 0.05, self._wake_waits_soon)
+        return recorded
+
+    def _wake_waits_soon(self) -> None:
+        if self._stop.is_set():
+            return
+        job = asyncio.ensure_future(self.maintenance.wake_waits())
+        job.add_done_callback(_log_failed_wake)
 
     async def _release(self, task: Claimed) -> None:
         completion = task.completion(
@@ -634,6 +657,7 @@ class Worker:
                 if self.may_rescue:
                     await self.maintenance.rescue()
                 await self.maintenance.sweep_deadlines(self.running)
+                await self.maintenance.wake_waits()
                 await end_timed_out_executions(self.db)
                 await self.auto_repairer.run_if_due()
                 if self.retention is not None:
@@ -678,3 +702,8 @@ def _cancel_job(starting: asyncio.Future[Jobs], task_id: int) -> None:
     job = starting.result().get(task_id)
     if job is not None:
         job.cancel()
+
+
+def _log_failed_wake(job: asyncio.Future[int]) -> None:
+    if not job.cancelled() and job.exception() is not None:
+        log.info("waking due waits failed (the maintenance sweep retries): %s", job.exception())

@@ -176,7 +176,8 @@ RETURNING t.id, t.finished_at;
 
 -- name: task_expire_if_past_deadline
 -- Deadline sweep: end a task past its deadline (by more than a grace) whose own worker did not:
--- a running task still under the lease read, or a ready one (a retry waiting out its backoff).
+-- a running task still under the lease read, a ready one (a retry waiting out its backoff), or
+-- a waiting one (an event, timer or child that did not come in time).
 UPDATE konduit_tasks t
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
@@ -190,7 +191,10 @@ SET status = %(outcome)s,
 WHERE t.id = %(id)s
   AND t.deadline_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
   AND ((t.status = 'running' AND t.lease_token = %(lease_token)s)
-       OR (t.status = 'ready' AND %(lease_token)s::uuid IS NULL))
+       OR (t.status = 'ready' AND %(lease_token)s::uuid IS NULL)
+       -- A waiting task that did not become due in time (task_wake_if_waiting, the complement).
+       OR (t.status = 'waiting' AND %(lease_token)s::uuid IS NULL
+           AND (t.wait_until IS NULL OR t.wait_until > t.deadline_at)))
 RETURNING t.id, t.finished_at;
 
 -- name: task_release_if_leased
@@ -223,11 +227,12 @@ ORDER BY t.lease_expires_at
 LIMIT %(limit)s;
 
 -- name: task_cancel_unfinished
--- End the ready and running tasks of a stopped execution; running workers lose their lease.
+-- End the ready, running and waiting tasks of a stopped execution; running workers lose their
+-- lease.
 -- Rows are locked in id order, the order every multi-row task write takes.
 WITH doomed AS (
     SELECT id FROM konduit_tasks
-    WHERE execution_id = %(execution_id)s AND status IN ('ready', 'running')
+    WHERE execution_id = %(execution_id)s AND status IN ('ready', 'running', 'waiting')
     ORDER BY id
     FOR NO KEY UPDATE
 )
@@ -241,13 +246,14 @@ SET status = 'cancelled',
     hedge_worker_id = NULL,
     finished_at = clock_timestamp()
 FROM doomed
-WHERE t.id = doomed.id AND t.status IN ('ready', 'running')
+WHERE t.id = doomed.id AND t.status IN ('ready', 'running', 'waiting')
 RETURNING t.id;
 
 -- name: task_list_by_execution
 -- Every task of one execution, in DAG-independent order, for status pages.
 SELECT id, step, map_index, generation, status, attempt, max_attempts, worker_id, error,
-       routes, deadline_seconds, deadline_at, created_at, started_at, finished_at, run_at
+       routes, deadline_seconds, deadline_at, created_at, started_at, finished_at, run_at,
+       wait_kind, wait_event, wait_key, wait_until, wait_child
 FROM konduit_tasks
 WHERE execution_id = %(execution_id)s
 ORDER BY id;
@@ -263,15 +269,16 @@ ORDER BY t.finished_at DESC
 LIMIT %(limit)s;
 
 -- name: task_list_past_deadline
--- Ready and running tasks past their deadline by more than a grace (their worker died or hung,
--- or a retry's backoff or a queue outlasted the budget).
+-- Ready, running and waiting tasks past their deadline by more than a grace (their worker died
+-- or hung, a retry's backoff or a queue outlasted the budget, or a wait was not over in time).
 SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
        t.lease_token, t.queue, t.generation, t.status, t.worker_id, e.workflow_name,
        e.workflow_version, e.input, e.scheduled_at, 0.0::float8 AS deadline_remaining
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
-WHERE t.status IN ('ready', 'running') AND e.status = 'running'
+WHERE t.status IN ('ready', 'running', 'waiting') AND e.status = 'running'
   AND t.deadline_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
+  AND (t.status <> 'waiting' OR t.wait_until IS NULL OR t.wait_until > t.deadline_at)
 ORDER BY t.deadline_at
 LIMIT %(limit)s;
 

@@ -1,0 +1,223 @@
+"""Durable waits: event, timer and child-workflow steps (docs/durable-waits.md).
+
+A wait step runs no user handler of its own. Its task is created ready like any other; a worker
+claims it and runs the *arming attempt*: the step's lambdas (``key=``, ``until=``, ``input=``,
+user code that may read ``ctx.upstream``) run there, under the usual hostile-code rules (a raising
+lambda fails that attempt, never the worker), and return an :class:`Armed`. Recording it moves
+the task running -> ``waiting`` instead of to a terminal status; from then on it holds no worker
+slot, and the engine ends it: the event's arrival, the timer's firing or the child's end wakes
+it (``succeeded``), its deadline expires it (``degraded`` with the fallback, else ``timed_out``).
+
+This module is the pure part: the step builders, the arming handlers and the matching rule.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from konduit.core.durations import Duration, parse_duration
+from konduit.errors import KonduitError, NonRetryableError, WorkflowDefinitionError
+
+if TYPE_CHECKING:
+    from konduit.core.policies import Deadline, Retry
+    from konduit.core.workflow import StepRef
+
+WAIT_KINDS = ("event", "timer", "child")
+_EVENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}$")
+MAX_KEY_CHARS = 500
+
+
+@dataclass(frozen=True)
+class WaitSpec:
+    """What a wait step waits for; part of the workflow's spec (and its hash)."""
+
+    kind: str  # event | timer | child
+    event: str | None = None
+    key: Callable[[Any], Any] | None = None
+    duration: float | None = None
+    until: Callable[[Any], Any] | None = None
+    workflow: str | None = None
+    input: Callable[[Any], Any] | None = None
+
+    def to_spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"kind": self.kind}
+        if self.kind == "event":
+            spec.update(event=self.event, keyed=self.key is not None)
+        elif self.kind == "timer":
+            spec.update(duration=self.duration, until=self.until is not None)
+        else:
+            spec.update(workflow=self.workflow)
+        return spec
+
+
+@dataclass(frozen=True)
+class Armed:
+    """What the arming attempt computed: the engine stores it on the task and waits."""
+
+    kind: str
+    event: str | None = None
+    key: str | None = None
+    delay: float | None = None  # timers: seconds from the arming's record
+    until: datetime | None = None  # timers: an absolute time (UTC)
+    workflow: str | None = None
+    input: Any = None
+
+    def describe(self) -> str:
+        if self.kind == "event":
+            return f"event {self.event!r}" + (f" key {self.key!r}" if self.key is not None else "")
+        if self.kind == "timer":
+            return f"timer until {self.until.isoformat()}" if self.until else \
+                f"timer of {self.delay:g} s"
+        return f"child workflow {self.workflow!r}"
+
+
+def event_matches(event_name: str, event_key: str | None, event_execution: UUID | None,
+                  task_event: str, task_key: str | None, task_execution: UUID) -> bool:
+    """Whether an event (name, key, execution id) is the one a waiting task waits for: same
+    name; the key, when the event names one, equal to the key the task computed (a task without
+    a key= is reached by execution id only); the execution, when the event names one, the task's.
+    An event names a key or an execution, or both. (task_find_waiting_for_event and
+    event_find_pending_for_task say the same in SQL.)"""
+    if event_key is None and event_execution is None:
+        return False
+    if event_name != task_event:
+        return False
+    if event_key is not None and event_key != task_key:
+        return False
+    return event_execution is None or event_execution == task_execution
+
+
+def check_event_name(name: object, what: str = "event name") -> str:
+    if not isinstance(name, str) or not _EVENT_NAME.match(name):
+        raise KonduitError(f"invalid {what} {name!r}: 1-200 characters of letters, digits and "
+                           "_ . : / - (starting with a letter or digit)")
+    return name
+
+
+def check_key(key: object) -> str:
+    """Keys are strings (an int is accepted and turned into one); anything else is refused."""
+    if isinstance(key, bool) or not isinstance(key, str | int):
+        raise NonRetryableError(f"the event key must be a string, got {type(key).__name__}")
+    text = str(key)
+    if not text or len(text) > MAX_KEY_CHARS:
+        raise NonRetryableError(f"the event key must be 1-{MAX_KEY_CHARS} characters")
+    return text
+
+
+def _arm_event(spec: WaitSpec) -> Callable[[Any], Armed]:
+    def arm(ctx: Any) -> Armed:
+        key = None if spec.key is None else check_key(spec.key(ctx))
+        return Armed("event", event=spec.event, key=key)
+    return arm
+
+
+def _arm_timer(spec: WaitSpec) -> Callable[[Any], Armed]:
+    def arm(ctx: Any) -> Armed:
+        if spec.until is None:
+            return Armed("timer", delay=spec.duration)
+        when = spec.until(ctx)
+        if not isinstance(when, datetime):
+            raise NonRetryableError(f"until= must return a datetime, got {type(when).__name__}")
+        if when.tzinfo is None:
+            raise NonRetryableError("until= returned a naive datetime: give it a timezone "
+                                    "(datetime.now(timezone.utc) + ...)")
+        return Armed("timer", until=when.astimezone(UTC))
+    return arm
+
+
+def _arm_child(spec: WaitSpec) -> Callable[[Any], Armed]:
+    def arm(ctx: Any) -> Armed:
+        child_input = None if spec.input is None else spec.input(ctx)
+        return Armed("child", workflow=spec.workflow, input=child_input)
+    return arm
+
+
+class WaitSteps:
+    """The wait-step builders of :class:`konduit.Workflow` (mixed in)."""
+
+    name: str
+    _add: Callable[..., str]
+
+    def _add_wait(self, spec: WaitSpec, arm: Callable[[Any], Armed], *, name: str,
+                  after: Sequence[StepRef], deadline: Deadline | Duration | None,
+                  fallback: Callable[[Any], Any] | None, required: bool,
+                  fallback_on_failure: bool, queue: str, retry: Retry | None) -> str:
+        arm.__name__ = name
+        arm.__qualname__ = name
+        return self._add(arm, map_over=None, name=name, after=after, deadline=deadline,
+                         fallback=fallback, required=required,
+                         fallback_on_failure=fallback_on_failure, queue=queue, retry=retry,
+                         wait=spec)
+
+    def wait_for_event(
+        self, event: str, *, name: str | None = None, after: Sequence[StepRef] = (),
+        key: Callable[[Any], Any] | None = None, deadline: Deadline | Duration | None = None,
+        fallback: Callable[[Any], Any] | None = None, required: bool = True,
+        queue: str = "default", retry: Retry | None = None,
+    ) -> str:
+        """A step that waits, holding no worker slot, for the event ``event`` sent by
+        :meth:`konduit.App.send_event`; it succeeds with the event's payload. ``key(ctx)``
+        (run on a worker, may read ``ctx.upstream``) names which event of that name this
+        execution waits for; without it only ``send_event(..., execution_id=...)`` reaches it.
+        An event sent before the step waits is kept and consumed when it does. Past
+        ``deadline`` the step degrades to ``fallback(ctx)``'s payload (else times out); a later
+        event changes nothing. Returns the step's name, for ``after=``."""
+        try:
+            check_event_name(event)
+        except KonduitError as exc:
+            raise WorkflowDefinitionError(str(exc), workflow=self.name, step=name) from exc
+        spec = WaitSpec("event", event=event, key=key)
+        return self._add_wait(spec, _arm_event(spec), name=name or event.replace("-", "_"),
+                              after=after, deadline=deadline, fallback=fallback,
+                              required=required, fallback_on_failure=False, queue=queue,
+                              retry=retry)
+
+    def sleep(
+        self, *, name: str, after: Sequence[StepRef] = (), duration: Duration | None = None,
+        until: Callable[[Any], datetime] | None = None,
+        deadline: Deadline | Duration | None = None, fallback: Callable[[Any], Any] | None = None,
+        required: bool = True, queue: str = "default",
+    ) -> str:
+        """A timer step: it waits ``duration`` (``"10m"``) from when it starts waiting, or until
+        ``until(ctx)`` (a timezone-aware datetime), holding no worker slot, then succeeds with
+        None. It fires within the workers' maintenance interval of its time, even if every
+        worker restarted meanwhile. Returns the step's name, for ``after=``."""
+        if (duration is None) == (until is None):
+            raise WorkflowDefinitionError("sleep() takes exactly one of duration= and until=",
+                                          workflow=self.name, step=name)
+        seconds = None
+        if duration is not None:
+            try:
+                seconds = parse_duration(duration, what="duration")
+            except KonduitError as exc:
+                raise WorkflowDefinitionError(str(exc), workflow=self.name, step=name) from exc
+        spec = WaitSpec("timer", duration=seconds, until=until)
+        return self._add_wait(spec, _arm_timer(spec), name=name, after=after, deadline=deadline,
+                              fallback=fallback, required=required, fallback_on_failure=False,
+                              queue=queue, retry=None)
+
+    def subworkflow(
+        self, *, name: str | None = None, after: Sequence[StepRef] = (), workflow: str,
+        input: Callable[[Any], Any] | None = None, deadline: Deadline | Duration | None = None,
+        fallback: Callable[[Any], Any] | None = None, fallback_on_failure: bool = False,
+        required: bool = True, queue: str = "default",
+    ) -> str:
+        """A step that starts one execution of ``workflow`` (registered in the same App) with
+        ``input(ctx)`` and waits for it, holding no worker slot: it succeeds with the child's
+        output; a child that fails, times out or is cancelled fails the step (or degrades it to
+        ``fallback`` with ``fallback_on_failure=True``). One child per task, whatever crashes
+        (its idempotency key is derived from the task). Cancelling this execution cancels the
+        child. Returns the step's name, for ``after=``."""
+        if not isinstance(workflow, str) or not workflow:
+            raise WorkflowDefinitionError("subworkflow() needs workflow= (a workflow name)",
+                                          workflow=self.name, step=name)
+        spec = WaitSpec("child", workflow=workflow, input=input)
+        return self._add_wait(spec, _arm_child(spec), name=name or workflow.replace("-", "_"),
+                              after=after, deadline=deadline, fallback=fallback,
+                              required=required, fallback_on_failure=fallback_on_failure,
+                              queue=queue, retry=None)

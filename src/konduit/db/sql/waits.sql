@@ -1,0 +1,158 @@
+-- name: wait_lock_event_keys
+-- Serialize the event decisions of the given (name, key) / (name, execution) pairs: an arming
+-- that looks for a stored event and a send_event that looks for a waiting task cannot both miss
+-- each other. Locks are taken in hash order, so two arms never wait on each other in a cycle.
+SELECT count(pg_advisory_xact_lock(h))::int AS locked
+FROM (SELECT DISTINCT hashtextextended(k, 7477) AS h
+      FROM unnest(%(keys)s::text[]) AS k ORDER BY 1) AS s;
+
+-- name: task_wait_if_leased
+-- Arm: running -> waiting, while the caller still holds the lease (the arming attempt of an
+-- event, timer or child step); the task holds no lease and no worker slot from now on.
+UPDATE konduit_tasks
+SET status = 'waiting',
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    wait_kind = %(kind)s,
+    wait_event = %(event)s,
+    wait_key = %(key)s,
+    wait_until = COALESCE(%(until)s::timestamptz,
+                          clock_timestamp() + make_interval(secs => %(delay_seconds)s::float8)),
+    wait_child = %(child)s
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+  AND hedge_token IS NULL
+RETURNING id, execution_id, step, wait_until,
+          extract(epoch FROM wait_until - clock_timestamp())::float8 AS wait_seconds;
+
+-- name: task_mark_due_if_waiting
+-- An event was accepted for a waiting task (before its deadline): it is due now. Whoever wakes
+-- it (the sender at once, else a worker's maintenance) completes it with the event's payload,
+-- even past the deadline: the deadline sweep leaves a task that became due in time alone.
+UPDATE konduit_tasks
+SET wait_until = clock_timestamp()
+WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'event' AND wait_until IS NULL
+  AND (deadline_at IS NULL OR deadline_at > clock_timestamp())
+RETURNING id;
+
+-- name: task_wake_if_waiting
+-- Wake: waiting -> terminal (the event's payload, the timer's None, the child's output). Only a
+-- task still waiting, and one that became due before its deadline (an event accepted, a timer
+-- due, a child ended in time): a late one is the deadline sweep's (task_expire_if_past_deadline).
+UPDATE konduit_tasks t
+SET status = %(outcome)s,
+    output_hash = %(output_hash)s,
+    error = %(error)s,
+    finished_at = clock_timestamp()
+WHERE t.id = %(id)s AND t.status = 'waiting'
+  AND (t.deadline_at IS NULL OR COALESCE(t.wait_until, clock_timestamp()) <= t.deadline_at)
+RETURNING t.id, t.finished_at;
+
+-- name: task_find_waiting_for_event
+-- The oldest task waiting for this event (core.waits.event_matches, in SQL), not yet due and
+-- still before its deadline.
+SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, e.workflow_name, e.workflow_version
+FROM konduit_tasks t
+JOIN konduit_executions e ON e.id = t.execution_id
+WHERE t.status = 'waiting' AND t.wait_kind = 'event' AND t.wait_event = %(name)s
+  AND t.wait_until IS NULL
+  AND (%(key)s::text IS NULL OR t.wait_key = %(key)s::text)
+  AND (%(execution_id)s::uuid IS NULL OR t.execution_id = %(execution_id)s::uuid)
+  AND (t.deadline_at IS NULL OR t.deadline_at > clock_timestamp())
+ORDER BY t.id
+LIMIT 1;
+
+-- name: event_find_pending_for_task
+-- The oldest stored event a task that starts waiting consumes (core.waits.event_matches).
+SELECT id, payload
+FROM konduit_events
+WHERE name = %(name)s AND consumed_at IS NULL
+  AND (key IS NULL OR key = %(key)s::text)
+  AND (execution_id IS NULL OR execution_id = %(execution_id)s::uuid)
+ORDER BY id
+LIMIT 1
+FOR UPDATE;
+
+-- name: event_consume_if_pending
+-- An event is consumed at most once: by this task, if no one took it first.
+UPDATE konduit_events
+SET consumed_by = %(task_id)s, consumed_at = clock_timestamp()
+WHERE id = %(id)s AND consumed_at IS NULL
+RETURNING id;
+
+-- name: event_insert
+-- Keep an event: pending (consumed_by NULL) or, for the record, the one that woke a task.
+INSERT INTO konduit_events (name, key, execution_id, payload, consumed_by, consumed_at)
+VALUES (%(name)s, %(key)s, %(execution_id)s, %(payload)s, %(consumed_by)s,
+        CASE WHEN %(consumed_by)s::bigint IS NULL THEN NULL ELSE clock_timestamp() END)
+RETURNING id;
+
+-- name: event_payload_consumed_by
+-- The payload of the event a task consumed (a due event step woken by maintenance).
+SELECT payload FROM konduit_events WHERE consumed_by = %(task_id)s;
+
+-- name: event_may_be_awaited
+-- Could a task still start waiting for this event? A running execution (the one named, if any)
+-- of a registered workflow with an event step of this name whose task has not started waiting
+-- nor ended. Otherwise send_event answers "no match" and keeps nothing.
+SELECT EXISTS (
+    SELECT 1
+    FROM konduit_workflows w
+    CROSS JOIN LATERAL jsonb_array_elements(w.spec -> 'steps') AS s(step)
+    JOIN konduit_executions e
+      ON e.workflow_name = w.name AND e.workflow_version = w.version AND e.status = 'running'
+    WHERE s.step -> 'wait' ->> 'kind' = 'event' AND s.step -> 'wait' ->> 'event' = %(name)s
+      AND (%(execution_id)s::uuid IS NULL OR e.id = %(execution_id)s::uuid)
+      AND NOT EXISTS (
+          SELECT 1 FROM konduit_tasks t
+          WHERE t.execution_id = e.id AND t.step = s.step ->> 'name'
+            AND t.generation = e.generation AND t.status NOT IN ('ready', 'running'))
+) AS possible;
+
+-- name: task_list_waits_due
+-- Waiting tasks the engine should wake now: timers due and events accepted (wait_until passed),
+-- and child workflows whose child execution ended.
+(SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.item,
+        t.queue, t.generation, NULL::uuid AS lease_token, t.wait_kind, t.wait_child,
+        NULL::text AS child_status, NULL::jsonb AS child_output, NULL::text AS child_error,
+        e.workflow_name, e.workflow_version, e.input, e.scheduled_at,
+        0.0::float8 AS deadline_remaining
+ FROM konduit_tasks t
+ JOIN konduit_executions e ON e.id = t.execution_id
+ WHERE t.status = 'waiting' AND t.wait_until <= clock_timestamp() AND e.status = 'running'
+ ORDER BY t.wait_until
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.item,
+        t.queue, t.generation, NULL::uuid, t.wait_kind, t.wait_child,
+        c.status, c.output, c.error,
+        e.workflow_name, e.workflow_version, e.input, e.scheduled_at, 0.0::float8
+ FROM konduit_tasks t
+ JOIN konduit_executions c ON c.id = t.wait_child
+ JOIN konduit_executions e ON e.id = t.execution_id
+ WHERE t.status = 'waiting' AND t.wait_kind = 'child' AND c.status NOT IN ('pending', 'running')
+   AND e.status = 'running'
+ LIMIT %(limit)s);
+
+-- name: execution_children_running
+-- The running child executions of an execution's child-workflow steps, in id order (the lock
+-- order of several executions), for a cancel that goes down the tree.
+SELECT c.id
+FROM konduit_tasks t
+JOIN konduit_executions c ON c.id = t.wait_child
+WHERE t.execution_id = %(execution_id)s AND t.wait_kind = 'child' AND c.status = 'running'
+ORDER BY c.id;
+
+-- name: execution_parent_of
+-- The execution (and step) whose child-workflow step started this execution, if any.
+SELECT t.execution_id, t.step
+FROM konduit_tasks t
+WHERE t.wait_child = %(execution_id)s AND t.wait_kind = 'child'
+LIMIT 1;
+
+-- name: task_count_waiting
+-- Waiting tasks by what they wait for (metrics).
+SELECT wait_kind AS kind, count(*)::bigint AS tasks
+FROM konduit_tasks
+WHERE status = 'waiting'
+GROUP BY wait_kind
+ORDER BY wait_kind;

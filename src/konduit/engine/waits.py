@@ -1,0 +1,198 @@
+"""The engine side of durable waits: arming, events, and waking (docs/durable-waits.md).
+
+* **Arm** (:func:`arm`): the arming attempt's :class:`~konduit.core.waits.Armed` moves its task
+  running -> ``waiting`` under its lease (``task_wait_if_leased``), storing what it waits for. An
+  event step takes, in the same transaction, a stored event that matches (consumed at most once)
+  and marks itself due; a child step starts its child execution in the same transaction (one
+  child per task by construction, and its idempotency key ``konduit-child:<task id>`` besides).
+* **Send** (:func:`send_event`): under the same advisory lock as an arming of that event,
+  accept it for the oldest matching waiting task (``task_mark_due_if_waiting``: only before
+  the task's deadline), else keep it for a task that may still wait for it, else refuse it.
+* **Wake** (:func:`wake`): a due task (event accepted, timer due, child ended) is ended in the
+  fan-in transaction (:func:`konduit.engine.completer.record_many`, transition ``wake``), fenced
+  on ``status = 'waiting'``. The sender wakes the task it accepted at once; the workers'
+  maintenance wakes the rest (:func:`list_due`), so nothing is lost if the sender dies.
+
+Advisory locks come first, then execution rows, then task rows, then events: the global order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Literal
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
+from konduit.core.waits import Armed, check_event_name
+from konduit.db.database import Database, Row, Tx
+from konduit.engine import transitions
+from konduit.engine.advancer import Advanced
+from konduit.engine.completer import Completion, Recorded, record_many
+from konduit.engine.registry import Registry
+from konduit.engine.starts import StartRequest, insert_executions, prepare
+from konduit.errors import KonduitError
+
+log = logging.getLogger("konduit.waits")
+
+SendResult = Literal["woke", "stored", "no match"]
+
+
+def _lock_keys(name: str, key: str | None, execution_id: UUID | None) -> list[str]:
+    keys = []
+    if key is not None:
+        keys.append(f"k\x1f{name}\x1f{key}")
+    if execution_id is not None:
+        keys.append(f"e\x1f{name}\x1f{execution_id}")
+    return keys
+
+
+def child_idempotency_key(task_id: int) -> str:
+    """The child execution's idempotency key: one child per parent task, whatever crashes."""
+    return f"konduit-child:{task_id}"
+
+
+async def arm(db: Database, registry: Registry, c: Completion, *,
+              max_payload_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Recorded, Advanced | None]:
+    """Record an arming attempt (its ``payload`` is the :class:`Armed`): running -> waiting.
+    A matching stored event, or a timer already due, wakes the task at once."""
+    armed: Armed = c.payload
+    prepared = None
+    if armed.kind == "child":
+        try:
+            assert armed.workflow is not None
+            prepared = prepare(registry, StartRequest(
+                armed.workflow, armed.input, idempotency_key=child_idempotency_key(c.task_id)),
+                max_bytes=max_payload_bytes)
+        except KonduitError as exc:
+            # An unknown workflow or an input that cannot be stored: the step fails (no retry
+            # would change it), as a handler's invalid output would.
+            failed = Completion(
+                task_id=c.task_id, lease_token=c.lease_token, execution_id=c.execution_id,
+                step=c.step, map_index=c.map_index, attempt=c.attempt, outcome="failed",
+                error=f"could not start child workflow {armed.workflow!r}: {exc}",
+                age_seconds=c.age_seconds)
+            [(outcome, advanced)] = await record_many(db, registry, [failed],
+                                                      max_payload_bytes=max_payload_bytes)
+            return outcome, advanced
+
+    async def write(tx: Tx) -> tuple[Row | None, bool]:
+        if armed.kind == "event":
+            assert armed.event is not None
+            await tx.one("wait_lock_event_keys",
+                         keys=_lock_keys(armed.event, armed.key, c.execution_id))
+        child = None
+        if prepared is not None:
+            [child] = await insert_executions(tx, [prepared])
+        row = await transitions.wait(
+            tx, c, kind=armed.kind, event=armed.event, key=armed.key, until=armed.until,
+            delay_seconds=armed.delay, child=child)
+        if row is None:
+            raise _LeaseLost
+        await tx.run("attempt_finish_if_open", lease_token=c.lease_token, outcome="waiting",
+                     error=None, age_seconds=c.age_seconds)
+        due = row["wait_seconds"] is not None and row["wait_seconds"] <= 0
+        if armed.kind == "event":
+            event = await tx.one("event_find_pending_for_task", name=armed.event, key=armed.key,
+                                 execution_id=c.execution_id)
+            if event is not None \
+                    and await tx.one("event_consume_if_pending", id=event["id"],
+                                     task_id=c.task_id) is not None:
+                due = await transitions.mark_due(tx, c.task_id)
+        return row, due
+
+    try:
+        row, due = await db.atomic(write)
+    except _LeaseLost:
+        return Recorded.LEASE_LOST, None
+    log.debug("task %s (%s) waits for %s", c.task_id, c.step, armed.describe())
+    if due:
+        woken = await wake_task(db, registry, c.task_id, c.execution_id, c.step,
+                                max_payload_bytes=max_payload_bytes)
+        if woken is not None:
+            return Recorded.WAITING, woken
+    assert row is not None
+    return Recorded.WAITING, None
+
+
+class _LeaseLost(Exception):
+    """The arming attempt's lease no longer holds: roll back (a child started would be undone)."""
+
+
+async def send_event(db: Database, registry: Registry, name: str, *, key: str | None = None,
+                     execution_id: UUID | None = None, payload: Any = None,
+                     max_payload_bytes: int = DEFAULT_MAX_BYTES) -> SendResult:
+    """Deliver an event. ``"woke"``: a task waiting for it (before its deadline) took it and is
+    woken; ``"stored"``: no task waits for it yet, but a running execution may still start
+    waiting for it (its event step has not started waiting nor ended): it is kept and consumed
+    by the first such task; ``"no match"``: nothing could ever take it (no such step in a
+    running execution, the named execution is unknown or finished, or its step already
+    ended or timed out): nothing is kept and nothing changes."""
+    check_event_name(name)
+    if key is None and execution_id is None:
+        raise KonduitError("send_event needs key= or execution_id= (or both)")
+    if key is not None and (not isinstance(key, str) or not key):
+        raise KonduitError(f"the event key must be a non-empty string, got {key!r}")
+    payload_json = canonical_json(payload, what=f"payload of event {name!r}",
+                                  max_bytes=max_payload_bytes)
+    stored_payload = Jsonb(json.loads(payload_json))
+
+    async def decide(tx: Tx) -> tuple[SendResult, Row | None]:
+        await tx.one("wait_lock_event_keys", keys=_lock_keys(name, key, execution_id))
+        task = await tx.one("task_find_waiting_for_event", name=name, key=key,
+                            execution_id=execution_id)
+        if task is not None and await transitions.mark_due(tx, task["id"]):
+            await tx.one("event_insert", name=name, key=key, execution_id=execution_id,
+                         payload=stored_payload, consumed_by=task["id"])
+            return "woke", task
+        possible = await tx.one("event_may_be_awaited", name=name, execution_id=execution_id)
+        if possible is None or not possible["possible"]:
+            return "no match", None
+        await tx.one("event_insert", name=name, key=key, execution_id=execution_id,
+                     payload=stored_payload, consumed_by=None)
+        return "stored", None
+
+    result, task = await db.atomic(decide)
+    if task is not None:
+        try:
+            registry.get(task["workflow_name"], task["workflow_version"])
+        except KonduitError:
+            return result  # not this App's workflow: a worker serving it wakes the task
+        await wake_task(db, registry, task["id"], task["execution_id"], task["step"],
+                        max_payload_bytes=max_payload_bytes)
+    return result
+
+
+async def wake_task(db: Database, registry: Registry, task_id: int, execution_id: UUID,
+                    step: str, *, outcome: str = "succeeded", payload_json: str | None = None,
+                    payload: Any = None, error: str | None = None,
+                    max_payload_bytes: int = DEFAULT_MAX_BYTES) -> Advanced | None:
+    """End a due waiting task in the fan-in transaction. An event step's payload is the event
+    it consumed (read here when not given). Returns how the DAG advanced, None when the task
+    was no longer waiting (someone else woke it, or the deadline sweep ended it)."""
+    if payload_json is None and outcome == "succeeded":
+        row = await db.one("event_payload_consumed_by", task_id=task_id)
+        if row is not None:
+            payload = row["payload"]
+            payload_json = canonical_json(payload, what=f"output of step {step!r}",
+                                          max_bytes=max_payload_bytes)
+        else:  # a timer: its output is None
+            payload_json = canonical_json(None, what=f"output of step {step!r}")
+    c = Completion(task_id=task_id, lease_token=None, execution_id=execution_id, step=step,
+                   map_index=0, attempt=0, outcome=outcome, payload_json=payload_json,
+                   payload=payload, error=error, transition="wake")
+    [(recorded, advanced)] = await record_many(db, registry, [c],
+                                               max_payload_bytes=max_payload_bytes)
+    return advanced if recorded is Recorded.ENDED else None
+
+
+async def list_due(db: Database, *, limit: int = 100) -> list[Row]:
+    """Waiting tasks to wake now: timers due, events accepted, children ended."""
+    return await db.all("task_list_waits_due", limit=limit)
+
+
+async def waiting_counts(db: Database) -> dict[str, int]:
+    """Waiting tasks by what they wait for (event, timer, child)."""
+    return {row["kind"]: int(row["tasks"]) for row in await db.all("task_count_waiting")}

@@ -1,0 +1,183 @@
+"""Durable waits: event steps (docs/durable-waits.md), on real PostgreSQL with real workers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from uuid import UUID
+
+import psycopg
+import pytest
+
+import konduit
+from tests.conftest import running_worker
+
+pytestmark = pytest.mark.storage
+
+FAST = {"poll_interval": 0.1, "maintenance_interval": 0.3}
+
+
+def review_workflow(deadline: str = "30s", name: str = "review-flow") -> konduit.Workflow:
+    """Seed 004: a human review of a translation, with the machine translation as fallback."""
+    wf = konduit.Workflow(name, version=1)
+
+    @wf.step()
+    def translate(ctx):
+        return {"de": "maschinell", "episode": ctx.input["episode"]}
+
+    review = wf.wait_for_event(
+        "translation-approved", name="review", after=[translate],
+        key=lambda ctx: f"episode-{ctx.upstream['translate']['episode']}",
+        deadline=deadline, fallback=lambda ctx: {"de": ctx.upstream["translate"]["de"],
+                                                 "by": "machine"})
+
+    @wf.step(after=[review])
+    def publish(ctx):
+        return {"text": ctx.upstream["review"], "outcome": ctx.outcomes["review"]}
+
+    return wf
+
+
+def task_row(url: str, execution_id: UUID, step: str) -> tuple[object, ...]:
+    """(status, wait_kind, wait_event, wait_key, worker_id) of a step's task; (None,) before
+    the step has a task."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT status, wait_kind, wait_event, wait_key, worker_id FROM konduit_tasks "
+            "WHERE execution_id = %s AND step = %s", (execution_id, step)).fetchone()
+    return (None,) if row is None else tuple(row)
+
+
+def wait_status(url: str, execution_id: UUID, step: str, status: str, timeout: float = 20
+                ) -> tuple[object, ...]:
+    end = time.monotonic() + timeout
+    while True:
+        row = task_row(url, execution_id, step)
+        if row[0] == status:
+            return row
+        if time.monotonic() > end:
+            raise AssertionError(f"{step} is {row[0]}, not {status}")
+        time.sleep(0.05)
+
+
+def test_an_approval_at_one_second_wakes_the_join(make_app, db_url):
+    app = make_app(review_workflow())
+    with running_worker(app, **FAST):
+        handle = app.start("review-flow", input={"episode": 42})
+        row = wait_status(db_url, handle.id, "review", "waiting")
+        assert row[1:4] == ("event", "translation-approved", "episode-42")
+        time.sleep(1.0)
+        assert app.send_event("translation-approved", key="episode-42",
+                              payload={"de": "menschlich", "by": "ana"}) == "woke"
+        result = handle.wait(timeout=20)
+    assert result.status == "succeeded"
+    assert result.output == {"text": {"de": "menschlich", "by": "ana"}, "outcome": "succeeded"}
+    # Consumed once: a second approval for the ended step matches nothing and changes nothing.
+    assert app.send_event("translation-approved", key="episode-42", payload={"by": "bo"}) \
+        == "no match"
+    assert app.send_event("translation-approved", execution_id=handle.id) == "no match"
+
+
+def test_an_approval_after_the_deadline_is_refused_and_the_fallback_stands(make_app, db_url):
+    app = make_app(review_workflow(deadline="1s"))
+    with running_worker(app, deadline_grace=0.2, **FAST):
+        handle = app.start("review-flow", input={"episode": 7})
+        wait_status(db_url, handle.id, "review", "degraded")
+        result = handle.wait(timeout=20)
+        assert app.send_event("translation-approved", key="episode-7",
+                              payload={"by": "late"}) == "no match"
+        assert app.send_event("translation-approved", execution_id=handle.id,
+                              payload={"by": "late"}) == "no match"
+    assert result.status == "succeeded"
+    assert result.output == {"text": {"de": "maschinell", "by": "machine"}, "outcome": "degraded"}
+    assert app.status(handle.id).output == result.output
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM konduit_events").fetchone() == (0,)
+
+
+def test_an_event_late_by_less_than_the_sweep_grace_changes_nothing(make_app, db_url):
+    """Past the deadline but before the sweep ended the task: still refused (the deadline is
+    checked in the statement that would accept it)."""
+    app = make_app(review_workflow(deadline="1s"))
+    with running_worker(app, deadline_grace=30.0, **FAST):
+        handle = app.start("review-flow", input={"episode": 8})
+        wait_status(db_url, handle.id, "review", "waiting")
+        time.sleep(1.3)
+        assert task_row(db_url, handle.id, "review")[0] == "waiting"
+        outcome = app.send_event("translation-approved", key="episode-8", payload={"by": "x"})
+        assert outcome in ("stored", "no match")
+        assert outcome == "no match"
+        assert task_row(db_url, handle.id, "review")[0] == "waiting"
+
+
+def test_an_event_sent_before_the_step_waits_is_kept_and_consumed(make_app, db_url):
+    app = make_app(review_workflow())
+    handle = app.start("review-flow", input={"episode": 9})
+    assert app.send_event("translation-approved", key="episode-9", payload={"by": "early"}) \
+        == "stored"
+    assert app.send_event("no-such-event", key="episode-9") == "no match"
+    with running_worker(app, **FAST):
+        result = handle.wait(timeout=20)
+    assert result.output == {"text": {"by": "early"}, "outcome": "succeeded"}
+    with psycopg.connect(db_url) as conn:
+        consumed = conn.execute(
+            "SELECT consumed_by IS NOT NULL FROM konduit_events").fetchall()
+    assert consumed == [(True,)]
+
+
+def test_two_racing_events_wake_the_task_exactly_once(make_app, db_url):
+    app = make_app(review_workflow())
+    with running_worker(app, **FAST):
+        handle = app.start("review-flow", input={"episode": 5})
+        wait_status(db_url, handle.id, "review", "waiting")
+        barrier = threading.Barrier(2)
+        answers: list[str] = []
+
+        def send(who: str) -> None:
+            barrier.wait()
+            answers.append(app.send_event("translation-approved", key="episode-5",
+                                          payload={"by": who}))
+
+        threads = [threading.Thread(target=send, args=(who,)) for who in ("ana", "bo")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        result = handle.wait(timeout=20)
+    # The loser finds the step ended: refused, nothing kept.
+    assert sorted(answers) == ["no match", "woke"]
+    assert result.output["text"]["by"] in ("ana", "bo")
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM konduit_events").fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM konduit_outputs o JOIN konduit_tasks t "
+                            "ON t.execution_id = o.execution_id AND t.step = o.step "
+                            "WHERE t.step = 'review'").fetchone() == (1,)
+
+
+def test_a_raising_key_fails_the_attempt_not_the_worker(make_app):
+    wf = konduit.Workflow("bad-key", version=1)
+    wf.wait_for_event("approved", name="review", key=lambda ctx: ctx.input["missing"],
+                      retry=konduit.Retry(max_attempts=1))
+    ok = konduit.Workflow("fine", version=1)
+
+    @ok.step()
+    def hello(ctx):
+        return "hi"
+
+    app = make_app(wf, ok)
+    with running_worker(app, **FAST):
+        bad = app.start("bad-key", input={})
+        with pytest.raises(konduit.ExecutionFailed) as failed:
+            bad.wait(timeout=20)
+        assert "missing" in (failed.value.result.error or "")
+        assert app.start("fine").wait(timeout=20).output == "hi"
+
+
+def test_send_event_refuses_bad_input(make_app):
+    app = make_app(review_workflow())
+    with pytest.raises(konduit.KonduitError, match="key= or execution_id="):
+        app.send_event("translation-approved")
+    with pytest.raises(konduit.KonduitError, match="invalid event name"):
+        app.send_event("", key="x")
+    with pytest.raises(konduit.KonduitError):
+        app.send_event("translation-approved", key="x", payload={"bad": object()})
