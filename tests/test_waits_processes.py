@@ -1,0 +1,213 @@
+"""Durable waits with real worker processes: timers across restarts, child workflows across a
+SIGKILL, many waiting executions that hold no worker slot."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from uuid import UUID
+
+import psycopg
+import pytest
+
+import konduit
+from tests import waits_app
+from tests.conftest import running_worker
+
+pytestmark = [pytest.mark.storage, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+POLL = 1.0
+
+
+def spawn_worker(db_url: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "konduit.cli", "worker", "tests.waits_app:app",
+         "--database-url", db_url, "--concurrency", "4", "--poll-interval", str(POLL),
+         "--log-level", "WARNING", *extra],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"},
+    )
+
+
+def kill_all(workers: list[subprocess.Popen[bytes]]) -> None:
+    for w in workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGKILL)
+    for w in workers:
+        w.wait(timeout=30)
+
+
+def stop_all(workers: list[subprocess.Popen[bytes]]) -> None:
+    for w in workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+    for w in workers:
+        w.wait(timeout=60)
+
+
+def query(url: str, sql: str, *params: object) -> list[tuple[object, ...]]:
+    with psycopg.connect(url) as conn:
+        return [tuple(r) for r in conn.execute(sql, params).fetchall()]  # type: ignore[arg-type]
+
+
+def until(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_a_two_second_sleep_ends_within_its_time_plus_the_poll_interval(db_url):
+    app = konduit.App([waits_app.timer, waits_app.child, waits_app.parent], database_url=db_url)
+    workers = [spawn_worker(db_url)]
+    try:
+        handle = app.start("timer-flow")
+        result = handle.wait(timeout=60)
+    finally:
+        stop_all(workers)
+        app.close()
+    assert result.status == "succeeded"
+    [(waited,)] = query(
+        db_url,
+        "SELECT extract(epoch FROM t.finished_at - a.finished_at)::float8 "
+        "FROM konduit_tasks t JOIN konduit_attempts a ON a.task_id = t.id "
+        "WHERE t.execution_id = %s AND t.step = 'pause' AND a.outcome = 'waiting'", handle.id)
+    assert 2.0 <= waited <= 2.0 + POLL, waited
+    # No worker slot was held while it waited: the arming attempt was short.
+    [(armed,)] = query(
+        db_url, "SELECT extract(epoch FROM a.finished_at - a.started_at)::float8 "
+        "FROM konduit_attempts a JOIN konduit_tasks t ON t.id = a.task_id "
+        "WHERE t.execution_id = %s AND t.step = 'pause'", handle.id)
+    assert armed < 1.0
+
+
+def test_timers_survive_a_restart_of_every_worker(db_url):
+    app = konduit.App([waits_app.timer, waits_app.child, waits_app.parent], database_url=db_url)
+    workers = [spawn_worker(db_url), spawn_worker(db_url)]
+    try:
+        handles = [app.start("timer-flow") for _ in range(6)]
+        ids = [h.id for h in handles]
+
+        def all_waiting() -> bool:
+            return query(db_url, "SELECT count(*) FROM konduit_tasks WHERE step = 'pause' "
+                         "AND status = 'waiting' AND execution_id = ANY(%s)", ids)[0][0] == 6
+
+        until(all_waiting, 30, "every timer to wait")
+        kill_all(workers)  # every worker gone, the timers still to fire
+        time.sleep(2.5)
+        assert all_waiting()  # due now, but nobody to wake them
+        workers = [spawn_worker(db_url), spawn_worker(db_url)]
+        began = time.monotonic()
+        results = [h.wait(timeout=60) for h in handles]
+        took = time.monotonic() - began
+    finally:
+        stop_all(workers)
+        app.close()
+    assert all(r.status == "succeeded" for r in results)
+    # A restarted worker's maintenance finds the due timers within its interval (2 s) of
+    # starting (plus the process start).
+    assert took < 15, took
+    assert query(db_url, "SELECT count(*), count(DISTINCT execution_id) FROM konduit_tasks "
+                 "WHERE step = 'pause' AND status = 'succeeded'") == [(6, 6)]
+
+
+def test_a_child_killed_mid_run_finishes_once_and_completes_its_parent_once(db_url):
+    app = konduit.App([waits_app.timer, waits_app.child, waits_app.parent], database_url=db_url)
+    workers = [spawn_worker(db_url, "--lease-seconds", "2", "--heartbeat-interval", "0.5")]
+    try:
+        handle = app.start("gallery", input={"sleep": 3})
+
+        def child_running() -> bool:
+            return bool(query(db_url, "SELECT 1 FROM konduit_tasks WHERE step = 'resize' "
+                              "AND status = 'running'"))
+
+        until(child_running, 30, "the child's step to run")
+        kill_all(workers)
+        workers = [spawn_worker(db_url, "--lease-seconds", "2", "--heartbeat-interval", "0.5")]
+        result = handle.wait(timeout=90)
+    finally:
+        stop_all(workers)
+        app.close()
+    assert result.status == "succeeded"
+    assert result.output == {"thumbs": ["cover.png@64", "cover.png@128"]}
+    children = query(db_url, "SELECT id, status, idempotency_key FROM konduit_executions "
+                     "WHERE workflow_name = 'resize'")
+    assert len(children) == 1
+    [(child_id, status, key)] = children
+    assert status == "succeeded"
+    [(task_id, wait_child, task_status)] = query(
+        db_url, "SELECT id, wait_child, status FROM konduit_tasks WHERE step = 'thumbs'")
+    assert (wait_child, task_status) == (child_id, "succeeded")
+    assert key == f"konduit-child:{task_id}"
+    # The child's step ran twice (the first worker was killed), its parent step ended once.
+    assert query(db_url, "SELECT count(*) FROM konduit_attempts a JOIN konduit_tasks t "
+                 "ON t.id = a.task_id WHERE t.step = 'resize'")[0][0] >= 2
+    assert query(db_url, "SELECT count(*) FROM konduit_outputs WHERE step = 'thumbs'") == [(1,)]
+
+
+def test_cancelling_the_parent_cancels_the_child(make_app, db_url):
+    app = make_app(waits_app.timer, waits_app.child, waits_app.parent)
+    with running_worker(app, poll_interval=0.1, maintenance_interval=0.3, shutdown_grace=0.5):
+        handle = app.start("gallery", input={"sleep": 30})
+
+        def child_started() -> bool:
+            return bool(query(db_url, "SELECT 1 FROM konduit_tasks WHERE step = 'thumbs' "
+                              "AND status = 'waiting'"))
+
+        until(child_started, 30, "the child workflow to start")
+        [(child_id,)] = query(db_url, "SELECT wait_child FROM konduit_tasks WHERE step = 'thumbs'")
+        assert isinstance(child_id, UUID)
+        assert app.cancel(handle.id) is True
+        assert app.status(child_id).status == "cancelled"
+        assert app.status(handle.id).status == "cancelled"
+        assert query(db_url, "SELECT status FROM konduit_tasks WHERE step = 'thumbs'") \
+            == [("cancelled",)]
+
+
+def test_a_thousand_waiting_executions_hold_no_worker_slot(make_app, db_url):
+    waiting = konduit.Workflow("approve-many", version=1)
+    waiting.wait_for_event("approved", name="approval", key=lambda ctx: str(ctx.input["n"]))
+    other = konduit.Workflow("other-work", version=1)
+
+    @other.step()
+    def work(ctx):
+        return ctx.input
+
+    app = make_app(waiting, other)
+    count = 1000
+    with running_worker(app, concurrency=4, poll_interval=0.1, maintenance_interval=0.5):
+        handles = app.start_many([konduit.StartRequest("approve-many", input={"n": n})
+                                  for n in range(count)])
+
+        def all_waiting() -> bool:
+            return query(db_url, "SELECT count(*) FROM konduit_tasks WHERE status = 'waiting'"
+                         )[0][0] == count
+
+        until(all_waiting, 180, "every execution to wait")
+        # Four slots, a thousand waits: other work still runs at once.
+        began = time.monotonic()
+        assert app.start("other-work", input=1).wait(timeout=10).output == 1
+        assert time.monotonic() - began < 5
+        answers: list[str] = []
+        lock = threading.Lock()
+
+        def send(part: int) -> None:
+            for n in range(part, count, 8):
+                answer = app.send_event("approved", key=str(n), payload={"n": n})
+                with lock:
+                    answers.append(answer)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        results = [h.wait(timeout=120) for h in handles]
+    assert answers.count("woke") == count
+    assert [r.output for r in results] == [{"n": n} for n in range(count)]
