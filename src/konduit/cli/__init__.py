@@ -13,7 +13,17 @@ import typer
 from rich.markup import escape
 
 import konduit
-from konduit.cli import alerts, executions, observe, operate, retention, schedules, tools, webhooks
+from konduit.cli import (
+    alerts,
+    executions,
+    observe,
+    operate,
+    retention,
+    schedules,
+    tools,
+    waits,
+    webhooks,
+)
 from konduit.cli.common import CliError, console, err_console, load_app, one_line
 
 cli = typer.Typer(
@@ -52,6 +62,7 @@ cli.command()(executions.start)
 cli.command()(executions.status)
 cli.command("list")(executions.list_executions)
 cli.command()(executions.cancel)
+cli.command("send-event")(waits.send_event)
 cli.command()(executions.repair)
 cli.command("dead-letters")(executions.dead_letters)
 cli.command()(retention.prune)

@@ -31,6 +31,7 @@ from konduit.cli.common import (
     stamp,
     styled,
 )
+from konduit.cli.waits import print_waiting, waiting_json
 from konduit.db.database import Row
 from konduit.engine.client import coerce_execution_id
 
@@ -150,7 +151,7 @@ def status(
             "outcomes": result.outcomes, "created_at": result.created_at,
             "finished_at": result.finished_at, "output_versions": versions,
             "late_results": late, "served_by_live_worker": served, "hint": hint,
-            "auto_repair": auto_repair,
+            "auto_repair": auto_repair, "waiting": waiting_json(tasks),
         }))
         return
     took = between(result.created_at, result.finished_at)
@@ -173,6 +174,7 @@ def status(
                           f"{dump_json(version['output'])}", markup=False, soft_wrap=True)
     if steps:
         console.print(step_table(steps, tasks, result.created_at))
+    print_waiting(tasks)
     if hint:
         console.print(f"[yellow]hint:[/yellow] {escape(hint)}", soft_wrap=True)
     for payload in late:

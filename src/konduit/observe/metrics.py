@@ -163,6 +163,18 @@ def webhook_family(counts: Sequence[Row]) -> Metric:
                   (((s,), found.get(s, 0)) for s in DELIVERY_STATUSES))
 
 
+WAIT_KINDS = ("event", "timer", "child")
+
+
+def waiting_family(rows: Sequence[Row]) -> Metric:
+    """Waiting tasks (durable waits: they hold no worker slot), by what they wait for; every
+    kind is reported, zero included, so a rate or an alert on it never sees a gap."""
+    found = {row["kind"]: float(row["tasks"]) for row in rows}
+    return _gauge("konduit_tasks_waiting", "Tasks waiting for an event, a timer or a child "
+                  "workflow (no worker slot held), by kind.", ("kind",),
+                  [((kind,), found.get(kind, 0.0)) for kind in WAIT_KINDS])
+
+
 def flow_families(stats: Stats) -> list[Metric]:
     """Flow limits (``step(concurrency=, rate=)``): running and ready tasks of each limited
     step, and the time and claims in which its limit held ready tasks back."""
@@ -201,6 +213,7 @@ class KonduitCollector(Collector):
         self._db: Database | None = None
         self._lock = asyncio.Lock()
         self._failing: str | None = ""  # the last error logged; "" before the first scrape
+        self._waiting: list[Row] = []  # waiting tasks by kind, read with the stats
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="konduit-metrics", daemon=True).start()
 
@@ -222,6 +235,7 @@ class KonduitCollector(Collector):
                                             workflow=None, limit=MAX_ALERT_SAMPLES)
                 counts = await self._db.all("alert_count_open_by_kind")
                 deliveries = await self._db.all("webhook_delivery_count_by_status")
+                self._waiting = await self._db.all("task_count_waiting")
                 return stats, rows, workers, (alerts, counts), deliveries
             except BaseException:  # a fresh pool next time: no waiting out a broken one's retries
                 db, self._db = self._db, None
@@ -253,7 +267,7 @@ class KonduitCollector(Collector):
                 log.warning("reading the stats again")
             self._failing, families = None, [
                 *metric_families(stats, rows, workers, alerts, counts),
-                webhook_family(deliveries)]
+                webhook_family(deliveries), waiting_family(self._waiting)]
         yield from families
         yield GaugeMetricFamily("konduit_scrape_error", "1 when this scrape could not read the "
                                 "database, else 0.", value=float(self._failing is not None))

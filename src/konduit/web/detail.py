@@ -33,6 +33,8 @@ class Detail:
     auto_repair: str | None = None  # the repair_within line (auto-repaired at ..., pending ...)
     maps: dict[str, MapSummary] = field(default_factory=dict)
     failures: list[Row] = field(default_factory=list)  # attempts that ended with an error
+    parent: Row | None = None  # the execution whose child-workflow step started this one
+    children: list[Row] = field(default_factory=list)  # executions its child steps started
 
 
 async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool = False) -> Detail:
@@ -60,4 +62,6 @@ async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool 
     payloads = await client.payloads(result.id)
     return Detail(result, row, spec_steps, steps, attempts,
                   await client.outputs(result.id), [p for p in payloads if p["source"] == "late"],
-                  await auto_repair_status(client.db, result.id), maps, failures)
+                  await auto_repair_status(client.db, result.id), maps, failures,
+                  await client.db.one("execution_parent_of", execution_id=result.id),
+                  await client.db.all("execution_children_list", execution_id=result.id))

@@ -17,7 +17,7 @@ from konduit.observe.plan import human_seconds
 
 STEP_STATUSES = ("waiting", "active", "succeeded", "degraded", "failed", "timed_out", "skipped",
                  "cancelled")
-ATTEMPT_OUTCOMES = ("running", "succeeded", "degraded", "retry", "failed", "timed_out", "lost",
+ATTEMPT_OUTCOMES = ("running", "waiting", "succeeded", "degraded", "retry", "failed", "timed_out", "lost",
                     "released", "cancelled")
 FINISHED = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 REPAIRABLE = frozenset({"degraded", "failed", "timed_out", "cancelled"})

@@ -156,3 +156,12 @@ FROM konduit_tasks
 WHERE status = 'waiting'
 GROUP BY wait_kind
 ORDER BY wait_kind;
+
+-- name: execution_children_list
+-- The child executions an execution's child-workflow steps started, with their status (the
+-- execution page links them).
+SELECT t.step, c.id, c.status, c.workflow_name
+FROM konduit_tasks t
+JOIN konduit_executions c ON c.id = t.wait_child
+WHERE t.execution_id = %(execution_id)s AND t.wait_kind = 'child'
+ORDER BY t.id;
