@@ -63,3 +63,12 @@ def test_the_operating_example_defines_and_prunes(db_url: str, tmp_path: Path) -
     done = run([sys.executable, "night.py"], tmp_path, KONDUIT_DATABASE_URL=db_url)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "['nightly'] True True 0"
+
+
+def test_the_durable_waits_example_runs_as_written(db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "review.py").write_text(python_block("Waiting for people, time and other workflows"))
+    done = run([sys.executable, "review.py"], tmp_path, KONDUIT_DATABASE_URL=db_url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sent, output = done.stdout.splitlines()[:2]
+    assert sent in ("stored", "woke")
+    assert output == "{'text': {'by': 'ana', 'de': '...'}, 'reviewed': True}"
