@@ -28,8 +28,9 @@ from konduit.db.queries import all_queries, parse_queries, q
 
 pytestmark = pytest.mark.storage
 
-ENTITIES = ("alert", "attempt", "execution", "flow_limit", "output", "schedule", "schema_version",
-            "step", "task", "webhook_delivery", "webhook_subscription", "worker", "workflow")
+ENTITIES = ("alert", "attempt", "event", "execution", "flow_limit", "output", "schedule",
+            "schema_version", "step", "task", "webhook_delivery", "webhook_subscription", "worker",
+            "workflow")
 NOT_PREPARABLE = {"schema_version_table_create_if_absent"}  # DDL: PREPARE takes DML only
 EXECUTION = uuid.UUID("00000000-0000-4000-8000-000000000001")
 

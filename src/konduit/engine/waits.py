@@ -81,7 +81,7 @@ async def arm(db: Database, registry: Registry, c: Completion, *,
     async def write(tx: Tx) -> tuple[Row | None, bool]:
         if armed.kind == "event":
             assert armed.event is not None
-            await tx.one("wait_lock_event_keys",
+            await tx.one("event_lock_keys",
                          keys=_lock_keys(armed.event, armed.key, c.execution_id))
         child = None
         if prepared is not None:
@@ -140,7 +140,7 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
     stored_payload = Jsonb(json.loads(payload_json))
 
     async def decide(tx: Tx) -> tuple[SendResult, Row | None]:
-        await tx.one("wait_lock_event_keys", keys=_lock_keys(name, key, execution_id))
+        await tx.one("event_lock_keys", keys=_lock_keys(name, key, execution_id))
         task = await tx.one("task_find_waiting_for_event", name=name, key=key,
                             execution_id=execution_id)
         if task is not None and await transitions.mark_due(tx, task["id"]):

@@ -1,4 +1,4 @@
--- name: wait_lock_event_keys
+-- name: event_lock_keys
 -- Serialize the event decisions of the given (name, key) / (name, execution) pairs: an arming
 -- that looks for a stored event and a send_event that looks for a waiting task cannot both miss
 -- each other. Locks are taken in hash order, so two arms never wait on each other in a cycle.
@@ -111,6 +111,7 @@ SELECT EXISTS (
 -- name: task_list_waits_due
 -- Waiting tasks the engine should wake now: timers due and events accepted (wait_until passed),
 -- and child workflows whose child execution ended.
+SELECT * FROM (
 (SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.item,
         t.queue, t.generation, NULL::uuid AS lease_token, t.wait_kind, t.wait_child,
         NULL::text AS child_status, NULL::jsonb AS child_output, NULL::text AS child_error,
@@ -131,7 +132,8 @@ UNION ALL
  JOIN konduit_executions e ON e.id = t.execution_id
  WHERE t.status = 'waiting' AND t.wait_kind = 'child' AND c.status NOT IN ('pending', 'running')
    AND e.status = 'running'
- LIMIT %(limit)s);
+ LIMIT %(limit)s)
+) AS due;
 
 -- name: execution_children_running
 -- The running child executions of an execution's child-workflow steps, in id order (the lock
