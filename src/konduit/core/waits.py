@@ -104,8 +104,9 @@ def check_key(key: object) -> str:
     if isinstance(key, bool) or not isinstance(key, str | int):
         raise NonRetryableError(f"the event key must be a string, got {type(key).__name__}")
     text = str(key)
-    if not text or len(text) > MAX_KEY_CHARS:
-        raise NonRetryableError(f"the event key must be 1-{MAX_KEY_CHARS} characters")
+    if not text or len(text) > MAX_KEY_CHARS or "\x00" in text:
+        raise NonRetryableError(f"the event key must be 1-{MAX_KEY_CHARS} characters, "
+                                "without NUL")
     return text
 
 

@@ -133,8 +133,9 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
     check_event_name(name)
     if key is None and execution_id is None:
         raise KonduitError("send_event needs key= or execution_id= (or both)")
-    if key is not None and (not isinstance(key, str) or not key):
-        raise KonduitError(f"the event key must be a non-empty string, got {key!r}")
+    if key is not None and (not isinstance(key, str) or not key or "\x00" in key):
+        raise KonduitError(f"the event key must be a non-empty string without NUL characters, "
+                           f"got {key!r}")
     payload_json = canonical_json(payload, what=f"payload of event {name!r}",
                                   max_bytes=max_payload_bytes)
     stored_payload = Jsonb(json.loads(payload_json))

@@ -132,6 +132,25 @@ class ExecutionDetail(BaseModel):
     output_versions: list[OutputVersion]
 
 
+class EventBody(BaseModel):
+    """An event for the step that waits for it (``wf.wait_for_event``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$",
+                      description="The event's name")
+    key: str | None = Field(None, min_length=1, max_length=500,
+                            description="The key the waiting step computed (its key=)")
+    execution_id: UUID | None = Field(None, description="Only this execution's step")
+    payload: Any = Field(None, description="Any JSON value: the waiting step's output")
+
+
+class EventSent(BaseModel):
+    result: Literal["woke", "stored", "no match"] = Field(
+        description="woke: a waiting task took it; stored: kept for a step that may still wait "
+                    "for it; no match: nothing could take it (nothing kept; docs/durable-waits.md)")
+
+
 class Cancelled(BaseModel):
     id: UUID
     cancelled: bool = Field(description="False when it had already finished")

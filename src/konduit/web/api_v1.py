@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from konduit.app import App
 from konduit.core.durations import parse_duration
+from konduit.engine import waits
 from konduit.engine.client import Client, coerce_execution_id
 from konduit.engine.registry import workflow_key
 from konduit.engine.schedules import Schedules
@@ -232,6 +233,25 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             raise Refused(409, str(exc)) from None  # running, pending or cancelled
         status = (await statuses(client, [eid])).get(eid, "running")
         return m.Repaired(id=eid, rerun=rerun, status=status)  # type: ignore[arg-type]
+
+    @router.post("/events", response_model=m.EventSent, tags=["executions"])
+    async def send_event(body: m.EventBody) -> m.EventSent:
+        """Send an event to the step waiting for it, by ``key`` and/or ``execution_id``
+        (docs/durable-waits.md). Without workflow code here, a worker completes the task."""
+        if body.key is None and body.execution_id is None:
+            raise Refused(422, "an event needs key or execution_id (or both)", field="body.key")
+        client = await clients.get()
+        registry = app.registry if app is not None else client.registry
+        limit = app.max_payload_bytes if app is not None else client.max_payload_bytes
+        try:
+            result = await waits.send_event(client.db, registry, body.name, key=body.key,
+                                            execution_id=body.execution_id,
+                                            payload=body.payload, max_payload_bytes=limit)
+        except PayloadError as exc:
+            raise Refused(422, str(exc), field="body.payload") from None
+        except KonduitError as exc:  # a key PostgreSQL cannot store (NUL)
+            raise Refused(422, str(exc), field="body.key") from None
+        return m.EventSent(result=result)
 
     @router.get("/dead-letters", response_model=list[m.DeadLetter], tags=["operations"])
     async def dead_letters(limit: Limit = 100) -> list[m.DeadLetter]:
