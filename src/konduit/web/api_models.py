@@ -135,7 +135,9 @@ class ExecutionDetail(BaseModel):
 class EventBody(BaseModel):
     """An event for the step that waits for it (``wf.wait_for_event``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # key, execution_id or both: said in the schema too, so clients and fuzzers know it.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "anyOf": [{"required": ["key"]}, {"required": ["execution_id"]}]})
 
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$",
                       description="The event's name")
