@@ -11,13 +11,13 @@ from selenium.webdriver.remote.webdriver import WebDriver
 import konduit
 from konduit.web import create_app, database_client
 from tests import waits_app
+from tests.browser_support import csp_violations, css, screenshot, serving
 from tests.conftest import running_worker
-from tests.test_dashboard import browser, css, serving  # noqa: F401  (browser is a fixture)
 
 
 @pytest.mark.storage
 def test_parent_and_child_link_to_each_other(make_app: Callable[..., konduit.App], db_url: str,
-                                            browser: WebDriver) -> None:  # noqa: F811
+                                            browser: WebDriver) -> None:
     app = make_app(waits_app.timer, waits_app.child, waits_app.parent)
     with running_worker(app, poll_interval=0.05, maintenance_interval=0.3), \
             serving(create_app(database_client(db_url, app), app)) as base:
@@ -34,3 +34,5 @@ def test_parent_and_child_link_to_each_other(make_app: Callable[..., konduit.App
         assert back.text == str(parent.id)
         back.click()
         assert browser.current_url.endswith(f"/executions/{parent.id}")
+        screenshot(browser, "waits-parent-child")
+        assert csp_violations(browser) == []
