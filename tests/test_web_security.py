@@ -318,7 +318,7 @@ def test_login_and_repair_in_a_browser(make_app: Callable[..., konduit.App], db_
         assert handle.wait(30).outcomes["flaky"] == "succeeded"
         for path, name in (("/webhooks", "webhooks"), ("/api/v1/docs", "api-docs")):
             browser.get(base + path)
-            eventually(browser, lambda d: d.current_url == base + path)
+            eventually(browser, lambda d, url=base + path: d.current_url == url)
             screenshot(browser, f"security-{name}")
 
         browser.delete_all_cookies()
