@@ -183,11 +183,13 @@ def test_prune_removes_every_row_of_old_finished_executions_and_nothing_else(
             before = {eid: rows_of(conn, eid) for eid in [*old, recent.id, running.id]}
         mine = before[running.id]  # a running execution has rows everywhere but output versions
         # (and a schedule's pointer to its latest execution: this one was started by hand; and
-        # webhook deliveries, which an execution gets when it finishes, and none is configured)
+        # webhook deliveries, which an execution gets when it finishes, and none is configured;
+        # and events sent to an execution by id, which nobody sent)
         assert all(n > 0 for k, n in mine.items()
                    if k not in ("konduit_execution_outputs.execution_id",
                                 "konduit_schedules.last_execution_id",
-                                "konduit_webhook_deliveries.execution_id"))
+                                "konduit_webhook_deliveries.execution_id",
+                                "konduit_events.execution_id"))
 
         deleted = app.prune(older_than="1d")
         assert deleted == 5  # done x3, degraded, the repaired one; not the dead letter
@@ -419,3 +421,40 @@ def test_prune_deletes_old_resolved_alerts_and_keeps_open_ones(db_url: str) -> N
     with psycopg.connect(db_url) as conn:
         left = [r[0] for r in conn.execute("SELECT subject FROM konduit_alerts ORDER BY subject")]
     assert left == ["open", "recent"]
+
+
+def test_prune_deletes_old_events_but_not_one_a_waiting_task_has_yet_to_be_woken_with(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    """Events sent before the cutoff go, taken or not; one a still-waiting task accepted stays
+    (the engine wakes the task with its payload later)."""
+    from tests.test_waits_events import review_workflow, wait_status
+
+    app = make_app(review_workflow(deadline="1h"))
+    with running_worker(app, poll_interval=0.1, maintenance_interval=0.3):
+        handle = app.start("review-flow", input={"episode": 7})
+        wait_status(db_url, handle.id, "review", "waiting")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        (waiting_task,) = conn.execute(
+            "SELECT id FROM konduit_tasks WHERE execution_id = %s AND step = 'review'",
+            (handle.id,)).fetchone()
+        for key, age, consumed_by in [("old-pending", "2 days", None),
+                                      ("old-taken", "2 days", -1),
+                                      ("old-accepted", "2 days", waiting_task),
+                                      ("recent-pending", "1 hour", None)]:
+            conn.execute(
+                "INSERT INTO konduit_events (name, key, payload, created_at, consumed_by,"
+                " consumed_at) VALUES ('e', %s, '{}', now() - %s::interval, %s,"
+                " CASE WHEN %s::bigint IS NULL THEN NULL ELSE now() END)",
+                (key, age, consumed_by, consumed_by))
+
+    async def go() -> int:
+        db = await open_database(db_url)
+        try:
+            return await prune(db, "12h", batch_size=1)  # several batches
+        finally:
+            await db.close()
+
+    assert asyncio.run(go()) == 0
+    with psycopg.connect(db_url) as conn:
+        left = [r[0] for r in conn.execute("SELECT key FROM konduit_events ORDER BY key")]
+    assert left == ["old-accepted", "recent-pending"]

@@ -75,8 +75,9 @@ async def prune(
     all their rows, ``batch_size`` executions per transaction (at most ``max_batches`` of them);
     returns how many were deleted.
     Workers not heard from for that long (and at least an hour) are forgotten too, alerts
-    resolved that long ago (open alerts are never deleted), and webhook deliveries created that
-    long ago that ended (pending ones are never deleted)."""
+    resolved that long ago (open alerts are never deleted), webhook deliveries created that
+    long ago that ended (pending ones are never deleted), and events sent that long ago, whether
+    a task took them or not (see docs/durable-waits.md)."""
     seconds = parse_duration(older_than, what="older_than")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise KonduitError(f"batch_size: must be a positive integer, got {batch_size!r}")
@@ -108,6 +109,10 @@ async def prune(
     # Webhook deliveries that ended (delivered, failed, refused) that long ago; pending ones
     # are still owed to their receiver.
     await webhooks.prune(db, seconds, batch_size=batch_size)
+    # Events sent that long ago, taken or not (one whose task has yet to be woken with it stays).
+    while await db.run("event_delete_before", older_than_seconds=seconds,
+                       limit=batch_size) == batch_size:
+        pass
     if deleted:
         log.info("pruned %s execution(s) finished more than %s ago in %s batch(es), %.1f s",
                  deleted, older_than, batches, time.monotonic() - began)

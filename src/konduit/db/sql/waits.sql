@@ -167,3 +167,21 @@ FROM konduit_tasks t
 JOIN konduit_executions c ON c.id = t.wait_child
 WHERE t.execution_id = %(execution_id)s AND t.wait_kind = 'child'
 ORDER BY t.id;
+
+-- name: event_delete_before
+-- Retention: a batch of events sent before the cutoff, consumed or never taken, except one
+-- whose task still waits to be woken with its payload. SKIP LOCKED passes over an event being
+-- consumed right now; the outer WHERE re-checks in this statement what the batch was chosen by.
+DELETE FROM konduit_events ev
+WHERE ev.id IN (
+    SELECT e.id FROM konduit_events e
+    WHERE e.created_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
+      AND NOT EXISTS (SELECT 1 FROM konduit_tasks t
+                      WHERE t.id = e.consumed_by AND t.status = 'waiting')
+    ORDER BY e.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+  AND ev.created_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
+  AND NOT EXISTS (SELECT 1 FROM konduit_tasks t
+                  WHERE t.id = ev.consumed_by AND t.status = 'waiting');
