@@ -167,7 +167,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         Pages are stable while executions are started: none is repeated or skipped."""
         before_at, before_id = decode_cursor(cursor) if cursor else (None, None)
         client = await clients.get()
-        rows = await client.db.all("execution_list_before", status=status,
+        rows = await client.db.all("execution_list_older_than_cursor", status=status,
                                    workflow_name=workflow or None, before_at=before_at,
                                    before_id=before_id, limit=limit + 1)
         items = [m.ExecutionSummary(id=r["id"], workflow=r["workflow_name"],
