@@ -166,6 +166,29 @@ def test_api_tokens(make_app: Callable[..., konduit.App], db_url: str) -> None:
 
 
 @pytest.mark.storage
+def test_logout_and_a_throttled_login(db_url: str) -> None:
+    """Every page of a session has a Log out button (a POST with the CSRF token) that ends it;
+    ten wrong tokens from one address in a minute and the login answers 429, right token or not."""
+    with guarded(None, db_url) as (base, _), httpx.Client(base_url=base, timeout=30) as http:
+        assert login(http, OP).status_code == 303
+        page = http.get("/")
+        assert page.status_code == 200 and 'id="logout"' in page.text
+        out = http.post("/logout", data={"csrf_token": csrf_of(page.text)})
+        assert out.status_code == 303 and out.headers["location"] == "/login"
+        assert SESSION_COOKIE not in http.cookies
+        assert http.get("/").status_code == 303  # back to the login
+        assert 'id="logout"' not in http.get("/login").text
+
+        for _ in range(10):
+            assert login(http, "w" * 20).status_code == 401
+        refused = login(http, OP)  # the right token, too soon
+        assert refused.status_code == 429 and "Too many wrong tokens" in refused.text
+        assert 1 <= int(refused.headers["retry-after"]) <= 61
+        assert SESSION_COOKIE not in http.cookies
+        # The API is not behind the login form: a bearer token still works meanwhile.
+        assert http.get("/api/v1/workers", headers=bearer(RO)).status_code == 200
+
+
 def test_login_session_and_csrf(make_app: Callable[..., konduit.App], db_url: str) -> None:
     api_app.HEALED.clear()
     app = make_app(*api_app.WORKFLOWS)
