@@ -14,6 +14,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import httpx
+import psycopg
 import pytest
 
 import konduit
@@ -234,3 +235,33 @@ def test_cursor_walk_has_no_duplicates_or_gaps(make_app: Callable[..., konduit.A
                                                       "cursor": filtered["next_cursor"]}).json()
         assert [e["id"] for e in filtered["items"] + rest["items"]] == first[:36:-1]
         assert rest["next_cursor"] is None
+
+
+def test_a_callers_traceparent_is_stored_with_the_execution(make_app: Callable[..., konduit.App],
+                                                            db_url: str) -> None:
+    """A W3C traceparent header on a start puts the execution in the caller's trace (stored for
+    the workers that trace); one that is not valid is ignored, never an error."""
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    app = make_app(*api_app.WORKFLOWS)
+    with api(app, db_url) as http:
+        one = http.post("/api/v1/executions", json={"workflow": "api-flow", "input": {}},
+                        headers={"traceparent": parent, "tracestate": "vendor=x"})
+        many = http.post("/api/v1/executions:batch", json={"requests": [
+            {"workflow": "api-flow", "input": i} for i in range(2)]},
+            headers={"traceparent": parent})
+        bad = [http.post("/api/v1/executions", json={"workflow": "api-flow", "input": {}},
+                         headers={"traceparent": value})
+               for value in ("nonsense", "ff-" + parent[3:],
+                             "00-00000000000000000000000000000000-00f067aa0ba902b7-01")]
+        assert one.status_code == 201 and many.status_code == 201
+        assert all(r.status_code == 201 for r in bad), [r.text for r in bad]
+    with psycopg.connect(db_url) as conn:
+        def stored(eid: str) -> tuple[object, ...]:
+            row = conn.execute("SELECT traceparent, tracestate FROM konduit_executions "
+                               "WHERE id = %s", (eid,)).fetchone()
+            assert row is not None
+            return tuple(row)
+
+        assert stored(one.json()["id"]) == (parent, "vendor=x")
+        assert [stored(e["id"]) for e in many.json()["executions"]] == [(parent, None)] * 2
+        assert [stored(r.json()["id"]) for r in bad] == [(None, None)] * 3

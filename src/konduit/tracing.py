@@ -16,6 +16,7 @@ default) once the application has set an SDK ``TracerProvider``
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import OrderedDict
 from collections.abc import Iterator
 from types import ModuleType
@@ -94,6 +95,26 @@ def active(mode: Tracing) -> bool:
     if mode is not None:
         return True
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+def incoming(traceparent: str | None, tracestate: str | None = None) -> TraceContext | None:
+    """A W3C trace context received from another system (HTTP headers), if it is a valid one;
+    an invalid one is ignored, as the W3C spec asks. Needs no OpenTelemetry: the context is only
+    stored, and the workers that trace make it the parent of each attempt."""
+    if not traceparent:
+        return None
+    found = _TRACEPARENT.match(traceparent.strip())
+    if found is None:
+        return None
+    version, trace_id, parent_id, _ = found.groups()
+    if version == "ff" or trace_id == "0" * 32 or parent_id == "0" * 16:
+        return None
+    state = (tracestate or "").strip()
+    keep = state if state and len(state) <= 512 and state.isprintable() else None
+    return found.group(0), keep
 
 
 def _inject() -> TraceContext | None:

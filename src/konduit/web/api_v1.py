@@ -14,9 +14,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from konduit import tracing
 from konduit.app import App
 from konduit.core.durations import parse_duration
 from konduit.engine import waits
@@ -55,6 +56,11 @@ class Refused(Exception):
     def response(self) -> JSONResponse:
         return problem(self.status, self.detail, field=self.field)
 
+
+
+TraceParent = Annotated[str | None, Header(
+    max_length=200, description="W3C trace context of the caller (ignored when not valid)")]
+TraceState = Annotated[str | None, Header(max_length=512, description="W3C trace state")]
 
 def encode_cursor(created_at: datetime, eid: UUID) -> str:
     raw = json.dumps([created_at.isoformat(), str(eid)]).encode()
@@ -131,27 +137,33 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
 
     @router.post("/executions", status_code=201, response_model=m.Started, tags=["executions"],
                  responses=problem_responses(409))
-    async def start(body: m.StartBody) -> m.Started:
-        """Start an execution; the same idempotency key (and input) gives the same one."""
+    async def start(body: m.StartBody, traceparent: TraceParent = None,
+                    tracestate: TraceState = None) -> m.Started:
+        """Start an execution; the same idempotency key (and input) gives the same one. A W3C
+        ``traceparent`` header makes the execution part of the caller's trace."""
         code, client = await operator("starting an execution")
         request = check_start(code, body, "body.")
         try:
             eid = await client.start(request.workflow, request.input,
                                      idempotency_key=request.idempotency_key,
                                      version=request.version, deadline_at=request.deadline_at,
-                                     timeout=request.timeout)
+                                     timeout=request.timeout,
+                                     trace_context=tracing.incoming(traceparent, tracestate))
         except (WorkflowNotFound, IdempotencyConflict, PayloadError) as exc:
             raise start_refusal(exc) from None
         return m.Started(id=eid, status=(await statuses(client, [eid])).get(eid, "pending"))  # type: ignore[arg-type]
 
     @router.post("/executions:batch", status_code=201, response_model=m.StartedMany,
                  tags=["executions"], responses=problem_responses(409))
-    async def start_many(body: m.BatchBody) -> m.StartedMany:
-        """Start many executions in one transaction: every one of them, or none."""
+    async def start_many(body: m.BatchBody, traceparent: TraceParent = None,
+                         tracestate: TraceState = None) -> m.StartedMany:
+        """Start many executions in one transaction: every one of them, or none (a W3C
+        ``traceparent`` header: all of them in the caller's trace)."""
         code, client = await operator("starting an execution")
         requests = [check_start(code, b, f"body.requests.{i}.") for i, b in enumerate(body.requests)]
         try:
-            ids = await client.start_many(requests)
+            ids = await client.start_many(
+                requests, trace_context=tracing.incoming(traceparent, tracestate))
         except (WorkflowNotFound, IdempotencyConflict, PayloadError) as exc:
             raise start_refusal(exc) from None
         found = await statuses(client, ids) if ids else {}
