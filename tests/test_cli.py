@@ -319,3 +319,15 @@ def test_demo_runs_to_success(db_url: str) -> None:
     assert "fan-in wait" in proc.stdout and "straggler" in proc.stdout
     for branch in ("summarise", "translate", "cover_image", "captions", "schedule"):
         assert branch in proc.stdout
+
+
+def test_the_maintenance_interval_comes_from_the_flag_or_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from konduit.worker.config import WorkerConfig
+
+    monkeypatch.setenv("KONDUIT_MAINTENANCE_INTERVAL", "0.25")
+    assert WorkerConfig().maintenance_interval == 0.25
+    with pytest.raises(ValueError, match="maintenance_interval must be > 0"):
+        WorkerConfig(maintenance_interval=0)
+    bad = konduit_cli("worker", "tests.waits_app:app", "--maintenance-interval", "0")
+    assert bad.returncode == 2 and "--maintenance-interval" in bad.stderr

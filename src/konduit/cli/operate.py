@@ -57,6 +57,10 @@ def worker(
     heartbeat_interval: Annotated[float | None, typer.Option(
         help="Seconds between lease extensions (default: $KONDUIT_HEARTBEAT_INTERVAL or 3).",
         show_default=False)] = None,
+    maintenance_interval: Annotated[float | None, typer.Option(
+        min=0.05, help="Seconds between maintenance sweeps: expired leases, deadlines, due "
+        "timers and waits (default: $KONDUIT_MAINTENANCE_INTERVAL or 2).",
+        show_default=False)] = None,
     shutdown_grace: Annotated[float | None, typer.Option(
         help="Seconds running tasks get to finish on SIGINT/SIGTERM (default: 10).",
         show_default=False)] = None,
@@ -111,6 +115,7 @@ def worker(
             "poll_interval": poll_interval,
             "lease_seconds": lease_seconds,
             "heartbeat_interval": heartbeat_interval,
+            "maintenance_interval": maintenance_interval,
             "shutdown_grace": shutdown_grace,
             "isolation": isolation,
             "max_abandoned": max_abandoned,

@@ -26,8 +26,11 @@ class WorkerConfig:
         default_factory=lambda: _env_float("KONDUIT_HEARTBEAT_INTERVAL", 3.0)
     )
     """Seconds between lease extensions of running tasks."""
-    maintenance_interval: float = 2.0
-    """Seconds between sweeps for expired leases (every worker runs one; they are idempotent)."""
+    maintenance_interval: float = field(
+        default_factory=lambda: _env_float("KONDUIT_MAINTENANCE_INTERVAL", 2.0)
+    )
+    """Seconds between maintenance sweeps: expired leases, deadlines, due timers and waits,
+    timed-out executions (every worker runs one; they are idempotent)."""
     deadline_grace: float = 1.0
     """Seconds past a task's deadline before the sweep ends it for a worker that did not."""
     shutdown_grace: float = 10.0
@@ -67,6 +70,8 @@ class WorkerConfig:
             raise ValueError(f"max_abandoned must be >= 0, got {self.max_abandoned}")
         if self.fallback_timeout <= 0:
             raise ValueError(f"fallback_timeout must be > 0, got {self.fallback_timeout}")
+        if self.maintenance_interval <= 0:
+            raise ValueError(f"maintenance_interval must be > 0, got {self.maintenance_interval}")
         if self.retention_interval <= 0 or self.auto_repair_interval <= 0:
             raise ValueError("retention_interval and auto_repair_interval must be > 0")
         if self.alert_interval < 0 or self.alert_fan_in_wait <= 0 or self.alert_fan_in_consecutive < 1:
