@@ -190,6 +190,6 @@ def test_map_completions_do_not_rewrite_the_execution_row(
     # The statement re-checks it too: an unchanged count matches no row.
     idle = app.start("row-writes", input=1)  # no worker: stays running with 3 steps pending
     with psycopg.connect(db_url) as conn:
-        update = q("execution_set_steps_pending_if_running_and_changed")
-        assert conn.execute(update, {"id": idle.id, "steps_pending": 3}).rowcount == 0
-        assert conn.execute(update, {"id": idle.id, "steps_pending": 2}).rowcount == 1
+        update = q("execution_set_steps_pending_many_if_running_and_changed")
+        assert conn.execute(update, {"ids": [idle.id], "steps_pendings": [3]}).rowcount == 0
+        assert conn.execute(update, {"ids": [idle.id], "steps_pendings": [2]}).rowcount == 1

@@ -287,9 +287,9 @@ class Advancer:
             # unchanged would leave a dead tuple per completion.
             if ex.steps_pending != self.stored_steps_pending:
                 await self.tx.run(
-                    "execution_set_steps_pending_if_running_and_changed",
-                    id=self.execution_id,
-                    steps_pending=ex.steps_pending,
+                    "execution_set_steps_pending_many_if_running_and_changed",
+                    ids=[self.execution_id],
+                    steps_pendings=[ex.steps_pending],
                 )
                 self.stored_steps_pending = ex.steps_pending
             return

@@ -74,8 +74,8 @@ FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[], %(statuses)s::text[],
 WHERE s.execution_id = u.execution_id AND s.step = u.step;
 
 -- name: execution_set_steps_pending_many_if_running_and_changed
--- Record how many steps of several running executions have not ended; an unchanged count
--- writes no new row version.
+-- Record how many steps of running executions (one, or a round's several) have not ended; an
+-- unchanged count writes no new row version (the execution row is the hottest of a fan-out).
 UPDATE konduit_executions e
 SET steps_pending = u.steps_pending
 FROM unnest(%(ids)s::uuid[], %(steps_pendings)s::int[]) AS u(id, steps_pending)

@@ -23,13 +23,6 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY created_at DESC
 LIMIT %(limit)s;
 
--- name: execution_set_steps_pending_if_running_and_changed
--- Record how many steps of a running execution have not ended; an unchanged count writes no
--- new row version (this is the hottest row of a fan-out).
-UPDATE konduit_executions
-SET steps_pending = %(steps_pending)s
-WHERE id = %(id)s AND status = 'running' AND steps_pending IS DISTINCT FROM %(steps_pending)s;
-
 -- name: execution_finish_if_running
 -- End a running execution with its status, output and error. `webhooks`: some webhook is
 -- registered, so the caller writes the deliveries in this transaction (webhooks.sql: the outbox).
