@@ -95,11 +95,7 @@ SET hedge_token = NULL,
 WHERE t.id = %(id)s AND t.hedge_token = %(hedge_token)s AND t.status = 'running'
   AND t.hedge_expires_at < clock_timestamp()
   AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
-  AND NOT EXISTS (
-      SELECT 1 FROM konduit_workers w
-      WHERE w.id = t.hedge_worker_id AND w.stopped_at IS NULL
-        AND w.last_heartbeat_at > clock_timestamp() - make_interval(secs => w.lease_seconds)
-        AND t.hedge_expires_at > clock_timestamp() - make_interval(secs => w.lease_seconds))
+  AND NOT konduit_lease_holder_alive(t.hedge_worker_id, t.hedge_expires_at)
 RETURNING t.id;
 
 -- name: task_promote_hedge_if_rescuable
@@ -117,11 +113,7 @@ WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
   AND t.hedge_token IS NOT NULL AND t.hedge_expires_at > clock_timestamp()
   AND t.lease_expires_at < clock_timestamp()
   AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
-  AND NOT EXISTS (
-      SELECT 1 FROM konduit_workers w
-      WHERE w.id = t.worker_id AND w.stopped_at IS NULL
-        AND w.last_heartbeat_at > clock_timestamp() - make_interval(secs => w.lease_seconds)
-        AND t.lease_expires_at > clock_timestamp() - make_interval(secs => w.lease_seconds))
+  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
 RETURNING t.id;
 
 -- name: step_attempt_quantile_unhedged

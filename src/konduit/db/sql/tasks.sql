@@ -143,11 +143,7 @@ WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
   AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
   AND t.hedge_token IS NULL
-  AND NOT EXISTS (
-      SELECT 1 FROM konduit_workers w
-      WHERE w.id = t.worker_id AND w.stopped_at IS NULL
-        AND w.last_heartbeat_at > clock_timestamp() - make_interval(secs => w.lease_seconds)
-        AND t.lease_expires_at > clock_timestamp() - make_interval(secs => w.lease_seconds))
+  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
   AND (t.deadline_at IS NULL
        OR t.deadline_at > clock_timestamp() + make_interval(secs => %(delay_seconds)s))
 RETURNING t.id, t.queue;
@@ -167,11 +163,7 @@ WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
   AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
   AND t.hedge_token IS NULL
-  AND NOT EXISTS (
-      SELECT 1 FROM konduit_workers w
-      WHERE w.id = t.worker_id AND w.stopped_at IS NULL
-        AND w.last_heartbeat_at > clock_timestamp() - make_interval(secs => w.lease_seconds)
-        AND t.lease_expires_at > clock_timestamp() - make_interval(secs => w.lease_seconds))
+  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
 RETURNING t.id, t.finished_at;
 
 -- name: task_expire_if_past_deadline
@@ -218,11 +210,7 @@ SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attem
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status = 'running' AND t.lease_expires_at < clock_timestamp()
-  AND NOT EXISTS (
-      SELECT 1 FROM konduit_workers w
-      WHERE w.id = t.worker_id AND w.stopped_at IS NULL
-        AND w.last_heartbeat_at > clock_timestamp() - make_interval(secs => w.lease_seconds)
-        AND t.lease_expires_at > clock_timestamp() - make_interval(secs => w.lease_seconds))
+  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
 ORDER BY t.lease_expires_at
 LIMIT %(limit)s;
 
