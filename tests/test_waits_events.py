@@ -155,10 +155,15 @@ def test_two_racing_events_wake_the_task_exactly_once(make_app, db_url):
                             "WHERE t.step = 'review'").fetchone() == (1,)
 
 
-def test_a_raising_key_fails_the_attempt_not_the_worker(make_app):
+def _exit(ctx):
+    raise SystemExit("a key that exits the process")  # BaseException: hostile user code
+
+
+@pytest.mark.parametrize("key, says", [(lambda ctx: ctx.input["missing"], "missing"),
+                                       (_exit, "SystemExit")])
+def test_a_raising_key_fails_the_attempt_not_the_worker(make_app, key, says):
     wf = konduit.Workflow("bad-key", version=1)
-    wf.wait_for_event("approved", name="review", key=lambda ctx: ctx.input["missing"],
-                      retry=konduit.Retry(max_attempts=1))
+    wf.wait_for_event("approved", name="review", key=key, retry=konduit.Retry(max_attempts=1))
     ok = konduit.Workflow("fine", version=1)
 
     @ok.step()
@@ -170,8 +175,8 @@ def test_a_raising_key_fails_the_attempt_not_the_worker(make_app):
         bad = app.start("bad-key", input={})
         with pytest.raises(konduit.ExecutionFailed) as failed:
             bad.wait(timeout=20)
-        assert "missing" in (failed.value.result.error or "")
-        assert app.start("fine").wait(timeout=20).output == "hi"
+        assert says in (failed.value.result.error or "")
+        assert app.start("fine").wait(timeout=20).output == "hi"  # the worker runs on
 
 
 def test_send_event_refuses_bad_input(make_app):
