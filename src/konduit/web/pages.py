@@ -9,8 +9,9 @@ executions arrive; every link to the next page keeps the filters.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 from uuid import UUID
 
@@ -51,6 +52,25 @@ def result_of(row: Row) -> ExecutionResult:
                            finished_at=row.get("finished_at"))
 
 
+K = TypeVar("K")
+
+
+def page_key(cursor: str | None, key: Callable[[str], K], names: str
+              ) -> tuple[datetime | None, K | None]:
+    """The (time, key) a page cursor continues after; (None, None) for the first page. Raises
+    :class:`BadCursor` saying what it should name when it does not decode."""
+    if not cursor:
+        return None, None
+    try:
+        at, raw = decode_cursor(cursor)
+        return at, key(raw)
+    except (BadCursor, ValueError) as exc:
+        if isinstance(exc, BadCursor):
+            raise
+        raise BadCursor(f"cursor {cursor[:40]!r} does not name {names}; start again from the "
+                        "first page") from None
+
+
 def register(web: FastAPI, site: Site) -> None:
     """Add the pages to ``web``."""
 
@@ -62,15 +82,10 @@ def register(web: FastAPI, site: Site) -> None:
                          limit: int = 50, cursor: str | None = None) -> Response:
         client = await site.clients.get()
         status, workflow, limit = status or None, workflow or None, max(1, min(limit, 500))
-        before_at: datetime | None = None
-        before_id: UUID | None = None
-        if cursor:
-            try:
-                before_at, key = decode_cursor(cursor)
-                before_id = UUID(key)
-            except (BadCursor, ValueError) as exc:
-                return bad_cursor(request, exc if isinstance(exc, BadCursor) else BadCursor(
-                    f"cursor {cursor[:40]!r} does not name an execution; start again from the first page"))
+        try:
+            before_at, before_id = page_key(cursor, UUID, "an execution")
+        except BadCursor as exc:
+            return bad_cursor(request, exc)
         found = await client.db.all("execution_list_older_than_cursor", status=status,
                                     workflow_name=workflow, before_at=before_at,
                                     before_id=before_id, limit=limit + 1)
@@ -192,15 +207,10 @@ def register(web: FastAPI, site: Site) -> None:
     async def dead_letters(request: Request, limit: int = 100, cursor: str | None = None) -> Response:
         client = await site.clients.get()
         limit = max(1, min(limit, 1000))
-        before_at: datetime | None = None
-        before_id: int | None = None
-        if cursor:
-            try:
-                before_at, key = decode_cursor(cursor)
-                before_id = int(key)
-            except (BadCursor, ValueError) as exc:
-                return bad_cursor(request, exc if isinstance(exc, BadCursor) else BadCursor(
-                    f"cursor {cursor[:40]!r} does not name a task; start again from the first page"))
+        try:
+            before_at, before_id = page_key(cursor, int, "a task")
+        except BadCursor as exc:
+            return bad_cursor(request, exc)
         rows = await client.db.all("task_list_dead_older_than_cursor", before_at=before_at,
                                    before_id=before_id, limit=limit + 1)
         more, rows = len(rows) > limit, rows[:limit]
