@@ -122,11 +122,16 @@ def test_exporter_shows_live_workers_their_tasks_and_abandoned_threads(
                 serve(db_url, port=0) as exporter:
             with pytest.raises(konduit.ExecutionFailed):
                 app.start(wf.name).wait(timeout=10)
+            # The heartbeat reports both counts, each as it stood at that beat: one beat may fall
+            # between the thread being abandoned and the attempt leaving the running set, so
+            # wait for a beat after both.
             deadline = time.monotonic() + 10
             while True:
                 samples = scrape(exporter.url)
                 abandoned = samples.get("konduit_worker_abandoned_threads", [])
-                if (abandoned and abandoned[0].value == 1) or time.monotonic() > deadline:
+                running = samples.get("konduit_worker_running_tasks", [])
+                settled = [s.value for s in abandoned] == [1] and [s.value for s in running] == [0]
+                if settled or time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
             assert value(samples, "konduit_workers_live") == 1
