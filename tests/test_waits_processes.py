@@ -152,6 +152,25 @@ def test_a_child_killed_mid_run_finishes_once_and_completes_its_parent_once(db_u
     assert query(db_url, "SELECT count(*) FROM konduit_outputs WHERE step = 'thumbs'") == [(1,)]
 
 
+def test_a_child_that_ends_wakes_its_parent_at_once_not_at_the_next_pass(db_url):
+    """Real worker processes whose maintenance runs once a minute: the child's end wakes the
+    parent's step in the process that recorded it, within a fraction of a second."""
+    app = konduit.App([waits_app.timer, waits_app.child, waits_app.parent], database_url=db_url)
+    workers = [spawn_worker(db_url, "--maintenance-interval", "60") for _ in range(2)]
+    try:
+        handles = [app.start("gallery", input={}) for _ in range(4)]
+        results = [h.wait(timeout=30) for h in handles]
+    finally:
+        stop_all(workers)
+        app.close()
+    assert all(r.output == {"thumbs": ["cover.png@64", "cover.png@128"]} for r in results)
+    lags = query(db_url, "SELECT extract(epoch FROM t.finished_at - c.finished_at)::float8 "
+                 "FROM konduit_tasks t JOIN konduit_executions c ON c.id = t.wait_child "
+                 "WHERE t.step = 'thumbs'")
+    assert len(lags) == 4
+    assert all(0 <= lag < 0.5 for (lag,) in lags), lags  # type: ignore[operator]
+
+
 def test_cancelling_the_parent_cancels_the_child(make_app, db_url):
     app = make_app(waits_app.timer, waits_app.child, waits_app.parent)
     with running_worker(app, poll_interval=0.1, maintenance_interval=0.3, shutdown_grace=0.5):

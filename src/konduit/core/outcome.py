@@ -12,8 +12,12 @@ from __future__ import annotations
 import enum
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from konduit.core.policies import Retry
+
+if TYPE_CHECKING:
+    from konduit.core.workflow import StepSpec
 
 
 class Ending(enum.Enum):
@@ -56,6 +60,10 @@ class StepPolicy:
     retry: Retry
     has_fallback: bool = False
     fallback_on_failure: bool = False
+
+
+def policy_of(step: StepSpec) -> StepPolicy:
+    return StepPolicy(step.retry, step.fallback is not None, step.fallback_on_failure)
 
 
 def decide(

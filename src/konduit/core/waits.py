@@ -92,6 +92,26 @@ def event_matches(event_name: str, event_key: str | None, event_execution: UUID 
     return event_execution is None or event_execution == task_execution
 
 
+CHILD_KEY_PREFIX = "konduit-child:"
+_CHILD_KEY = re.compile(r"^konduit-child:([0-9]{1,18})$")
+
+
+def child_idempotency_key(task_id: int) -> str:
+    """A child execution's idempotency key: one child per parent task, whatever crashes."""
+    return f"{CHILD_KEY_PREFIX}{task_id}"
+
+
+def parent_task_of(idempotency_key: str | None) -> int | None:
+    """The parent task an execution's idempotency key names, if it is a child's key. Read back
+    from the row its finish updates, so telling a child from any other execution costs the
+    finish no statement. A user key that merely looks like one names a task that does not wait
+    for this execution: the wake that follows finds nothing and changes nothing."""
+    if idempotency_key is None:
+        return None
+    found = _CHILD_KEY.match(idempotency_key)
+    return int(found.group(1)) if found else None
+
+
 def check_event_name(name: object, what: str = "event name") -> str:
     if not isinstance(name, str) or not _EVENT_NAME.match(name):
         raise KonduitError(f"invalid {what} {name!r}: 1-200 characters of letters, digits and "

@@ -31,6 +31,7 @@ from konduit.core.advance import (
     advance,
 )
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
+from konduit.core.waits import parent_task_of
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Row, Tx
 from konduit.engine import step_rows, transitions
@@ -59,6 +60,22 @@ class _StepWrite:
     ended: bool = False
 
 
+@dataclass(frozen=True)
+class ChildEnded:
+    """A child workflow's execution ended: once that transaction commits, the waiting task of
+    its parent's child-workflow step may be woken (:func:`konduit.engine.waits.wake_parent`)."""
+
+    child_id: UUID
+    parent_task_id: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An execution ended in the caller's transaction; ``child_ended`` when it is a child."""
+
+    child_ended: ChildEnded | None = None
+
+
 @dataclass
 class Advanced:
     """What one transaction changed, for the caller's logs and notifications."""
@@ -66,6 +83,9 @@ class Advanced:
     fired: list[str] = field(default_factory=list)
     queues: set[str] = field(default_factory=set)
     finished: str | None = None  # the execution's final status, when it ended now
+    # When the execution that ended now is a child workflow: its parent's step to wake once the
+    # transaction has committed (the waking process's maintenance does it otherwise).
+    child_ended: ChildEnded | None = None
 
 
 class Advancer:
@@ -303,10 +323,12 @@ class Advancer:
                 if f"'{step}' ended" in reason:
                     reason = f"{reason}: {error}"
                     break
-        await finish_execution(
+        finished = await finish_execution(
             self.tx, self.execution_id, ex.status, output, reason, ex.steps_pending
         )
         self.result.finished = ex.status
+        if finished is not None:
+            self.result.child_ended = finished.child_ended
 
 
 def map_source(workflow: WorkflowSpec, spec: StepSpec, rows: list[Row]) -> Any:
@@ -358,8 +380,11 @@ def expand_map(
 
 async def finish_execution(
     tx: Tx, execution_id: UUID, status: str, output: Any, error: str | None, steps_pending: int
-) -> bool:
-    """End a running execution; its unfinished tasks and steps are cancelled."""
+) -> Finished | None:
+    """End a running execution; its unfinished tasks and steps are cancelled. None when it was
+    not running. When it is a child workflow (its idempotency key names its parent's task, read
+    back by the finish statement itself), the answer says which task to wake after commit: the
+    parent's execution is older, so locking it here would break the id order of locks."""
     row = await tx.one(
         "execution_finish_if_running",
         id=execution_id,
@@ -369,7 +394,7 @@ async def finish_execution(
         steps_pending=steps_pending,
     )
     if row is None:
-        return False
+        return None
     await tx.run("execution_output_insert", id=execution_id, version=row["output_version"])
     if row["webhooks"]:  # the outbox: deliveries commit with the finish (docs/webhooks.md)
         await tx.send("webhook_delivery_insert_for_execution_if_finished", id=execution_id)
@@ -382,7 +407,8 @@ async def finish_execution(
         await tx.run("step_cancel_unfinished", execution_id=execution_id)
     if row["finish_waited"]:
         await tx.one("execution_notify_finished", id=str(execution_id))
-    return True
+    parent_task = parent_task_of(row["idempotency_key"])
+    return Finished(None if parent_task is None else ChildEnded(execution_id, parent_task))
 
 
 async def _cancel_children(tx: Tx, execution_id: UUID, status: str) -> None:
@@ -393,6 +419,8 @@ async def _cancel_children(tx: Tx, execution_id: UUID, status: str) -> None:
     for child in await tx.all("execution_children_running", execution_id=execution_id):
         row = await tx.one("execution_lock", id=child["id"])
         if row is not None and row["status"] == "running":
+            # Its parent's waiting task was cancelled above, in this transaction: nothing to
+            # wake, so the answer is dropped.
             await finish_execution(tx, child["id"], "cancelled", None,
                                    f"its parent execution {execution_id} ended {status}",
                                    row["steps_pending"])

@@ -18,7 +18,7 @@ from konduit.core.repair import plan_repair
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
-from konduit.engine import webhooks
+from konduit.engine import waits, webhooks
 from konduit.engine.advancer import Advancer, finish_execution
 from konduit.engine.alerting import list_alerts
 from konduit.engine.flow import register_flow_limits
@@ -232,7 +232,13 @@ class Client:
                 raise ExecutionNotFound(f"no execution with id {eid}")
             if row["status"] != "running":
                 return False
-            return await finish_execution(tx, eid, "cancelled", None, reason, row["steps_pending"])
+            finished = await finish_execution(tx, eid, "cancelled", None, reason,
+                                              row["steps_pending"])
+        if finished is not None and finished.child_ended is not None:
+            # A child workflow: fail (or leave to a worker's fallback) its parent's step now.
+            await waits.wake_parents(self.db, self.registry, finished.child_ended,
+                                     max_payload_bytes=self.max_payload_bytes)
+        return finished is not None
 
     async def repair(self, execution_id: UUID | str) -> list[str]:
         """Re-run the degraded, failed, timed-out or cancelled steps of a finished execution and

@@ -12,6 +12,9 @@
   fan-in transaction (:func:`konduit.engine.completer.record_many`, transition ``wake``), fenced
   on ``status = 'waiting'``. The sender wakes the task it accepted at once; the workers'
   maintenance wakes the rest (:func:`list_due`), so nothing is lost if the sender dies.
+* **Wake a parent** (:func:`wake_parent`): the process whose transaction ended a child
+  execution wakes the parent's step right after it committed (``finish_execution`` says which
+  task); the maintenance pass is the backstop, the fence makes racing wakes change it once.
 
 Advisory locks come first, then execution rows, then task rows, then events: the global order.
 """
@@ -20,16 +23,19 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from konduit.core.outcome import Ending, Final, decide, policy_of
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
-from konduit.core.waits import Armed, check_event_name
+from konduit.core.waits import Armed, check_event_name, child_idempotency_key
+from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import transitions
-from konduit.engine.advancer import Advanced
+from konduit.engine.advancer import Advanced, ChildEnded
 from konduit.engine.completer import Completion, Recorded, record_many
 from konduit.engine.registry import Registry
 from konduit.engine.starts import StartRequest, insert_executions, prepare
@@ -39,6 +45,10 @@ log = logging.getLogger("konduit.waits")
 
 SendResult = Literal["woke", "stored", "no match"]
 
+ChildFallback = Callable[[WorkflowSpec, Row, Final, str], Awaitable[Completion]]
+"""Runs a child-workflow step's fallback (user code, with its time limit) and returns the
+completion to record: a worker's executor. (spec, the task's row, the verdict, the error.)"""
+
 
 def _lock_keys(name: str, key: str | None, execution_id: UUID | None) -> list[str]:
     keys = []
@@ -47,11 +57,6 @@ def _lock_keys(name: str, key: str | None, execution_id: UUID | None) -> list[st
     if execution_id is not None:
         keys.append(f"e\x1f{name}\x1f{execution_id}")
     return keys
-
-
-def child_idempotency_key(task_id: int) -> str:
-    """The child execution's idempotency key: one child per parent task, whatever crashes."""
-    return f"konduit-child:{task_id}"
 
 
 async def arm(db: Database, registry: Registry, c: Completion, *,
@@ -161,8 +166,12 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
             registry.get(task["workflow_name"], task["workflow_version"])
         except KonduitError:
             return result  # not this App's workflow: a worker serving it wakes the task
-        await wake_task(db, registry, task["id"], task["execution_id"], task["step"],
-                        max_payload_bytes=max_payload_bytes)
+        woken = await wake_task(db, registry, task["id"], task["execution_id"], task["step"],
+                                max_payload_bytes=max_payload_bytes)
+        if woken is not None and woken.child_ended is not None:
+            # The event ended a child workflow: its parent's step too, now (docs/durable-waits.md).
+            await wake_parents(db, registry, woken.child_ended,
+                               max_payload_bytes=max_payload_bytes)
     return result
 
 
@@ -187,6 +196,84 @@ async def wake_task(db: Database, registry: Registry, task_id: int, execution_id
     [(recorded, advanced)] = await record_many(db, registry, [c],
                                                max_payload_bytes=max_payload_bytes)
     return advanced if recorded is Recorded.ENDED else None
+
+
+async def wake_child_step(db: Database, registry: Registry, row: Row, *,
+                          fallback: ChildFallback | None = None,
+                          max_payload_bytes: int = DEFAULT_MAX_BYTES) -> Advanced | None:
+    """End a waiting child-workflow step whose child ended (``row`` in the shape of
+    ``task_list_waits_due``, of a workflow ``registry`` knows): a succeeded child completes it
+    with its output; a failed, timed-out or cancelled one fails it, or degrades it to its
+    fallback with ``fallback_on_failure=True`` (no retry: it would start no second child). A
+    fallback is user code, run by ``fallback`` (a worker's executor); without one (a client
+    process) such a step is left to the workers' maintenance. Returns how the DAG advanced,
+    None when nothing changed here (woken by someone else, past its deadline, left)."""
+    spec = registry.get(row["workflow_name"], row["workflow_version"])
+    step = row["step"]
+    if row["child_status"] == "succeeded":
+        output = row["child_output"]
+        try:
+            payload_json = canonical_json(output, what=f"output of step {step!r}",
+                                          max_bytes=max_payload_bytes)
+        except KonduitError as exc:
+            return await wake_task(db, registry, row["id"], row["execution_id"], step,
+                                   outcome="failed", error=str(exc),
+                                   max_payload_bytes=max_payload_bytes)
+        return await wake_task(db, registry, row["id"], row["execution_id"], step,
+                               payload_json=payload_json, payload=output,
+                               max_payload_bytes=max_payload_bytes)
+    error = (f"child execution {row['wait_child']} ended {row['child_status']}"
+             + (f": {row['child_error']}" if row["child_error"] else ""))
+    verdict = decide(policy_of(spec[step]), Ending.NON_RETRYABLE, attempt=row["attempt"],
+                     max_attempts=row["max_attempts"], remaining=None, error=error)
+    assert isinstance(verdict, Final)  # not retryable: a retry would start no second child
+    if not verdict.use_fallback:
+        log.warning("task %s (%s) of execution %s failed: %s", row["id"], step,
+                    row["execution_id"], error)
+        return await wake_task(db, registry, row["id"], row["execution_id"], step,
+                               outcome=verdict.outcome, error=verdict.reason,
+                               max_payload_bytes=max_payload_bytes)
+    if fallback is None:
+        return None
+    completion = await fallback(spec, row, verdict, error)
+    [(recorded, advanced)] = await record_many(db, registry, [completion],
+                                               max_payload_bytes=max_payload_bytes)
+    return advanced if recorded is Recorded.ENDED else None
+
+
+async def wake_parent(db: Database, registry: Registry, ended: ChildEnded, *,
+                      fallback: ChildFallback | None = None,
+                      max_payload_bytes: int = DEFAULT_MAX_BYTES) -> Advanced | None:
+    """The prompt wake: right after the transaction that ended a child execution committed,
+    end its parent's waiting step (:func:`wake_child_step`), if it still waits for that child
+    and its workflow is this registry's. Exactly once whoever else tries (the workers'
+    maintenance is the backstop should this process die first): the wake is fenced on
+    ``status = 'waiting'`` in the fan-in transaction."""
+    row = await db.one("task_get_waiting_for_child_if_ended", id=ended.parent_task_id,
+                       child=ended.child_id)
+    if row is None:
+        return None
+    try:
+        registry.get(row["workflow_name"], row["workflow_version"])
+    except KonduitError:
+        return None  # not this App's workflow: its own workers' maintenance wakes it
+    return await wake_child_step(db, registry, row, fallback=fallback,
+                                 max_payload_bytes=max_payload_bytes)
+
+
+async def wake_parents(db: Database, registry: Registry, ended: ChildEnded | None, *,
+                       max_payload_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    """:func:`wake_parent` outside a worker (a client ended a child: a cancel, an event), up
+    the tree while each wake ends another child. Best effort: the child's end has committed,
+    so a failure here is logged and left to the workers' maintenance, never raised."""
+    while ended is not None:
+        try:
+            woken = await wake_parent(db, registry, ended, max_payload_bytes=max_payload_bytes)
+        except KonduitError as exc:
+            log.info("waking the parent task %s of child execution %s failed (the workers' "
+                     "maintenance will): %s", ended.parent_task_id, ended.child_id, exc)
+            return
+        ended = woken.child_ended if woken is not None else None
 
 
 async def list_due(db: Database, *, limit: int = 100) -> list[Row]:

@@ -23,7 +23,7 @@ from typing import Any
 from uuid import UUID
 
 from konduit.core.context import Context
-from konduit.core.outcome import Ending, Final, RetryAt, StepPolicy, Verdict, decide
+from konduit.core.outcome import Ending, Final, RetryAt, Verdict, decide, policy_of
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.results import Route
 from konduit.core.validation import OutputInvalid
@@ -126,10 +126,6 @@ def _captured(
         return True, fn(ctx)
     except BaseException as exc:
         return False, exc
-
-
-def policy_of(step: StepSpec) -> StepPolicy:
-    return StepPolicy(step.retry, step.fallback is not None, step.fallback_on_failure)
 
 
 def _being_cancelled() -> bool:

@@ -1,6 +1,7 @@
 """Maintenance: rescue tasks whose worker is gone, end tasks past their deadline, wake waiting
 tasks that are due (timers, accepted events, ended child workflows), end executions past their
-timeout.
+timeout. It also wakes a child workflow's parent step at once when a transaction of this worker
+ended the child (:meth:`Maintenance.wake_parent`); its pass is then the backstop.
 
 Every worker runs it; concurrent runs are safe because each write goes through a transition whose
 statement re-checks its own guard (:mod:`konduit.engine.transitions`), so only one of them changes
@@ -17,16 +18,16 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Container
 
-from konduit.core.outcome import Ending, decide
-from konduit.core.payloads import canonical_json
+from konduit.core.outcome import Ending, Final, decide, policy_of
+from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import transitions, waits
-from konduit.engine.advancer import finish_execution
-from konduit.engine.completer import Recorded, record
+from konduit.engine.advancer import Advanced, ChildEnded, Finished, finish_execution
+from konduit.engine.completer import Completion, Recorded, record
 from konduit.engine.registry import Registry
 from konduit.errors import KonduitError
 from konduit.logs import attempt_scope, log_recorded
-from konduit.worker.executor import Claimed, Executor, policy_of
+from konduit.worker.executor import Claimed, Executor
 
 log = logging.getLogger("konduit.maintenance")
 
@@ -122,8 +123,9 @@ class Maintenance:
             spec, lost, None, verdict, error=error, transition="lose",
             guard_seconds=self.lease_seconds,
         )
-        outcome, _ = await record(self.db, self.registry, completion,
-                                    max_payload_bytes=self.executor.max_payload_bytes)
+        outcome, advanced = await record(self.db, self.registry, completion,
+                                         max_payload_bytes=self.executor.max_payload_bytes)
+        self.woke(advanced)
         if outcome is not Recorded.LEASE_LOST:
             # One line per reclaim, by the worker whose statement took the task; a retry or a
             # degradation it led to is logged as such (as the task's own worker would).
@@ -154,8 +156,9 @@ class Maintenance:
         completion = await self.executor.deadline_passed(
             spec, task, None, transition="expire", guard_seconds=self.deadline_grace
         )
-        outcome, _ = await record(self.db, self.registry, completion,
-                                    max_payload_bytes=self.executor.max_payload_bytes)
+        outcome, advanced = await record(self.db, self.registry, completion,
+                                         max_payload_bytes=self.executor.max_payload_bytes)
+        self.woke(advanced)
         if outcome is Recorded.ENDED:
             if completion.outcome == "degraded":
                 log_recorded(task, completion, outcome, by="deadline sweep")
@@ -174,55 +177,71 @@ class Maintenance:
 
     async def _wake(self, row: Row) -> None:
         try:
-            spec = self.registry.get(row["workflow_name"], row["workflow_version"])
+            self.registry.get(row["workflow_name"], row["workflow_version"])
         except KonduitError:
             return  # another deployment's workflow: its own workers wake it
         limit = self.executor.max_payload_bytes
-        if row["wait_kind"] != "child":
-            await waits.wake_task(self.db, self.registry, row["id"], row["execution_id"],
-                                  row["step"], max_payload_bytes=limit)
-            return
-        if row["child_status"] == "succeeded":
-            output = row["child_output"]
-            try:
-                payload_json = canonical_json(output, what=f"output of step {row['step']!r}",
-                                              max_bytes=limit)
-            except KonduitError as exc:
-                await waits.wake_task(self.db, self.registry, row["id"], row["execution_id"],
-                                      row["step"], outcome="failed", error=str(exc),
-                                      max_payload_bytes=limit)
-                return
-            await waits.wake_task(self.db, self.registry, row["id"], row["execution_id"],
-                                  row["step"], payload_json=payload_json, payload=output,
-                                  max_payload_bytes=limit)
-            return
-        # The child failed, timed out or was cancelled: the step's own policies decide (a
-        # fallback with fallback_on_failure=True, else failed); no retry starts a second child.
-        task = Claimed.from_row(row)
-        error = (f"child execution {row['wait_child']} ended {row['child_status']}"
-                 + (f": {row['child_error']}" if row["child_error"] else ""))
-        verdict = decide(policy_of(spec[task.step]), Ending.NON_RETRYABLE, attempt=task.attempt,
-                         max_attempts=task.max_attempts, remaining=None, error=error)
-        completion = await self.executor.conclude(spec, task, None, verdict, error=error,
-                                                  transition="wake")
-        await record(self.db, self.registry, completion, max_payload_bytes=limit)
+        if row["wait_kind"] == "child":
+            advanced = await waits.wake_child_step(self.db, self.registry, row,
+                                                   fallback=self._child_fallback,
+                                                   max_payload_bytes=limit)
+        else:
+            advanced = await waits.wake_task(self.db, self.registry, row["id"],
+                                             row["execution_id"], row["step"],
+                                             max_payload_bytes=limit)
+        self.woke(advanced)
+
+    async def _child_fallback(self, spec: WorkflowSpec, row: Row, verdict: Final,
+                              error: str) -> Completion:
+        return await self.executor.conclude(spec, Claimed.from_row(row), None, verdict,
+                                            error=error, transition="wake")
+
+    def wake_parent(self, ended: ChildEnded) -> bool:
+        """A child execution ended in a transaction this process committed: wake its parent's
+        step now, in a job of its own (its fallback may run), rather than at the next pass,
+        which stays the backstop should this process die first. The wake is fenced, so the
+        pass of another worker racing this changes the task once; this worker's own pass skips
+        a task whose job is under way."""
+        return self._spawn(ended.parent_task_id, functools.partial(self._wake_parent, ended))
+
+    async def _wake_parent(self, ended: ChildEnded) -> None:
+        self.woke(await waits.wake_parent(self.db, self.registry, ended,
+                                          fallback=self._child_fallback,
+                                          max_payload_bytes=self.executor.max_payload_bytes))
+
+    def woke(self, advanced: Advanced | None) -> None:
+        """After a transaction that advanced a DAG committed: if it ended a child workflow,
+        wake its parent's step (and so on up the tree, one job per level)."""
+        if advanced is not None and advanced.child_ended is not None:
+            self.wake_parent(advanced.child_ended)
+
+    async def end_timed_out(self, *, limit: int = 100) -> int:
+        """:func:`end_timed_out_executions`, waking at once the parents of the children among
+        them."""
+        finished = await end_timed_out_executions(self.db, limit=limit)
+        for f in finished:
+            if f.child_ended is not None:
+                self.wake_parent(f.child_ended)
+        return len(finished)
 
 
-async def end_timed_out_executions(db: Database, *, limit: int = 100) -> int:
-    """End running executions past their hard timeout as ``timed_out``; returns how many."""
+async def end_timed_out_executions(db: Database, *, limit: int = 100) -> list[Finished]:
+    """End running executions past their hard timeout as ``timed_out``; returns those ended
+    (each says whether it was a child whose parent's step to wake)."""
     rows = await db.all("execution_list_timed_out", limit=limit)
-    ended = 0
+    ended: list[Finished] = []
     for row in rows:
         async with db.transaction() as tx:
             execution = await tx.one("execution_lock", id=row["id"])
             if execution is None or execution["status"] != "running":
                 continue
-            if await finish_execution(
+            finished = await finish_execution(
                 tx, row["id"], "timed_out", None, "the execution exceeded its timeout",
                 execution["steps_pending"],
-            ):
-                ended += 1
-                log.info("execution %s timed out", row["id"])
+            )
+        if finished is not None:
+            ended.append(finished)
+            log.info("execution %s timed out", row["id"])
     return ended
 
 

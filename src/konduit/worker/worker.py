@@ -49,7 +49,7 @@ from konduit.worker.batcher import BatcherStopped, CompletionBatcher
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
 from konduit.worker.hedging import Hedger
-from konduit.worker.maintenance import Maintenance, end_timed_out_executions
+from konduit.worker.maintenance import Maintenance
 from konduit.worker.webhook_sender import WebhookSender
 
 log = logging.getLogger("konduit.worker")
@@ -446,6 +446,8 @@ class Worker:
             return
         self.completed += 1
         log_recorded(task, completion, outcome)  # a retry or a degradation: once, by its recorder
+        # This outcome ended a child workflow: its parent's step is woken now, not at a pass.
+        self.maintenance.woke(advanced)
         flow = spec[task.step].flow
         if flow is not None and flow.concurrency is not None:
             await self._notify_slot_free(task)
@@ -658,7 +660,7 @@ class Worker:
                     await self.maintenance.rescue()
                 await self.maintenance.sweep_deadlines(self.running)
                 await self.maintenance.wake_waits()
-                await end_timed_out_executions(self.db)
+                await self.maintenance.end_timed_out()
                 await self.auto_repairer.run_if_due()
                 if self.retention is not None:
                     await self.retention.run_if_due()

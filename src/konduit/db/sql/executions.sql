@@ -26,6 +26,8 @@ LIMIT %(limit)s;
 -- name: execution_finish_if_running
 -- End a running execution with its status, output and error. `webhooks`: some webhook is
 -- registered, so the caller writes the deliveries in this transaction (webhooks.sql: the outbox).
+-- `idempotency_key` names the parent's task when this is a child workflow (konduit-child:<id>):
+-- the caller wakes that task after commit, with no statement more for any other execution.
 UPDATE konduit_executions
 SET status = %(status)s,
     output = %(output)s,
@@ -34,7 +36,7 @@ SET status = %(status)s,
     output_version = output_version + 1,
     finished_at = clock_timestamp()
 WHERE id = %(id)s AND status = 'running'
-RETURNING id, output_version, finish_waited,
+RETURNING id, output_version, finish_waited, idempotency_key,
           EXISTS (SELECT FROM konduit_webhook_subscriptions) AS webhooks;
 
 -- name: execution_mark_waited_if_unfinished

@@ -135,6 +135,22 @@ UNION ALL
  LIMIT %(limit)s)
 ) AS due;
 
+-- name: task_get_waiting_for_child_if_ended
+-- The prompt wake of one child-workflow step, right after its child's finish committed: the
+-- task, in task_list_waits_due's shape, if it still waits for that very child (not woken,
+-- expired or cancelled meanwhile; and a user's key that only looks like a child's names no
+-- task waiting for this execution) and its execution runs. The wake itself is fenced again.
+SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.item,
+       t.queue, t.generation, NULL::uuid AS lease_token, t.wait_kind, t.wait_child,
+       c.status AS child_status, c.output AS child_output, c.error AS child_error,
+       e.workflow_name, e.workflow_version, e.input, e.scheduled_at,
+       0.0::float8 AS deadline_remaining
+FROM konduit_tasks t
+JOIN konduit_executions c ON c.id = t.wait_child
+JOIN konduit_executions e ON e.id = t.execution_id
+WHERE t.id = %(id)s AND t.wait_child = %(child)s AND t.wait_kind = 'child'
+  AND t.status = 'waiting' AND c.status NOT IN ('pending', 'running') AND e.status = 'running';
+
 -- name: execution_children_running
 -- The running child executions of an execution's child-workflow steps, in id order (the lock
 -- order of several executions), for a cancel that goes down the tree.
