@@ -1,8 +1,17 @@
 """The worker: claim ready tasks in batches, run them, record outcomes, keep leases alive.
 
-One asyncio loop per process. Components: the claimer (``task_claim_batch`` with SKIP LOCKED,
-woken by LISTEN/NOTIFY with a polling fallback), the executor (handlers), the completer (the
-fan-in transaction), the heartbeat (lease extension) and maintenance (expired leases).
+One asyncio loop per process. This module holds the claim loop (``task_claim_batch`` with SKIP
+LOCKED, alone or in a completion round's transaction), the slots, and each task's run from
+start to recorded outcome. Its components live beside it:
+
+* :mod:`~konduit.worker.starter`: start a claim's handlers under one lease check;
+* :mod:`~konduit.worker.executor`: run a handler, turn what it did into a completion;
+* :mod:`~konduit.worker.batcher`: outcomes that end together share one fan-in transaction;
+* :mod:`~konduit.worker.arming`: a wait step's arming attempt (running -> waiting);
+* :mod:`~konduit.worker.heartbeat`: extend leases, say which were lost;
+* :mod:`~konduit.worker.listener`: LISTEN/NOTIFY, so the loops act before their next poll;
+* :mod:`~konduit.worker.connectivity`: whether the database is there, retrying through outages;
+* :mod:`~konduit.worker.maintenance`: rescue, deadline sweep, waits due, timed-out executions.
 """
 
 from __future__ import annotations
@@ -14,17 +23,14 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import TypeVar
 from uuid import UUID
-
-import psycopg
 
 from konduit.core.context import Context
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
-from konduit.db.database import Database, Row, Tx
+from konduit.db.database import Database, Tx
 from konduit.db.migrate import ensure_current
 from konduit.engine import transitions
 from konduit.engine import webhooks as webhook_store
@@ -35,21 +41,24 @@ from konduit.engine.completer import Completion, Recorded, record, record_many
 from konduit.engine.registry import Registry
 from konduit.engine.retention import Retention
 from konduit.engine.schedules import Schedules
-from konduit.engine.waits import arm
 from konduit.errors import (
     DatabaseConflict,
     DatabaseError,
     DatabaseUnavailable,
     KonduitError,
-    PoolExhausted,
     WorkerUnhealthy,
 )
 from konduit.logs import log_recorded
+from konduit.worker.arming import Arming
 from konduit.worker.batcher import BatcherStopped, CompletionBatcher
 from konduit.worker.config import WorkerConfig
+from konduit.worker.connectivity import Connectivity, retrying
 from konduit.worker.executor import Claimed, Executor
+from konduit.worker.heartbeat import beat
 from konduit.worker.hedging import Hedger
+from konduit.worker.listener import listen
 from konduit.worker.maintenance import Maintenance
+from konduit.worker.starter import Jobs, Starter, cancel_job
 from konduit.worker.webhook_sender import WebhookSender
 
 log = logging.getLogger("konduit.worker")
@@ -59,10 +68,6 @@ BATCH_COMPLETIONS = 500
 """Most terminal outcomes recorded in one transaction."""
 BATCH_EXECUTIONS = 100
 """Most executions whose outcomes one transaction records (and whose rows it keeps locked)."""
-
-Jobs = dict[int, asyncio.Task[Completion] | None]
-"""The handlers one start launched, by :attr:`Claimed.key`; None where the lease no longer held
-the task."""
 
 
 class Worker:
@@ -127,9 +132,11 @@ class Worker:
         # one of them failed: a round must never fail for its claim).
         self._claim_in_rounds_after = 0.0
         self.unhealthy: str | None = None  # why the worker stopped itself (abandoned threads)
-        # When this worker last (re)gained the database: it rescues other workers' tasks only
-        # after a full lease of being connected, so an outage is never charged to live workers.
-        self._connected_since: float | None = None
+        # It rescues other workers' tasks only after a full lease of being connected.
+        self.connectivity = Connectivity(self.config.lease_seconds)
+        self.starter = Starter(db, registry, self.executor, self.contexts, self.connectivity)
+        self.arming = Arming(self.maintenance, self._stop.is_set,
+                             max_payload_bytes=max_payload_bytes)
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and shut down gracefully."""
@@ -158,8 +165,13 @@ class Worker:
         log.info("worker %s up: concurrency %s, queues %s", cfg.worker_id, cfg.concurrency,
                  ",".join(cfg.queues))
         helpers = [
-            asyncio.create_task(self._listen(), name="konduit-listen"),
-            asyncio.create_task(self._heartbeat(), name="konduit-heartbeat"),
+            asyncio.create_task(listen(
+                self.db, queues=cfg.queues, hedged=self.hedger.enabled, ready=self._wake.set,
+                stopped=self._stop_tasks_of, outrun=self._stop_outrun), name="konduit-listen"),
+            asyncio.create_task(beat(
+                self.db, cfg, self.connectivity, held=lambda: [t for t, _ in self.running.values()],
+                abandoned=lambda: self.executor.abandoned, lost=self._lease_lost),
+                name="konduit-heartbeat"),
             asyncio.create_task(self._maintain(), name="konduit-maintenance"),
             *([asyncio.create_task(self.alerting.run(cfg.alert_interval), name="konduit-alerts")]
               if cfg.alert_interval > 0 else []),
@@ -210,9 +222,9 @@ class Worker:
                         # Slots that ready work left free run hedges of straggling attempts.
                         claimed += await self.hedger.claim(free - len(claimed))
                     backoff = 0.5
-                    self._connected()
+                    self.connectivity.connected()
                 except DatabaseError as exc:
-                    self._disconnected()
+                    self.connectivity.disconnected()
                     log.warning("claim failed (%s); retrying in %.1f s", exc, backoff)
                     await self._sleep(backoff)
                     backoff = min(backoff * 2, 10.0)
@@ -312,23 +324,9 @@ class Worker:
         """Run the tasks of one claim: their handlers start together, under one lease check."""
         if not claimed:
             return
-        starting = asyncio.ensure_future(self._start_claimed(claimed))
+        starting = asyncio.ensure_future(self.starter.start_claimed(claimed))
         for task in claimed:
             self.running[task.key] = (task, asyncio.create_task(self._run(task, starting)))
-
-    async def _start_claimed(self, claimed: list[Claimed]) -> Jobs:
-        """Start one claim's handlers in one transaction (through outages). When that fails for
-        another reason, nothing started: each task is then started alone (an empty answer), so
-        one task the database refuses cannot keep the others from running."""
-        try:
-            items = [(self.registry.get(t.workflow_name, t.workflow_version), t) for t in claimed]
-            return await self._retrying(lambda: self._start_many(items))
-        except (DatabaseError, KonduitError) as exc:
-            if len(claimed) == 1:
-                raise
-            log.warning("starting %s tasks together failed (%s); starting each alone",
-                        len(claimed), exc)
-            return {}
 
     async def _run(self, task: Claimed, starting: asyncio.Future[Jobs] | None = None) -> None:
         try:
@@ -346,7 +344,7 @@ class Worker:
         except asyncio.CancelledError:
             if starting is not None and not starting.done():
                 # Cancelled while its handler was being started: stop the handler once it has.
-                starting.add_done_callback(lambda f: _cancel_job(f, task.key))
+                starting.add_done_callback(lambda f: cancel_job(f, task.key))
             if self._draining:
                 # Shutdown ran out of grace: hand the task back so another worker takes it now
                 # instead of after the lease expires. Shielded: this coroutine is being cancelled.
@@ -360,51 +358,6 @@ class Worker:
             self._recording.discard(task.key)
             self._wake.set()
             self._check_abandoned()
-
-    async def _start(self, spec: WorkflowSpec, task: Claimed) -> asyncio.Task[Completion] | None:
-        """Start one task's handler (see :meth:`_start_many`); None if its lease no longer holds."""
-        return (await self._start_many([(spec, task)])).get(task.key)
-
-    async def _start_many(self, items: list[tuple[WorkflowSpec, Claimed]]) -> Jobs:
-        """Start the handlers while their task rows are share-locked by one lease check (one
-        statement, rows in id order): a cancel that commits after the check waits for the
-        handlers to have started, and one that committed before it is seen, so no handler ever
-        starts after its execution's cancel committed. One transaction for a whole claim; the
-        upstream payloads are read in it too (a root step reads nothing).
-
-        Raises only while no handler has started (a caller may then try again); once one has,
-        a failure to end the transaction (its locks go with the connection) changes nothing."""
-        jobs: Jobs = {task.key: None for _, task in items}
-        leased = sorted((pair for pair in items if pair[1].lease_token is not None),
-                        key=lambda pair: pair[1].id)
-        if not leased:
-            return jobs
-        started_any = False
-        try:
-            async with self.db.transaction() as tx:
-                rows = await tx.all(
-                    "task_hold_many_if_leased",
-                    ids=[task.id for _, task in leased],
-                    lease_tokens=[task.lease_token for _, task in leased],
-                )
-                held = {row["id"] for row in rows}
-                ready = [(spec, task, await self.executor.context_for(spec, task, tx))
-                         for spec, task in leased if task.id in held]
-                waits = []
-                for spec, task, ctx in ready:
-                    self.contexts[task.key] = ctx
-                    started = asyncio.Event()
-                    job = asyncio.create_task(self.executor.run(spec, task, ctx, started=started))
-                    jobs[task.key] = job
-                    started_any = True
-                    waits.append(_started(job, started))
-                await asyncio.gather(*waits)
-        except DatabaseError as exc:
-            if not started_any:
-                raise
-            log.info("the lease check of %s started task(s) did not end cleanly (%s); their "
-                     "handlers run on", len(leased), exc)
-        return jobs
 
     async def _finish(self, spec: WorkflowSpec, task: Claimed, completion: Completion) -> None:
         full = self._slots_taken() >= self.config.concurrency
@@ -476,23 +429,14 @@ class Worker:
             log.error("worker %s: %s", self.config.worker_id, self.unhealthy)
             self.stop()
 
-    def _connected(self) -> None:
-        if self._connected_since is None:
-            self._connected_since = time.monotonic()
-
-    def _disconnected(self) -> None:
-        self._connected_since = None
-
     @property
     def may_rescue(self) -> bool:
-        """Connected for at least a lease: long enough for every live worker's heartbeat to have
-        landed since the outage, so the leases still expired belong to dead workers."""
-        since = self._connected_since
-        return since is not None and time.monotonic() - since >= self.config.lease_seconds
+        """Connected for at least a lease (:class:`Connectivity`): rescuing is safe."""
+        return self.connectivity.may_rescue
 
     async def _record(self, completion: Completion) -> tuple[Recorded, Advanced | None]:
         if completion.outcome == "waiting":  # an arming attempt (a wait step): rare, alone
-            return await self._arm(completion)
+            return await self.arming.record(completion)
         if completion.outcome == "released" or self._completer is None \
                 or self._completer.done():
             # Releases happen at shutdown, when the batching loop may be gone; and should it
@@ -507,25 +451,6 @@ class Worker:
             return await record(self.db, self.registry, completion,
                                 max_payload_bytes=self.executor.max_payload_bytes)
 
-    async def _arm(self, completion: Completion) -> tuple[Recorded, Advanced | None]:
-        """running -> waiting (docs/durable-waits.md). A timer armed here is woken by this
-        worker at its time (the maintenance sweep of any worker does it otherwise)."""
-        recorded = await arm(self.db, self.registry, completion,
-                             max_payload_bytes=self.executor.max_payload_bytes)
-        armed = completion.payload
-        if recorded[0] is Recorded.WAITING and armed.kind == "timer":
-            delay = armed.delay if armed.delay is not None else \
-                (armed.until - datetime.now(UTC)).total_seconds()
-            loop = asyncio.get_running_loop()
-            loop.call_later(max(delay, 0.0) + 0.05, self._wake_waits_soon)
-        return recorded
-
-    def _wake_waits_soon(self) -> None:
-        if self._stop.is_set():
-            return
-        job = asyncio.ensure_future(self.maintenance.wake_waits())
-        job.add_done_callback(_log_failed_wake)
-
     async def _release(self, task: Claimed) -> None:
         completion = task.completion(
             "released", error=f"released by worker {self.config.worker_id} at shutdown"
@@ -537,89 +462,20 @@ class Worker:
         except DatabaseError as exc:
             log.warning("could not release task %s (%s); its lease will expire", task.id, exc)
 
+    async def _start(self, spec: WorkflowSpec, task: Claimed) -> asyncio.Task[Completion] | None:
+        """Start one task's handler; None if its lease no longer holds (:class:`Starter`)."""
+        return await self.starter.start(spec, task)
+
     async def _retrying(self, make: Callable[[], Awaitable[T]]) -> T:
-        """Run a database call, retrying through outages with backoff. The lease fence makes a
-        late write harmless, so retrying until the database answers is always safe. Errors that
-        are not about reaching the server are raised: retrying them would loop forever."""
-        delay = 0.2
-        while True:
-            try:
-                return await make()
-            except (DatabaseUnavailable, DatabaseConflict, PoolExhausted) as exc:
-                if isinstance(exc, DatabaseUnavailable):
-                    self._disconnected()
-                log.warning("%s; retrying in %.1f s", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        return await retrying(make, self.connectivity)
 
-    async def _listen(self) -> None:
-        while True:
-            conn = None
-            try:
-                conn = await self.db.listen_connection()
-                await conn.execute("LISTEN konduit_ready")
-                # Not konduit_finished: that one is for clients waiting on every execution.
-                await conn.execute("LISTEN konduit_stopped")
-                if self.hedger.enabled:
-                    await conn.execute("LISTEN konduit_outrun")
-                async for note in conn.notifies():
-                    if note.channel == "konduit_stopped":
-                        self._stop_tasks_of(note.payload)
-                    elif note.channel == "konduit_outrun":
-                        self._stop_outrun(note.payload)
-                    elif note.payload in self.config.queues:
-                        self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.debug("listener lost (%s); polling until it is back", exc)
-                await asyncio.sleep(1.0)
-            finally:
-                if conn is not None:
-                    await conn.close()
-
-    async def _heartbeat(self) -> None:
-        """Extend the leases of running tasks. On a connection of its own, reopened at the next
-        beat when it breaks: after an outage the pool may wait out its reconnect backoff for
-        seconds, and a heartbeat that waited for it would let live workers' leases be rescued."""
-        cfg = self.config
-        conn: psycopg.AsyncConnection[Row] | None = None
-        try:
-            while True:
-                await asyncio.sleep(cfg.heartbeat_interval)
-                held = [t for t, _ in self.running.values()]
-                try:
-                    if conn is None or conn.closed or conn.broken:
-                        conn = await self.db.listen_connection()
-                    beat = Tx(conn)
-                    await beat.run("worker_heartbeat", id=cfg.worker_id, running=len(held),
-                                   abandoned=self.executor.abandoned)
-                    rows = await beat.all(
-                        "task_extend_leases_if_held",
-                        ids=[t.id for t in held],
-                        lease_tokens=[t.lease_token for t in held],
-                        lease_seconds=cfg.lease_seconds,
-                    ) if held else []
-                except DatabaseError as exc:
-                    if isinstance(exc, DatabaseUnavailable):
-                        self._disconnected()
-                    log.warning("heartbeat failed: %s", exc)
-                    if conn is not None:
-                        await conn.close()
-                        conn = None
-                    continue
-                self._connected()
-                still = {(r["id"], r["lease_token"]) for r in rows}
-                for t in held:
-                    if (t.id, t.lease_token) not in still and t.key in self.running:
-                        # Cancelled, rescued after our lease ran out, or the task's other
-                        # (hedged) attempt finished first: stop the handler; its result would be
-                        # refused by the fence anyway.
-                        log.info("task %s (%s) lost its lease; asking it to stop", t.id, t.step)
-                        self._cancel(t.key)
-        finally:
-            if conn is not None:
-                await conn.close()
+    def _lease_lost(self, task: Claimed) -> None:
+        """The heartbeat found this attempt's lease gone: cancelled, rescued after our lease ran
+        out, or the task's other (hedged) attempt finished first. Stop the handler; its result
+        would be refused by the fence anyway."""
+        if task.key in self.running:
+            log.info("task %s (%s) lost its lease; asking it to stop", task.id, task.step)
+            self._cancel(task.key)
 
     def _stop_tasks_of(self, execution_id: str) -> None:
         """An execution ended (cancelled, failed, timed out): its running tasks here lost their
@@ -664,10 +520,10 @@ class Worker:
                 await self.auto_repairer.run_if_due()
                 if self.retention is not None:
                     await self.retention.run_if_due()
-                self._connected()
+                self.connectivity.connected()
             except (DatabaseError, KonduitError) as exc:
                 if isinstance(exc, DatabaseUnavailable):
-                    self._disconnected()
+                    self.connectivity.disconnected()
                 log.warning("maintenance failed: %s", exc)
 
     async def _drain(self) -> None:
@@ -685,27 +541,3 @@ class Worker:
             job.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-
-
-async def _started(job: asyncio.Task[Completion], started: asyncio.Event) -> None:
-    """Return once the handler has been handed its context (or its attempt already ended)."""
-    if started.is_set() or job.done():
-        return
-    waiter = asyncio.create_task(started.wait())
-    try:
-        await asyncio.wait([job, waiter], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-
-
-def _cancel_job(starting: asyncio.Future[Jobs], task_id: int) -> None:
-    if starting.cancelled() or starting.exception() is not None:
-        return
-    job = starting.result().get(task_id)
-    if job is not None:
-        job.cancel()
-
-
-def _log_failed_wake(job: asyncio.Future[int]) -> None:
-    if not job.cancelled() and job.exception() is not None:
-        log.info("waking due waits failed (the maintenance sweep retries): %s", job.exception())

@@ -1,0 +1,63 @@
+"""The heartbeat: extend the leases of a worker's running tasks, and say which it lost.
+
+On a connection of its own, reopened at the next beat when it breaks: after an outage the pool
+may wait out its reconnect backoff for seconds, and a heartbeat that waited for it would let
+live workers' leases be rescued."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import psycopg
+
+from konduit.db.database import Database, Row, Tx
+from konduit.errors import DatabaseError, DatabaseUnavailable
+from konduit.worker.config import WorkerConfig
+from konduit.worker.connectivity import Connectivity
+from konduit.worker.executor import Claimed
+
+log = logging.getLogger("konduit.worker")
+
+
+async def beat(db: Database, config: WorkerConfig, connectivity: Connectivity, *,
+               held: Callable[[], list[Claimed]], abandoned: Callable[[], int],
+               lost: Callable[[Claimed], None]) -> None:
+    """Forever, every ``heartbeat_interval``: record the worker alive (with its running and
+    ``abandoned()`` counts) and extend the leases of the ``held()`` attempts; ``lost(task)`` for
+    each whose lease no longer holds (cancelled, rescued after the lease ran out, or its hedged
+    twin finished first)."""
+    conn: psycopg.AsyncConnection[Row] | None = None
+    try:
+        while True:
+            await asyncio.sleep(config.heartbeat_interval)
+            tasks = held()
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    conn = await db.listen_connection()
+                tx = Tx(conn)
+                await tx.run("worker_heartbeat", id=config.worker_id, running=len(tasks),
+                             abandoned=abandoned())
+                rows = await tx.all(
+                    "task_extend_leases_if_held",
+                    ids=[t.id for t in tasks],
+                    lease_tokens=[t.lease_token for t in tasks],
+                    lease_seconds=config.lease_seconds,
+                ) if tasks else []
+            except DatabaseError as exc:
+                if isinstance(exc, DatabaseUnavailable):
+                    connectivity.disconnected()
+                log.warning("heartbeat failed: %s", exc)
+                if conn is not None:
+                    await conn.close()
+                    conn = None
+                continue
+            connectivity.connected()
+            still = {(r["id"], r["lease_token"]) for r in rows}
+            for t in tasks:
+                if (t.id, t.lease_token) not in still:
+                    lost(t)
+    finally:
+        if conn is not None:
+            await conn.close()

@@ -1,0 +1,44 @@
+"""The worker's LISTEN connection: notifications that make it act now instead of at its next
+poll or heartbeat. Losing it costs latency only: the worker polls until it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Container
+
+from konduit.db.database import Database
+
+log = logging.getLogger("konduit.worker")
+
+
+async def listen(db: Database, *, queues: Container[str], hedged: bool,
+                 ready: Callable[[], None], stopped: Callable[[str], None],
+                 outrun: Callable[[str], None]) -> None:
+    """Forever: ``ready()`` when a task became ready in one of ``queues``; ``stopped(execution
+    id)`` when an execution ended with tasks cancelled under them; ``outrun(lease token)``
+    when a hedged task's other attempt finished first (listened to only if ``hedged``)."""
+    while True:
+        conn = None
+        try:
+            conn = await db.listen_connection()
+            await conn.execute("LISTEN konduit_ready")
+            # Not konduit_finished: that one is for clients waiting on every execution.
+            await conn.execute("LISTEN konduit_stopped")
+            if hedged:
+                await conn.execute("LISTEN konduit_outrun")
+            async for note in conn.notifies():
+                if note.channel == "konduit_stopped":
+                    stopped(note.payload)
+                elif note.channel == "konduit_outrun":
+                    outrun(note.payload)
+                elif note.payload in queues:
+                    ready()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("listener lost (%s); polling until it is back", exc)
+            await asyncio.sleep(1.0)
+        finally:
+            if conn is not None:
+                await conn.close()

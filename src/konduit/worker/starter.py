@@ -1,0 +1,116 @@
+"""Start claimed tasks' handlers: one claim's handlers together, under one lease check.
+
+The task rows are share-locked by that check (one statement, rows in id order) while the
+handlers start, so a cancel that commits after the check waits for them to have started, and
+one that committed before it is seen: no handler ever starts after its execution's cancel
+committed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from konduit.core.context import Context
+from konduit.core.workflow import WorkflowSpec
+from konduit.db.database import Database
+from konduit.engine.completer import Completion
+from konduit.engine.registry import Registry
+from konduit.errors import DatabaseError, KonduitError
+from konduit.worker.connectivity import Connectivity, retrying
+from konduit.worker.executor import Claimed, Executor
+
+log = logging.getLogger("konduit.worker")
+
+Jobs = dict[int, asyncio.Task[Completion] | None]
+"""The handlers one start launched, by :attr:`Claimed.key`; None where the lease no longer held
+the task."""
+
+
+class Starter:
+    """Starts handlers for a worker; records each one's context in ``contexts`` (the worker's
+    map, by :attr:`Claimed.key`) before it runs."""
+
+    def __init__(self, db: Database, registry: Registry, executor: Executor,
+                 contexts: dict[int, Context], connectivity: Connectivity):
+        self.db = db
+        self.registry = registry
+        self.executor = executor
+        self.contexts = contexts
+        self.connectivity = connectivity
+
+    async def start_claimed(self, claimed: list[Claimed]) -> Jobs:
+        """Start one claim's handlers in one transaction (through outages). When that fails for
+        another reason, nothing started: each task is then started alone (an empty answer), so
+        one task the database refuses cannot keep the others from running."""
+        try:
+            items = [(self.registry.get(t.workflow_name, t.workflow_version), t) for t in claimed]
+            return await retrying(lambda: self.start_many(items), self.connectivity)
+        except (DatabaseError, KonduitError) as exc:
+            if len(claimed) == 1:
+                raise
+            log.warning("starting %s tasks together failed (%s); starting each alone",
+                        len(claimed), exc)
+            return {}
+
+    async def start(self, spec: WorkflowSpec, task: Claimed) -> asyncio.Task[Completion] | None:
+        """Start one task's handler (see :meth:`start_many`); None if its lease no longer holds."""
+        return (await self.start_many([(spec, task)])).get(task.key)
+
+    async def start_many(self, items: list[tuple[WorkflowSpec, Claimed]]) -> Jobs:
+        """Start the handlers while their task rows are share-locked by one lease check. One
+        transaction for a whole claim; the upstream payloads are read in it too (a root step
+        reads nothing).
+
+        Raises only while no handler has started (a caller may then try again); once one has,
+        a failure to end the transaction (its locks go with the connection) changes nothing."""
+        jobs: Jobs = {task.key: None for _, task in items}
+        leased = sorted((pair for pair in items if pair[1].lease_token is not None),
+                        key=lambda pair: pair[1].id)
+        if not leased:
+            return jobs
+        started_any = False
+        try:
+            async with self.db.transaction() as tx:
+                rows = await tx.all(
+                    "task_hold_many_if_leased",
+                    ids=[task.id for _, task in leased],
+                    lease_tokens=[task.lease_token for _, task in leased],
+                )
+                held = {row["id"] for row in rows}
+                ready = [(spec, task, await self.executor.context_for(spec, task, tx))
+                         for spec, task in leased if task.id in held]
+                waits = []
+                for spec, task, ctx in ready:
+                    self.contexts[task.key] = ctx
+                    started = asyncio.Event()
+                    job = asyncio.create_task(self.executor.run(spec, task, ctx, started=started))
+                    jobs[task.key] = job
+                    started_any = True
+                    waits.append(_started(job, started))
+                await asyncio.gather(*waits)
+        except DatabaseError as exc:
+            if not started_any:
+                raise
+            log.info("the lease check of %s started task(s) did not end cleanly (%s); their "
+                     "handlers run on", len(leased), exc)
+        return jobs
+
+
+async def _started(job: asyncio.Task[Completion], started: asyncio.Event) -> None:
+    """Return once the handler has been handed its context (or its attempt already ended)."""
+    if started.is_set() or job.done():
+        return
+    waiter = asyncio.create_task(started.wait())
+    try:
+        await asyncio.wait([job, waiter], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
+def cancel_job(starting: asyncio.Future[Jobs], task_id: int) -> None:
+    """Cancel the handler that ``starting`` launched for ``task_id``, if it launched one."""
+    if starting.cancelled() or starting.exception() is not None:
+        return
+    job = starting.result().get(task_id)
+    if job is not None:
+        job.cancel()
