@@ -43,7 +43,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from konduit.db.arrays import with_array_literals
-from konduit.db.queries import q
+from konduit.db.queries import prepare_flag, q
 from konduit.errors import DatabaseConflict, DatabaseError, DatabaseUnavailable, PoolExhausted
 
 log = logging.getLogger("konduit.db")
@@ -169,17 +169,20 @@ class Tx:
 
     async def one(self, query: str, /, **params: Any) -> Row | None:
         with translate_errors():
-            cur = await self.conn.execute(q(query), with_array_literals(params))
+            cur = await self.conn.execute(q(query), with_array_literals(params),
+                                          prepare=prepare_flag(query))
             return await cur.fetchone()
 
     async def all(self, query: str, /, **params: Any) -> list[Row]:
         with translate_errors():
-            cur = await self.conn.execute(q(query), with_array_literals(params))
+            cur = await self.conn.execute(q(query), with_array_literals(params),
+                                          prepare=prepare_flag(query))
             return await cur.fetchall()
 
     async def run(self, query: str, /, **params: Any) -> int:
         with translate_errors():
-            cur = await self.conn.execute(q(query), with_array_literals(params))
+            cur = await self.conn.execute(q(query), with_array_literals(params),
+                                          prepare=prepare_flag(query))
             if self.pipeline is not None:
                 await self.pipeline.sync()  # the count is only known once the answer is in
             return cur.rowcount
@@ -187,13 +190,15 @@ class Tx:
     async def send(self, query: str, /, **params: Any) -> None:
         """Run a statement whose result nobody reads (queued in a pipelined transaction)."""
         with translate_errors():
-            await self.conn.execute(q(query), with_array_literals(params))
+            await self.conn.execute(q(query), with_array_literals(params),
+                                          prepare=prepare_flag(query))
 
     async def later(self, query: str, /, **params: Any) -> Callable[[], Awaitable[list[Row]]]:
         """Send a statement now and return what fetches its rows (in a pipelined transaction
         the statement is queued, and awaiting the fetch sends it with whatever else is)."""
         with translate_errors():
-            cur = await self.conn.execute(q(query), with_array_literals(params))
+            cur = await self.conn.execute(q(query), with_array_literals(params),
+                                          prepare=prepare_flag(query))
 
         async def rows() -> list[Row]:
             with translate_errors():

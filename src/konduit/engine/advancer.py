@@ -253,9 +253,8 @@ class Advancer:
         step = spec.name
         # The upstream payload may be the big list the map fans out over: it is decoded on the
         # thread too, not by the driver on this loop.
-        rows = await self.tx.all(
-            "output_get_for_steps", execution_id=self.execution_id, steps=list(spec.after)
-        )
+        rows = await self.tx.all(outputs_query(self.spec, spec.after),
+                                 execution_id=self.execution_id, steps=list(spec.after))
         over = spec.map_over
         assert over is not None
 
@@ -329,6 +328,14 @@ class Advancer:
         self.result.finished = ex.status
         if finished is not None:
             self.result.child_ended = finished.child_ended
+
+
+def outputs_query(workflow: WorkflowSpec, steps: Iterable[str]) -> str:
+    """The statement that reads the outputs of ``steps``: a map among them makes the read as
+    wide as its items, and that one is planned for its own size each time (queries.py)."""
+    if any(workflow[s].is_map for s in steps):
+        return "output_get_for_steps_wide"
+    return "output_get_for_steps"
 
 
 def map_source(workflow: WorkflowSpec, spec: StepSpec, rows: list[Row]) -> Any:
@@ -444,7 +451,8 @@ async def load_step_outputs(
 ) -> Upstream:
     if not steps:
         return Upstream({}, {})
-    rows: list[Row] = await tx.all("output_get_for_steps", execution_id=execution_id, steps=steps)
+    rows: list[Row] = await tx.all(outputs_query(spec, steps), execution_id=execution_id,
+                                   steps=steps)
     outcome_rows = await tx.all("step_get_outcomes", execution_id=execution_id, steps=steps)
     return Upstream(group_payloads(spec, steps, rows),
                     {r["step"]: r["status"] for r in outcome_rows})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from konduit.core.context import Context
 from konduit.core.workflow import WorkflowSpec
@@ -31,7 +32,10 @@ class Starter:
     map, by :attr:`Claimed.key`) before it runs."""
 
     def __init__(self, db: Database, registry: Registry, executor: Executor,
-                 contexts: dict[int, Context], connectivity: Connectivity):
+                 contexts: dict[int, Context], connectivity: Connectivity, *,
+                 lease_seconds: float = 15.0, heartbeat_interval: float = 5.0):
+        self.lease_seconds = lease_seconds
+        self.heartbeat_interval = heartbeat_interval
         self.db = db
         self.registry = registry
         self.executor = executor
@@ -77,8 +81,21 @@ class Starter:
                     lease_tokens=[task.lease_token for _, task in leased],
                 )
                 held = {row["id"] for row in rows}
+                began = time.monotonic()
                 ready = [(spec, task, await self.executor.context_for(spec, task, tx))
                          for spec, task in leased if task.id in held]
+                if time.monotonic() - began > self.heartbeat_interval:
+                    # The upstream reads took longer than a beat (a join over a wide map): our
+                    # share locks made the heartbeat skip these rows all along (it never waits
+                    # on a lock), so their leases ran on unextended. Extend them here, under the
+                    # locks, before anything else can see the rows unlocked; the rescue skips a
+                    # row that is locked, so nothing took them meanwhile.
+                    await tx.all(
+                        "task_extend_leases_if_held",
+                        ids=[task.id for _, task, _ in ready],
+                        lease_tokens=[task.lease_token for _, task, _ in ready],
+                        lease_seconds=self.lease_seconds,
+                    )
                 waits = []
                 for spec, task, ctx in ready:
                     self.contexts[task.key] = ctx

@@ -134,7 +134,9 @@ class Worker:
         self.unhealthy: str | None = None  # why the worker stopped itself (abandoned threads)
         # It rescues other workers' tasks only after a full lease of being connected.
         self.connectivity = Connectivity(self.config.lease_seconds)
-        self.starter = Starter(db, registry, self.executor, self.contexts, self.connectivity)
+        self.starter = Starter(db, registry, self.executor, self.contexts, self.connectivity,
+                               lease_seconds=self.config.lease_seconds,
+                               heartbeat_interval=self.config.heartbeat_interval)
         self.arming = Arming(self.maintenance, self._stop.is_set,
                              max_payload_bytes=max_payload_bytes)
 

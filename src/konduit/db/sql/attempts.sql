@@ -33,6 +33,7 @@ WHERE task_id = ANY(%(task_ids)s::bigint[]) AND finished_at IS NULL;
 
 -- name: attempt_list_by_execution
 -- Every attempt of one execution's tasks, for timelines.
+-- plan: custom, as many rows as the execution has attempts (a map: every item).
 SELECT a.task_id, t.step, t.map_index, t.generation, a.attempt, a.worker_id, a.started_at,
        a.finished_at, a.outcome, a.error, a.hedge
 FROM konduit_attempts a
@@ -42,6 +43,7 @@ ORDER BY a.started_at, a.id;
 
 -- name: step_duration_quantile
 -- A quantile of one step's successful attempt durations over a recent window (adaptive deadlines).
+-- plan: custom, a step's history grows from nothing to millions of attempts.
 SELECT percentile_cont(%(quantile)s) WITHIN GROUP (
            ORDER BY extract(epoch FROM a.finished_at - a.started_at)) AS seconds,
        count(*) AS samples

@@ -53,6 +53,7 @@ FOR UPDATE OF f SKIP LOCKED;
 -- running tasks, and its rate's count minus its starts in the window; records the starts and
 -- the throttled time in those rows. One clock reading serves the window, the attempts' start
 -- times and the window's new entries, so the starts stored are the starts decided.
+-- plan: custom, the ready backlog of the limited steps grows from nothing to a map's width.
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS at
 ), room AS MATERIALIZED (

@@ -96,6 +96,9 @@ WHERE t.id = %(id)s AND t.hedge_token = %(hedge_token)s AND t.status = 'running'
   AND t.hedge_expires_at < clock_timestamp()
   AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
   AND NOT konduit_lease_holder_alive(t.hedge_worker_id, t.hedge_expires_at)
+  -- A row another transaction holds is not taken: it may be the holder's own (a join's
+  -- start reading a wide upstream holds its task), which then extends the lease itself.
+  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
 RETURNING t.id;
 
 -- name: task_promote_hedge_if_rescuable
@@ -114,6 +117,9 @@ WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
   AND t.lease_expires_at < clock_timestamp()
   AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
   AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
+  -- A row another transaction holds is not taken: it may be the holder's own (a join's
+  -- start reading a wide upstream holds its task), which then extends the lease itself.
+  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
 RETURNING t.id;
 
 -- name: step_attempt_quantile_unhedged

@@ -19,6 +19,7 @@ ON CONFLICT DO NOTHING;
 
 -- name: output_list_by_execution
 -- Every stored payload of one execution, with where it came from and whether it is current.
+-- plan: custom, as many rows as the execution has outputs (a map: every item).
 SELECT o.step, o.map_index, o.content_hash, o.payload, o.source, o.created_at,
        EXISTS (SELECT 1 FROM konduit_tasks t
                WHERE t.execution_id = o.execution_id AND t.step = o.step
@@ -31,8 +32,22 @@ WHERE o.execution_id = %(execution_id)s
 ORDER BY o.step, o.map_index, o.created_at;
 
 -- name: output_get_for_steps
--- Outcome and current payload of each task of some steps (latest generation), in item order;
--- payloads as JSON text, so a big one (what a map fans out over) is decoded off the event loop.
+-- Outcome and current payload of the task of each of some steps none of which is a map: its
+-- latest generation (a repair adds one). One task a generation, so a few rows a step under any
+-- plan. Payloads as JSON text, so a big one (what a map fans out over) is decoded off the loop.
+SELECT DISTINCT ON (t.step) t.step, t.map_index, t.status, o.payload::text AS payload
+FROM konduit_tasks t
+LEFT JOIN konduit_outputs o
+    ON o.execution_id = t.execution_id AND o.step = t.step AND o.map_index = t.map_index
+   AND o.content_hash = t.output_hash
+WHERE t.execution_id = %(execution_id)s AND t.step = ANY(%(steps)s::text[])
+ORDER BY t.step, t.generation DESC;
+
+-- name: output_get_for_steps_wide
+-- Outcome and current payload of each task of some steps, one of them a map or more (latest
+-- generation), in item order; payloads as JSON text, decoded off the event loop.
+-- plan: custom, its row count is the map's width (one item or a million): a generic plan built
+-- while the tables were tiny (nested loops over sequential scans) takes minutes at 10,000 items.
 WITH latest AS (
     SELECT step, max(generation) AS generation
     FROM konduit_tasks

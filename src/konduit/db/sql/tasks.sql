@@ -18,6 +18,8 @@ SELECT pg_notify('konduit_ready', %(queue)s);
 -- name: task_claim_batch
 -- Lease up to `limit` ready tasks of the given queues, skipping rows other workers hold: in each
 -- queue the oldest execution's tasks first within a priority; the queues take turns.
+-- plan: custom, the ready backlog goes from empty to a million rows in seconds (a map fans out):
+-- a generic plan built on a tiny table sorts the whole backlog on every claim.
 WITH picked AS (
     SELECT c.id
     FROM (SELECT name, min(pos) AS pos
@@ -146,6 +148,9 @@ WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
   AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
   AND (t.deadline_at IS NULL
        OR t.deadline_at > clock_timestamp() + make_interval(secs => %(delay_seconds)s))
+  -- A row another transaction holds is not taken: it may be the holder's own (a join's
+  -- start reading a wide upstream holds its task), which then extends the lease itself.
+  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
 RETURNING t.id, t.queue;
 
 -- name: task_end_if_rescuable
@@ -164,6 +169,9 @@ WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
   AND t.hedge_token IS NULL
   AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
+  -- A row another transaction holds is not taken: it may be the holder's own (a join's
+  -- start reading a wide upstream holds its task), which then extends the lease itself.
+  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
 RETURNING t.id, t.finished_at;
 
 -- name: task_expire_if_past_deadline
@@ -239,6 +247,7 @@ RETURNING t.id;
 
 -- name: task_list_by_execution
 -- Every task of one execution, in DAG-independent order, for status pages.
+-- plan: custom, as many rows as the execution has tasks (a map: every item).
 SELECT id, step, map_index, generation, status, attempt, max_attempts, worker_id, error,
        routes, deadline_seconds, deadline_at, created_at, started_at, finished_at, run_at,
        wait_kind, wait_event, wait_key, wait_until, wait_child

@@ -1,0 +1,152 @@
+"""Plans that cannot flip: a warm worker, a wide map, and a join that reads all of it.
+
+A worker that ran small executions first had prepared its statements on tiny tables; the
+generic plans PostgreSQL then kept (a sort of the whole ready backlog per claim, nested loops
+over sequential scans in a join's upstream load) made a 10,000-item map's join take minutes.
+Statements whose cost grows with one execution's data are planned per run (``-- plan: custom``,
+see konduit/db/queries.py). And a start that holds its task row while it reads a wide upstream
+keeps its lease: the heartbeat skips rows locked by anyone, its own transactions included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from uuid import uuid4
+
+import psycopg
+import pytest
+
+import konduit
+from konduit.db.database import Database
+from konduit.db.queries import all_queries, parse_queries
+from tests import own_lock_app, wide_map_app
+
+pytestmark = [pytest.mark.storage]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The statements whose cost grows with one execution's (or one step's) rows: the rule of
+# queries.py names them, and each must say so.
+CARDINALITY_DEPENDENT = {
+    "task_claim_batch",  # the ready backlog
+    "task_claim_batch_flow_limited",
+    "output_get_for_steps_wide",  # a join's or a map's upstream: every item
+    "step_duration_quantile",  # a step's history
+    "task_list_by_execution",
+    "attempt_list_by_execution",
+    "output_list_by_execution",
+}
+
+
+def spawn(app: str, db_url: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "konduit.cli", "worker", app, "--database-url", db_url,
+         "--poll-interval", "0.1", "--log-level", "WARNING", *extra],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def stop(*workers: subprocess.Popen[bytes]) -> None:
+    for w in workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+    for w in workers:
+        try:
+            w.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            w.kill()
+
+
+def test_the_plan_marker_is_parsed_and_every_cardinality_dependent_statement_has_it():
+    parsed = parse_queries("-- name: a_get\n-- One row.\n-- plan: custom, because.\nSELECT 1;\n"
+                           "-- name: b_get\n-- Another.\nSELECT 2;\n")
+    assert parsed["a_get"].custom_plan and parsed["a_get"].description == "One row. because."
+    assert not parsed["b_get"].custom_plan
+    queries = all_queries()
+    missing = sorted(n for n in CARDINALITY_DEPENDENT if not queries[n].custom_plan)
+    assert not missing, f"statements that must be planned per run: {missing}"
+
+
+def test_a_custom_plan_statement_is_never_prepared_and_the_others_are(db_url):
+    async def go() -> list[str]:
+        db = Database(db_url, min_size=1, max_size=1)
+        await db.open()
+        try:
+            async with db.transaction() as tx:
+                for _ in range(12):
+                    await tx.all("output_get_for_steps_wide", execution_id=uuid4(), steps=["a"])
+                    await tx.all("output_get_for_steps", execution_id=uuid4(), steps=["a"])
+                cur = await tx.conn.execute("SELECT statement FROM pg_prepared_statements")
+                rows = await cur.fetchall()
+        finally:
+            await db.close()
+        return [r["statement"] for r in rows]
+
+    joined = "\n".join(asyncio.run(go()))
+    assert "DISTINCT ON (t.step)" in joined  # output_get_for_steps: prepared after a few runs
+    assert "WITH latest AS" not in joined  # output_get_for_steps_wide: planned every time
+
+
+def test_a_warm_worker_runs_a_10000_item_map_and_its_join_in_under_a_minute(db_url):
+    """The worker first runs eight 5-item maps (its statements get prepared while every table is
+    tiny), then a 10,000-item map: the map, its join and the execution end within 60 s on one
+    process with 8 slots, the join in one attempt (a lease of 2 s: a join start that held its
+    row for more than two leases would have been rescued)."""
+    app = konduit.App([wide_map_app.wf], database_url=db_url)
+    worker = spawn("tests.wide_map_app:app", db_url, "--concurrency", "8",
+                   "--lease-seconds", "2", "--heartbeat-interval", "0.5",
+                   "--maintenance-interval", "0.5")
+    try:
+        for _ in range(8):
+            assert app.start("wide-map", input={"n": 5}).wait(timeout=60).output["count"] == 5
+        started = time.monotonic()
+        result = app.start("wide-map", input={"n": 10_000}).wait(timeout=120)
+        elapsed = time.monotonic() - started
+    finally:
+        stop(worker)
+        app.close()
+    assert result.output == {"count": 10_000, "sum": sum(range(10_000))}
+    with psycopg.connect(db_url) as conn:
+        join_attempts = conn.execute(
+            "SELECT a.outcome, extract(epoch FROM a.finished_at - a.started_at)"
+            " FROM konduit_attempts a JOIN konduit_tasks t ON t.id = a.task_id"
+            " WHERE t.step = 'join' AND t.map_index = 0"
+            " AND t.execution_id = (SELECT id FROM konduit_executions"
+            "                       ORDER BY created_at DESC LIMIT 1)").fetchall()
+    assert [outcome for outcome, _ in join_attempts] == ["succeeded"], join_attempts
+    assert elapsed < 60, f"the 10,000-item map took {elapsed:.1f} s on a warm worker"
+
+
+def test_a_join_whose_start_holds_its_row_for_two_leases_is_not_rescued_from_its_live_worker(db_url):
+    """Worker A claims the join and holds its task row (the start's share lock) for 3 s, three
+    leases of 1 s, while worker B, which serves the workflow on a queue with nothing in it,
+    runs its rescue pass every 0.2 s. The join keeps its one attempt and its lease; before the
+    fix B reclaimed it once the lease had gone unextended for a lease plus a lease."""
+    app = konduit.App([own_lock_app.wf], database_url=db_url)
+    lease = ["--lease-seconds", "1", "--heartbeat-interval", "0.25",
+             "--maintenance-interval", "0.2"]
+    a = spawn("tests.own_lock_app:app", db_url, "--concurrency", "4", *lease)
+    b = spawn("tests.own_lock_app:app", db_url, "--concurrency", "1", "--queue", "nothing",
+              *lease)
+    try:
+        time.sleep(1.5)  # B has been connected for a lease: it may rescue
+        result = app.start("own-lock", input={"hold_seconds": 3.0}).wait(timeout=60)
+    finally:
+        stop(a, b)
+        app.close()
+    assert result.output == 3
+    with psycopg.connect(db_url) as conn:
+        attempts = conn.execute(
+            "SELECT a.outcome, a.worker_id FROM konduit_attempts a"
+            " JOIN konduit_tasks t ON t.id = a.task_id WHERE t.step = 'join'").fetchall()
+        held_for = conn.execute(
+            "SELECT extract(epoch FROM a.finished_at - a.started_at) FROM konduit_attempts a"
+            " JOIN konduit_tasks t ON t.id = a.task_id WHERE t.step = 'join'").fetchone()
+    assert [o for o, _ in attempts] == ["succeeded"], attempts
+    assert held_for is not None and held_for[0] >= 3.0  # the hold really outlived two leases
