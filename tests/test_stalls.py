@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ import pytest
 
 import konduit
 from konduit.db.database import Database
+from konduit.db.queries import q
 from konduit.engine.stalls import Pass, Watchdog
 from konduit.observe.metrics import serve
 from konduit.web import create_app, database_client
@@ -32,6 +34,7 @@ from tests.browser_support import serving
 from tests.conftest import running_worker
 from tests.test_cli import konduit_cli
 from tests.test_metrics import scrape, value
+from tests.test_storage import _positional
 
 pytestmark = [pytest.mark.storage]
 
@@ -230,3 +233,28 @@ def test_the_watchdog_leaves_healthy_and_young_executions_alone(
     # The window walks on: with a window of one, each pass looks at the next execution.
     [first] = watchdog_passes(db_url, app, 1, grace=30.0, window=1)
     assert first.scanned == 1
+
+
+def test_the_look_for_stalls_probes_indexes_and_never_reads_a_big_map(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    wf = chain("stall-plan")
+    app = make_app(wf)
+    ids = [app.start(wf.name, {}).id for _ in range(3)]
+    # One running execution has 50,000 ended items: the look must not read them.
+    sql(db_url, "INSERT INTO konduit_tasks (execution_id, workflow, step, map_index, status, "
+        "max_attempts, finished_at) SELECT %s, 'stall-plan@1', 'second', i, 'succeeded', 1, "
+        "clock_timestamp() FROM generate_series(1, 50000) i RETURNING 1", ids[0])
+    sql(db_url, "ANALYZE konduit_tasks")
+    text = q("execution_list_stalled_after_cursor")
+    names = list(dict.fromkeys(re.findall(r"%\(([a-z_]+)\)s", text)))  # $1, $2... in order
+    values = {"after": "NULL::uuid", "window": "500", "limit": "20", "grace_seconds": "60"}
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"PREPARE look AS {_positional(text)}")
+        arguments = ", ".join(values[n] for n in names)
+        for mode in ("force_custom_plan", "force_generic_plan"):  # and the cached generic one
+            conn.execute(f"SET plan_cache_mode = {mode}")
+            plan = "\n".join(r[0] for r in conn.execute(
+                f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE look({arguments})").fetchall())
+            assert "konduit_tasks_live" in plan, plan
+            assert "Seq Scan on konduit_tasks" not in plan, plan
+            assert "Bitmap Heap Scan on konduit_tasks" not in plan, plan
