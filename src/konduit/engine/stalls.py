@@ -35,7 +35,7 @@ from konduit.engine import step_rows
 from konduit.engine.advancer import Advanced, record_events
 from konduit.engine.alerting import AlertChange, AlertHook, alert_changed
 from konduit.engine.registry import Registry
-from konduit.errors import KonduitError
+from konduit.errors import DatabaseError, KonduitError
 from konduit.observe.alerts import AlertRecord, execution_stalled
 
 log = logging.getLogger("konduit.stalls")
@@ -99,7 +99,13 @@ class Watchdog:
         for row in rows:
             if row["id"] is None or not self._known(row):
                 continue  # another deployment's workflow: its own workers judge it
-            stall = await self.decide(row["id"])
+            try:
+                stall = await self.decide(row["id"])
+            except DatabaseError:
+                raise  # the pass stops; the worker's connectivity handling sees it
+            except Exception:  # one execution the watchdog cannot read must not stop the others
+                log.exception("deciding the stall of execution %s failed", row["id"])
+                continue
             if stall is not None:
                 done.stalls.append(stall)
         done.resolved = await self.resolve_moved()

@@ -27,7 +27,7 @@ from konduit.engine.advancer import Advanced, ChildEnded, Finished, finish_execu
 from konduit.engine.completer import Completion, Recorded, record
 from konduit.engine.registry import Registry
 from konduit.engine.stalls import DEFAULT_GRACE, Watchdog
-from konduit.errors import KonduitError
+from konduit.errors import DatabaseError, KonduitError
 from konduit.logs import attempt_scope, log_recorded
 from konduit.worker.executor import Claimed, Executor
 
@@ -223,7 +223,13 @@ class Maintenance:
     async def watch_stalls(self) -> int:
         """One pass of the stall watchdog; returns how many stalls it decided. A decision that
         ended a child workflow wakes its parent's step at once."""
-        done = await self.watchdog.run()
+        try:
+            done = await self.watchdog.run()
+        except (DatabaseError, KonduitError):
+            raise
+        except Exception:  # a bug in the watchdog must not end the maintenance loop
+            log.exception("the stall watchdog failed")
+            return 0
         for stall in done.stalls:
             self.woke(stall.advanced)
         return len(done.stalls)
