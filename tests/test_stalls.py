@@ -30,6 +30,7 @@ from konduit.db.queries import q
 from konduit.engine.stalls import Pass, Watchdog
 from konduit.observe.metrics import serve
 from konduit.web import create_app, database_client
+from konduit.worker.config import WorkerConfig
 from tests.browser_support import serving
 from tests.conftest import running_worker
 from tests.test_cli import konduit_cli
@@ -258,3 +259,14 @@ def test_the_look_for_stalls_probes_indexes_and_never_reads_a_big_map(
             assert "konduit_tasks_live" in plan, plan
             assert "Seq Scan on konduit_tasks" not in plan, plan
             assert "Bitmap Heap Scan on konduit_tasks" not in plan, plan
+
+
+def test_the_grace_is_a_worker_setting_with_a_flag_and_a_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert WorkerConfig().stall_grace == 60.0
+    monkeypatch.setenv("KONDUIT_STALL_GRACE", "2.5")
+    assert WorkerConfig().stall_grace == 2.5
+    with pytest.raises(ValueError, match="stall_grace"):
+        WorkerConfig(stall_grace=0)
+    proc = konduit_cli("worker", "--help")
+    assert "--stall-grace" in proc.stdout and "KONDUIT_STALL_GRACE" in proc.stdout
