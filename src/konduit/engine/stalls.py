@@ -185,24 +185,15 @@ class Watchdog:
         await self.hook(tx, AlertChange("resolved", resolved))
         return resolved
 
-    async def resolve_moved(self, *, limit: int = 100) -> list[AlertRecord]:
+    async def resolve_moved(self, *, limit: int = 1000) -> list[AlertRecord]:
         """Resolve the open stall alerts whose execution ended, is gone, or can run again (an
-        operator cancelled it, repaired it, or fixed its rows); each re-checked in its own
-        statement."""
-        resolved = []
-        for row in await self.db.all("alert_list_open_stalls", limit=limit):
-            try:
-                execution_id = UUID(row["subject"])
-            except ValueError:
-                continue
-            async with self.db.transaction() as tx:
-                found = await tx.one("alert_resolve_stall_if_execution_moved",
-                                     execution_id=execution_id)
-                if found is None:
-                    continue
-                record = AlertRecord.from_row(found)
+        operator cancelled it, repaired it, or fixed its rows): one statement that re-checks it
+        all, and the hook for each, in one transaction."""
+        async with self.db.transaction() as tx:
+            rows = await tx.all("alert_resolve_stalls_if_execution_moved", limit=limit)
+            resolved = [AlertRecord.from_row(r) for r in rows]
+            for record in resolved:
                 await self.hook(tx, AlertChange("resolved", record))
-            resolved.append(record)
         return resolved
 
 

@@ -84,28 +84,25 @@ WHERE kind = 'execution_stalled'
 RETURNING id, kind, subject, workflow, severity, message, details,
           raised_at, last_seen_at, resolved_at;
 
--- name: alert_list_open_stalls
--- Open execution_stalled alerts, oldest first (the watchdog resolves those whose execution moved).
-SELECT id, kind, subject, workflow, severity, message, details,
-       raised_at, last_seen_at, resolved_at
-FROM konduit_alerts
-WHERE kind = 'execution_stalled'
-  AND resolved_at IS NULL
-ORDER BY raised_at, id
-LIMIT %(limit)s;
-
--- name: alert_resolve_stall_if_execution_moved
--- Resolve an open stall alert once its execution ended, is gone, or has a task that can run again, re-checked in this statement.
+-- name: alert_resolve_stalls_if_execution_moved
+-- Resolve the open stall alerts (oldest first, a bounded batch) whose execution ended, is gone, or has a task that can run again, re-checked in this statement.
 UPDATE konduit_alerts a
 SET resolved_at = greatest(clock_timestamp(), a.raised_at),
     details = a.details || jsonb_build_object('resolution', CASE
         WHEN e.id IS NULL THEN 'execution no longer exists'
         WHEN e.status <> 'running' THEN 'execution ' || e.status
         ELSE 'a task of the execution can run again' END)
-FROM (SELECT %(execution_id)s::uuid AS id) AS wanted
-LEFT JOIN konduit_executions e ON e.id = wanted.id
-WHERE a.kind = 'execution_stalled'
-  AND a.subject = wanted.id::text
+FROM (
+    SELECT o.id,
+           CASE WHEN o.subject ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                THEN o.subject::uuid END AS execution_id
+    FROM konduit_alerts o
+    WHERE o.kind = 'execution_stalled' AND o.resolved_at IS NULL
+    ORDER BY o.raised_at, o.id
+    LIMIT %(limit)s
+) AS open
+LEFT JOIN konduit_executions e ON e.id = open.execution_id
+WHERE a.id = open.id
   AND a.resolved_at IS NULL
   AND (e.id IS NULL OR e.status <> 'running'
        OR EXISTS (SELECT 1 FROM konduit_tasks t
