@@ -270,3 +270,29 @@ def test_the_grace_is_a_worker_setting_with_a_flag_and_a_variable(
         WorkerConfig(stall_grace=0)
     proc = konduit_cli("worker", "--help")
     assert "--stall-grace" in proc.stdout and "KONDUIT_STALL_GRACE" in proc.stdout
+
+
+def test_a_pass_decides_a_bounded_number_and_the_next_goes_on(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    wf = chain("stall-many")
+    app = make_app(wf)
+    ids = sorted(app.start(wf.name, {}).id for _ in range(3))
+    for eid in ids:
+        sql(db_url, "DELETE FROM konduit_tasks WHERE execution_id = %s RETURNING id", eid)
+    sql(db_url, "UPDATE konduit_steps SET fired_at = fired_at - interval '1 minute' RETURNING step")
+    sql(db_url, "UPDATE konduit_executions SET created_at = created_at - interval '1 minute' "
+        "RETURNING id")
+
+    async def go() -> list[Pass]:
+        db = Database(db_url, min_size=1, max_size=2)
+        await db.open()
+        try:
+            dog = Watchdog(db, app.registry, grace=30.0, per_pass=1)
+            return [await dog.run() for _ in range(4)]
+        finally:
+            await db.close()
+
+    passes = asyncio.run(go())
+    assert [[s.execution_id for s in p.stalls] for p in passes] == [[i] for i in ids] + [[]]
+    assert all(not s.healed and s.alert is not None for p in passes for s in p.stalls)
+    assert stalls(db_url) == {(wf.name, False): 3}

@@ -94,8 +94,13 @@ class Watchdog:
                                  grace_seconds=self.grace)
         head = rows[0]
         done.scanned = int(head["scanned"])
-        # A short window reached the newest running execution: start over next pass.
-        self.after = head["last_id"] if done.scanned >= self.window else None
+        found = [r["id"] for r in rows if r["id"] is not None]
+        if len(found) >= self.per_pass:
+            self.after = found[-1]  # more may stall in this window: go on after the last found
+        elif done.scanned >= self.window:
+            self.after = head["last_id"]
+        else:
+            self.after = None  # the window reached the newest running execution: start over
         for row in rows:
             if row["id"] is None or not self._known(row):
                 continue  # another deployment's workflow: its own workers judge it
