@@ -164,6 +164,8 @@ def test_a_stall_the_data_cannot_decide_stays_an_open_alert_everywhere(
         with serving(site) as base, httpx.Client(base_url=base) as client:
             listed = client.get("/api/v1/alerts", params={"kind": "execution_stalled"}).json()
             assert [a["subject"] for a in listed] == [str(handle.id)]
+            detail = client.get(f"/api/v1/executions/{handle.id}").json()
+            assert detail["stalled"]["id"] == alert.id and detail["stalled"]["open"]
             page = client.get(f"/executions/{handle.id}")
             assert page.status_code == 200
             assert 'id="stalled"' in page.text
