@@ -295,10 +295,15 @@ class App:
 
     def alerts(self, *, include_resolved: bool = False, kind: str | None = None,
                workflow: str | None = None, limit: int = 100) -> builtins.list[AlertRecord]:
-        """Stored alerts (window at risk, fan-in wait, no recent success), newest first: the
-        open ones, or resolved ones too; see docs/alerts.md."""
+        """Stored alerts (window at risk, fan-in wait, no recent success, execution stalled),
+        newest first: the open ones, or resolved ones too; see docs/alerts.md."""
         return self._call(self._c().alerts(include_resolved=include_resolved, kind=kind,
                                            workflow=workflow, limit=limit))
+
+    def stall(self, execution_id: UUID | str) -> AlertRecord | None:
+        """The open ``execution_stalled`` alert of an execution (nothing of it can run and the
+        stall watchdog could not move it), or None; see docs/alerts.md."""
+        return self._call(self._c().stall(execution_id))
 
     def webhook_deliveries(self, *, status: str | None = None,
                            execution_id: UUID | str | None = None,

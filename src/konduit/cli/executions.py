@@ -139,6 +139,7 @@ def status(
         versions = app.outputs(result.id)
         late = [p for p in app.payloads(result.id) if p["source"] == "late"]
         auto_repair = app.auto_repair_status(result.id)
+        stall = None if result.finished else app.stall(result.id)
         # A running execution nobody serves waits forever without a word: say so.
         served = None if result.finished else app.workflow_served(result.workflow, result.version)
     hint = None if served is not False else (
@@ -152,6 +153,7 @@ def status(
             "finished_at": result.finished_at, "output_versions": versions,
             "late_results": late, "served_by_live_worker": served, "hint": hint,
             "auto_repair": auto_repair, "waiting": waiting_json(tasks),
+            "stalled": None if stall is None else stall.to_json(),
         }))
         return
     took = between(result.created_at, result.finished_at)
@@ -163,6 +165,11 @@ def status(
         console.print(f"[red]error:[/red] {escape(result.error)}")
     if auto_repair:
         console.print(f"[yellow]{escape(auto_repair)}[/yellow]", soft_wrap=True)
+    if stall is not None:
+        console.print(f"[red]stalled[/red] since {stamp(stall.raised_at)}: nothing of it can run "
+                      f"and the watchdog's fan-in decision could not move it:", soft_wrap=True)
+        for why in stall.details.get("reasons", []):
+            console.print(f"  {escape(str(why))}", soft_wrap=True)
     if result.output is not None:
         console.print("output:")
         console.print(dump_json(result.output), markup=False)

@@ -61,6 +61,10 @@ def worker(
         min=0.05, help="Seconds between maintenance sweeps: expired leases, deadlines, due "
         "timers and waits (default: $KONDUIT_MAINTENANCE_INTERVAL or 2).",
         show_default=False)] = None,
+    stall_grace: Annotated[float | None, typer.Option(
+        min=0.05, help="Seconds a running execution in which nothing can run is left before the "
+        "maintenance pass re-runs its fan-in decision and raises execution_stalled "
+        "(default: $KONDUIT_STALL_GRACE or 60).", show_default=False)] = None,
     shutdown_grace: Annotated[float | None, typer.Option(
         help="Seconds running tasks get to finish on SIGINT/SIGTERM (default: 10).",
         show_default=False)] = None,
@@ -116,6 +120,7 @@ def worker(
             "lease_seconds": lease_seconds,
             "heartbeat_interval": heartbeat_interval,
             "maintenance_interval": maintenance_interval,
+            "stall_grace": stall_grace,
             "shutdown_grace": shutdown_grace,
             "isolation": isolation,
             "max_abandoned": max_abandoned,

@@ -3,14 +3,46 @@
 A step may declare ``output=`` a Pydantic model (or any type Pydantic's ``TypeAdapter`` takes:
 dataclasses, TypedDicts, ``list[int]``...) or a JSON Schema as a dict. A payload that does not
 validate fails its attempt at once with the validation message: never a silent wait.
+
+The message is one line holding every error (up to :data:`MAX_ERRORS`): pages, logs and the
+execution's error keep the last line of an error, and pydantic's own text ends with a "For
+further information visit <url>" line that says nothing about the payload.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from konduit.errors import OutputInvalid as OutputInvalid
 from konduit.errors import WorkflowDefinitionError
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+MAX_ERRORS = 10
+"""Validation errors one message lists; it counts the rest."""
+URL_LINE = "For further information visit"
+
+
+def pydantic_message(exc: ValidationError) -> str:
+    """Pydantic's message on one line, without its documentation links: ``2 validation errors
+    for Out: count: Input should be a valid integer, ... [type=int_parsing, input_value='x',
+    input_type=str]; name: Field required [...]``."""
+    lines = [line for line in str(exc).splitlines()
+             if line.strip() and not line.strip().startswith(URL_LINE)]
+    if not lines:
+        return type(exc).__name__
+    title, errors, where = lines[0].strip(), [], None
+    for line in lines[1:]:
+        if line.startswith(" "):  # an error's text, under the location it is about
+            errors.append(line.strip() if where is None else f"{where}: {line.strip()}")
+            where = None
+        else:
+            where = line.strip()
+    shown = "; ".join(errors[:MAX_ERRORS])
+    if len(errors) > MAX_ERRORS:
+        shown += f"; and {len(errors) - MAX_ERRORS} more"
+    return f"{title}: {shown}" if shown else title
 
 
 class OutputValidator:
@@ -51,7 +83,8 @@ class OutputValidator:
                 value = self._adapter.validate_python(payload)
             except ValidationError as exc:
                 raise OutputInvalid(
-                    f"output of step {self.step!r} does not match its declared type: {exc}"
+                    f"output of step {self.step!r} does not match its declared type: "
+                    f"{pydantic_message(exc)}"
                 ) from exc
             return self._adapter.dump_python(value, mode="json")
         assert self._schema is not None

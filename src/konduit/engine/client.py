@@ -23,6 +23,7 @@ from konduit.engine.advancer import Advancer, finish_execution
 from konduit.engine.alerting import list_alerts
 from konduit.engine.flow import register_flow_limits
 from konduit.engine.registry import Registry, workflow_key
+from konduit.engine.stalls import open_stall
 from konduit.engine.starts import (
     Prepared,
     StartRequest,
@@ -288,6 +289,11 @@ class Client:
         """Stored alerts, newest first: open ones, or resolved ones too (docs/alerts.md)."""
         return await list_alerts(self.db, include_resolved=include_resolved, kind=kind,
                                  workflow=workflow, limit=limit)
+
+    async def stall(self, execution_id: UUID | str) -> AlertRecord | None:
+        """The open ``execution_stalled`` alert of an execution (nothing of it can run, and the
+        watchdog's fan-in decision could not move it), or None."""
+        return await open_stall(self.db, coerce_execution_id(execution_id))
 
     async def webhook_deliveries(self, *, status: str | None = None,
                                  execution_id: UUID | str | None = None,

@@ -9,6 +9,9 @@ Three rules, each turning facts into :class:`Finding`\\ s (an alert that should 
   each of its last N executions (the rule of ``konduit stats``, :func:`konduit.observe.stats.fan_in_alert`).
 - :func:`no_success` — a workflow without a successful execution for longer than its
   ``Workflow(..., alert_after_no_success=...)``.
+- :func:`execution_stalled` — a running execution in which nothing can run (the stall
+  watchdog of the maintenance pass, :mod:`konduit.engine.stalls`, raises it; resolved at once
+  when the fan-in decision it re-ran healed the execution).
 
 A finding that is no longer found resolves its alert. The service that stores them is
 :mod:`konduit.engine.alerting`; :class:`AlertRecord` is a stored alert as the API returns it.
@@ -26,8 +29,8 @@ from konduit.observe.plan import Quantile, human_seconds
 from konduit.observe.stats import Alert as FanInAlert
 from konduit.observe.stats import span
 
-Kind = Literal["window_at_risk", "fan_in_wait", "no_success"]
-KINDS: tuple[Kind, ...] = ("window_at_risk", "fan_in_wait", "no_success")
+Kind = Literal["window_at_risk", "fan_in_wait", "no_success", "execution_stalled"]
+KINDS: tuple[Kind, ...] = ("window_at_risk", "fan_in_wait", "no_success", "execution_stalled")
 Severity = Literal["warning", "critical"]
 
 WINDOW_QUANTILE: Quantile = "p95"
@@ -183,3 +186,30 @@ def no_success(
                "last_success_at": None if last_success_at is None else last_success_at.isoformat(),
                "registered_at": None if registered_at is None else registered_at.isoformat()}
     return Finding("no_success", workflow, workflow, "warning", message, details)
+
+
+# -- execution stalled ---------------------------------------------------------------------------
+
+
+def execution_stalled(execution_id: str, workflow: str, *, quiet_seconds: float,
+                      replayed: Sequence[str], reasons: Sequence[str], healed: bool,
+                      fired: Sequence[str] = ()) -> Finding:
+    """The stall the watchdog found in a running execution, quiet for ``quiet_seconds``: the
+    uncounted task ends it replayed (``replayed``), what the data cannot decide (``reasons``)
+    and whether the re-run fan-in decision ``healed`` it (the alert is then resolved at once).
+    Critical while open: nothing of the execution will ever run by itself."""
+    quiet = human_seconds(quiet_seconds)
+    if healed:
+        message = (f"{workflow} execution {execution_id} was stalled for {quiet}: "
+                   f"{'; '.join(replayed)}; the re-run fan-in decision healed it")
+        if fired:
+            message += f" (fired {', '.join(fired)})"
+    else:
+        why = "; ".join(reasons) or "the fan-in decision changes nothing that can run"
+        message = (f"{workflow} execution {execution_id} is stalled: nothing of it can run "
+                   f"for {quiet}: {why}")
+    details = {"execution_id": execution_id, "quiet_seconds": quiet_seconds, "healed": healed,
+               "replayed": list(replayed), "reasons": list(reasons), "fired": list(fired)}
+    return Finding("execution_stalled", execution_id, workflow,
+                   "warning" if healed else "critical", message, details,
+                   execution_id=execution_id)

@@ -5,7 +5,8 @@ rule, same ``--history`` window) plus one count of executions by status and the 
 (``konduit_alerts_open`` per kind, one ``konduit_alert_open_since_seconds`` per open alert; see
 docs/alerts.md) and the steps with flow limits (``konduit_step_throttled_seconds_total`` and the
 like, since the limit was first registered: they never go down; see docs/flow-control.md), the
-webhook deliveries by status (``konduit_webhook_deliveries``; see docs/webhooks.md), on
+webhook deliveries by status (``konduit_webhook_deliveries``; see docs/webhooks.md), the stalls
+the watchdog found (``konduit_stalls_total``, a counter kept in the database), on
 one connection pool kept for the process. A scrape never hangs and never
 fails: it is bounded by ``timeout``, and when the database cannot be read it answers with
 ``konduit_scrape_error 1`` (and no stale data).
@@ -163,6 +164,18 @@ def webhook_family(counts: Sequence[Row]) -> Metric:
                   (((s,), found.get(s, 0)) for s in DELIVERY_STATUSES))
 
 
+def stall_family(rows: Sequence[Row]) -> Metric:
+    """``konduit_stalls_total`` per workflow and ``healed`` (``true`` when the watchdog's re-run
+    fan-in decision moved the execution, ``false`` when it left an open ``execution_stalled``
+    alert), from the rows of ``execution_stall_count_by_workflow``. It only ever grows: a real
+    counter, kept in the database however many workers found the stalls."""
+    return _gauge("konduit_stalls_total", "Stalled executions the watchdog found (running, "
+                  "nothing can run), by workflow and whether its fan-in decision healed them.",
+                  ("workflow", "healed"),
+                  (((r["workflow"], "true" if r["healed"] else "false"), float(r["stalls"]))
+                   for r in rows))
+
+
 WAIT_KINDS = ("event", "timer", "child")
 
 
@@ -214,6 +227,7 @@ class KonduitCollector(Collector):
         self._lock = asyncio.Lock()
         self._failing: str | None = ""  # the last error logged; "" before the first scrape
         self._waiting: list[Row] = []  # waiting tasks by kind, read with the stats
+        self._stalls: list[Row] = []  # stalls found per workflow, read with the stats
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="konduit-metrics", daemon=True).start()
 
@@ -236,6 +250,7 @@ class KonduitCollector(Collector):
                 counts = await self._db.all("alert_count_open_by_kind")
                 deliveries = await self._db.all("webhook_delivery_count_by_status")
                 self._waiting = await self._db.all("task_count_waiting")
+                self._stalls = await self._db.all("execution_stall_count_by_workflow")
                 return stats, rows, workers, (alerts, counts), deliveries
             except BaseException:  # a fresh pool next time: no waiting out a broken one's retries
                 db, self._db = self._db, None
@@ -267,7 +282,8 @@ class KonduitCollector(Collector):
                 log.warning("reading the stats again")
             self._failing, families = None, [
                 *metric_families(stats, rows, workers, alerts, counts),
-                webhook_family(deliveries), waiting_family(self._waiting)]
+                webhook_family(deliveries), waiting_family(self._waiting),
+                stall_family(self._stalls)]
         yield from families
         yield GaugeMetricFamily("konduit_scrape_error", "1 when this scrape could not read the "
                                 "database, else 0.", value=float(self._failing is not None))

@@ -130,6 +130,9 @@ class ExecutionDetail(BaseModel):
     steps: list[StepState]
     attempts: list[Attempt]
     output_versions: list[OutputVersion]
+    stalled: AlertOut | None = Field(
+        None, description="The open execution_stalled alert of a running execution in which "
+        "nothing can run (details.reasons says why), else null")
 
 
 class EventBody(BaseModel):

@@ -212,7 +212,9 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             output_version=row["output_version"],
             steps=[m.StepState.model_validate(s) for s in steps],
             attempts=[m.Attempt.model_validate(a) for a in attempts],
-            output_versions=[m.OutputVersion.model_validate(v) for v in await client.outputs(result.id)])
+            output_versions=[m.OutputVersion.model_validate(v) for v in await client.outputs(result.id)],
+            stalled=None if result.finished or (stall := await client.stall(result.id)) is None
+            else m.AlertOut.model_validate(stall.to_json()))
 
     @router.post("/executions/{execution_id}/cancel", response_model=m.Cancelled,
                  tags=["executions"], responses=problem_responses(404))

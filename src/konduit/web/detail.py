@@ -14,6 +14,8 @@ from typing import Any
 from konduit.db.database import Row
 from konduit.engine.auto_repair import auto_repair_status
 from konduit.engine.client import Client, ExecutionResult
+from konduit.engine.stalls import open_stall
+from konduit.observe.alerts import AlertRecord
 from konduit.web.summaries import MapSummary, map_summaries
 
 FAILURES_PER_STEP = 20  # tracebacks shown per step on the page; the items page has the rest
@@ -35,6 +37,7 @@ class Detail:
     failures: list[Row] = field(default_factory=list)  # attempts that ended with an error
     parent: Row | None = None  # the execution whose child-workflow step started this one
     children: list[Row] = field(default_factory=list)  # executions its child steps started
+    stall: AlertRecord | None = None  # the open execution_stalled alert: why nothing can run
 
 
 async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool = False) -> Detail:
@@ -64,4 +67,5 @@ async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool 
                   await client.outputs(result.id), [p for p in payloads if p["source"] == "late"],
                   await auto_repair_status(client.db, result.id), maps, failures,
                   await client.db.one("execution_parent_of", execution_id=result.id),
-                  await client.db.all("execution_children_list", execution_id=result.id))
+                  await client.db.all("execution_children_list", execution_id=result.id),
+                  None if result.finished else await open_stall(client.db, result.id))

@@ -31,6 +31,10 @@ class WorkerConfig:
     )
     """Seconds between maintenance sweeps: expired leases, deadlines, due timers and waits,
     timed-out executions (every worker runs one; they are idempotent)."""
+    stall_grace: float = field(default_factory=lambda: _env_float("KONDUIT_STALL_GRACE", 60.0))
+    """Seconds a running execution in which nothing can run (no ready, running or waiting task)
+    is left before the maintenance pass re-runs its fan-in decision and raises
+    ``execution_stalled`` (docs/alerts.md)."""
     deadline_grace: float = 1.0
     """Seconds past a task's deadline before the sweep ends it for a worker that did not."""
     shutdown_grace: float = 10.0
@@ -72,6 +76,8 @@ class WorkerConfig:
             raise ValueError(f"fallback_timeout must be > 0, got {self.fallback_timeout}")
         if self.maintenance_interval <= 0:
             raise ValueError(f"maintenance_interval must be > 0, got {self.maintenance_interval}")
+        if self.stall_grace <= 0:
+            raise ValueError(f"stall_grace must be > 0, got {self.stall_grace}")
         if self.retention_interval <= 0 or self.auto_repair_interval <= 0:
             raise ValueError("retention_interval and auto_repair_interval must be > 0")
         if self.alert_interval < 0 or self.alert_fan_in_wait <= 0 or self.alert_fan_in_consecutive < 1:

@@ -1,7 +1,8 @@
 """Maintenance: rescue tasks whose worker is gone, end tasks past their deadline, wake waiting
 tasks that are due (timers, accepted events, ended child workflows), end executions past their
-timeout. It also wakes a child workflow's parent step at once when a transaction of this worker
-ended the child (:meth:`Maintenance.wake_parent`); its pass is then the backstop.
+timeout, and look for stalled executions (:mod:`konduit.engine.stalls`). It also wakes a child
+workflow's parent step at once when a transaction of this worker ended the child
+(:meth:`Maintenance.wake_parent`); its pass is then the backstop.
 
 Every worker runs it; concurrent runs are safe because each write goes through a transition whose
 statement re-checks its own guard (:mod:`konduit.engine.transitions`), so only one of them changes
@@ -25,7 +26,8 @@ from konduit.engine import transitions, waits
 from konduit.engine.advancer import Advanced, ChildEnded, Finished, finish_execution
 from konduit.engine.completer import Completion, Recorded, record
 from konduit.engine.registry import Registry
-from konduit.errors import KonduitError
+from konduit.engine.stalls import DEFAULT_GRACE, Watchdog
+from konduit.errors import DatabaseError, KonduitError
 from konduit.logs import attempt_scope, log_recorded
 from konduit.worker.executor import Claimed, Executor
 
@@ -43,12 +45,15 @@ class Maintenance:
         *,
         lease_seconds: float,
         deadline_grace: float,
+        stall_grace: float = DEFAULT_GRACE,
     ):
         self.db = db
         self.registry = registry
         self.executor = executor
         self.lease_seconds = lease_seconds
         self.deadline_grace = deadline_grace
+        self.watchdog = Watchdog(db, registry, grace=stall_grace,
+                                 max_payload_bytes=executor.max_payload_bytes)
         self.jobs: dict[int, asyncio.Task[None]] = {}
 
     def _spawn(self, task_id: int, make: Callable[[], Awaitable[None]]) -> bool:
@@ -214,6 +219,20 @@ class Maintenance:
         wake its parent's step (and so on up the tree, one job per level)."""
         if advanced is not None and advanced.child_ended is not None:
             self.wake_parent(advanced.child_ended)
+
+    async def watch_stalls(self) -> int:
+        """One pass of the stall watchdog; returns how many stalls it decided. A decision that
+        ended a child workflow wakes its parent's step at once."""
+        try:
+            done = await self.watchdog.run()
+        except (DatabaseError, KonduitError):
+            raise
+        except Exception:  # a bug in the watchdog must not end the maintenance loop
+            log.exception("the stall watchdog failed")
+            return 0
+        for stall in done.stalls:
+            self.woke(stall.advanced)
+        return len(done.stalls)
 
     async def end_timed_out(self, *, limit: int = 100) -> int:
         """:func:`end_timed_out_executions`, waking at once the parents of the children among

@@ -90,7 +90,7 @@ class Worker:
         )
         self.maintenance = Maintenance(
             db, registry, self.executor, lease_seconds=self.config.lease_seconds,
-            deadline_grace=self.config.deadline_grace,
+            deadline_grace=self.config.deadline_grace, stall_grace=self.config.stall_grace,
         )
         # Housekeeping on the maintenance loop, each at its own (longer) interval.
         self.retention = None if retention is None else Retention(
@@ -519,6 +519,7 @@ class Worker:
                 await self.maintenance.sweep_deadlines(self.running)
                 await self.maintenance.wake_waits()
                 await self.maintenance.end_timed_out()
+                await self.maintenance.watch_stalls()
                 await self.auto_repairer.run_if_due()
                 if self.retention is not None:
                     await self.retention.run_if_due()

@@ -27,13 +27,18 @@ FROM konduit_executions
 WHERE id = ANY(%(ids)s::uuid[]);
 
 -- name: task_list_dead_older_than_cursor
--- A page of dead-lettered tasks, newest first, older than the cursor (finished_at, id) of the
--- previous page's last row, with their execution's status.
+-- A page of dead-lettered tasks no repair re-ran, newest first, older than the cursor
+-- (finished_at, id) of the previous page's last row, with their execution's status.
 SELECT t.id, t.execution_id, e.workflow_name, e.status AS execution_status, t.step, t.map_index,
        t.attempt, t.error, t.finished_at
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status = 'failed'
+  -- A repaired dead letter is no longer one: a newer generation of its step ran (the failed
+  -- task stays in the execution's history).
+  AND NOT EXISTS (SELECT 1 FROM konduit_tasks n
+                  WHERE n.execution_id = t.execution_id AND n.step = t.step
+                    AND n.generation > t.generation AND n.started_at IS NOT NULL)
   AND (%(before_at)s::timestamptz IS NULL
        OR (t.finished_at, t.id) < (%(before_at)s::timestamptz, %(before_id)s::bigint))
 ORDER BY t.finished_at DESC, t.id DESC

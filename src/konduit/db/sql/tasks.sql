@@ -256,12 +256,17 @@ WHERE execution_id = %(execution_id)s
 ORDER BY id;
 
 -- name: task_list_dead
--- Dead-lettered tasks (retries exhausted or non-retryable), newest first.
+-- Dead-lettered tasks (retries exhausted or non-retryable) that no repair re-ran, newest first.
 SELECT t.id, t.execution_id, e.workflow_name, t.step, t.map_index, t.attempt, t.error,
        t.finished_at
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status = 'failed'
+  -- A repaired dead letter is no longer one: a newer generation of its step ran (the failed
+  -- task stays in the execution's history).
+  AND NOT EXISTS (SELECT 1 FROM konduit_tasks n
+                  WHERE n.execution_id = t.execution_id AND n.step = t.step
+                    AND n.generation > t.generation AND n.started_at IS NOT NULL)
 ORDER BY t.finished_at DESC
 LIMIT %(limit)s;
 
