@@ -237,13 +237,13 @@ async def end_later(tx: Tx, completions: Sequence[Completion], hashes: Sequence[
             }
             if c.transition == "lose":
                 row = await tx.one("task_end_if_rescuable", lease_seconds=c.guard_seconds,
-                                   **params)
+                                   fallback_settle=c.fallback_settle, **params)
             elif c.transition == "wake":
                 row = await tx.one("task_wake_if_waiting", outcome=c.outcome, output_hash=h,
                                    error=c.error, id=c.task_id)
             elif c.transition == "expire":
                 row = await tx.one("task_expire_if_past_deadline", grace_seconds=c.guard_seconds,
-                                   **params)
+                                   fallback_settle=c.fallback_settle, **params)
             else:
                 raise ValueError(f"unknown transition {c.transition!r}")
             if row is not None:
