@@ -115,6 +115,14 @@ class Maintenance:
         still record what the fallback returned (the write re-checks: fallback_settle)."""
         return task.fallback_age is not None and task.fallback_age < self.executor.fallback_settle
 
+    @staticmethod
+    def _log_fallback_never_returned(task: Claimed, outcome: Recorded) -> None:
+        if task.fallback_tried and outcome is Recorded.ENDED:
+            with attempt_scope(task):
+                log.warning("task %s (%s): its fallback never returned (it killed or hung its "
+                            "worker); ended timed_out without calling it again", task.id,
+                            task.step)
+
     async def _rescue(self, row: Row) -> None:
         try:
             spec = self.registry.get(row["workflow_name"], row["workflow_version"])
@@ -136,6 +144,7 @@ class Maintenance:
         outcome, advanced = await record(self.db, self.registry, completion,
                                          max_payload_bytes=self.executor.max_payload_bytes)
         self.woke(advanced)
+        self._log_fallback_never_returned(lost, outcome)
         if outcome is not Recorded.LEASE_LOST:
             # One line per reclaim, by the worker whose statement took the task; a retry or a
             # degradation it led to is logged as such (as the task's own worker would).
@@ -171,6 +180,7 @@ class Maintenance:
         outcome, advanced = await record(self.db, self.registry, completion,
                                          max_payload_bytes=self.executor.max_payload_bytes)
         self.woke(advanced)
+        self._log_fallback_never_returned(task, outcome)
         if outcome is Recorded.ENDED:
             if completion.outcome == "degraded":
                 log_recorded(task, completion, outcome, by="deadline sweep")
