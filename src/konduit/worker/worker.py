@@ -363,10 +363,10 @@ class Worker:
 
     async def _finish(self, spec: WorkflowSpec, task: Claimed, completion: Completion) -> None:
         if completion.outcome == YIELDED:
-            # Another worker called the task's fallback first (a sweep that found it late):
-            # that one ends the task; this attempt has nothing to record.
-            log.info("task %s (%s): another worker runs its fallback and ends it", task.id,
-                     task.step)
+            # Another worker called the task's fallback first (a sweep that found it late), or
+            # the task changed hands: that one ends the task; this attempt records nothing.
+            log.info("task %s (%s): its fallback is another worker's to call; this attempt "
+                     "records nothing", task.id, task.step)
             return
         full = self._slots_taken() >= self.config.concurrency
         self._recording.add(task.key)
