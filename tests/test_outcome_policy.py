@@ -87,3 +87,23 @@ def test_non_retryable_and_invalid_output_fail_at_once():
     for ending in (Ending.NON_RETRYABLE, Ending.INVALID_OUTPUT):
         verdict = decide(policy, ending, attempt=1, max_attempts=9, remaining=None, error="bad")
         assert verdict == Final("failed", None, False, "bad")
+
+
+@settings(max_examples=300, deadline=None)
+@given(policies, endings, st.integers(1, 8), remainings)
+def test_a_task_whose_fallback_was_tried_ends_timed_out_without_calling_it_again(
+    policy, ending, attempt, remaining
+):
+    """Its fallback was started and never returned (it killed or hung its worker): whatever
+    ended the attempt, the task ends now, timed_out, and the fallback is not called again —
+    only a handler's own result still counts."""
+    attempt = min(attempt, policy.retry.max_attempts)
+    verdict = decide(policy, ending, attempt=attempt, max_attempts=policy.retry.max_attempts,
+                     remaining=remaining, error="boom", fallback_tried=True)
+    if ending is Ending.RETURNED:
+        assert verdict == Final("succeeded", None, False, None)
+        return
+    assert isinstance(verdict, Final)
+    assert (verdict.outcome, verdict.use_fallback) == ("timed_out", False)
+    assert verdict.attempt_outcome == ("lost" if ending is Ending.LEASE_LOST else None)
+    assert verdict.reason is not None and "never returned" in verdict.reason

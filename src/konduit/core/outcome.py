@@ -75,14 +75,26 @@ def decide(
     remaining: float | None,
     error: str | None = None,
     rng: random.Random | None = None,
+    fallback_tried: bool = False,
 ) -> Verdict:
     """What happens to a task after its attempt number ``attempt`` ended as ``ending``.
 
     ``remaining`` is what is left of the task's deadline at this moment (None: no deadline).
+    ``fallback_tried``: the task's fallback was started before and its caller never recorded
+    what it returned (it killed or hung its worker). The task was being ended: it ends
+    ``timed_out`` now, and the fallback is never called a second time.
     """
     lost = ending is Ending.LEASE_LOST
     if ending is Ending.RETURNED:
         return Final("succeeded", None, False, None)
+    if fallback_tried:
+        return Final(
+            "timed_out",
+            "lost" if lost else None,
+            False,
+            f"the fallback started after attempt {attempt} never returned (it killed or hung "
+            f"its worker); it is not called again",
+        )
     if ending is Ending.DEADLINE_PASSED or (remaining is not None and remaining <= 0):
         return Final(
             "timed_out",

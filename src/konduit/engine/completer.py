@@ -59,10 +59,17 @@ class Completion:
     transition: str = "complete"  # complete (a live worker), lose (reclaim), expire (sweep),
     # wake (a waiting task's event, timer or child; no lease)
     guard_seconds: float = 0.0  # lose: the lease the server must have been up for; expire: grace
+    # lose and expire: set when this completion did not run the task's fallback; then it ends
+    # no task whose fallback another worker started less than this many seconds ago.
+    fallback_settle: float | None = None
 
 
 MOVES = ("retry", "released")
 """Outcomes that return the task to ready instead of ending it: they decide nothing about the DAG."""
+
+YIELDED = "yielded"
+"""Not an outcome: another worker called the task's fallback first and ends the task; recording
+it changes nothing (:attr:`Recorded.LEASE_LOST`)."""
 
 
 async def record(db: Database, registry: Registry, c: Completion, *,
@@ -149,7 +156,7 @@ async def record_many(
     first: dict[int, Completion] = {}
     for c in batch:
         first.setdefault(c.task_id, c)
-    unique = [c for c in first.values() if c.outcome not in MOVES]
+    unique = [c for c in first.values() if c.outcome not in (*MOVES, YIELDED)]
     moving = sorted((c for c in first.values() if c.outcome in MOVES), key=lambda c: c.task_id)
     # Hashed once, outside the transaction: a conflict reruns only database work.
     hashes = {

@@ -33,6 +33,12 @@ Hedged attempts (docs/hedging.md) add a second lease to a running task; they cha
 | unhedge    | the hedge's worker is gone: hedge dropped   | task_drop_hedge_if_rescuable       |
 | promote    | the primary's worker is gone: hedge takes it| task_promote_hedge_if_rescuable    |
 
+A step's fallback is called only after ``task_start_fallback_if_unstarted`` (no status change)
+committed its start, at most once per task: a sweep or a rescue that finds it set ends the task
+``timed_out`` without calling it again, and only once the fallback's time limit is over (the
+``fallback_settle`` guard of ``task_expire_if_past_deadline`` and ``task_end_if_rescuable``); a
+reclaim never retries such a task.
+
 Terminal transitions run inside the fan-in transaction (:mod:`konduit.engine.completer`), after
 the execution row is locked; the others decide nothing about the DAG and take no execution lock.
 """
@@ -237,13 +243,13 @@ async def end_later(tx: Tx, completions: Sequence[Completion], hashes: Sequence[
             }
             if c.transition == "lose":
                 row = await tx.one("task_end_if_rescuable", lease_seconds=c.guard_seconds,
-                                   **params)
+                                   fallback_settle=c.fallback_settle, **params)
             elif c.transition == "wake":
                 row = await tx.one("task_wake_if_waiting", outcome=c.outcome, output_hash=h,
                                    error=c.error, id=c.task_id)
             elif c.transition == "expire":
                 row = await tx.one("task_expire_if_past_deadline", grace_seconds=c.guard_seconds,
-                                   **params)
+                                   fallback_settle=c.fallback_settle, **params)
             else:
                 raise ValueError(f"unknown transition {c.transition!r}")
             if row is not None:

@@ -200,14 +200,17 @@ async def wake_task(db: Database, registry: Registry, task_id: int, execution_id
 
 async def wake_child_step(db: Database, registry: Registry, row: Row, *,
                           fallback: ChildFallback | None = None,
-                          max_payload_bytes: int = DEFAULT_MAX_BYTES) -> Advanced | None:
+                          max_payload_bytes: int = DEFAULT_MAX_BYTES,
+                          fallback_settle: float = 0.0) -> Advanced | None:
     """End a waiting child-workflow step whose child ended (``row`` in the shape of
     ``task_list_waits_due``, of a workflow ``registry`` knows): a succeeded child completes it
     with its output; a failed, timed-out or cancelled one fails it, or degrades it to its
     fallback with ``fallback_on_failure=True`` (no retry: it would start no second child). A
     fallback is user code, run by ``fallback`` (a worker's executor); without one (a client
-    process) such a step is left to the workers' maintenance. Returns how the DAG advanced,
-    None when nothing changed here (woken by someone else, past its deadline, left)."""
+    process) such a step is left to the workers' maintenance. A step whose fallback was started
+    before (``fallback_age``) ends timed_out without it, but only once ``fallback_settle``
+    seconds passed: until then its caller may still record what it returned. Returns how the DAG
+    advanced, None when nothing changed here (woken by someone else, past its deadline, left)."""
     spec = registry.get(row["workflow_name"], row["workflow_version"])
     step = row["step"]
     if row["child_status"] == "succeeded":
@@ -224,8 +227,12 @@ async def wake_child_step(db: Database, registry: Registry, row: Row, *,
                                max_payload_bytes=max_payload_bytes)
     error = (f"child execution {row['wait_child']} ended {row['child_status']}"
              + (f": {row['child_error']}" if row["child_error"] else ""))
+    fallback_age = row.get("fallback_age")
+    if fallback_age is not None and (fallback is None or fallback_age < fallback_settle):
+        return None  # its fallback's caller may still end it; else the next pass does
     verdict = decide(policy_of(spec[step]), Ending.NON_RETRYABLE, attempt=row["attempt"],
-                     max_attempts=row["max_attempts"], remaining=None, error=error)
+                     max_attempts=row["max_attempts"], remaining=None, error=error,
+                     fallback_tried=fallback_age is not None)
     assert isinstance(verdict, Final)  # not retryable: a retry would start no second child
     if not verdict.use_fallback:
         log.warning("task %s (%s) of execution %s failed: %s", row["id"], step,
@@ -243,7 +250,8 @@ async def wake_child_step(db: Database, registry: Registry, row: Row, *,
 
 async def wake_parent(db: Database, registry: Registry, ended: ChildEnded, *,
                       fallback: ChildFallback | None = None,
-                      max_payload_bytes: int = DEFAULT_MAX_BYTES) -> Advanced | None:
+                      max_payload_bytes: int = DEFAULT_MAX_BYTES,
+                      fallback_settle: float = 0.0) -> Advanced | None:
     """The prompt wake: right after the transaction that ended a child execution committed,
     end its parent's waiting step (:func:`wake_child_step`), if it still waits for that child
     and its workflow is this registry's. Exactly once whoever else tries (the workers'
@@ -258,7 +266,8 @@ async def wake_parent(db: Database, registry: Registry, ended: ChildEnded, *,
     except KonduitError:
         return None  # not this App's workflow: its own workers' maintenance wakes it
     return await wake_child_step(db, registry, row, fallback=fallback,
-                                 max_payload_bytes=max_payload_bytes)
+                                 max_payload_bytes=max_payload_bytes,
+                                 fallback_settle=fallback_settle)
 
 
 async def wake_parents(db: Database, registry: Registry, ended: ChildEnded | None, *,

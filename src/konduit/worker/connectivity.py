@@ -1,9 +1,14 @@
 """Whether a worker has its database, and how its calls get through an outage.
 
-A worker rescues other workers' tasks only after a full lease of being connected
-(:attr:`Connectivity.may_rescue`): by then every live worker's heartbeat has landed since the
-outage, so the leases still expired belong to dead workers, and an outage is never charged to
-live ones. :func:`retrying` runs a database call until the server answers."""
+A worker that lost the database rescues other workers' tasks again only after a full lease of
+being connected (:attr:`Connectivity.may_rescue`): by then every live worker's heartbeat has
+landed since the outage, so the leases still expired belong to dead workers, and an outage is
+never charged to live ones. A worker that never lost it saw no outage: it rescues once connected
+for a heartbeat interval (a live worker's heartbeat due after an outage that ended just before
+this worker came up lands by then), without having lived a lease: when every worker keeps dying
+young, their tasks are still rescued. Either way the rescue statement itself judges the holder
+gone by the server's clock (its heartbeat older than its lease, or it stopped).
+:func:`retrying` runs a database call until the server answers."""
 
 from __future__ import annotations
 
@@ -22,9 +27,11 @@ T = TypeVar("T")
 class Connectivity:
     """When this worker last (re)gained the database, as its calls see it."""
 
-    def __init__(self, lease_seconds: float):
+    def __init__(self, lease_seconds: float, settle_seconds: float | None = None):
         self.lease_seconds = lease_seconds
+        self.settle_seconds = lease_seconds if settle_seconds is None else settle_seconds
         self._since: float | None = None
+        self._lost = False  # the database failed this worker since it started
 
     def connected(self) -> None:
         if self._since is None:
@@ -32,13 +39,16 @@ class Connectivity:
 
     def disconnected(self) -> None:
         self._since = None
+        self._lost = True
 
     @property
     def may_rescue(self) -> bool:
-        """Connected for at least a lease: long enough for every live worker's heartbeat to have
-        landed since the outage, so the leases still expired belong to dead workers."""
+        """Connected for a lease since the database was last lost (long enough for every live
+        worker's heartbeat to have landed since the outage, so the leases still expired belong
+        to dead workers), or, never having lost it, for ``settle_seconds``."""
         since = self._since
-        return since is not None and time.monotonic() - since >= self.lease_seconds
+        wait = self.lease_seconds if self._lost else self.settle_seconds
+        return since is not None and time.monotonic() - since >= wait
 
 
 async def retrying(make: Callable[[], Awaitable[T]], connectivity: Connectivity) -> T:

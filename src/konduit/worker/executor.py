@@ -31,13 +31,17 @@ from konduit.core.waits import Armed
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine.advancer import Upstream, load_upstream
-from konduit.engine.completer import Completion, record_late_result
-from konduit.errors import NonRetryableError, PayloadError
+from konduit.engine.completer import YIELDED, Completion, record_late_result
+from konduit.errors import DatabaseError, NonRetryableError, PayloadError
 from konduit.logs import attempt_scope
 from konduit.tracing import AttemptTracer
 from konduit.worker.threads import HandlerThreads
 
 log = logging.getLogger("konduit.executor")
+
+FALLBACK_SETTLE_GRACE = 1.0
+"""Seconds past a fallback's time limit before a worker that did not call it may end its task
+(its caller, alive, records the outcome within its limit; one that died never will)."""
 
 
 @dataclass
@@ -60,6 +64,14 @@ class Claimed:
     generation: int = 1
     scheduled_at: datetime | None = None  # the execution's schedule tick, if a schedule started it
     hedged: bool = False  # a hedge: the second attempt of a straggling task (its own lease)
+    # Seconds since the task's fallback was started (None: never). Read by the sweeps: a task
+    # whose fallback was started is ended without calling it again (core.outcome.decide).
+    fallback_age: float | None = None
+
+    @property
+    def fallback_tried(self) -> bool:
+        """Whether the task's fallback was started already (by whichever worker)."""
+        return self.fallback_age is not None
 
     @property
     def key(self) -> int:
@@ -99,6 +111,7 @@ class Claimed:
             generation=row.get("generation", 1),
             scheduled_at=row.get("scheduled_at"),
             hedged=bool(row.get("hedged", False)),
+            fallback_age=row.get("fallback_age"),
         )
 
 
@@ -157,6 +170,11 @@ class Executor:
         self._upstreams: OrderedDict[tuple[UUID, str, int], Upstream] = OrderedDict()
         # Set by the App when tracing is on (konduit.tracing); None costs nothing.
         self.tracer: AttemptTracer | None = None
+
+    @property
+    def fallback_settle(self) -> float:
+        """How long after a fallback started other workers leave its task to its caller."""
+        return self.fallback_timeout + FALLBACK_SETTLE_GRACE
 
     @property
     def abandoned(self) -> int:
@@ -359,7 +377,7 @@ class Executor:
         remaining = None if budget is None else budget - (ended - began)
         verdict = decide(
             policy_of(step), ending, attempt=task.attempt, max_attempts=task.max_attempts,
-            remaining=remaining, error=error,
+            remaining=remaining, error=error, fallback_tried=task.fallback_tried,
         )
         completion = await self.conclude(spec, task, ctx, verdict, error=error)
         return dataclasses.replace(completion, age_seconds=time.monotonic() - ended)
@@ -411,7 +429,12 @@ class Executor:
     ) -> Completion:
         """Turn the outcome policy's verdict into a completion, running the fallback (with its
         own time limit) when the verdict asks for one (``ctx`` is read then when not given).
-        ``fields`` go to the completion (the transition and its guard, for reclaims and sweeps)."""
+        ``fields`` go to the completion (the transition and its guard, for reclaims and sweeps).
+
+        A fallback is called only after its start is recorded (at most once per task); when
+        another worker recorded it first, the completion is :data:`YIELDED`: nothing to record,
+        that worker ends the task. A final outcome without the fallback is written only if no
+        other worker's fallback of the task is under way (``fallback_settle``)."""
         if isinstance(verdict, RetryAt):
             return task.completion(
                 "retry", error=error, retry_delay=verdict.delay,
@@ -428,15 +451,34 @@ class Executor:
         if verdict.use_fallback:
             return await self._fallback(spec, task, ctx, verdict, reason, **fields)
         return task.completion(
-            verdict.outcome, error=reason, attempt_outcome=verdict.attempt_outcome, **fields
+            verdict.outcome, error=reason, attempt_outcome=verdict.attempt_outcome,
+            fallback_settle=self.fallback_settle, **fields
         )
 
     async def deadline_passed(self, spec: WorkflowSpec, task: Claimed, ctx: Context | None,
                               **fields: Any) -> Completion:
         """The task ran out of budget: degraded with the fallback's payload, else timed_out."""
         verdict = decide(policy_of(spec[task.step]), Ending.DEADLINE_PASSED, attempt=task.attempt,
-                         max_attempts=task.max_attempts, remaining=0.0)
+                         max_attempts=task.max_attempts, remaining=0.0,
+                         fallback_tried=task.fallback_tried)
         return await self.conclude(spec, task, ctx, verdict, **fields)
+
+    async def _start_fallback(self, task: Claimed) -> bool:
+        """Record, committed, that this task's fallback is called now: False when it was called
+        before (by another worker, or one that died in it) or the task is no longer what was
+        read. A fallback whose start cannot be recorded is not called: the sweeps call it."""
+        try:
+            row = await self.db.one("task_start_fallback_if_unstarted", id=task.id,
+                                    lease_token=task.lease_token,
+                                    settle_seconds=self.fallback_settle)
+        except DatabaseError as exc:
+            log.warning("task %s (%s): could not record that its fallback starts (%s); left to "
+                        "the deadline sweep or a rescue", task.id, task.step, exc)
+            return False
+        if row is None:
+            log.info("task %s (%s): its fallback was started already or the task changed "
+                     "hands; not calling it here", task.id, task.step)
+        return row is not None
 
     async def _fallback(
         self, spec: WorkflowSpec, task: Claimed, ctx: Context | None, verdict: Final,
@@ -444,6 +486,8 @@ class Executor:
     ) -> Completion:
         step = spec[task.step]
         assert step.fallback is not None
+        if not await self._start_fallback(task):
+            return task.completion(YIELDED, error=reason, **fields)
         try:
             if ctx is None:
                 ctx = await self.context_for(spec, task)

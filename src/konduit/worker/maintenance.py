@@ -9,7 +9,9 @@ statement re-checks its own guard (:mod:`konduit.engine.transitions`), so only o
 a task. Rescue and the deadline sweep ask the same outcome policy as the executor, so a reclaimed
 task gets the backoff and fallback it would have had failing in place. Fallbacks run in jobs of
 their own, each with a time limit, never on the maintenance loop: a hanging fallback stalls
-nothing but its own task.
+nothing but its own task. A fallback runs at most once per task: a task whose fallback another
+worker started is left to that worker for the fallback's time limit, then ended timed_out
+without it (its caller died in it; calling it again could kill this worker too).
 """
 
 from __future__ import annotations
@@ -113,16 +115,32 @@ class Maintenance:
                          row["id"])
         return changed
 
+    def _fallback_under_way(self, task: Claimed) -> bool:
+        """Another worker started this task's fallback less than its time limit ago: it may
+        still record what the fallback returned (the write re-checks: fallback_settle)."""
+        return task.fallback_age is not None and task.fallback_age < self.executor.fallback_settle
+
+    @staticmethod
+    def _log_fallback_never_returned(task: Claimed, outcome: Recorded) -> None:
+        if task.fallback_tried and outcome is Recorded.ENDED:
+            with attempt_scope(task):
+                log.warning("task %s (%s): its fallback never returned (it killed or hung its "
+                            "worker); ended timed_out without calling it again", task.id,
+                            task.step)
+
     async def _rescue(self, row: Row) -> None:
         try:
             spec = self.registry.get(row["workflow_name"], row["workflow_version"])
         except KonduitError:
             return  # another deployment's workflow: its own workers rescue it
         lost = Claimed.from_row(row)
+        if self._fallback_under_way(lost):
+            return
         error = f"lease expired on worker {row['worker_id']} (attempt {lost.attempt})"
         verdict = decide(
             policy_of(spec[lost.step]), Ending.LEASE_LOST, attempt=lost.attempt,
             max_attempts=lost.max_attempts, remaining=lost.deadline_remaining, error=error,
+            fallback_tried=lost.fallback_tried,
         )
         completion = await self.executor.conclude(
             spec, lost, None, verdict, error=error, transition="lose",
@@ -131,6 +149,7 @@ class Maintenance:
         outcome, advanced = await record(self.db, self.registry, completion,
                                          max_payload_bytes=self.executor.max_payload_bytes)
         self.woke(advanced)
+        self._log_fallback_never_returned(lost, outcome)
         if outcome is not Recorded.LEASE_LOST:
             # One line per reclaim, by the worker whose statement took the task; a retry or a
             # degradation it led to is logged as such (as the task's own worker would).
@@ -158,12 +177,15 @@ class Maintenance:
         except KonduitError:
             return
         task = Claimed.from_row(row)
+        if self._fallback_under_way(task):
+            return
         completion = await self.executor.deadline_passed(
             spec, task, None, transition="expire", guard_seconds=self.deadline_grace
         )
         outcome, advanced = await record(self.db, self.registry, completion,
                                          max_payload_bytes=self.executor.max_payload_bytes)
         self.woke(advanced)
+        self._log_fallback_never_returned(task, outcome)
         if outcome is Recorded.ENDED:
             if completion.outcome == "degraded":
                 log_recorded(task, completion, outcome, by="deadline sweep")
@@ -189,7 +211,8 @@ class Maintenance:
         if row["wait_kind"] == "child":
             advanced = await waits.wake_child_step(self.db, self.registry, row,
                                                    fallback=self._child_fallback,
-                                                   max_payload_bytes=limit)
+                                                   max_payload_bytes=limit,
+                                                   fallback_settle=self.executor.fallback_settle)
         else:
             advanced = await waits.wake_task(self.db, self.registry, row["id"],
                                              row["execution_id"], row["step"],
@@ -212,7 +235,8 @@ class Maintenance:
     async def _wake_parent(self, ended: ChildEnded) -> None:
         self.woke(await waits.wake_parent(self.db, self.registry, ended,
                                           fallback=self._child_fallback,
-                                          max_payload_bytes=self.executor.max_payload_bytes))
+                                          max_payload_bytes=self.executor.max_payload_bytes,
+                                          fallback_settle=self.executor.fallback_settle))
 
     def woke(self, advanced: Advanced | None) -> None:
         """After a transaction that advanced a DAG committed: if it ended a child workflow,

@@ -37,7 +37,7 @@ from konduit.engine import webhooks as webhook_store
 from konduit.engine.advancer import Advanced
 from konduit.engine.alerting import Alerting
 from konduit.engine.auto_repair import AutoRepairer
-from konduit.engine.completer import Completion, Recorded, record, record_many
+from konduit.engine.completer import YIELDED, Completion, Recorded, record, record_many
 from konduit.engine.registry import Registry
 from konduit.engine.retention import Retention
 from konduit.engine.schedules import Schedules
@@ -132,8 +132,10 @@ class Worker:
         # one of them failed: a round must never fail for its claim).
         self._claim_in_rounds_after = 0.0
         self.unhealthy: str | None = None  # why the worker stopped itself (abandoned threads)
-        # It rescues other workers' tasks only after a full lease of being connected.
-        self.connectivity = Connectivity(self.config.lease_seconds)
+        # It rescues other workers' tasks once connected for a heartbeat interval, or for a full
+        # lease after it lost the database (an outage must not be charged to live workers).
+        self.connectivity = Connectivity(self.config.lease_seconds,
+                                         settle_seconds=self.config.heartbeat_interval)
         self.starter = Starter(db, registry, self.executor, self.contexts, self.connectivity,
                                lease_seconds=self.config.lease_seconds,
                                heartbeat_interval=self.config.heartbeat_interval)
@@ -362,6 +364,12 @@ class Worker:
             self._check_abandoned()
 
     async def _finish(self, spec: WorkflowSpec, task: Claimed, completion: Completion) -> None:
+        if completion.outcome == YIELDED:
+            # Another worker called the task's fallback first (a sweep that found it late), or
+            # the task changed hands: that one ends the task; this attempt records nothing.
+            log.info("task %s (%s): its fallback is another worker's to call; this attempt "
+                     "records nothing", task.id, task.step)
+            return
         full = self._slots_taken() >= self.config.concurrency
         self._recording.add(task.key)
         if full:
@@ -433,7 +441,7 @@ class Worker:
 
     @property
     def may_rescue(self) -> bool:
-        """Connected for at least a lease (:class:`Connectivity`): rescuing is safe."""
+        """Connected long enough that rescuing is safe (:class:`Connectivity`)."""
         return self.connectivity.may_rescue
 
     async def _record(self, completion: Completion) -> tuple[Recorded, Advanced | None]:

@@ -132,8 +132,9 @@ RETURNING id, queue;
 -- name: task_lose_if_rescuable
 -- Reclaim: return a task whose worker is gone to ready after a backoff. Every condition is
 -- re-checked at the time of this write (River #1302): the lease is still the one read, it has
--- expired, the server has been up for a lease, and the owner is not a live worker whose lease
--- on the task ran out less than a lease ago (a heartbeat may be about to land).
+-- expired, the server has been up for a lease, the owner is not a live worker whose lease on
+-- the task ran out less than a lease ago (a heartbeat may be about to land), and no fallback
+-- of the task has started (such a task is being ended, never retried).
 UPDATE konduit_tasks t
 SET status = 'ready',
     run_at = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
@@ -146,6 +147,7 @@ WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
   AND t.hedge_token IS NULL
   AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
+  AND t.fallback_started_at IS NULL
   AND (t.deadline_at IS NULL
        OR t.deadline_at > clock_timestamp() + make_interval(secs => %(delay_seconds)s))
   -- A row another transaction holds is not taken: it may be the holder's own (a join's
@@ -155,7 +157,8 @@ RETURNING t.id, t.queue;
 
 -- name: task_end_if_rescuable
 -- Reclaim that ends the task (attempts exhausted, or the deadline is near): the same guards as
--- task_lose_if_rescuable, inside the fan-in transaction.
+-- task_lose_if_rescuable (but a task whose fallback started may end), inside the fan-in
+-- transaction.
 UPDATE konduit_tasks t
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
@@ -169,6 +172,10 @@ WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
   AND t.hedge_token IS NULL
   AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
+  -- A caller that did not run the task's fallback (fallback_settle set) never ends a task whose
+  -- fallback another worker started less than that long ago: that one's outcome is coming.
+  AND (%(fallback_settle)s::float8 IS NULL OR t.fallback_started_at IS NULL
+       OR t.fallback_started_at < clock_timestamp() - make_interval(secs => %(fallback_settle)s))
   -- A row another transaction holds is not taken: it may be the holder's own (a join's
   -- start reading a wide upstream holds its task), which then extends the lease itself.
   AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
@@ -195,7 +202,29 @@ WHERE t.id = %(id)s
        -- A waiting task that did not become due in time (task_wake_if_waiting, the complement).
        OR (t.status = 'waiting' AND %(lease_token)s::uuid IS NULL
            AND (t.wait_until IS NULL OR t.wait_until > t.deadline_at)))
+  -- A caller that did not run the task's fallback (fallback_settle set) never ends a task whose
+  -- fallback another worker started less than that long ago: that one's outcome is coming.
+  AND (%(fallback_settle)s::float8 IS NULL OR t.fallback_started_at IS NULL
+       OR t.fallback_started_at < clock_timestamp() - make_interval(secs => %(fallback_settle)s))
 RETURNING t.id, t.finished_at;
+
+-- name: task_start_fallback_if_unstarted
+-- Record that a task's fallback is about to be called, committed before the call: at most once
+-- per task, whoever calls it (a fallback that kills its worker leaves the mark, and the task is
+-- ended without it). The caller must still hold what it read: its lease (or hedge lease) on the
+-- running task, or no lease on a ready or waiting one; a ready one is not claimed meanwhile.
+UPDATE konduit_tasks t
+SET fallback_started_at = clock_timestamp(),
+    run_at = CASE WHEN t.status = 'ready'
+                  THEN GREATEST(t.run_at,
+                                clock_timestamp() + make_interval(secs => %(settle_seconds)s))
+                  ELSE t.run_at END
+WHERE t.id = %(id)s AND t.fallback_started_at IS NULL
+  AND CASE WHEN %(lease_token)s::uuid IS NULL
+           THEN t.status IN ('ready', 'waiting') AND t.lease_token IS NULL
+           ELSE t.status = 'running'
+                AND %(lease_token)s::uuid = ANY(ARRAY[t.lease_token, t.hedge_token]) END
+RETURNING t.id;
 
 -- name: task_release_if_leased
 -- Hand a task back unrun (graceful shutdown): ready at once, and the attempt does not count.
@@ -214,6 +243,7 @@ RETURNING id, queue;
 SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
        t.lease_token, t.queue, t.generation, t.worker_id, e.workflow_name, e.workflow_version,
        e.input, e.scheduled_at,
+       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
        extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
@@ -275,7 +305,9 @@ LIMIT %(limit)s;
 -- or hung, a retry's backoff or a queue outlasted the budget, or a wait was not over in time).
 SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
        t.lease_token, t.queue, t.generation, t.status, t.worker_id, e.workflow_name,
-       e.workflow_version, e.input, e.scheduled_at, 0.0::float8 AS deadline_remaining
+       e.workflow_version, e.input, e.scheduled_at,
+       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
+       0.0::float8 AS deadline_remaining
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status IN ('ready', 'running', 'waiting') AND e.status = 'running'
