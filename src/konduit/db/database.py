@@ -206,6 +206,22 @@ class Tx:
 
         return rows
 
+    async def stream(self, query: str, /, *, page_rows: int,
+                     **params: Any) -> AsyncIterator[list[Row]]:
+        """The rows of a query, ``page_rows`` at a time, through a server-side cursor of this
+        transaction: a result of any size in bounded memory. A pipelined transaction cannot
+        hold a cursor (libpq): there the rows come in one result, handed out page by page."""
+        if self.pipeline is not None:
+            rows = await self.all(query, **params)
+            for first in range(0, len(rows), page_rows):
+                yield rows[first : first + page_rows]
+            return
+        with translate_errors():
+            async with self.conn.cursor(name=f"konduit_{query}") as cur:
+                await cur.execute(q(query), with_array_literals(params))
+                while rows := await cur.fetchmany(page_rows):
+                    yield rows
+
     async def script(self, sql: str) -> None:
         """Run a whole migration file (several statements, no parameters)."""
         with translate_errors():

@@ -330,6 +330,10 @@ class Advancer:
             self.result.child_ended = finished.child_ended
 
 
+UPSTREAM_PAGE_ROWS = 5_000
+"""Rows of a map's upstream read (and decoded) at a time."""
+
+
 def outputs_query(workflow: WorkflowSpec, steps: Iterable[str]) -> str:
     """The statement that reads the outputs of ``steps``: a map among them makes the read as
     wide as its items, and that one is planned for its own size each time (queries.py)."""
@@ -348,7 +352,18 @@ def map_source(workflow: WorkflowSpec, spec: StepSpec, rows: list[Row]) -> Any:
 def group_payloads(workflow: WorkflowSpec, steps: list[str], rows: list[Row]) -> dict[str, Any]:
     """Decode ``output_get_for_steps`` rows into step -> payload of the succeeded or degraded
     steps (a list in item order for a map step)."""
-    payloads: dict[str, Any] = {s: [] for s in steps if workflow[s].is_map}
+    payloads: dict[str, Any] = {}
+    merge_payloads(workflow, steps, rows, payloads)
+    return payloads
+
+
+def merge_payloads(workflow: WorkflowSpec, steps: list[str], rows: list[Row],
+                   payloads: dict[str, Any]) -> None:
+    """Decode a page of ``output_get_for_steps`` rows (in step and item order) into
+    ``payloads``, after the pages before it."""
+    for s in steps:
+        if workflow[s].is_map:
+            payloads.setdefault(s, [])
     for row in rows:
         if row["status"] not in OK_OUTCOMES:
             continue
@@ -357,7 +372,6 @@ def group_payloads(workflow: WorkflowSpec, steps: list[str], rows: list[Row]) ->
             payloads[row["step"]].append(payload)
         else:
             payloads[row["step"]] = payload
-    return payloads
 
 
 class MapTooLarge(Exception):
@@ -451,11 +465,20 @@ async def load_step_outputs(
 ) -> Upstream:
     if not steps:
         return Upstream({}, {})
-    rows: list[Row] = await tx.all(outputs_query(spec, steps), execution_id=execution_id,
-                                   steps=steps)
     outcome_rows = await tx.all("step_get_outcomes", execution_id=execution_id, steps=steps)
-    return Upstream(group_payloads(spec, steps, rows),
-                    {r["step"]: r["status"] for r in outcome_rows})
+    outcomes = {r["step"]: r["status"] for r in outcome_rows}
+    query = outputs_query(spec, steps)
+    if query == "output_get_for_steps":
+        rows: list[Row] = await tx.all(query, execution_id=execution_id, steps=steps)
+        return Upstream(group_payloads(spec, steps, rows), outcomes)
+    # A map's items: read in pages through a cursor and decoded page by page on a thread, so
+    # the worker never holds the whole result as text beside its decoded payloads, and its
+    # loop (heartbeats, other tasks) keeps running while 100,000 payloads are decoded.
+    payloads: dict[str, Any] = {}
+    async for page in tx.stream(query, page_rows=UPSTREAM_PAGE_ROWS,
+                                execution_id=execution_id, steps=steps):
+        await asyncio.to_thread(merge_payloads, spec, steps, page, payloads)
+    return Upstream(payloads, outcomes)
 
 
 async def final_output(tx: Tx, spec: WorkflowSpec, execution_id: UUID) -> Any:
