@@ -35,6 +35,8 @@ class Detail:
     failures: list[Row] = field(default_factory=list)  # attempts that ended with an error
     parent: Row | None = None  # the execution whose child-workflow step started this one
     children: list[Row] = field(default_factory=list)  # executions its child steps started
+    # step -> its task's budget, and what the window cut it from (konduit.core.budgets)
+    budgets: dict[str, Row] = field(default_factory=dict)
 
 
 async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool = False) -> Detail:
@@ -64,4 +66,6 @@ async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool 
                   await client.outputs(result.id), [p for p in payloads if p["source"] == "late"],
                   await auto_repair_status(client.db, result.id), maps, failures,
                   await client.db.one("execution_parent_of", execution_id=result.id),
-                  await client.db.all("execution_children_list", execution_id=result.id))
+                  await client.db.all("execution_children_list", execution_id=result.id),
+                  {r["step"]: r for r in await client.db.all("task_list_budgets_by_execution",
+                                                             execution_id=result.id)})
