@@ -61,7 +61,8 @@ def window_budget(
     if window_left is None:
         return Budget(own, own)
     reserve = max(0.0, reserve)
-    allowed = max(window_left - reserve, min(minimum, own))
+    # A budget is always positive (the schema checks it): a minimum of 0 still leaves 1 ms.
+    allowed = max(window_left - reserve, min(max(minimum, 0.001), own))
     if allowed < own:
         return Budget(allowed, own, True, reserve, window_left)
     return Budget(own, own, False, reserve, window_left)
