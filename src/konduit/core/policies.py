@@ -160,8 +160,8 @@ class Deadline:
                 f"budget), got {self.floor!r}")
         if self.ceiling is not None and self.ceiling < self.floor:
             raise WorkflowDefinitionError(
-                f"Deadline.adaptive ceiling ({self.ceiling!r} s) is below its floor "
-                f"({self.floor!r} s)")
+                f"Deadline.adaptive ceiling ({self.ceiling:g} s) is below its floor "
+                f"({self.floor:g} s; the default floor is {ADAPTIVE_FLOOR:g} s): set floor= too")
         if self.default is not None and not self.default > 0:
             raise WorkflowDefinitionError(
                 f"Deadline.adaptive default must be > 0, got {self.default!r}")

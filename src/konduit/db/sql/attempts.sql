@@ -50,7 +50,9 @@ WITH recent AS (
     WHERE split_part(t.workflow, '@', 1) = %(workflow_name)s
       AND t.step = %(step)s
       AND t.status = 'succeeded'
-      AND t.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+      -- now(), not clock_timestamp(): a stable bound is an index condition, so the scan stops
+      -- at the window's start instead of filtering the step's older successes one by one.
+      AND t.finished_at > now() - make_interval(secs => %(window_seconds)s)
     ORDER BY t.finished_at DESC
     LIMIT %(max_samples)s
 )
