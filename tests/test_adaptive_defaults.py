@@ -109,7 +109,7 @@ def test_a_hung_branch_degrades_at_10_seconds_after_a_fast_history(make_app) -> 
 
 
 def test_the_quantile_read_is_an_index_scan_of_bounded_size(make_app) -> None:
-    """A big history (60,000 successful runs of other steps, 3,000 of this one) is read through
+    """A big history (30,000 successful runs of other steps, 1,500 of this one) is read through
     konduit_tasks_succeeded_by_step, newest first, never more than MAX_SAMPLES tasks."""
     wf = adaptive_workflow("adaptive-big")
     app = make_app(wf)
@@ -124,7 +124,7 @@ def test_the_quantile_read_is_an_index_scan_of_bounded_size(make_app) -> None:
                 SELECT %s, CASE WHEN i %% 21 = 0 THEN 'adaptive-big@1' ELSE 'other@1' END,
                        'resize', i, 'succeeded', 1, 1, now() - interval '1 hour',
                        now() - make_interval(secs => i)
-                FROM generate_series(1, 63000) AS i
+                FROM generate_series(1, 31500) AS i
                 RETURNING id, finished_at)
             INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, started_at,
                                           finished_at, outcome)
@@ -143,7 +143,7 @@ def test_the_quantile_read_is_an_index_scan_of_bounded_size(make_app) -> None:
         began = time.perf_counter()
         seconds, samples = conn.execute(sql, params).fetchone()  # type: ignore[misc]
         took = time.perf_counter() - began
-    assert samples == 1000  # the newest thousand of the step's 3,001
+    assert samples == 1000  # the newest thousand of the step's 1,501
     assert seconds == pytest.approx(2.0)
     assert took < 0.5, f"the quantile read took {took:.3f} s"
 
@@ -220,12 +220,13 @@ def test_a_tight_window_degrades_the_slow_branch_early_so_publish_makes_it(
     app = make_app(wf)
     budgets.clear()
     with running_worker(app, concurrency=4, poll_interval=0.05):
-        # History: publish takes 1 s, so 1 s (its p95 span) is kept free after the cover.
-        for eid in app.start_many([{"workflow": wf.name, "input": {"hang": False, "publish": 1.0}}
+        # History: publish takes 1.5 s, so 1.5 s (its p95 span) is kept free after the cover
+        # (this run's publish is quicker: the margin a loaded CI machine needs).
+        for eid in app.start_many([{"workflow": wf.name, "input": {"hang": False, "publish": 1.5}}
                                    for _ in range(3)]):
             app.wait(eid, timeout=20)
         budgets.clear()
-        window = datetime.now(UTC) + timedelta(seconds=5)
+        window = datetime.now(UTC) + timedelta(seconds=6)
         handle = app.start(wf.name, {"hang": True, "publish": 0.2}, deadline_at=window)
         result = handle.wait(timeout=15)  # its own 30 s deadline would be far past this
     assert result.status == "succeeded"
@@ -233,8 +234,8 @@ def test_a_tight_window_degrades_the_slow_branch_early_so_publish_makes_it(
     assert result.finished_at is not None and result.finished_at <= window, \
         f"publish finished {(result.finished_at - window).total_seconds():.2f} s after the window"
     seconds, _, uncut, reserve = task_budgets(app.database_url, handle.id)["cover"]
-    assert uncut == 30.0 and reserve >= 1.0
-    assert seconds < 5.0 - reserve + 0.01
+    assert uncut == 30.0 and reserve >= 1.5
+    assert seconds < 6.0 - reserve + 0.01
     steps = {s["step"]: s for s in app.steps(handle.id)}
     ran = (steps["cover"]["ended_at"] - steps["cover"]["fired_at"]).total_seconds()
     assert ran == pytest.approx(seconds, abs=0.5)
@@ -254,7 +255,7 @@ def test_a_tight_window_degrades_the_slow_branch_early_so_publish_makes_it(
 
     # ... and so does konduit plan, for the same window from now, and not for a roomy one.
     common = ("--app", "window_app:wf", "--database-url", db_url)
-    proc = konduit_cli("plan", "window-cut", "--within", "5s", *common, cwd=tmp_path)
+    proc = konduit_cli("plan", "window-cut", "--within", "6s", *common, cwd=tmp_path)
     assert proc.returncode in (0, 3), proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("cover:"))
     assert "budget cut by the window" in line and "its own 30.0s" in line, proc.stdout
