@@ -42,6 +42,7 @@ import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,8 @@ CROSS_EXECUTION_BATCH = {
 HISTORY_READS = {
     # Adaptive deadline: a quantile of the step's successful durations over all executions.
     "step_duration_quantile",
+    # Window-aware budgets: the p95 spans of the workflow's steps (the plan's history).
+    "step_span_quantiles_by_workflow",
 }
 
 CLAIMS = {
@@ -381,7 +384,11 @@ def test_every_completion_statement_touches_one_execution(
         monkeypatch.setattr(Tx, name, replacement)
     app = make_app(fan_workflow())
     with running_worker(app, concurrency=8):
-        handles = [app.start("one-shard", input={"n": i}) for i in range(EXECUTIONS)]
+        # Every other execution has a window, tight enough to cut the adaptive deadline of
+        # 'timed' (its own 30 s): the window-aware budget's read and cut are on the path too.
+        handles = [app.start("one-shard", input={"n": i}, deadline_at=None if i % 2 else
+                             datetime.now(UTC) + timedelta(seconds=20))
+                   for i in range(EXECUTIONS)]
         deadline = time.monotonic() + 60
         for handle in handles:
             result = handle.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -395,11 +402,15 @@ def test_every_completion_statement_touches_one_execution(
     # The recording saw the whole path, or the check below would pass vacuously.
     seen = names["advance"] | names["batch"]
     for expected in ("task_insert_many", "task_insert_map_chunk_if_running",
-                     "execution_finish_if_running", "step_duration_quantile"):
+                     "execution_finish_if_running", "step_duration_quantile",
+                     "step_span_quantiles_by_workflow"):
         assert expected in seen, f"{expected} never ran on the completion path: {sorted(seen)}"
     assert names["batch"], "no statement of the completer's own writes was recorded"
 
     with psycopg.connect(db_url, autocommit=True) as conn:
+        (cut,) = conn.execute("SELECT count(*) FROM konduit_tasks WHERE step = 'timed'"
+                              " AND deadline_uncut_seconds IS NOT NULL").fetchone()  # type: ignore[misc]
+        assert cut == EXECUTIONS // 2, "the windows never cut a budget: that path went unchecked"
         problems = problems_of(log, Owners(db_url), conn)
     assert not problems, "\n".join(problems)
 
@@ -430,7 +441,7 @@ def test_the_check_catches_statements_that_read_across_executions(
         # The adaptive deadline's history read, were it not listed in HISTORY_READS.
         Statement("history_unlisted", q("step_duration_quantile"),
                   {"workflow_name": "one-shard", "step": "timed", "quantile": 0.99,
-                   "window_seconds": 3600.0}, "advance"),
+                   "window_seconds": 3600.0, "max_samples": 1000}, "advance"),
         # Binds one execution id, yet joins the attempts of a step across executions.
         Statement("history_beside_a_key",
                   "SELECT count(*) FROM konduit_attempts a JOIN konduit_tasks t "

@@ -37,7 +37,6 @@ CARDINALITY_DEPENDENT = {
     "task_claim_batch",  # the ready backlog
     "task_claim_batch_flow_limited",
     "output_get_for_steps_wide",  # a join's or a map's upstream: every item
-    "step_duration_quantile",  # a step's history
     "task_list_by_execution",
     "attempt_list_by_execution",
     "output_list_by_execution",

@@ -52,7 +52,7 @@ import konduit
 from konduit.db.connect import open_database
 from konduit.db.database import Database, Row
 from konduit.engine.client import ExecutionResult
-from konduit.engine.deadlines import MIN_SAMPLES, adaptive_budget
+from konduit.engine.deadlines import MAX_SAMPLES, MIN_SAMPLES, adaptive_budget
 
 # Bump the version whenever a step's options change: a database that already ran the demo keeps
 # the old definition under the old version number. (2: cover_image's deadline and fallback;
@@ -321,7 +321,8 @@ def _cover_deadline(database_url: str) -> str:
 
     async def query(db: Database) -> Row | None:
         return await db.one("step_duration_quantile", workflow_name=pipeline.name,
-                            step="cover_image", quantile=d.quantile, window_seconds=d.window)
+                            step="cover_image", quantile=d.quantile, window_seconds=d.window,
+                            max_samples=MAX_SAMPLES)
 
     row = asyncio.run(_with_db(database_url, query))
     p99 = None if row is None or row["seconds"] is None else float(row["seconds"])

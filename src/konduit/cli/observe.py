@@ -175,18 +175,23 @@ def plan(
         datetime.now().astimezone()
     deadline = window_from(began, window=window, within=within)
 
-    async def load() -> Plan:
+    from konduit.observe.budgets import budget_renderables, own_budgets, plan_budgets
+
+    async def load() -> tuple[Plan, dict[str, float]]:
         client = await app.client_async()
         try:
-            return await load_plan(client.db, spec, history=history, start=began, window=deadline)
+            return (await load_plan(client.db, spec, history=history, start=began,
+                                    window=deadline),
+                    await own_budgets(client.db, spec))
         finally:
             await client.db.close()
 
-    result = asyncio.run(load())
+    result, own = asyncio.run(load())
+    found = plan_budgets(spec, result, own)
     if as_json:
-        print(dump_json(result.to_json()))
+        print(dump_json(result.to_json() | {"budgets": {s: b.to_json() for s, b in found.items()}}))
     else:
-        for renderable in plan_renderables(result):
+        for renderable in [*plan_renderables(result), *budget_renderables(found)]:
             console.print(renderable)
         console.print(f"[dim]{PLAN_NOTE}[/dim]")
     if result.verdict in ("at risk", "will miss"):

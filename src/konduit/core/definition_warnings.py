@@ -53,6 +53,6 @@ def unbounded_branch_message(workflow: str, join: str, branch: str) -> str:
         f"workflow {workflow!r}: step {join!r} waits with Join.required() for every branch to "
         f"end, and its optional branch {branch!r} has no deadline, so a hung {branch!r} holds "
         f"{join!r} forever. Give {branch!r} a deadline (seed 004: deadline="
-        f"konduit.Deadline.adaptive(factor=1.5, quantile=0.99, floor='10s', ceiling='45s'), "
+        f"konduit.Deadline.adaptive(), 1.5 x p99 clamped to [10 s, 45 s], "
         f"with a fallback=) or make it required."
     )

@@ -126,21 +126,53 @@ class Join:
         return {"kind": self.kind, "k": self.k}
 
 
+ADAPTIVE_FLOOR = 10.0
+"""Seconds: ``Deadline.adaptive()``'s default floor (seed 004: "clamped between 10s and 45s")."""
+ADAPTIVE_CEILING = 45.0
+"""Seconds: ``Deadline.adaptive()``'s default ceiling, and its budget while history is thin."""
+
+
 @dataclass(frozen=True)
 class Deadline:
-    """A task's time budget: static (``Deadline.static("30s")``) or adaptive from its history."""
+    """A task's time budget: static (``Deadline.static("30s")``) or adaptive from its history.
+
+    An adaptive deadline always yields a budget (never "no deadline"): factor x quantile of the
+    step's successful attempt durations over ``window``, clamped to [floor, ceiling], and
+    ``default`` (else the ceiling) while the history is thin."""
 
     seconds: float | None = None
     factor: float = 1.5
     quantile: float = 0.99
     window: float = 7 * 86400.0
-    floor: float = 0.0
-    ceiling: float | None = None
+    floor: float = ADAPTIVE_FLOOR
+    ceiling: float | None = ADAPTIVE_CEILING
     default: float | None = None
     adaptive_: bool = False
 
+    def __post_init__(self) -> None:
+        if not self.adaptive_:
+            return
+        # Checked here too, not only in adaptive(): Deadline(adaptive_=True, ...) built by hand
+        # must not be a deadline that may resolve to nothing.
+        if not self.floor > 0:
+            raise WorkflowDefinitionError(
+                f"Deadline.adaptive floor must be > 0 (an adaptive deadline always has a "
+                f"budget), got {self.floor!r}")
+        if self.ceiling is not None and self.ceiling < self.floor:
+            raise WorkflowDefinitionError(
+                f"Deadline.adaptive ceiling ({self.ceiling:g} s) is below its floor "
+                f"({self.floor:g} s; the default floor is {ADAPTIVE_FLOOR:g} s): set floor= too")
+        if self.default is not None and not self.default > 0:
+            raise WorkflowDefinitionError(
+                f"Deadline.adaptive default must be > 0, got {self.default!r}")
+        if self.ceiling is None and self.default is None:
+            raise WorkflowDefinitionError(
+                "Deadline.adaptive(ceiling=None) needs a default=: the budget while the history "
+                "is thin (an adaptive deadline is never \"no deadline\")")
+
     @classmethod
     def static(cls, value: Duration) -> Deadline:
+        """A fixed budget, counted from the task's first attempt."""
         return cls(seconds=definition_duration(value, "deadline"))
 
     @classmethod
@@ -150,10 +182,17 @@ class Deadline:
         factor: float = 1.5,
         quantile: float = 0.99,
         window: Duration = "7d",
-        floor: Duration = "0s",
-        ceiling: Duration | None = None,
+        floor: Duration = ADAPTIVE_FLOOR,
+        ceiling: Duration | None = ADAPTIVE_CEILING,
         default: Duration | None = None,
     ) -> Deadline:
+        """Seed 004's rule by default: 1.5 x the p99 of the step's successful runs over the last
+        7 days, clamped to [10 s, 45 s]; 45 s (``default``, else the ceiling) while the history
+        is thin (fewer than ``konduit.engine.deadlines.MIN_SAMPLES`` runs in the window).
+
+        ``floor`` must be > 0; ``ceiling=None`` means no upper clamp and then needs a
+        ``default``. There is no way to get "no deadline" from an adaptive policy: leave out
+        ``deadline=`` for that."""
         if factor <= 0:
             raise WorkflowDefinitionError(f"Deadline.adaptive factor must be > 0, got {factor!r}")
         if not 0 < quantile <= 1:
@@ -167,6 +206,13 @@ class Deadline:
             default=None if default is None else definition_duration(default, "Deadline.default"),
             adaptive_=True,
         )
+
+    @property
+    def thin_history_budget(self) -> float:
+        """An adaptive deadline's budget while history is thin: ``default``, else the ceiling."""
+        value = self.default if self.default is not None else self.ceiling
+        assert value is not None  # __post_init__: one of them is set
+        return value
 
     def to_spec(self) -> dict[str, Any]:
         """The policy as JSON, part of the workflow's spec hash."""

@@ -35,7 +35,7 @@ from konduit.core.waits import parent_task_of
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Row, Tx
 from konduit.engine import step_rows, transitions
-from konduit.engine.deadlines import budgets
+from konduit.engine.deadlines import cut_columns, task_budgets
 from konduit.engine.registry import workflow_key
 from konduit.errors import PayloadError
 
@@ -101,8 +101,12 @@ class Advancer:
         *,
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
         defer_writes: bool = False,
+        window_left: float | None = None,
     ):
         self.tx = tx
+        # Seconds left in the execution's window when it was locked (None: no window, or a
+        # repair): the budgets of the tasks created here are cut by it (konduit.core.budgets).
+        self.window_left = window_left
         # With defer_writes, a decision that leaves the execution running writes nothing at the
         # end of run_events: the caller writes the step rows and counts of a whole round of
         # executions in one statement each (write_deferred) and wakes their queues once.
@@ -219,9 +223,7 @@ class Advancer:
         (the caller feeds it back as a :class:`MapExpanded` event)."""
         plain = [self.spec[s] for s in steps if not self.spec[s].is_map]
         if plain:
-            deadlines = [
-                await budgets.budget(self.tx, self.spec.name, s.name, s.deadline) for s in plain
-            ]
+            found = await task_budgets(self.tx, self.spec, plain, self.window_left)
             await self.tx.send(
                 "task_insert_many",
                 execution_id=self.execution_id,
@@ -233,8 +235,9 @@ class Advancer:
                 queues=[s.queue for s in plain],
                 priorities=[s.priority for s in plain],
                 max_attempts=[s.retry.max_attempts for s in plain],
-                deadline_seconds=deadlines,
+                deadline_seconds=[None if b is None else b.seconds for b in found],
                 limiteds=[s.flow is not None for s in plain],
+                **cut_columns(found),
             )
             self.result.queues.update(s.queue for s in plain)
         expanded: list[tuple[str, int]] = []
@@ -273,7 +276,8 @@ class Advancer:
             return None
         if not items:
             return 0
-        budget = await budgets.budget(self.tx, self.spec.name, step, spec.deadline)
+        (budget,) = await task_budgets(self.tx, self.spec, [spec], self.window_left)
+        cut = cut_columns([budget])
         for first in range(0, len(items), MAP_CHUNK_ROWS):
             await self.tx.run(
                 "task_insert_map_chunk_if_running",
@@ -288,8 +292,10 @@ class Advancer:
                 queue=spec.queue,
                 priority=spec.priority,
                 max_attempts=spec.retry.max_attempts,
-                deadline_seconds=budget,
+                deadline_seconds=None if budget is None else budget.seconds,
                 limited=spec.flow is not None,
+                deadline_uncut=cut["deadline_uncuts"][0],
+                deadline_reserve=cut["deadline_reserves"][0],
             )
         self.result.queues.add(spec.queue)
         return len(items)
@@ -504,7 +510,7 @@ async def record_events(
     state = ExecutionState(execution["status"], execution["steps_pending"])
     advancer = Advancer(
         tx, spec, execution["id"], state, execution["generation"],
-        max_payload_bytes=max_payload_bytes,
+        max_payload_bytes=max_payload_bytes, window_left=execution.get("window_left_seconds"),
     )
     advancer.errors = dict(errors or {})
     return await advancer.run_events(list(events))

@@ -289,7 +289,7 @@ def _advancer(tx: Tx, registry: Registry, execution: Row, max_payload_bytes: int
     return Advancer(tx, spec, execution["id"],
                     ExecutionState(execution["status"], execution["steps_pending"]),
                     execution["generation"], max_payload_bytes=max_payload_bytes,
-                    defer_writes=True)
+                    defer_writes=True, window_left=execution["window_left_seconds"])
 
 
 async def write_deferred(tx: Tx, advancers: list[Advancer]

@@ -20,7 +20,7 @@ from konduit.core.ids import uuid7
 from konduit.core.payloads import canonical_json, content_hash
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Tx
-from konduit.engine.deadlines import budgets
+from konduit.engine.deadlines import budgets, task_budgets
 from konduit.engine.registry import Registry, workflow_key
 from konduit.errors import IdempotencyConflict, KonduitError
 from konduit.tracing import TraceContext
@@ -235,12 +235,43 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
         assert row is not None
         made = set(row["created"])
         created.extend(p.id in made for p in chunk)
+    await _cut_root_budgets(tx, [p for p, is_new in zip(batch, created, strict=True)
+                                 if is_new and p.deadline_at is not None])
     taken = [i for i, is_new in enumerate(created) if not is_new]
     existing = await _existing(tx, [batch[i] for i in taken]) if taken else []
     ids = [p.id for p in batch]
     for i, eid in zip(taken, existing, strict=True):
         ids[i] = eid
     return ids
+
+
+async def _cut_root_budgets(tx: Tx, windowed: list[Prepared]) -> None:
+    """Cut the budgets of the root tasks of new executions with a window by it
+    (:mod:`konduit.core.budgets`); the template they were made from knows no window. Two
+    statements more, and only for windowed starts of workflows whose roots have deadlines."""
+    windowed = [p for p in windowed
+                if any(p.spec[name].deadline is not None for name in p.spec.roots)]
+    if not windowed:
+        return
+    left = {r["id"]: r["left_seconds"] for r in await tx.all(
+        "execution_window_left_many", ids=[p.id for p in windowed])}
+    cuts: list[tuple[UUID, str, float, float, float]] = []
+    for p in windowed:
+        if left.get(p.id) is None:
+            continue
+        roots = [p.spec[name] for name in p.spec.roots]
+        for step, b in zip(roots, await task_budgets(tx, p.spec, roots, float(left[p.id])),
+                           strict=True):
+            if b is not None and b.cut:
+                assert b.reserve is not None
+                cuts.append((p.id, step.name, b.seconds, b.own, b.reserve))
+    if cuts:
+        await tx.run(
+            "task_cut_deadline_many_if_unclaimed",
+            execution_ids=[c[0] for c in cuts], steps=[c[1] for c in cuts],
+            seconds=[c[2] for c in cuts], uncuts=[c[3] for c in cuts],
+            reserves=[c[4] for c in cuts],
+        )
 
 
 def _traces(chunk: list[Prepared]) -> dict[str, list[str | None] | None]:

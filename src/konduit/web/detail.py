@@ -38,6 +38,8 @@ class Detail:
     parent: Row | None = None  # the execution whose child-workflow step started this one
     children: list[Row] = field(default_factory=list)  # executions its child steps started
     stall: AlertRecord | None = None  # the open execution_stalled alert: why nothing can run
+    # step -> its task's budget, and what the window cut it from (konduit.core.budgets)
+    budgets: dict[str, Row] = field(default_factory=dict)
 
 
 async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool = False) -> Detail:
@@ -68,4 +70,6 @@ async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool 
                   await auto_repair_status(client.db, result.id), maps, failures,
                   await client.db.one("execution_parent_of", execution_id=result.id),
                   await client.db.all("execution_children_list", execution_id=result.id),
-                  None if result.finished else await open_stall(client.db, result.id))
+                  None if result.finished else await open_stall(client.db, result.id),
+                  {r["step"]: r for r in await client.db.all("task_list_budgets_by_execution",
+                                                             execution_id=result.id)})

@@ -143,7 +143,8 @@ def register(web: FastAPI, site: Site) -> None:
                       "fired": views.between(origin, s["fired_at"]),
                       "ended": views.between(origin, s["ended_at"]),
                       "wait": views.between(s["first_upstream_at"], s["fired_at"]),
-                      "map": d.maps.get(s["step"])} for s in ordered]
+                      "map": d.maps.get(s["step"]),
+                      "budget": d.budgets.get(s["step"])} for s in ordered]
         statuses = {s["step"]: s["status"] for s in d.steps}
         bars = sorted([*d.attempts, *map_bars(d.maps, statuses, now)], key=lambda a: a["started_at"])
         deadline = d.row["deadline_at"]

@@ -42,14 +42,25 @@ WHERE t.execution_id = %(execution_id)s
 ORDER BY a.started_at, a.id;
 
 -- name: step_duration_quantile
--- A quantile of one step's successful attempt durations over a recent window (adaptive deadlines).
--- plan: custom, a step's history grows from nothing to millions of attempts.
+-- A quantile of one step's successful attempt durations over a recent window (adaptive
+-- deadlines), over its max_samples most recent successful tasks: an index range scan
+-- (konduit_tasks_succeeded_by_step) of bounded size however long the history.
+WITH recent AS (
+    SELECT t.id
+    FROM konduit_tasks t
+    WHERE split_part(t.workflow, '@', 1) = %(workflow_name)s
+      AND t.step = %(step)s
+      AND t.status = 'succeeded'
+      -- now(), not clock_timestamp(): a stable bound is an index condition, so the scan stops
+      -- at the window's start instead of filtering the step's older successes one by one.
+      AND t.finished_at > now() - make_interval(secs => %(window_seconds)s)
+    ORDER BY t.finished_at DESC
+    LIMIT %(max_samples)s
+)
 SELECT percentile_cont(%(quantile)s) WITHIN GROUP (
            ORDER BY extract(epoch FROM a.finished_at - a.started_at)) AS seconds,
        count(*) AS samples
-FROM konduit_attempts a
-JOIN konduit_tasks t ON t.id = a.task_id
+FROM recent r
+JOIN konduit_attempts a ON a.task_id = r.id
 WHERE a.outcome = 'succeeded'
-  AND a.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
-  AND split_part(t.workflow, '@', 1) = %(workflow_name)s
-  AND t.step = %(step)s;
+  AND a.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s);

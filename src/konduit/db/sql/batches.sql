@@ -4,8 +4,11 @@
 -- order is executions in id order, then tasks in id order, then outputs.
 
 -- name: execution_lock_many_in_id_order
--- Serialize the fan-in decisions of several executions at once, locking their rows in id order.
-SELECT id, workflow_name, workflow_version, status, steps_pending, generation
+-- Serialize the fan-in decisions of several executions at once, locking their rows in id order
+-- (window_left_seconds: as in execution_lock).
+SELECT id, workflow_name, workflow_version, status, steps_pending, generation,
+       CASE WHEN generation = 1
+            THEN extract(epoch FROM deadline_at - clock_timestamp())::float8 END AS window_left_seconds
 FROM konduit_executions
 WHERE id = ANY(%(ids)s::uuid[])
 ORDER BY id

@@ -1,6 +1,9 @@
 -- name: execution_lock
--- Serialize every fan-in decision of one execution (see konduit.engine.completer).
-SELECT id, workflow_name, workflow_version, status, steps_pending, generation
+-- Serialize every fan-in decision of one execution (see konduit.engine.completer), with the
+-- seconds left in its window for the budgets of the tasks it creates (NULL: none, or a repair).
+SELECT id, workflow_name, workflow_version, status, steps_pending, generation,
+       CASE WHEN generation = 1
+            THEN extract(epoch FROM deadline_at - clock_timestamp())::float8 END AS window_left_seconds
 FROM konduit_executions
 WHERE id = %(id)s
 FOR NO KEY UPDATE;

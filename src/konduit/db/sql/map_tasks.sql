@@ -3,10 +3,15 @@
 -- per line, indexes counted from first_index); a task that exists already is never made twice.
 INSERT INTO konduit_tasks
     (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
-     deadline_seconds, limited)
+     deadline_seconds, limited, deadline_uncut_seconds, deadline_reserve_seconds, deadline_at)
 SELECT e.id, %(workflow)s::text, %(generation)s::int, %(step)s::text,
        %(first_index)s::int + u.ord::int - 1, u.item::jsonb, %(queue)s::text, %(priority)s::int,
-       %(max_attempts)s::int, %(deadline_seconds)s::float8, COALESCE(%(limited)s::bool, false)
+       %(max_attempts)s::int, %(deadline_seconds)s::float8, COALESCE(%(limited)s::bool, false),
+       %(deadline_uncut)s::float8, %(deadline_reserve)s::float8,
+       -- A budget the window cut is a moment (see task_insert_many), the same for every item
+       -- of every chunk: counted from the transaction's start.
+       CASE WHEN %(deadline_uncut)s::float8 IS NOT NULL
+            THEN now() + make_interval(secs => %(deadline_seconds)s::float8) END
 FROM konduit_executions e
 CROSS JOIN unnest(string_to_array(%(items)s::text, E'\n')) WITH ORDINALITY AS u(item, ord)
 WHERE e.id = %(execution_id)s AND e.status = 'running'

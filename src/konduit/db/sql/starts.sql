@@ -76,3 +76,26 @@ FROM unnest(%(workflow_names)s::text[], %(idempotency_keys)s::text[])
      AS k(workflow_name, idempotency_key)
 JOIN konduit_executions e
     ON e.workflow_name = k.workflow_name AND e.idempotency_key = k.idempotency_key;
+
+-- name: execution_window_left_many
+-- Seconds left until the window (deadline_at) of new executions, by the database's clock: the
+-- budgets of their root tasks are cut by it (konduit.core.budgets).
+SELECT id, extract(epoch FROM deadline_at - clock_timestamp())::float8 AS left_seconds
+FROM konduit_executions
+WHERE id = ANY(%(ids)s::uuid[]) AND deadline_at IS NOT NULL AND generation = 1;
+
+-- name: task_cut_deadline_many_if_unclaimed
+-- Cut the budgets of new root tasks by their execution's window: a cut budget is a moment, so
+-- the deadline starts now (as task_insert_many does for the tasks of a join). Only a task still
+-- unclaimed, with no deadline set yet.
+UPDATE konduit_tasks t
+SET deadline_seconds = u.seconds,
+    deadline_uncut_seconds = u.uncut,
+    deadline_reserve_seconds = u.reserve,
+    deadline_at = clock_timestamp() + make_interval(secs => u.seconds)
+FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[], %(seconds)s::float8[],
+            %(uncuts)s::float8[], %(reserves)s::float8[])
+     AS u(execution_id, step, seconds, uncut, reserve)
+WHERE t.execution_id = u.execution_id AND t.step = u.step
+  AND t.generation = 1 AND t.map_index = 0
+  AND t.status = 'ready' AND t.attempt = 0 AND t.deadline_at IS NULL;

@@ -1,14 +1,18 @@
 -- name: task_insert_many
 -- Create the ready tasks of steps whose join fired; a task that exists already is never made twice.
+-- A budget the execution's window cut (deadline_uncut set) is a moment: its deadline starts now.
 INSERT INTO konduit_tasks
     (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
-     deadline_seconds, limited)
+     deadline_seconds, limited, deadline_uncut_seconds, deadline_reserve_seconds, deadline_at)
 SELECT %(execution_id)s, %(workflow)s, %(generation)s, u.step, u.map_index, u.item, u.queue, u.priority,
-       u.max_attempts, u.deadline_seconds, COALESCE(u.limited, false)
+       u.max_attempts, u.deadline_seconds, COALESCE(u.limited, false), u.uncut, u.reserve,
+       CASE WHEN u.uncut IS NOT NULL
+            THEN clock_timestamp() + make_interval(secs => u.deadline_seconds) END
 FROM unnest(%(steps)s::text[], %(map_indexes)s::int[], %(items)s::jsonb[], %(queues)s::text[],
             %(priorities)s::int[], %(max_attempts)s::int[], %(deadline_seconds)s::float8[],
-            %(limiteds)s::bool[])
-     AS u(step, map_index, item, queue, priority, max_attempts, deadline_seconds, limited)
+            %(limiteds)s::bool[], %(deadline_uncuts)s::float8[], %(deadline_reserves)s::float8[])
+     AS u(step, map_index, item, queue, priority, max_attempts, deadline_seconds, limited,
+          uncut, reserve)
 ON CONFLICT (execution_id, step, map_index, generation) DO NOTHING;
 
 -- name: task_notify_ready
