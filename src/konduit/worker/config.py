@@ -49,10 +49,9 @@ class WorkerConfig:
         default_factory=lambda: _env_float("KONDUIT_RETENTION_INTERVAL", 300.0)
     )
     """Seconds between retention rounds when the App sets ``retention=`` (each deletes in batches)."""
-    auto_repair_interval: float = field(
-        default_factory=lambda: _env_float("KONDUIT_AUTO_REPAIR_INTERVAL", 30.0)
-    )
-    """Seconds between looks for due automatic repairs (workflows with ``repair_within=``)."""
+    auto_repair: bool = True
+    """Whether this worker takes the automatic repairs (``repair_within=``) that come due: at
+    their due time and at every maintenance pass. False leaves them to other workers."""
     alert_interval: float = field(default_factory=lambda: _env_float("KONDUIT_ALERT_INTERVAL", 5.0))
     """Seconds between evaluations of the alert rules (docs/alerts.md); 0 turns them off here."""
     alert_fan_in_wait: float = 20.0
@@ -72,8 +71,8 @@ class WorkerConfig:
             raise ValueError(f"fallback_timeout must be > 0, got {self.fallback_timeout}")
         if self.maintenance_interval <= 0:
             raise ValueError(f"maintenance_interval must be > 0, got {self.maintenance_interval}")
-        if self.retention_interval <= 0 or self.auto_repair_interval <= 0:
-            raise ValueError("retention_interval and auto_repair_interval must be > 0")
+        if self.retention_interval <= 0:
+            raise ValueError("retention_interval must be > 0")
         if self.alert_interval < 0 or self.alert_fan_in_wait <= 0 or self.alert_fan_in_consecutive < 1:
             raise ValueError("alert_interval must be >= 0, alert_fan_in_wait > 0 and "
                              "alert_fan_in_consecutive >= 1")
