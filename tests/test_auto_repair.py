@@ -49,7 +49,7 @@ HEALED = threading.Event()  # the resize service answers once set
 
 
 def contract_workflow(name: str = "contract", *, within: str = "1h",
-                      delay: str = "0s") -> konduit.Workflow:
+                      delay: str | None = "0s") -> konduit.Workflow:
     """transcribe -> (cover_image: degrades at 300 ms while the service is down; captions) ->
     publish, with a repair contract."""
     wf = konduit.Workflow(name, version=1, repair_within=within, repair_delay=delay)

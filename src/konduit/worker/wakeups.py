@@ -10,6 +10,9 @@ between two 30 s looks), each read from the database after every pass by one sta
   worker's grace): the deadline sweep alone runs;
 * ``timer``: the earliest durable-wait timer: the wake of due waits alone runs;
 * ``repair``: the earliest automatic repair (``repair_within=``): the due repairs are taken.
+  A worker that finishes an execution of a workflow with a repair contract also expects one at
+  ``repair_delay`` from then (:meth:`SweepClock.expect`), so a repair armed after its last read
+  is on time too; one armed by another worker is read at this worker's next pass.
 
 A deadline set after the last read (a task claimed by another worker) is the only thing this
 read can miss. Every worker re-reads at least once per interval, so a deadline at least an interval
@@ -75,6 +78,13 @@ class SweepClock:
             return False
         self._due["deadline"] = at
         return True
+
+    def expect(self, kind: str, seconds: float) -> None:
+        """Something of ``kind`` may come due ``seconds`` from now (this worker just finished an
+        execution whose automatic repair may be armed): wake then, unless sooner anyway. Needs
+        no statement; if nothing is due then, the pass finds nothing and the read moves on."""
+        at = time.monotonic() + max(0.0, seconds)
+        self._due[kind] = min(self._due.get(kind, at), at)
 
     async def sleep(self) -> set[str]:
         """Sleep until something is due; returns what: ``{"full"}`` (the interval's pass), some

@@ -407,6 +407,9 @@ class Worker:
         log_recorded(task, completion, outcome)  # a retry or a degradation: once, by its recorder
         # This outcome ended a child workflow: its parent's step is woken now, not at a pass.
         self.maintenance.woke(advanced)
+        if advanced is not None and advanced.finished == "succeeded" and spec.repair is not None:
+            # It may have finished degraded, arming its automatic repair: be awake when it is due.
+            self.sweep_clock.expect("repair", spec.repair.delay)
         flow = spec[task.step].flow
         if flow is not None and flow.concurrency is not None:
             await self._notify_slot_free(task)
