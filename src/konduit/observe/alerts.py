@@ -1,6 +1,6 @@
 """Alert rules, pure: given what the history says, which alerts should be open.
 
-Three rules, each turning facts into :class:`Finding`\\ s (an alert that should be open now):
+Four rules, each turning facts into :class:`Finding`\\ s (an alert that should be open now):
 
 - :func:`window_at_risk` — a running execution with a window (``deadline_at``) whose p95
   forecast (:mod:`konduit.observe.forecast`) finishes after the window. ``warning`` while its p50
@@ -9,6 +9,8 @@ Three rules, each turning facts into :class:`Finding`\\ s (an alert that should 
   each of its last N executions (the rule of ``konduit stats``, :func:`konduit.observe.stats.fan_in_alert`).
 - :func:`no_success` — a workflow without a successful execution for longer than its
   ``Workflow(..., alert_after_no_success=...)``.
+- :func:`degraded_budget` — a workflow whose executions went out degraded more often over the
+  last day than its ``Workflow(..., degraded_budget="2%")`` (seed 004: "roughly 2% of runs").
 
 A finding that is no longer found resolves its alert. The service that stores them is
 :mod:`konduit.engine.alerting`; :class:`AlertRecord` is a stored alert as the API returns it.
@@ -21,13 +23,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from konduit.core.shares import degraded_share, format_share
 from konduit.observe.forecast import Forecast
 from konduit.observe.plan import Quantile, human_seconds
 from konduit.observe.stats import Alert as FanInAlert
 from konduit.observe.stats import span
 
-Kind = Literal["window_at_risk", "fan_in_wait", "no_success"]
-KINDS: tuple[Kind, ...] = ("window_at_risk", "fan_in_wait", "no_success")
+Kind = Literal["window_at_risk", "fan_in_wait", "no_success", "degraded_budget"]
+KINDS: tuple[Kind, ...] = ("window_at_risk", "fan_in_wait", "no_success", "degraded_budget")
 Severity = Literal["warning", "critical"]
 
 WINDOW_QUANTILE: Quantile = "p95"
@@ -183,3 +186,23 @@ def no_success(
                "last_success_at": None if last_success_at is None else last_success_at.isoformat(),
                "registered_at": None if registered_at is None else registered_at.isoformat()}
     return Finding("no_success", workflow, workflow, "warning", message, details)
+
+
+# -- the degraded budget -------------------------------------------------------------------------
+
+
+def degraded_budget(workflow: str, *, budget: float, finished: int, degraded: int,
+                    window: float) -> Finding | None:
+    """A finding when more than ``budget`` (a fraction) of the ``finished`` executions of the
+    last ``window`` seconds went out ``degraded``; else None (none finished: no share). Critical
+    past twice the budget."""
+    share = degraded_share(finished, degraded)
+    if share is None or share <= budget:
+        return None
+    severity: Severity = "critical" if share > 2 * budget else "warning"
+    message = (f"{workflow}: {degraded} of {finished} executions in the last {span(window)} went "
+               f"out degraded ({format_share(share)}), past its degraded budget of "
+               f"{format_share(budget)}")
+    details = {"share": share, "budget": budget, "finished": finished, "degraded": degraded,
+               "window_seconds": window}
+    return Finding("degraded_budget", workflow, workflow, severity, message, details)

@@ -33,6 +33,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from konduit.core.durations import Duration
+from konduit.core.shares import DEGRADED_WINDOW, degraded_share
 from konduit.db.connect import open_database
 from konduit.db.database import Database, Row, resolve_url
 from konduit.errors import MetricsError as MetricsError
@@ -163,6 +164,24 @@ def webhook_family(counts: Sequence[Row]) -> Metric:
                   (((s,), found.get(s, 0)) for s in DELIVERY_STATUSES))
 
 
+def degraded_families(rows: Sequence[Row]) -> list[Metric]:
+    """Per workflow, over the last day (rows of ``workflow_degraded_share_for_names``): the
+    share of finished executions that went out degraded, and the two counts it comes from. The
+    ``degraded_budget`` alert fires past ``Workflow(degraded_budget=...)`` (docs/alerts.md)."""
+    by = [((r["name"],), r) for r in rows]
+    return [
+        _gauge("konduit_workflow_degraded_share", "Share (0-1) of a workflow's executions "
+               "finished in the last day that went out degraded (a fallback's payload).",
+               ("workflow",), ((k, degraded_share(r["finished"], r["degraded"])) for k, r in by)),
+        _gauge("konduit_workflow_degraded_executions", "Executions of a workflow finished in "
+               "the last day that went out degraded.", ("workflow",),
+               ((k, r["degraded"]) for k, r in by)),
+        _gauge("konduit_workflow_finished_executions", "Executions of a workflow finished in "
+               "the last day (succeeded, failed or timed out).", ("workflow",),
+               ((k, r["finished"]) for k, r in by)),
+    ]
+
+
 WAIT_KINDS = ("event", "timer", "child")
 
 
@@ -214,6 +233,7 @@ class KonduitCollector(Collector):
         self._lock = asyncio.Lock()
         self._failing: str | None = ""  # the last error logged; "" before the first scrape
         self._waiting: list[Row] = []  # waiting tasks by kind, read with the stats
+        self._degraded: list[Row] = []  # the day's degraded share per workflow, likewise
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="konduit-metrics", daemon=True).start()
 
@@ -236,6 +256,8 @@ class KonduitCollector(Collector):
                 counts = await self._db.all("alert_count_open_by_kind")
                 deliveries = await self._db.all("webhook_delivery_count_by_status")
                 self._waiting = await self._db.all("task_count_waiting")
+                self._degraded = await self._db.all("workflow_degraded_share_for_names",
+                                                    names=None, window_seconds=DEGRADED_WINDOW)
                 return stats, rows, workers, (alerts, counts), deliveries
             except BaseException:  # a fresh pool next time: no waiting out a broken one's retries
                 db, self._db = self._db, None
@@ -267,7 +289,8 @@ class KonduitCollector(Collector):
                 log.warning("reading the stats again")
             self._failing, families = None, [
                 *metric_families(stats, rows, workers, alerts, counts),
-                webhook_family(deliveries), waiting_family(self._waiting)]
+                webhook_family(deliveries), waiting_family(self._waiting),
+                *degraded_families(self._degraded)]
         yield from families
         yield GaugeMetricFamily("konduit_scrape_error", "1 when this scrape could not read the "
                                 "database, else 0.", value=float(self._failing is not None))

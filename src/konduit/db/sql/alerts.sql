@@ -37,6 +37,21 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) last ON true;
 
+-- name: workflow_degraded_share_for_names
+-- Per workflow (all when names is NULL): executions that finished within the window (succeeded,
+-- failed or timed out; a repair's finish counts its execution once) and how many of them went
+-- out degraded at least once (some output version with degraded steps, even if repaired since).
+SELECT e.workflow_name AS name, count(*)::int AS finished,
+       count(*) FILTER (WHERE EXISTS (
+           SELECT 1 FROM konduit_execution_outputs o
+           WHERE o.execution_id = e.id AND o.degraded <> '{}'))::int AS degraded
+FROM konduit_executions e
+WHERE e.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+  AND e.status IN ('succeeded', 'failed', 'timed_out')
+  AND (%(names)s::text[] IS NULL OR e.workflow_name = ANY(%(names)s::text[]))
+GROUP BY e.workflow_name
+ORDER BY e.workflow_name;
+
 -- name: alert_get_clock
 -- The server's time: the moment an evaluation reads its data (guards its raises and resolutions).
 SELECT clock_timestamp() AS now;
