@@ -11,6 +11,7 @@ the branch with its fallback. The join fires within half a second of the deadlin
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import psycopg
 import pytest
 
 import konduit
+from konduit.worker.wakeups import MIN_GAP, SweepClock
 from tests import deadline_wake_app
 
 pytestmark = [pytest.mark.storage]
@@ -96,3 +98,61 @@ def test_a_dead_workers_branch_ends_and_its_join_fires_within_half_a_second_of_i
     assert 0 <= join_late_by < 0.5, f"the join fired {join_late_by:.3f} s after the deadline"
     assert "deadline exceeded" in error
     assert attempts == [("degraded",)]  # the dead worker's attempt, ended by the sweep
+
+
+# -- the pieces ------------------------------------------------------------------------------------
+
+
+def test_the_grace_is_for_a_live_worker_only(db_url: str) -> None:
+    """konduit_task_expirable: a running task past its deadline by less than the grace is left
+    to its worker while that worker's session lives, and is the sweep's once it is gone."""
+    expirable = ("SELECT konduit_task_expirable(%s, clock_timestamp() + make_interval(secs => %s),"
+                 " %s, %s, 1.0)")
+    with psycopg.connect(db_url, autocommit=True) as conn, \
+            psycopg.connect(db_url, autocommit=True) as session:
+        pid = session.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        for worker, session_pid in (("live", pid), ("unknown", None)):
+            conn.execute("INSERT INTO konduit_workers (id, hostname, pid, concurrency, queues,"
+                         " session_pid) VALUES (%s, 'h', 1, 1, '{default}', %s)",
+                         (worker, session_pid))
+
+        def check(status: str, deadline_in: float, holder: str | None,
+                  hedge: str | None = None) -> bool:
+            row = conn.execute(expirable, (status, deadline_in, holder, hedge)).fetchone()
+            return bool(row and row[0])
+
+        assert not check("running", -0.5, "live")  # its worker ends it itself
+        assert check("running", -1.5, "live")  # ... or the grace ran out
+        assert not check("running", -0.5, "unknown")  # no session known: the grace applies
+        assert not check("running", -0.5, "never-registered")
+        assert check("ready", -0.01, None) and check("waiting", -0.01, None)  # nobody to wait for
+        assert not check("ready", 0.5, None) and not check("running", 0.5, "live")
+        session.close()  # the worker process dies: its backend ends with it
+        wait_for("the backend to end", lambda: conn.execute(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)",
+            (pid,)).fetchone()[0], timeout=10)  # type: ignore[index]
+        assert check("running", -0.01, "live")  # dead: ended at its deadline, no grace
+        assert not check("running", 0.5, "live")  # never before it
+        assert not check("running", -0.5, "live", "unknown")  # a hedge that may still end it
+        assert check("running", -0.01, "live", "live")
+
+
+def test_the_clock_wakes_at_what_is_due_coalesces_and_announces_only_earlier_deadlines() -> None:
+    async def go() -> None:
+        clock = SweepClock(interval=0.6, grace=1.0)
+        assert clock.claimed(5.0) is False  # after the next interval: everyone reads it in time
+        assert clock.claimed(0.2) is True  # sooner than anyone's next wake-up: announce it
+        assert clock.claimed(0.25) is False  # later than the one just announced
+        began = time.monotonic()
+        assert await clock.sleep() == {"deadline"}
+        assert 0.18 < time.monotonic() - began < 0.35
+        clock.expect("repair", 0.0)  # due at once, but too close to the last pass: coalesced
+        assert await clock.sleep() == {"repair"}
+        assert time.monotonic() - began >= 0.2 + MIN_GAP - 0.02
+        clock.poke()
+        assert await clock.sleep() == set()  # poked: re-read before sleeping on
+        clock._poked.clear()
+        assert await clock.sleep() == {"full"}  # the interval's pass
+        assert 0.55 < time.monotonic() - began < 0.8
+
+    asyncio.run(go())
