@@ -32,6 +32,7 @@ async def listen(db: Database, *, queues: Container[str], hedged: bool,
                 await conn.execute("LISTEN konduit_outrun")
             if deadline is not None:
                 await conn.execute("LISTEN konduit_deadline")
+                deadline()  # announcements sent while it was not listening are lost: re-read
             async for note in conn.notifies():
                 if note.channel == "konduit_stopped":
                     stopped(note.payload)
