@@ -4,7 +4,7 @@ The loop runs its full pass (rescue, deadlines, waits, timeouts, housekeeping) e
 ``maintenance_interval``. Between two, it wakes for what is due sooner (issue 16: a dead worker's
 branch used to end up to interval + grace after its deadline; a 20 s repair window could fall
 between two 30 s looks), each read from the database after every pass by one statement
-(``maintenance_get_next_due``: a first-row scan of a partial index per kind):
+(``task_get_next_due``: a first-row scan of a partial index per kind):
 
 * ``deadline``: the earliest deadline of a ready, running or waiting task (or the end of a live
   worker's grace): the deadline sweep alone runs;
@@ -59,7 +59,7 @@ class SweepClock:
         """Read the next due times (after a pass, and when poked)."""
         # Cleared before the read: a notification that arrives while it runs pokes again.
         self._poked.clear()
-        row = await db.one("maintenance_get_next_due", grace_seconds=self.grace)
+        row = await db.one("task_get_next_due", grace_seconds=self.grace)
         now = time.monotonic()
         self._due = {kind: now + max(0.0, float(row[kind]))
                      for kind in KINDS if row is not None and row[kind] is not None}

@@ -530,7 +530,7 @@ class Worker:
 
     async def _notify_deadline(self) -> None:
         try:
-            await self.db.one("maintenance_notify_deadline")
+            await self.db.one("task_notify_deadline_sooner")
         except DatabaseError as exc:  # they re-read within an interval anyway
             log.debug("could not announce a deadline: %s", exc)
 

@@ -1,4 +1,4 @@
--- name: maintenance_get_next_due
+-- name: task_get_next_due
 -- Seconds from now to the next moment a maintenance pass has work, by kind (NULL: none known):
 -- a task's deadline (or the end of a live worker's grace), a timer, an automatic repair. Each is
 -- one first-row scan of its partial index: statement_timestamp(), not clock_timestamp(), so that
@@ -27,7 +27,7 @@ SELECT extract(epoch FROM least(
                              AND auto_repair_due_at > statement_timestamp())
                           - statement_timestamp())::float8 AS repair;
 
--- name: maintenance_notify_deadline
+-- name: task_notify_deadline_sooner
 -- Wake the other workers' maintenance loops to re-read the next deadline: sent only when a claim
 -- set one earlier than this worker's own next wake-up (konduit.worker.wakeups), never per task.
 SELECT pg_notify('konduit_deadline', '');
