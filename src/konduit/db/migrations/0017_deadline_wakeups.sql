@@ -21,7 +21,8 @@ AS $$
     SELECT EXISTS (
         SELECT 1 FROM konduit_workers w
         WHERE w.id = holder AND w.session_pid IS NOT NULL
-          AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.session_pid))
+          -- The one backend's entry, not the whole pg_stat_activity (executable by anyone).
+          AND NOT EXISTS (SELECT 1 FROM pg_stat_get_activity(w.session_pid)))
 $$;
 
 -- The one definition of "the deadline sweep may end this task now", called by the sweep's list
