@@ -29,10 +29,13 @@ class WorkerConfig:
     maintenance_interval: float = field(
         default_factory=lambda: _env_float("KONDUIT_MAINTENANCE_INTERVAL", 2.0)
     )
-    """Seconds between maintenance sweeps: expired leases, deadlines, due timers and waits,
-    timed-out executions (every worker runs one; they are idempotent)."""
+    """Seconds between full maintenance passes: expired leases, deadlines, due timers and waits,
+    timed-out executions, due repairs (every worker runs one; they are idempotent). Deadlines,
+    timers and repairs that come due in between are acted on at their moment (wakeups.py)."""
     deadline_grace: float = 1.0
-    """Seconds past a task's deadline before the sweep ends it for a worker that did not."""
+    """Seconds past a running task's deadline that the sweep leaves it to its worker, while that
+    worker is alive (it cancels the task locally at the deadline); a dead worker's task, and a
+    ready or waiting one, ends at the deadline itself (docs/deadlines.md)."""
     shutdown_grace: float = 10.0
     """Seconds running tasks get to finish after a stop request before they are released."""
     isolation: str = "thread"
