@@ -49,7 +49,7 @@ HEALED = threading.Event()  # the resize service answers once set
 
 
 def contract_workflow(name: str = "contract", *, within: str = "1h",
-                      delay: str = "0s") -> konduit.Workflow:
+                      delay: str | None = "0s") -> konduit.Workflow:
     """transcribe -> (cover_image: degrades at 300 ms while the service is down; captions) ->
     publish, with a repair contract."""
     wf = konduit.Workflow(name, version=1, repair_within=within, repair_delay=delay)
@@ -204,9 +204,9 @@ def test_racing_repairers_take_each_repair_once_and_the_new_output_replaces_the_
         make_app: Callable[..., konduit.App], db_url: str) -> None:
     wf = contract_workflow()
     app = make_app(wf)
-    # The worker runs the executions and the repairs; it never looks for due repairs itself
-    # (its first look would come after an hour): the racers below do.
-    with running_worker(app, poll_interval=0.05, auto_repair_interval=3600):
+    # The worker runs the executions and the repairs; it never takes due repairs itself
+    # (auto_repair=False): the racers below do.
+    with running_worker(app, poll_interval=0.05, auto_repair=False):
         ids = finish_degraded(app, wf, 10)
         assert all(app.auto_repair_status(eid).startswith("auto-repair pending: due now")  # type: ignore[union-attr]
                    for eid in ids)
@@ -244,7 +244,7 @@ def test_no_repair_past_repair_within_before_repair_delay_or_of_a_clean_executio
         make_app: Callable[..., konduit.App], db_url: str) -> None:
     late_wf, early_wf = contract_workflow("late"), contract_workflow("early", delay="10m")
     app = make_app(late_wf, early_wf)
-    with running_worker(app, poll_interval=0.05, auto_repair_interval=3600):
+    with running_worker(app, poll_interval=0.05, auto_repair=False):
         [late] = finish_degraded(app, late_wf, 1)
         [early] = finish_degraded(app, early_wf, 1)
         HEALED.set()
@@ -279,7 +279,7 @@ def test_a_repair_that_cannot_start_is_recorded_once(make_app: Callable[..., kon
                                                      db_url: str) -> None:
     wf = contract_workflow()
     app = make_app(wf)
-    with running_worker(app, poll_interval=0.05, auto_repair_interval=3600):
+    with running_worker(app, poll_interval=0.05, auto_repair=False):
         [eid] = finish_degraded(app, wf, 1)
     with psycopg.connect(db_url) as conn:  # the steps no longer say what the output says
         conn.execute("UPDATE konduit_steps SET status = 'succeeded' WHERE execution_id = %s", (eid,))
@@ -304,7 +304,7 @@ def test_a_repair_that_cannot_start_is_recorded_once(make_app: Callable[..., kon
 def spawn_worker(db_url: str, healed: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-        "KONDUIT_TEST_HEALED": str(healed), "KONDUIT_AUTO_REPAIR_INTERVAL": "0.2"}
+        "KONDUIT_TEST_HEALED": str(healed)}
     return subprocess.Popen(
         [sys.executable, "-m", "konduit.cli", "worker", "tests.auto_repair_app:app",
          "--database-url", db_url, "--concurrency", "8", "--poll-interval", "0.1",

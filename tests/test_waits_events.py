@@ -96,19 +96,23 @@ def test_an_approval_after_the_deadline_is_refused_and_the_fallback_stands(make_
         assert conn.execute("SELECT count(*) FROM konduit_events").fetchone() == (0,)
 
 
-def test_an_event_late_by_less_than_the_sweep_grace_changes_nothing(make_app, db_url):
-    """Past the deadline but before the sweep ended the task: still refused (the deadline is
-    checked in the statement that would accept it)."""
+def test_an_event_late_before_the_sweep_ended_the_task_changes_nothing(make_app, db_url):
+    """Past the deadline but before any sweep ended the task (no worker runs: a waiting task
+    gets no grace, a running sweep ends it at its deadline): still refused, since the deadline
+    is checked in the statement that would accept it; the next worker's sweep degrades it."""
     app = make_app(review_workflow(deadline="1s"))
-    with running_worker(app, deadline_grace=30.0, **FAST):
+    with running_worker(app, **FAST):
         handle = app.start("review-flow", input={"episode": 8})
         wait_status(db_url, handle.id, "review", "waiting")
-        time.sleep(1.3)
-        assert task_row(db_url, handle.id, "review")[0] == "waiting"
-        outcome = app.send_event("translation-approved", key="episode-8", payload={"by": "x"})
-        assert outcome in ("stored", "no match")
-        assert outcome == "no match"
-        assert task_row(db_url, handle.id, "review")[0] == "waiting"
+    time.sleep(1.3)
+    assert task_row(db_url, handle.id, "review")[0] == "waiting"
+    outcome = app.send_event("translation-approved", key="episode-8", payload={"by": "x"})
+    assert outcome == "no match"
+    assert task_row(db_url, handle.id, "review")[0] == "waiting"
+    with running_worker(app, **FAST):
+        result = handle.wait(timeout=20)
+    assert result.outcomes["review"] == "degraded"
+    assert result.output["text"]["by"] == "machine"
 
 
 def test_an_event_sent_before_the_step_waits_is_kept_and_consumed(make_app, db_url):

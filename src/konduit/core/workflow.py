@@ -22,6 +22,7 @@ from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair_contract import RepairContract
 from konduit.core.schedules import Schedule
 from konduit.core.schedules import define as define_schedule
+from konduit.core.shares import parse_share
 from konduit.core.validation import OutputValidator
 from konduit.core.waits import WaitSpec, WaitSteps
 from konduit.errors import DefinitionWarning, KonduitError, WorkflowDefinitionError
@@ -162,11 +163,16 @@ class Workflow(WaitSteps):
     output is repaired automatically, once, by a worker, ``repair_delay`` (default 5 minutes, or
     half of ``repair_within`` when that is shorter) to ``repair_within`` after it finished; see
     docs/retention.md.
+
+    ``degraded_budget="2%"`` (seed 004's "roughly 2% of runs"): a ``degraded_budget`` alert opens
+    while more than that share of the workflow's executions finished in the last day went out
+    degraded, and resolves when the share falls back; see docs/alerts.md.
     """
 
     def __init__(self, name: str, version: int = 1, *, repair_within: Duration | None = None,
                  repair_delay: Duration | None = None,
-                 alert_after_no_success: Duration | None = None):
+                 alert_after_no_success: Duration | None = None,
+                 degraded_budget: str | float | None = None):
         if not isinstance(name, str) or not _NAME.match(name):
             raise WorkflowDefinitionError(
                 f"workflow name {name!r} must be 1-100 letters, digits, '_', '-' or '.'"
@@ -188,6 +194,13 @@ class Workflow(WaitSteps):
             if self.alert_after_no_success <= 0:
                 raise WorkflowDefinitionError("alert_after_no_success must be a positive "
                                               "duration, e.g. '26h'", workflow=name)
+        # The degraded share (a fraction) past which the degraded_budget alert opens; None: never.
+        self.degraded_budget: float | None = None
+        if degraded_budget is not None:
+            try:
+                self.degraded_budget = parse_share(degraded_budget, what="degraded_budget")
+            except KonduitError as exc:
+                raise WorkflowDefinitionError(str(exc), workflow=name) from exc
         self._steps: dict[str, StepSpec] = {}
         self._by_handler: dict[int, str] = {}
         self._frozen_spec: WorkflowSpec | None = None
@@ -528,7 +541,8 @@ class Workflow(WaitSteps):
         if self._frozen_spec is None:
             self._frozen_spec = WorkflowSpec(self.name, self.version, dict(self._steps),
                                              repair=self.repair,
-                                             alert_after_no_success=self.alert_after_no_success)
+                                             alert_after_no_success=self.alert_after_no_success,
+                                             degraded_budget=self.degraded_budget)
         return self._frozen_spec
 
     @property
@@ -544,13 +558,15 @@ class WorkflowSpec:
 
     def __init__(self, name: str, version: int, steps: dict[str, StepSpec], *,
                  repair: RepairContract | None = None,
-                 alert_after_no_success: float | None = None):
+                 alert_after_no_success: float | None = None,
+                 degraded_budget: float | None = None):
         self.name = name
         self.version = version
         self.steps = steps
         self.repair = repair  # the automatic repair contract (repair_within), if any
         # An operating setting, not part of the DAG: kept out of spec_json and spec_hash.
         self.alert_after_no_success = alert_after_no_success
+        self.degraded_budget = degraded_budget  # likewise (a fraction; docs/alerts.md)
         if not steps:
             raise WorkflowDefinitionError("a workflow needs at least one step", workflow=name)
         for s in steps.values():

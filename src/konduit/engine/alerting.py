@@ -35,6 +35,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from konduit.core.durations import Duration
+from konduit.core.shares import DEGRADED_WINDOW
 from konduit.db.database import Database, Tx
 from konduit.engine import webhooks
 from konduit.engine.registry import Registry
@@ -44,6 +45,7 @@ from konduit.observe.alerts import (
     WINDOW_QUANTILE,
     AlertRecord,
     Finding,
+    degraded_budget,
     fan_in_findings,
     no_success,
     window_at_risk,
@@ -159,8 +161,9 @@ class Alerting:
         clock = time.monotonic()
         judged = {"window_at_risk"}  # kinds whose every open alert this round may resolve
         if self._history_read_at is None or clock - self._history_read_at >= self.history_every:
-            done.findings += [*await self._fan_in(names), *await self._no_success(names)]
-            judged |= {"fan_in_wait", "no_success"}
+            done.findings += [*await self._fan_in(names), *await self._no_success(names),
+                              *await self._degraded(names)]
+            judged |= {"fan_in_wait", "no_success", "degraded_budget"}
             self._history_read_at = clock
         for finding in done.findings:
             await self._raise(finding, done)
@@ -227,6 +230,20 @@ class Alerting:
                 found.append(finding)
         return found
 
+    async def _degraded(self, names: list[str]) -> list[Finding]:
+        budgets = {n: b for n in names if (b := self.registry.get(n).degraded_budget) is not None}
+        if not budgets:
+            return []
+        found = []
+        for r in await self.db.all("workflow_degraded_share_for_names", names=sorted(budgets),
+                                   window_seconds=DEGRADED_WINDOW):
+            finding = degraded_budget(r["name"], budget=budgets[r["name"]],
+                                      finished=r["finished"], degraded=r["degraded"],
+                                      window=DEGRADED_WINDOW)
+            if finding is not None:
+                found.append(finding)
+        return found
+
     def _spec(self, name: str, version: int) -> bool:
         try:
             self.registry.get(name, version)
@@ -269,6 +286,8 @@ class Alerting:
             return {"resolution": f"fan-in wait back under {self.fan_in_wait:g}s"}
         if alert.kind == "no_success":
             return {"resolution": "a successful execution, or no threshold any more"}
+        if alert.kind == "degraded_budget":
+            return {"resolution": "degraded share back within the budget, or no budget any more"}
         if alert.kind != "window_at_risk":
             return None  # a kind this version does not evaluate
         if alert.subject in evaluated:

@@ -1,8 +1,12 @@
 """The automatic repair of seed 004's contract (``Workflow(..., repair_within="24h")``).
 
-A worker's maintenance loop looks, every ``auto_repair_interval`` seconds, for executions of the
-workflows it serves that succeeded with a degraded output ``repair_delay`` to ``repair_within``
-ago and were not auto-repaired yet (:mod:`konduit.core.repair_contract` says what that means).
+The repair is armed like a timer: the transaction that finishes an execution degraded sets when
+its repair is due (``auto_repair_due_at``: ``repair_delay`` after the finish), and a worker's
+maintenance loop wakes at the earliest one (:mod:`konduit.worker.wakeups`), besides looking at
+every full pass. A look finds the executions of the workflows it serves that succeeded with a
+degraded output ``repair_delay`` to ``repair_within`` ago and were not auto-repaired yet
+(:mod:`konduit.core.repair_contract` says what that means), so any window longer than the delay
+is honoured, not only those longer than a polling interval.
 Each one is taken and repaired in **one transaction**: a guarded UPDATE sets ``auto_repair_at``
 from NULL while re-checking that the execution is still due, then the manual repair
 (:func:`konduit.engine.client.repair_in`) reopens it and starts the re-run steps. Workers that
@@ -15,7 +19,6 @@ start is recorded once (``auto_repair_error``) instead of being retried forever.
 from __future__ import annotations
 
 import logging
-import time
 from datetime import UTC, datetime
 from uuid import UUID
 
@@ -28,32 +31,16 @@ from konduit.errors import DatabaseError, ExecutionNotFound, KonduitError
 
 log = logging.getLogger("konduit.auto_repair")
 
-AUTO_REPAIR_INTERVAL = 30.0
-"""Seconds between a worker's looks for due automatic repairs."""
-
-
 class AutoRepairer:
     """Takes and starts the due automatic repairs of the workflows in ``registry``."""
 
-    def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int,
-                 interval: float = AUTO_REPAIR_INTERVAL):
+    def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int):
         self.db = db
         self.registry = registry
         self.max_payload_bytes = max_payload_bytes
-        self.interval = interval
         self.specs: dict[tuple[str, int], WorkflowSpec] = {
             (spec.name, spec.version): spec for spec in registry if spec.repair is not None
         }
-        # The first look comes one interval after the worker started, like every later one.
-        self._next_at = time.monotonic() + interval
-
-    async def run_if_due(self) -> list[UUID] | None:
-        """Repair what is due if a look is due (None: not yet); returns the repaired ids."""
-        now = time.monotonic()
-        if not self.specs or now < self._next_at:
-            return None
-        self._next_at = now + self.interval
-        return await self.repair_due()
 
     async def repair_due(self, *, limit: int = 100) -> list[UUID]:
         """Take and start every due automatic repair (up to ``limit``); returns their ids."""

@@ -1,6 +1,6 @@
 """Alert rules, pure: given what the history says, which alerts should be open.
 
-Three rules, each turning facts into :class:`Finding`\\ s (an alert that should be open now):
+Four rules, each turning facts into :class:`Finding`\\ s (an alert that should be open now):
 
 - :func:`window_at_risk` — a running execution with a window (``deadline_at``) whose p95
   forecast (:mod:`konduit.observe.forecast`) finishes after the window. ``warning`` while its p50
@@ -12,6 +12,8 @@ Three rules, each turning facts into :class:`Finding`\\ s (an alert that should 
 - :func:`execution_stalled` — a running execution in which nothing can run (the stall
   watchdog of the maintenance pass, :mod:`konduit.engine.stalls`, raises it; resolved at once
   when the fan-in decision it re-ran healed the execution).
+- :func:`degraded_budget` — a workflow whose executions went out degraded more often over the
+  last day than its ``Workflow(..., degraded_budget="2%")`` (seed 004: "roughly 2% of runs").
 
 A finding that is no longer found resolves its alert. The service that stores them is
 :mod:`konduit.engine.alerting`; :class:`AlertRecord` is a stored alert as the API returns it.
@@ -24,13 +26,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from konduit.core.shares import degraded_share, format_share
 from konduit.observe.forecast import Forecast
 from konduit.observe.plan import Quantile, human_seconds
 from konduit.observe.stats import Alert as FanInAlert
 from konduit.observe.stats import span
 
-Kind = Literal["window_at_risk", "fan_in_wait", "no_success", "execution_stalled"]
-KINDS: tuple[Kind, ...] = ("window_at_risk", "fan_in_wait", "no_success", "execution_stalled")
+Kind = Literal["window_at_risk", "fan_in_wait", "no_success", "execution_stalled",
+               "degraded_budget"]
+KINDS: tuple[Kind, ...] = ("window_at_risk", "fan_in_wait", "no_success", "execution_stalled",
+                           "degraded_budget")
 Severity = Literal["warning", "critical"]
 
 WINDOW_QUANTILE: Quantile = "p95"
@@ -213,3 +218,22 @@ def execution_stalled(execution_id: str, workflow: str, *, quiet_seconds: float,
     return Finding("execution_stalled", execution_id, workflow,
                    "warning" if healed else "critical", message, details,
                    execution_id=execution_id)
+
+# -- the degraded budget -------------------------------------------------------------------------
+
+
+def degraded_budget(workflow: str, *, budget: float, finished: int, degraded: int,
+                    window: float) -> Finding | None:
+    """A finding when more than ``budget`` (a fraction) of the ``finished`` executions of the
+    last ``window`` seconds went out ``degraded``; else None (none finished: no share). Critical
+    past twice the budget."""
+    share = degraded_share(finished, degraded)
+    if share is None or share <= budget:
+        return None
+    severity: Severity = "critical" if share > 2 * budget else "warning"
+    message = (f"{workflow}: {degraded} of {finished} executions in the last {span(window)} went "
+               f"out degraded ({format_share(share)}), past its degraded budget of "
+               f"{format_share(budget)}")
+    details = {"share": share, "budget": budget, "finished": finished, "degraded": degraded,
+               "window_seconds": window}
+    return Finding("degraded_budget", workflow, workflow, severity, message, details)

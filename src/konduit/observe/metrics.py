@@ -34,6 +34,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from konduit.core.durations import Duration
+from konduit.core.shares import DEGRADED_WINDOW, degraded_share
 from konduit.db.connect import open_database
 from konduit.db.database import Database, Row, resolve_url
 from konduit.errors import MetricsError as MetricsError
@@ -175,6 +176,23 @@ def stall_family(rows: Sequence[Row]) -> Metric:
                   (((r["workflow"], "true" if r["healed"] else "false"), float(r["stalls"]))
                    for r in rows))
 
+def degraded_families(rows: Sequence[Row]) -> list[Metric]:
+    """Per workflow, over the last day (rows of ``workflow_degraded_share_for_names``): the
+    share of finished executions that went out degraded, and the two counts it comes from. The
+    ``degraded_budget`` alert fires past ``Workflow(degraded_budget=...)`` (docs/alerts.md)."""
+    by = [((r["name"],), r) for r in rows]
+    return [
+        _gauge("konduit_workflow_degraded_share", "Share (0-1) of a workflow's executions "
+               "finished in the last day that went out degraded (a fallback's payload).",
+               ("workflow",), ((k, degraded_share(r["finished"], r["degraded"])) for k, r in by)),
+        _gauge("konduit_workflow_degraded_executions", "Executions of a workflow finished in "
+               "the last day that went out degraded.", ("workflow",),
+               ((k, r["degraded"]) for k, r in by)),
+        _gauge("konduit_workflow_finished_executions", "Executions of a workflow finished in "
+               "the last day (succeeded, failed or timed out).", ("workflow",),
+               ((k, r["finished"]) for k, r in by)),
+    ]
+
 
 WAIT_KINDS = ("event", "timer", "child")
 
@@ -228,6 +246,7 @@ class KonduitCollector(Collector):
         self._failing: str | None = ""  # the last error logged; "" before the first scrape
         self._waiting: list[Row] = []  # waiting tasks by kind, read with the stats
         self._stalls: list[Row] = []  # stalls found per workflow, read with the stats
+        self._degraded: list[Row] = []  # the day's degraded share per workflow, likewise
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="konduit-metrics", daemon=True).start()
 
@@ -251,6 +270,8 @@ class KonduitCollector(Collector):
                 deliveries = await self._db.all("webhook_delivery_count_by_status")
                 self._waiting = await self._db.all("task_count_waiting")
                 self._stalls = await self._db.all("execution_stall_count_by_workflow")
+                self._degraded = await self._db.all("workflow_degraded_share_for_names",
+                                                    names=None, window_seconds=DEGRADED_WINDOW)
                 return stats, rows, workers, (alerts, counts), deliveries
             except BaseException:  # a fresh pool next time: no waiting out a broken one's retries
                 db, self._db = self._db, None
@@ -283,7 +304,8 @@ class KonduitCollector(Collector):
             self._failing, families = None, [
                 *metric_families(stats, rows, workers, alerts, counts),
                 webhook_family(deliveries), waiting_family(self._waiting),
-                stall_family(self._stalls)]
+                stall_family(self._stalls),
+                *degraded_families(self._degraded)]
         yield from families
         yield GaugeMetricFamily("konduit_scrape_error", "1 when this scrape could not read the "
                                 "database, else 0.", value=float(self._failing is not None))

@@ -29,14 +29,17 @@ class WorkerConfig:
     maintenance_interval: float = field(
         default_factory=lambda: _env_float("KONDUIT_MAINTENANCE_INTERVAL", 2.0)
     )
-    """Seconds between maintenance sweeps: expired leases, deadlines, due timers and waits,
-    timed-out executions (every worker runs one; they are idempotent)."""
+    """Seconds between full maintenance passes: expired leases, deadlines, due timers and waits,
+    timed-out executions, due repairs (every worker runs one; they are idempotent). Deadlines,
+    timers and repairs that come due in between are acted on at their moment (wakeups.py)."""
     stall_grace: float = field(default_factory=lambda: _env_float("KONDUIT_STALL_GRACE", 60.0))
     """Seconds a running execution in which nothing can run (no ready, running or waiting task)
     is left before the maintenance pass re-runs its fan-in decision and raises
     ``execution_stalled`` (docs/alerts.md)."""
     deadline_grace: float = 1.0
-    """Seconds past a task's deadline before the sweep ends it for a worker that did not."""
+    """Seconds past a running task's deadline that the sweep leaves it to its worker, while that
+    worker is alive (it cancels the task locally at the deadline); a dead worker's task, and a
+    ready or waiting one, ends at the deadline itself (docs/deadlines.md)."""
     shutdown_grace: float = 10.0
     """Seconds running tasks get to finish after a stop request before they are released."""
     isolation: str = "thread"
@@ -53,10 +56,9 @@ class WorkerConfig:
         default_factory=lambda: _env_float("KONDUIT_RETENTION_INTERVAL", 300.0)
     )
     """Seconds between retention rounds when the App sets ``retention=`` (each deletes in batches)."""
-    auto_repair_interval: float = field(
-        default_factory=lambda: _env_float("KONDUIT_AUTO_REPAIR_INTERVAL", 30.0)
-    )
-    """Seconds between looks for due automatic repairs (workflows with ``repair_within=``)."""
+    auto_repair: bool = True
+    """Whether this worker takes the automatic repairs (``repair_within=``) that come due: at
+    their due time and at every maintenance pass. False leaves them to other workers."""
     alert_interval: float = field(default_factory=lambda: _env_float("KONDUIT_ALERT_INTERVAL", 5.0))
     """Seconds between evaluations of the alert rules (docs/alerts.md); 0 turns them off here."""
     alert_fan_in_wait: float = 20.0
@@ -78,8 +80,8 @@ class WorkerConfig:
             raise ValueError(f"maintenance_interval must be > 0, got {self.maintenance_interval}")
         if self.stall_grace <= 0:
             raise ValueError(f"stall_grace must be > 0, got {self.stall_grace}")
-        if self.retention_interval <= 0 or self.auto_repair_interval <= 0:
-            raise ValueError("retention_interval and auto_repair_interval must be > 0")
+        if self.retention_interval <= 0:
+            raise ValueError("retention_interval must be > 0")
         if self.alert_interval < 0 or self.alert_fan_in_wait <= 0 or self.alert_fan_in_consecutive < 1:
             raise ValueError("alert_interval must be >= 0, alert_fan_in_wait > 0 and "
                              "alert_fan_in_consecutive >= 1")

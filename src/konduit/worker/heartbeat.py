@@ -29,13 +29,22 @@ async def beat(db: Database, config: WorkerConfig, connectivity: Connectivity, *
     each whose lease no longer holds (cancelled, rescued after the lease ran out, or its hedged
     twin finished first)."""
     conn: psycopg.AsyncConnection[Row] | None = None
+    # The first beat comes at once: it records the worker's session (below), which the deadline
+    # sweep needs from the moment this worker claims a task.
+    first = True
     try:
         while True:
-            await asyncio.sleep(config.heartbeat_interval)
+            if not first:
+                await asyncio.sleep(config.heartbeat_interval)
+            first = False
             tasks = held()
             try:
                 if conn is None or conn.closed or conn.broken:
                     conn = await db.listen_connection()
+                    if db.direct_url is not None or not db.pooled:
+                        # Straight to PostgreSQL: this backend lives exactly as long as this
+                        # process (a pooler's server connection would outlive it).
+                        await Tx(conn).run("worker_set_session", id=config.worker_id)
                 tx = Tx(conn)
                 await tx.run("worker_heartbeat", id=config.worker_id, running=len(tasks),
                              abandoned=abandoned())

@@ -14,10 +14,13 @@ log = logging.getLogger("konduit.worker")
 
 async def listen(db: Database, *, queues: Container[str], hedged: bool,
                  ready: Callable[[], None], stopped: Callable[[str], None],
-                 outrun: Callable[[str], None]) -> None:
+                 outrun: Callable[[str], None],
+                 deadline: Callable[[], None] | None = None) -> None:
     """Forever: ``ready()`` when a task became ready in one of ``queues``; ``stopped(execution
     id)`` when an execution ended with tasks cancelled under them; ``outrun(lease token)``
-    when a hedged task's other attempt finished first (listened to only if ``hedged``)."""
+    when a hedged task's other attempt finished first (listened to only if ``hedged``);
+    ``deadline()`` when another worker's claim set a deadline sooner than it knew of (rare:
+    see :mod:`konduit.worker.wakeups`)."""
     while True:
         conn = None
         try:
@@ -27,11 +30,17 @@ async def listen(db: Database, *, queues: Container[str], hedged: bool,
             await conn.execute("LISTEN konduit_stopped")
             if hedged:
                 await conn.execute("LISTEN konduit_outrun")
+            if deadline is not None:
+                await conn.execute("LISTEN konduit_deadline")
+                deadline()  # announcements sent while it was not listening are lost: re-read
             async for note in conn.notifies():
                 if note.channel == "konduit_stopped":
                     stopped(note.payload)
                 elif note.channel == "konduit_outrun":
                     outrun(note.payload)
+                elif note.channel == "konduit_deadline":
+                    if deadline is not None:
+                        deadline()
                 elif note.payload in queues:
                     ready()
         except asyncio.CancelledError:

@@ -59,6 +59,7 @@ from konduit.worker.hedging import Hedger
 from konduit.worker.listener import listen
 from konduit.worker.maintenance import Maintenance
 from konduit.worker.starter import Jobs, Starter, cancel_job
+from konduit.worker.wakeups import SweepClock
 from konduit.worker.webhook_sender import WebhookSender
 
 log = logging.getLogger("konduit.worker")
@@ -95,8 +96,7 @@ class Worker:
         # Housekeeping on the maintenance loop, each at its own (longer) interval.
         self.retention = None if retention is None else Retention(
             db, retention, interval=self.config.retention_interval)
-        self.auto_repairer = AutoRepairer(db, registry, max_payload_bytes=max_payload_bytes,
-                                          interval=self.config.auto_repair_interval)
+        self.auto_repairer = AutoRepairer(db, registry, max_payload_bytes=max_payload_bytes)
         self.alerting = Alerting(db, registry, fan_in_wait=self.config.alert_fan_in_wait,
                                  consecutive=self.config.alert_fan_in_consecutive)
         # Outcomes that end together, of however many executions, share one transaction.
@@ -114,6 +114,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._draining = False
         self._completer: asyncio.Task[None] | None = None
+        self._notifying: set[asyncio.Future[None]] = set()  # deadline announcements in flight
         self._recording: set[int] = set()  # tasks whose handler returned: never cancel those
         self.completed = 0
         self.claims = {"alone": 0, "in_rounds": 0}  # claims that leased tasks, by where they ran
@@ -141,6 +142,9 @@ class Worker:
                                heartbeat_interval=self.config.heartbeat_interval)
         self.arming = Arming(self.maintenance, self._stop.is_set,
                              max_payload_bytes=max_payload_bytes)
+        # When the maintenance loop wakes: the interval, or sooner what is due (wakeups.py).
+        self.sweep_clock = SweepClock(self.config.maintenance_interval,
+                                      grace=self.config.deadline_grace)
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and shut down gracefully."""
@@ -171,7 +175,8 @@ class Worker:
         helpers = [
             asyncio.create_task(listen(
                 self.db, queues=cfg.queues, hedged=self.hedger.enabled, ready=self._wake.set,
-                stopped=self._stop_tasks_of, outrun=self._stop_outrun), name="konduit-listen"),
+                stopped=self._stop_tasks_of, outrun=self._stop_outrun,
+                deadline=self.sweep_clock.poke), name="konduit-listen"),
             asyncio.create_task(beat(
                 self.db, cfg, self.connectivity, held=lambda: [t for t, _ in self.running.values()],
                 abandoned=lambda: self.executor.abandoned, lost=self._lease_lost),
@@ -328,6 +333,7 @@ class Worker:
         """Run the tasks of one claim: their handlers start together, under one lease check."""
         if not claimed:
             return
+        self._announce_deadline(claimed)
         starting = asyncio.ensure_future(self.starter.start_claimed(claimed))
         for task in claimed:
             self.running[task.key] = (task, asyncio.create_task(self._run(task, starting)))
@@ -411,6 +417,9 @@ class Worker:
         log_recorded(task, completion, outcome)  # a retry or a degradation: once, by its recorder
         # This outcome ended a child workflow: its parent's step is woken now, not at a pass.
         self.maintenance.woke(advanced)
+        if advanced is not None and advanced.finished == "succeeded" and spec.repair is not None:
+            # It may have finished degraded, arming its automatic repair: be awake when it is due.
+            self.sweep_clock.expect("repair", spec.repair.delay)
         flow = spec[task.step].flow
         if flow is not None and flow.concurrency is not None:
             await self._notify_slot_free(task)
@@ -518,24 +527,51 @@ class Worker:
             if spec[task.step].is_async:
                 job.cancel()
 
+    def _announce_deadline(self, claimed: list[Claimed]) -> None:
+        """A claim set deadlines: if one is earlier than this worker's next maintenance wake-up,
+        tell the other workers once (after the claim committed; a round's claim that did not
+        commit announces a deadline that is not there, which costs one needless re-read)."""
+        soonest = min((t.deadline_remaining for t in claimed if t.deadline_remaining is not None),
+                      default=None)
+        if soonest is not None and self.sweep_clock.claimed(soonest):
+            task = asyncio.ensure_future(self._notify_deadline())
+            self._notifying.add(task)
+            task.add_done_callback(self._notifying.discard)
+
+    async def _notify_deadline(self) -> None:
+        try:
+            await self.db.one("task_notify_deadline_sooner")
+        except DatabaseError as exc:  # they re-read within an interval anyway
+            log.debug("could not announce a deadline: %s", exc)
+
     async def _maintain(self) -> None:
+        """The maintenance loop: the full pass every interval, and in between what comes due
+        (a deadline, a timer, an automatic repair) at its moment (:class:`SweepClock`)."""
+        clock = self.sweep_clock
+        due: set[str] = set()  # the first round only reads what is due
         while True:
-            await asyncio.sleep(self.config.maintenance_interval)
             try:
-                if self.may_rescue:
+                full = "full" in due
+                if full and self.may_rescue:
                     await self.maintenance.rescue()
-                await self.maintenance.sweep_deadlines(self.running)
-                await self.maintenance.wake_waits()
-                await self.maintenance.end_timed_out()
-                await self.maintenance.watch_stalls()
-                await self.auto_repairer.run_if_due()
-                if self.retention is not None:
+                if full or "deadline" in due:
+                    await self.maintenance.sweep_deadlines(self.running)
+                if full or "timer" in due:
+                    await self.maintenance.wake_waits()
+                if full:
+                    await self.maintenance.end_timed_out()
+                    await self.maintenance.watch_stalls()
+                if (full or "repair" in due) and self.config.auto_repair:
+                    await self.auto_repairer.repair_due()
+                if full and self.retention is not None:
                     await self.retention.run_if_due()
+                await clock.reread(self.db)
                 self.connectivity.connected()
             except (DatabaseError, KonduitError) as exc:
                 if isinstance(exc, DatabaseUnavailable):
                     self.connectivity.disconnected()
                 log.warning("maintenance failed: %s", exc)
+            due = await clock.sleep()
 
     async def _drain(self) -> None:
         """Graceful shutdown: let running tasks finish within the grace period, then cancel the

@@ -37,6 +37,36 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) last ON true;
 
+-- name: workflow_degraded_share_for_names
+-- Per workflow (all when names is NULL): executions that finished within the window (succeeded,
+-- failed or timed out; a repair's finish counts its execution once) and how many of them went
+-- out degraded at least once (an output version with degraded steps, even if repaired since),
+-- those read through the partial index of degraded output versions (a repair follows its
+-- degraded output within a window or so: older degraded versions are not looked for).
+-- plan: custom, a day of executions: from none to millions (a plan made on a tiny table would scan).
+WITH finished AS (
+    SELECT e.workflow_name AS name, count(*)::int AS finished
+    FROM konduit_executions e
+    WHERE e.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+      AND e.status IN ('succeeded', 'failed', 'timed_out')
+      AND (%(names)s::text[] IS NULL OR e.workflow_name = ANY(%(names)s::text[]))
+    GROUP BY e.workflow_name
+), degraded AS (
+    SELECT e.workflow_name AS name, count(DISTINCT e.id)::int AS degraded
+    FROM konduit_execution_outputs o
+    JOIN konduit_executions e ON e.id = o.execution_id
+    WHERE o.degraded <> '{}'
+      AND o.created_at > now() - make_interval(secs => 2 * %(window_seconds)s)
+      AND e.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+      AND e.status IN ('succeeded', 'failed', 'timed_out')
+      AND (%(names)s::text[] IS NULL OR e.workflow_name = ANY(%(names)s::text[]))
+    GROUP BY e.workflow_name
+)
+SELECT f.name, f.finished, COALESCE(d.degraded, 0) AS degraded
+FROM finished f
+LEFT JOIN degraded d ON d.name = f.name
+ORDER BY f.name;
+
 -- name: alert_get_clock
 -- The server's time: the moment an evaluation reads its data (guards its raises and resolutions).
 SELECT clock_timestamp() AS now;

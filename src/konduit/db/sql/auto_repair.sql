@@ -1,22 +1,25 @@
 -- name: execution_list_auto_repair_due
 -- Succeeded executions whose current output went out degraded and whose automatic repair is due
--- (repair_delay to repair_within after they finished) and not yet taken, oldest first; one
+-- (repair_delay to repair_within after they finished) and not yet taken, soonest due first; one
 -- (name, version, within, delay) per workflow version with a repair contract this worker serves.
--- Read through the partial index of degraded output versions (an output version is written in
--- the finishing transaction, so it is no newer than finished_at).
+-- Read through the partial index of armed repairs (auto_repair_due_at, set when they finished),
+-- only as far back as the longest window: older ones ran out. (statement_timestamp() bounds
+-- the index range; the take re-checks the window against clock_timestamp().)
 SELECT e.id, e.workflow_name, e.workflow_version
-FROM konduit_execution_outputs o
-JOIN konduit_executions e ON e.id = o.execution_id AND e.output_version = o.version
+FROM konduit_executions e
 JOIN unnest(%(names)s::text[], %(versions)s::int[], %(within_seconds)s::float8[],
             %(delay_seconds)s::float8[]) AS w(name, version, within_seconds, delay_seconds)
   ON w.name = e.workflow_name AND w.version = e.workflow_version
-WHERE o.degraded <> '{}'
-  AND o.created_at > now() - make_interval(secs => %(max_within_seconds)s) - interval '1 hour'
+WHERE e.auto_repair_at IS NULL AND e.auto_repair_due_at IS NOT NULL
+  AND e.auto_repair_due_at <= statement_timestamp()
+  AND e.auto_repair_due_at > statement_timestamp() - make_interval(secs => %(max_within_seconds)s)
   AND e.status = 'succeeded'
-  AND e.auto_repair_at IS NULL
   AND e.finished_at > clock_timestamp() - make_interval(secs => w.within_seconds)
   AND e.finished_at <= clock_timestamp() - make_interval(secs => w.delay_seconds)
-ORDER BY e.finished_at
+  AND EXISTS (SELECT 1 FROM konduit_execution_outputs o
+              WHERE o.execution_id = e.id AND o.version = e.output_version
+                AND o.degraded <> '{}')
+ORDER BY e.auto_repair_due_at
 LIMIT %(limit)s;
 
 -- name: execution_claim_auto_repair_if_due

@@ -69,13 +69,29 @@ ORDER BY timeout_at
 LIMIT %(limit)s;
 
 -- name: execution_output_insert
--- Keep this finish's output as a version; repairs add versions, earlier ones stay visible.
-INSERT INTO konduit_execution_outputs (execution_id, version, status, output, degraded)
-SELECT e.id, %(version)s, e.status, e.output,
-       ARRAY(SELECT s.step FROM konduit_steps s
-             WHERE s.execution_id = e.id AND s.status = 'degraded' ORDER BY s.step)
-FROM konduit_executions e
-WHERE e.id = %(id)s;
+-- Keep this finish's output as a version (repairs add versions, earlier ones stay visible); a
+-- succeeded degraded one of a workflow with repair_within= arms its automatic repair (due at
+-- finished_at + repair_delay, from the registered spec). The execution row is written again only
+-- then, or to disarm a repair that a clean finish made needless: never for an ordinary finish.
+WITH o AS (
+    INSERT INTO konduit_execution_outputs (execution_id, version, status, output, degraded)
+    SELECT e.id, %(version)s, e.status, e.output,
+           ARRAY(SELECT s.step FROM konduit_steps s
+                 WHERE s.execution_id = e.id AND s.status = 'degraded' ORDER BY s.step)
+    FROM konduit_executions e
+    WHERE e.id = %(id)s
+    RETURNING execution_id, status, degraded
+)
+UPDATE konduit_executions e
+SET auto_repair_due_at = CASE
+        WHEN o.status = 'succeeded' AND o.degraded <> '{}' AND w.spec ? 'repair'
+        THEN e.finished_at + make_interval(secs => (w.spec->'repair'->>'delay')::float8)
+    END
+FROM o, konduit_workflows w
+WHERE e.id = o.execution_id AND e.auto_repair_at IS NULL
+  AND w.name = e.workflow_name AND w.version = e.workflow_version
+  AND ((o.status = 'succeeded' AND o.degraded <> '{}' AND w.spec ? 'repair')
+       OR e.auto_repair_due_at IS NOT NULL);
 
 -- name: execution_output_list
 -- Every output version of one execution, oldest first.
@@ -91,7 +107,8 @@ SET status = 'running',
     generation = generation + 1,
     steps_pending = %(steps_pending)s,
     error = NULL,
-    finished_at = NULL
+    finished_at = NULL,
+    auto_repair_due_at = NULL  -- re-armed, if need be, when this run finishes
 WHERE id = %(id)s AND status IN ('succeeded', 'failed', 'timed_out')
 RETURNING generation;
 

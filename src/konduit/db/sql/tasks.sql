@@ -186,9 +186,10 @@ WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
 RETURNING t.id, t.finished_at;
 
 -- name: task_expire_if_past_deadline
--- Deadline sweep: end a task past its deadline (by more than a grace) whose own worker did not:
--- a running task still under the lease read, a ready one (a retry waiting out its backoff), or
--- a waiting one (an event, timer or child that did not come in time).
+-- Deadline sweep: end a task past its deadline whose own worker did not (by more than a grace
+-- while that worker lives: konduit_task_expirable): a running task still under the lease read,
+-- a ready one (a retry waiting out its backoff), or a waiting one (an event, timer or child
+-- that did not come in time).
 UPDATE konduit_tasks t
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
@@ -200,7 +201,8 @@ SET status = %(outcome)s,
     hedge_worker_id = NULL,
     finished_at = clock_timestamp()
 WHERE t.id = %(id)s
-  AND t.deadline_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
+  AND konduit_task_expirable(t.status, t.deadline_at, t.worker_id, t.hedge_worker_id,
+                             %(grace_seconds)s)
   AND ((t.status = 'running' AND t.lease_token = %(lease_token)s)
        OR (t.status = 'ready' AND %(lease_token)s::uuid IS NULL)
        -- A waiting task that did not become due in time (task_wake_if_waiting, the complement).
@@ -305,8 +307,9 @@ ORDER BY t.finished_at DESC
 LIMIT %(limit)s;
 
 -- name: task_list_past_deadline
--- Ready, running and waiting tasks past their deadline by more than a grace (their worker died
--- or hung, a retry's backoff or a queue outlasted the budget, or a wait was not over in time).
+-- Ready, running and waiting tasks past their deadline (a running one by more than a grace, unless
+-- its worker is known dead: konduit_task_expirable): their worker died or hung, a retry's backoff
+-- or a queue outlasted the budget, or a wait was not over in time.
 SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
        t.lease_token, t.queue, t.generation, t.status, t.worker_id, e.workflow_name,
        e.workflow_version, e.input, e.scheduled_at,
@@ -315,7 +318,9 @@ SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attem
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status IN ('ready', 'running', 'waiting') AND e.status = 'running'
-  AND t.deadline_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
+  AND t.deadline_at < clock_timestamp()  -- the deadline index's range; the rest per row:
+  AND konduit_task_expirable(t.status, t.deadline_at, t.worker_id, t.hedge_worker_id,
+                             %(grace_seconds)s)
   AND (t.status <> 'waiting' OR t.wait_until IS NULL OR t.wait_until > t.deadline_at)
 ORDER BY t.deadline_at
 LIMIT %(limit)s;

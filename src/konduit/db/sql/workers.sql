@@ -15,6 +15,11 @@ SET last_heartbeat_at = clock_timestamp(), running = %(running)s, abandoned = %(
     stopped_at = NULL
 WHERE id = %(id)s;
 
+-- name: worker_set_session
+-- Record the backend pid of the worker's own (heartbeat) session, once per connection it opens:
+-- the deadline sweep reads a worker whose session is gone as dead (konduit_worker_session_gone).
+UPDATE konduit_workers SET session_pid = pg_backend_pid() WHERE id = %(id)s;
+
 -- name: worker_stop
 -- Record a worker shutting down cleanly.
 UPDATE konduit_workers SET stopped_at = clock_timestamp(), running = 0 WHERE id = %(id)s;

@@ -1,0 +1,158 @@
+"""Deadlines to the moment (issue 16): the maintenance loop wakes at the next deadline, not at
+its next interval, and a task whose worker is dead gets no grace.
+
+Two real ``konduit worker`` processes with a 10 s maintenance interval: the victim claims the
+branch (its queue is the victim's alone) and is SIGKILLed while the handler runs; the survivor,
+which was asleep until its next interval when the claim happened, is told of the new deadline
+by the victim's one notification, wakes at it, sees that the victim's session is gone and ends
+the branch with its fallback. The join fires within half a second of the deadline (before issue
+16: up to interval + grace, 11 s here, after it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import konduit
+from konduit.worker.wakeups import MIN_GAP, SweepClock
+from tests import deadline_wake_app
+
+pytestmark = [pytest.mark.storage]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spawn(db_url: str, *queues: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "konduit.cli", "worker", "tests.deadline_wake_app:app",
+         "--database-url", db_url, *(a for q in queues for a in ("--queue", q)),
+         "--lease-seconds", "60", "--heartbeat-interval", "1", "--poll-interval", "0.2",
+         "--maintenance-interval", "10", "--log-level", "WARNING"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def wait_for(what: str, check: object, timeout: float = 30.0) -> None:
+    began = time.monotonic()
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() - began < timeout, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def session_recorded(db_url: str, pid: int) -> bool:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT session_pid FROM konduit_workers WHERE pid = %s AND"
+                           " stopped_at IS NULL", (pid,)).fetchone()
+    return row is not None and row[0] is not None
+
+
+def test_a_dead_workers_branch_ends_and_its_join_fires_within_half_a_second_of_its_deadline(
+        db_url: str) -> None:
+    survivor = spawn(db_url, "default")
+    victim = None
+    app = konduit.App([deadline_wake_app.wf], database_url=db_url)
+    try:
+        wait_for("the survivor", lambda: session_recorded(db_url, survivor.pid))
+        victim = spawn(db_url, "victim", "default")
+        wait_for("the victim", lambda: session_recorded(db_url, victim.pid))
+        time.sleep(0.5)  # the survivor's maintenance loop sleeps towards its next interval
+        handle = app.start("deadline-wake")
+        wait_for("the victim to run the branch", lambda: any(
+            t["step"] == "slow" and t["status"] == "running" for t in app.tasks(handle.id)))
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        result = handle.wait(timeout=20)
+    finally:
+        for proc in (victim, survivor):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in (victim, survivor):
+            if proc is not None:
+                proc.wait(timeout=30)
+        app.close()
+    assert result.output == "fallback+quick"
+    assert result.outcomes["slow"] == "degraded"
+    with psycopg.connect(db_url) as conn:
+        ended = conn.execute(
+            "SELECT extract(epoch FROM t.finished_at - t.deadline_at)::float8,"
+            "       extract(epoch FROM s.fired_at - t.deadline_at)::float8, t.error"
+            " FROM konduit_tasks t, konduit_steps s"
+            " WHERE t.step = 'slow' AND s.execution_id = t.execution_id AND s.step = 'publish'"
+        ).fetchone()
+        attempts = conn.execute("SELECT a.outcome FROM konduit_attempts a JOIN konduit_tasks t"
+                                " ON t.id = a.task_id WHERE t.step = 'slow'").fetchall()
+    assert ended is not None
+    late_by, join_late_by, error = ended
+    print(f"branch ended {late_by:.3f} s after its deadline, join fired {join_late_by:.3f} s after")
+    assert 0 <= late_by < 0.5, f"the branch ended {late_by:.3f} s after its deadline"
+    assert 0 <= join_late_by < 0.5, f"the join fired {join_late_by:.3f} s after the deadline"
+    assert "deadline exceeded" in error
+    assert attempts == [("degraded",)]  # the dead worker's attempt, ended by the sweep
+
+
+# -- the pieces ------------------------------------------------------------------------------------
+
+
+def test_the_grace_is_for_a_live_worker_only(db_url: str) -> None:
+    """konduit_task_expirable: a running task past its deadline by less than the grace is left
+    to its worker while that worker's session lives, and is the sweep's once it is gone."""
+    expirable = ("SELECT konduit_task_expirable(%s, clock_timestamp() + make_interval(secs => %s),"
+                 " %s, %s, 1.0)")
+    with psycopg.connect(db_url, autocommit=True) as conn, \
+            psycopg.connect(db_url, autocommit=True) as session:
+        pid = session.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        for worker, session_pid in (("live", pid), ("unknown", None)):
+            conn.execute("INSERT INTO konduit_workers (id, hostname, pid, concurrency, queues,"
+                         " session_pid) VALUES (%s, 'h', 1, 1, '{default}', %s)",
+                         (worker, session_pid))
+
+        def check(status: str, deadline_in: float, holder: str | None,
+                  hedge: str | None = None) -> bool:
+            row = conn.execute(expirable, (status, deadline_in, holder, hedge)).fetchone()
+            return bool(row and row[0])
+
+        assert not check("running", -0.5, "live")  # its worker ends it itself
+        assert check("running", -1.5, "live")  # ... or the grace ran out
+        assert not check("running", -0.5, "unknown")  # no session known: the grace applies
+        assert not check("running", -0.5, "never-registered")
+        assert check("ready", -0.01, None) and check("waiting", -0.01, None)  # nobody to wait for
+        assert not check("ready", 0.5, None) and not check("running", 0.5, "live")
+        session.close()  # the worker process dies: its backend ends with it
+        wait_for("the backend to end", lambda: conn.execute(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)",
+            (pid,)).fetchone()[0], timeout=10)  # type: ignore[index]
+        assert check("running", -0.01, "live")  # dead: ended at its deadline, no grace
+        assert not check("running", 0.5, "live")  # never before it
+        assert not check("running", -0.5, "live", "unknown")  # a hedge that may still end it
+        assert check("running", -0.01, "live", "live")
+
+
+def test_the_clock_wakes_at_what_is_due_coalesces_and_announces_only_earlier_deadlines() -> None:
+    async def go() -> None:
+        clock = SweepClock(interval=0.6, grace=1.0)
+        assert clock.claimed(5.0) is False  # after the next interval: everyone reads it in time
+        assert clock.claimed(0.2) is True  # sooner than anyone's next wake-up: announce it
+        assert clock.claimed(0.25) is False  # later than the one just announced
+        began = time.monotonic()
+        assert await clock.sleep() == {"deadline"}
+        assert 0.18 < time.monotonic() - began < 0.35
+        clock.expect("repair", 0.0)  # due at once, but too close to the last pass: coalesced
+        assert await clock.sleep() == {"repair"}
+        assert time.monotonic() - began >= 0.2 + MIN_GAP - 0.02
+        clock.poke()
+        assert await clock.sleep() == set()  # poked: re-read before sleeping on
+        clock._poked.clear()
+        assert await clock.sleep() == {"full"}  # the interval's pass
+        assert 0.55 < time.monotonic() - began < 0.8
+
+    asyncio.run(go())
