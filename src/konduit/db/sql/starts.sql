@@ -30,10 +30,11 @@ WITH request AS (
          AS t(name, version, workflow, step, status, up_total, tasks_total, tasks_pending, root,
               queue, priority, max_attempts, deadline_seconds, limited, ord)
 ), roots AS MATERIALIZED (
-    -- Fair turns (migration 0019): the batch is one flow. Execution r's j-th root is the
-    -- ((r - 1) * width + j)-th task of it, from its queue's clock on (width: the most roots a
-    -- workflow of the batch has), so an execution started after a batch of 100,000 is claimed
-    -- a turn after the batch's head, not after its last execution.
+    -- Fair turns (migration 0019): the batch is one flow. Its r-th execution's j-th root is
+    -- the ((r - 1) * width + j)-th task of it (width: the most roots a workflow of the batch
+    -- has; r counted from first_ordinal, where the batch's earlier statements left off), from
+    -- its queue's clock on, so an execution started after a batch of 100,000 is claimed a turn
+    -- after the batch's head, not after its last execution.
     SELECT r.*, max(r.roots) OVER () AS width
     FROM (SELECT t.*,
                  count(*) OVER (PARTITION BY t.name, t.version ORDER BY t.ord) - 1 AS nth,
@@ -69,7 +70,7 @@ WITH request AS (
          deadline_seconds, limited, fair_turn)
     SELECT c.id, t.workflow, 1, t.step, 0, t.queue, t.priority, t.max_attempts,
            t.deadline_seconds, COALESCE(t.limited, false),
-           konduit_task_turn(t.clock, (r.ord - 1) * t.width + t.nth)
+           konduit_task_turn(t.clock, (%(first_ordinal)s::bigint + r.ord - 1) * t.width + t.nth)
     FROM created c
     JOIN request r ON r.id = c.id
     JOIN roots t ON t.name = c.workflow_name AND t.version = c.workflow_version
