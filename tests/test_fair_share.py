@@ -127,10 +127,12 @@ def test_a_two_step_execution_is_not_queued_behind_an_older_map(db_url):
 # -- the claim's cost ----------------------------------------------------------------------------
 
 UNSERVED = 100_000
+THROTTLED = 20_000
 
 
 def _fill_unserved(conn: psycopg.Connection[Any]) -> None:
     """100,000 ready tasks of a workflow version nobody serves, ahead of 20 served ones."""
+    # (The executions are consistent by construction; their steps play no part in a claim.)
     conn.execute("""
         INSERT INTO konduit_workflows (name, version, spec_hash, spec)
         VALUES ('nobody', 1, 'h', '{}'), ('served', 1, 'h', '{}')""")
@@ -147,6 +149,11 @@ def _fill_unserved(conn: psycopg.Connection[Any]) -> None:
         INSERT INTO konduit_tasks (execution_id, workflow, step, map_index, max_attempts)
         SELECT '00000000-0000-7000-8000-000000000002', 'served@1', 'item', i, 1
         FROM generate_series(0, 19) i""")
+    # ... and a throttled step's backlog of the served version, ahead of them too.
+    conn.execute(f"""
+        INSERT INTO konduit_tasks (execution_id, workflow, step, map_index, max_attempts, limited)
+        SELECT '00000000-0000-7000-8000-000000000001', 'served@1', 'limited', i, 1, true
+        FROM generate_series(0, {THROTTLED - 1}) i""")
     conn.execute("ANALYZE konduit_tasks")
 
 
@@ -201,7 +208,7 @@ def test_ready_work_nobody_serves_costs_the_claim_nothing(db_url):
         conn.execute("CREATE INDEX konduit_tasks_ready ON konduit_tasks"
                      " (queue, priority, execution_id, id) WHERE status = 'ready'")
         old = _explain(conn, OLD_CLAIM, params)
-        assert _task_rows_read(old) >= UNSERVED
+        assert _task_rows_read(old) >= UNSERVED + THROTTLED
         conn.rollback()
 
 

@@ -17,10 +17,13 @@
 --   ready at the clock, goes before the newer executions' tasks of that turn, so executions
 --   still finish rather than all start. A retry keeps its turn (it comes back first).
 --
--- The ready index leads with the queue and the workflow version: the claim reads it once per
--- (queue, served workflow), so ready work of workflows the worker does not serve is never read
--- (it was a filter over every row ahead in the old order). Limited tasks (flow control) are left
--- out of it: only the flow claim takes them, through konduit_tasks_limited.
+-- The ready index leads with the queue, the workflow version and `limited`: the claim reads it
+-- once per (queue, served workflow), unlimited tasks only, so ready work of workflows the worker
+-- does not serve, and a throttled step's backlog, are never read (they were a filter over every
+-- row ahead in the old order). It still holds every ready task (the queue depth reads it).
+--
+-- Clocks are created when a worker registers for its queues (worker_register), so the claim
+-- only ever updates one, skipping it while another claim holds it.
 ALTER TABLE konduit_tasks ADD COLUMN fair_turn bigint NOT NULL DEFAULT 0;
 
 CREATE TABLE konduit_queue_clocks (
@@ -36,8 +39,8 @@ AS $$ SELECT base + nth / 8 $$;
 
 DROP INDEX konduit_tasks_ready;
 CREATE INDEX konduit_tasks_ready ON konduit_tasks
-    (queue, workflow, priority, fair_turn, execution_id, id)
-    WHERE status = 'ready' AND NOT limited;
+    (queue, workflow, limited, priority, fair_turn, execution_id, id)
+    WHERE status = 'ready';
 
 DROP INDEX konduit_tasks_limited;
 CREATE INDEX konduit_tasks_limited ON konduit_tasks

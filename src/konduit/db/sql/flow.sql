@@ -157,11 +157,6 @@ WITH clock AS MATERIALIZED (
 ), clock_moved AS (
     UPDATE konduit_queue_clocks q SET fair_turn = greatest(q.fair_turn, h.fair_turn)
     FROM clock_held h WHERE q.queue = h.queue
-), clock_born AS (
-    INSERT INTO konduit_queue_clocks (queue, fair_turn)
-    SELECT r.queue, r.fair_turn FROM reached r
-    WHERE NOT EXISTS (SELECT 1 FROM konduit_queue_clocks q WHERE q.queue = r.queue)
-    ON CONFLICT (queue) DO NOTHING
 ), started AS (
     SELECT a.workflow, a.step, a.room,
            (SELECT count(*) FROM claimed c
@@ -194,10 +189,12 @@ WITH clock AS MATERIALIZED (
 )
 SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
        c.lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version, e.input,
-       extract(epoch FROM c.deadline_at - k.at)::float8 AS deadline_remaining
+       e.scheduled_at, extract(epoch FROM c.deadline_at - k.at)::float8 AS deadline_remaining
 FROM claimed c
 CROSS JOIN clock k
-JOIN konduit_executions e ON e.id = c.execution_id;
+-- By primary key per claimed task under any plan, as in task_claim_batch.
+CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+                    FROM konduit_executions e WHERE e.id = c.execution_id LIMIT 1) AS e;
 
 -- name: flow_limit_list
 -- Every limited step with its limits, running tasks, ready tasks and throttled time (a stretch

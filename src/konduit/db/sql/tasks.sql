@@ -90,18 +90,16 @@ WITH picked AS (
 ), clock_moved AS (
     UPDATE konduit_queue_clocks k SET fair_turn = greatest(k.fair_turn, h.fair_turn)
     FROM clock_held h WHERE k.queue = h.queue
-), clock_born AS (
-    INSERT INTO konduit_queue_clocks (queue, fair_turn)
-    SELECT r.queue, r.fair_turn FROM reached r
-    WHERE NOT EXISTS (SELECT 1 FROM konduit_queue_clocks k WHERE k.queue = r.queue)
-    ON CONFLICT (queue) DO NOTHING
 )
 SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
        c.lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version, e.input,
        e.scheduled_at,
        extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining
 FROM claimed c
-JOIN konduit_executions e ON e.id = c.execution_id;
+-- A lookup by primary key per claimed task under any plan (LIMIT keeps the subquery from being
+-- flattened): a generic plan, not knowing `limit`, would otherwise hash every execution.
+CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+                    FROM konduit_executions e WHERE e.id = c.execution_id LIMIT 1) AS e;
 
 -- name: task_complete_many_if_leased
 -- Record several tasks' outcomes at once, each only while the caller still holds its lease: the
