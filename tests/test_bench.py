@@ -122,6 +122,10 @@ def test_quick_bench_reports_sane_numbers_and_cleans_up(admin_url, tmp_path):
         simultaneous["results"]["concurrent_wall_ms"]
     assert b["batching"]["ratios"]["speedup"] > 1
     assert b["map_10k"]["parameters"]["items"] == 1_000
+    fair = b["fair_share"]["results"]
+    assert fair["beside_map"]["lone_start_to_finish"]["n"] == 20
+    assert fair["after_batch"]["lone_start_to_finish"]["n"] == 20
+    assert fair["beside_map"]["map_items_still_ready"] > 0  # the map was still running
 
     summary = report["summary"]
     assert summary["commit_probe_commits_per_second"] == probe["commits_per_second"]

@@ -184,7 +184,7 @@ def test_the_claim_reads_the_ready_index_and_stops_after_its_limit(history_url, 
         conn.rollback()
     assert problems(plan, "konduit_tasks_ready", CLAIM_MOST_ROWS) == []
     (claimed,) = [n for n in nodes(plan) if n["Node Type"] == "ModifyTable"
-                  and n.get("Operation") == "Update"]
+                  and n.get("Operation") == "Update" and n["Relation Name"] == "konduit_tasks"]
     assert claimed["Actual Rows"] == LIMIT
 
 

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 import konduit
-from konduit import bench_fleet
+from konduit import bench_fair, bench_fleet
 from konduit.bench_harness import (
     LoopThread,
     completion_for,
@@ -444,7 +444,7 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
 
 BENCHMARKS = ("commit_probe", "throughput", "workers", "latency", "start", "wide", "collide",
               "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish", "batching",
-              "map_10k")
+              "map_10k", "fair_share")
 """Every benchmark, in the order they run (``history`` only in a full run)."""
 
 
@@ -498,6 +498,9 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
         ("simultaneous_finish", in_fresh(lambda u: simultaneous_finish(u, 50, 2 if quick else 10))),
         ("batching", in_fresh(lambda u: asyncio.run(batching(u, 200, 2 if quick else 5)))),
         ("map_10k", in_fresh(lambda u: map_fan_out(u, 1_000 if quick else 10_000))),
+        ("fair_share", lambda: bench_fair.fair_share(
+            server.fresh_database, map_items=20_000 if quick else 1_000_000,
+            batch=5_000 if quick else 100_000)),
     ]
     began = time.perf_counter()
     for name, bench in plan:
@@ -573,6 +576,8 @@ def headline(b: Json) -> Json:
             if v is not None), default=None), 200, False),
         "backlog_first_finish_s": target(backlog.get("first_finish_after_first_claim_s"), 2,
                                          False),
+        "fair_share_lone_worst_ms": target(
+            _get(b, "fair_share", "results", "lone_worst_ms"), 2000, False),
         "history_over_empty": target(_get(b, "history", "ratios", "history_over_empty"), 0.8,
                                      True),
     }

@@ -91,6 +91,23 @@ def small_workflows() -> list[konduit.Workflow]:
 app = konduit.App(small_workflows())
 
 
+async def _input(ctx: konduit.Context) -> Any:
+    return ctx.input
+
+
+def fair_map_workflow() -> konduit.Workflow:
+    """A seed, then one no-op task per item of ``range(input)``: the big map beside which a lone
+    execution must still get its share (``konduit bench --only fair_share``)."""
+    wf = konduit.Workflow("bench-fair-map", version=1)
+    seed = wf.step(name="seed")(_input)
+    wf.map(name="item", after=[seed], over=range, max_items=1_000_000)(_returning(1))
+    return wf
+
+
+#: The small workflows and the big map (only the fair-share benchmark's worker serves it).
+fair_app = konduit.App([*small_workflows(), fair_map_workflow()])
+
+
 def wide_workflows(width: int) -> list[konduit.Workflow]:
     """The small workflows, and ``bench-roots-{width}`` if it is not one of them."""
     return small_workflows() + ([] if width in WIDTHS else [roots_workflow(width)])

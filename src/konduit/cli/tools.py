@@ -51,7 +51,7 @@ def bench(
     only: Annotated[list[str] | None, typer.Option(
         "--only", metavar="NAME", help="Run only this benchmark; repeatable (commit_probe, "
         "throughput, workers, latency, start, wide, collide, backlog, history, "
-        "fan_in_cost_by_width, simultaneous_finish, batching, map_10k).",
+        "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share).",
         show_default=False)] = None,
     profile: Annotated[str | None, typer.Option(
         "--profile", metavar="DIR", help="Run every worker process under cProfile and write "

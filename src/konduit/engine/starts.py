@@ -220,6 +220,8 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
         chunk = batch[first : first + BATCH_ROWS]
         row = await tx.one(
             "execution_insert_many_with_roots",
+            # The batch is one flow of fair turns across its chunks (migration 0019).
+            first_ordinal=first,
             ids=[p.id for p in chunk],
             workflow_names=[p.spec.name for p in chunk],
             workflow_versions=[p.spec.version for p in chunk],

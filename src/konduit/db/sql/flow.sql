@@ -82,34 +82,38 @@ WITH clock AS MATERIALIZED (
     CROSS JOIN LATERAL (
         -- Turns as in task_claim_batch; a limited step's tasks take their place in the order.
         SELECT l.id, l.workflow, l.step, l.limited,
-               row_number() OVER (ORDER BY l.priority, l.execution_id, l.id) AS turn
+               row_number() OVER (ORDER BY l.priority, l.fair_turn, l.execution_id, l.id) AS turn
         FROM (
-            SELECT * FROM (
-                SELECT t.id, t.priority, t.execution_id, t.workflow, t.step, false AS limited
+            -- As in task_claim_batch: one bounded index scan per (queue, workflow version).
+            SELECT u.*
+            FROM (SELECT DISTINCT name FROM unnest(%(workflows)s::text[]) AS w(name)) AS w
+            CROSS JOIN LATERAL (
+                SELECT t.id, t.priority, t.fair_turn, t.execution_id, t.workflow, t.step,
+                       false AS limited
                 FROM konduit_tasks t
-                WHERE t.status = 'ready' AND t.queue = q.name
-                  AND t.run_at <= clock_timestamp()
-                  AND t.workflow = ANY(%(workflows)s::text[])
+                WHERE t.status = 'ready' AND t.queue = q.name AND t.workflow = w.name
                   AND NOT t.limited
+                  AND t.run_at <= clock_timestamp()
                   AND (SELECT e.status = 'running' FROM konduit_executions e
                        WHERE e.id = t.execution_id)
-                ORDER BY t.priority, t.execution_id, t.id
+                ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
                 LIMIT %(limit)s
                 FOR UPDATE OF t SKIP LOCKED
-            ) AS unlimited
+            ) AS u
             UNION ALL
-            -- Per locked step with room: its oldest ready tasks, no more than it may start.
+            -- Per locked step with room: its first ready tasks, no more than it may start.
             SELECT s.*
             FROM allowance a
             CROSS JOIN LATERAL (
-                SELECT t.id, t.priority, t.execution_id, t.workflow, t.step, true AS limited
+                SELECT t.id, t.priority, t.fair_turn, t.execution_id, t.workflow, t.step,
+                       true AS limited
                 FROM konduit_tasks t
                 WHERE t.limited AND t.workflow = a.workflow AND t.step = a.step
                   AND t.status = 'ready' AND t.queue = q.name
                   AND t.run_at <= clock_timestamp()
                   AND (SELECT e.status = 'running' FROM konduit_executions e
                        WHERE e.id = t.execution_id)
-                ORDER BY t.priority, t.execution_id, t.id
+                ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
                 LIMIT a.n
                 FOR UPDATE OF t SKIP LOCKED
             ) AS s
@@ -138,10 +142,22 @@ WITH clock AS MATERIALIZED (
     FROM chosen, clock k
     WHERE t.id = chosen.id
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-              t.lease_token, t.queue, t.deadline_at, t.generation, t.workflow, t.limited
+              t.lease_token, t.queue, t.deadline_at, t.generation, t.workflow, t.limited,
+              t.fair_turn
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, started_at)
     SELECT c.id, c.attempt, %(worker_id)s, c.lease_token, k.at FROM claimed c, clock k
+), reached AS (
+    -- The queues' clocks, as in task_claim_batch.
+    SELECT queue, max(fair_turn) AS fair_turn FROM claimed GROUP BY queue
+), clock_held AS (
+    SELECT q.queue, r.fair_turn
+    FROM konduit_queue_clocks q JOIN reached r ON r.queue = q.queue
+    WHERE q.fair_turn < r.fair_turn
+    FOR UPDATE OF q SKIP LOCKED
+), clock_moved AS (
+    UPDATE konduit_queue_clocks q SET fair_turn = greatest(q.fair_turn, h.fair_turn)
+    FROM clock_held h WHERE q.queue = h.queue
 ), started AS (
     SELECT a.workflow, a.step, a.room,
            (SELECT count(*) FROM claimed c
@@ -174,10 +190,12 @@ WITH clock AS MATERIALIZED (
 )
 SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
        c.lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version, e.input,
-       extract(epoch FROM c.deadline_at - k.at)::float8 AS deadline_remaining
+       e.scheduled_at, extract(epoch FROM c.deadline_at - k.at)::float8 AS deadline_remaining
 FROM claimed c
 CROSS JOIN clock k
-JOIN konduit_executions e ON e.id = c.execution_id;
+-- By primary key per claimed task under any plan, as in task_claim_batch.
+CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+                    FROM konduit_executions e WHERE e.id = c.execution_id LIMIT 1) AS e;
 
 -- name: flow_limit_list
 -- Every limited step with its limits, running tasks, ready tasks and throttled time (a stretch

@@ -26,8 +26,23 @@ WITH request AS (
                 %(template_roots)s::bool[], %(template_queues)s::text[],
                 %(template_priorities)s::int[], %(template_max_attempts)s::int[],
                 %(template_deadline_seconds)s::float8[], %(template_limiteds)s::bool[])
+         WITH ORDINALITY
          AS t(name, version, workflow, step, status, up_total, tasks_total, tasks_pending, root,
-              queue, priority, max_attempts, deadline_seconds, limited)
+              queue, priority, max_attempts, deadline_seconds, limited, ord)
+), roots AS MATERIALIZED (
+    -- Fair turns (migration 0019): the batch is one flow. Its r-th execution's j-th root is
+    -- the ((r - 1) * width + j)-th task of it (width: the most roots a workflow of the batch
+    -- has; r counted from first_ordinal, where the batch's earlier statements left off), from
+    -- its queue's clock on, so an execution started after a batch of 100,000 is claimed a turn
+    -- after the batch's head, not after its last execution.
+    SELECT r.*, max(r.roots) OVER () AS width
+    FROM (SELECT t.*,
+                 count(*) OVER (PARTITION BY t.name, t.version ORDER BY t.ord) - 1 AS nth,
+                 count(*) OVER (PARTITION BY t.name, t.version) AS roots,
+                 COALESCE((SELECT k.fair_turn FROM konduit_queue_clocks k
+                           WHERE k.queue = t.queue), 0) AS clock
+          FROM template t
+          WHERE t.root) AS r
 ), created AS (
     INSERT INTO konduit_executions
         (id, workflow_name, workflow_version, input, input_hash, idempotency_key, steps_pending,
@@ -52,11 +67,13 @@ WITH request AS (
     -- rows here would spill to disk for a big batch.
     INSERT INTO konduit_tasks
         (execution_id, workflow, generation, step, map_index, queue, priority, max_attempts,
-         deadline_seconds, limited)
+         deadline_seconds, limited, fair_turn)
     SELECT c.id, t.workflow, 1, t.step, 0, t.queue, t.priority, t.max_attempts,
-           t.deadline_seconds, COALESCE(t.limited, false)
-    FROM created c JOIN template t ON t.name = c.workflow_name AND t.version = c.workflow_version
-    WHERE t.root
+           t.deadline_seconds, COALESCE(t.limited, false),
+           konduit_task_turn(t.clock, (%(first_ordinal)s::bigint + r.ord - 1) * t.width + t.nth)
+    FROM created c
+    JOIN request r ON r.id = c.id
+    JOIN roots t ON t.name = c.workflow_name AND t.version = c.workflow_version
 ), woken AS (
     -- NOTIFY takes a global lock at commit: once per queue, and only when tasks were made.
     SELECT count(pg_notify('konduit_ready', q.queue)) AS queues

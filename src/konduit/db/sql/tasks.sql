@@ -1,18 +1,23 @@
 -- name: task_insert_many
 -- Create the ready tasks of steps whose join fired; a task that exists already is never made twice.
 -- A budget the execution's window cut (deadline_uncut set) is a moment: its deadline starts now.
+-- They take their fair turns from their queue's clock on, 8 a turn (migration 0019).
 INSERT INTO konduit_tasks
     (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
-     deadline_seconds, limited, deadline_uncut_seconds, deadline_reserve_seconds, deadline_at)
+     deadline_seconds, limited, deadline_uncut_seconds, deadline_reserve_seconds, deadline_at,
+     fair_turn)
 SELECT %(execution_id)s, %(workflow)s, %(generation)s, u.step, u.map_index, u.item, u.queue, u.priority,
        u.max_attempts, u.deadline_seconds, COALESCE(u.limited, false), u.uncut, u.reserve,
        CASE WHEN u.uncut IS NOT NULL
-            THEN clock_timestamp() + make_interval(secs => u.deadline_seconds) END
+            THEN clock_timestamp() + make_interval(secs => u.deadline_seconds) END,
+       konduit_task_turn(COALESCE((SELECT k.fair_turn FROM konduit_queue_clocks k
+                                   WHERE k.queue = u.queue), 0), u.nth - 1)
 FROM unnest(%(steps)s::text[], %(map_indexes)s::int[], %(items)s::jsonb[], %(queues)s::text[],
             %(priorities)s::int[], %(max_attempts)s::int[], %(deadline_seconds)s::float8[],
             %(limiteds)s::bool[], %(deadline_uncuts)s::float8[], %(deadline_reserves)s::float8[])
+     WITH ORDINALITY
      AS u(step, map_index, item, queue, priority, max_attempts, deadline_seconds, limited,
-          uncut, reserve)
+          uncut, reserve, nth)
 ON CONFLICT (execution_id, step, map_index, generation) DO NOTHING;
 
 -- name: task_notify_ready
@@ -20,10 +25,15 @@ ON CONFLICT (execution_id, step, map_index, generation) DO NOTHING;
 SELECT pg_notify('konduit_ready', %(queue)s);
 
 -- name: task_claim_batch
--- Lease up to `limit` ready tasks of the given queues, skipping rows other workers hold: in each
--- queue the oldest execution's tasks first within a priority; the queues take turns.
+-- Lease up to `limit` ready tasks of the given queues and workflow versions, skipping rows other
+-- workers hold: within a priority by fair turn (an execution's share: migration 0019), then the
+-- older execution; the queues take turns; the queue's clock moves to the latest turn taken.
+-- Its cost is bounded by the claim (`limit` rows per queue and workflow version read, in index
+-- order) under any plan: each LATERAL below is parameterized by its queue and workflow, so it can
+-- only run once per pair, and its ORDER BY ... LIMIT is the order of konduit_tasks_ready under
+-- the equalities that lead it. Ready work the worker does not serve is never read.
 -- plan: custom, the ready backlog goes from empty to a million rows in seconds (a map fans out):
--- a generic plan built on a tiny table sorts the whole backlog on every claim.
+-- a generic plan built on a tiny table may sort a pair's whole backlog instead of reading the index.
 WITH picked AS (
     SELECT c.id
     FROM (SELECT name, min(pos) AS pos
@@ -34,24 +44,25 @@ WITH picked AS (
         -- 2nd, ... so a queue with one ready execution is served in this claim however deep
         -- another queue's backlog is, and a queue's unused share goes to the others. A claim
         -- smaller than the number of queues serves the first ones: the worker rotates them.
-        SELECT l.id, row_number() OVER (ORDER BY l.priority, l.execution_id, l.id) AS turn
-        FROM (
-            -- One index scan per queue on konduit_tasks_ready, in its order, stopping after
-            -- `limit` rows: execution ids are UUIDv7, so an older execution sorts first.
-            SELECT t.id, t.priority, t.execution_id
+        SELECT l.id, row_number() OVER (ORDER BY l.priority, l.fair_turn, l.execution_id, l.id)
+                         AS turn
+        FROM (SELECT DISTINCT name FROM unnest(%(workflows)s::text[]) AS w(name)) AS w
+        CROSS JOIN LATERAL (
+            -- One index scan per (queue, workflow version) on konduit_tasks_ready, in its order,
+            -- stopping after `limit` rows.
+            SELECT t.id, t.priority, t.fair_turn, t.execution_id
             FROM konduit_tasks t
-            WHERE t.status = 'ready' AND t.queue = q.name
-              AND t.run_at <= clock_timestamp()
-              AND t.workflow = ANY(%(workflows)s::text[])
+            WHERE t.status = 'ready' AND t.queue = q.name AND t.workflow = w.name
               -- A limited step's tasks are claimed only under its flow row's lock
               -- (task_claim_batch_flow_limited); false for every other task.
               AND NOT t.limited
+              AND t.run_at <= clock_timestamp()
               -- Re-checked here, not trusted from when the task was made ready: a cancel commits
               -- its tasks' status in the same transaction, but a claim must never outrun it.
               -- A lookup by primary key per candidate, whatever the statistics say (a semi-join
               -- may scan every running execution for every candidate when they are stale).
               AND (SELECT e.status = 'running' FROM konduit_executions e WHERE e.id = t.execution_id)
-            ORDER BY t.priority, t.execution_id, t.id
+            ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
             LIMIT %(limit)s
             FOR UPDATE OF t SKIP LOCKED
         ) AS l
@@ -72,17 +83,31 @@ WITH picked AS (
     FROM picked
     WHERE t.id = picked.id
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-              t.lease_token, t.queue, t.deadline_at, t.generation
+              t.lease_token, t.queue, t.deadline_at, t.generation, t.fair_turn
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token)
     SELECT id, attempt, %(worker_id)s, lease_token FROM claimed
+), reached AS (
+    SELECT queue, max(fair_turn) AS fair_turn FROM claimed GROUP BY queue
+), clock_held AS (
+    -- A clock another claim holds is skipped, never waited for: that claim moves it.
+    SELECT k.queue, r.fair_turn
+    FROM konduit_queue_clocks k JOIN reached r ON r.queue = k.queue
+    WHERE k.fair_turn < r.fair_turn
+    FOR UPDATE OF k SKIP LOCKED
+), clock_moved AS (
+    UPDATE konduit_queue_clocks k SET fair_turn = greatest(k.fair_turn, h.fair_turn)
+    FROM clock_held h WHERE k.queue = h.queue
 )
 SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
        c.lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version, e.input,
        e.scheduled_at,
        extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining
 FROM claimed c
-JOIN konduit_executions e ON e.id = c.execution_id;
+-- A lookup by primary key per claimed task under any plan (LIMIT keeps the subquery from being
+-- flattened): a generic plan, not knowing `limit`, would otherwise hash every execution.
+CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+                    FROM konduit_executions e WHERE e.id = c.execution_id LIMIT 1) AS e;
 
 -- name: task_complete_many_if_leased
 -- Record several tasks' outcomes at once, each only while the caller still holds its lease: the

@@ -1,5 +1,11 @@
 -- name: worker_register
--- Record a worker coming up, with what it serves.
+-- Record a worker coming up, with what it serves; its queues get their fair-turn clocks
+-- (migration 0019) here, so that claims only ever update one.
+WITH clocks AS (
+    INSERT INTO konduit_queue_clocks (queue, fair_turn)
+    SELECT DISTINCT unnest(%(queues)s::text[]), 0
+    ON CONFLICT (queue) DO NOTHING
+)
 INSERT INTO konduit_workers (id, hostname, pid, concurrency, queues, workflows, isolation,
                              lease_seconds)
 VALUES (%(id)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s, %(workflows)s,
