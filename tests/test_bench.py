@@ -22,7 +22,7 @@ from konduit.bench_fleet import Observer, commits_between
 
 pytestmark = [pytest.mark.storage]
 
-QUICK = set(BENCHMARKS) - {"history"}
+QUICK = set(BENCHMARKS) - {"history", "map_1m"}
 
 
 def ratios(report: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +126,10 @@ def test_quick_bench_reports_sane_numbers_and_cleans_up(admin_url, tmp_path):
     assert fair["beside_map"]["lone_start_to_finish"]["n"] == 20
     assert fair["after_batch"]["lone_start_to_finish"]["n"] == 20
     assert fair["beside_map"]["map_items_still_ready"] > 0  # the map was still running
+    wide_map = b["wide_map"]["results"]
+    assert (wide_map["items"], wide_map["item_attempts"], wide_map["join_attempts"]) == \
+        (5_000, 5_000, 1)
+    assert b["wide_map"]["ratios"]["map_items_over_static_branches"] > 0
 
     summary = report["summary"]
     assert summary["commit_probe_commits_per_second"] == probe["commits_per_second"]

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 import konduit
-from konduit import bench_fair, bench_fleet
+from konduit import bench_fair, bench_fleet, bench_maps
 from konduit.bench_harness import (
     LoopThread,
     completion_for,
@@ -444,8 +444,9 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
 
 BENCHMARKS = ("commit_probe", "throughput", "workers", "latency", "start", "wide", "collide",
               "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish", "batching",
-              "map_10k", "fair_share")
-"""Every benchmark, in the order they run (``history`` only in a full run)."""
+              "map_10k", "fair_share", "wide_map", "map_1m")
+"""Every benchmark, in the order they run (``history`` only in a full run; ``map_1m``, about
+half an hour, only when named with ``--only``)."""
 
 
 def run_bench(database_url: str | None = None, *, quick: bool = False,
@@ -501,10 +502,15 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
         ("fair_share", lambda: bench_fair.fair_share(
             server.fresh_database, map_items=20_000 if quick else 1_000_000,
             batch=5_000 if quick else 100_000)),
+        ("wide_map", lambda: bench_maps.wide_map(
+            server.fresh_database, items=5_000 if quick else 100_000, executions=executions)),
+        ("map_1m", lambda: bench_maps.wide_map(
+            server.fresh_database, items=1_000_000, executions=executions)),
     ]
     began = time.perf_counter()
     for name, bench in plan:
-        if (only and name not in only) or (quick and name == "history" and not only):
+        if (only and name not in only) or (quick and name == "history" and not only) \
+                or (name == "map_1m" and not only):
             continue
         progress(f"bench: {name} ...")
         step_began = time.perf_counter()

@@ -121,3 +121,21 @@ def __getattr__(name: str) -> Any:
         globals()[name] = wide
         return wide
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+async def _all_items(ctx: konduit.Context) -> int:
+    return len(ctx.upstream["item"])
+
+
+def wide_map_workflow() -> konduit.Workflow:
+    """seed -> one no-op task per item of ``range(input)`` -> a join that reads every item: the
+    map at production width (``konduit bench --only wide_map`` / ``map_1m``)."""
+    wf = konduit.Workflow("bench-wide-map", version=1)
+    seed = wf.step(name="seed")(_input)
+    item = wf.map(name="item", after=[seed], over=range, max_items=1_000_000)(_returning(1))
+    wf.step(name="join", after=[item])(_all_items)
+    return wf
+
+
+#: The small workflows and the wide map with its join.
+wide_map_app = konduit.App([*small_workflows(), wide_map_workflow()])

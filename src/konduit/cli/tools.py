@@ -51,7 +51,8 @@ def bench(
     only: Annotated[list[str] | None, typer.Option(
         "--only", metavar="NAME", help="Run only this benchmark; repeatable (commit_probe, "
         "throughput, workers, latency, start, wide, collide, backlog, history, "
-        "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share).",
+        "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share, wide_map, "
+        "map_1m: half an hour, only when named).",
         show_default=False)] = None,
     profile: Annotated[str | None, typer.Option(
         "--profile", metavar="DIR", help="Run every worker process under cProfile and write "

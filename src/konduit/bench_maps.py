@@ -1,0 +1,98 @@
+"""Wide maps at production shape: a warm worker process, a map of 100,000 or 1,000,000 items and
+the join that reads them all (``konduit bench --only wide_map``, ``--only map_1m``).
+
+The worker first runs small maps, so its statements are prepared while the tables are tiny (the
+shape that once made a 10,000-item join take minutes), then the wide one. Measured: the map's
+items per second beside the static branches per second of a throughput run in the same
+benchmark (issue 16: map items at least as fast), the join's own duration and its dispatch
+(last item finished -> join claimed), and the worker's peak memory while it reads the items."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import konduit
+from konduit.bench_apps import wide_map_workflow
+from konduit.bench_fleet import (
+    Json,
+    Observer,
+    _check,
+    _r,
+    peak_rss_mb,
+    ratio,
+    throughput_run,
+    worker_processes,
+)
+
+APP_SPEC = "konduit.bench_apps:wide_map_app"
+WORKFLOW = "bench-wide-map"
+
+
+def wide_map_run(url: str, items: int, *, warm: int = 8, concurrency: int = 8) -> Json:
+    obs = Observer(url)
+    try:
+        with konduit.App([wide_map_workflow()], database_url=url) as app, \
+                worker_processes(url, obs, 1, concurrency=concurrency, app_spec=APP_SPEC,
+                                 label="wide-map") as workers:
+            for _ in range(warm):
+                app.start(WORKFLOW, input=5).wait(timeout=120)
+            stop = threading.Event()
+
+            def sample() -> None:  # VmHWM is the peak; sampled so a dead process still reports
+                while not stop.wait(1.0):
+                    for w in workers:
+                        w.sample_memory()
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            began = time.perf_counter()
+            handle = app.start(WORKFLOW, input=items)
+            result = handle.wait(timeout=max(600.0, items / 50))
+            wall = time.perf_counter() - began
+            stop.set()
+            sampler.join()
+        _check(result.output == items, f"the join saw {result.output} items, not {items}")
+        row: Any = obs.rows("""
+            SELECT extract(epoch FROM max(a.finished_at) FILTER (WHERE t.step = 'item')
+                                    - min(a.started_at) FILTER (WHERE t.step = 'item'))::float8,
+                   count(*) FILTER (WHERE t.step = 'item'),
+                   extract(epoch FROM max(a.finished_at) FILTER (WHERE t.step = 'join')
+                                    - max(a.started_at) FILTER (WHERE t.step = 'join'))::float8,
+                   extract(epoch FROM min(a.started_at) FILTER (WHERE t.step = 'join')
+                                    - max(a.finished_at) FILTER (WHERE t.step = 'item'))::float8,
+                   count(*) FILTER (WHERE t.step = 'join'),
+                   extract(epoch FROM max(e.finished_at) - min(e.created_at))::float8
+            FROM konduit_tasks t JOIN konduit_attempts a ON a.task_id = t.id
+            JOIN konduit_executions e ON e.id = t.execution_id
+            WHERE t.execution_id = %s""", (handle.id,))[0]
+    finally:
+        obs.close()
+    item_span, item_attempts, join_seconds, dispatch, join_attempts, total = row
+    return {
+        "items": items, "warm_small_maps": warm, "concurrency": concurrency,
+        "seconds": _r(total), "client_wall_seconds": _r(wall),
+        "item_attempts": item_attempts, "join_attempts": join_attempts,
+        "items_per_second": _r(items / item_span) if item_span else None,
+        "join_seconds": _r(join_seconds), "join_dispatch_seconds": _r(dispatch),
+        "worker_peak_rss_mb": peak_rss_mb(workers),
+    }
+
+
+def wide_map(fresh: Any, *, items: int, executions: int) -> Json:
+    """The wide map, and a static throughput run (``executions`` x 20 branches) beside it."""
+    with fresh() as url:
+        static = throughput_run(url, executions=executions, label="static")
+    with fresh() as url:
+        wide = wide_map_run(url, items)
+    return {
+        "parameters": {"workflow": f"{WORKFLOW}: seed -> map(range(items)) -> join reading "
+                                   "every item", "items": items, "processes": 1,
+                       "concurrency": 8, "warm_up": "8 maps of 5 items first, same process",
+                       "static": f"{executions} x bench-roots-20 in its own database, same run"},
+        "results": {**wide, "static_branch_tasks_per_second":
+                    static["branch_tasks_per_second"]},
+        "ratios": {"map_items_over_static_branches":
+                   ratio(wide["items_per_second"], static["branch_tasks_per_second"])},
+    }
