@@ -26,7 +26,7 @@ from konduit.bench_fleet import Json, Observer, _check, _r, dist_ms, worker_proc
 FAIR_APP = "konduit.bench_apps:fair_app"
 
 
-def _lone_seconds(app: konduit.App, obs: Observer, count: int, interval: float,
+def lone_seconds(app: konduit.App, obs: Observer, count: int, interval: float,
                   timeout: float) -> list[float]:
     """Start ``count`` one-step executions, ``interval`` s apart; each one's start -> finish."""
     ids: list[UUID] = []
@@ -62,7 +62,7 @@ def _beside_map(url: str, items: int, lone: int, interval: float) -> Json:
                 time.sleep(0.1)
             expanded = time.perf_counter() - began
             time.sleep(1.0)
-            seconds = _lone_seconds(app, obs, lone, interval, timeout=120)
+            seconds = lone_seconds(app, obs, lone, interval, timeout=120)
             done, ready = obs.rows(
                 "SELECT count(*) FILTER (WHERE status = 'succeeded'),"
                 " count(*) FILTER (WHERE status = 'ready')"
@@ -85,7 +85,7 @@ def _after_batch(url: str, batch: int, lone: int, interval: float) -> Json:
             starting = time.perf_counter() - began
             with worker_processes(url, obs, 1, app_spec=FAIR_APP, label="fair-batch"):
                 time.sleep(1.0)
-                seconds = _lone_seconds(app, obs, lone, interval, timeout=120)
+                seconds = lone_seconds(app, obs, lone, interval, timeout=120)
                 left = int(obs.one("SELECT count(*) FROM konduit_executions"
                                    " WHERE status = 'running'"))
     finally:

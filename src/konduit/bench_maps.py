@@ -14,12 +14,14 @@ import time
 from typing import Any
 
 import konduit
-from konduit.bench_apps import wide_map_workflow
+from konduit.bench_apps import one_workflow, wide_map_workflow
+from konduit.bench_fair import lone_seconds
 from konduit.bench_fleet import (
     Json,
     Observer,
     _check,
     _r,
+    dist_ms,
     peak_rss_mb,
     ratio,
     throughput_run,
@@ -28,12 +30,14 @@ from konduit.bench_fleet import (
 
 APP_SPEC = "konduit.bench_apps:wide_map_app"
 WORKFLOW = "bench-wide-map"
+LONE = 10
+"""One-step executions started a second apart while the map runs (their start -> finish)."""
 
 
 def wide_map_run(url: str, items: int, *, warm: int = 8, concurrency: int = 8) -> Json:
     obs = Observer(url)
     try:
-        with konduit.App([wide_map_workflow()], database_url=url) as app, \
+        with konduit.App([wide_map_workflow(), one_workflow()], database_url=url) as app, \
                 worker_processes(url, obs, 1, concurrency=concurrency, app_spec=APP_SPEC,
                                  label="wide-map") as workers:
             for _ in range(warm):
@@ -49,6 +53,11 @@ def wide_map_run(url: str, items: int, *, warm: int = 8, concurrency: int = 8) -
             sampler.start()
             began = time.perf_counter()
             handle = app.start(WORKFLOW, input=items)
+            while not obs.one("SELECT EXISTS (SELECT 1 FROM konduit_tasks WHERE execution_id = %s"
+                              " AND step = 'item' AND started_at IS NOT NULL)", (handle.id,)):
+                time.sleep(0.05)
+            # One-step executions started while the map's items run: each gets its share.
+            lone = lone_seconds(app, obs, LONE, 1.0, timeout=120)
             result = handle.wait(timeout=max(600.0, items / 50))
             wall = time.perf_counter() - began
             stop.set()
@@ -77,6 +86,7 @@ def wide_map_run(url: str, items: int, *, warm: int = 8, concurrency: int = 8) -
         "items_per_second": _r(items / item_span) if item_span else None,
         "join_seconds": _r(join_seconds), "join_dispatch_seconds": _r(dispatch),
         "worker_peak_rss_mb": peak_rss_mb(workers),
+        "lone_beside_map": dist_ms(lone),
     }
 
 
