@@ -480,7 +480,7 @@ async def load_step_outputs(
     # A map's items: read in pages through a cursor and decoded page by page on a thread, so
     # the worker never holds the whole result as text beside its decoded payloads, and its
     # loop (heartbeats, other tasks) keeps running while 100,000 payloads are decoded.
-    payloads: dict[str, Any] = {}
+    payloads: dict[str, Any] = {s: [] for s in steps if spec[s].is_map}  # a map of no items too
     async for page in tx.stream(query, page_rows=UPSTREAM_PAGE_ROWS,
                                 execution_id=execution_id, steps=steps):
         await asyncio.to_thread(merge_payloads, spec, steps, page, payloads)
