@@ -31,7 +31,7 @@ from konduit.errors import KonduitError, WorkflowDefinitionError
 from konduit.observe.metrics import metric_families
 from konduit.observe.stats import load_stats, stats_renderables
 from konduit.worker.config import WorkerConfig
-from konduit.worker.executor import Claimed
+from konduit.worker.executor import Claimed, Executor
 from konduit.worker.hedging import Hedger
 from konduit.worker.maintenance import Maintenance
 from tests.conftest import running_worker
@@ -287,7 +287,7 @@ def test_heartbeat_extends_both_leases_of_one_task(hedged: Any) -> None:
 @pytest.mark.storage
 def test_rescue_drops_a_dead_hedge_and_promotes_a_live_one(hedged: Any) -> None:
     app, lt = hedged
-    rescuer = Maintenance(lt.db, app.registry, None, lease_seconds=0.01,  # type: ignore[arg-type]
+    rescuer = Maintenance(lt.db, app.registry, Executor(lt.db), lease_seconds=0.01,
                           deadline_grace=1.0)
     # The hedge's worker vanished: the hedge is dropped, the primary runs on.
     _, primary, hedge = bring_to_straggler(app, lt)
