@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from konduit.db.embedded import with_database
-from konduit.db.queries import q
+from konduit.db.queries import all_queries, q
 
 pytestmark = [pytest.mark.storage]
 
@@ -179,6 +179,11 @@ def explain_claim(conn: psycopg.Connection[Any], *, generic: bool = False) -> di
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 def test_the_claim_reads_the_ready_index_and_stops_after_its_limit(history_url, generic):
+    if generic:
+        # The claim is never prepared (``-- plan: custom``, konduit/db/queries.py): no generic
+        # plan of it ever runs, whatever shape PostgreSQL would give one on these statistics.
+        assert all_queries()["task_claim_batch"].custom_plan
+        return
     with psycopg.connect(history_url) as conn:
         plan = explain_claim(conn, generic=generic)
         conn.rollback()
