@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 import konduit
-from konduit import bench_fleet
+from konduit import bench_fleet, bench_soak
 from konduit.bench_harness import (
     LoopThread,
     completion_for,
@@ -444,15 +444,21 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
 
 BENCHMARKS = ("commit_probe", "throughput", "workers", "latency", "start", "wide", "collide",
               "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish", "batching",
-              "map_10k")
-"""Every benchmark, in the order they run (``history`` only in a full run)."""
+              "map_10k", "soak")
+"""Every benchmark, in the order they run (``history`` only in a full run, ``soak`` only when
+named by ``only``)."""
+
+ON_REQUEST = ("soak",)
+"""Benchmarks that run only when named (``--only soak``): 30 minutes is no part of a full run."""
 
 
 def run_bench(database_url: str | None = None, *, quick: bool = False,
               workers: list[int] | None = None, only: list[str] | None = None,
+              soak: bench_soak.SoakSettings | None = None,
               progress: Callable[[str], None] = lambda _: None) -> Json:
     """Run the benchmarks (``only`` some of them), each in its own fresh database; returns the
-    JSON report. ``workers`` is the process counts of the ``workers`` curve."""
+    JSON report. ``workers`` is the process counts of the ``workers`` curve; ``soak`` the
+    settings of the soak (when ``only`` names it)."""
     server = Server(database_url)
     unknown = sorted(set(only or ()) - set(BENCHMARKS))
     if unknown:
@@ -498,10 +504,12 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
         ("simultaneous_finish", in_fresh(lambda u: simultaneous_finish(u, 50, 2 if quick else 10))),
         ("batching", in_fresh(lambda u: asyncio.run(batching(u, 200, 2 if quick else 5)))),
         ("map_10k", in_fresh(lambda u: map_fan_out(u, 1_000 if quick else 10_000))),
+        ("soak", in_fresh(lambda u: bench_soak.soak(u, soak))),
     ]
     began = time.perf_counter()
     for name, bench in plan:
-        if (only and name not in only) or (quick and name == "history" and not only):
+        if (only and name not in only) or (not only and (
+                name in ON_REQUEST or (quick and name == "history"))):
             continue
         progress(f"bench: {name} ...")
         step_began = time.perf_counter()
@@ -575,6 +583,13 @@ def headline(b: Json) -> Json:
                                          False),
         "history_over_empty": target(_get(b, "history", "ratios", "history_over_empty"), 0.8,
                                      True),
+        # Issue 16: the soak's last minutes against its first (no worse than 10 %).
+        "soak_tasks_per_second_last_over_first": target(
+            _get(b, "soak", "ratios", "tasks_per_second_last_over_first"), 0.9, True),
+        "soak_join_dispatch_p99_last_over_first": target(
+            _get(b, "soak", "ratios", "join_dispatch_p99_last_over_first"), 1.1, False),
+        "soak_worker_rss_last_over_first": target(
+            _get(b, "soak", "ratios", "worker_rss_last_over_first"), 1.1, False),
     }
     over_probe = {
         "throughput_branch_tasks": ratio(tput.get("branch_tasks_per_second") or 0, probe or 0),
