@@ -11,8 +11,8 @@ resident set every few seconds. The first and last ``compare`` seconds are set s
 throughput, join-dispatch p99 and worker RSS should be within 10 % of each other.
 
 Throughput under a fixed offered load is the offered load as long as the worker keeps up, so a
-separate **capacity** figure is taken too: a burst of executions started at once (with the
-steady load paused) before the soak and again after it, on the database the soak left behind.
+separate **capacity** figure is taken too: a burst of executions started at once, with the steady
+load paused, after the first span and again at the end, on the database the soak left behind.
 
 Not in CI and not in a full ``konduit bench`` run: only when asked for. Not part of the API.
 """
@@ -173,8 +173,12 @@ def state(obs: Observer) -> Json:
                (SELECT count(*) FROM konduit_tasks WHERE status = 'ready'),
                (SELECT count(*) FROM konduit_tasks WHERE status = 'running'),
                (SELECT count(*) FROM konduit_executions WHERE finished_at IS NULL)""")[0]
+    dead, vacuums = obs.rows("""
+        SELECT coalesce(sum(n_dead_tup), 0), coalesce(sum(autovacuum_count), 0)
+        FROM pg_stat_user_tables WHERE relname = ANY(%s)""", (list(TABLES),))[0]
     return {"rows": {t.removeprefix("konduit_"): int(n) for t, n in zip(TABLES, counts, strict=True)},
-            "database_mb": _r(int(size) / 2**20), "tasks_ready": int(ready),
+            "database_mb": _r(int(size) / 2**20), "dead_rows": int(dead),
+            "autovacuums": int(vacuums), "tasks_ready": int(ready),
             "tasks_running": int(running), "executions_unfinished": int(unfinished)}
 
 
@@ -263,6 +267,68 @@ def compare(windows: list[Json], joins: list[list[float]], count: int) -> Json:
 # -- the run -----------------------------------------------------------------------------------------
 
 
+class Run:
+    """The soak's state while it runs: the worker, the observer, and the windows so far."""
+
+    def __init__(self, s: SoakSettings, obs: Observer, worker: WorkerProcess, app: konduit.App):
+        self.s, self.obs, self.worker, self.app = s, obs, worker, app
+        self.lag = min(2.0, s.window / 4)  # a window is read this long after it ends (joins ran)
+        self.windows: list[Json] = []
+        self.joins: list[list[float]] = []
+        self.started = 0  # executions the bench started, all told
+        self.most_behind = 0.0
+        self.steady_seconds = 0.0
+
+    def segment(self, count: int) -> None:
+        """``count`` windows of steady load, from a load started now to a load stopped at the
+        last window's end; each window read ``lag`` seconds after it ends."""
+        s, worker = self.s, self.worker
+        load = Load(self.app, s.rate)
+        t0, mono0 = self.obs.now(), time.monotonic()
+        load.start()
+        samples: list[list[float]] = [[] for _ in range(count)]
+        next_sample, end = mono0, mono0 + count * s.window
+        try:
+            for k in range(count):
+                read_at = mono0 + (k + 1) * s.window + self.lag
+                while (now := time.monotonic()) < read_at:
+                    if now >= next_sample:
+                        _check(worker.proc.poll() is None,
+                               f"the worker exited with {worker.proc.returncode}")
+                        worker.sample_memory()
+                        if worker.rss_kib is not None and now < end:
+                            samples[int((now - mono0) // s.window)].append(
+                                _r(worker.rss_kib / 1024))
+                        next_sample += s.sample_every
+                    if now >= end:
+                        load.stop()  # the last window is over: no more starts
+                    time.sleep(max(0.0, min(read_at, next_sample) - time.monotonic()))
+                lo = t0 + timedelta(seconds=k * s.window)
+                figures, joins = window_figures(self.obs, lo, lo + timedelta(seconds=s.window))
+                # Read before the rows: an execution started in between is not counted pruned.
+                started = self.started + load.started
+                now_state = state(self.obs)
+                self.windows.append({
+                    "index": len(self.windows), "from_s": _r(self.steady_seconds + k * s.window),
+                    "at": lo.isoformat(), "seconds": s.window, **figures,
+                    "worker_rss_mb_samples": samples[k],
+                    "worker_rss_mb": _r(statistics.fmean(samples[k])) if samples[k] else None,
+                    "state": now_state,
+                    "executions_pruned_so_far": started - now_state["rows"]["executions"]})
+                self.joins.append(joins)
+        finally:
+            load.stop()
+            self.started += load.started
+            self.most_behind = max(self.most_behind, load.most_behind)
+        self.steady_seconds += count * s.window
+
+    def burst(self) -> Json:
+        """A capacity burst once the load's last executions are done."""
+        wait_drained(self.obs, timeout=120)
+        self.started += self.s.burst
+        return capacity_burst(self.app, self.obs, self.s.burst)
+
+
 def soak(url: str, settings: SoakSettings | None = None) -> Json:
     """The soak on the (migrated, scratch) database of ``url``; the JSON report."""
     s = (settings or SoakSettings()).resolved()
@@ -270,91 +336,59 @@ def soak(url: str, settings: SoakSettings | None = None) -> Json:
     assert s.retention is not None and s.retention_interval is not None
     count = int(s.duration // s.window)
     per_span = max(1, min(count // 2, round(s.compare / s.window)))
-    lag = min(2.0, s.window / 4)  # a window is read this long after it ends (its joins ran)
     env = {"KONDUIT_RETENTION_INTERVAL": str(s.retention_interval),
            "KONDUIT_MAINTENANCE_INTERVAL": str(min(2.0, s.retention_interval))}
     obs = Observer(url)
-    windows: list[Json] = []
-    joins: list[list[float]] = []
     bursts: Json = {}
-    started = 0
     worker = WorkerProcess(url, concurrency=s.concurrency, label="soak", env=env,
                            app_spec=f"konduit.bench_apps:soak_app_{s.retention}")
     try:
         with konduit.App([bench_apps.soak_workflow()], database_url=url) as app:
             worker.wait_ready(obs)
+            run = Run(s, obs, worker, app)
             for _ in range(3):  # warm-up, not measured
                 app.start(WORKFLOW).wait(timeout=60)
-            started += 3
+            run.started += 3
             if s.burst:
-                bursts["start"] = capacity_burst(app, obs, s.burst)
-                started += s.burst
-            load = Load(app, s.rate)
-            t0, mono0 = obs.now(), time.monotonic()
-            load.start()
-            samples: list[list[float]] = [[] for _ in range(count)]
-            next_sample = mono0
-            try:
-                for k in range(count):
-                    read_at = mono0 + (k + 1) * s.window + lag
-                    while (now := time.monotonic()) < read_at:
-                        if now >= next_sample:
-                            _check(worker.proc.poll() is None,
-                                   f"the worker exited with {worker.proc.returncode}")
-                            worker.sample_memory()
-                            at = min(count - 1, int((now - mono0) // s.window))
-                            if worker.rss_kib is not None and now < mono0 + count * s.window:
-                                samples[at].append(_r(worker.rss_kib / 1024))
-                            next_sample += s.sample_every
-                        if k == count - 1 and now >= mono0 + count * s.window:
-                            load.stop()  # the last window is over: no more starts
-                        time.sleep(max(0.0, min(read_at, next_sample) - time.monotonic()))
-                    lo = t0 + timedelta(seconds=k * s.window)
-                    figures, js = window_figures(obs, lo, lo + timedelta(seconds=s.window))
-                    started_total = started + load.started
-                    now_state = state(obs)
-                    windows.append({
-                        "index": k, "from_s": _r(k * s.window), "seconds": s.window, **figures,
-                        "worker_rss_mb_samples": samples[k],
-                        "worker_rss_mb": _r(statistics.fmean(samples[k])) if samples[k] else None,
-                        "state": now_state,
-                        "executions_pruned_so_far":
-                            started_total - now_state["rows"]["executions"]})
-                    joins.append(js)
-            finally:
-                load.stop()
-            started += load.started
+                # Capacity is measured with the load paused: after the first span (the tables
+                # filled, retention going) and after the last, on what the soak left behind.
+                run.segment(per_span)
+                bursts["after_first_span"] = run.burst()
+                run.segment(count - per_span)
+                bursts["end"] = run.burst()
+            else:
+                run.segment(count)
             wait_drained(obs, timeout=120)
-            if s.burst:
-                bursts["end"] = capacity_burst(app, obs, s.burst)
-                started += s.burst
             worker.sample_memory()
             final = state(obs)
     finally:
         code = worker.stop()
         obs.close()
     _check(code == 0, f"the worker exited with {code}")
+    windows, joins = run.windows, run.joins
     comparison = compare(windows, joins, per_span)
-    pruned = started - final["rows"]["executions"]
     every_join = [x for js in joins for x in js]
-    capacity = ratio(bursts["end"]["tasks_per_second"], bursts["start"]["tasks_per_second"]) \
-        if len(bursts) == 2 else None
+    capacity = ratio(bursts["end"]["tasks_per_second"],
+                     bursts["after_first_span"]["tasks_per_second"]) if bursts else None
     return {
         "parameters": {**asdict(s), "windows": count, "windows_compared": per_span,
-                       "read_lag_s": lag, "maintenance_interval": float(env[
+                       "read_lag_s": run.lag, "maintenance_interval": float(env[
                            "KONDUIT_MAINTENANCE_INTERVAL"]),
                        "workflow": "bench-soak: root -> 3 branches -> join -> map of 4 items -> "
                                    f"total ({TASKS_EACH} tasks an execution)",
                        "offered_tasks_per_second": _r(s.rate * TASKS_EACH), "processes": 1,
                        "worker": f"python -m konduit.cli worker konduit.bench_apps:soak_app_"
-                                 f"{s.retention} --concurrency {s.concurrency}"},
+                                 f"{s.retention} --concurrency {s.concurrency}",
+                       "capacity": "a burst of `burst` executions in one start_many with the "
+                                   "steady load paused, after the first span and at the end"},
         "results": {
             "windows": windows, "first": comparison["first"], "last": comparison["last"],
             "checks": comparison["checks"], "passed": comparison["passed"],
             "passed_no_worse": comparison["passed_no_worse"],
-            "executions_started": started, "executions_pruned": pruned,
+            "executions_started": run.started,
+            "executions_pruned": run.started - final["rows"]["executions"],
             "executions_not_succeeded": sum(w["executions_not_succeeded"] for w in windows),
-            "most_behind_schedule_s": _r(load.most_behind),
+            "most_behind_schedule_s": _r(run.most_behind),
             "join_dispatch_latency": dist_ms(every_join),
             "capacity": bursts, "final_state": final,
             "worker_peak_rss_mb": _r(worker.peak_rss_kib / 1024) if worker.peak_rss_kib else None},
@@ -363,5 +397,5 @@ def soak(url: str, settings: SoakSettings | None = None) -> Json:
             "join_dispatch_p99_last_over_first":
                 comparison["checks"]["join_dispatch_p99"]["ratio"],
             "worker_rss_last_over_first": comparison["checks"]["worker_rss"]["ratio"],
-            "capacity_end_over_start": capacity}.items() if v is not None},
+            "capacity_end_over_first_span": capacity}.items() if v is not None},
     }
