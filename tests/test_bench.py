@@ -195,6 +195,7 @@ def test_soak_runs_a_few_seconds_with_retention_pruning_and_reports_its_windows(
          "--output", str(out), "--database-url", admin_url],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+    assert "bench: soak: window 3/3:" in proc.stderr  # a line after each window
     report = json.loads(out.read_text())
     assert set(report["benchmarks"]) == {"soak"}
     soak = report["benchmarks"]["soak"]

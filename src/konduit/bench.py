@@ -504,7 +504,7 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
         ("simultaneous_finish", in_fresh(lambda u: simultaneous_finish(u, 50, 2 if quick else 10))),
         ("batching", in_fresh(lambda u: asyncio.run(batching(u, 200, 2 if quick else 5)))),
         ("map_10k", in_fresh(lambda u: map_fan_out(u, 1_000 if quick else 10_000))),
-        ("soak", in_fresh(lambda u: bench_soak.soak(u, soak))),
+        ("soak", in_fresh(lambda u: bench_soak.soak(u, soak, progress=progress))),
     ]
     began = time.perf_counter()
     for name, bench in plan:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -270,8 +271,10 @@ def compare(windows: list[Json], joins: list[list[float]], count: int) -> Json:
 class Run:
     """The soak's state while it runs: the worker, the observer, and the windows so far."""
 
-    def __init__(self, s: SoakSettings, obs: Observer, worker: WorkerProcess, app: konduit.App):
+    def __init__(self, s: SoakSettings, obs: Observer, worker: WorkerProcess, app: konduit.App,
+                 progress: Callable[[str], None], total: int):
         self.s, self.obs, self.worker, self.app = s, obs, worker, app
+        self.progress, self.total = progress, total
         self.lag = min(2.0, s.window / 4)  # a window is read this long after it ends (joins ran)
         self.windows: list[Json] = []
         self.joins: list[list[float]] = []
@@ -316,6 +319,14 @@ class Run:
                     "state": now_state,
                     "executions_pruned_so_far": started - now_state["rows"]["executions"]})
                 self.joins.append(joins)
+                w = self.windows[-1]
+                self.progress(
+                    f"bench: soak: window {len(self.windows)}/{self.total}: "
+                    f"{w['tasks_per_second']} tasks/s, join dispatch p99 "
+                    f"{w['join_dispatch_latency'].get('p99_ms')} ms, worker RSS "
+                    f"{w['worker_rss_mb']} MB, {now_state['rows']['executions']} executions "
+                    f"in the tables ({w['executions_pruned_so_far']} pruned so far), "
+                    f"{now_state['database_mb']} MB")
         finally:
             load.stop()
             self.started += load.started
@@ -329,8 +340,10 @@ class Run:
         return capacity_burst(self.app, self.obs, self.s.burst)
 
 
-def soak(url: str, settings: SoakSettings | None = None) -> Json:
-    """The soak on the (migrated, scratch) database of ``url``; the JSON report."""
+def soak(url: str, settings: SoakSettings | None = None, *,
+         progress: Callable[[str], None] = lambda _: None) -> Json:
+    """The soak on the (migrated, scratch) database of ``url``; the JSON report. ``progress``
+    gets a line after each window."""
     s = (settings or SoakSettings()).resolved()
     s.validate()
     assert s.retention is not None and s.retention_interval is not None
@@ -345,7 +358,7 @@ def soak(url: str, settings: SoakSettings | None = None) -> Json:
     try:
         with konduit.App([bench_apps.soak_workflow()], database_url=url) as app:
             worker.wait_ready(obs)
-            run = Run(s, obs, worker, app)
+            run = Run(s, obs, worker, app, progress, count)
             for _ in range(3):  # warm-up, not measured
                 app.start(WORKFLOW).wait(timeout=60)
             run.started += 3
