@@ -17,12 +17,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from konduit.bench import BENCHMARKS
+from konduit.bench import BENCHMARKS, ON_REQUEST
 from konduit.bench_fleet import Observer, commits_between
+from konduit.bench_soak import SoakSettings, compare
+from konduit.errors import BenchError
 
 pytestmark = [pytest.mark.storage]
 
-QUICK = set(BENCHMARKS) - {"history", "map_1m"}
+QUICK = set(BENCHMARKS) - {"history", *ON_REQUEST}
 
 
 def ratios(report: dict[str, Any]) -> dict[str, Any]:
@@ -145,3 +147,88 @@ def test_quick_bench_reports_sane_numbers_and_cleans_up(admin_url, tmp_path):
         left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
                             (f"konduit_bench_{proc.pid}_%",)).fetchall()
     assert left == []
+
+
+# -- the soak (issue 16): only its shape and its arithmetic here; the real run is not in CI -------
+
+
+def _window(index: int, tasks: int, rss: float) -> dict[str, Any]:
+    return {"index": index, "seconds": 10.0, "tasks_finished": tasks,
+            "worker_rss_mb_samples": [rss, rss],
+            "state": {"rows": {"executions": 100}, "database_mb": 9.0}}
+
+
+def test_soak_compares_the_first_windows_with_the_last():
+    windows = [_window(0, 1000, 50.0), _window(1, 1000, 50.0), _window(2, 1000, 53.0),
+               _window(3, 950, 56.0)]
+    joins = [[0.004] * 98 + [0.010] * 2, [0.005] * 100, [0.005] * 100, [0.005] * 98 + [0.011] * 2]
+    out = compare(windows, joins, 1)
+    assert (out["first"]["windows"], out["last"]["windows"]) == ([0], [3])
+    checks = out["checks"]
+    assert checks["tasks_per_second"] == {"ratio": 0.95, "within_10_percent": True,
+                                          "no_worse_than_10_percent": True}
+    assert checks["join_dispatch_p99"]["ratio"] == 1.1  # p99 of 100 is the 99th value: 10 -> 11 ms
+    # 50 -> 56 MB is a 12 % rise: outside the 10 %, and the run fails.
+    assert checks["worker_rss"]["ratio"] == 1.12
+    assert checks["worker_rss"]["within_10_percent"] is False
+    assert (out["passed"], out["passed_no_worse"]) == (False, False)
+    # Two windows a side: RSS 50 -> 54.5 (+9 %), throughput 1000 -> 975/10 s.
+    two = compare(windows, joins, 2)["checks"]
+    assert (two["worker_rss"]["ratio"], two["tasks_per_second"]["ratio"]) == (1.09, 0.975)
+    # Falling latency is outside "within 10 %" but no worse.
+    faster = compare(windows[::-1], joins[::-1], 1)["checks"]["join_dispatch_p99"]
+    assert faster["ratio"] == 0.909 and faster["within_10_percent"] is True
+    assert compare(windows, [[0.01]] * 3 + [[0.005]], 1)["checks"]["join_dispatch_p99"] == {
+        "ratio": 0.5, "within_10_percent": False, "no_worse_than_10_percent": True}
+
+
+def test_soak_settings_refuse_a_retention_that_would_prune_a_window_before_it_is_read():
+    resolved = SoakSettings().resolved()
+    assert (resolved.duration, resolved.window, resolved.retention) == (1800, 30, 120)
+    assert resolved.retention_interval == 15 and resolved.sample_every == 5
+    resolved.validate()
+    with pytest.raises(BenchError, match="at least two windows"):
+        SoakSettings(window=30, retention=45).resolved().validate()
+    with pytest.raises(BenchError, match="--duration"):
+        SoakSettings(duration=50, window=30).resolved().validate()
+
+
+def test_soak_runs_a_few_seconds_with_retention_pruning_and_reports_its_windows(admin_url, tmp_path):
+    """`konduit bench --only soak` end to end, cut short: a real worker process whose retention
+    prunes while the load runs, three 2-second windows, the first against the last."""
+    out = tmp_path / "soak.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "konduit.cli", "bench", "--only", "soak", "--duration", "6",
+         "--window", "2", "--rate", "5", "--retention", "4", "--burst", "20",
+         "--output", str(out), "--database-url", admin_url],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "bench: soak: window 3/3:" in proc.stderr  # a line after each window
+    report = json.loads(out.read_text())
+    assert set(report["benchmarks"]) == {"soak"}
+    soak = report["benchmarks"]["soak"]
+    params, results = soak["parameters"], soak["results"]
+    assert (params["duration"], params["window"], params["retention"]) == (6, 2, 4)
+    assert (params["windows"], params["windows_compared"]) == (3, 1)
+    windows = results["windows"]
+    assert [w["index"] for w in windows] == [0, 1, 2]
+    for w in windows:
+        assert w["executions_started"] >= 5 and w["tasks_per_second"] > 0
+        assert w["join_dispatch_latency"]["n"] >= 5 and w["worker_rss_mb_samples"]
+        assert {"executions", "tasks", "attempts", "steps", "outputs"} <= set(w["state"]["rows"])
+    assert (results["first"]["windows"], results["last"]["windows"]) == ([0], [2])
+    assert set(results["checks"]) == {"tasks_per_second", "join_dispatch_p99", "worker_rss"}
+    assert all(isinstance(c["within_10_percent"], bool) for c in results["checks"].values())
+    assert isinstance(results["passed"], bool)
+    assert results["executions_not_succeeded"] == 0
+    # Retention ran during the soak: executions were deleted while the load went on.
+    assert 0 < results["executions_pruned"] < results["executions_started"]
+    assert windows[-1]["executions_pruned_so_far"] > 0
+    assert set(results["capacity"]) == {"after_first_span", "end"}
+    assert all(b["tasks"] == 20 * 10 and b["tasks_per_second"] > 0
+               for b in results["capacity"].values())
+    assert set(soak["ratios"]) == {"tasks_per_second_last_over_first",
+                                   "join_dispatch_p99_last_over_first",
+                                   "worker_rss_last_over_first", "capacity_end_over_first_span"}
+    assert 0 < results["worker_peak_rss_mb"] < 1000
+    assert "soak_worker_rss_last_over_first" in report["summary"]["targets"]

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 import konduit
-from konduit import bench_fair, bench_fleet, bench_maps
+from konduit import bench_fair, bench_fleet, bench_maps, bench_soak
 from konduit.bench_harness import (
     LoopThread,
     completion_for,
@@ -444,16 +444,21 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
 
 BENCHMARKS = ("commit_probe", "throughput", "workers", "latency", "start", "wide", "collide",
               "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish", "batching",
-              "map_10k", "fair_share", "wide_map", "map_1m")
-"""Every benchmark, in the order they run (``history`` only in a full run; ``map_1m``, about
-half an hour, only when named with ``--only``)."""
+              "map_10k", "fair_share", "wide_map", "map_1m", "soak")
+"""Every benchmark, in the order they run (``history`` only in a full run; ``map_1m`` and
+``soak``, half an hour each, only when named with ``--only``)."""
+
+ON_REQUEST = ("map_1m", "soak")
+"""Benchmarks that run only when named (``--only soak``): 30 minutes is no part of a full run."""
 
 
 def run_bench(database_url: str | None = None, *, quick: bool = False,
               workers: list[int] | None = None, only: list[str] | None = None,
+              soak: bench_soak.SoakSettings | None = None,
               progress: Callable[[str], None] = lambda _: None) -> Json:
     """Run the benchmarks (``only`` some of them), each in its own fresh database; returns the
-    JSON report. ``workers`` is the process counts of the ``workers`` curve."""
+    JSON report. ``workers`` is the process counts of the ``workers`` curve; ``soak`` the
+    settings of the soak (when ``only`` names it)."""
     server = Server(database_url)
     unknown = sorted(set(only or ()) - set(BENCHMARKS))
     if unknown:
@@ -506,11 +511,12 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
             server.fresh_database, items=5_000 if quick else 100_000, executions=executions)),
         ("map_1m", lambda: bench_maps.wide_map(
             server.fresh_database, items=1_000_000, executions=executions)),
+        ("soak", in_fresh(lambda u: bench_soak.soak(u, soak, progress=progress))),
     ]
     began = time.perf_counter()
     for name, bench in plan:
-        if (only and name not in only) or (quick and name == "history" and not only) \
-                or (name == "map_1m" and not only):
+        if (only and name not in only) or (not only and (
+                name in ON_REQUEST or (quick and name == "history"))):
             continue
         progress(f"bench: {name} ...")
         step_began = time.perf_counter()
@@ -586,6 +592,13 @@ def headline(b: Json) -> Json:
             _get(b, "fair_share", "results", "lone_worst_ms"), 2000, False),
         "history_over_empty": target(_get(b, "history", "ratios", "history_over_empty"), 0.8,
                                      True),
+        # Issue 16: the soak's last minutes against its first (no worse than 10 %).
+        "soak_tasks_per_second_last_over_first": target(
+            _get(b, "soak", "ratios", "tasks_per_second_last_over_first"), 0.9, True),
+        "soak_join_dispatch_p99_last_over_first": target(
+            _get(b, "soak", "ratios", "join_dispatch_p99_last_over_first"), 1.1, False),
+        "soak_worker_rss_last_over_first": target(
+            _get(b, "soak", "ratios", "worker_rss_last_over_first"), 1.1, False),
     }
     over_probe = {
         "throughput_branch_tasks": ratio(tput.get("branch_tasks_per_second") or 0, probe or 0),

@@ -4,7 +4,7 @@ A worker is its own process (``python -m konduit.cli worker konduit.bench_apps:a
 workflows it serves must be importable by name: they live here, in the package. ``app`` holds
 the small ones; ``wide_app_{w}`` (e.g. ``wide_app_10000``) adds a ``w``-wide join, built only
 when asked for (a 10,000-step workflow takes seconds to validate, which every other worker would
-pay).
+pay); ``soak_app_{s}`` serves the soak's workflow with ``App(retention=s seconds)``.
 
 Handlers are trivial on purpose: the benchmarks measure the engine, not the work.
 """
@@ -23,6 +23,8 @@ WIDTHS = (10, 20, 500)
 BACKLOG_BRANCHES = 7  # root -> 7 branches -> join: 9 tasks an execution
 COLLIDE_WIDTHS = (8, 32)
 LATENCY_BRANCHES = 4
+SOAK_BRANCHES = 3
+SOAK_ITEMS = 4  # root -> 3 branches -> join -> map of 4 items -> total: 10 tasks an execution
 
 
 def _returning(value: int) -> Callable[[konduit.Context], Coroutine[Any, Any, int]]:
@@ -108,6 +110,22 @@ def fair_map_workflow() -> konduit.Workflow:
 fair_app = konduit.App([*small_workflows(), fair_map_workflow()])
 
 
+def soak_workflow() -> konduit.Workflow:
+    """root -> ``SOAK_BRANCHES`` branches -> join -> a map over ``range(SOAK_ITEMS)`` -> total:
+    a static fan-out/fan-in and a run-time one in each execution (``konduit bench --only soak``)."""
+    wf = konduit.Workflow("bench-soak", version=1)
+    root = wf.step(name="root")(_returning(0))
+    steps = [wf.step(name=f"b{i}", after=[root])(_returning(1)) for i in range(SOAK_BRANCHES)]
+    join = wf.step(name="join", after=steps)(_returning(SOAK_ITEMS))
+
+    async def item(ctx: konduit.Context) -> int:
+        return int(ctx.item)
+
+    wf.map(name="item", after=[join], over=range)(item)
+    wf.step(name="total", after=["item"])(_count)
+    return wf
+
+
 def wide_workflows(width: int) -> list[konduit.Workflow]:
     """The small workflows, and ``bench-roots-{width}`` if it is not one of them."""
     return small_workflows() + ([] if width in WIDTHS else [roots_workflow(width)])
@@ -120,6 +138,11 @@ def __getattr__(name: str) -> Any:
         wide = konduit.App(wide_workflows(int(name[len(prefix):])))
         globals()[name] = wide
         return wide
+    prefix = "soak_app_"  # soak_app_120: bench-soak with App(retention=120 s)
+    if name.startswith(prefix) and name[len(prefix):].isdigit():
+        soak = konduit.App([soak_workflow()], retention=int(name[len(prefix):]))
+        globals()[name] = soak
+        return soak
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

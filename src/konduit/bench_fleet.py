@@ -181,7 +181,8 @@ class WorkerProcess:
     """``python -m konduit.cli worker`` as a child process."""
 
     def __init__(self, url: str, *, concurrency: int = 8, app_spec: str = APP_SPEC,
-                 label: str = "worker", log: Path | None = None):
+                 label: str = "worker", log: Path | None = None,
+                 env: dict[str, str] | None = None):
         command = [sys.executable]
         profile_dir = os.environ.get(PROFILE_ENV)
         self.profile: Path | None = None
@@ -197,7 +198,8 @@ class WorkerProcess:
         err = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=err)
+                                         stdout=subprocess.DEVNULL, stderr=err,
+                                         env=None if env is None else {**os.environ, **env})
         finally:
             if log is not None:
                 err.close()  # type: ignore[union-attr]

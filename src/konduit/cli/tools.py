@@ -51,9 +51,24 @@ def bench(
     only: Annotated[list[str] | None, typer.Option(
         "--only", metavar="NAME", help="Run only this benchmark; repeatable (commit_probe, "
         "throughput, workers, latency, start, wide, collide, backlog, history, "
-        "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share, wide_map, "
-        "map_1m: half an hour, only when named).",
+        "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share, wide_map; "
+        "map_1m and soak run only when named).", show_default=False)] = None,
+    duration: Annotated[float, typer.Option(
+        "--duration", metavar="SECONDS", min=1,
+        help="Soak only: seconds of steady load.")] = 1800.0,
+    window: Annotated[float, typer.Option(
+        "--window", metavar="SECONDS", min=0.5,
+        help="Soak only: seconds per measured window.")] = 30.0,
+    rate: Annotated[float, typer.Option(
+        "--rate", metavar="N", min=0.01,
+        help="Soak only: executions started per second (10 tasks each).")] = 10.0,
+    retention: Annotated[int | None, typer.Option(
+        "--retention", metavar="SECONDS", min=1,
+        help="Soak only: the worker's App(retention=...) (default: 120 or 4 windows).",
         show_default=False)] = None,
+    burst: Annotated[int, typer.Option(
+        "--burst", metavar="N", min=0,
+        help="Soak only: executions of the capacity burst before and after the soak.")] = 300,
     profile: Annotated[str | None, typer.Option(
         "--profile", metavar="DIR", help="Run every worker process under cProfile and write "
         "its profile (.prof) into DIR.", show_default=False)] = None,
@@ -67,12 +82,14 @@ def bench(
     starts, wide joins, simultaneous finishes, a queued backlog, a large history, and the
     fan-in protocol's own costs. Prints one JSON document; its summary puts each figure beside
     its target. Each benchmark runs in its own scratch database on the server, created and
-    dropped here."""
+    dropped here. ``--only soak`` runs the soak (steady load with retention on for
+    --duration seconds; not part of a full run)."""
     import os
     from pathlib import Path
 
     from konduit.bench import run_bench
     from konduit.bench_fleet import PROFILE_ENV
+    from konduit.bench_soak import SoakSettings
 
     if output is not None and not Path(output).absolute().parent.is_dir():
         raise CliError(f"--output: directory {Path(output).absolute().parent} does not exist")
@@ -89,6 +106,8 @@ def bench(
         os.environ[PROFILE_ENV] = str(Path(profile).absolute())
     report = run_bench(reachable(database_url, schema=False), quick=quick, workers=curve,
                        only=only,
+                       soak=SoakSettings(duration=duration, window=window, rate=rate,
+                                         retention=retention, burst=burst),
                        progress=lambda message: err_console.print(message, markup=False))
     text = json.dumps(report, indent=2)
     if output is not None:
