@@ -36,9 +36,12 @@ _load = executor.load_upstream
 
 
 async def _slow_load(tx: Any, spec: Any, execution_id: Any, step: str) -> Any:
-    if step == "join":
+    # Only this workflow's join: the test process imports this module too (for ``wf``), and its
+    # in-process workers of other tests must read their upstreams untouched.
+    if spec.name == wf.name and step == "join":
         row = await tx.one("execution_get", id=execution_id)
-        await asyncio.sleep(float((row or {}).get("input", {}).get("hold_seconds", 0)))
+        given = row["input"] if row is not None and isinstance(row["input"], dict) else {}
+        await asyncio.sleep(float(given.get("hold_seconds", 0)))
     return await _load(tx, spec, execution_id, step)
 
 
