@@ -166,7 +166,7 @@ class Completion:
     step: str
     map_index: int
     attempt: int
-    command: Command
+    command: Command = Command.END
     outcome: Outcome | None = None  # how the task ends: set exactly when command is END
     payload_json: str | None = None  # canonical JSON of the output (succeeded/degraded)
     payload: Any = None  # the output; for WAIT, the :class:`~konduit.core.waits.Armed`

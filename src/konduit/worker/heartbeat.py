@@ -12,18 +12,18 @@ from collections.abc import Callable
 
 import psycopg
 
+from konduit.core.model import TaskAttempt
 from konduit.db.database import Database, Row, Tx
 from konduit.errors import DatabaseError, DatabaseUnavailable
 from konduit.worker.config import WorkerConfig
 from konduit.worker.connectivity import Connectivity
-from konduit.worker.executor import Claimed
 
 log = logging.getLogger("konduit.worker")
 
 
 async def beat(db: Database, config: WorkerConfig, connectivity: Connectivity, *,
-               held: Callable[[], list[Claimed]], abandoned: Callable[[], int],
-               lost: Callable[[Claimed], None]) -> None:
+               held: Callable[[], list[TaskAttempt]], abandoned: Callable[[], int],
+               lost: Callable[[TaskAttempt], None]) -> None:
     """Forever, every ``heartbeat_interval``: record the worker alive (with its running and
     ``abandoned()`` counts) and extend the leases of the ``held()`` attempts; ``lost(task)`` for
     each whose lease no longer holds (cancelled, rescued after the lease ran out, or its hedged
