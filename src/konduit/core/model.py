@@ -183,17 +183,15 @@ class Completion:
     fallback_settle: float | None = None
 
     def __post_init__(self) -> None:
-        command = Command(self.command)
-        if (command is Command.END) != (self.outcome is not None):
+        if (self.command == Command.END) != (self.outcome is not None):
             raise ValueError(f"a completion that ends its task needs an outcome, and only "
-                             f"one that does has one (command {command}, outcome {self.outcome})")
-        object.__setattr__(self, "command", command)
-        if self.outcome is not None and not isinstance(self.outcome, Outcome):
-            object.__setattr__(self, "outcome", Outcome(self.outcome))
-        if self.attempt_outcome is not None:
-            object.__setattr__(self, "attempt_outcome", AttemptOutcome(self.attempt_outcome))
-        object.__setattr__(self, "source", OutputSource(self.source))
-        object.__setattr__(self, "transition", Transition(self.transition))
+                             f"one that does has one (command {self.command}, outcome "
+                             f"{self.outcome})")
+        # Members pass as they are (the usual case, and a hot path); strings become members.
+        for name, kind in _TYPED:
+            value = getattr(self, name)
+            if value is not None and type(value) is not kind:
+                object.__setattr__(self, name, kind(value))
 
     @property
     def ends(self) -> bool:
@@ -205,6 +203,11 @@ class Completion:
         """One word for logs and traces: the outcome, else what happened instead (retry,
         released, waiting, yielded)."""
         return _WORDS[self.command] if self.outcome is None else str(self.outcome)
+
+
+_TYPED: tuple[tuple[str, type[enum.StrEnum]], ...] = (
+    ("command", Command), ("outcome", Outcome), ("attempt_outcome", AttemptOutcome),
+    ("source", OutputSource), ("transition", Transition))
 
 
 @dataclass(frozen=True)
