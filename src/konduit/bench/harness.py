@@ -2,7 +2,7 @@
 bring an execution to "every branch leased", record completions one by one, and run each
 completion on a thread with its own loop and connection (so that siblings can collide).
 
-Shared by :mod:`konduit.bench` and ``tests/`` (fanin_harness, lock order); not part of the API.
+Shared by :mod:`konduit.bench.suite` and ``tests/`` (fanin_harness, lock order); not part of the API.
 """
 
 from __future__ import annotations
