@@ -44,7 +44,7 @@ from konduit.worker.config import WorkerConfig
 from konduit.worker.worker import Worker
 
 T = TypeVar("T")
-log = logging.getLogger("konduit")
+log = logging.getLogger(__name__)
 
 
 class ExecutionHandle:

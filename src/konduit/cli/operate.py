@@ -29,6 +29,8 @@ from konduit.db.migrate import latest_version
 from konduit.errors import CliError
 from konduit.worker.config import new_worker_id
 
+log = logging.getLogger(__name__)
+
 
 def db_migrate(database_url: DatabaseUrl = None) -> None:
     """Apply the schema migrations this konduit needs (a no-op when the schema is current)."""
@@ -105,7 +107,7 @@ def worker(
 
     def say(text: str) -> None:
         if as_json:
-            logging.getLogger("konduit.worker").info("%s", text)
+            log.info("%s", text)
         else:
             err_console.print(escape(text), soft_wrap=True)
 
@@ -147,7 +149,7 @@ def worker(
             # Threads that ignored their deadline still run and cannot be stopped: exit now,
             # non-zero, so the supervisor starts a fresh process.
             if as_json:
-                logging.getLogger("konduit.worker").error("%s", exc)
+                log.error("%s", exc)
             else:
                 err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
             sys.stdout.flush()

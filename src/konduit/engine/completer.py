@@ -25,7 +25,7 @@ from konduit.engine import step_rows, transitions
 from konduit.engine.advancer import Advanced, Advancer
 from konduit.engine.registry import Registry
 
-log = logging.getLogger("konduit.completer")
+log = logging.getLogger(__name__)
 
 
 class Recorded(enum.Enum):

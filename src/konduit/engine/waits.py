@@ -41,7 +41,7 @@ from konduit.engine.registry import Registry
 from konduit.engine.starts import StartRequest, insert_executions, prepare
 from konduit.errors import KonduitError
 
-log = logging.getLogger("konduit.waits")
+log = logging.getLogger(__name__)
 
 SendResult = Literal["woke", "stored", "no match"]
 

@@ -59,7 +59,7 @@ MAX_ALERT_SAMPLES = 1000
 EXECUTION_STATUSES = ("pending", "running", "succeeded", "failed", "timed_out", "cancelled")
 DELIVERY_STATUSES = ("pending", "delivered", "failed", "refused")
 
-log = logging.getLogger("konduit.observe.metrics")
+log = logging.getLogger(__name__)
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str],

@@ -18,7 +18,7 @@ from konduit.worker.config import WorkerConfig
 from konduit.worker.connectivity import Connectivity
 from konduit.worker.executor import Claimed
 
-log = logging.getLogger("konduit.worker")
+log = logging.getLogger(__name__)
 
 
 async def beat(db: Database, config: WorkerConfig, connectivity: Connectivity, *,

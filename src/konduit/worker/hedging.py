@@ -18,7 +18,7 @@ from konduit.errors import DatabaseError
 from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed
 
-log = logging.getLogger("konduit.hedging")
+log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 60.0
 """How long a history-based threshold is used before it is read again."""

@@ -33,7 +33,7 @@ from konduit.errors import DatabaseError, KonduitError
 from konduit.logs import attempt_scope, log_recorded
 from konduit.worker.executor import Claimed, Executor
 
-log = logging.getLogger("konduit.maintenance")
+log = logging.getLogger(__name__)
 
 
 class Maintenance:

@@ -20,7 +20,7 @@ from konduit.errors import DatabaseError, KonduitError
 from konduit.worker.connectivity import Connectivity, retrying
 from konduit.worker.executor import Claimed, Executor
 
-log = logging.getLogger("konduit.worker")
+log = logging.getLogger(__name__)
 
 Jobs = dict[int, asyncio.Task[Completion] | None]
 """The handlers one start launched, by :attr:`Claimed.key`; None where the lease no longer held

@@ -36,7 +36,7 @@ from konduit.db.database import Database, Row
 from konduit.errors import DatabaseError, DatabaseUnavailable, KonduitError
 from konduit.worker import webhook_http
 
-log = logging.getLogger("konduit.webhooks")
+log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 1.0
 """Seconds between two claims when nothing was due (a first retry is due 2 s after a failure)."""

@@ -62,7 +62,7 @@ from konduit.worker.starter import Jobs, Starter, cancel_job
 from konduit.worker.wakeups import SweepClock
 from konduit.worker.webhook_sender import WebhookSender
 
-log = logging.getLogger("konduit.worker")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BATCH_COMPLETIONS = 500
