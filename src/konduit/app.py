@@ -17,9 +17,8 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
-from konduit.core.durations import Duration
+from konduit.core.durations import Duration, format_duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
-from konduit.core.repair_contract import human_duration
 from konduit.core.webhooks import Webhook, check_unique
 from konduit.core.workflow import Workflow
 from konduit.db.connect import open_database
@@ -128,8 +127,8 @@ class App:
         for spec in self.registry:
             if spec.repair is not None and spec.repair.within >= self.retention:
                 raise WorkflowDefinitionError(
-                    f"repair_within ({human_duration(spec.repair.within)}) must be shorter than "
-                    f"the App's retention ({human_duration(self.retention)}): its executions "
+                    f"repair_within ({format_duration(spec.repair.within)}) must be shorter than "
+                    f"the App's retention ({format_duration(self.retention)}): its executions "
                     "would be pruned before their automatic repair", workflow=spec.name)
 
     # -- plumbing -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from konduit.cli.common import (
     plain_app,
     reachable,
 )
+from konduit.core.durations import format_elapsed
 from konduit.db.migrate import latest_version
 from konduit.errors import CliError
 from konduit.worker.config import new_worker_id
@@ -193,6 +194,6 @@ def workers(
             escape(", ".join(r["workflows"])) or "—", r["isolation"],
             f"{r['running']}/{r['concurrency']}",
             f"[yellow]{abandoned}[/yellow]" if abandoned else "0",
-            f"{r['heartbeat_age']:.1f} s ago",
+            f"{format_elapsed(r['heartbeat_age'])} ago",
         )
     console.print(table)
