@@ -34,6 +34,7 @@ from konduit.engine.starts import StartRequest, requests_of
 from konduit.engine.waits import send_event
 from konduit.errors import WorkflowDefinitionError
 from konduit.logs import bind_worker
+from konduit.loop_thread import LoopThread
 from konduit.observe.alerts import AlertRecord
 from konduit.tracing import AttemptTracer, Tracing
 from konduit.tracing import active as tracing_active
@@ -110,8 +111,7 @@ class App:
         self._database_url = database_url
         self._resolved_url: str | None = None
         self.pool_size = pool_size
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop: LoopThread | None = None
         self._client: Client | None = None
         self._lock = threading.Lock()
 
@@ -141,17 +141,14 @@ class App:
             self._resolved_url = resolve_url(self._database_url)
         return self._resolved_url
 
-    def _portal(self) -> asyncio.AbstractEventLoop:
+    def _portal(self) -> LoopThread:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="konduit-app", daemon=True)
-                thread.start()
-                self._loop, self._thread = loop, thread
+                self._loop = LoopThread("konduit-app")
             return self._loop
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._portal()).result()
+        return self._portal().run(coro)
 
     async def _open_database(self, max_size: int, *, name: str = "konduit",
                              check_schema: bool = True, wait: float | None = 0.0) -> Database:
@@ -418,9 +415,6 @@ class App:
         if self._client is not None:
             self._call(self._client.db.close())
             self._client = None
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
         self._loop.close()
         self._loop = None
 
