@@ -288,8 +288,3 @@ async def wake_parents(db: Database, registry: Registry, ended: ChildEnded | Non
 async def list_due(db: Database, *, limit: int = 100) -> list[Row]:
     """Waiting tasks to wake now: timers due, events accepted, children ended."""
     return await db.all("task_list_waits_due", limit=limit)
-
-
-async def waiting_counts(db: Database) -> dict[str, int]:
-    """Waiting tasks by what they wait for (event, timer, child)."""
-    return {row["kind"]: int(row["tasks"]) for row in await db.all("task_count_waiting")}

@@ -70,7 +70,6 @@ class WebhookSender:
                                            thread_name_prefix="konduit-webhook")
         self._inflight: set[asyncio.Task[None]] = set()
         self._done = asyncio.Event()
-        self.sent = 0
 
     async def run(self) -> None:
         """Claim and send until cancelled. A call in flight when the worker stops is abandoned:
@@ -137,7 +136,6 @@ class WebhookSender:
         else:
             status_code = answer.status
             if 200 <= answer.status < 300:
-                self.sent += 1
                 await self._record(row, "delivered", None, answer.status)
                 return
             error = f"HTTP {answer.status} {answer.reason}".strip()
