@@ -23,6 +23,7 @@ import pytest
 
 import konduit
 from konduit.bench.harness import claim
+from konduit.core.model import Command, Outcome
 from konduit.db.database import Database
 from konduit.engine.client import Client
 from konduit.engine.completer import Completion, Recorded, record_many
@@ -165,8 +166,11 @@ def test_a_fenced_out_and_a_refused_completion_do_not_cost_the_others_theirs(db_
                 # A worker whose lease was taken over: its token no longer holds the task.
                 completions.append(dataclasses.replace(done(t), lease_token=uuid.uuid4()))
             elif t is refused_task:
-                # An outcome the tasks table's CHECK refuses: the whole statement fails.
-                completions.append(t.completion("exploded"))
+                # An outcome the tasks table's CHECK refuses (none of Outcome's: forced past the
+                # type): the whole statement fails.
+                refused = t.completion(Outcome.FAILED)
+                object.__setattr__(refused, "outcome", "exploded")
+                completions.append(refused)
             else:
                 completions.append(done(t))
         results = await through_batcher(db, registry, completions)
@@ -198,7 +202,7 @@ def test_retries_ride_in_the_same_transaction_as_the_outcomes(db_url):
         ids = [await client.start(wf.name) for _ in range(executions)]
         tasks = await claim(db, registry, executions * width)
         retried = [t for t in tasks if t.step == "b0"]
-        completions = [t.completion("retry", error="boom", retry_delay=30.0) if t.step == "b0"
+        completions = [t.completion(Command.RETRY, error="boom", retry_delay=30.0) if t.step == "b0"
                        else done(t) for t in tasks]
         transactions = 0
         original = db.transaction
@@ -216,7 +220,8 @@ def test_retries_ride_in_the_same_transaction_as_the_outcomes(db_url):
         assert transactions == 1
         assert all(isinstance(r, tuple) for r in results), results
         assert [r[0] for r in results] == [  # type: ignore[index]
-            Recorded.RETRYING if c.outcome == "retry" else Recorded.ENDED for c in completions]
+            Recorded.RETRYING if c.command is Command.RETRY else Recorded.ENDED
+            for c in completions]
         async with db.transaction() as tx:
             cur = await tx.conn.execute(
                 "SELECT status, count(*) AS n, bool_and(run_at > clock_timestamp()) AS later"

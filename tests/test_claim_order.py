@@ -20,6 +20,7 @@ from uuid import UUID
 import pytest
 
 import konduit
+from konduit.core.model import Command
 from konduit.db.database import Database
 from konduit.engine import transitions
 from konduit.engine.client import Client
@@ -126,7 +127,7 @@ def test_a_retry_waiting_out_its_backoff_is_not_claimed_early_and_does_not_block
         first, second = await start_many(client, "flaky", 2)
         (task,) = await claim(db, registry, limit=1)
         assert task.execution_id == first
-        outcome, _ = await record(db, registry, task.completion("retry", retry_delay=3600.0,
+        outcome, _ = await record(db, registry, task.completion(Command.RETRY, retry_delay=3600.0,
                                                                 error="boom"))
         assert outcome is Recorded.RETRYING
         # The oldest execution's task is ready again but its backoff has not ended: the claim

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 import konduit
+from konduit.core.model import Command
 from konduit.db.database import Database
 from konduit.engine import transitions
 from konduit.engine.client import Client
-from konduit.engine.completer import YIELDED, Recorded, record
+from konduit.engine.completer import Recorded, record
 from konduit.engine.registry import Registry
 from konduit.worker.executor import Claimed, Executor
 from konduit.worker.maintenance import Maintenance
@@ -83,7 +84,7 @@ def test_a_fallback_its_caller_died_in_is_left_for_its_time_limit_then_never_cal
         # A rescue that would retry it does not either: a task whose fallback started is ending.
         async with db.transaction() as tx:
             assert await transitions.lose(tx, early.completion(
-                "retry", retry_delay=0.0, transition="lose")) is None
+                Command.RETRY, retry_delay=0.0, transition="lose")) is None
 
         await sql(db, "UPDATE konduit_tasks SET fallback_started_at = now() - interval '10 s'")
         await one_pass()
@@ -116,7 +117,7 @@ def test_a_live_worker_late_to_its_deadline_yields_to_the_sweep_running_the_fall
         # not call the fallback a second time, and records nothing.
         live = await Executor(db, fallback_timeout=FALLBACK_TIMEOUT).deadline_passed(
             registry.get("late-worker", 1), task, None)
-        assert live.outcome == YIELDED
+        assert live.command is Command.YIELD and live.outcome is None
         assert (await record(db, registry, live))[0] is Recorded.LEASE_LOST
         assert await status_of(db, execution_id) == ("running", {"work": "running"})
         gate.set()

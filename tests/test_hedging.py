@@ -24,6 +24,7 @@ from rich.console import Console
 import konduit
 from konduit.bench.harness import LoopThread
 from konduit.core.hedging import MIN_SAMPLES, MIN_THRESHOLD, Hedge, parse_hedge, threshold
+from konduit.core.model import Command
 from konduit.engine import transitions
 from konduit.engine.completer import Recorded, record, record_many
 from konduit.engine.registry import workflow_key
@@ -205,7 +206,7 @@ def test_hedge_claim_takes_one_hedge_per_attempt(hedged: Any) -> None:
     assert row["hedged_attempt"] == primary.attempt
     assert lt.run(hedge_now(lt.db, app)) == []  # already hedged
     # The hedge ends alone (its attempt failed): the attempt is still never hedged again.
-    out, _ = lt.run(record(lt.db, app.registry, hedge.completion("retry", error="boom")))
+    out, _ = lt.run(record(lt.db, app.registry, hedge.completion(Command.RETRY, error="boom")))
     assert out is Recorded.DROPPED
     assert lt.run(hedge_now(lt.db, app)) == []
     assert attempts_of(app.database_url, primary.id) == [(False, None), (True, "dropped")]
@@ -251,16 +252,16 @@ def test_a_failure_beside_a_running_attempt_only_drops_that_attempt(hedged: Any)
     assert joins_of(app.database_url, execution_id) == 1
     # A retry of the hedge while the primary runs drops the hedge; the primary then retries.
     execution_id, primary, hedge = bring_to_straggler(app, lt)
-    assert lt.run(record(lt.db, app.registry, hedge.completion("retry", retry_delay=0.0)))[0] \
+    assert lt.run(record(lt.db, app.registry, hedge.completion(Command.RETRY, retry_delay=0.0)))[0] \
         is Recorded.DROPPED
-    assert lt.run(record(lt.db, app.registry, primary.completion("retry", retry_delay=0.0)))[0] \
+    assert lt.run(record(lt.db, app.registry, primary.completion(Command.RETRY, retry_delay=0.0)))[0] \
         is Recorded.RETRYING
     row = task_row(app.database_url, primary.id)
     assert row["status"] == "ready" and row["hedge_token"] is None
     assert attempts_of(app.database_url, primary.id) == [(False, "retry"), (True, "dropped")]
     # A graceful stop of the primary hands over to the hedge instead of releasing the task.
     execution_id, primary, hedge = bring_to_straggler(app, lt)
-    assert lt.run(record(lt.db, app.registry, primary.completion("released")))[0] \
+    assert lt.run(record(lt.db, app.registry, primary.completion(Command.RELEASE)))[0] \
         is Recorded.DROPPED
     assert task_row(app.database_url, primary.id)["lease_token"] == hedge.lease_token
 
@@ -308,7 +309,7 @@ def test_rescue_drops_a_dead_hedge_and_promotes_a_live_one(hedged: Any) -> None:
         conn.execute("UPDATE konduit_tasks SET lease_expires_at = now() - interval '1 second'"
                      " WHERE id = %s", (primary.id,))
     rescued, _ = lt.run(record(lt.db, app.registry, primary.completion(
-        "retry", transition="lose", guard_seconds=0.01, retry_delay=0.0)))
+        Command.RETRY, transition="lose", guard_seconds=0.01, retry_delay=0.0)))
     assert rescued is Recorded.LEASE_LOST  # a live hedge: no plain rescue
     assert lt.run(rescuer.rescue_hedges()) == 1
     row = task_row(app.database_url, primary.id)
@@ -343,7 +344,7 @@ def test_both_attempts_finishing_at_once_record_exactly_one(hedged: Any) -> None
                 return out
 
             # Alternate which attempt fails in the mixed trials.
-            primary_outcome = "retry" if mixed and trial % 4 == 1 else "succeeded"
+            primary_outcome = Command.RETRY if mixed and trial % 4 == 1 else "succeeded"
             hedge_outcome = "failed" if mixed and trial % 4 == 3 else "succeeded"
             a = lt.submit(finish(primary, primary_outcome, lt.db))
             b = other.submit(finish(hedge, hedge_outcome, other.db))

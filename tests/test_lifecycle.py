@@ -14,6 +14,7 @@ from uuid import UUID
 import pytest
 
 import konduit
+from konduit.core.model import Command
 from konduit.db.database import Database
 from konduit.engine import transitions
 from konduit.engine.client import Client
@@ -200,7 +201,7 @@ def test_the_sweep_ends_a_retry_waiting_out_its_backoff_past_the_deadline(db_url
     async def scenario(db: Database, registry: Registry, client: Client) -> None:
         execution_id = await client.start("sweep-ready")
         task = await claim_one(db, registry)
-        outcome, _ = await record(db, registry, task.completion("retry", retry_delay=20.0,
+        outcome, _ = await record(db, registry, task.completion(Command.RETRY, retry_delay=20.0,
                                                                 error="boom"))
         assert outcome is Recorded.RETRYING
         await sql(db, "UPDATE konduit_tasks SET deadline_at = now() - interval '1 second'")
@@ -218,7 +219,7 @@ def test_a_retry_whose_backoff_crosses_the_deadline_is_refused_by_its_statement(
     async def scenario(db: Database, registry: Registry, client: Client) -> None:
         await client.start("retry-late")
         task = await claim_one(db, registry)
-        outcome, _ = await record(db, registry, task.completion("retry", retry_delay=60.0))
+        outcome, _ = await record(db, registry, task.completion(Command.RETRY, retry_delay=60.0))
         assert outcome is Recorded.TOO_LATE  # the lease holds: the caller ends the task instead
         (row,) = await sql(db, "SELECT status FROM konduit_tasks")
         assert row["status"] == "running"

@@ -231,6 +231,36 @@ def test_a_worker_starts_the_ticks_and_handlers_see_scheduled_at(make_app, db_ur
     assert nightly["next_tick"] > nightly["last_tick"]
 
 
+def test_flow_limited_steps_see_scheduled_at_too(make_app, db_url: str) -> None:
+    """Steps with ``concurrency=`` or ``rate=`` are claimed by their own statement: its rows
+    carry the execution's tick as the plain claim's do (they once left it out)."""
+    wf = konduit.Workflow("limited-nightly", version=1)
+
+    def tick(ctx: konduit.Context) -> str | None:
+        return ctx.scheduled_at.isoformat() if ctx.scheduled_at else None
+
+    @wf.step(concurrency=1)
+    def one_at_a_time(ctx: konduit.Context) -> str | None:
+        return tick(ctx)
+
+    @wf.step(after=[one_at_a_time], rate="100/s")
+    def throttled(ctx: konduit.Context) -> list[str | None]:
+        return [ctx.upstream["one_at_a_time"], tick(ctx)]
+
+    wf.schedule(every="1s", name="limited-nightly")
+    app = make_app(wf)
+    with running_worker(app, concurrency=4):
+        deadline = time.monotonic() + 30
+        while not (done := app.list(status="succeeded", workflow="limited-nightly")) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert done
+    [(scheduled_at,)] = rows(db_url, "SELECT scheduled_at FROM konduit_executions WHERE id = %s",
+                             done[0].id)
+    assert scheduled_at is not None
+    assert app.status(done[0].id).output == [scheduled_at.isoformat()] * 2
+
+
 def test_a_tick_whose_key_was_taken_by_hand_is_not_started_again(make_app, db_url: str) -> None:
     app = make_app(scheduled(missed="all"))
     run(db_url, [scheduled(missed="all")], lambda s: s.sync(now=T0))

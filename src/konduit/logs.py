@@ -18,8 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from konduit.engine.completer import Completion, Recorded
-    from konduit.worker.executor import Claimed
+    from konduit.core.model import Completion, Recorded, TaskAttempt
 
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -42,7 +41,7 @@ def bind_worker(worker_id: str) -> contextvars.Token[str | None]:
     return _worker.set(worker_id)
 
 
-def attempt_fields(task: Claimed) -> dict[str, Any]:
+def attempt_fields(task: TaskAttempt) -> dict[str, Any]:
     return {
         "execution_id": str(task.execution_id),
         "step": task.step,
@@ -52,7 +51,7 @@ def attempt_fields(task: Claimed) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def attempt_scope(task: Claimed) -> Iterator[None]:
+def attempt_scope(task: TaskAttempt) -> Iterator[None]:
     """Lines logged inside carry the attempt's fields."""
     token = _attempt.set(attempt_fields(task))
     try:
@@ -73,7 +72,7 @@ def current_fields() -> dict[str, Any]:
     return fields
 
 
-def log_recorded(task: Claimed, completion: Completion, outcome: Recorded, *,
+def log_recorded(task: TaskAttempt, completion: Completion, outcome: Recorded, *,
                  by: str | None = None) -> None:
     """Log a retry or a degradation once, by the worker that recorded it (after the record, so
     an attempt whose lease was lost, or whose hedge decided the task, logs neither)."""

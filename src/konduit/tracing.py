@@ -23,11 +23,11 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from konduit.core.model import Outcome
 from konduit.errors import KonduitError
 
 if TYPE_CHECKING:
-    from konduit.engine.completer import Completion
-    from konduit.worker.executor import Claimed
+    from konduit.core.model import Completion, TaskAttempt
 
 Tracing = Any
 """What ``App(tracing=...)`` takes: True, False, None (automatic) or a ``TracerProvider``."""
@@ -190,7 +190,7 @@ class AttemptTracer:
             self._parents.popitem(last=False)
 
     @contextlib.contextmanager
-    def attempt(self, workflow: str, task: Claimed) -> Iterator[Any]:
+    def attempt(self, workflow: str, task: TaskAttempt) -> Iterator[Any]:
         """The current span for the duration of one attempt (the handler, output checks and the
         fallback). Its status and ``konduit.outcome`` are set by :meth:`ended`."""
         attributes: dict[str, Any] = {
@@ -217,12 +217,12 @@ class AttemptTracer:
     def ended(self, span: Any, completion: Completion) -> None:
         """Record how the attempt ended: ``konduit.outcome`` (succeeded, retry, degraded,
         timed_out, failed) and an error status for anything but a success."""
-        span.set_attribute("konduit.outcome", completion.outcome)
-        if completion.outcome == "succeeded":
+        span.set_attribute("konduit.outcome", completion.word)
+        if completion.outcome is Outcome.SUCCEEDED:
             return
         from opentelemetry.trace import Status, StatusCode
 
-        error = (completion.error or completion.outcome).strip().splitlines()
-        span.set_status(Status(StatusCode.ERROR, error[-1] if error else completion.outcome))
+        error = (completion.error or completion.word).strip().splitlines()
+        span.set_status(Status(StatusCode.ERROR, error[-1] if error else completion.word))
         if completion.error:
             span.set_attribute("konduit.error", completion.error[-2000:])

@@ -13,14 +13,14 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from konduit import loop_thread
+from konduit.core.model import Completion, Outcome, Recorded, TaskAttempt
 from konduit.db.connect import open_database
 from konduit.db.database import Database
 from konduit.engine import transitions
 from konduit.engine.client import Client
-from konduit.engine.completer import Completion, Recorded, record
+from konduit.engine.completer import record
 from konduit.engine.registry import Registry
 from konduit.errors import BenchError
-from konduit.worker.executor import Claimed
 
 T = TypeVar("T")
 WORKER_ID = "konduit-bench"
@@ -41,17 +41,17 @@ async def opened(url: str, size: int) -> AsyncIterator[Database]:
         await db.close()
 
 
-def completion_for(task: Claimed) -> Completion:
-    return task.completion("succeeded", payload_json="1", payload=1)
+def completion_for(task: TaskAttempt) -> Completion:
+    return task.completion(Outcome.SUCCEEDED, payload_json="1", payload=1)
 
 
-async def claim(db: Database, registry: Registry, limit: int) -> list[Claimed]:
+async def claim(db: Database, registry: Registry, limit: int) -> list[TaskAttempt]:
     rows = await transitions.claim(db, queues=["default"], workflows=registry.keys(),
                                    limit=limit, lease_seconds=600, worker_id=WORKER_ID)
-    return [Claimed.from_row(r) for r in rows]
+    return [TaskAttempt.from_row(r) for r in rows]
 
 
-async def leased_branches(db: Database, registry: Registry, workflow: str, width: int) -> list[Claimed]:
+async def leased_branches(db: Database, registry: Registry, workflow: str, width: int) -> list[TaskAttempt]:
     """Start an execution and bring it to: every branch leased, none finished."""
     execution_id = await Client(db, registry).start(workflow)
     (root,) = await claim(db, registry, 1)
@@ -72,7 +72,7 @@ async def finish_join(db: Database, registry: Registry) -> None:
            "the execution did not finish after its join")
 
 
-async def record_each(db: Database, registry: Registry, tasks: list[Claimed]) -> list[float]:
+async def record_each(db: Database, registry: Registry, tasks: list[TaskAttempt]) -> list[float]:
     """Record the completions one at a time (the un-batched path); seconds each. Checks that
     only the last one fired the join."""
     completions = [completion_for(t) for t in tasks]

@@ -36,13 +36,13 @@ from konduit.bench.harness import (
 )
 from konduit.bench.soak import SoakSettings
 from konduit.bench.soak import soak as run_soak
+from konduit.core.model import Completion, Recorded, TaskAttempt
 from konduit.db.database import Database
 from konduit.db.embedded import server_url, with_database
 from konduit.db.migrate import migrate
-from konduit.engine.completer import Completion, Recorded, record, record_ended
+from konduit.engine.completer import record, record_ended
 from konduit.engine.registry import Registry
 from konduit.errors import BenchError as BenchError
-from konduit.worker.executor import Claimed
 
 T = TypeVar("T")
 Json = dict[str, Any]
@@ -235,7 +235,7 @@ async def fan_in_cost_by_width(url: str, widths: list[int], widest_executions: i
 # -- 2. simultaneous finish ---------------------------------------------------------------------
 
 
-async def finish_together(db: Database, registry: Registry, task: Claimed,
+async def finish_together(db: Database, registry: Registry, task: TaskAttempt,
                           barrier: threading.Barrier) -> tuple[float, float, bool]:
     """Wait for the others at the barrier, then record; (start, end, fired a join)."""
     completion = completion_for(task)
@@ -247,7 +247,7 @@ async def finish_together(db: Database, registry: Registry, task: Claimed,
 
 
 def released_together(threads: list[LoopThread], registry: Registry,
-                      tasks: list[Claimed]) -> tuple[float, float, int]:
+                      tasks: list[TaskAttempt]) -> tuple[float, float, int]:
     """Record ``tasks`` from their own threads at once: (wall seconds from the release to the
     last commit, seconds of the slowest completion, how many of them fired a join)."""
     barrier = threading.Barrier(len(tasks))

@@ -17,19 +17,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from konduit.core.model import ExecutionStatus, Outcome, StepStatus
 from konduit.core.workflow import WorkflowSpec
 
-OK_OUTCOMES = frozenset({"succeeded", "degraded"})
-FAILURE_OUTCOMES = frozenset({"failed", "timed_out", "cancelled"})
-OUTCOMES = OK_OUTCOMES | FAILURE_OUTCOMES | {"skipped"}
-STEP_STATUSES = OUTCOMES | {"waiting", "active"}
+# Sets of str, not of Outcome: task, step and execution statuses (each its own enum, or a row's
+# plain string) are all tested against them.
+OK_OUTCOMES: frozenset[str] = frozenset({Outcome.SUCCEEDED, Outcome.DEGRADED})
+FAILURE_OUTCOMES: frozenset[str] = frozenset({Outcome.FAILED, Outcome.TIMED_OUT, Outcome.CANCELLED})
+OUTCOMES: frozenset[str] = frozenset(Outcome)
+STEP_STATUSES: frozenset[str] = frozenset(StepStatus)
 
 
 @dataclass(frozen=True)
 class StepState:
     """Join and progress counters of one step of one execution (a row of ``konduit_steps``)."""
 
-    status: str = "waiting"  # waiting -> active -> an outcome
+    status: StepStatus = StepStatus.WAITING  # waiting -> active -> an outcome
     up_pending: int = 0  # upstream steps not ended yet; starts at the number of upstreams
     up_ok: int = 0
     up_failed: int = 0
@@ -44,7 +47,7 @@ class StepState:
 
 @dataclass(frozen=True)
 class ExecutionState:
-    status: str = "running"
+    status: ExecutionStatus = ExecutionStatus.RUNNING
     steps_pending: int = 0
 
 
@@ -54,7 +57,7 @@ class TaskEnded:
     steps the handler chose: the edges to the others count as skipped."""
 
     step: str
-    outcome: str
+    outcome: Outcome
     routes: frozenset[str] | None = None
 
 
@@ -80,13 +83,13 @@ class NeedStates:
 class Decision:
     states: dict[str, StepState] = field(default_factory=dict)  # changed step states only
     fire: list[str] = field(default_factory=list)  # steps whose join fired: create their tasks
-    ended: list[tuple[str, str]] = field(default_factory=list)  # steps that ended, with outcome
+    ended: list[tuple[str, Outcome]] = field(default_factory=list)  # steps that ended, and how
     execution: ExecutionState | None = None  # new execution state, when it changed
     reason: str | None = None  # why the execution failed
 
     @property
     def finished(self) -> bool:
-        return self.execution is not None and self.execution.status != "running"
+        return self.execution is not None and self.execution.status != ExecutionStatus.RUNNING
 
 
 Verdict = Literal["fire", "wait", "skip", "fail"]
@@ -100,8 +103,8 @@ def initial_states(spec: WorkflowSpec) -> tuple[dict[str, StepState], ExecutionS
         if step.after:
             states[name] = StepState(up_pending=len(step.after))
         else:
-            states[name] = StepState(status="active", tasks_total=1, tasks_pending=1)
-    return states, ExecutionState("running", len(spec.steps)), list(spec.roots)
+            states[name] = StepState(status=StepStatus.ACTIVE, tasks_total=1, tasks_pending=1)
+    return states, ExecutionState(ExecutionStatus.RUNNING, len(spec.steps)), list(spec.roots)
 
 
 def join_verdict(spec: WorkflowSpec, step: str, state: StepState) -> Verdict:
@@ -134,12 +137,12 @@ def join_verdict(spec: WorkflowSpec, step: str, state: StepState) -> Verdict:
     return "fire"
 
 
-def _map_outcome(state: StepState) -> str:
+def _map_outcome(state: StepState) -> Outcome:
     if state.tasks_failed:
-        return "failed"
+        return Outcome.FAILED
     if state.tasks_degraded:
-        return "degraded"
-    return "succeeded"
+        return Outcome.DEGRADED
+    return Outcome.SUCCEEDED
 
 
 def advance(
@@ -153,7 +156,7 @@ def advance(
     caller loads them and calls again with the larger mapping)."""
     work = dict(states)
     decision = Decision()
-    if execution.status != "running":
+    if execution.status != ExecutionStatus.RUNNING:
         return decision
     pending = execution.steps_pending
     missing: set[str] = set()
@@ -171,15 +174,15 @@ def advance(
     def fail(reason: str) -> None:
         decision.fire.clear()  # nothing starts in an execution that just failed
         decision.reason = reason
-        decision.execution = ExecutionState("failed", pending)
+        decision.execution = ExecutionState(ExecutionStatus.FAILED, pending)
 
-    def end_step(name: str, outcome: str, routes: frozenset[str] | None = None) -> bool:
+    def end_step(name: str, outcome: Outcome, routes: frozenset[str] | None = None) -> bool:
         """Record that a step ended and propagate to its downstream; False stops the walk."""
         nonlocal pending
         st = get(name)
         if st is None:
             return False
-        put(name, replace(st, status=outcome))
+        put(name, replace(st, status=StepStatus(outcome)))
         decision.ended.append((name, outcome))
         pending -= 1
         step = spec[name]
@@ -192,8 +195,8 @@ def advance(
             if ds is None:
                 continue
             # The edge's outcome: a step that routed elsewhere skipped this downstream.
-            edge = "skipped" if routes is not None and outcome in OK_OUTCOMES and d not in routes \
-                else outcome
+            edge = Outcome.SKIPPED \
+                if routes is not None and outcome in OK_OUTCOMES and d not in routes else outcome
             ds = replace(
                 ds,
                 up_pending=ds.up_pending - 1,
@@ -201,20 +204,20 @@ def advance(
                 up_failed=ds.up_failed + (edge in FAILURE_OUTCOMES),
                 up_required_failed=ds.up_required_failed
                 + (edge in FAILURE_OUTCOMES and step.required),
-                up_skipped=ds.up_skipped + (edge == "skipped"),
+                up_skipped=ds.up_skipped + (edge == Outcome.SKIPPED),
             )
             put(d, ds)
-            if ds.status != "waiting":
+            if ds.status != StepStatus.WAITING:
                 continue  # already fired (quorum) or ended: a late branch never fires it again
             verdict = join_verdict(spec, d, ds)
             if verdict == "fire":
                 if spec[d].is_map:
-                    put(d, replace(ds, status="active"))
+                    put(d, replace(ds, status=StepStatus.ACTIVE))
                 else:
-                    put(d, replace(ds, status="active", tasks_total=1, tasks_pending=1))
+                    put(d, replace(ds, status=StepStatus.ACTIVE, tasks_total=1, tasks_pending=1))
                 decision.fire.append(d)
             elif verdict == "skip":
-                if not end_step(d, "skipped"):
+                if not end_step(d, Outcome.SKIPPED):
                     return False
             elif verdict == "fail":
                 fail(
@@ -233,20 +236,20 @@ def advance(
         return NeedStates(frozenset(missing))
 
     if isinstance(event, MapExpanded):
-        if st.status != "active" or st.tasks_total is not None:
+        if st.status != StepStatus.ACTIVE or st.tasks_total is not None:
             return Decision()
         st = replace(st, tasks_total=event.count, tasks_pending=event.count)
         put(event.step, st)
         if event.count == 0:
-            end_step(event.step, "succeeded")
+            end_step(event.step, Outcome.SUCCEEDED)
     else:
-        if st.status != "active" or st.tasks_pending <= 0 or event.outcome not in OUTCOMES:
+        if st.status != StepStatus.ACTIVE or st.tasks_pending <= 0 or event.outcome not in OUTCOMES:
             return Decision()  # late or duplicate: the step already ended
         st = replace(
             st,
             tasks_pending=st.tasks_pending - 1,
             tasks_ok=st.tasks_ok + (event.outcome in OK_OUTCOMES),
-            tasks_degraded=st.tasks_degraded + (event.outcome == "degraded"),
+            tasks_degraded=st.tasks_degraded + (event.outcome == Outcome.DEGRADED),
             tasks_failed=st.tasks_failed + (event.outcome in FAILURE_OUTCOMES),
         )
         put(event.step, st)
@@ -260,7 +263,7 @@ def advance(
         return NeedStates(frozenset(missing))
     if decision.execution is None:
         if pending == 0:
-            decision.execution = ExecutionState("succeeded", 0)
+            decision.execution = ExecutionState(ExecutionStatus.SUCCEEDED, 0)
         elif pending != execution.steps_pending:
-            decision.execution = ExecutionState("running", pending)
+            decision.execution = ExecutionState(ExecutionStatus.RUNNING, pending)
     return decision

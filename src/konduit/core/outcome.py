@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from konduit.core.model import AttemptOutcome, Outcome
 from konduit.core.policies import Retry
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ class RetryAt:
     """Run the task again after ``delay`` seconds; the attempt is recorded as ``attempt_outcome``."""
 
     delay: float
-    attempt_outcome: str  # "retry", or "lost" for a reclaimed attempt
+    attempt_outcome: AttemptOutcome  # RETRY, or LOST for a reclaimed attempt
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,8 @@ class Final:
     """End the task. When ``use_fallback`` is set the step's fallback runs first: its payload
     makes the task ``degraded``; without a payload (or no fallback) it ends ``outcome``."""
 
-    outcome: str  # succeeded, failed or timed_out
-    attempt_outcome: str | None  # how the attempt is recorded when not `outcome`
+    outcome: Outcome  # succeeded, failed or timed_out
+    attempt_outcome: AttemptOutcome | None  # how the attempt is recorded when not `outcome`
     use_fallback: bool
     reason: str | None
 
@@ -85,20 +86,22 @@ def decide(
     ``timed_out`` now, and the fallback is never called a second time.
     """
     lost = ending is Ending.LEASE_LOST
+    # A reclaimed attempt is recorded as lost whatever follows for its task.
+    as_lost = AttemptOutcome.LOST if lost else None
     if ending is Ending.RETURNED:
-        return Final("succeeded", None, False, None)
+        return Final(Outcome.SUCCEEDED, None, False, None)
     if fallback_tried:
         return Final(
-            "timed_out",
-            "lost" if lost else None,
+            Outcome.TIMED_OUT,
+            as_lost,
             False,
             f"the fallback started after attempt {attempt} never returned (it killed or hung "
             f"its worker); it is not called again",
         )
     if ending is Ending.DEADLINE_PASSED or (remaining is not None and remaining <= 0):
         return Final(
-            "timed_out",
-            "lost" if lost else None,
+            Outcome.TIMED_OUT,
+            as_lost,
             policy.has_fallback,
             f"deadline exceeded (attempt {attempt})",
         )
@@ -110,11 +113,11 @@ def decide(
             # time, so it ends now instead of holding its join until the sweep catches it.
             last = (error or "").strip().splitlines()[-1:] or [""]
             return Final(
-                "timed_out",
-                "lost" if lost else "failed",
+                Outcome.TIMED_OUT,
+                as_lost or AttemptOutcome.FAILED,
                 policy.has_fallback,
                 f"retry {attempt + 1} would start {delay:.1f} s from now, past the task's "
                 f"deadline ({remaining:.1f} s left)" + (f"; attempt {attempt}: {last[0]}" if last[0] else ""),
             )
-        return RetryAt(delay, "lost" if lost else "retry")
-    return Final("failed", "lost" if lost else None, policy.fallback_on_failure, error)
+        return RetryAt(delay, as_lost or AttemptOutcome.RETRY)
+    return Final(Outcome.FAILED, as_lost, policy.fallback_on_failure, error)

@@ -8,11 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from konduit.core.advance import FAILURE_OUTCOMES, OK_OUTCOMES, StepState, join_verdict
+from konduit.core.model import Outcome, StepStatus
 from konduit.core.workflow import WorkflowSpec
 from konduit.errors import KonduitError
 from konduit.errors import NothingToRepair as NothingToRepair
 
-REPAIRABLE = frozenset({"degraded"}) | FAILURE_OUTCOMES
+REPAIRABLE = frozenset({Outcome.DEGRADED}) | FAILURE_OUTCOMES
 
 
 @dataclass(frozen=True)
@@ -46,17 +47,17 @@ def plan_repair(
             if up in rerun:
                 state = replace(state, up_pending=state.up_pending + 1)
                 continue
-            outcome = statuses.get(up, "skipped")
+            outcome = statuses.get(up, Outcome.SKIPPED)
             chosen = routes.get(up)
             if chosen is not None and outcome in OK_OUTCOMES and name not in chosen:
-                outcome = "skipped"
+                outcome = Outcome.SKIPPED
             state = replace(
                 state,
                 up_ok=state.up_ok + (outcome in OK_OUTCOMES),
                 up_failed=state.up_failed + (outcome in FAILURE_OUTCOMES),
                 up_required_failed=state.up_required_failed
                 + (outcome in FAILURE_OUTCOMES and spec[up].required),
-                up_skipped=state.up_skipped + (outcome == "skipped"),
+                up_skipped=state.up_skipped + (outcome == Outcome.SKIPPED),
             )
         if state.up_pending == 0:
             verdict = "fire" if not step.after else join_verdict(spec, name, state)
@@ -66,9 +67,9 @@ def plan_repair(
                     f"{verdict} with the upstream outcomes that stand"
                 )
             if step.is_map:
-                state = replace(state, status="active")
+                state = replace(state, status=StepStatus.ACTIVE)
             else:
-                state = replace(state, status="active", tasks_total=1, tasks_pending=1)
+                state = replace(state, status=StepStatus.ACTIVE, tasks_total=1, tasks_pending=1)
             start.append(name)
         states[name] = state
     return RepairPlan(order, states, tuple(start))

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from konduit.core.durations import Duration, format_duration, parse_duration
+from konduit.core.model import ExecutionStatus
 from konduit.errors import KonduitError, WorkflowDefinitionError
 
 DEFAULT_DELAY = 300.0
@@ -99,10 +100,10 @@ def describe(state: AutoRepairState, now: datetime) -> str | None:
         at = _at(state.auto_repair_at)
         if state.auto_repair_error:
             return f"auto-repair not possible (tried at {at}, {within}): {state.auto_repair_error}"
-        if state.status in ("running", "pending"):
+        if state.status in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING):
             return f"auto-repair running since {at} ({within})"
         return f"auto-repaired at {at} ({within})"
-    if contract is None or state.status != "succeeded" or not state.degraded \
+    if contract is None or state.status != ExecutionStatus.SUCCEEDED or not state.degraded \
             or state.finished_at is None:
         return None
     degraded = ", ".join(state.degraded)

@@ -8,6 +8,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from konduit.core.model import ExecutionStatus
+
 
 @dataclass(frozen=True)
 class Route:
@@ -29,7 +31,7 @@ class Route:
         object.__setattr__(self, "to", tuple(to))
 
 
-FINISHED = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+FINISHED = frozenset(ExecutionStatus) - {ExecutionStatus.PENDING, ExecutionStatus.RUNNING}
 
 
 @dataclass

@@ -28,6 +28,7 @@ from konduit.core.advance import (
     TaskEnded,
     join_verdict,
 )
+from konduit.core.model import Outcome, StepStatus, TaskStatus
 from konduit.core.workflow import WorkflowSpec
 
 
@@ -36,7 +37,7 @@ class EndedTasks:
     """Tasks of one step (current generation) in one status: a row of the tasks' tally."""
 
     step: str
-    status: str
+    status: TaskStatus
     count: int
     routes: tuple[str, ...] | None = None
     finished_at: datetime | None = None
@@ -56,14 +57,14 @@ class Diagnosis:
         return bool(self.replay) and not self.reasons
 
 
-def _group(status: str) -> str:
-    if status == "succeeded":
-        return "succeeded"
-    if status == "degraded":
-        return "degraded"
+def _group(status: str) -> Outcome:
+    if status == Outcome.SUCCEEDED:
+        return Outcome.SUCCEEDED
+    if status == Outcome.DEGRADED:
+        return Outcome.DEGRADED
     if status in FAILURE_OUTCOMES:
-        return "failed"
-    return "skipped"
+        return Outcome.FAILED
+    return Outcome.SKIPPED
 
 
 def _plural(n: int, word: str) -> str:
@@ -84,9 +85,9 @@ def diagnose(spec: WorkflowSpec, states: Mapping[str, StepState],
         st = states.get(name)
         if st is None:
             found.reasons.append(f"step {name!r} has no join state")
-        elif st.status == "active":
+        elif st.status == StepStatus.ACTIVE:
             _active(name, st, ended.get(name, []), found)
-        elif st.status == "waiting" and spec[name].after:
+        elif st.status == StepStatus.WAITING and spec[name].after:
             _waiting(spec, name, st, states, found)
     return found
 
@@ -97,12 +98,12 @@ def _active(name: str, st: StepState, rows: list[EndedTasks], found: Diagnosis) 
         return
     counted_ends = st.tasks_total - st.tasks_pending
     # What the counters already hold, per kind of end (as advance() counts them).
-    counted = {"succeeded": st.tasks_ok - st.tasks_degraded, "degraded": st.tasks_degraded,
-               "failed": st.tasks_failed,
-               "skipped": counted_ends - st.tasks_ok - st.tasks_failed}
+    counted = {Outcome.SUCCEEDED: st.tasks_ok - st.tasks_degraded,
+               Outcome.DEGRADED: st.tasks_degraded, Outcome.FAILED: st.tasks_failed,
+               Outcome.SKIPPED: counted_ends - st.tasks_ok - st.tasks_failed}
     budget = st.tasks_pending
     replayed = 0
-    by_group: dict[str, list[EndedTasks]] = {}
+    by_group: dict[Outcome, list[EndedTasks]] = {}
     for row in rows:
         by_group.setdefault(_group(row.status), []).append(row)
     for group, group_rows in by_group.items():
@@ -112,7 +113,8 @@ def _active(name: str, st: StepState, rows: list[EndedTasks], found: Diagnosis) 
             if extra <= 0:
                 continue
             routes = None if row.routes is None else frozenset(row.routes)
-            found.replay += [(TaskEnded(name, row.status, routes), row.finished_at)] * extra
+            ended = TaskEnded(name, Outcome(row.status), routes)
+            found.replay += [(ended, row.finished_at)] * extra
             found.replayed.append(f"{_plural(extra, 'task')} of step {name!r} ended "
                                   f"{row.status} without its fan-in decision")
             uncounted -= extra

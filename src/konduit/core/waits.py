@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from konduit.core.durations import Duration, parse_duration
+from konduit.core.model import WaitKind
 from konduit.errors import KonduitError, NonRetryableError, WorkflowDefinitionError
 
 if TYPE_CHECKING:
     from konduit.core.policies import Deadline, Retry
     from konduit.core.workflow import StepRef
 
-WAIT_KINDS = ("event", "timer", "child")
+WAIT_KINDS = tuple(WaitKind)
 _EVENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}$")
 MAX_KEY_CHARS = 500
 
@@ -36,7 +37,7 @@ MAX_KEY_CHARS = 500
 class WaitSpec:
     """What a wait step waits for; part of the workflow's spec (and its hash)."""
 
-    kind: str  # event | timer | child
+    kind: WaitKind
     event: str | None = None
     key: Callable[[Any], Any] | None = None
     duration: float | None = None
@@ -46,9 +47,9 @@ class WaitSpec:
 
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"kind": self.kind}
-        if self.kind == "event":
+        if self.kind == WaitKind.EVENT:
             spec.update(event=self.event, keyed=self.key is not None)
-        elif self.kind == "timer":
+        elif self.kind == WaitKind.TIMER:
             spec.update(duration=self.duration, until=self.until is not None)
         else:
             spec.update(workflow=self.workflow)
@@ -59,7 +60,7 @@ class WaitSpec:
 class Armed:
     """What the arming attempt computed: the engine stores it on the task and waits."""
 
-    kind: str
+    kind: WaitKind
     event: str | None = None
     key: str | None = None
     delay: float | None = None  # timers: seconds from the arming's record
@@ -68,9 +69,9 @@ class Armed:
     input: Any = None
 
     def describe(self) -> str:
-        if self.kind == "event":
+        if self.kind == WaitKind.EVENT:
             return f"event {self.event!r}" + (f" key {self.key!r}" if self.key is not None else "")
-        if self.kind == "timer":
+        if self.kind == WaitKind.TIMER:
             return f"timer until {self.until.isoformat()}" if self.until else \
                 f"timer of {self.delay:g} s"
         return f"child workflow {self.workflow!r}"
@@ -133,28 +134,28 @@ def check_key(key: object) -> str:
 def _arm_event(spec: WaitSpec) -> Callable[[Any], Armed]:
     def arm(ctx: Any) -> Armed:
         key = None if spec.key is None else check_key(spec.key(ctx))
-        return Armed("event", event=spec.event, key=key)
+        return Armed(WaitKind.EVENT, event=spec.event, key=key)
     return arm
 
 
 def _arm_timer(spec: WaitSpec) -> Callable[[Any], Armed]:
     def arm(ctx: Any) -> Armed:
         if spec.until is None:
-            return Armed("timer", delay=spec.duration)
+            return Armed(WaitKind.TIMER, delay=spec.duration)
         when = spec.until(ctx)
         if not isinstance(when, datetime):
             raise NonRetryableError(f"until= must return a datetime, got {type(when).__name__}")
         if when.tzinfo is None:
             raise NonRetryableError("until= returned a naive datetime: give it a timezone "
                                     "(datetime.now(timezone.utc) + ...)")
-        return Armed("timer", until=when.astimezone(UTC))
+        return Armed(WaitKind.TIMER, until=when.astimezone(UTC))
     return arm
 
 
 def _arm_child(spec: WaitSpec) -> Callable[[Any], Armed]:
     def arm(ctx: Any) -> Armed:
         child_input = None if spec.input is None else spec.input(ctx)
-        return Armed("child", workflow=spec.workflow, input=child_input)
+        return Armed(WaitKind.CHILD, workflow=spec.workflow, input=child_input)
     return arm
 
 
@@ -192,7 +193,7 @@ class WaitSteps:
             check_event_name(event)
         except KonduitError as exc:
             raise WorkflowDefinitionError(str(exc), workflow=self.name, step=name) from exc
-        spec = WaitSpec("event", event=event, key=key)
+        spec = WaitSpec(WaitKind.EVENT, event=event, key=key)
         return self._add_wait(spec, _arm_event(spec), name=name or event.replace("-", "_"),
                               after=after, deadline=deadline, fallback=fallback,
                               required=required, fallback_on_failure=False, queue=queue,
@@ -217,7 +218,7 @@ class WaitSteps:
                 seconds = parse_duration(duration, what="duration")
             except KonduitError as exc:
                 raise WorkflowDefinitionError(str(exc), workflow=self.name, step=name) from exc
-        spec = WaitSpec("timer", duration=seconds, until=until)
+        spec = WaitSpec(WaitKind.TIMER, duration=seconds, until=until)
         return self._add_wait(spec, _arm_timer(spec), name=name, after=after, deadline=deadline,
                               fallback=fallback, required=required, fallback_on_failure=False,
                               queue=queue, retry=None)
@@ -237,7 +238,7 @@ class WaitSteps:
         if not isinstance(workflow, str) or not workflow:
             raise WorkflowDefinitionError("subworkflow() needs workflow= (a workflow name)",
                                           workflow=self.name, step=name)
-        spec = WaitSpec("child", workflow=workflow, input=input)
+        spec = WaitSpec(WaitKind.CHILD, workflow=workflow, input=input)
         return self._add_wait(spec, _arm_child(spec), name=name or workflow.replace("-", "_"),
                               after=after, deadline=deadline, fallback=fallback,
                               required=required, fallback_on_failure=fallback_on_failure,

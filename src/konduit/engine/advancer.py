@@ -30,6 +30,7 @@ from konduit.core.advance import (
     TaskEnded,
     advance,
 )
+from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.waits import parent_task_of
 from konduit.core.workflow import StepSpec, WorkflowSpec
@@ -301,7 +302,7 @@ class Advancer:
         return len(items)
 
     def _fail(self, reason: str) -> None:
-        self.execution = ExecutionState("failed", self.execution.steps_pending)
+        self.execution = ExecutionState(ExecutionStatus.FAILED, self.execution.steps_pending)
         self.reason = reason
 
     async def _write_execution(self) -> None:

@@ -35,6 +35,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from konduit.core.durations import Duration
+from konduit.core.model import ExecutionStatus
 from konduit.core.shares import DEGRADED_WINDOW
 from konduit.db.database import Database, Tx
 from konduit.engine import webhooks
@@ -291,7 +292,7 @@ class Alerting:
         if alert.kind != "window_at_risk":
             return None  # a kind this version does not evaluate
         if alert.subject in evaluated:
-            return window_resolution("running", None, None)
+            return window_resolution(ExecutionStatus.RUNNING, None, None)
         try:
             execution_id = UUID(alert.subject)
         except ValueError:
@@ -299,9 +300,9 @@ class Alerting:
         row = await self.db.one("execution_get_window_outcome", id=execution_id)
         if row is None:
             return window_resolution(None, None, None)
-        if row["status"] == "running" and row["generation"] == 1:
+        if row["status"] == ExecutionStatus.RUNNING and row["generation"] == 1:
             return None  # not forecast this round (past the round's limit): leave it
-        if row["status"] == "running":
+        if row["status"] == ExecutionStatus.RUNNING:
             return {"resolution": "execution is being repaired: its window was its first run's"}
         return window_resolution(row["status"], row["deadline_at"], row["finished_at"])
 

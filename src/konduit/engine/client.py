@@ -13,6 +13,7 @@ from psycopg.types.json import Jsonb
 
 from konduit.core.advance import ExecutionState
 from konduit.core.durations import Duration
+from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.repair import plan_repair
 from konduit.core.results import FINISHED, ExecutionResult
@@ -206,7 +207,7 @@ class Client:
             while True:
                 result = await self.get(eid)
                 if result.finished:
-                    if result.status != "succeeded":
+                    if result.status != ExecutionStatus.SUCCEEDED:
                         raise ExecutionFailed(result)
                     return result
                 remaining = None if deadline is None else deadline - loop.time()
@@ -231,9 +232,9 @@ class Client:
             row = await tx.one("execution_lock", id=eid)
             if row is None:
                 raise ExecutionNotFound(f"no execution with id {eid}")
-            if row["status"] != "running":
+            if row["status"] != ExecutionStatus.RUNNING:
                 return False
-            finished = await finish_execution(tx, eid, "cancelled", None, reason,
+            finished = await finish_execution(tx, eid, ExecutionStatus.CANCELLED, None, reason,
                                               row["steps_pending"])
         if finished is not None and finished.child_ended is not None:
             # A child workflow: fail (or leave to a worker's fallback) its parent's step now.
@@ -315,7 +316,8 @@ async def repair_in(tx: Tx, registry: Registry, eid: UUID, *, max_payload_bytes:
     row = await tx.one("execution_lock", id=eid)
     if row is None:
         raise ExecutionNotFound(f"no execution with id {eid}")
-    if row["status"] in ("running", "pending", "cancelled"):
+    if row["status"] in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING,
+                         ExecutionStatus.CANCELLED):
         raise KonduitError(
             f"execution {eid} is {row['status']}: only a finished, not cancelled, "
             "execution can be repaired"
@@ -342,7 +344,7 @@ async def repair_in(tx: Tx, registry: Registry, eid: UUID, *, max_payload_bytes:
         **state_columns(states),
     )
     advancer = Advancer(
-        tx, spec, eid, ExecutionState("running", len(plan.rerun)), reopened["generation"],
+        tx, spec, eid, ExecutionState(ExecutionStatus.RUNNING, len(plan.rerun)), reopened["generation"],
         max_payload_bytes=max_payload_bytes,
     )
     await advancer.start_steps(list(plan.start))

@@ -8,10 +8,8 @@ join undecided.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -19,6 +17,14 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from konduit.core.advance import Event, ExecutionState, TaskEnded
+from konduit.core.model import (
+    MOVES,
+    AttemptOutcome,
+    Command,
+    Completion,
+    Recorded,
+    Transition,
+)
 from konduit.core.payloads import DEFAULT_MAX_BYTES, content_hash
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import step_rows, transitions
@@ -28,54 +34,10 @@ from konduit.engine.registry import Registry
 log = logging.getLogger(__name__)
 
 
-class Recorded(enum.Enum):
-    ENDED = "ended"  # outcome recorded and the DAG advanced
-    RETRYING = "retrying"  # attempt failed, the task is ready again after its backoff
-    RELEASED = "released"  # handed back unrun (shutdown): ready at once, attempt not counted
-    LEASE_LOST = "lease_lost"  # the caller no longer held the task: nothing changed
-    TOO_LATE = "too_late"  # a retry whose backoff would end past the deadline: nothing changed;
-    # the caller ends the task instead (degraded with its fallback, else timed_out)
-    DROPPED = "dropped"  # a hedged task's other attempt runs on: only this attempt ended
-    WAITING = "waiting"  # an arming attempt: the task waits (event, timer, child), slot freed
-
-
-@dataclass(frozen=True)
-class Completion:
-    task_id: int
-    lease_token: UUID | None  # None only for the deadline sweep of a ready task
-    execution_id: UUID
-    step: str
-    map_index: int
-    attempt: int
-    outcome: str  # a terminal outcome, "retry", or "released"
-    payload_json: str | None = None  # canonical JSON of the output (succeeded/degraded)
-    payload: Any = None
-    error: str | None = None
-    retry_delay: float = 0.0
-    age_seconds: float = 0.0  # how long ago the handler ended, so timings use the DB clock
-    attempt_outcome: str | None = None  # how the attempt itself ended, when not `outcome` ("lost")
-    routes: tuple[str, ...] | None = None  # downstream steps the handler chose (Route)
-    source: str = "handler"  # where the payload came from: the handler or the fallback
-    transition: str = "complete"  # complete (a live worker), lose (reclaim), expire (sweep),
-    # wake (a waiting task's event, timer or child; no lease)
-    guard_seconds: float = 0.0  # lose: the lease the server must have been up for; expire: grace
-    # lose and expire: set when this completion did not run the task's fallback; then it ends
-    # no task whose fallback another worker started less than this many seconds ago.
-    fallback_settle: float | None = None
-
-
-MOVES = ("retry", "released")
-"""Outcomes that return the task to ready instead of ending it: they decide nothing about the DAG."""
-
-YIELDED = "yielded"
-"""Not an outcome: another worker called the task's fallback first and ends the task; recording
-it changes nothing (:attr:`Recorded.LEASE_LOST`)."""
-
-
 async def record(db: Database, registry: Registry, c: Completion, *,
                  max_payload_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Recorded, Advanced | None]:
     """Record one attempt's end. Returns what happened and, when the DAG advanced, how."""
-    if c.outcome in MOVES:
+    if c.command in MOVES:
         return await db.atomic(lambda tx: _move(tx, c)), None
     ((outcome, advanced),) = await record_many(db, registry, [c],
                                                max_payload_bytes=max_payload_bytes)
@@ -86,30 +48,31 @@ async def _move(tx: Tx, c: Completion) -> Recorded:
     """A retry, reclaim or release: the task goes back to ready. It takes no execution lock: the
     guards in the statement alone keep a stale worker from resurrecting a task someone else
     ended."""
-    if c.transition == "complete" and c.lease_token is not None \
+    if c.transition is Transition.COMPLETE and c.lease_token is not None \
             and await transitions.drop(tx, c.task_id, c.lease_token) is not None:
         return await _dropped(tx, c)
-    if c.outcome == "released":
+    if c.command is Command.RELEASE:
         row = await transitions.release(tx, c)
-    elif c.transition == "lose":
+    elif c.transition is Transition.LOSE:
         row = await transitions.lose(tx, c)
     else:
         row = await transitions.retry(tx, c)
     if row is None:
-        if c.outcome == "retry" and c.lease_token is not None \
-                and c.transition == "complete" \
+        if c.command is Command.RETRY and c.lease_token is not None \
+                and c.transition is Transition.COMPLETE \
                 and await transitions.is_leased(tx, c.task_id, c.lease_token):
             return Recorded.TOO_LATE
         return Recorded.LEASE_LOST
     await tx.run(
         "attempt_finish_if_open",
         lease_token=c.lease_token,
-        outcome="released" if c.outcome == "released" else c.attempt_outcome or "retry",
+        outcome=AttemptOutcome.RELEASED if c.command is Command.RELEASE
+        else c.attempt_outcome or AttemptOutcome.RETRY,
         error=c.error,
         age_seconds=c.age_seconds,
     )
     await tx.one("task_notify_ready", queue=row["queue"])
-    return Recorded.RELEASED if c.outcome == "released" else Recorded.RETRYING
+    return Recorded.RELEASED if c.command is Command.RELEASE else Recorded.RETRYING
 
 
 async def _dropped(tx: Tx, c: Completion) -> Recorded:
@@ -117,7 +80,8 @@ async def _dropped(tx: Tx, c: Completion) -> Recorded:
     await tx.run(
         "attempt_finish_if_open",
         lease_token=c.lease_token,
-        outcome="released" if c.outcome == "released" else "dropped",
+        outcome=AttemptOutcome.RELEASED if c.command is Command.RELEASE
+        else AttemptOutcome.DROPPED,
         error=c.error,
         age_seconds=c.age_seconds,
     )
@@ -156,8 +120,8 @@ async def record_many(
     first: dict[int, Completion] = {}
     for c in batch:
         first.setdefault(c.task_id, c)
-    unique = [c for c in first.values() if c.outcome not in (*MOVES, YIELDED)]
-    moving = sorted((c for c in first.values() if c.outcome in MOVES), key=lambda c: c.task_id)
+    unique = [c for c in first.values() if c.command is Command.END]
+    moving = sorted((c for c in first.values() if c.command in MOVES), key=lambda c: c.task_id)
     # Hashed once, outside the transaction: a conflict reruns only database work.
     hashes = {
         c.task_id: content_hash(c.payload_json) if c.payload_json is not None else None
@@ -323,13 +287,12 @@ async def write_deferred(tx: Tx, advancers: list[Advancer]
 
 def _events(completions: list[Completion], ended: dict[int, datetime]
             ) -> list[tuple[Event, datetime | None]]:
-    return [
-        (
-            TaskEnded(c.step, c.outcome, frozenset(c.routes) if c.routes is not None else None),
-            ended[c.task_id],
-        )
-        for c in completions
-    ]
+    events: list[tuple[Event, datetime | None]] = []
+    for c in completions:
+        assert c.outcome is not None  # only completions that end their task get here
+        routes = frozenset(c.routes) if c.routes is not None else None
+        events.append((TaskEnded(c.step, c.outcome, routes), ended[c.task_id]))
+    return events
 
 
 async def record_late_result(db: Database, lease_token: UUID, payload_json: str, payload: Any) -> bool:

@@ -28,6 +28,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.stall import Diagnosis, EndedTasks, diagnose
 from konduit.db.database import Database, Row, Tx
@@ -138,7 +139,7 @@ class Watchdog:
 
     async def _decide(self, tx: Tx, execution_id: UUID) -> Stall | None:
         execution = await tx.one("execution_lock", id=execution_id)
-        if execution is None or execution["status"] != "running":
+        if execution is None or execution["status"] != ExecutionStatus.RUNNING:
             return None
         before = await tx.one("execution_get_stall", id=execution_id)
         assert before is not None
@@ -162,7 +163,7 @@ class Watchdog:
                                            max_payload_bytes=self.max_payload_bytes)
             after = await tx.one("execution_get_stall", id=execution_id)
             assert after is not None
-            healed = after["status"] != "running" or bool(after["live"])
+            healed = after["status"] != ExecutionStatus.RUNNING or bool(after["live"])
         finding = execution_stalled(
             str(execution_id), spec.name, quiet_seconds=quiet, replayed=diagnosis.replayed,
             reasons=diagnosis.reasons, healed=healed,

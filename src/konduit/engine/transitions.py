@@ -47,15 +47,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from konduit.core.model import Completion, Transition, WaitKind
 from konduit.db.database import Database, Row, Tx
-
-if TYPE_CHECKING:
-    from konduit.engine.completer import Completion
 
 
 class Claim(list[Row]):
@@ -217,7 +215,7 @@ async def end_later(tx: Tx, completions: Sequence[Completion], hashes: Sequence[
     """:func:`end`, with the live workers' statement sent now (queued behind what the caller
     sent before it, such as the execution locks, in a pipelined transaction) and its answer
     read, and the one-at-a-time transitions run, when the returned function is awaited."""
-    leased = [(c, h) for c, h in zip(completions, hashes, strict=True) if c.transition == "complete"]
+    leased = [(c, h) for c, h in zip(completions, hashes, strict=True) if c.transition is Transition.COMPLETE]
     leased.sort(key=lambda pair: pair[0].task_id)
     fetch = await tx.later(
         "task_complete_many_if_leased",
@@ -235,19 +233,19 @@ async def end_later(tx: Tx, completions: Sequence[Completion], hashes: Sequence[
         if fetch is not None:
             ended.update((row["id"], row["finished_at"]) for row in await fetch())
         for c, h in zip(completions, hashes, strict=True):
-            if c.transition == "complete":
+            if c.transition is Transition.COMPLETE:
                 continue
             params: dict[str, Any] = {
                 "id": c.task_id, "lease_token": c.lease_token, "outcome": c.outcome,
                 "output_hash": h, "error": c.error,
             }
-            if c.transition == "lose":
+            if c.transition is Transition.LOSE:
                 row = await tx.one("task_end_if_rescuable", lease_seconds=c.guard_seconds,
                                    fallback_settle=c.fallback_settle, **params)
-            elif c.transition == "wake":
+            elif c.transition is Transition.WAKE:
                 row = await tx.one("task_wake_if_waiting", outcome=c.outcome, output_hash=h,
                                    error=c.error, id=c.task_id)
-            elif c.transition == "expire":
+            elif c.transition is Transition.EXPIRE:
                 row = await tx.one("task_expire_if_past_deadline", grace_seconds=c.guard_seconds,
                                    fallback_settle=c.fallback_settle, **params)
             else:
@@ -265,7 +263,7 @@ async def cancel_unfinished(tx: Tx, execution_id: UUID, reason: str) -> list[int
     return [r["id"] for r in rows]
 
 
-async def wait(tx: Tx, c: Completion, *, kind: str, event: str | None = None,
+async def wait(tx: Tx, c: Completion, *, kind: WaitKind, event: str | None = None,
                key: str | None = None, until: datetime | None = None,
                delay_seconds: float | None = None, child: UUID | None = None) -> Row | None:
     """The arming attempt's end: running -> waiting, if the lease holds (no execution lock:

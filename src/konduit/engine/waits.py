@@ -29,6 +29,16 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from konduit.core.model import (
+    AttemptOutcome,
+    Command,
+    Completion,
+    ExecutionStatus,
+    Outcome,
+    Recorded,
+    Transition,
+    WaitKind,
+)
 from konduit.core.outcome import Ending, Final, decide, policy_of
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.waits import Armed, check_event_name, child_idempotency_key
@@ -36,7 +46,7 @@ from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import transitions
 from konduit.engine.advancer import Advanced, ChildEnded
-from konduit.engine.completer import Completion, Recorded, record_many
+from konduit.engine.completer import record_many
 from konduit.engine.registry import Registry
 from konduit.engine.starts import StartRequest, insert_executions, prepare
 from konduit.errors import KonduitError
@@ -65,7 +75,7 @@ async def arm(db: Database, registry: Registry, c: Completion, *,
     A matching stored event, or a timer already due, wakes the task at once."""
     armed: Armed = c.payload
     prepared = None
-    if armed.kind == "child":
+    if armed.kind == WaitKind.CHILD:
         try:
             assert armed.workflow is not None
             prepared = prepare(registry, StartRequest(
@@ -76,7 +86,8 @@ async def arm(db: Database, registry: Registry, c: Completion, *,
             # would change it), as a handler's invalid output would.
             failed = Completion(
                 task_id=c.task_id, lease_token=c.lease_token, execution_id=c.execution_id,
-                step=c.step, map_index=c.map_index, attempt=c.attempt, outcome="failed",
+                step=c.step, map_index=c.map_index, attempt=c.attempt, command=Command.END,
+                outcome=Outcome.FAILED,
                 error=f"could not start child workflow {armed.workflow!r}: {exc}",
                 age_seconds=c.age_seconds)
             [(outcome, advanced)] = await record_many(db, registry, [failed],
@@ -84,7 +95,7 @@ async def arm(db: Database, registry: Registry, c: Completion, *,
             return outcome, advanced
 
     async def write(tx: Tx) -> tuple[Row | None, bool]:
-        if armed.kind == "event":
+        if armed.kind == WaitKind.EVENT:
             assert armed.event is not None
             await tx.one("event_lock_keys",
                          keys=_lock_keys(armed.event, armed.key, c.execution_id))
@@ -96,10 +107,11 @@ async def arm(db: Database, registry: Registry, c: Completion, *,
             delay_seconds=armed.delay, child=child)
         if row is None:
             raise _LeaseLost
-        await tx.run("attempt_finish_if_open", lease_token=c.lease_token, outcome="waiting",
+        await tx.run("attempt_finish_if_open", lease_token=c.lease_token,
+                     outcome=AttemptOutcome.WAITING,
                      error=None, age_seconds=c.age_seconds)
         due = row["wait_seconds"] is not None and row["wait_seconds"] <= 0
-        if armed.kind == "event":
+        if armed.kind == WaitKind.EVENT:
             event = await tx.one("event_find_pending_for_task", name=armed.event, key=armed.key,
                                  execution_id=c.execution_id)
             if event is not None \
@@ -176,13 +188,13 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
 
 
 async def wake_task(db: Database, registry: Registry, task_id: int, execution_id: UUID,
-                    step: str, *, outcome: str = "succeeded", payload_json: str | None = None,
+                    step: str, *, outcome: Outcome = Outcome.SUCCEEDED, payload_json: str | None = None,
                     payload: Any = None, error: str | None = None,
                     max_payload_bytes: int = DEFAULT_MAX_BYTES) -> Advanced | None:
     """End a due waiting task in the fan-in transaction. An event step's payload is the event
     it consumed (read here when not given). Returns how the DAG advanced, None when the task
     was no longer waiting (someone else woke it, or the deadline sweep ended it)."""
-    if payload_json is None and outcome == "succeeded":
+    if payload_json is None and outcome == Outcome.SUCCEEDED:
         row = await db.one("event_payload_consumed_by", task_id=task_id)
         if row is not None:
             payload = row["payload"]
@@ -191,8 +203,9 @@ async def wake_task(db: Database, registry: Registry, task_id: int, execution_id
         else:  # a timer: its output is None
             payload_json = canonical_json(None, what=f"output of step {step!r}")
     c = Completion(task_id=task_id, lease_token=None, execution_id=execution_id, step=step,
-                   map_index=0, attempt=0, outcome=outcome, payload_json=payload_json,
-                   payload=payload, error=error, transition="wake")
+                   map_index=0, attempt=0, command=Command.END, outcome=outcome,
+                   payload_json=payload_json, payload=payload, error=error,
+                   transition=Transition.WAKE)
     [(recorded, advanced)] = await record_many(db, registry, [c],
                                                max_payload_bytes=max_payload_bytes)
     return advanced if recorded is Recorded.ENDED else None
@@ -213,21 +226,21 @@ async def wake_child_step(db: Database, registry: Registry, row: Row, *,
     advanced, None when nothing changed here (woken by someone else, past its deadline, left)."""
     spec = registry.get(row["workflow_name"], row["workflow_version"])
     step = row["step"]
-    if row["child_status"] == "succeeded":
+    if row["child_status"] == ExecutionStatus.SUCCEEDED:
         output = row["child_output"]
         try:
             payload_json = canonical_json(output, what=f"output of step {step!r}",
                                           max_bytes=max_payload_bytes)
         except KonduitError as exc:
             return await wake_task(db, registry, row["id"], row["execution_id"], step,
-                                   outcome="failed", error=str(exc),
+                                   outcome=Outcome.FAILED, error=str(exc),
                                    max_payload_bytes=max_payload_bytes)
         return await wake_task(db, registry, row["id"], row["execution_id"], step,
                                payload_json=payload_json, payload=output,
                                max_payload_bytes=max_payload_bytes)
     error = (f"child execution {row['wait_child']} ended {row['child_status']}"
              + (f": {row['child_error']}" if row["child_error"] else ""))
-    fallback_age = row.get("fallback_age")
+    fallback_age = row["fallback_age"]
     if fallback_age is not None and (fallback is None or fallback_age < fallback_settle):
         return None  # its fallback's caller may still end it; else the next pass does
     verdict = decide(policy_of(spec[step]), Ending.NON_RETRYABLE, attempt=row["attempt"],

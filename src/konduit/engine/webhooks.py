@@ -17,12 +17,13 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from konduit.core.model import DeliveryStatus
 from konduit.core.webhooks import Webhook
 from konduit.db.database import Database, Row, Tx
 from konduit.errors import KonduitError
 from konduit.observe.alerts import AlertRecord
 
-STATUSES = ("pending", "delivered", "failed", "refused")
+STATUSES = tuple(s.value for s in DeliveryStatus)
 
 
 async def register(db: Database | Tx, webhooks: Sequence[Webhook]) -> None:

@@ -8,8 +8,8 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from konduit.core.model import Completion, Recorded, WaitKind
 from konduit.engine.advancer import Advanced
-from konduit.engine.completer import Completion, Recorded
 from konduit.engine.waits import arm
 from konduit.worker.maintenance import Maintenance
 
@@ -32,7 +32,7 @@ class Arming:
         recorded = await arm(m.db, m.registry, completion,
                              max_payload_bytes=self.max_payload_bytes)
         armed = completion.payload
-        if recorded[0] is Recorded.WAITING and armed.kind == "timer":
+        if recorded[0] is Recorded.WAITING and armed.kind == WaitKind.TIMER:
             delay = armed.delay if armed.delay is not None else \
                 (armed.until - datetime.now(UTC)).total_seconds()
             loop = asyncio.get_running_loop()

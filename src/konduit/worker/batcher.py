@@ -30,8 +30,8 @@ import random
 from collections.abc import Awaitable, Callable
 from uuid import UUID
 
+from konduit.core.model import Completion, Recorded
 from konduit.engine.advancer import Advanced
-from konduit.engine.completer import Completion, Recorded
 from konduit.errors import (
     DatabaseConflict,
     DatabaseError,

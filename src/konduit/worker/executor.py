@@ -17,21 +17,20 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from konduit.core.context import Context
+from konduit.core.model import Command, Completion, Outcome, OutputSource, TaskAttempt
 from konduit.core.outcome import Ending, Final, RetryAt, Verdict, decide, policy_of
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.results import Route
 from konduit.core.validation import OutputInvalid
 from konduit.core.waits import Armed
 from konduit.core.workflow import StepSpec, WorkflowSpec
-from konduit.db.database import Database, Row, Tx
+from konduit.db.database import Database, Tx
 from konduit.engine.advancer import Upstream, load_upstream
-from konduit.engine.completer import YIELDED, Completion, record_late_result
+from konduit.engine.completer import record_late_result
 from konduit.errors import DatabaseError, NonRetryableError, PayloadError
 from konduit.logs import attempt_scope
 from konduit.tracing import AttemptTracer
@@ -44,75 +43,8 @@ FALLBACK_SETTLE_GRACE = 1.0
 (its caller, alive, records the outcome within its limit; one that died never will)."""
 
 
-@dataclass
-class Claimed:
-    """A task this worker holds a lease on."""
-
-    id: int
-    execution_id: UUID
-    step: str
-    map_index: int
-    item: Any
-    attempt: int
-    max_attempts: int
-    lease_token: UUID | None  # None: a ready task the deadline sweep ends
-    queue: str
-    workflow_name: str
-    workflow_version: int
-    input: Any
-    deadline_remaining: float | None = None  # seconds of the task's budget left at claim
-    generation: int = 1
-    scheduled_at: datetime | None = None  # the execution's schedule tick, if a schedule started it
-    hedged: bool = False  # a hedge: the second attempt of a straggling task (its own lease)
-    # Seconds since the task's fallback was started (None: never). Read by the sweeps: a task
-    # whose fallback was started is ended without calling it again (core.outcome.decide).
-    fallback_age: float | None = None
-
-    @property
-    def fallback_tried(self) -> bool:
-        """Whether the task's fallback was started already (by whichever worker)."""
-        return self.fallback_age is not None
-
-    @property
-    def key(self) -> int:
-        """This attempt among a worker's running ones: the task id, negated for a hedge (a
-        worker may run a task's primary attempt and its hedge side by side)."""
-        return -self.id if self.hedged else self.id
-
-    def completion(self, outcome: str, **fields: Any) -> Completion:
-        """How this attempt ended, addressed to this task and fenced by this lease."""
-        return Completion(
-            task_id=self.id,
-            lease_token=self.lease_token,
-            execution_id=self.execution_id,
-            step=self.step,
-            map_index=self.map_index,
-            attempt=self.attempt,
-            outcome=outcome,
-            **fields,
-        )
-
-    @classmethod
-    def from_row(cls, row: Row) -> Claimed:
-        return cls(
-            id=row["id"],
-            execution_id=row["execution_id"],
-            step=row["step"],
-            map_index=row["map_index"],
-            item=row["item"],
-            attempt=row["attempt"],
-            max_attempts=row["max_attempts"],
-            lease_token=row["lease_token"],
-            queue=row["queue"],
-            workflow_name=row["workflow_name"],
-            workflow_version=row["workflow_version"],
-            input=row["input"],
-            deadline_remaining=row.get("deadline_remaining"),
-            generation=row.get("generation", 1),
-            scheduled_at=row.get("scheduled_at"),
-            hedged=bool(row.get("hedged", False)),
-            fallback_age=row.get("fallback_age"),
-        )
+Claimed = TaskAttempt
+"""The old name of :class:`~konduit.core.model.TaskAttempt`, kept for its importers."""
 
 
 def _describe(exc: BaseException) -> str:
@@ -155,7 +87,6 @@ class Executor:
     def __init__(
         self,
         db: Database,
-        threads: int = 0,  # kept for callers of the old signature; threads are elastic now
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
         *,
         isolation: str = "thread",
@@ -181,10 +112,7 @@ class Executor:
         """Handler threads that outlived their deadline and are still running."""
         return self.threads.abandoned
 
-    def close(self) -> None:
-        """Nothing to wait for: handler threads are daemons and own no engine state."""
-
-    async def _upstream(self, tx: Tx, spec: WorkflowSpec, task: Claimed) -> Upstream:
+    async def _upstream(self, tx: Tx, spec: WorkflowSpec, task: TaskAttempt) -> Upstream:
         # A map step's upstream outputs are fixed once it fired (a repair makes a new
         # generation), so its items, which share them, read them once. Other steps read afresh:
         # a quorum join's stragglers may have ended since its last attempt.
@@ -201,7 +129,7 @@ class Executor:
             self._upstreams.popitem(last=False)
         return upstream
 
-    async def context_for(self, spec: WorkflowSpec, task: Claimed, tx: Tx | None = None) -> Context:
+    async def context_for(self, spec: WorkflowSpec, task: TaskAttempt, tx: Tx | None = None) -> Context:
         """The handler's context, its upstream read in ``tx`` (or a transaction of its own). A
         root step has no upstream: nothing is read, and no transaction is opened for it."""
         if self.tracer is not None and not self.tracer.knows(task.execution_id):
@@ -236,7 +164,7 @@ class Executor:
         fn: Callable[[Context], Any],
         ctx: Context,
         *,
-        late: Claimed | None = None,
+        late: TaskAttempt | None = None,
         started: asyncio.Event | None = None,
     ) -> Any:
         """Call a handler or fallback: async ones on the loop, sync ones on a thread (or in a
@@ -280,21 +208,21 @@ class Executor:
             raise value  # raised here, in this frame: see _captured
         return value
 
-    def _late_done(self, loop: asyncio.AbstractEventLoop, task: Claimed, future: Future[Any]) -> None:
+    def _late_done(self, loop: asyncio.AbstractEventLoop, task: TaskAttempt, future: Future[Any]) -> None:
         # Runs on the handler's thread; the worker may have shut down since (loop closed).
         try:
             loop.call_soon_threadsafe(self._keep_late, task, future)
         except RuntimeError:
             log.info("a late result of task %s arrived after the worker stopped", task.id)
 
-    def _keep_late(self, task: Claimed, future: Future[Any]) -> None:
+    def _keep_late(self, task: TaskAttempt, future: Future[Any]) -> None:
         if future.cancelled() or future.exception() is not None:
             return
         returned, value = future.result()
         if returned:
             self.keep_late(task, value)
 
-    def keep_late(self, task: Claimed, result: Any) -> None:
+    def keep_late(self, task: TaskAttempt, result: Any) -> None:
         """Store a result whose attempt was already ended (deadline or reclaim) as ``late``."""
         if isinstance(result, Route):
             result = result.output
@@ -314,7 +242,7 @@ class Executor:
             log.info("kept a late result (it arrived after its attempt ended; the join did not use it)")
 
     def _payload(
-        self, spec: WorkflowSpec, task: Claimed, result: Any
+        self, spec: WorkflowSpec, task: TaskAttempt, result: Any
     ) -> tuple[Any, str, tuple[str, ...] | None]:
         step = spec[task.step]
         routes = None
@@ -335,7 +263,7 @@ class Executor:
         return result, payload_json, routes
 
     async def run(
-        self, spec: WorkflowSpec, task: Claimed, ctx: Context, *, started: asyncio.Event | None = None
+        self, spec: WorkflowSpec, task: TaskAttempt, ctx: Context, *, started: asyncio.Event | None = None
     ) -> Completion:
         """Run the handler under the task's deadline; never raises for anything the handler does
         (only ``CancelledError`` when the worker itself cancels the attempt). ``started`` is set
@@ -352,7 +280,7 @@ class Executor:
                 return completion
 
     async def _run(
-        self, spec: WorkflowSpec, task: Claimed, ctx: Context, started: asyncio.Event | None
+        self, spec: WorkflowSpec, task: TaskAttempt, ctx: Context, started: asyncio.Event | None
     ) -> Completion:
         step = spec[task.step]
         budget = task.deadline_remaining
@@ -362,7 +290,7 @@ class Executor:
         if ending is Ending.RETURNED:
             if step.wait is not None and isinstance(result, Armed):
                 # A wait step's arming attempt: the task waits (docs/durable-waits.md).
-                return task.completion("waiting", payload=result,
+                return task.completion(Command.WAIT, payload=result,
                                        age_seconds=time.monotonic() - ended)
             try:
                 payload, payload_json, routes = self._payload(spec, task, result)
@@ -371,7 +299,7 @@ class Executor:
                 ending, error = Ending.INVALID_OUTPUT, str(exc)
             else:
                 return task.completion(
-                    "succeeded", payload_json=payload_json, payload=payload, routes=routes,
+                    Outcome.SUCCEEDED, payload_json=payload_json, payload=payload, routes=routes,
                     age_seconds=time.monotonic() - ended,
                 )
         remaining = None if budget is None else budget - (ended - began)
@@ -385,7 +313,7 @@ class Executor:
     async def _attempt(
         self,
         step: StepSpec,
-        task: Claimed,
+        task: TaskAttempt,
         ctx: Context,
         budget: float | None,
         started: asyncio.Event | None,
@@ -420,7 +348,7 @@ class Executor:
     async def conclude(
         self,
         spec: WorkflowSpec,
-        task: Claimed,
+        task: TaskAttempt,
         ctx: Context | None,
         verdict: Verdict,
         *,
@@ -432,17 +360,18 @@ class Executor:
         ``fields`` go to the completion (the transition and its guard, for reclaims and sweeps).
 
         A fallback is called only after its start is recorded (at most once per task); when
-        another worker recorded it first, the completion is :data:`YIELDED`: nothing to record,
-        that worker ends the task. A final outcome without the fallback is written only if no
-        other worker's fallback of the task is under way (``fallback_settle``)."""
+        another worker recorded it first, the completion's command is :attr:`Command.YIELD`:
+        nothing to record, that worker ends the task. A final outcome without the fallback is
+        written only if no other worker's fallback of the task is under way
+        (``fallback_settle``)."""
         if isinstance(verdict, RetryAt):
             return task.completion(
-                "retry", error=error, retry_delay=verdict.delay,
+                Command.RETRY, error=error, retry_delay=verdict.delay,
                 attempt_outcome=verdict.attempt_outcome, **fields,
             )
         assert isinstance(verdict, Final)
         reason = verdict.reason if verdict.reason is not None else error
-        if verdict.outcome == "failed":
+        if verdict.outcome is Outcome.FAILED:
             log.warning(
                 "task %s/%s[%s] of %s failed for good after %s attempt(s): %s",
                 task.execution_id, task.step, task.map_index, spec.name, task.attempt,
@@ -455,7 +384,7 @@ class Executor:
             fallback_settle=self.fallback_settle, **fields
         )
 
-    async def deadline_passed(self, spec: WorkflowSpec, task: Claimed, ctx: Context | None,
+    async def deadline_passed(self, spec: WorkflowSpec, task: TaskAttempt, ctx: Context | None,
                               **fields: Any) -> Completion:
         """The task ran out of budget: degraded with the fallback's payload, else timed_out."""
         verdict = decide(policy_of(spec[task.step]), Ending.DEADLINE_PASSED, attempt=task.attempt,
@@ -463,7 +392,7 @@ class Executor:
                          fallback_tried=task.fallback_tried)
         return await self.conclude(spec, task, ctx, verdict, **fields)
 
-    async def _start_fallback(self, task: Claimed) -> bool:
+    async def _start_fallback(self, task: TaskAttempt) -> bool:
         """Record, committed, that this task's fallback is called now: False when it was called
         before (by another worker, or one that died in it) or the task is no longer what was
         read. A fallback whose start cannot be recorded is not called: the sweeps call it."""
@@ -481,13 +410,13 @@ class Executor:
         return row is not None
 
     async def _fallback(
-        self, spec: WorkflowSpec, task: Claimed, ctx: Context | None, verdict: Final,
+        self, spec: WorkflowSpec, task: TaskAttempt, ctx: Context | None, verdict: Final,
         reason: str | None, **fields: Any,
     ) -> Completion:
         step = spec[task.step]
         assert step.fallback is not None
         if not await self._start_fallback(task):
-            return task.completion(YIELDED, error=reason, **fields)
+            return task.completion(Command.YIELD, error=reason, **fields)
         try:
             if ctx is None:
                 ctx = await self.context_for(spec, task)
@@ -506,8 +435,8 @@ class Executor:
             failure = _describe(exc)
         else:
             return task.completion(
-                "degraded", payload_json=payload_json, payload=payload, error=reason,
-                source="fallback", attempt_outcome=verdict.attempt_outcome, **fields,
+                Outcome.DEGRADED, payload_json=payload_json, payload=payload, error=reason,
+                source=OutputSource.FALLBACK, attempt_outcome=verdict.attempt_outcome, **fields,
             )
         log.warning("fallback of step %r failed: %s", task.step, failure.splitlines()[-1])
         return task.completion(

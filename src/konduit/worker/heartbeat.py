@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import psycopg
 
+from konduit.core.model import TaskAttempt
 from konduit.db.database import Database, Row, Tx
 from konduit.errors import DatabaseError, DatabaseUnavailable
 from konduit.worker.config import WorkerConfig
 from konduit.worker.connectivity import Connectivity
-from konduit.worker.executor import Claimed
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,8 @@ class BeatRequest:
 
 
 async def beat(db: Database, config: WorkerConfig, connectivity: Connectivity, *,
-               held: Callable[[], list[Claimed]], abandoned: Callable[[], int],
-               lost: Callable[[Claimed], None], asked: BeatRequest | None = None) -> None:
+               held: Callable[[], list[TaskAttempt]], abandoned: Callable[[], int],
+               lost: Callable[[TaskAttempt], None], asked: BeatRequest | None = None) -> None:
     """Forever, every ``heartbeat_interval`` (or sooner when ``asked``): record the worker
     alive (with its running and ``abandoned()`` counts) and extend the leases of the ``held()``
     attempts; ``lost(task)`` for each whose lease no longer holds (cancelled, rescued after the

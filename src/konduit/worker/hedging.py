@@ -11,12 +11,12 @@ import logging
 import time
 
 from konduit.core.hedging import HISTORY_SECONDS, Hedge, threshold
+from konduit.core.model import TaskAttempt
 from konduit.db.database import Database
 from konduit.engine import transitions
 from konduit.engine.registry import Registry, workflow_key
 from konduit.errors import DatabaseError
 from konduit.worker.config import WorkerConfig
-from konduit.worker.executor import Claimed
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Hedger:
                 plan.append((workflow, step, seconds_or_none))
         return plan
 
-    async def claim(self, limit: int) -> list[Claimed]:
+    async def claim(self, limit: int) -> list[TaskAttempt]:
         """Lease hedges of up to ``limit`` stragglers, if a look is due (else nothing)."""
         now = time.monotonic()
         if not self.steps or limit <= 0 or now < self._next_look:
@@ -97,7 +97,7 @@ class Hedger:
             # tries again.
             log.warning("looking for stragglers to hedge failed: %s", exc)
             return []
-        hedges = [Claimed.from_row(r) for r in rows]
+        hedges = [TaskAttempt.from_row(r) for r in rows]
         for h in hedges:
             log.info("hedging task %s (%s) attempt %s: it is straggling", h.id, h.step, h.attempt)
         self.started += len(hedges)

@@ -21,17 +21,27 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Container
 
+from konduit.core.model import (
+    AttemptOutcome,
+    Completion,
+    ExecutionStatus,
+    Outcome,
+    Recorded,
+    TaskAttempt,
+    Transition,
+    WaitKind,
+)
 from konduit.core.outcome import Ending, Final, decide, policy_of
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import transitions, waits
 from konduit.engine.advancer import Advanced, ChildEnded, Finished, finish_execution
-from konduit.engine.completer import Completion, Recorded, record
+from konduit.engine.completer import record
 from konduit.engine.registry import Registry
 from konduit.engine.stalls import DEFAULT_GRACE, Watchdog
 from konduit.errors import DatabaseError, KonduitError
 from konduit.logs import attempt_scope, log_recorded
-from konduit.worker.executor import Claimed, Executor
+from konduit.worker.executor import Executor
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +114,8 @@ class Maintenance:
                     token, worker = row["lease_token"], row["worker_id"]
                 else:
                     return False
-                await tx.run("attempt_finish_if_open", lease_token=token, outcome="lost",
+                await tx.run("attempt_finish_if_open", lease_token=token,
+                             outcome=AttemptOutcome.LOST,
                              error=f"lease expired on worker {worker}; the task's other "
                                    f"attempt runs on", age_seconds=0.0)
                 return True
@@ -115,13 +126,13 @@ class Maintenance:
                          row["id"])
         return changed
 
-    def _fallback_under_way(self, task: Claimed) -> bool:
+    def _fallback_under_way(self, task: TaskAttempt) -> bool:
         """Another worker started this task's fallback less than its time limit ago: it may
         still record what the fallback returned (the write re-checks: fallback_settle)."""
         return task.fallback_age is not None and task.fallback_age < self.executor.fallback_settle
 
     @staticmethod
-    def _log_fallback_never_returned(task: Claimed, outcome: Recorded) -> None:
+    def _log_fallback_never_returned(task: TaskAttempt, outcome: Recorded) -> None:
         if task.fallback_tried and outcome is Recorded.ENDED:
             with attempt_scope(task):
                 log.warning("task %s (%s): its fallback never returned (it killed or hung its "
@@ -133,7 +144,7 @@ class Maintenance:
             spec = self.registry.get(row["workflow_name"], row["workflow_version"])
         except KonduitError:
             return  # another deployment's workflow: its own workers rescue it
-        lost = Claimed.from_row(row)
+        lost = TaskAttempt.from_row(row)
         if self._fallback_under_way(lost):
             return
         error = f"lease expired on worker {row['worker_id']} (attempt {lost.attempt})"
@@ -143,7 +154,7 @@ class Maintenance:
             fallback_tried=lost.fallback_tried,
         )
         completion = await self.executor.conclude(
-            spec, lost, None, verdict, error=error, transition="lose",
+            spec, lost, None, verdict, error=error, transition=Transition.LOSE,
             guard_seconds=self.lease_seconds,
         )
         outcome, advanced = await record(self.db, self.registry, completion,
@@ -155,7 +166,7 @@ class Maintenance:
             # degradation it led to is logged as such (as the task's own worker would).
             with attempt_scope(lost):
                 log.warning("reclaimed task %s (%s): %s -> %s", lost.id, lost.step, error,
-                            completion.outcome)
+                            completion.word)
             log_recorded(lost, completion, outcome, by="reclaimed")
 
     async def sweep_deadlines(self, own: Container[int], *, limit: int = 100) -> int:
@@ -176,23 +187,23 @@ class Maintenance:
             spec = self.registry.get(row["workflow_name"], row["workflow_version"])
         except KonduitError:
             return
-        task = Claimed.from_row(row)
+        task = TaskAttempt.from_row(row)
         if self._fallback_under_way(task):
             return
         completion = await self.executor.deadline_passed(
-            spec, task, None, transition="expire", guard_seconds=self.deadline_grace
+            spec, task, None, transition=Transition.EXPIRE, guard_seconds=self.deadline_grace
         )
         outcome, advanced = await record(self.db, self.registry, completion,
                                          max_payload_bytes=self.executor.max_payload_bytes)
         self.woke(advanced)
         self._log_fallback_never_returned(task, outcome)
         if outcome is Recorded.ENDED:
-            if completion.outcome == "degraded":
+            if completion.outcome is Outcome.DEGRADED:
                 log_recorded(task, completion, outcome, by="deadline sweep")
             else:
                 with attempt_scope(task):
                     log.info("task %s (%s) ended %s by the deadline sweep", task.id, task.step,
-                             completion.outcome)
+                             completion.word)
 
     async def wake_waits(self, *, limit: int = 100) -> int:
         """Start waking every waiting task that is due: a timer whose time came, an event
@@ -208,7 +219,7 @@ class Maintenance:
         except KonduitError:
             return  # another deployment's workflow: its own workers wake it
         limit = self.executor.max_payload_bytes
-        if row["wait_kind"] == "child":
+        if row["wait_kind"] == WaitKind.CHILD:
             advanced = await waits.wake_child_step(self.db, self.registry, row,
                                                    fallback=self._child_fallback,
                                                    max_payload_bytes=limit,
@@ -221,8 +232,8 @@ class Maintenance:
 
     async def _child_fallback(self, spec: WorkflowSpec, row: Row, verdict: Final,
                               error: str) -> Completion:
-        return await self.executor.conclude(spec, Claimed.from_row(row), None, verdict,
-                                            error=error, transition="wake")
+        return await self.executor.conclude(spec, TaskAttempt.from_row(row), None, verdict,
+                                            error=error, transition=Transition.WAKE)
 
     def wake_parent(self, ended: ChildEnded) -> bool:
         """A child execution ended in a transaction this process committed: wake its parent's
@@ -276,10 +287,10 @@ async def end_timed_out_executions(db: Database, *, limit: int = 100) -> list[Fi
     for row in rows:
         async with db.transaction() as tx:
             execution = await tx.one("execution_lock", id=row["id"])
-            if execution is None or execution["status"] != "running":
+            if execution is None or execution["status"] != ExecutionStatus.RUNNING:
                 continue
             finished = await finish_execution(
-                tx, row["id"], "timed_out", None, "the execution exceeded its timeout",
+                tx, row["id"], ExecutionStatus.TIMED_OUT, None, "the execution exceeded its timeout",
                 execution["steps_pending"],
             )
         if finished is not None:

@@ -13,24 +13,24 @@ import time
 from collections.abc import Callable
 
 from konduit.core.context import Context
+from konduit.core.model import Completion, TaskAttempt
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database
-from konduit.engine.completer import Completion
 from konduit.engine.registry import Registry
 from konduit.errors import DatabaseError, KonduitError
 from konduit.worker.connectivity import Connectivity, retrying
-from konduit.worker.executor import Claimed, Executor
+from konduit.worker.executor import Executor
 
 log = logging.getLogger(__name__)
 
 Jobs = dict[int, asyncio.Task[Completion] | None]
-"""The handlers one start launched, by :attr:`Claimed.key`; None where the lease no longer held
+"""The handlers one start launched, by :attr:`TaskAttempt.key`; None where the lease no longer held
 the task."""
 
 
 class Starter:
     """Starts handlers for a worker; records each one's context in ``contexts`` (the worker's
-    map, by :attr:`Claimed.key`) before it runs, its ``ctx.heartbeat()`` calling ``beat_now``."""
+    map, by :attr:`TaskAttempt.key`) before it runs, its ``ctx.heartbeat()`` calling ``beat_now``."""
 
     def __init__(self, db: Database, registry: Registry, executor: Executor,
                  contexts: dict[int, Context], connectivity: Connectivity, *,
@@ -45,7 +45,7 @@ class Starter:
         self.contexts = contexts
         self.connectivity = connectivity
 
-    async def start_claimed(self, claimed: list[Claimed]) -> Jobs:
+    async def start_claimed(self, claimed: list[TaskAttempt]) -> Jobs:
         """Start one claim's handlers in one transaction (through outages). When that fails for
         another reason, nothing started: each task is then started alone (an empty answer), so
         one task the database refuses cannot keep the others from running."""
@@ -59,11 +59,11 @@ class Starter:
                         len(claimed), exc)
             return {}
 
-    async def start(self, spec: WorkflowSpec, task: Claimed) -> asyncio.Task[Completion] | None:
+    async def start(self, spec: WorkflowSpec, task: TaskAttempt) -> asyncio.Task[Completion] | None:
         """Start one task's handler (see :meth:`start_many`); None if its lease no longer holds."""
         return (await self.start_many([(spec, task)])).get(task.key)
 
-    async def start_many(self, items: list[tuple[WorkflowSpec, Claimed]]) -> Jobs:
+    async def start_many(self, items: list[tuple[WorkflowSpec, TaskAttempt]]) -> Jobs:
         """Start the handlers while their task rows are share-locked by one lease check. One
         transaction for a whole claim; the upstream payloads are read in it too (a root step
         reads nothing).

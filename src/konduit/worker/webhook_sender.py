@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from konduit.core.model import DeliveryStatus
 from konduit.core.webhooks import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -129,27 +130,27 @@ class WebhookSender:
             answer = await loop.run_in_executor(self._threads, self.post, hook, body, headers)
         except webhook_http.Refused as exc:
             log.warning("webhook delivery %s to %s refused: %s", delivery_id, hook.host, exc)
-            await self._record(row, "refused", f"refused: {exc}", None)
+            await self._record(row, DeliveryStatus.REFUSED, f"refused: {exc}", None)
             return
         except (OSError, http.client.HTTPException, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         else:
             status_code = answer.status
             if 200 <= answer.status < 300:
-                await self._record(row, "delivered", None, answer.status)
+                await self._record(row, DeliveryStatus.DELIVERED, None, answer.status)
                 return
             error = f"HTTP {answer.status} {answer.reason}".strip()
         delay = retry_delay(row["attempts"])
         if gives_up(row["attempts"], row["age_seconds"], delay):
             log.warning("webhook delivery %s to %s failed for good after %s attempt(s): %s",
                         delivery_id, hook.host, row["attempts"], error)
-            await self._record(row, "failed", error, status_code)
+            await self._record(row, DeliveryStatus.FAILED, error, status_code)
         else:
             log.info("webhook delivery %s to %s failed (attempt %s), retrying in %.0f s: %s",
                      delivery_id, hook.host, row["attempts"], delay, error)
-            await self._record(row, "pending", error, status_code, retry_seconds=delay)
+            await self._record(row, DeliveryStatus.PENDING, error, status_code, retry_seconds=delay)
 
-    async def _record(self, row: Row, status: str, error: str | None, status_code: int | None,
+    async def _record(self, row: Row, status: DeliveryStatus, error: str | None, status_code: int | None,
                       *, retry_seconds: float = 0.0) -> None:
         params: dict[str, Any] = {
             "id": row["id"], "lease_token": row["lease_token"], "status": status,

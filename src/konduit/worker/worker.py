@@ -27,6 +27,15 @@ from typing import TypeVar
 from uuid import UUID
 
 from konduit.core.context import Context
+from konduit.core.model import (
+    Command,
+    Completion,
+    ExecutionStatus,
+    Outcome,
+    OutputSource,
+    Recorded,
+    TaskAttempt,
+)
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
@@ -37,7 +46,7 @@ from konduit.engine import webhooks as webhook_store
 from konduit.engine.advancer import Advanced
 from konduit.engine.alerting import Alerting
 from konduit.engine.auto_repair import AutoRepairer
-from konduit.engine.completer import YIELDED, Completion, Recorded, record, record_many
+from konduit.engine.completer import record, record_many
 from konduit.engine.registry import Registry
 from konduit.engine.retention import Retention
 from konduit.engine.schedules import Schedules
@@ -53,7 +62,7 @@ from konduit.worker.arming import Arming
 from konduit.worker.batcher import BatcherStopped, CompletionBatcher
 from konduit.worker.config import WorkerConfig
 from konduit.worker.connectivity import Connectivity, retrying
-from konduit.worker.executor import Claimed, Executor
+from konduit.worker.executor import Executor
 from konduit.worker.heartbeat import BeatRequest, beat
 from konduit.worker.hedging import Hedger
 from konduit.worker.listener import listen
@@ -108,7 +117,7 @@ class Worker:
         self.webhook_sender = WebhookSender(db, self.webhooks, worker_id=self.config.worker_id) \
             if self.webhooks else None
         self.hedger = Hedger(db, registry, self.config)
-        self.running: dict[int, tuple[Claimed, asyncio.Task[None]]] = {}  # by Claimed.key
+        self.running: dict[int, tuple[TaskAttempt, asyncio.Task[None]]] = {}  # by TaskAttempt.key
         self.contexts: dict[int, Context] = {}
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -202,7 +211,6 @@ class Worker:
                 h.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             await self.maintenance.drain(timeout=self.config.fallback_timeout)
-            self.executor.close()
             try:
                 await self.db.run("worker_stop", id=cfg.worker_id)
             except DatabaseError:
@@ -221,7 +229,7 @@ class Worker:
                 # The round being recorded claims the free slots in its own transaction; its
                 # tasks wake this loop as they are done.
                 free = 0
-            claimed: list[Claimed] = []
+            claimed: list[TaskAttempt] = []
             # Cleared before the claim, not after: a wake that arrives while the claim is in
             # flight (a join fired, a slot freed) must make the loop claim again, not sleep.
             self._wake.clear()
@@ -253,7 +261,7 @@ class Worker:
                 poll = min(poll, self.hedger.poll)
             await self._sleep(poll)
 
-    async def _claim(self, db: Database | Tx, limit: int) -> list[Claimed]:
+    async def _claim(self, db: Database | Tx, limit: int) -> list[TaskAttempt]:
         cfg = self.config
         rows = await transitions.claim(
             db,
@@ -267,7 +275,7 @@ class Worker:
         )
         self._turn += 1
         self._limited_ready = rows.limited_ready
-        return [Claimed.from_row(r) for r in rows]
+        return [TaskAttempt.from_row(r) for r in rows]
 
     def _free_slots(self) -> int:
         return self.config.concurrency - self._slots_taken() - self._reserved
@@ -287,7 +295,7 @@ class Worker:
         if self._stop.is_set() or time.monotonic() < self._claim_in_rounds_after:
             return await record_many(self.db, self.registry, group,
                                      max_payload_bytes=self.executor.max_payload_bytes)
-        claimed: list[Claimed] = []
+        claimed: list[TaskAttempt] = []
         free = self._free_slots()
         self._reserved += max(free, 0)
         try:
@@ -301,7 +309,7 @@ class Worker:
             # that starts the handlers.
             self._launch(claimed)
 
-    async def _claim_in_round(self, tx: Tx, limit: int, claimed: list[Claimed]
+    async def _claim_in_round(self, tx: Tx, limit: int, claimed: list[TaskAttempt]
                               ) -> set[tuple[UUID, str]]:
         """Claim in the round's transaction; returns the (execution, step) pairs claimed, so the
         round wakes other workers only for the tasks it made ready and did not take itself."""
@@ -332,7 +340,7 @@ class Worker:
         the next tasks run meanwhile, and the outcomes that end together are recorded together."""
         return len(self.running) - min(len(self._recording), self.config.concurrency)
 
-    def _launch(self, claimed: list[Claimed]) -> None:
+    def _launch(self, claimed: list[TaskAttempt]) -> None:
         """Run the tasks of one claim: their handlers start together, under one lease check."""
         if not claimed:
             return
@@ -341,7 +349,7 @@ class Worker:
         for task in claimed:
             self.running[task.key] = (task, asyncio.create_task(self._run(task, starting)))
 
-    async def _run(self, task: Claimed, starting: asyncio.Future[Jobs] | None = None) -> None:
+    async def _run(self, task: TaskAttempt, starting: asyncio.Future[Jobs] | None = None) -> None:
         try:
             spec = self.registry.get(task.workflow_name, task.workflow_version)
             jobs = await asyncio.shield(starting) if starting is not None else {}
@@ -372,8 +380,8 @@ class Worker:
             self._wake.set()
             self._check_abandoned()
 
-    async def _finish(self, spec: WorkflowSpec, task: Claimed, completion: Completion) -> None:
-        if completion.outcome == YIELDED:
+    async def _finish(self, spec: WorkflowSpec, task: TaskAttempt, completion: Completion) -> None:
+        if completion.command is Command.YIELD:
             # Another worker called the task's fallback first (a sweep that found it late), or
             # the task changed hands: that one ends the task; this attempt records nothing.
             log.info("task %s (%s): its fallback is another worker's to call; this attempt "
@@ -393,8 +401,9 @@ class Worker:
             # payload), so the execution moves on instead of waiting for a lease to expire.
             log.error("could not record task %s (%s): %s", task.id, task.step, exc)
             failure = replace(
-                completion, outcome="failed", payload=None, payload_json=None, routes=None,
-                error=f"the outcome could not be stored: {exc}", source="handler",
+                completion, command=Command.END, outcome=Outcome.FAILED, payload=None,
+                payload_json=None, routes=None, error=f"the outcome could not be stored: {exc}",
+                source=OutputSource.HANDLER,
             )
             outcome, advanced = await self._retrying(lambda: self._record(failure))
         if outcome is Recorded.TOO_LATE:
@@ -404,10 +413,11 @@ class Worker:
             completion = ended
         if outcome is Recorded.DROPPED:
             log.info("task %s (%s): this attempt ended (%s) while its other attempt runs on; "
-                     "that one decides the task", task.id, task.step, completion.outcome)
+                     "that one decides the task", task.id, task.step, completion.word)
             return
         if outcome is Recorded.LEASE_LOST:
-            if completion.outcome == "succeeded" and completion.source == "handler":
+            if completion.outcome is Outcome.SUCCEEDED \
+                    and completion.source is OutputSource.HANDLER:
                 # A sweep or a rescue ended the attempt first: the join never waits for this
                 # result, but it is kept beside the one it consumed, never thrown away.
                 self.executor.keep_late(task, completion.payload)
@@ -420,7 +430,8 @@ class Worker:
         log_recorded(task, completion, outcome)  # a retry or a degradation: once, by its recorder
         # This outcome ended a child workflow: its parent's step is woken now, not at a pass.
         self.maintenance.woke(advanced)
-        if advanced is not None and advanced.finished == "succeeded" and spec.repair is not None:
+        if advanced is not None and advanced.finished == ExecutionStatus.SUCCEEDED \
+                and spec.repair is not None:
             # It may have finished degraded, arming its automatic repair: be awake when it is due.
             self.sweep_clock.expect("repair", spec.repair.delay)
         flow = spec[task.step].flow
@@ -432,7 +443,7 @@ class Worker:
             # Claim the retry when it is due, not at the next poll.
             asyncio.get_running_loop().call_later(completion.retry_delay, self._wake.set)
 
-    async def _notify_slot_free(self, task: Claimed) -> None:
+    async def _notify_slot_free(self, task: TaskAttempt) -> None:
         """A task of a step with a concurrency limit ended or went back to ready: wake the
         workers of its queue, whose claims may have left its step's ready tasks for the limit."""
         try:
@@ -457,9 +468,9 @@ class Worker:
         return self.connectivity.may_rescue
 
     async def _record(self, completion: Completion) -> tuple[Recorded, Advanced | None]:
-        if completion.outcome == "waiting":  # an arming attempt (a wait step): rare, alone
+        if completion.command is Command.WAIT:  # an arming attempt (a wait step): rare, alone
             return await self.arming.record(completion)
-        if completion.outcome == "released" or self._completer is None \
+        if completion.command is Command.RELEASE or self._completer is None \
                 or self._completer.done():
             # Releases happen at shutdown, when the batching loop may be gone; and should it
             # ever be, an outcome is still recorded, alone. Retries join the batch.
@@ -473,9 +484,9 @@ class Worker:
             return await record(self.db, self.registry, completion,
                                 max_payload_bytes=self.executor.max_payload_bytes)
 
-    async def _release(self, task: Claimed) -> None:
+    async def _release(self, task: TaskAttempt) -> None:
         completion = task.completion(
-            "released", error=f"released by worker {self.config.worker_id} at shutdown"
+            Command.RELEASE, error=f"released by worker {self.config.worker_id} at shutdown"
         )
         try:
             outcome, _ = await record(self.db, self.registry, completion,
@@ -484,14 +495,14 @@ class Worker:
         except DatabaseError as exc:
             log.warning("could not release task %s (%s); its lease will expire", task.id, exc)
 
-    async def _start(self, spec: WorkflowSpec, task: Claimed) -> asyncio.Task[Completion] | None:
+    async def _start(self, spec: WorkflowSpec, task: TaskAttempt) -> asyncio.Task[Completion] | None:
         """Start one task's handler; None if its lease no longer holds (:class:`Starter`)."""
         return await self.starter.start(spec, task)
 
     async def _retrying(self, make: Callable[[], Awaitable[T]]) -> T:
         return await retrying(make, self.connectivity)
 
-    def _lease_lost(self, task: Claimed) -> None:
+    def _lease_lost(self, task: TaskAttempt) -> None:
         """The heartbeat found this attempt's lease gone: cancelled, rescued after our lease ran
         out, or the task's other (hedged) attempt finished first. Stop the handler; its result
         would be refused by the fence anyway."""
@@ -530,7 +541,7 @@ class Worker:
             if spec[task.step].is_async:
                 job.cancel()
 
-    def _announce_deadline(self, claimed: list[Claimed]) -> None:
+    def _announce_deadline(self, claimed: list[TaskAttempt]) -> None:
         """A claim set deadlines: if one is earlier than this worker's next maintenance wake-up,
         tell the other workers once (after the claim committed; a round's claim that did not
         commit announces a deadline that is not there, which costs one needless re-read)."""

@@ -190,7 +190,8 @@ WITH clock AS MATERIALIZED (
 )
 SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
        c.lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version, e.input,
-       e.scheduled_at, extract(epoch FROM c.deadline_at - k.at)::float8 AS deadline_remaining
+       e.scheduled_at, extract(epoch FROM c.deadline_at - k.at)::float8 AS deadline_remaining,
+       false AS hedged, NULL::float8 AS fallback_age
 FROM claimed c
 CROSS JOIN clock k
 -- By primary key per claimed task under any plan, as in task_claim_batch.

@@ -42,7 +42,7 @@ SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attem
        c.hedge_token AS lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version,
        e.input, e.scheduled_at,
        extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
-       true AS hedged
+       true AS hedged, NULL::float8 AS fallback_age
 FROM hedged c
 JOIN konduit_executions e ON e.id = c.execution_id;
 

@@ -102,7 +102,8 @@ WITH picked AS (
 SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
        c.lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version, e.input,
        e.scheduled_at,
-       extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining
+       extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
+       false AS hedged, NULL::float8 AS fallback_age
 FROM claimed c
 -- A lookup by primary key per claimed task under any plan (LIMIT keeps the subquery from being
 -- flattened): a generic plan, not knowing `limit`, would otherwise hash every execution.
@@ -275,7 +276,8 @@ SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attem
        t.lease_token, t.queue, t.generation, t.worker_id, e.workflow_name, e.workflow_version,
        e.input, e.scheduled_at,
        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
-       extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining
+       extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
+       false AS hedged
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status = 'running' AND t.lease_expires_at < clock_timestamp()
@@ -339,7 +341,7 @@ SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attem
        t.lease_token, t.queue, t.generation, t.status, t.worker_id, e.workflow_name,
        e.workflow_version, e.input, e.scheduled_at,
        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
-       0.0::float8 AS deadline_remaining
+       0.0::float8 AS deadline_remaining, false AS hedged
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status IN ('ready', 'running', 'waiting') AND e.status = 'running'

@@ -116,7 +116,8 @@ SELECT * FROM (
         t.queue, t.generation, NULL::uuid AS lease_token, t.wait_kind, t.wait_child,
         NULL::text AS child_status, NULL::jsonb AS child_output, NULL::text AS child_error,
         e.workflow_name, e.workflow_version, e.input, e.scheduled_at,
-        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age, 0.0::float8 AS deadline_remaining
+        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age, 0.0::float8 AS deadline_remaining,
+        false AS hedged
  FROM konduit_tasks t
  JOIN konduit_executions e ON e.id = t.execution_id
  WHERE t.status = 'waiting' AND t.wait_until <= clock_timestamp() AND e.status = 'running'
@@ -127,7 +128,7 @@ UNION ALL
         t.queue, t.generation, NULL::uuid, t.wait_kind, t.wait_child,
         c.status, c.output, c.error,
         e.workflow_name, e.workflow_version, e.input, e.scheduled_at,
-        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8, 0.0::float8
+        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8, 0.0::float8, false
  FROM konduit_tasks t
  JOIN konduit_executions c ON c.id = t.wait_child
  JOIN konduit_executions e ON e.id = t.execution_id
@@ -145,7 +146,8 @@ SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.i
        t.queue, t.generation, NULL::uuid AS lease_token, t.wait_kind, t.wait_child,
        c.status AS child_status, c.output AS child_output, c.error AS child_error,
        e.workflow_name, e.workflow_version, e.input, e.scheduled_at,
-       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age, 0.0::float8 AS deadline_remaining
+       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age, 0.0::float8 AS deadline_remaining,
+       false AS hedged
 FROM konduit_tasks t
 JOIN konduit_executions c ON c.id = t.wait_child
 JOIN konduit_executions e ON e.id = t.execution_id
