@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import konduit
-from konduit.bench_harness import LoopThread, claim
+from konduit.bench.harness import LoopThread, claim
 from konduit.core.advance import TaskEnded
 from konduit.db.database import Database
 from konduit.engine.completer import Completion, Recorded, record

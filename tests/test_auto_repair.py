@@ -29,12 +29,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import konduit
+from konduit.core.durations import format_duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.repair_contract import (
     AutoRepairState,
     RepairContract,
     describe,
-    human_duration,
 )
 from konduit.db.connect import open_database
 from konduit.engine.auto_repair import AutoRepairer
@@ -116,8 +116,8 @@ def test_the_contract_is_part_of_the_spec_only_when_set() -> None:
     assert RepairContract.from_spec(plain.spec.spec_json) is None
 
 
-def test_human_durations() -> None:
-    assert [human_duration(s) for s in (86400, 172800, 3600, 300, 90, 1.5, 0)] == \
+def test_durations_are_shown_as_written() -> None:
+    assert [format_duration(s) for s in (86400, 172800, 3600, 300, 90, 1.5, 0)] == \
         ["24h", "2d", "1h", "5m", "90s", "1.5s", "0s"]
 
 
@@ -146,7 +146,7 @@ def test_the_status_line_says_pending_due_or_ran_out(within: int, delay_share: f
         assert line.startswith("auto-repair pending: due at ")
     else:
         assert line.startswith("auto-repair pending: due now")
-    assert f"repair_within={human_duration(within)}" in line
+    assert f"repair_within={format_duration(within)}" in line
 
 
 def test_the_status_line_after_the_repair_and_when_there_is_nothing_to_say() -> None:

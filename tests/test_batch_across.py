@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import pytest
 
 import konduit
-from konduit.bench_harness import claim
+from konduit.bench.harness import claim
 from konduit.core.model import Command, Outcome
 from konduit.db.database import Database
 from konduit.engine.client import Client

@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from konduit.bench import BENCHMARKS, ON_REQUEST
-from konduit.bench_fleet import Observer, commits_between
-from konduit.bench_soak import SoakSettings, compare
+from konduit.bench.fleet import Observer, commits_between
+from konduit.bench.soak import SoakSettings, compare
+from konduit.bench.suite import BENCHMARKS, ON_REQUEST
 from konduit.errors import BenchError
 
 pytestmark = [pytest.mark.storage]

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 import konduit
-from konduit.bench_harness import LoopThread
+from konduit.bench.harness import LoopThread
 from konduit.core.hedging import MIN_SAMPLES, MIN_THRESHOLD, Hedge, parse_hedge, threshold
 from konduit.core.model import Command
 from konduit.engine import transitions

@@ -20,7 +20,7 @@ import pytest
 from psycopg import errors as pgerrors
 
 import konduit
-from konduit.bench_harness import leased_branches
+from konduit.bench.harness import leased_branches
 from konduit.db.database import Database
 from konduit.worker.executor import Claimed
 from tests.fanin_harness import fan_in_workflow

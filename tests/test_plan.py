@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import konduit
+from konduit.core.durations import format_elapsed
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database
 from konduit.observe.plan import (
@@ -37,7 +38,6 @@ from konduit.observe.plan import (
     StepQuantiles,
     build_plan,
     critical_path,
-    human_seconds,
     judge,
     load_plan,
     parse_moment,
@@ -346,13 +346,14 @@ def test_windows_from_a_time_of_day_a_date_time_or_a_duration() -> None:
         window_from(START, within="a while")
 
 
-def test_human_seconds() -> None:
-    assert human_seconds(0.4123) == "0.412s"
-    assert human_seconds(12.34) == "12.3s"
-    assert human_seconds(245) == "4m05s"
-    assert human_seconds(7620) == "2h07m"
-    assert human_seconds(7 * 86400) == "7d"
-    assert human_seconds(2 * 86400 + 3 * 3600) == "2d3h"
+def test_format_elapsed() -> None:
+    assert format_elapsed(0.4123) == "0.412s"
+    assert format_elapsed(12.34) == "12.3s"
+    assert format_elapsed(245) == "4m05s"
+    assert format_elapsed(7620) == "2h07m"
+    assert format_elapsed(7 * 86400) == "7d"
+    assert format_elapsed(2 * 86400 + 3 * 3600) == "2d3h"
+    assert format_elapsed(None) == "—"
 
 
 # -- from real history --------------------------------------------------------------------------

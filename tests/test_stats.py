@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import konduit
+from konduit.core.durations import format_duration, parse_duration
 from konduit.db.database import Database
 from konduit.observe.stats import (
     ALERT_EXIT_CODE,
@@ -33,7 +34,6 @@ from konduit.observe.stats import (
     fan_in_alert,
     fan_in_alerts,
     load_stats,
-    span,
     stats_renderables,
 )
 from tests.conftest import running_worker
@@ -175,9 +175,14 @@ def test_build_stats_from_rows() -> None:
     assert JoinStats("wf", "j", 2, 1, 1, 1, None, None, {"b": 1, "a": 1}).usual_straggler == "a"
 
 
-def test_span() -> None:
-    assert [span(s) for s in (86400, 7 * 86400, 3600, 20, 90, 0.25, 1.5)] == \
-        ["24h", "7d", "1h", "20s", "90s", "250ms", "1.500s"]
+def test_option_values_are_shown_as_written() -> None:
+    assert [format_duration(s) for s in (86400, 7 * 86400, 3600, 20, 90, 0.25, 1.5)] == \
+        ["24h", "7d", "1h", "20s", "90s", "250ms", "1.5s"]
+
+
+def test_a_duration_shown_as_written_reads_back_the_same() -> None:
+    for seconds in (0, 0.0005, 0.25, 1.5, 12.34, 90, 3600, 86400, 3 * 86400 + 3600, 1e6):
+        assert parse_duration(format_duration(seconds)) == seconds, seconds
 
 
 # -- from real history ---------------------------------------------------------------------------

@@ -17,9 +17,8 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
-from konduit.core.durations import Duration
+from konduit.core.durations import Duration, format_duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
-from konduit.core.repair_contract import human_duration
 from konduit.core.webhooks import Webhook, check_unique
 from konduit.core.workflow import Workflow
 from konduit.db.connect import open_database
@@ -35,6 +34,7 @@ from konduit.engine.starts import StartRequest, requests_of
 from konduit.engine.waits import send_event
 from konduit.errors import WorkflowDefinitionError
 from konduit.logs import bind_worker
+from konduit.loop_thread import LoopThread
 from konduit.observe.alerts import AlertRecord
 from konduit.tracing import AttemptTracer, Tracing
 from konduit.tracing import active as tracing_active
@@ -44,7 +44,7 @@ from konduit.worker.config import WorkerConfig
 from konduit.worker.worker import Worker
 
 T = TypeVar("T")
-log = logging.getLogger("konduit")
+log = logging.getLogger(__name__)
 
 
 class ExecutionHandle:
@@ -111,8 +111,7 @@ class App:
         self._database_url = database_url
         self._resolved_url: str | None = None
         self.pool_size = pool_size
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop: LoopThread | None = None
         self._client: Client | None = None
         self._lock = threading.Lock()
 
@@ -128,8 +127,8 @@ class App:
         for spec in self.registry:
             if spec.repair is not None and spec.repair.within >= self.retention:
                 raise WorkflowDefinitionError(
-                    f"repair_within ({human_duration(spec.repair.within)}) must be shorter than "
-                    f"the App's retention ({human_duration(self.retention)}): its executions "
+                    f"repair_within ({format_duration(spec.repair.within)}) must be shorter than "
+                    f"the App's retention ({format_duration(self.retention)}): its executions "
                     "would be pruned before their automatic repair", workflow=spec.name)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -142,17 +141,14 @@ class App:
             self._resolved_url = resolve_url(self._database_url)
         return self._resolved_url
 
-    def _portal(self) -> asyncio.AbstractEventLoop:
+    def _portal(self) -> LoopThread:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="konduit-app", daemon=True)
-                thread.start()
-                self._loop, self._thread = loop, thread
+                self._loop = LoopThread("konduit-app")
             return self._loop
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._portal()).result()
+        return self._portal().run(coro)
 
     async def _open_database(self, max_size: int, *, name: str = "konduit",
                              check_schema: bool = True, wait: float | None = 0.0) -> Database:
@@ -419,9 +415,6 @@ class App:
         if self._client is not None:
             self._call(self._client.db.close())
             self._client = None
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
         self._loop.close()
         self._loop = None
 

@@ -49,6 +49,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import konduit
+from konduit.core.durations import format_elapsed
 from konduit.db.connect import open_database
 from konduit.db.database import Database, Row
 from konduit.engine.client import ExecutionResult
@@ -148,10 +149,6 @@ async def publish(ctx: konduit.Context) -> dict[str, Any]:
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return (end - start).total_seconds() if start and end else None
-
-
-def _fmt(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}s"
 
 
 class _BriefFormatter(logging.Formatter):
@@ -274,19 +271,19 @@ def _summary(app: konduit.App, ids: list[UUID], results: dict[UUID, ExecutionRes
         window = windows[eid]
         if published is not None and published <= window:
             summary.in_window += 1
-            made = f"[green]✓ {_fmt(_seconds(published, window))} left[/green]"
+            made = f"[green]✓ {format_elapsed(_seconds(published, window))} left[/green]"
         elif published is not None:
-            made = f"[red]✗ {_fmt(_seconds(window, published))} late[/red]"
+            made = f"[red]✗ {format_elapsed(_seconds(window, published))} late[/red]"
         else:
             made = "[red]not published[/red]"
         color = "green" if result.status == "succeeded" else "red"
         runs.add_row(
             str(eid)[:8] + ("[yellow]*[/yellow]" if eid in slow else ""),
             f"[{color}]{result.status}[/{color}]",
-            _fmt(_seconds(result.created_at, result.finished_at)),
+            format_elapsed(_seconds(result.created_at, result.finished_at)),
             made,
-            _fmt(_seconds(join["first_upstream_at"], join["fired_at"])),
-            f"[yellow]{straggler}[/yellow] {_fmt(slowest)}" if straggler else "—",
+            format_elapsed(_seconds(join["first_upstream_at"], join["fired_at"])),
+            f"[yellow]{straggler}[/yellow] {format_elapsed(slowest)}" if straggler else "—",
             ", ".join(bad) or "—",
         )
     branches = summary.branches
@@ -297,8 +294,8 @@ def _summary(app: konduit.App, ids: list[UUID], results: dict[UUID, ExecutionRes
     for name in BRANCHES:
         values = took[name]
         branches.add_row(
-            name, _fmt(statistics.median(values) if values else None),
-            _fmt(max(values) if values else None), f"{straggled[name]}/{len(ids)}",
+            name, format_elapsed(statistics.median(values) if values else None),
+            format_elapsed(max(values) if values else None), f"{straggled[name]}/{len(ids)}",
             f"{degraded_in[name]}/{len(ids)}", str(tries[name]),
         )
     return summary
@@ -431,7 +428,7 @@ def run_demo(*, executions: int = 5, concurrency: int = 8, workers: int = 2,
             f"; publish went out with {escape(json.dumps(d.published_with))}"
         console.print(
             f"  {str(d.execution)[:8]} [yellow]{d.step}[/yellow] {d.outcome} after "
-            f"{_fmt(d.after)}: {escape(d.reason)}{used}",
+            f"{format_elapsed(d.after)}: {escape(d.reason)}{used}",
             soft_wrap=True,
         )
     for failure in errors:

@@ -30,7 +30,7 @@ _worker: contextvars.ContextVar[str | None] = contextvars.ContextVar("konduit_wo
 # started by libraries): a process normally runs one worker.
 _process_worker: str | None = None
 
-log = logging.getLogger("konduit.worker")
+log = logging.getLogger(__name__)
 
 
 def bind_worker(worker_id: str) -> contextvars.Token[str | None]:

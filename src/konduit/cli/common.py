@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 import konduit
+from konduit.core.durations import format_elapsed
 from konduit.db.connect import describe_url, open_database
 from konduit.errors import CliError
 
@@ -65,7 +66,7 @@ def styled(status: str) -> str:
 
 
 def seconds(delta: timedelta | None) -> str:
-    return "—" if delta is None else f"{delta.total_seconds():.3f}"
+    return format_elapsed(None if delta is None else delta.total_seconds())
 
 
 def between(start: datetime | None, end: datetime | None) -> timedelta | None:
@@ -78,8 +79,7 @@ def stamp(value: datetime | None) -> str:
 
 def offset(value: datetime | None, origin: datetime | None) -> str:
     """``value`` as seconds after ``origin`` (the execution's start)."""
-    delta = between(origin, value)
-    return "—" if delta is None else f"{delta.total_seconds():.3f}"
+    return seconds(between(origin, value))
 
 
 def one_line(text: str) -> str:

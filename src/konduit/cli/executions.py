@@ -160,7 +160,7 @@ def status(
     console.print(f"execution [bold]{result.id}[/bold]  {escape(result.workflow)} "
                   f"v{result.version}  {styled(result.status)}")
     console.print(f"started {stamp(result.created_at)}"
-                  + (f", finished {stamp(result.finished_at)} ({seconds(took)} s)" if took else ""))
+                  + (f", finished {stamp(result.finished_at)} ({seconds(took)})" if took else ""))
     if result.error:
         console.print(f"[red]error:[/red] {escape(result.error)}")
     if auto_repair:

@@ -25,9 +25,12 @@ from konduit.cli.common import (
     plain_app,
     reachable,
 )
+from konduit.core.durations import format_elapsed
 from konduit.db.migrate import latest_version
 from konduit.errors import CliError
 from konduit.worker.config import new_worker_id
+
+log = logging.getLogger(__name__)
 
 
 def db_migrate(database_url: DatabaseUrl = None) -> None:
@@ -105,7 +108,7 @@ def worker(
 
     def say(text: str) -> None:
         if as_json:
-            logging.getLogger("konduit.worker").info("%s", text)
+            log.info("%s", text)
         else:
             err_console.print(escape(text), soft_wrap=True)
 
@@ -147,7 +150,7 @@ def worker(
             # Threads that ignored their deadline still run and cannot be stopped: exit now,
             # non-zero, so the supervisor starts a fresh process.
             if as_json:
-                logging.getLogger("konduit.worker").error("%s", exc)
+                log.error("%s", exc)
             else:
                 err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
             sys.stdout.flush()
@@ -191,6 +194,6 @@ def workers(
             escape(", ".join(r["workflows"])) or "—", r["isolation"],
             f"{r['running']}/{r['concurrency']}",
             f"[yellow]{abandoned}[/yellow]" if abandoned else "0",
-            f"{r['heartbeat_age']:.1f} s ago",
+            f"{format_elapsed(r['heartbeat_age'])} ago",
         )
     console.print(table)

@@ -87,9 +87,9 @@ def bench(
     import os
     from pathlib import Path
 
-    from konduit.bench import run_bench
-    from konduit.bench_fleet import PROFILE_ENV
-    from konduit.bench_soak import SoakSettings
+    from konduit.bench.fleet import PROFILE_ENV
+    from konduit.bench.soak import SoakSettings
+    from konduit.bench.suite import run_bench
 
     if output is not None and not Path(output).absolute().parent.is_dir():
         raise CliError(f"--output: directory {Path(output).absolute().parent} does not exist")

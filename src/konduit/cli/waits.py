@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from konduit.cli.common import DatabaseUrl, console, load_app, opened, parse_json, plain_app
+from konduit.core.durations import format_elapsed
 from konduit.db.database import Row
 from konduit.engine.client import coerce_execution_id
 
@@ -70,7 +71,7 @@ def _relative(at: datetime | None) -> str:
     if at is None:
         return "—"
     delta = (at - datetime.now(UTC)).total_seconds()
-    return f"in {delta:.0f} s" if delta >= 0 else f"{-delta:.0f} s ago"
+    return f"in {format_elapsed(delta)}" if delta >= 0 else f"{format_elapsed(-delta)} ago"
 
 
 def waiting_json(tasks: list[Row]) -> list[dict[str, Any]]:

@@ -53,7 +53,9 @@ class Context:
         self._cancelled.set()
 
     def heartbeat(self) -> None:
-        """Tell the worker this attempt is alive. Optional: the worker already extends the lease
-        of every attempt it runs on each heartbeat (a hung handler is ended by its deadline)."""
+        """Extend this attempt's lease now: the worker's next heartbeat comes at once (at most
+        one a second however often this is called). Optional: the worker already extends the
+        lease of every attempt it runs on each heartbeat (a hung handler is ended by its
+        deadline). Does nothing in a handler a worker runs with ``--isolation process``."""
         if self._on_heartbeat is not None:
             self._on_heartbeat()

@@ -1,4 +1,6 @@
-"""Parse human durations such as ``"1s"``, ``"250ms"``, ``"7d"`` into seconds."""
+"""Durations as people write and read them: :func:`parse_duration` reads ``"1s"``, ``"250ms"``,
+``"7d"`` into seconds; :func:`format_duration` writes a configured duration back that way, and
+:func:`format_elapsed` writes a measured one (``"0.412s"``, ``"4m05s"``) for tables and messages."""
 
 from __future__ import annotations
 
@@ -38,3 +40,42 @@ def parse_duration(value: Duration, *, what: str = "duration") -> float:
             f"{what}: cannot read {value!r} as a duration (use e.g. '500ms', '30s', '5m', '7d')"
         )
     return total
+
+
+def _trimmed(value: float) -> str:
+    # At most three decimals and never an exponent ("1e+06s" would not parse back).
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def format_duration(seconds: float) -> str:
+    """A configured duration as it was probably written, in a form :func:`parse_duration`
+    reads back: ``86400`` -> ``24h``, ``172800`` -> ``2d``, ``300`` -> ``5m``, ``90`` -> ``90s``,
+    ``1.5`` -> ``1.5s``, ``0.25`` -> ``250ms``, ``0`` -> ``0s``. Whole days from two days on (one
+    day reads better as ``24h``)."""
+    if seconds >= 2 * 86400 and seconds % 86400 == 0:
+        return f"{seconds / 86400:.0f}d"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:.0f}{unit}"
+    if 0 < seconds < 1:
+        return f"{_trimmed(seconds * 1000)}ms"
+    return f"{_trimmed(seconds)}s"
+
+
+def format_elapsed(seconds: float | None) -> str:
+    """A measured duration, precise where it is short: ``0.412s``, ``12.3s``, ``4m05s``,
+    ``2h07m``, ``7d``, ``1d12h``; ``—`` for None (nothing measured)."""
+    if seconds is None:
+        return "—"
+    if seconds < 10:
+        return f"{seconds:.3f}s"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        minutes, secs = divmod(round(seconds), 60)
+        return f"{minutes}m{secs:02d}s"
+    if seconds < 2 * 86400:
+        hours, rest = divmod(round(seconds), 3600)
+        return f"{hours}h{rest // 60:02d}m"
+    days, rest = divmod(round(seconds), 86400)
+    return f"{days}d" + (f"{rest // 3600}h" if rest >= 3600 else "")

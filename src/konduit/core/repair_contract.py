@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from konduit.core.durations import Duration, parse_duration
+from konduit.core.durations import Duration, format_duration, parse_duration
 from konduit.core.model import ExecutionStatus
 from konduit.errors import KonduitError, WorkflowDefinitionError
 
@@ -53,8 +53,8 @@ class RepairContract:
                                           workflow=workflow)
         if delay_s >= within_s:
             raise WorkflowDefinitionError(
-                f"repair_delay ({human_duration(delay_s)}) must be shorter than repair_within "
-                f"({human_duration(within_s)}): the repair would never be due", workflow=workflow)
+                f"repair_delay ({format_duration(delay_s)}) must be shorter than repair_within "
+                f"({format_duration(within_s)}): the repair would never be due", workflow=workflow)
         return cls(within_s, delay_s)
 
     def to_spec(self) -> dict[str, float]:
@@ -73,16 +73,6 @@ class RepairContract:
 
     def expires_at(self, finished_at: datetime) -> datetime:
         return finished_at + timedelta(seconds=self.within)
-
-
-def human_duration(seconds: float) -> str:
-    """``86400`` -> ``24h``, ``300`` -> ``5m``, ``1.5`` -> ``1.5s``: how people write them."""
-    if seconds >= 172800 and seconds % 86400 == 0:
-        return f"{seconds / 86400:g}d"
-    for unit, size in (("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
 
 
 def _at(value: datetime) -> str:
@@ -105,7 +95,7 @@ def describe(state: AutoRepairState, now: datetime) -> str | None:
     """One line for ``konduit status`` and the dashboard, or None when there is nothing to say
     (no contract, or an execution the contract does not cover: running, failed, not degraded)."""
     contract = state.contract
-    within = f"repair_within={human_duration(contract.within)}" if contract else "repair_within"
+    within = f"repair_within={format_duration(contract.within)}" if contract else "repair_within"
     if state.auto_repair_at is not None:
         at = _at(state.auto_repair_at)
         if state.auto_repair_error:

@@ -31,7 +31,7 @@ from konduit.db.database import Database, is_embedded, resolve_url, translate_er
 from konduit.db.migrate import ensure_current, migrate
 from konduit.errors import DatabaseError, DatabaseUnavailable
 
-log = logging.getLogger("konduit.db")
+log = logging.getLogger(__name__)
 
 FIRST_RETRY = 0.5
 """Seconds before the first retry; doubled after each failure up to :data:`MAX_RETRY`."""

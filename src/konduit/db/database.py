@@ -46,7 +46,7 @@ from konduit.db.arrays import with_array_literals
 from konduit.db.queries import prepare_flag, q
 from konduit.errors import DatabaseConflict, DatabaseError, DatabaseUnavailable, PoolExhausted
 
-log = logging.getLogger("konduit.db")
+log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 T = TypeVar("T")

@@ -40,7 +40,7 @@ from konduit.engine.deadlines import cut_columns, task_budgets
 from konduit.engine.registry import workflow_key
 from konduit.errors import PayloadError
 
-log = logging.getLogger("konduit.core.advance")
+log = logging.getLogger(__name__)
 
 MAP_CHUNK_ROWS = 5_000
 """Map tasks created per statement: each chunk's parameters are built on the event loop, so a

@@ -58,7 +58,7 @@ from konduit.observe.plan import load_durations
 from konduit.observe.stats import DEFAULT_HISTORY as STATS_HISTORY
 from konduit.observe.stats import Wait, fan_in_alerts, seconds_option
 
-log = logging.getLogger("konduit.alerts")
+log = logging.getLogger(__name__)
 
 MAX_WINDOWED = 500
 """Running executions with a window one round forecasts (soonest window first)."""

@@ -29,7 +29,7 @@ from konduit.engine.client import coerce_execution_id, repair_in
 from konduit.engine.registry import Registry
 from konduit.errors import DatabaseError, ExecutionNotFound, KonduitError
 
-log = logging.getLogger("konduit.auto_repair")
+log = logging.getLogger(__name__)
 
 class AutoRepairer:
     """Takes and starts the due automatic repairs of the workflows in ``registry``."""

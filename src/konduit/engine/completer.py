@@ -31,7 +31,7 @@ from konduit.engine import step_rows, transitions
 from konduit.engine.advancer import Advanced, Advancer
 from konduit.engine.registry import Registry
 
-log = logging.getLogger("konduit.completer")
+log = logging.getLogger(__name__)
 
 
 async def record(db: Database, registry: Registry, c: Completion, *,

@@ -29,7 +29,7 @@ from konduit.db.database import Database
 from konduit.engine import webhooks
 from konduit.errors import KonduitError
 
-log = logging.getLogger("konduit.retention")
+log = logging.getLogger(__name__)
 
 BATCH_SIZE = 500
 """Executions deleted per transaction: enough to be quick, few enough that no lock is held long."""

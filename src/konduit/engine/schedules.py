@@ -32,7 +32,7 @@ from konduit.engine.registry import Registry
 from konduit.engine.starts import Prepared, StartRequest, insert_executions, prepare
 from konduit.errors import DatabaseError, IdempotencyConflict, KonduitError, ScheduleNotFound
 
-log = logging.getLogger("konduit.schedules")
+log = logging.getLogger(__name__)
 
 MAX_WAIT = 5.0
 """Longest a worker sleeps between two looks at its schedules, however far the next tick is: a

@@ -39,7 +39,7 @@ from konduit.engine.registry import Registry
 from konduit.errors import DatabaseError, KonduitError
 from konduit.observe.alerts import AlertRecord, execution_stalled
 
-log = logging.getLogger("konduit.stalls")
+log = logging.getLogger(__name__)
 
 DEFAULT_GRACE = 60.0
 """Seconds an execution must have been stalled before the watchdog decides it."""

@@ -51,7 +51,7 @@ from konduit.engine.registry import Registry
 from konduit.engine.starts import StartRequest, insert_executions, prepare
 from konduit.errors import KonduitError
 
-log = logging.getLogger("konduit.waits")
+log = logging.getLogger(__name__)
 
 SendResult = Literal["woke", "stored", "no match"]
 
@@ -301,8 +301,3 @@ async def wake_parents(db: Database, registry: Registry, ended: ChildEnded | Non
 async def list_due(db: Database, *, limit: int = 100) -> list[Row]:
     """Waiting tasks to wake now: timers due, events accepted, children ended."""
     return await db.all("task_list_waits_due", limit=limit)
-
-
-async def waiting_counts(db: Database) -> dict[str, int]:
-    """Waiting tasks by what they wait for (event, timer, child)."""
-    return {row["kind"]: int(row["tasks"]) for row in await db.all("task_count_waiting")}

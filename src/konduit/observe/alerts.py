@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from konduit.core.durations import format_duration, format_elapsed
 from konduit.core.shares import degraded_share, format_share
 from konduit.observe.forecast import Forecast
-from konduit.observe.plan import Quantile, human_seconds
+from konduit.observe.plan import Quantile
 from konduit.observe.stats import Alert as FanInAlert
-from konduit.observe.stats import span
 
 Kind = Literal["window_at_risk", "fan_in_wait", "no_success", "execution_stalled",
                "degraded_budget"]
@@ -119,11 +119,11 @@ def window_at_risk(
     path = " → ".join(p95.path) if p95.path else "—"
     if missed:
         message = (f"{workflow} execution {execution_id} is still running "
-                   f"{human_seconds((now - window).total_seconds())} past its window "
+                   f"{format_elapsed((now - window).total_seconds())} past its window "
                    f"{_clock(window)}")
     else:
         message = (f"{workflow} execution {execution_id} is predicted to finish at "
-                   f"{_clock(p95.finish_at)} (p95), {human_seconds(late)} after its window "
+                   f"{_clock(p95.finish_at)} (p95), {format_elapsed(late)} after its window "
                    f"{_clock(window)}; still to run: {path}")
     details = {"execution_id": execution_id, "window": window.isoformat(),
                "evaluated_at": now.isoformat(), "missed": missed,
@@ -148,7 +148,7 @@ def window_resolution(status: str | None, window: datetime | None,
         return {"resolution": f"execution {status} inside its window", "status": status,
                 "finished_at": finished_at.isoformat()}
     late = (finished_at - window).total_seconds()
-    return {"resolution": f"execution {status} {human_seconds(late)} after its window",
+    return {"resolution": f"execution {status} {format_elapsed(late)} after its window",
             "status": status, "finished_at": finished_at.isoformat(), "missed_by_seconds": late}
 
 
@@ -183,10 +183,10 @@ def no_success(
     quiet = (now - since).total_seconds()
     if quiet <= threshold:
         return None
-    what = (f"last success {human_seconds(quiet)} ago ({_clock(last_success_at)})"
+    what = (f"last success {format_elapsed(quiet)} ago ({_clock(last_success_at)})"
             if last_success_at is not None
-            else f"never succeeded since it was registered {human_seconds(quiet)} ago")
-    message = f"{workflow}: no successful execution for more than {span(threshold)}; {what}"
+            else f"never succeeded since it was registered {format_elapsed(quiet)} ago")
+    message = f"{workflow}: no successful execution for more than {format_duration(threshold)}; {what}"
     details = {"threshold_seconds": threshold, "seconds_since": quiet,
                "last_success_at": None if last_success_at is None else last_success_at.isoformat(),
                "registered_at": None if registered_at is None else registered_at.isoformat()}
@@ -203,7 +203,7 @@ def execution_stalled(execution_id: str, workflow: str, *, quiet_seconds: float,
     uncounted task ends it replayed (``replayed``), what the data cannot decide (``reasons``)
     and whether the re-run fan-in decision ``healed`` it (the alert is then resolved at once).
     Critical while open: nothing of the execution will ever run by itself."""
-    quiet = human_seconds(quiet_seconds)
+    quiet = format_elapsed(quiet_seconds)
     if healed:
         message = (f"{workflow} execution {execution_id} was stalled for {quiet}: "
                    f"{'; '.join(replayed)}; the re-run fan-in decision healed it")
@@ -231,7 +231,7 @@ def degraded_budget(workflow: str, *, budget: float, finished: int, degraded: in
     if share is None or share <= budget:
         return None
     severity: Severity = "critical" if share > 2 * budget else "warning"
-    message = (f"{workflow}: {degraded} of {finished} executions in the last {span(window)} went "
+    message = (f"{workflow}: {degraded} of {finished} executions in the last {format_duration(window)} went "
                f"out degraded ({format_share(share)}), past its degraded budget of "
                f"{format_share(budget)}")
     details = {"share": share, "budget": budget, "finished": finished, "degraded": degraded,

@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from konduit.core.budgets import Budget, downstream_reserves, minimum_budget, window_budget
+from konduit.core.durations import format_elapsed
 from konduit.core.workflow import WorkflowSpec
 from konduit.engine.deadlines import budgets
-from konduit.observe.plan import Plan, human_seconds
+from konduit.observe.plan import Plan
 
 
 async def own_budgets(db: Any, spec: WorkflowSpec) -> dict[str, float]:
@@ -56,10 +57,10 @@ def budget_text(step: str, b: Budget) -> str:
     from rich.markup import escape
 
     if not b.cut:
-        return f"{escape(step)}: {human_seconds(b.seconds)}"
+        return f"{escape(step)}: {format_elapsed(b.seconds)}"
     assert b.reserve is not None
-    return (f"{escape(step)}: [yellow]{human_seconds(b.seconds)}, budget cut by the window[/yellow]"
-            f" (its own {human_seconds(b.own)}; {human_seconds(b.reserve)} kept for the steps "
+    return (f"{escape(step)}: [yellow]{format_elapsed(b.seconds)}, budget cut by the window[/yellow]"
+            f" (its own {format_elapsed(b.own)}; {format_elapsed(b.reserve)} kept for the steps "
             f"after it)")
 
 

@@ -39,6 +39,7 @@ from konduit.db.connect import open_database
 from konduit.db.database import Database, Row, resolve_url
 from konduit.errors import MetricsError as MetricsError
 from konduit.errors import StatsError
+from konduit.loop_thread import LoopThread
 from konduit.observe.alerts import KINDS
 from konduit.observe.stats import (
     DEFAULT_CONSECUTIVE,
@@ -59,7 +60,7 @@ MAX_ALERT_SAMPLES = 1000
 EXECUTION_STATUSES = ("pending", "running", "succeeded", "failed", "timed_out", "cancelled")
 DELIVERY_STATUSES = ("pending", "delivered", "failed", "refused")
 
-log = logging.getLogger("konduit.observe.metrics")
+log = logging.getLogger(__name__)
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str],
@@ -247,8 +248,7 @@ class KonduitCollector(Collector):
         self._waiting: list[Row] = []  # waiting tasks by kind, read with the stats
         self._stalls: list[Row] = []  # stalls found per workflow, read with the stats
         self._degraded: list[Row] = []  # the day's degraded share per workflow, likewise
-        self._loop = asyncio.new_event_loop()
-        threading.Thread(target=self._loop.run_forever, name="konduit-metrics", daemon=True).start()
+        self._loop = LoopThread("konduit-metrics")
 
     async def _open(self) -> Database:
         # The configured URL, not the resolved one: the embedded server is migrated on open.
@@ -282,8 +282,7 @@ class KonduitCollector(Collector):
     def read(self) -> tuple[Stats, list[Row], list[Row], tuple[list[Row], list[Row]], list[Row]]:
         """The stats, execution counts, live workers and open alerts now, within ``timeout``
         seconds (or an exception)."""
-        future = asyncio.run_coroutine_threadsafe(
-            asyncio.wait_for(self._read(), self.timeout), self._loop)
+        future = self._loop.submit(asyncio.wait_for(self._read(), self.timeout))
         try:
             return future.result(self.timeout + 10)  # wait_for also waits out the cleanup
         finally:
@@ -319,9 +318,9 @@ class KonduitCollector(Collector):
                     await self._db.close()
                     self._db = None
 
-        if self._loop.is_running():
-            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(self.timeout + 10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        if not self._loop.closed:
+            self._loop.run(shut(), self.timeout + 10)
+            self._loop.close()
 
 
 class Exporter:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from konduit.core.durations import Duration, parse_duration
+from konduit.core.durations import Duration, format_elapsed, parse_duration
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database
 from konduit.errors import KonduitError
@@ -358,22 +358,6 @@ async def load_plan(
 # -- presentation --------------------------------------------------------------------------------
 
 
-def human_seconds(value: float) -> str:
-    """``0.412s``, ``12.3s``, ``4m05s``, ``2h07m``, ``7d``, ``1d12h``."""
-    if value < 10:
-        return f"{value:.3f}s"
-    if value < 60:
-        return f"{value:.1f}s"
-    if value < 3600:
-        minutes, secs = divmod(round(value), 60)
-        return f"{minutes}m{secs:02d}s"
-    if value < 2 * 86400:
-        hours, rest = divmod(round(value), 3600)
-        return f"{hours}h{rest // 60:02d}m"
-    days, rest = divmod(round(value), 86400)
-    return f"{days}d" + (f"{rest // 3600}h" if rest >= 3600 else "")
-
-
 def _clock(moment: datetime, precise: bool) -> str:
     local = moment.astimezone()
     return local.strftime("%H:%M:%S.%f")[:-3] if precise else local.strftime("%H:%M:%S")
@@ -381,8 +365,8 @@ def _clock(moment: datetime, precise: bool) -> str:
 
 def _slack(seconds: float) -> str:
     if seconds >= 0:
-        return f"[green]{human_seconds(seconds)} to spare[/green]"
-    return f"[red]{human_seconds(-seconds)} late[/red]"
+        return f"[green]{format_elapsed(seconds)} to spare[/green]"
+    return f"[red]{format_elapsed(-seconds)} late[/red]"
 
 
 VERDICT_STYLES: dict[str, str] = {"safe": "green", "at risk": "yellow", "will miss": "red"}
@@ -399,12 +383,12 @@ def verdict_text(plan: Plan) -> str:
     style = VERDICT_STYLES[plan.verdict]
     head = f"[bold {style}]{plan.verdict}[/bold {style}]"
     if plan.verdict == "safe":
-        why = f"even the p99 path finishes {human_seconds(p99.slack_seconds)} inside the window"
+        why = f"even the p99 path finishes {format_elapsed(p99.slack_seconds)} inside the window"
     elif plan.verdict == "at risk":
-        why = (f"the p50 path makes it with {human_seconds(p50.slack_seconds)} to spare, the p99 "
-               f"path misses by {human_seconds(-p99.slack_seconds)}")
+        why = (f"the p50 path makes it with {format_elapsed(p50.slack_seconds)} to spare, the p99 "
+               f"path misses by {format_elapsed(-p99.slack_seconds)}")
     else:
-        why = f"even the p50 path misses the window by {human_seconds(-p50.slack_seconds)}"
+        why = f"even the p50 path misses the window by {format_elapsed(-p50.slack_seconds)}"
     return f"window {_clock(plan.window, precise=p99.total_seconds < 60)}: {head} — {why}"
 
 
@@ -419,7 +403,7 @@ def plan_renderables(plan: Plan, *, steps_table: bool = True) -> list[Any]:
     precise = plan.estimates["p99"].total_seconds < 60
     if steps_table:
         history = "" if plan.history_seconds is None else \
-            f" over the last {human_seconds(plan.history_seconds)}"
+            f" over the last {format_elapsed(plan.history_seconds)}"
         out.append(f"[bold]{escape(plan.workflow)}[/bold] v{plan.version}: step spans (fired → "
                    f"ended){history}, {plan.samples} execution(s)")
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
@@ -438,8 +422,8 @@ def plan_renderables(plan: Plan, *, steps_table: bool = True) -> list[Any]:
             samples = str(d.samples)
             if d.degraded:
                 samples += f" [yellow]({d.degraded} degraded)[/yellow]"
-            table.add_row(escape(name), human_seconds(d.p50), human_seconds(d.p95),
-                          human_seconds(d.p99), samples, mark)
+            table.add_row(escape(name), format_elapsed(d.p50), format_elapsed(d.p95),
+                          format_elapsed(d.p99), samples, mark)
         out.append(table)
     out.append(f"critical path and predicted finish, starting {_clock(plan.start, precise)}")
     paths = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
@@ -451,7 +435,7 @@ def plan_renderables(plan: Plan, *, steps_table: bool = True) -> list[Any]:
         paths.add_column("vs window", justify="right", no_wrap=True)
     for q in QUANTILES:
         e = plan.estimates[q]
-        cells = [q, " → ".join(escape(s) for s in e.path), human_seconds(e.total_seconds),
+        cells = [q, " → ".join(escape(s) for s in e.path), format_elapsed(e.total_seconds),
                  _clock(e.finish_at, precise)]
         if e.slack_seconds is not None:
             cells.append(_slack(e.slack_seconds))

@@ -20,11 +20,10 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from konduit.core.durations import Duration, parse_duration
+from konduit.core.durations import Duration, format_duration, format_elapsed, parse_duration
 from konduit.db.database import Database, Row
 from konduit.errors import KonduitError
 from konduit.errors import StatsError as StatsError
-from konduit.observe.plan import human_seconds
 
 DEFAULT_HISTORY = "24h"
 DEFAULT_FAN_IN_ALERT = "20s"
@@ -69,10 +68,10 @@ class Alert:
                 "threshold_seconds": self.threshold}
 
     def describe(self) -> str:
-        waits = ", ".join(human_seconds(w.seconds) + (" so far" if w.waiting else "")
+        waits = ", ".join(format_elapsed(w.seconds) + (" so far" if w.waiting else "")
                           for w in self.waits)
         straggler = f"; straggler: {self.straggler}" if self.straggler else ""
-        return (f"{self.workflow}/{self.join}: fan-in wait above {span(self.threshold)} "
+        return (f"{self.workflow}/{self.join}: fan-in wait above {format_duration(self.threshold)} "
                 f"in the last {len(self.waits)} execution(s) ({waits}){straggler}")
 
 
@@ -296,18 +295,6 @@ _STYLES = {"succeeded": "green", "degraded": "yellow", "failed": "red", "timed_o
            "skipped": "dim", "cancelled": "magenta"}
 
 
-def _s(value: float | None) -> str:
-    return "—" if value is None else human_seconds(value)
-
-
-def span(seconds: float) -> str:
-    """A round option value as it was probably written: ``24h``, ``7d``, ``20s``, ``250ms``."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if seconds >= size and seconds % size == 0 and (unit != "d" or seconds > 86400):
-            return f"{seconds / size:.0f}{unit}"
-    return human_seconds(seconds) if seconds >= 1 else f"{seconds * 1000:g}ms"
-
-
 def stats_renderables(stats: Stats) -> list[Any]:
     """Rich renderables: per workflow a table of its branches and one of its joins; then the
     alerts, in red (or a green line saying there are none)."""
@@ -323,7 +310,7 @@ def stats_renderables(stats: Stats) -> list[Any]:
         return t
 
     out: list[Any] = []
-    over = f"over the last {span(stats.history_seconds)}"
+    over = f"over the last {format_duration(stats.history_seconds)}"
     if not stats.workflows:
         out.append(f"no executions {over}" + (f" of {escape(stats.workflow)}" if stats.workflow else ""))
     for name in stats.workflows:
@@ -339,7 +326,7 @@ def stats_renderables(stats: Stats) -> list[Any]:
                   *("ok" if o == "succeeded" else o for o in ended), *(["running"] if running else []),
                   "last\nsuccess")
         for b in branches:
-            cells = [escape(b.step), _s(b.p50), _s(b.p95), _s(b.p99), str(b.attempts),
+            cells = [escape(b.step), *map(format_elapsed, (b.p50, b.p95, b.p99)), str(b.attempts),
                      f"[yellow]{b.retries}[/yellow]" if b.retries else "0"]
             if lost:
                 cells.append(f"[red]{b.lost}[/red]" if b.lost else "0")
@@ -350,7 +337,8 @@ def stats_renderables(stats: Stats) -> list[Any]:
                 cells.append(f"[{_STYLES[o]}]{n}[/{_STYLES[o]}]" if n and o != "succeeded" else str(n))
             if running:
                 cells.append(str(b.unfinished))
-            cells.append("—" if b.since_last_success is None else f"{_s(b.since_last_success)} ago")
+            cells.append("—" if b.since_last_success is None
+                         else f"{format_elapsed(b.since_last_success)} ago")
             t.add_row(*cells)
         out.append(t)
         joins = [j for j in stats.joins if j.workflow == name]
@@ -361,16 +349,19 @@ def stats_renderables(stats: Stats) -> list[Any]:
         for j in joins:
             ranked = sorted(j.stragglers.items(), key=lambda kv: (-kv[1], kv[0]))
             stragglers = "\n".join(f"{escape(s)} {n}" for s, n in ranked) or "—"
-            worst = _s(j.wait_max) if j.wait_max <= stats.threshold else f"[red]{_s(j.wait_max)}[/red]"
-            t.add_row(escape(j.join), str(j.samples), _s(j.wait_p50), _s(j.wait_p95), worst,
-                      _s(j.dispatch_p50), _s(j.dispatch_p95), stragglers)
+            worst = format_elapsed(j.wait_max)
+            if j.wait_max > stats.threshold:
+                worst = f"[red]{worst}[/red]"
+            t.add_row(escape(j.join), str(j.samples), format_elapsed(j.wait_p50),
+                      format_elapsed(j.wait_p95), worst, format_elapsed(j.dispatch_p50),
+                      format_elapsed(j.dispatch_p95), stragglers)
         out.append(t)
     if stats.flow:
         t = table("flow limit", "concurrency", "rate", "running", "ready", "throttled",
                   "throttled\nclaims")
         for f in stats.flow:
-            throttled = _s(f.throttled_seconds) + (" [yellow](now)[/yellow]" if f.throttled_now
-                                                   else "")
+            throttled = format_elapsed(f.throttled_seconds) + (" [yellow](now)[/yellow]"
+                                                               if f.throttled_now else "")
             t.add_row(escape(f"{f.workflow}@{f.version}/{f.step}"),
                       "—" if f.concurrency is None else str(f.concurrency), f.rate or "—",
                       str(f.running), str(f.ready), throttled, str(f.throttled_claims))
@@ -381,5 +372,6 @@ def stats_renderables(stats: Stats) -> list[Any]:
         out.append(f"[bold red]ALERT[/bold red] [red]{escape(alert.describe())}[/red]")
     if not stats.alerts:
         out.append(f"[green]no fan-in alert[/green] (no join waited more than "
-                   f"{span(stats.threshold)} in each of its last {stats.consecutive} execution(s))")
+                   f"{format_duration(stats.threshold)} in each of its last {stats.consecutive} "
+                   "execution(s))")
     return out

@@ -36,6 +36,7 @@ from prometheus_client.registry import CollectorRegistry
 from starlette.exceptions import HTTPException
 
 from konduit.app import App
+from konduit.core.durations import format_duration
 from konduit.engine.client import Client
 from konduit.errors import (
     AlertError,
@@ -50,7 +51,7 @@ from konduit.errors import (
     DashboardError as DashboardError,
 )
 from konduit.observe.metrics import KonduitCollector
-from konduit.observe.stats import load_stats, span
+from konduit.observe.stats import load_stats
 from konduit.web import actions, ops, pages, problems, views, wiring
 from konduit.web.detail import Detail as Detail
 from konduit.web.detail import load_detail
@@ -66,7 +67,7 @@ env.filters.update(secs=views.secs, last_line=views.last_line,
                    pretty=lambda v: json.dumps(v, indent=2, default=str, ensure_ascii=False),
                    clock=lambda t: "—" if t is None else t.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
                    n=lambda v: f"{v:.1f}")
-env.globals["span"] = span
+env.globals["span"] = format_duration
 templates = Jinja2Templates(env=env)
 
 

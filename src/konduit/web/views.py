@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from konduit.observe.plan import human_seconds
+from konduit.core.durations import format_elapsed
 
 STEP_STATUSES = ("waiting", "active", "succeeded", "degraded", "failed", "timed_out", "skipped",
                  "cancelled")
@@ -25,7 +25,7 @@ REPAIRABLE = frozenset({"degraded", "failed", "timed_out", "cancelled"})
 
 def secs(value: float | None) -> str:
     """Seconds as people read them (``0.412s``, ``12.3s``, ``4m05s``), ``—`` for nothing."""
-    return "—" if value is None else human_seconds(max(value, 0.0))
+    return format_elapsed(None if value is None else max(value, 0.0))
 
 
 def between(start: datetime | None, end: datetime | None) -> float | None:

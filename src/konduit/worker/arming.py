@@ -13,7 +13,7 @@ from konduit.engine.advancer import Advanced
 from konduit.engine.waits import arm
 from konduit.worker.maintenance import Maintenance
 
-log = logging.getLogger("konduit.worker")
+log = logging.getLogger(__name__)
 
 
 class Arming:

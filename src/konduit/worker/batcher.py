@@ -40,7 +40,7 @@ from konduit.errors import (
     PoolExhausted,
 )
 
-log = logging.getLogger("konduit.completer")
+log = logging.getLogger(__name__)
 
 Result = tuple[Recorded, Advanced | None]
 RecordGroup = Callable[[list[Completion]], Awaitable[list[Result]]]

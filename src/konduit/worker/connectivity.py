@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from konduit.errors import DatabaseConflict, DatabaseUnavailable, PoolExhausted
 
-log = logging.getLogger("konduit.worker")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 

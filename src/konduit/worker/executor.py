@@ -36,7 +36,7 @@ from konduit.logs import attempt_scope
 from konduit.tracing import AttemptTracer
 from konduit.worker.threads import HandlerThreads
 
-log = logging.getLogger("konduit.executor")
+log = logging.getLogger(__name__)
 
 FALLBACK_SETTLE_GRACE = 1.0
 """Seconds past a fallback's time limit before a worker that did not call it may end its task

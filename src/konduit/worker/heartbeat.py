@@ -2,7 +2,7 @@
 
 On a connection of its own, reopened at the next beat when it breaks: after an outage the pool
 may wait out its reconnect backoff for seconds, and a heartbeat that waited for it would let
-live workers' leases be rescued."""
+live workers' leases be rescued. ``ctx.heartbeat()`` asks for a beat now (:class:`BeatRequest`)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,58 @@ from konduit.errors import DatabaseError, DatabaseUnavailable
 from konduit.worker.config import WorkerConfig
 from konduit.worker.connectivity import Connectivity
 
-log = logging.getLogger("konduit.worker")
+log = logging.getLogger(__name__)
+
+ASKED_GAP = 1.0
+"""Seconds at least between an asked beat and the beat before it: a handler that calls
+``ctx.heartbeat()`` in a tight loop must not turn the heartbeat into a busy loop of writes."""
+
+
+class BeatRequest:
+    """``ctx.heartbeat()``'s hook: ask the worker's heartbeat for a beat now, from any thread
+    (a sync handler's own, or the loop's). Does nothing before the heartbeat runs or after it
+    stopped."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._asked: asyncio.Event | None = None
+
+    def __call__(self) -> None:
+        loop, asked = self._loop, self._asked
+        if loop is None or asked is None:
+            return
+        try:
+            loop.call_soon_threadsafe(asked.set)
+        except RuntimeError:  # the loop closed meanwhile: the worker is gone
+            pass
+
+    def bind(self) -> None:
+        """Called by the heartbeat, on its loop."""
+        self._loop, self._asked = asyncio.get_running_loop(), asyncio.Event()
+
+    async def pause(self, seconds: float) -> None:
+        """Until the next beat: ``seconds`` from now, or sooner when asked (though not within
+        :data:`ASKED_GAP` of now)."""
+        assert self._loop is not None and self._asked is not None
+        began = self._loop.time()
+        try:
+            await asyncio.wait_for(self._asked.wait(), seconds)
+        except TimeoutError:
+            pass
+        else:
+            await asyncio.sleep(min(seconds, ASKED_GAP) - (self._loop.time() - began))
+        self._asked.clear()
 
 
 async def beat(db: Database, config: WorkerConfig, connectivity: Connectivity, *,
                held: Callable[[], list[TaskAttempt]], abandoned: Callable[[], int],
-               lost: Callable[[TaskAttempt], None]) -> None:
-    """Forever, every ``heartbeat_interval``: record the worker alive (with its running and
-    ``abandoned()`` counts) and extend the leases of the ``held()`` attempts; ``lost(task)`` for
-    each whose lease no longer holds (cancelled, rescued after the lease ran out, or its hedged
-    twin finished first)."""
+               lost: Callable[[TaskAttempt], None], asked: BeatRequest | None = None) -> None:
+    """Forever, every ``heartbeat_interval`` (or sooner when ``asked``): record the worker
+    alive (with its running and ``abandoned()`` counts) and extend the leases of the ``held()``
+    attempts; ``lost(task)`` for each whose lease no longer holds (cancelled, rescued after the
+    lease ran out, or its hedged twin finished first)."""
+    asked = asked or BeatRequest()
+    asked.bind()
     conn: psycopg.AsyncConnection[Row] | None = None
     # The first beat comes at once: it records the worker's session (below), which the deadline
     # sweep needs from the moment this worker claims a task.
@@ -35,7 +77,7 @@ async def beat(db: Database, config: WorkerConfig, connectivity: Connectivity, *
     try:
         while True:
             if not first:
-                await asyncio.sleep(config.heartbeat_interval)
+                await asked.pause(config.heartbeat_interval)
             first = False
             tasks = held()
             try:

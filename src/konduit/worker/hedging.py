@@ -18,7 +18,7 @@ from konduit.engine.registry import Registry, workflow_key
 from konduit.errors import DatabaseError
 from konduit.worker.config import WorkerConfig
 
-log = logging.getLogger("konduit.hedging")
+log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 60.0
 """How long a history-based threshold is used before it is read again."""

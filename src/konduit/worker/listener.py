@@ -9,7 +9,7 @@ from collections.abc import Callable, Container
 
 from konduit.db.database import Database
 
-log = logging.getLogger("konduit.worker")
+log = logging.getLogger(__name__)
 
 
 async def listen(db: Database, *, queues: Container[str], hedged: bool,

@@ -43,7 +43,7 @@ from konduit.errors import DatabaseError, KonduitError
 from konduit.logs import attempt_scope, log_recorded
 from konduit.worker.executor import Executor
 
-log = logging.getLogger("konduit.maintenance")
+log = logging.getLogger(__name__)
 
 
 class Maintenance:

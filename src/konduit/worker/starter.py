@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from konduit.core.context import Context
 from konduit.core.model import Completion, TaskAttempt
@@ -20,7 +21,7 @@ from konduit.errors import DatabaseError, KonduitError
 from konduit.worker.connectivity import Connectivity, retrying
 from konduit.worker.executor import Executor
 
-log = logging.getLogger("konduit.worker")
+log = logging.getLogger(__name__)
 
 Jobs = dict[int, asyncio.Task[Completion] | None]
 """The handlers one start launched, by :attr:`TaskAttempt.key`; None where the lease no longer held
@@ -29,11 +30,13 @@ the task."""
 
 class Starter:
     """Starts handlers for a worker; records each one's context in ``contexts`` (the worker's
-    map, by :attr:`TaskAttempt.key`) before it runs."""
+    map, by :attr:`TaskAttempt.key`) before it runs, its ``ctx.heartbeat()`` calling ``beat_now``."""
 
     def __init__(self, db: Database, registry: Registry, executor: Executor,
                  contexts: dict[int, Context], connectivity: Connectivity, *,
-                 lease_seconds: float = 15.0, heartbeat_interval: float = 5.0):
+                 lease_seconds: float = 15.0, heartbeat_interval: float = 5.0,
+                 beat_now: Callable[[], None] | None = None):
+        self.beat_now = beat_now
         self.lease_seconds = lease_seconds
         self.heartbeat_interval = heartbeat_interval
         self.db = db
@@ -98,6 +101,7 @@ class Starter:
                     )
                 waits = []
                 for spec, task, ctx in ready:
+                    ctx._on_heartbeat = self.beat_now
                     self.contexts[task.key] = ctx
                     started = asyncio.Event()
                     job = asyncio.create_task(self.executor.run(spec, task, ctx, started=started))

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-log = logging.getLogger("konduit.worker")
+log = logging.getLogger(__name__)
 
 _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
 

@@ -37,7 +37,7 @@ from konduit.db.database import Database, Row
 from konduit.errors import DatabaseError, DatabaseUnavailable, KonduitError
 from konduit.worker import webhook_http
 
-log = logging.getLogger("konduit.webhooks")
+log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 1.0
 """Seconds between two claims when nothing was due (a first retry is due 2 s after a failure)."""
@@ -71,7 +71,6 @@ class WebhookSender:
                                            thread_name_prefix="konduit-webhook")
         self._inflight: set[asyncio.Task[None]] = set()
         self._done = asyncio.Event()
-        self.sent = 0
 
     async def run(self) -> None:
         """Claim and send until cancelled. A call in flight when the worker stops is abandoned:
@@ -138,7 +137,6 @@ class WebhookSender:
         else:
             status_code = answer.status
             if 200 <= answer.status < 300:
-                self.sent += 1
                 await self._record(row, DeliveryStatus.DELIVERED, None, answer.status)
                 return
             error = f"HTTP {answer.status} {answer.reason}".strip()

@@ -63,7 +63,7 @@ from konduit.worker.batcher import BatcherStopped, CompletionBatcher
 from konduit.worker.config import WorkerConfig
 from konduit.worker.connectivity import Connectivity, retrying
 from konduit.worker.executor import Executor
-from konduit.worker.heartbeat import beat
+from konduit.worker.heartbeat import BeatRequest, beat
 from konduit.worker.hedging import Hedger
 from konduit.worker.listener import listen
 from konduit.worker.maintenance import Maintenance
@@ -71,7 +71,7 @@ from konduit.worker.starter import Jobs, Starter, cancel_job
 from konduit.worker.wakeups import SweepClock
 from konduit.worker.webhook_sender import WebhookSender
 
-log = logging.getLogger("konduit.worker")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BATCH_COMPLETIONS = 500
@@ -146,9 +146,11 @@ class Worker:
         # lease after it lost the database (an outage must not be charged to live workers).
         self.connectivity = Connectivity(self.config.lease_seconds,
                                          settle_seconds=self.config.heartbeat_interval)
+        self.beat_request = BeatRequest()  # ctx.heartbeat(): a beat now
         self.starter = Starter(db, registry, self.executor, self.contexts, self.connectivity,
                                lease_seconds=self.config.lease_seconds,
-                               heartbeat_interval=self.config.heartbeat_interval)
+                               heartbeat_interval=self.config.heartbeat_interval,
+                               beat_now=self.beat_request)
         self.arming = Arming(self.maintenance, self._stop.is_set,
                              max_payload_bytes=max_payload_bytes)
         # When the maintenance loop wakes: the interval, or sooner what is due (wakeups.py).
@@ -188,7 +190,8 @@ class Worker:
                 deadline=self.sweep_clock.poke), name="konduit-listen"),
             asyncio.create_task(beat(
                 self.db, cfg, self.connectivity, held=lambda: [t for t, _ in self.running.values()],
-                abandoned=lambda: self.executor.abandoned, lost=self._lease_lost),
+                abandoned=lambda: self.executor.abandoned, lost=self._lease_lost,
+                asked=self.beat_request),
                 name="konduit-heartbeat"),
             asyncio.create_task(self._maintain(), name="konduit-maintenance"),
             *([asyncio.create_task(self.alerting.run(cfg.alert_interval), name="konduit-alerts")]

@@ -1,6 +1,6 @@
 """The workflows ``konduit bench`` runs through real worker processes.
 
-A worker is its own process (``python -m konduit.cli worker konduit.bench_apps:app``), so the
+A worker is its own process (``python -m konduit.cli worker konduit.bench.apps:app``), so the
 workflows it serves must be importable by name: they live here, in the package. ``app`` holds
 the small ones; ``wide_app_{w}`` (e.g. ``wide_app_10000``) adds a ``w``-wide join, built only
 when asked for (a 10,000-step workflow takes seconds to validate, which every other worker would

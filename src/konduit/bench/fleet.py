@@ -1,7 +1,7 @@
 """The benchmarks of issue 8: real worker processes, measured from the database.
 
-Each scenario runs in its own scratch database (see :class:`konduit.bench.Server`). Worker
-processes are ``python -m konduit.cli worker konduit.bench_apps:app`` — the same command a user
+Each scenario runs in its own scratch database (see :class:`konduit.bench.suite.Server`). Worker
+processes are ``python -m konduit.cli worker konduit.bench.apps:app`` — the same command a user
 runs. Times come from the database's own timestamps (``created_at``, ``started_at``,
 ``finished_at``), so the bench process's polling does not shape them; the bench polls on one
 counted connection, and its own statements are subtracted from the transaction counts.
@@ -21,16 +21,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import psycopg
 
 import konduit
-from konduit import bench_apps
+from konduit.bench import apps
 from konduit.errors import BenchError
 
 Json = dict[str, Any]
-APP_SPEC = "konduit.bench_apps:app"
+APP_SPEC = "konduit.bench.apps:app"
 PROFILE_ENV = "KONDUIT_BENCH_PROFILE"
 """A directory: when set, every worker process runs under cProfile and writes its profile there."""
 
@@ -142,34 +142,6 @@ def commits_between(before: tuple[int, int], after: tuple[int, int]) -> int:
 # -- worker processes ---------------------------------------------------------------------------
 
 
-def profiled_cli() -> None:
-    """``konduit ARGS...`` under cProfile, writing the profile to ``sys.argv[1]`` at exit.
-
-    ``python -m cProfile`` writes its file on a normal exit only, and ``konduit worker`` leaves
-    through ``os._exit`` (so that abandoned handler threads cannot hold it up): the profile is
-    written just before that exit instead."""
-    import cProfile
-
-    from konduit.cli import main
-
-    path, sys.argv = sys.argv[1], ["konduit", *sys.argv[2:]]
-    profiler = cProfile.Profile()
-    leave = os._exit
-
-    def dump_then_exit(code: int) -> NoReturn:
-        profiler.disable()
-        profiler.dump_stats(path)
-        leave(code)
-
-    os._exit = dump_then_exit  # type: ignore[assignment]  # the parameter is named differently
-    profiler.enable()
-    try:
-        main()
-    finally:
-        profiler.disable()
-        profiler.dump_stats(path)
-
-
 def _kib(status: str, field: str) -> int | None:
     for line in status.splitlines():
         if line.startswith(field + ":"):
@@ -190,8 +162,7 @@ class WorkerProcess:
                      "--log-level", "WARNING", "--shutdown-grace", "10"]
         if profile_dir:
             self.profile = Path(profile_dir) / f"{label}-{os.getpid()}-{time.monotonic_ns()}.prof"
-            command += ["-c", "from konduit.bench_fleet import profiled_cli; profiled_cli()",
-                        str(self.profile), *arguments]
+            command += ["-m", "konduit.cli.profiled", str(self.profile), *arguments]
         else:
             command += ["-m", "konduit.cli", *arguments]
         self.log = log
@@ -344,7 +315,7 @@ def throughput_run(url: str, *, executions: int, width: int = 20, processes: int
     workflow = f"bench-roots-{width}"
     obs = Observer(url)
     try:
-        with konduit.App(bench_apps.small_workflows(), database_url=url) as app:
+        with konduit.App(apps.small_workflows(), database_url=url) as app:
             app.migrate()  # registers nothing, opens the pool: the start below is warm
             before = obs.commits()
             with worker_processes(url, obs, processes, concurrency=concurrency,
@@ -467,7 +438,7 @@ def latency(url: str, executions: int) -> Json:
     slots: pickup (ready -> running) and join dispatch without a queue in front of them."""
     obs = Observer(url)
     try:
-        with konduit.App(bench_apps.small_workflows(), database_url=url) as app, \
+        with konduit.App(apps.small_workflows(), database_url=url) as app, \
                 worker_processes(url, obs, 1):
             app.start("bench-latency").wait(timeout=60)  # warm-up, not measured
             since = obs.now()
@@ -477,7 +448,7 @@ def latency(url: str, executions: int) -> Json:
     finally:
         obs.close()
     return {"parameters": {"executions": executions, "workflow": "bench-latency: root -> "
-                           f"{bench_apps.LATENCY_BRANCHES} branches -> join, one at a time",
+                           f"{apps.LATENCY_BRANCHES} branches -> join, one at a time",
                            "processes": 1, "concurrency": 8,
                            "wake": "LISTEN/NOTIFY (poll fallback at the worker's default)"},
             "results": figures, "ratios": {}}
@@ -489,7 +460,7 @@ def latency(url: str, executions: int) -> Json:
 def start(url: str, *, roots: int, repeats: int, many: int) -> Json:
     """Client-side time to start one ``roots``-root execution, and ``start_many`` rates."""
     one_root: list[float] = []
-    with konduit.App(bench_apps.small_workflows(), database_url=url) as app:
+    with konduit.App(apps.small_workflows(), database_url=url) as app:
         app.start(f"bench-roots-{roots}")  # registers the workflow and opens the pool
         for _ in range(repeats):
             began = time.perf_counter()
@@ -525,8 +496,8 @@ def wide(url: str, *, widths: Sequence[int], small_repeats: int) -> Json:
         runs: list[tuple[float, float]] = []
         obs = Observer(url)
         try:
-            with konduit.App(bench_apps.wide_workflows(width), database_url=url) as app, \
-                    worker_processes(url, obs, 1, app_spec=f"konduit.bench_apps:wide_app_{width}",
+            with konduit.App(apps.wide_workflows(width), database_url=url) as app, \
+                    worker_processes(url, obs, 1, app_spec=f"konduit.bench.apps:wide_app_{width}",
                                      label=f"wide{width}") as workers:
                 app.migrate()
                 for _ in range(small_repeats if width <= 500 else 1):
@@ -570,7 +541,7 @@ def collide_worker(url: str, *, trials: int) -> Json:
     out = []
     obs = Observer(url)
     try:
-        with konduit.App(bench_apps.small_workflows(), database_url=url) as app, \
+        with konduit.App(apps.small_workflows(), database_url=url) as app, \
                 worker_processes(url, obs, 1, concurrency=32, label="collide") as workers:
             for width, together in settings:
                 stalls = duplicates = 0
@@ -609,7 +580,7 @@ def backlog(url: str, *, executions: int, window: float, processes: int = 2) -> 
     ``window`` seconds after the first claim (or until all are done)."""
     obs = Observer(url)
     try:
-        with konduit.App(bench_apps.small_workflows(), database_url=url) as app:
+        with konduit.App(apps.small_workflows(), database_url=url) as app:
             began = time.perf_counter()
             used = start_all(app, [{"workflow": "bench-backlog"}] * executions)
             starting = time.perf_counter() - began
@@ -734,7 +705,7 @@ def history(url: str, *, tasks: int, executions: int) -> Json:
     plan = claim_plan(url)
     full = throughput_run(url, executions=executions, label="history-full")
     # The claim as a worker runs it, with 1,000 ready tasks queued beside the history.
-    with konduit.App(bench_apps.small_workflows(), database_url=url) as app:
+    with konduit.App(apps.small_workflows(), database_url=url) as app:
         start_all(app, [{"workflow": "bench-roots-20"}] * 50)
     analyzed = claim_plan(url, analyze=True)
     return {"parameters": {"finished_tasks": tasks, "executions": executions,

@@ -2,19 +2,17 @@
 bring an execution to "every branch leased", record completions one by one, and run each
 completion on a thread with its own loop and connection (so that siblings can collide).
 
-Shared by :mod:`konduit.bench` and ``tests/`` (fanin_harness, lock order); not part of the API.
+Shared by :mod:`konduit.bench.suite` and ``tests/`` (fanin_harness, lock order); not part of the API.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
-from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+from konduit import loop_thread
 from konduit.core.model import Completion, Outcome, Recorded, TaskAttempt
 from konduit.db.connect import open_database
 from konduit.db.database import Database
@@ -89,24 +87,17 @@ async def record_each(db: Database, registry: Registry, tasks: list[TaskAttempt]
     return took
 
 
-class LoopThread:
-    """A thread running its own event loop with its own one-connection pool."""
+class LoopThread(loop_thread.LoopThread):
+    """A loop thread with its own one-connection pool, ``db``: one per sibling that must collide."""
 
     def __init__(self, url: str):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
-                                       name="konduit-bench-loop")
-        self.thread.start()
+        super().__init__("konduit-bench-loop")
         self.db = self.run(open_database(url, max_size=1, name=WORKER_ID, check_schema=False))
 
-    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = 120) -> T:
+        return super().run(coro, timeout)
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.submit(coro).result(timeout=120)
-
-    def close(self) -> None:
-        self.run(self.db.close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-        self.loop.close()
+    def close(self, timeout: float = 5.0) -> None:
+        if not self.closed:
+            self.run(self.db.close())
+        super().close(timeout)

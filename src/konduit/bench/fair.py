@@ -1,6 +1,6 @@
 """The fair-share benchmark (issue 16): lone executions beside a big map and after a big batch.
 
-One worker process x 8 slots (``konduit.bench_apps:fair_app``). In one fresh database a map of
+One worker process x 8 slots (``konduit.bench.apps:fair_app``). In one fresh database a map of
 ``map_items`` items (1,000,000 in a full run) runs; a second after its items are being claimed,
 ``lone`` one-step executions start, one every ``lone_interval`` seconds; each one's start -> finish
 time comes from the database's clock. Then, in another fresh database, one ``start_many`` of
@@ -20,10 +20,10 @@ from typing import Any
 from uuid import UUID
 
 import konduit
-from konduit import bench_apps
-from konduit.bench_fleet import Json, Observer, _check, _r, dist_ms, worker_processes
+from konduit.bench import apps
+from konduit.bench.fleet import Json, Observer, _check, _r, dist_ms, worker_processes
 
-FAIR_APP = "konduit.bench_apps:fair_app"
+FAIR_APP = "konduit.bench.apps:fair_app"
 
 
 def lone_seconds(app: konduit.App, obs: Observer, count: int, interval: float,
@@ -49,7 +49,7 @@ def lone_seconds(app: konduit.App, obs: Observer, count: int, interval: float,
 def _beside_map(url: str, items: int, lone: int, interval: float) -> Json:
     obs = Observer(url)
     try:
-        with konduit.App([*bench_apps.small_workflows(), bench_apps.fair_map_workflow()],
+        with konduit.App([*apps.small_workflows(), apps.fair_map_workflow()],
                          database_url=url) as app, \
                 worker_processes(url, obs, 1, app_spec=FAIR_APP, label="fair-map"):
             began = time.perf_counter()
@@ -79,7 +79,7 @@ def _beside_map(url: str, items: int, lone: int, interval: float) -> Json:
 def _after_batch(url: str, batch: int, lone: int, interval: float) -> Json:
     obs = Observer(url)
     try:
-        with konduit.App(bench_apps.small_workflows(), database_url=url) as app:
+        with konduit.App(apps.small_workflows(), database_url=url) as app:
             began = time.perf_counter()
             app.start_many([{"workflow": "bench-one"}] * batch)  # one batch: one flow of turns
             starting = time.perf_counter() - began

@@ -25,8 +25,8 @@ import psycopg
 from psycopg import sql
 
 import konduit
-from konduit import bench_fair, bench_fleet, bench_maps, bench_soak
-from konduit.bench_harness import (
+from konduit.bench import fair, fleet, maps
+from konduit.bench.harness import (
     LoopThread,
     completion_for,
     finish_join,
@@ -34,6 +34,8 @@ from konduit.bench_harness import (
     opened,
     record_each,
 )
+from konduit.bench.soak import SoakSettings
+from konduit.bench.soak import soak as run_soak
 from konduit.core.model import Completion, Recorded, TaskAttempt
 from konduit.db.database import Database
 from konduit.db.embedded import server_url, with_database
@@ -425,7 +427,7 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
     finally:
         for t in threads:
             t.close()
-    worker = bench_fleet.collide_worker(url, trials=worker_trials)
+    worker = fleet.collide_worker(url, trials=worker_trials)
     every = settings + worker["settings"]
     return {
         "parameters": {"completer": f"widths {widths}: every branch's completion from its own "
@@ -454,7 +456,7 @@ ON_REQUEST = ("map_1m", "soak")
 
 def run_bench(database_url: str | None = None, *, quick: bool = False,
               workers: list[int] | None = None, only: list[str] | None = None,
-              soak: bench_soak.SoakSettings | None = None,
+              soak: SoakSettings | None = None,
               progress: Callable[[str], None] = lambda _: None) -> Json:
     """Run the benchmarks (``only`` some of them), each in its own fresh database; returns the
     JSON report. ``workers`` is the process counts of the ``workers`` curve; ``soak`` the
@@ -480,38 +482,38 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
         return go
 
     plan: list[tuple[str, Callable[[], Json]]] = [
-        ("commit_probe", in_fresh(lambda u: bench_fleet.commit_probe(u, 1.0 if quick else 3.0))),
-        ("throughput", lambda: bench_fleet.throughput(
+        ("commit_probe", in_fresh(lambda u: fleet.commit_probe(u, 1.0 if quick else 3.0))),
+        ("throughput", lambda: fleet.throughput(
             server.fresh_database, executions=executions, repeats=1 if quick else 3,
             probe=probe(), idle=1.0 if quick else 3.0)),
-        ("workers", lambda: bench_fleet.workers_curve(
+        ("workers", lambda: fleet.workers_curve(
             server.fresh_database, processes=curve, executions=executions, probe=probe(),
             one=_get(report, "benchmarks", "throughput", "results"))),
-        ("latency", in_fresh(lambda u: bench_fleet.latency(u, 10 if quick else 50))),
-        ("start", in_fresh(lambda u: bench_fleet.start(
+        ("latency", in_fresh(lambda u: fleet.latency(u, 10 if quick else 50))),
+        ("start", in_fresh(lambda u: fleet.start(
             u, roots=500, repeats=3 if quick else 10, many=200 if quick else 5_000))),
-        ("wide", in_fresh(lambda u: bench_fleet.wide(
+        ("wide", in_fresh(lambda u: fleet.wide(
             u, widths=[10, 200] if quick else [10, 500, 10_000],
             small_repeats=2 if quick else 5))),
         ("collide", in_fresh(lambda u: collide(u, [2, 8, 50], 2 if quick else 10,
                                                1 if quick else 5))),
-        ("backlog", in_fresh(lambda u: bench_fleet.backlog(
+        ("backlog", in_fresh(lambda u: fleet.backlog(
             u, executions=300 if quick else 10_000, window=3.0 if quick else 60.0))),
-        ("history", in_fresh(lambda u: bench_fleet.history(
+        ("history", in_fresh(lambda u: fleet.history(
             u, tasks=1_000_000, executions=executions))),
         ("fan_in_cost_by_width", in_fresh(lambda u: asyncio.run(fan_in_cost_by_width(
             u, [10, 100] if quick else [10, 100, 1000], 2 if quick else 3)))),
         ("simultaneous_finish", in_fresh(lambda u: simultaneous_finish(u, 50, 2 if quick else 10))),
         ("batching", in_fresh(lambda u: asyncio.run(batching(u, 200, 2 if quick else 5)))),
         ("map_10k", in_fresh(lambda u: map_fan_out(u, 1_000 if quick else 10_000))),
-        ("fair_share", lambda: bench_fair.fair_share(
+        ("fair_share", lambda: fair.fair_share(
             server.fresh_database, map_items=20_000 if quick else 1_000_000,
             batch=5_000 if quick else 100_000)),
-        ("wide_map", lambda: bench_maps.wide_map(
+        ("wide_map", lambda: maps.wide_map(
             server.fresh_database, items=5_000 if quick else 100_000, executions=executions)),
-        ("map_1m", lambda: bench_maps.wide_map(
+        ("map_1m", lambda: maps.wide_map(
             server.fresh_database, items=1_000_000, executions=executions)),
-        ("soak", in_fresh(lambda u: bench_soak.soak(u, soak, progress=progress))),
+        ("soak", in_fresh(lambda u: run_soak(u, soak, progress=progress))),
     ]
     began = time.perf_counter()
     for name, bench in plan:
@@ -525,7 +527,7 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
     if "commit_probe" in report["benchmarks"]:
         # The storage may drift during a long run: probe again at the end, report both.
         with server.fresh_database() as url:
-            again = bench_fleet.commit_probe(url, 1.0 if quick else 3.0)["results"]
+            again = fleet.commit_probe(url, 1.0 if quick else 3.0)["results"]
         report["benchmarks"]["commit_probe"]["results"]["commits_per_second_at_end"] = \
             again["commits_per_second"]
     report["total_seconds"] = _r(time.perf_counter() - began)

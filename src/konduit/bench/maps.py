@@ -14,9 +14,9 @@ import time
 from typing import Any
 
 import konduit
-from konduit.bench_apps import one_workflow, wide_map_workflow
-from konduit.bench_fair import lone_seconds
-from konduit.bench_fleet import (
+from konduit.bench.apps import one_workflow, wide_map_workflow
+from konduit.bench.fair import lone_seconds
+from konduit.bench.fleet import (
     Json,
     Observer,
     _check,
@@ -28,7 +28,7 @@ from konduit.bench_fleet import (
     worker_processes,
 )
 
-APP_SPEC = "konduit.bench_apps:wide_map_app"
+APP_SPEC = "konduit.bench.apps:wide_map_app"
 WORKFLOW = "bench-wide-map"
 LONE = 10
 """One-step executions started a second apart while the map runs (their start -> finish)."""

@@ -1,6 +1,6 @@
 """``konduit bench --only soak``: steady load for a long while, with retention on (issue 16).
 
-One worker process (``python -m konduit.cli worker konduit.bench_apps:soak_app_<s>``, the App of
+One worker process (``python -m konduit.cli worker konduit.bench.apps:soak_app_<s>``, the App of
 ``bench-soak`` with ``retention=<s>`` seconds, its retention round every few seconds) serves an
 open-loop load: ``bench-soak`` executions (root -> 3 branches -> join -> a map of 4 items ->
 total, 10 tasks each) started at a fixed rate below saturation by a thread of the bench. The
@@ -28,13 +28,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import konduit
-from konduit import bench_apps
-from konduit.bench_fleet import Observer, WorkerProcess, dist_ms, quantile, ratio
+from konduit.bench import apps
+from konduit.bench.fleet import Observer, WorkerProcess, dist_ms, quantile, ratio
 from konduit.errors import BenchError
 
 Json = dict[str, Any]
 WORKFLOW = "bench-soak"
-TASKS_EACH = 1 + bench_apps.SOAK_BRANCHES + 1 + bench_apps.SOAK_ITEMS + 1
+TASKS_EACH = 1 + apps.SOAK_BRANCHES + 1 + apps.SOAK_ITEMS + 1
 TABLES = ("konduit_executions", "konduit_steps", "konduit_tasks", "konduit_attempts",
           "konduit_outputs")
 TOLERANCE = 0.10
@@ -160,7 +160,7 @@ def window_figures(obs: Observer, lo: datetime, hi: datetime) -> tuple[Json, lis
             "executions_started": int(started), "executions_finished": int(ended),
             "executions_not_succeeded": int(failed),
             # The join task is made ready by the transaction that records the last branch: its
-            # created_at -> started_at is "last branch recorded -> join running" (as bench_fleet).
+            # created_at -> started_at is "last branch recorded -> join running" (as fleet.py).
             "join_dispatch_latency": dist_ms(joins),
             "map_join_dispatch_latency": dist_ms([s for step, s in rows if step == "total"]),
             "pickup_latency": dist_ms([s for _, s in rows])}, joins
@@ -354,9 +354,9 @@ def soak(url: str, settings: SoakSettings | None = None, *,
     obs = Observer(url)
     bursts: Json = {}
     worker = WorkerProcess(url, concurrency=s.concurrency, label="soak", env=env,
-                           app_spec=f"konduit.bench_apps:soak_app_{s.retention}")
+                           app_spec=f"konduit.bench.apps:soak_app_{s.retention}")
     try:
-        with konduit.App([bench_apps.soak_workflow()], database_url=url) as app:
+        with konduit.App([apps.soak_workflow()], database_url=url) as app:
             worker.wait_ready(obs)
             run = Run(s, obs, worker, app, progress, count)
             for _ in range(3):  # warm-up, not measured
@@ -390,7 +390,7 @@ def soak(url: str, settings: SoakSettings | None = None, *,
                        "workflow": "bench-soak: root -> 3 branches -> join -> map of 4 items -> "
                                    f"total ({TASKS_EACH} tasks an execution)",
                        "offered_tasks_per_second": _r(s.rate * TASKS_EACH), "processes": 1,
-                       "worker": f"python -m konduit.cli worker konduit.bench_apps:soak_app_"
+                       "worker": f"python -m konduit.cli worker konduit.bench.apps:soak_app_"
                                  f"{s.retention} --concurrency {s.concurrency}",
                        "capacity": "a burst of `burst` executions in one start_many with the "
                                    "steady load paused, after the first span and at the end"},
