@@ -30,8 +30,9 @@ WITH closed AS (
                         LIMIT 2) AS open_attempt
     -- Re-checked on the row itself, as outcome IS NULL (the same thing, by the table's CHECK):
     -- written as finished_at IS NULL it would match konduit_attempts_open's predicate, and a
-    -- generic plan would read that whole index again for the rows to update.
-    WHERE a.id = open_attempt.id AND a.outcome IS NULL
+    -- generic plan would read that whole index again for the rows to update. The task id is
+    -- re-checked too, so the row is reached through its execution's key (one shard on Citus).
+    WHERE a.id = open_attempt.id AND a.task_id = u.task_id AND a.outcome IS NULL
     RETURNING a.lease_token, a.outcome
 )
 SELECT pg_notify('konduit_outrun', lease_token::text) FROM closed WHERE outcome = 'outrun';
