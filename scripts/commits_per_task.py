@@ -3,7 +3,10 @@ while no worker runs, then one worker process x 8 slots drains them (issue 8).
 
     KONDUIT_HOME=/tmp/somewhere python scripts/commits_per_task.py     # embedded server
 
-MEASURE_EXECUTIONS, MEASURE_WIDTH, MEASURE_CONCURRENCY change the load. Prints one JSON line.
+MEASURE_EXECUTIONS, MEASURE_WIDTH, MEASURE_CONCURRENCY change the load. MEASURE_SHAPE=map runs
+one execution of a map of MEASURE_EXECUTIONS x MEASURE_WIDTH items instead (seed -> map -> a join
+reading every item): its items are the "branch tasks", so the two shapes compare per task.
+Prints one JSON line.
 
 xact_commit is read from the admin database after every backend of the measured database has
 exited (a backend flushes its statistics at exit), so the count is complete; the polls this
@@ -26,6 +29,7 @@ APP = "commits_per_task_app"
 EXECUTIONS = int(os.environ.get("MEASURE_EXECUTIONS", "50"))
 WIDTH = int(os.environ.get("MEASURE_WIDTH", "20"))
 CONCURRENCY = int(os.environ.get("MEASURE_CONCURRENCY", "8"))
+SHAPE = os.environ.get("MEASURE_SHAPE", "static")
 
 
 def commits(admin: str, name: str) -> int:
@@ -99,8 +103,12 @@ def main() -> None:
     app = __import__(APP).app
 
     began = time.perf_counter()
-    for _ in range(EXECUTIONS):
-        app.start("measure-fan")
+    if SHAPE == "map":
+        app.start("measure-map", input=EXECUTIONS * WIDTH)
+    else:
+        for _ in range(EXECUTIONS):
+            app.start("measure-fan")
+    branch = "item" if SHAPE == "map" else "b%%"
     start_seconds = time.perf_counter() - began
     app.close()
     before = commits(admin, name)
@@ -130,9 +138,9 @@ def main() -> None:
     worker_cpu = usage.ru_utime + usage.ru_stime
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FILTER (WHERE step LIKE 'b%%'),"
+            f"SELECT count(*) FILTER (WHERE step LIKE '{branch}'),"
             " count(*),"
-            " extract(epoch FROM max(finished_at) FILTER (WHERE step LIKE 'b%%')"
+            f" extract(epoch FROM max(finished_at) FILTER (WHERE step LIKE '{branch}')"
             "        - min(started_at)),"
             " extract(epoch FROM max(finished_at) - min(started_at)),"
             " count(*) FILTER (WHERE status <> 'succeeded')"
@@ -150,7 +158,7 @@ def main() -> None:
         # Every process of the embedded server (backends, WAL writer, checkpointer) in the run.
         "server_cpu_ms_per_task": None if server_before is None or server_after is None
         else round(1000 * (server_after - server_before) / max(1, tasks), 3),
-        "executions": EXECUTIONS, "width": WIDTH, "concurrency": CONCURRENCY,
+        "shape": SHAPE, "executions": EXECUTIONS, "width": WIDTH, "concurrency": CONCURRENCY,
         "succeeded_executions": ok, "tasks": tasks, "not_succeeded_tasks": bad,
         "commits": delta, "commits_per_task": round(delta / tasks, 3),
         "branch_tasks_per_second": round(branch_tasks / float(branch_span), 1),

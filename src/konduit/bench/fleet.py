@@ -203,6 +203,15 @@ class WorkerProcess:
         if peak is not None:
             self.peak_rss_kib = max(self.peak_rss_kib or 0, peak)
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU the worker process has used so far (None once it is gone). Unlike
+        tasks/s, barely moved by other load on the machine: the figure to compare across runs."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self, timeout: float = 60) -> int:
         """SIGTERM (a graceful stop) and wait; the exit status."""
         self.sample_memory()
@@ -234,6 +243,17 @@ def worker_processes(url: str, observer: Observer, count: int, *, concurrency: i
     finally:
         codes = [w.stop() for w in workers]
     _check(all(c == 0 for c in codes), f"a worker process exited with {codes}")
+
+
+def cpu_ms_per_task(before: Sequence[float | None], workers: Sequence[WorkerProcess],
+                    tasks: int) -> float | None:
+    """The workers' CPU between ``before`` (their :meth:`WorkerProcess.cpu_seconds` then) and
+    now, in milliseconds per task."""
+    now = [w.cpu_seconds() for w in workers]
+    pairs = [(b, n) for b, n in zip(before, now, strict=True) if b is not None and n is not None]
+    if not tasks or len(pairs) != len(workers):
+        return None
+    return _r(1000 * sum(n - b for b, n in pairs) / tasks)
 
 
 def peak_rss_mb(workers: Sequence[WorkerProcess]) -> float | None:
@@ -321,11 +341,13 @@ def throughput_run(url: str, *, executions: int, width: int = 20, processes: int
             with worker_processes(url, obs, processes, concurrency=concurrency,
                                   label=label) as workers:
                 already, since = obs.finished(), obs.now()
+                cpu_before = [w.cpu_seconds() for w in workers]
                 began = time.perf_counter()
                 used_start_many = start_all(app, [{"workflow": workflow}] * executions)
                 starting = time.perf_counter() - began
                 obs.wait_finished(already + executions, timeout=max(120, executions * width / 20))
                 wall = time.perf_counter() - began
+                cpu = cpu_ms_per_task(cpu_before, workers, executions * (width + 1))
                 for w in workers:
                     w.sample_memory()
         after = obs.commits()
@@ -349,6 +371,7 @@ def throughput_run(url: str, *, executions: int, width: int = 20, processes: int
         "branch_tasks_per_second": _r(branches / span), "tasks_per_second": _r(tasks / span),
         "executions_per_second": _r(executions / span),
         "committed_transactions": commits, "commits_per_task": _r(commits / tasks),
+        "worker_cpu_ms_per_task": cpu,
         "worker_peak_rss_mb": peak_rss_mb(workers),
         **figures,
     }
