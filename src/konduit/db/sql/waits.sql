@@ -110,7 +110,10 @@ SELECT EXISTS (
 
 -- name: task_list_waits_due
 -- Waiting tasks the engine should wake now: timers due and events accepted (wait_until passed),
--- and child workflows whose child execution ended.
+-- and child workflows whose child execution ended. Each half reads its own partial index
+-- (konduit_tasks_waiting_until, konduit_tasks_waiting_child), never the ready backlog: the bound
+-- is statement_timestamp(), not clock_timestamp(), so that it is an index condition (a volatile
+-- one would be a filter over every waiting task). The wake re-checks each task in its own write.
 SELECT * FROM (
 (SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.item,
         t.queue, t.generation, NULL::uuid AS lease_token, t.wait_kind, t.wait_child,
@@ -120,7 +123,7 @@ SELECT * FROM (
         false AS hedged
  FROM konduit_tasks t
  JOIN konduit_executions e ON e.id = t.execution_id
- WHERE t.status = 'waiting' AND t.wait_until <= clock_timestamp() AND e.status = 'running'
+ WHERE t.status = 'waiting' AND t.wait_until <= statement_timestamp() AND e.status = 'running'
  ORDER BY t.wait_until
  LIMIT %(limit)s)
 UNION ALL
