@@ -106,3 +106,29 @@ def test_a_repaired_dead_letter_leaves_the_list_and_stays_in_the_history(
         detail = http.get(f"/api/v1/executions/{handle.id}").json()
         assert any(a["outcome"] == "failed" and "card declined" in (a["error"] or "")
                    for a in detail["attempts"])
+
+
+@pytest.mark.storage
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_validation_error_raised_in_a_handler_names_the_fields(
+        make_app: Callable[..., konduit.App], isolation: str) -> None:
+    """Not the output check: the handler's own pydantic call fails (a reply it parses). The
+    execution's error and the dead letter keep the last line of the traceback, which pydantic
+    would fill with a documentation link."""
+    wf = konduit.Workflow(f"handler-validation-{isolation}", version=1)
+
+    @wf.step(retry=konduit.Retry(max_attempts=1))
+    def parse_reply(ctx: konduit.Context) -> dict[str, str]:
+        return Caption.model_validate({"text": "hi", "words": "many"}).model_dump()
+
+    app = make_app(wf)
+    handle = app.start(wf.name)
+    with running_worker(app, concurrency=2, isolation=isolation), \
+            pytest.raises(konduit.ExecutionFailed):
+        handle.wait(timeout=30)
+    error = app.status(handle.id).error or ""
+    last = error.strip().splitlines()[-1]
+    assert "language: Field required" in last and "words: Input should be a valid integer" in last
+    assert "errors.pydantic.dev" not in last
+    [letter] = app.dead_letters()
+    assert "language: Field required" in letter["error"].strip().splitlines()[-1]

@@ -11,6 +11,7 @@ further information visit <url>" line that says nothing about the payload.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from konduit.errors import OutputInvalid as OutputInvalid
@@ -43,6 +44,17 @@ def pydantic_message(exc: ValidationError) -> str:
     if len(errors) > MAX_ERRORS:
         shown += f"; and {len(errors) - MAX_ERRORS} more"
     return f"{title}: {shown}" if shown else title
+
+
+def readable_last_line(exc: BaseException) -> str | None:
+    """The line to end the recorded traceback of ``exc`` with, when its own text ends in noise:
+    a pydantic ``ValidationError`` raised anywhere in a handler (a model it builds, an API reply
+    it parses) ends with a documentation link, and the execution's error, the logs and the pages
+    keep the last line. None for every other exception (its last line already says it)."""
+    pydantic_core = sys.modules.get("pydantic_core")  # never imported just to look
+    if pydantic_core is None or not isinstance(exc, pydantic_core.ValidationError):
+        return None
+    return f"{type(exc).__module__}.{type(exc).__qualname__}: {pydantic_message(exc)}"
 
 
 class OutputValidator:

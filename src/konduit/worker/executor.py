@@ -25,7 +25,7 @@ from konduit.core.model import Command, Completion, Outcome, OutputSource, TaskA
 from konduit.core.outcome import Ending, Final, RetryAt, Verdict, decide, policy_of
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.results import Route
-from konduit.core.validation import OutputInvalid
+from konduit.core.validation import OutputInvalid, readable_last_line
 from konduit.core.waits import Armed
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Database, Tx
@@ -52,6 +52,9 @@ def _describe(exc: BaseException) -> str:
         text = "".join(traceback.format_exception(exc)).strip()
     except Exception:  # an exception whose state cannot even be formatted
         text = f"{type(exc).__name__} (unprintable)"
+    tail = readable_last_line(exc)
+    if tail is not None:
+        text = f"{text}\n{tail}"
     # PostgreSQL text cannot hold NUL; an error message must never make its own record fail.
     return text[-8000:].replace("\x00", "\\x00")
 

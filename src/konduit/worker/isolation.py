@@ -62,6 +62,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from konduit.core.context import Context
+from konduit.core.validation import readable_last_line
 from konduit.errors import KonduitError, NonRetryableError, PayloadError
 
 __all__ = [
@@ -191,9 +192,11 @@ def _safe_str(exc: BaseException) -> str:
 
 def _safe_traceback(exc: BaseException) -> str:
     try:
-        return "".join(traceback.format_exception(exc))
+        text = "".join(traceback.format_exception(exc))
     except Exception:
         return f"{_type_name(exc)} (the traceback could not be formatted)\n"
+    tail = readable_last_line(exc)  # the worker keeps the last line of what comes back
+    return text if tail is None else f"{text}{tail}\n"
 
 
 def _result_message(result: Any) -> bytes:
