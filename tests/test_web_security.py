@@ -27,6 +27,7 @@ from konduit.errors import DashboardError, DatabaseUnavailable
 from konduit.web import create_app, database_client, serve
 from konduit.web.security import (
     SESSION_COOKIE,
+    LoginThrottle,
     Security,
     check_bind,
     is_loopback,
@@ -137,7 +138,10 @@ def test_non_loopback_bind_without_a_token_is_refused(db_url: str) -> None:
 @pytest.mark.storage
 def test_api_tokens(make_app: Callable[..., konduit.App], db_url: str) -> None:
     app = make_app(*api_app.WORKFLOWS)
-    with guarded(app, db_url) as (base, _), httpx.Client(base_url=base, timeout=30) as http:
+    # Two wrong credentials per path: more than the default throttle lets one address try
+    # (tests/test_web_limits.py tests the throttle).
+    with guarded(app, db_url, throttle=LoginThrottle(failures=100)) as (base, _), \
+            httpx.Client(base_url=base, timeout=30) as http:
         for path in ("/api/v1/executions", "/api/executions", "/openapi.json", "/metrics",
                      "/api/v1/docs"):
             missing = http.get(path)

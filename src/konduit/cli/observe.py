@@ -39,6 +39,11 @@ def dashboard(
         "bare SECRET) also starts, cancels and repairs. Added to KONDUIT_API_TOKEN's "
         "(comma-separated). Needed to listen on anything but a loopback address.",
         show_default=False)] = None,
+    trusted_proxy: Annotated[list[str] | None, typer.Option(
+        "--trusted-proxy", metavar="ADDRESS", envvar="KONDUIT_TRUSTED_PROXIES",
+        help="A reverse proxy (address or network, repeatable) whose X-Forwarded-For names the "
+        "client. None by default: the throttles of wrong tokens count per peer address.",
+        show_default=False)] = None,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Serve the web dashboard until SIGINT/SIGTERM: executions (paged, with a strip of queue
@@ -59,7 +64,9 @@ def dashboard(
     where = describe_url(database_url or (app.database_url if app else None)
                          or os.environ.get("KONDUIT_DATABASE_URL"))
     guard = (f", {len(tokens)} token(s) required" if tokens else ", no token (loopback only)")
-    serve(database_url, app, host=host, port=port, tokens=tokens, announce=lambda url: err_console.print(
+    proxies = [p.strip() for v in trusted_proxy or [] for p in v.split(",") if p.strip()]
+    serve(database_url, app, host=host, port=port, tokens=tokens, trusted_proxies=proxies,
+          announce=lambda url: err_console.print(
         f"konduit dashboard: serving {url} from {where}"
         + (f", repairs with {app_spec}" if app_spec else " (read-only: no --app)") + guard
         + " (Ctrl-C stops)", soft_wrap=True, markup=False))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
@@ -34,6 +34,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp
 
 from konduit.app import App
 from konduit.core.durations import format_duration
@@ -261,13 +262,25 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
     return web
 
 
+def server_config(web: ASGIApp, *, trusted_proxies: Sequence[str] = ()) -> uvicorn.Config:
+    """How the dashboard's server runs ``web``. A client's own ``X-Forwarded-For`` is believed
+    only from ``trusted_proxies`` (addresses or networks; none by default): the login and token
+    throttles count wrong tokens per client address, and an address a client may choose for
+    itself would let it rotate around them. (uvicorn alone trusts the header from any local
+    process.)"""
+    return uvicorn.Config(web, log_level="warning", lifespan="on", server_header=False,
+                          proxy_headers=bool(trusted_proxies),
+                          forwarded_allow_ips=list(trusted_proxies) or None)
+
+
 def serve(database_url: str | None = None, app: App | None = None, *, host: str = "127.0.0.1",
           port: int = 8090, announce: Callable[[str], None] = print,
-          tokens: tuple[Token, ...] = ()) -> None:
+          tokens: tuple[Token, ...] = (), trusted_proxies: Sequence[str] = ()) -> None:
     """Serve the dashboard on ``host:port`` until SIGINT/SIGTERM (port 0: any free one).
 
     ``tokens`` (see :mod:`konduit.web.security`) are required on the API and for the pages;
-    without any, only a loopback ``host`` is allowed."""
+    without any, only a loopback ``host`` is allowed. ``trusted_proxies``: the reverse proxies
+    whose ``X-Forwarded-For`` names the client (:func:`server_config`)."""
     check_bind(host, tokens)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -279,7 +292,7 @@ def serve(database_url: str | None = None, app: App | None = None, *, host: str 
         raise DashboardError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound = sock.getsockname()[1]
     announce(f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{bound}/")
-    config = uvicorn.Config(create_app(database_client(database_url, app), app,
-                                       security=Security(tokens)),
-                            log_level="warning", lifespan="on", server_header=False)
+    config = server_config(create_app(database_client(database_url, app), app,
+                                      security=Security(tokens)),
+                           trusted_proxies=trusted_proxies)
     uvicorn.Server(config).run(sockets=[sock])

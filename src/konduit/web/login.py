@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from konduit.web.security import SESSION_COOKIE, Security, session_cookie_header
+from konduit.web.security import SESSION_COOKIE, LoginThrottle, Security, session_cookie_header
+
+__all__ = ["LoginThrottle", "login_router", "safe_next"]
 
 
 def safe_next(target: str | None) -> str:
@@ -19,45 +19,9 @@ def safe_next(target: str | None) -> str:
     return target
 
 
-class LoginThrottle:
-    """At most ``failures`` wrong tokens per client address in ``window`` seconds; past that
-    the login answers 429 until the oldest failure leaves the window. Tokens are long enough
-    that guessing is hopeless anyway; this keeps a script from trying, and from filling logs.
-    Behind a proxy every client shares its address: the limit is then the proxy's."""
-
-    def __init__(self, failures: int = 10, window: float = 60.0, clients: int = 10_000):
-        self.failures = failures
-        self.window = window
-        self.clients = clients  # bounded memory: the oldest addresses are forgotten first
-        self._seen: dict[str, deque[float]] = {}
-
-    def _recent(self, client: str, now: float) -> deque[float]:
-        times = self._seen.get(client, deque())
-        while times and now - times[0] > self.window:
-            times.popleft()
-        return times
-
-    def retry_after(self, client: str) -> int | None:
-        """Seconds until this client may try again, None when it may now."""
-        now = time.monotonic()
-        times = self._recent(client, now)
-        if len(times) < self.failures:
-            return None
-        return max(1, int(self.window - (now - times[0])) + 1)
-
-    def failed(self, client: str) -> None:
-        now = time.monotonic()
-        times = self._recent(client, now)
-        times.append(now)
-        self._seen.pop(client, None)
-        self._seen[client] = times  # most recent last, for the eviction below
-        while len(self._seen) > self.clients:
-            del self._seen[next(iter(self._seen))]
-
-
 def login_router(security: Security, throttle: LoginThrottle | None = None) -> APIRouter:
     router = APIRouter(include_in_schema=False)
-    throttle = throttle or LoginThrottle()
+    throttle = throttle or security.throttle
 
     def form(request: Request, message: str | None = None, status: int = 200) -> Response:
         from konduit.web.app import env

@@ -21,7 +21,7 @@ from konduit.core.masking import mask_password
 PROBLEM_JSON = "application/problem+json"
 
 TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
-          405: "Method not allowed", 409: "Conflict", 413: "Too large",
+          405: "Method not allowed", 409: "Conflict", 413: "Too large", 429: "Too many requests",
           422: "Invalid request", 500: "Internal error", 503: "Service unavailable"}
 
 def scrub(text: str) -> str:
@@ -82,6 +82,11 @@ def validation_problem(exc: RequestValidationError) -> JSONResponse:
     errors = field_errors(exc)
     first = errors[0] if errors else FieldError(field="body", message="invalid")
     return problem(422, f"{first.field}: {first.message}", field=first.field, errors=errors)
+
+
+def too_many(detail: str, *, retry_after: int) -> Response:
+    """429 with ``Retry-After``: the client must wait before it tries again."""
+    return problem(429, detail, headers={"Retry-After": str(retry_after)})
 
 
 def page_refusal(status: int, message: str) -> ASGIApp:

@@ -40,6 +40,7 @@ import re
 import secrets
 import socket
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -179,11 +180,49 @@ class Session:
     csrf: str
 
 
+class LoginThrottle:
+    """At most ``failures`` wrong tokens per client address in ``window`` seconds, at the login
+    form and in API bearer headers alike; past that both answer 429 until the oldest failure
+    leaves the window. Tokens are long enough
+    that guessing is hopeless anyway; this keeps a script from trying, and from filling logs.
+    Behind a proxy every client shares its address: the limit is then the proxy's."""
+
+    def __init__(self, failures: int = 10, window: float = 60.0, clients: int = 10_000):
+        self.failures = failures
+        self.window = window
+        self.clients = clients  # bounded memory: the oldest addresses are forgotten first
+        self._seen: dict[str, deque[float]] = {}
+
+    def _recent(self, client: str, now: float) -> deque[float]:
+        times = self._seen.get(client, deque())
+        while times and now - times[0] > self.window:
+            times.popleft()
+        return times
+
+    def retry_after(self, client: str) -> int | None:
+        """Seconds until this client may try again, None when it may now."""
+        now = time.monotonic()
+        times = self._recent(client, now)
+        if len(times) < self.failures:
+            return None
+        return max(1, int(self.window - (now - times[0])) + 1)
+
+    def failed(self, client: str) -> None:
+        now = time.monotonic()
+        times = self._recent(client, now)
+        times.append(now)
+        self._seen.pop(client, None)
+        self._seen[client] = times  # most recent last, for the eviction below
+        while len(self._seen) > self.clients:
+            del self._seen[next(iter(self._seen))]
+
+
 class Security:
     """The server's tokens and session secret, and the checks made with them."""
 
     def __init__(self, tokens: Sequence[Token] = (), *, secret: bytes | str | None = None,
-                 session_seconds: float = DEFAULT_SESSION_SECONDS):
+                 session_seconds: float = DEFAULT_SESSION_SECONDS,
+                 throttle: LoginThrottle | None = None):
         self.tokens = tuple(tokens)
         if secret is None:
             secret = os.environ.get("KONDUIT_SESSION_SECRET") or None
@@ -195,6 +234,10 @@ class Security:
         # A random secret per server: sessions end when it restarts, which is the safe default.
         self.secret: bytes = secret or secrets.token_bytes(32)
         self.session_seconds = session_seconds
+        self.throttle = throttle or LoginThrottle()
+        # Counted apart from the login form's, so that a flood of wrong logins from an address
+        # (a shared NAT) does not lock its operators' API clients out, nor the reverse.
+        self.bearer_throttle = LoginThrottle(self.throttle.failures, self.throttle.window)
 
     @property
     def enabled(self) -> bool:
@@ -292,64 +335,101 @@ class SecurityMiddleware:
 
     async def check(self, scope: Scope, receive: Receive) -> tuple[ASGIApp | None, Receive]:
         """A response refusing the request (or None to let it through), and the receive channel
-        to hand on (the body, when it was read for its CSRF token)."""
+        to hand on (the body, when it was read: every body is read here, counted as it arrives,
+        and never past its cap)."""
         from konduit.web import problems
 
         path: str = scope["path"]
-        method: str = scope["method"]
         headers = Headers(scope=scope)
+        reading = scope["method"] in ("GET", "HEAD", "OPTIONS")
+        api = _is_api(path)
+        # A page's form needs a few fields; the API takes big inputs. The cap holds for the
+        # bytes that arrive, not for what Content-Length says: a chunked body declares none.
+        cap = MAX_BODY_BYTES if api else MAX_FORM_BYTES
+        too_large = (problems.problem if api else problems.page_refusal)(
+            413, f"a request body here may hold at most {cap} bytes")
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > cap):
+            return too_large, receive
+        refusal, csrf_session = self._authorize(scope, path, reading, headers)
+        if refusal is not None or reading:
+            return refusal, receive
+        # Only past authorization: an unauthenticated client never makes the server hold more
+        # than a form's worth (the login form is on a page path).
+        body, receive = await _read_body(receive, cap)
+        if body is None:
+            return too_large, receive
+        if csrf_session is not None:
+            csrf = headers.get(CSRF_HEADER) or _form_field(headers, body, CSRF_FIELD)
+            if not csrf or not hmac.compare_digest(csrf.encode(), csrf_session.csrf.encode()):
+                return problems.page_refusal(403, "the form's CSRF token is missing or wrong: "
+                                             "reload the page and send it again"), receive
+        return None, receive
+
+    def _authorize(self, scope: Scope, path: str, reading: bool, headers: Headers
+                   ) -> tuple[ASGIApp | None, Session | None]:
+        """A refusal, or None and the session whose CSRF token the body must carry (None when
+        the request needs no CSRF check)."""
+        from konduit.web import problems
+
         sec = self.security
-        reading = method in ("GET", "HEAD", "OPTIONS")
-        length = headers.get("content-length", "0")
-        if not length.isdigit() or int(length) > MAX_BODY_BYTES:
-            return problems.problem(413, f"a request body may hold at most {MAX_BODY_BYTES} "
-                                    "bytes"), receive
         if not sec.enabled and not loopback_host(headers.get("host", "")):
             # DNS rebinding: a page of evil.example resolved to 127.0.0.1 would read the open
             # dashboard as its own origin. Without tokens only loopback names are served.
             return problems.problem(403, "this dashboard has no token, so it answers only to "
                                     "localhost or a loopback address: set a token "
-                                    "(KONDUIT_API_TOKEN) to serve it under another name"), receive
+                                    "(KONDUIT_API_TOKEN) to serve it under another name"), None
         if not reading and not same_origin(headers):
             if _is_api(path):
-                return problems.forbidden("a cross-site request may not change anything"), receive
+                return problems.forbidden("a cross-site request may not change anything"), None
             return problems.page_refusal(403, "a form must be sent from the dashboard's own "
-                                         "pages"), receive
+                                         "pages"), None
         if _is_api(path):
             if not sec.enabled:
-                return None, receive
+                return None, None
+            client = _client_address(scope)
+            wait = sec.bearer_throttle.retry_after(client)
+            if wait is not None:
+                # Wrong bearer tokens are throttled like wrong logins: per client address.
+                return problems.too_many(
+                    f"too many wrong tokens from this address: try again in {wait} s",
+                    retry_after=wait), None
             token, presented = sec.bearer(headers)
             if token is None:
                 session = sec.session(_cookie(headers))
                 if reading and session is not None and not presented:
-                    return None, receive
+                    return None, None
+                if presented:
+                    sec.bearer_throttle.failed(client)
                 return problems.unauthorized(
                     "a valid token is needed: send Authorization: Bearer <token>"
-                    if not presented else "the token is not valid"), receive
+                    if not presented else "the token is not valid"), None
             if not reading and not token.may_write:
                 return problems.forbidden(
                     "a read-only (ro:) token may only read; this call needs an operator (op:) "
-                    "token"), receive
-            return None, receive
+                    "token"), None
+            return None, None
         if not sec.enabled or path.startswith(PUBLIC_PATHS):
-            return None, receive
+            return None, None
         session = sec.session(_cookie(headers))
         if session is None:
             if reading:
-                return problems.to_login(scope), receive
-            return problems.page_refusal(401, "your session has ended: log in again"), receive
+                return problems.to_login(scope), None
+            return problems.page_refusal(401, "your session has ended: log in again"), None
         scope.setdefault("state", {})["session"] = session
         if reading:
-            return None, receive
+            return None, None
         if session.kind != "op":
             return problems.page_refusal(403, "a read-only session cannot change anything: log "
-                                         "in with an operator token"), receive
-        body, receive = await _read_body(receive)
-        csrf = headers.get(CSRF_HEADER) or _form_field(headers, body, CSRF_FIELD)
-        if not csrf or not hmac.compare_digest(csrf.encode(), session.csrf.encode()):
-            return problems.page_refusal(403, "the form's CSRF token is missing or wrong: reload "
-                                         "the page and send it again"), receive
-        return None, receive
+                                         "in with an operator token"), None
+        return None, session
+
+
+def _client_address(scope: Scope) -> str:
+    """The peer's address as the server saw it (a proxy's X-Forwarded-For only where the
+    dashboard was told to trust that proxy: ``serve(trusted_proxies=...)``)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 def _cookie(headers: Headers) -> str | None:
@@ -367,18 +447,24 @@ def _form_field(headers: Headers, body: bytes, name: str) -> str | None:
     return values[0] if values else None
 
 
-async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
-    """Read the whole request body (at most :data:`MAX_FORM_BYTES` of it are looked at) and a
-    receive channel that hands it on again."""
+async def _read_body(receive: Receive, cap: int) -> tuple[bytes | None, Receive]:
+    """The request body, counted as it arrives, and a receive channel that hands it on again;
+    None (and nothing more read) once it passes ``cap`` bytes."""
     chunks: list[bytes] = []
     messages: list[Message] = []
+    size = 0
     more = True
     while more:
         message = await receive()
-        messages.append(message)
         if message["type"] != "http.request":
+            messages.append(message)
             break
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > cap:
+            return None, receive
+        chunks.append(chunk)
+        messages.append(message)
         more = message.get("more_body", False)
 
     async def replay() -> Message:
@@ -386,7 +472,7 @@ async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
             return messages.pop(0)
         return await receive()
 
-    return b"".join(chunks)[:MAX_FORM_BYTES], replay
+    return b"".join(chunks), replay
 
 
 def session_cookie_header(value: str, *, max_age: int, secure: bool) -> str:
