@@ -158,3 +158,25 @@ def test_a_forwarded_for_header_counts_only_from_a_trusted_proxy(db_url: str, tr
                                headers={"X-Forwarded-For": f"203.0.113.{i}"})
             expected = 401 if trusted or i < 10 else 429
             assert answer.status_code == expected, (i, answer.status_code)
+
+
+@pytest.mark.parametrize("timeout", [1e308, "999999999d", 3.2e9, "soon", -1])
+def test_an_out_of_range_timeout_is_a_422_naming_the_field(db_url: str, timeout: object) -> None:
+    """Before: 1e308 s and "999999999d" overflowed the deadline's timestamp in the database and
+    answered 503 "try again", so retrying clients looped."""
+    with dashboard(db_url, tokens=False) as (base, _), \
+            httpx.Client(base_url=base, timeout=30) as http:
+        answer = http.post("/api/v1/executions", headers={"Origin": base},
+                           json={"workflow": "anything", "input": 1, "timeout": timeout})
+        assert answer.status_code == 422, answer.text
+        assert "timeout" in answer.text
+
+
+def test_parse_duration_refuses_more_than_a_century() -> None:
+    from konduit.core.durations import MAX_DURATION_SECONDS, parse_duration
+    from konduit.errors import KonduitError
+
+    assert parse_duration("36500d") == MAX_DURATION_SECONDS
+    for value in (MAX_DURATION_SECONDS + 1, "36501d", 1e308, "999999999d"):
+        with pytest.raises(KonduitError, match="at most 100 years"):
+            parse_duration(value, what="timeout")

@@ -15,11 +15,25 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 Duration = float | int | str
 
 
+MAX_DURATION_SECONDS = 100 * 365 * 24 * 3600.0
+"""The longest duration taken: a century. Longer ones are mistakes, and the moment they name
+would overflow a timestamp (``1e308`` s, ``"999999999d"``) in the database, far from here."""
+
+
 def parse_duration(value: Duration, *, what: str = "duration") -> float:
     """Return seconds for a number (seconds) or a string like ``"1m30s"``.
 
-    Raises :class:`KonduitError` naming ``what`` when the value is not a duration.
+    Raises :class:`KonduitError` naming ``what`` when the value is not a duration, or is longer
+    than :data:`MAX_DURATION_SECONDS`.
     """
+    seconds = _seconds(value, what)
+    if seconds > MAX_DURATION_SECONDS:
+        raise KonduitError(f"{what}: at most 100 years ({MAX_DURATION_SECONDS:.0f} s), "
+                           f"got {value!r}")
+    return seconds
+
+
+def _seconds(value: Duration, what: str) -> float:
     if isinstance(value, bool):
         raise KonduitError(f"{what}: expected a duration, got {value!r}")
     if isinstance(value, int | float):

@@ -6,7 +6,10 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+
+from konduit.core.durations import parse_duration
+from konduit.errors import KonduitError
 
 ExecutionStatus = Literal["pending", "running", "succeeded", "failed", "timed_out", "cancelled"]
 
@@ -29,6 +32,18 @@ class StartBody(BaseModel):
         "ends timed_out")
     deadline_at: AwareDatetime | None = Field(
         None, description="The window it should finish in (with a time zone)")
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout_is_a_duration(cls, value: float | str | None) -> float | str | None:
+        # Checked here, so that a bad or out-of-range value is a 422 naming the field, never a
+        # database error after the fact (1e308 s overflowed the timestamp: a 503 clients retried).
+        if value is not None:
+            try:
+                parse_duration(value, what="timeout")
+            except KonduitError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
 
 class BatchBody(BaseModel):
