@@ -81,7 +81,8 @@ class Advancer:
         self.window_left = window_left
         # With defer_writes, a decision that leaves the execution running writes nothing at the
         # end of run_events: the caller writes the step rows and counts of a whole round of
-        # executions in one statement each (write_deferred) and wakes their queues once.
+        # executions in one statement each (Round.write_decisions, engine/round.py) and wakes
+        # their queues once.
         self.defer_writes = defer_writes
         self.deferred = False
         self.spec = spec
@@ -165,7 +166,7 @@ class Advancer:
                 for name, w in sorted(self.writes.items())]
 
     def preload(self, rows: Iterable[Row]) -> None:
-        """Join state read by the caller for several executions at once (see write_deferred)."""
+        """Join state the caller read for several executions at once (Round.read_join_state)."""
         for row in rows:
             self.loaded[row["step"]] = _Loaded(step_rows.state_of(row), row["first_upstream_at"])
 
