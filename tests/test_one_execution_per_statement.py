@@ -12,10 +12,11 @@ a step after it, an adaptive deadline), and checks two things about each:
    and the lease tokens (``lease_token``/``lease_tokens``) are mapped to their executions
    through the database. A statement of the per-execution fan-in decision (anything called from
    ``engine/advancer.py``) must map to exactly one execution. A statement of the completer's
-   batch (``engine/completer.py``, which records the outcomes of several executions that ended
-   together in one transaction) may map to several only if it is listed in
-   :data:`CROSS_EXECUTION_BATCH`: each of its rows is addressed by its own key, so on Citus it
-   is a multi-shard statement routed row by row, never a scan.
+   batch (the round of ``engine/round.py``, entered through ``engine/completer.py``, which
+   records the outcomes of several executions that ended together in one transaction) may map
+   to several only if it is listed in :data:`CROSS_EXECUTION_BATCH`: each of its rows is
+   addressed by its own key, so on Citus it is a multi-shard statement routed row by row,
+   never a scan.
 2. **Its plan reaches execution-scoped rows only through those keys.** The statement is
    EXPLAINed on the real server with the same parameters (sequential scans, hash and merge
    joins off, so that conditions sit on the scans they restrict); every scan of an
@@ -104,6 +105,7 @@ CLAIMS = {
 _ENGINE = Path(konduit.__file__).parent / "engine"
 _ADVANCER = str(_ENGINE / "advancer.py")
 _COMPLETER = str(_ENGINE / "completer.py")
+_ROUND = str(_ENGINE / "round.py")
 _DEADLINES = str(_ENGINE / "deadlines.py")
 
 
@@ -122,7 +124,7 @@ def _path_of_caller() -> str | None:
     while frame is not None:
         files.add(frame.f_code.co_filename)
         frame = frame.f_back  # type: ignore[assignment]
-    if _COMPLETER not in files:
+    if _COMPLETER not in files and _ROUND not in files:
         return None  # claims, heartbeats, starts, sweeps: not the completion path
     return "advance" if (_ADVANCER in files or _DEADLINES in files) else "batch"
 

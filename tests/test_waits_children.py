@@ -15,7 +15,7 @@ import pytest
 import konduit
 from konduit.db.database import Database
 from konduit.engine import waits
-from konduit.engine.advancer import ChildEnded
+from konduit.engine.finish import ChildEnded
 from konduit.engine.registry import Registry
 from tests.conftest import running_worker
 

@@ -18,8 +18,8 @@ import pytest
 import konduit
 from konduit.core.webhooks import EVENTS, encode_body, retry_delay, signature, verify
 from konduit.db.connect import open_database
-from konduit.engine.advancer import finish_execution
 from konduit.engine.alerting import AlertChange, alert_changed
+from konduit.engine.finish import finish_execution
 from konduit.observe.alerts import AlertRecord
 from konduit.observe.metrics import webhook_family
 from tests.conftest import running_worker

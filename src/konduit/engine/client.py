@@ -20,8 +20,9 @@ from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
 from konduit.engine import waits, webhooks
-from konduit.engine.advancer import Advancer, finish_execution
+from konduit.engine.advancer import Advancer
 from konduit.engine.alerting import list_alerts
+from konduit.engine.finish import stop_execution
 from konduit.engine.flow import register_flow_limits
 from konduit.engine.registry import Registry, workflow_key
 from konduit.engine.stalls import open_stall
@@ -229,13 +230,7 @@ class Client:
         running handlers lose their lease. Returns False when it had already finished."""
         eid = coerce_execution_id(execution_id)
         async with self.db.transaction() as tx:
-            row = await tx.one("execution_lock", id=eid)
-            if row is None:
-                raise ExecutionNotFound(f"no execution with id {eid}")
-            if row["status"] != ExecutionStatus.RUNNING:
-                return False
-            finished = await finish_execution(tx, eid, ExecutionStatus.CANCELLED, None, reason,
-                                              row["steps_pending"])
+            finished = await stop_execution(tx, eid, ExecutionStatus.CANCELLED, reason)
         if finished is not None and finished.child_ended is not None:
             # A child workflow: fail (or leave to a worker's fallback) its parent's step now.
             await waits.wake_parents(self.db, self.registry, finished.child_ended,

@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from konduit.core.advance import Event
 from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.stall import Diagnosis, EndedTasks, diagnose
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import step_rows
-from konduit.engine.advancer import Advanced, record_events
+from konduit.engine.advancer import Advanced, Advancer
 from konduit.engine.alerting import AlertChange, AlertHook, alert_changed
 from konduit.engine.registry import Registry
 from konduit.errors import DatabaseError, KonduitError
@@ -159,8 +161,10 @@ class Watchdog:
         advanced = None
         healed = False
         if diagnosis.replay:
-            advanced = await record_events(tx, spec, execution, diagnosis.replay,
-                                           max_payload_bytes=self.max_payload_bytes)
+            replay: list[tuple[Event, datetime | None]] = list(diagnosis.replay)
+            advanced = await Advancer.for_locked(
+                tx, spec, execution, max_payload_bytes=self.max_payload_bytes,
+            ).run_events(replay)
             after = await tx.one("execution_get_stall", id=execution_id)
             assert after is not None
             healed = after["status"] != ExecutionStatus.RUNNING or bool(after["live"])

@@ -1,6 +1,6 @@
 """The join state of steps, read and written set-based: every row addressed by its own
 (execution, step) key, so one statement serves one execution's fan-in decision or a whole round
-of them (:func:`konduit.engine.completer.record_many`)."""
+of them (:class:`konduit.engine.round.Round`)."""
 
 from __future__ import annotations
 

@@ -39,8 +39,8 @@ committed its start, at most once per task: a sweep or a rescue that finds it se
 ``fallback_settle`` guard of ``task_expire_if_past_deadline`` and ``task_end_if_rescuable``); a
 reclaim never retries such a task.
 
-Terminal transitions run inside the fan-in transaction (:mod:`konduit.engine.completer`), after
-the execution row is locked; the others decide nothing about the DAG and take no execution lock.
+Terminal transitions run inside the fan-in transaction (:meth:`konduit.engine.round.Round.fence`),
+after the execution row is locked; the others decide nothing about the DAG and take no execution lock.
 """
 
 from __future__ import annotations

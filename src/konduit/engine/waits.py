@@ -45,8 +45,9 @@ from konduit.core.waits import Armed, check_event_name, child_idempotency_key
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import transitions
-from konduit.engine.advancer import Advanced, ChildEnded
+from konduit.engine.advancer import Advanced
 from konduit.engine.completer import record_many
+from konduit.engine.finish import ChildEnded
 from konduit.engine.registry import Registry
 from konduit.engine.starts import StartRequest, insert_executions, prepare
 from konduit.errors import KonduitError

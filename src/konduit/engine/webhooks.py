@@ -2,7 +2,7 @@
 
 Deliveries of finished executions are written in the transaction that ends the execution:
 ``execution_finish_if_running`` returns whether any webhook is registered, and only then does
-:func:`konduit.engine.advancer.finish_execution` send ``webhook_delivery_insert_for_execution_if_finished``
+:func:`konduit.engine.finish.finish_execution` send ``webhook_delivery_insert_for_execution_if_finished``
 after it. The outbox row commits with the terminal state or not at all, and with no webhook
 registered the finish sends no extra statement.
 Alert deliveries are written here, by :func:`alert_event`, in the transaction that raised or

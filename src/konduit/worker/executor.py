@@ -29,8 +29,8 @@ from konduit.core.validation import OutputInvalid, readable_last_line
 from konduit.core.waits import Armed
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Database, Tx
-from konduit.engine.advancer import Upstream, load_upstream
 from konduit.engine.completer import record_late_result
+from konduit.engine.outputs import Upstream, load_upstream
 from konduit.errors import DatabaseError, NonRetryableError, PayloadError
 from konduit.logs import attempt_scope
 from konduit.tracing import AttemptTracer

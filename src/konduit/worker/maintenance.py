@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable, Container
 from konduit.core.model import (
     AttemptOutcome,
     Completion,
-    ExecutionStatus,
     Outcome,
     Recorded,
     TaskAttempt,
@@ -35,8 +34,9 @@ from konduit.core.outcome import Ending, Final, decide, policy_of
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import transitions, waits
-from konduit.engine.advancer import Advanced, ChildEnded, Finished, finish_execution
+from konduit.engine.advancer import Advanced
 from konduit.engine.completer import record
+from konduit.engine.finish import ChildEnded, end_timed_out_executions
 from konduit.engine.registry import Registry
 from konduit.engine.stalls import DEFAULT_GRACE, Watchdog
 from konduit.errors import DatabaseError, KonduitError
@@ -277,26 +277,6 @@ class Maintenance:
             if f.child_ended is not None:
                 self.wake_parent(f.child_ended)
         return len(finished)
-
-
-async def end_timed_out_executions(db: Database, *, limit: int = 100) -> list[Finished]:
-    """End running executions past their hard timeout as ``timed_out``; returns those ended
-    (each says whether it was a child whose parent's step to wake)."""
-    rows = await db.all("execution_list_timed_out", limit=limit)
-    ended: list[Finished] = []
-    for row in rows:
-        async with db.transaction() as tx:
-            execution = await tx.one("execution_lock", id=row["id"])
-            if execution is None or execution["status"] != ExecutionStatus.RUNNING:
-                continue
-            finished = await finish_execution(
-                tx, row["id"], ExecutionStatus.TIMED_OUT, None, "the execution exceeded its timeout",
-                execution["steps_pending"],
-            )
-        if finished is not None:
-            ended.append(finished)
-            log.info("execution %s timed out", row["id"])
-    return ended
 
 
 async def reclaim_expired_leases(
