@@ -36,6 +36,7 @@ from konduit.errors import WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.loop_thread import LoopThread
 from konduit.observe.alerts import AlertRecord
+from konduit.records import DeadLetter, OutputVersion, Payload, StepRecord, TaskRecord, WorkerRecord
 from konduit.tracing import AttemptTracer, Tracing
 from konduit.tracing import active as tracing_active
 from konduit.tracing import capture as capture_trace
@@ -259,11 +260,11 @@ class App:
         when its workflow has no repair contract or the execution is not covered by it."""
         return self._call(auto_repair_status(self._c().db, execution_id))
 
-    def outputs(self, execution_id: UUID | str) -> builtins.list[Row]:
+    def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
         """Every output version of an execution, oldest first (repairs add versions)."""
         return self._call(self._c().outputs(execution_id))
 
-    def payloads(self, execution_id: UUID | str) -> builtins.list[Row]:
+    def payloads(self, execution_id: UUID | str) -> builtins.list[Payload]:
         """Every payload of an execution's tasks, late results included; see
         :meth:`konduit.engine.client.Client.payloads`."""
         return self._call(self._c().payloads(execution_id))
@@ -273,19 +274,19 @@ class App:
         """Recent executions, newest first (without outputs: use :meth:`status`)."""
         return self._call(self._c().list(status=status, workflow=workflow, limit=limit))
 
-    def tasks(self, execution_id: UUID | str) -> builtins.list[Row]:
+    def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
         """Every task of an execution (all generations), with attempts and errors."""
         return self._call(self._c().tasks(execution_id))
 
-    def steps(self, execution_id: UUID | str) -> builtins.list[Row]:
+    def steps(self, execution_id: UUID | str) -> builtins.list[StepRecord]:
         """Every step of an execution with its join counters and timings (fan-in wait)."""
         return self._call(self._c().steps(execution_id))
 
-    def dead_letters(self, limit: int = 50) -> builtins.list[Row]:
+    def dead_letters(self, limit: int = 50) -> builtins.list[DeadLetter]:
         """Tasks that failed for good (retries exhausted or non-retryable), newest first."""
         return self._call(self._c().dead_letters(limit))
 
-    def workers(self, stale_seconds: float | None = None) -> builtins.list[Row]:
+    def workers(self, stale_seconds: float | None = None) -> builtins.list[WorkerRecord]:
         """Live workers; see :meth:`konduit.engine.client.Client.workers`."""
         return self._call(self._c().workers(stale_seconds))
 

@@ -42,6 +42,14 @@ from konduit.errors import (
     WorkflowVersionConflict,
 )
 from konduit.observe.alerts import AlertRecord
+from konduit.records import (
+    DeadLetter,
+    OutputVersion,
+    Payload,
+    StepRecord,
+    TaskRecord,
+    WorkerRecord,
+)
 from konduit.tracing import TraceContext, Tracing, capture
 
 
@@ -251,17 +259,18 @@ class Client:
         async with self.db.transaction() as tx:
             return await repair_in(tx, self.registry, eid, max_payload_bytes=self.max_payload_bytes)
 
-    async def outputs(self, execution_id: UUID | str) -> builtins.list[Row]:
+    async def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
         """Every output version of an execution (repairs add versions), oldest first."""
-        return await self.db.all("execution_output_list", id=coerce_execution_id(execution_id))
+        rows = await self.db.all("execution_output_list", id=coerce_execution_id(execution_id))
+        return [OutputVersion.from_row(r) for r in rows]
 
-    async def payloads(self, execution_id: UUID | str) -> builtins.list[Row]:
+    async def payloads(self, execution_id: UUID | str) -> builtins.list[Payload]:
         """Every payload an execution's tasks produced: the handler's, the fallback's, and late
         results that arrived after a deadline ended their attempt (``source``), each marked
         ``current`` when it is the one downstream steps consumed."""
-        return await self.db.all(
-            "output_list_by_execution", execution_id=coerce_execution_id(execution_id)
-        )
+        rows = await self.db.all("output_list_by_execution",
+                                 execution_id=coerce_execution_id(execution_id))
+        return [Payload.from_row(r) for r in rows]
 
     async def list(
         self, *, status: str | None = None, workflow: str | None = None, limit: int = 50
@@ -269,21 +278,27 @@ class Client:
         rows = await self.db.all("execution_list", status=status, workflow_name=workflow, limit=limit)
         return [self._result(r, {}) for r in rows]
 
-    async def tasks(self, execution_id: UUID | str) -> builtins.list[Row]:
-        return await self.db.all("task_list_by_execution", execution_id=coerce_execution_id(execution_id))
+    async def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
+        """Every task of an execution (all generations), with attempts and errors."""
+        rows = await self.db.all("task_list_by_execution",
+                                 execution_id=coerce_execution_id(execution_id))
+        return [TaskRecord.from_row(r) for r in rows]
 
-    async def steps(self, execution_id: UUID | str) -> builtins.list[Row]:
-        return await self.db.all("step_get_all", execution_id=coerce_execution_id(execution_id))
+    async def steps(self, execution_id: UUID | str) -> builtins.list[StepRecord]:
+        """Every step of an execution with its join counters and timings (fan-in wait)."""
+        rows = await self.db.all("step_get_all", execution_id=coerce_execution_id(execution_id))
+        return [StepRecord.from_row(r) for r in rows]
 
-    async def dead_letters(self, limit: int = 50) -> builtins.list[Row]:
-        return await self.db.all("task_list_dead", limit=limit)
+    async def dead_letters(self, limit: int = 50) -> builtins.list[DeadLetter]:
+        """Tasks that failed for good (retries exhausted or non-retryable), newest first."""
+        return [DeadLetter.from_row(r) for r in await self.db.all("task_list_dead", limit=limit)]
 
-
-    async def workers(self, stale_seconds: float | None = None) -> builtins.list[Row]:
+    async def workers(self, stale_seconds: float | None = None) -> builtins.list[WorkerRecord]:
         """Live workers (not stopped, heard from within ``stale_seconds``, else within their own
         lease): host, pid, queues, workflows served, isolation, slots, running tasks, abandoned
         threads and ``heartbeat_age`` in seconds."""
-        return await self.db.all("worker_list_live", stale_seconds=stale_seconds)
+        rows = await self.db.all("worker_list_live", stale_seconds=stale_seconds)
+        return [WorkerRecord.from_row(r) for r in rows]
 
     async def alerts(self, *, include_resolved: bool = False, kind: str | None = None,
                      workflow: str | None = None, limit: int = 100) -> builtins.list[AlertRecord]:

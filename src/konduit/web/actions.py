@@ -70,7 +70,7 @@ def register(web: FastAPI, site: Site) -> None:
         result = await client.get(execution_id)
         steps = await client.steps(result.id)
         workflow = await client.db.one("workflow_get", name=result.workflow, version=result.version)
-        statuses = {s["step"]: s["status"] for s in steps}
+        statuses = {s.step: s.status for s in steps}
         rerun = rerun_steps(list(workflow["spec"]["steps"]) if workflow else [], statuses)
         refusal = None
         if site.app is None:

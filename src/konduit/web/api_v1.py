@@ -210,9 +210,10 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             created_at=row["created_at"], finished_at=row["finished_at"],
             deadline_at=row["deadline_at"], timeout_at=row["timeout_at"],
             output_version=row["output_version"],
-            steps=[m.StepState.model_validate(s) for s in steps],
+            steps=[m.StepState.model_validate(s.to_dict()) for s in steps],
             attempts=[m.Attempt.model_validate(a) for a in attempts],
-            output_versions=[m.OutputVersion.model_validate(v) for v in await client.outputs(result.id)],
+            output_versions=[m.OutputVersion.model_validate(v.to_dict())
+                             for v in await client.outputs(result.id)],
             stalled=None if result.finished or (stall := await client.stall(result.id)) is None
             else m.AlertOut.model_validate(stall.to_json()))
 
@@ -271,9 +272,9 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     async def dead_letters(limit: Limit = 100) -> list[m.DeadLetter]:
         """Tasks whose retries ran out (or that failed non-retryably), newest first."""
         rows = await (await clients.get()).dead_letters(limit)
-        return [m.DeadLetter(task_id=r["id"], execution_id=r["execution_id"], workflow=r["workflow_name"],
-                             step=r["step"], map_index=r["map_index"], attempt=r["attempt"],
-                             error=r["error"], finished_at=r["finished_at"]) for r in rows]
+        return [m.DeadLetter(task_id=r.id, execution_id=r.execution_id, workflow=r.workflow_name,
+                             step=r.step, map_index=r.map_index, attempt=r.attempt,
+                             error=r.error, finished_at=r.finished_at) for r in rows]
 
     @router.get("/workflows", response_model=list[m.WorkflowOut], tags=["operations"])
     async def workflows() -> list[m.WorkflowOut]:
@@ -292,7 +293,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     @router.get("/workers", response_model=list[m.WorkerOut], tags=["operations"])
     async def workers() -> list[m.WorkerOut]:
         """The workers that are up, with what they serve and run."""
-        return [m.WorkerOut.model_validate(r) for r in await (await clients.get()).workers()]
+        return [m.WorkerOut.model_validate(r.to_dict()) for r in await (await clients.get()).workers()]
 
     @router.get("/schedules", response_model=list[m.ScheduleOut], tags=["operations"])
     async def schedules() -> list[m.ScheduleOut]:

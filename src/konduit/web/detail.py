@@ -50,7 +50,8 @@ async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool 
     workflow = await client.db.one("workflow_get", name=result.workflow, version=result.version)
     assert row is not None
     spec_steps = list(workflow["spec"]["steps"]) if workflow else []
-    steps = await client.steps(result.id)
+    # The page's views and templates read plain dicts: the records become them here.
+    steps = [s.to_dict() for s in await client.steps(result.id)]
     maps: dict[str, MapSummary] = {}
     failures: list[Row] = []
     if collapse_maps:
@@ -66,7 +67,8 @@ async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool 
         attempts = await client.db.all("attempt_list_by_execution", execution_id=result.id)
     payloads = await client.payloads(result.id)
     return Detail(result, row, spec_steps, steps, attempts,
-                  await client.outputs(result.id), [p for p in payloads if p["source"] == "late"],
+                  [v.to_dict() for v in await client.outputs(result.id)],
+                  [p.to_dict() for p in payloads if p.source == "late"],
                   await auto_repair_status(client.db, result.id), maps, failures,
                   await client.db.one("execution_parent_of", execution_id=result.id),
                   await client.db.all("execution_children_list", execution_id=result.id),

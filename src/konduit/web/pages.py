@@ -174,7 +174,7 @@ def register(web: FastAPI, site: Site) -> None:
         result = await client.get(execution_id)
         workflow = await client.db.one("workflow_get", name=result.workflow, version=result.version)
         spec_steps = list(workflow["spec"]["steps"]) if workflow else []
-        steps = await client.steps(result.id)
+        steps = [s.to_dict() for s in await client.steps(result.id)]
         mapped = [s["name"] for s in spec_steps if s.get("map")]
         maps = map_summaries(await client.db.all("task_summarize_by_step", execution_id=result.id,
                                                  steps=mapped)) if mapped else {}

@@ -1,0 +1,235 @@
+"""The typed records :class:`konduit.engine.client.Client` (and so :class:`konduit.App`) returns.
+
+Each is a frozen dataclass whose fields carry the names the dict rows of earlier releases had,
+so JSON built from them keeps its shape. A record is read by attribute (``task.status``).
+
+Reading one like a dict (``task["status"]``, ``record.get("status")``, ``dict(record)``) still
+works for this release, with a :class:`DeprecationWarning`, so code written against the dict
+rows keeps running while it moves to attributes; it goes in the next release.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields, is_dataclass
+from datetime import datetime
+from typing import Any, Self
+from uuid import UUID
+
+
+@dataclass(frozen=True)
+class Record:
+    """What every record shares: built from a row by field name, turned back into a dict."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        # row[...] rather than row.get: a query that lost a column must fail here, loudly,
+        # not hand out a silent None (issue 17 found that bug class in the claim projection).
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a (shallow) dict: what ``dict(row)`` gave in earlier releases."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    # -- the dict face, deprecated (one release) ------------------------------------------------
+
+    def __getitem__(self, key: str) -> Any:
+        _deprecated(type(self), key)
+        if key not in self._names():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        _deprecated(type(self), key)
+        return getattr(self, key) if key in self._names() else default
+
+    def keys(self) -> list[str]:
+        # dict(record) reads keys() then record[key]: kept working with the warning above.
+        return list(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+def _deprecated(kind: type, key: str) -> None:
+    warnings.warn(f"{kind.__name__}[{key!r}] is deprecated: read the attribute "
+                  f"(.{key}); records stop being dicts in the next release",
+                  DeprecationWarning, stacklevel=3)
+
+
+def plain(value: Any) -> Any:
+    """``value`` with records (and other dataclasses) turned into dicts, for ``json.dumps``."""
+    if isinstance(value, Record):
+        return value.to_dict()
+    if is_dataclass(value) and not isinstance(value, type):
+        to_json = getattr(value, "to_json", None)
+        if callable(to_json):
+            return to_json()
+        return {f.name: getattr(value, f.name) for f in fields(value)}
+    return value
+
+
+# -- executions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskRecord(Record):
+    """One task of an execution (every generation, so repairs show too)."""
+
+    id: int
+    step: str
+    map_index: int
+    generation: int
+    status: str
+    attempt: int
+    max_attempts: int
+    worker_id: str | None
+    error: str | None
+    routes: list[str] | None
+    deadline_seconds: float | None
+    deadline_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    run_at: datetime | None
+    wait_kind: str | None
+    wait_event: str | None
+    wait_key: str | None
+    wait_until: datetime | None
+    wait_child: UUID | None
+
+
+@dataclass(frozen=True)
+class StepRecord(Record):
+    """One step of an execution: its status, join counters and timings (fan-in wait)."""
+
+    step: str
+    status: str
+    up_total: int
+    up_pending: int
+    up_ok: int
+    up_failed: int
+    up_skipped: int
+    tasks_total: int | None
+    tasks_pending: int
+    tasks_ok: int
+    tasks_degraded: int
+    tasks_failed: int
+    first_upstream_at: datetime | None
+    last_upstream_at: datetime | None
+    straggler: str | None
+    fired_at: datetime | None
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True)
+class OutputVersion(Record):
+    """One version of an execution's output (a repair adds one)."""
+
+    version: int
+    status: str
+    output: Any
+    degraded: list[str]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Payload(Record):
+    """One payload a task produced: from the handler, its fallback, or late (``source``)."""
+
+    step: str
+    map_index: int
+    content_hash: str
+    payload: Any
+    source: str
+    created_at: datetime
+    current: bool
+
+
+@dataclass(frozen=True)
+class DeadLetter(Record):
+    """A task that failed for good and that no repair re-ran."""
+
+    id: int
+    execution_id: UUID
+    workflow_name: str
+    step: str
+    map_index: int
+    attempt: int
+    error: str | None
+    finished_at: datetime | None
+
+
+# -- operations ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerRecord(Record):
+    """A live worker; ``heartbeat_age`` in seconds."""
+
+    id: str
+    hostname: str
+    pid: int
+    concurrency: int
+    queues: list[str]
+    workflows: list[str]
+    isolation: str
+    running: int
+    abandoned: int
+    started_at: datetime
+    last_heartbeat_at: datetime
+    lease_seconds: float
+    heartbeat_age: float
+
+
+@dataclass(frozen=True)
+class ScheduleRecord(Record):
+    """A stored schedule, its next tick, and the execution of its latest started tick."""
+
+    name: str
+    workflow_name: str
+    workflow_version: int
+    cron: str | None
+    every_seconds: float | None
+    timezone: str | None
+    missed: str
+    window_seconds: float | None
+    input: Any
+    paused: bool
+    paused_at: datetime | None
+    last_tick: datetime
+    last_execution_id: UUID | None
+    last_status: str | None
+    last_scheduled_at: datetime | None
+    last_started_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    schedule: str
+    """The timing in words (``cron 0 5 * * * Europe/Berlin``, ``every 10s``)."""
+    next_tick: datetime | None
+    behind: bool
+    """Ticks are due that no worker started for longer than they may be late."""
+
+
+@dataclass(frozen=True)
+class WebhookDelivery(Record):
+    """One webhook delivery of the outbox; ``next_attempt_at`` only while pending."""
+
+    id: UUID
+    event: str
+    url: str
+    status: str
+    attempts: int
+    last_error: str | None
+    last_status_code: int | None
+    execution_id: UUID | None
+    alert_id: int | None
+    created_at: datetime
+    last_attempt_at: datetime | None
+    delivered_at: datetime | None
+    next_attempt_at: datetime | None
