@@ -22,21 +22,26 @@ from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.webhooks import Webhook, check_unique
 from konduit.core.workflow import Workflow
 from konduit.db.connect import open_database
-from konduit.db.database import Database, Row, resolve_url
+from konduit.db.database import Database, resolve_url
 from konduit.db.migrate import migrate
-from konduit.engine import webhooks as webhook_store
-from konduit.engine.auto_repair import auto_repair_status
 from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
-from konduit.engine.retention import BATCH_SIZE, prune, retention_seconds
-from konduit.engine.schedules import Schedules
+from konduit.engine.retention import BATCH_SIZE, Prunable, retention_seconds
 from konduit.engine.starts import StartRequest, requests_of
-from konduit.engine.waits import send_event
 from konduit.errors import WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.loop_thread import LoopThread
 from konduit.observe.alerts import AlertRecord
-from konduit.records import DeadLetter, OutputVersion, Payload, StepRecord, TaskRecord, WorkerRecord
+from konduit.records import (
+    DeadLetter,
+    OutputVersion,
+    Payload,
+    ScheduleRecord,
+    StepRecord,
+    TaskRecord,
+    WebhookDelivery,
+    WorkerRecord,
+)
 from konduit.tracing import AttemptTracer, Tracing
 from konduit.tracing import active as tracing_active
 from konduit.tracing import capture as capture_trace
@@ -162,11 +167,12 @@ class App:
         """The async client (created on first use), for code already inside an event loop."""
         if self._client is None:
             db = await self._open_database(self.pool_size)
+            client = Client(db, self.registry, max_payload_bytes=self.max_payload_bytes,
+                            tracing=self.tracing)
             # Before the first finish this App's process may commit (a cancel): the outbox
             # statement reads the registered webhooks.
-            await webhook_store.register(db, self.webhooks)
-            self._client = Client(db, self.registry, max_payload_bytes=self.max_payload_bytes,
-                                  tracing=self.tracing)
+            await client.register_webhooks(self.webhooks)
+            self._client = client
         return self._client
 
     def _c(self) -> Client:
@@ -234,10 +240,8 @@ class App:
         waiting: the first that does consumes it) or ``"no match"`` (no step could ever take
         it: the execution is unknown or finished, or its step already ended, e.g. past its
         deadline; nothing is kept). An event is consumed at most once (docs/durable-waits.md)."""
-        client = self._c()
-        eid = None if execution_id is None else coerce_execution_id(execution_id)
-        return self._call(send_event(client.db, client.registry, name, key=key, execution_id=eid,
-                                     payload=payload, max_payload_bytes=client.max_payload_bytes))
+        return self._call(self._c().send_event(name, key=key, execution_id=execution_id,
+                                               payload=payload))
 
     def repair(self, execution_id: UUID | str) -> builtins.list[str]:
         """Re-run the degraded/failed branches of a finished execution and what depends on
@@ -251,14 +255,19 @@ class App:
         executions were deleted. Pending and running executions are never touched; executions
         holding a dead letter that no repair superseded are kept unless
         ``include_dead_letters``. See :mod:`konduit.engine.retention`."""
-        return self._call(prune(self._c().db, older_than,
-                                include_dead_letters=include_dead_letters, batch_size=batch_size))
+        return self._call(self._c().prune(older_than, include_dead_letters=include_dead_letters,
+                                          batch_size=batch_size))
+
+    def count_prunable(self, older_than: Duration) -> Prunable:
+        """What :meth:`prune` with the same ``older_than`` would consider, deleting nothing:
+        ``finished`` executions, ``dead_letters`` of them held by a dead letter."""
+        return self._call(self._c().count_prunable(older_than))
 
     def auto_repair_status(self, execution_id: UUID | str) -> str | None:
         """How the automatic repair (``repair_within``) of an execution stands, as one line
         (``auto-repaired at ... (repair_within=24h)``, ``auto-repair pending: ...``), or None
         when its workflow has no repair contract or the execution is not covered by it."""
-        return self._call(auto_repair_status(self._c().db, execution_id))
+        return self._call(self._c().auto_repair_status(execution_id))
 
     def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
         """Every output version of an execution, oldest first (repairs add versions)."""
@@ -304,7 +313,7 @@ class App:
 
     def webhook_deliveries(self, *, status: str | None = None,
                            execution_id: UUID | str | None = None,
-                           limit: int = 100) -> builtins.list[Row]:
+                           limit: int = 100) -> builtins.list[WebhookDelivery]:
         """Webhook deliveries, newest first (optionally of one status: pending, delivered,
         failed, refused; or of one execution): id, event, url, status, attempts, last_error,
         last_status_code, execution_id, alert_id, created_at, last_attempt_at, delivered_at,
@@ -314,35 +323,32 @@ class App:
 
     def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
         """Send a failed or refused delivery again now; False when it is not one."""
-        return self._call(webhook_store.retry(self._c().db, delivery_id))
+        return self._call(self._c().retry_webhook_delivery(delivery_id))
 
     def unregister_webhooks(self, webhooks: Iterable[Webhook]) -> int:
         """Stop writing deliveries for webhooks an App no longer has (the database keeps the
         webhooks Apps registered until told otherwise); returns how many were registered."""
-        return self._call(webhook_store.unregister(self._c().db, builtins.list(webhooks)))
+        return self._call(self._c().unregister_webhooks(webhooks))
 
     def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
         return self._call(self._c().workflow_served(name, version))
 
-    def schedules(self) -> builtins.list[dict[str, Any]]:
+    def schedules(self) -> builtins.list[ScheduleRecord]:
         """Every stored schedule with its next tick and the execution of its latest tick; see
         :meth:`konduit.engine.schedules.Schedules.list`. Schedules are stored when a worker of
         the App that defines them starts."""
-        return self._call(self._schedules().list())
+        return self._call(self._c().schedules())
 
     def pause_schedule(self, name: str) -> bool:
         """Stop starting ``name``'s ticks (in every worker) until :meth:`resume_schedule`;
         False when it was paused already. Raises :class:`konduit.ScheduleNotFound`."""
-        return self._call(self._schedules().set_paused(name, True))
+        return self._call(self._c().pause_schedule(name))
 
     def resume_schedule(self, name: str) -> bool:
         """Start ``name``'s ticks again; its ``missed`` policy decides what becomes of the
         ticks that passed while it was paused. False when it was not paused."""
-        return self._call(self._schedules().set_paused(name, False))
-
-    def _schedules(self) -> Schedules:
-        return Schedules(self._c().db, self.registry, max_payload_bytes=self.max_payload_bytes)
+        return self._call(self._c().resume_schedule(name))
 
     def migrate(self) -> builtins.list[str]:
         """Apply the schema migrations this konduit needs; returns the ones applied."""

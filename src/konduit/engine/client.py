@@ -17,13 +17,16 @@ from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.repair import plan_repair
 from konduit.core.results import FINISHED, ExecutionResult
+from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
-from konduit.engine import waits, webhooks
+from konduit.engine import retention, waits, webhooks
 from konduit.engine.advancer import Advancer, finish_execution
 from konduit.engine.alerting import list_alerts
 from konduit.engine.flow import register_flow_limits
 from konduit.engine.registry import Registry, workflow_key
+from konduit.engine.retention import BATCH_SIZE, Prunable
+from konduit.engine.schedules import Schedules
 from konduit.engine.stalls import open_stall
 from konduit.engine.starts import (
     Prepared,
@@ -35,6 +38,7 @@ from konduit.engine.starts import (
     requests_of,
 )
 from konduit.engine.step_rows import state_columns
+from konduit.engine.waits import SendResult
 from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
@@ -46,8 +50,10 @@ from konduit.records import (
     DeadLetter,
     OutputVersion,
     Payload,
+    ScheduleRecord,
     StepRecord,
     TaskRecord,
+    WebhookDelivery,
     WorkerRecord,
 )
 from konduit.tracing import TraceContext, Tracing, capture
@@ -313,11 +319,76 @@ class Client:
 
     async def webhook_deliveries(self, *, status: str | None = None,
                                  execution_id: UUID | str | None = None,
-                                 limit: int = 100) -> builtins.list[Row]:
-        """Webhook deliveries, newest first (docs/webhooks.md); see
-        :func:`konduit.engine.webhooks.deliveries` for the columns."""
+                                 limit: int = 100) -> builtins.list[WebhookDelivery]:
+        """Webhook deliveries, newest first (docs/webhooks.md), optionally of one status
+        (pending, delivered, failed, refused) or of one execution."""
         eid = None if execution_id is None else coerce_execution_id(execution_id)
-        return await webhooks.deliveries(self.db, status=status, execution_id=eid, limit=limit)
+        rows = await webhooks.deliveries(self.db, status=status, execution_id=eid, limit=limit)
+        return [WebhookDelivery.from_row(r) for r in rows]
+
+    async def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
+        """Send a failed or refused delivery again now; False when it is not one."""
+        return await webhooks.retry(self.db, delivery_id)
+
+    async def register_webhooks(self, hooks: Iterable[Webhook]) -> None:
+        """Store webhooks so every transaction that ends an execution writes their deliveries
+        (idempotent; an App registers its own before its first call)."""
+        await webhooks.register(self.db, builtins.list(hooks))
+
+    async def unregister_webhooks(self, hooks: Iterable[Webhook]) -> int:
+        """Stop writing deliveries for webhooks an App no longer has; returns how many were
+        registered."""
+        return await webhooks.unregister(self.db, builtins.list(hooks))
+
+    # -- events ---------------------------------------------------------------------------------
+
+    async def send_event(self, name: str, *, key: str | None = None,
+                         execution_id: UUID | str | None = None, payload: Any = None) -> SendResult:
+        """Send the event ``name`` to the step waiting for it, by ``key``, by ``execution_id``
+        or both: ``"woke"``, ``"stored"`` or ``"no match"`` (see
+        :meth:`konduit.App.send_event` and docs/durable-waits.md)."""
+        eid = None if execution_id is None else coerce_execution_id(execution_id)
+        return await waits.send_event(self.db, self.registry, name, key=key, execution_id=eid,
+                                      payload=payload, max_payload_bytes=self.max_payload_bytes)
+
+    # -- schedules ------------------------------------------------------------------------------
+
+    def _schedules(self) -> Schedules:
+        return Schedules(self.db, self.registry, max_payload_bytes=self.max_payload_bytes)
+
+    async def schedules(self) -> builtins.list[ScheduleRecord]:
+        """Every stored schedule with its next tick and the execution of its latest tick."""
+        return [ScheduleRecord.from_row(r) for r in await self._schedules().list()]
+
+    async def pause_schedule(self, name: str) -> bool:
+        """Stop starting ``name``'s ticks; False when it was paused already."""
+        return await self._schedules().set_paused(name, True)
+
+    async def resume_schedule(self, name: str) -> bool:
+        """Start ``name``'s ticks again; False when it was not paused."""
+        return await self._schedules().set_paused(name, False)
+
+    # -- retention and repair -------------------------------------------------------------------
+
+    async def prune(self, older_than: Duration, *, include_dead_letters: bool = False,
+                    batch_size: int = BATCH_SIZE) -> int:
+        """Delete executions that finished more than ``older_than`` ago with their rows;
+        returns how many were deleted (see :mod:`konduit.engine.retention`)."""
+        return await retention.prune(self.db, older_than,
+                                     include_dead_letters=include_dead_letters,
+                                     batch_size=batch_size)
+
+    async def count_prunable(self, older_than: Duration) -> Prunable:
+        """What :meth:`prune` with the same ``older_than`` would consider, deleting nothing."""
+        return await retention.count_prunable(self.db, older_than)
+
+    async def auto_repair_status(self, execution_id: UUID | str) -> str | None:
+        """How the automatic repair (``repair_within``) of an execution stands, as one line,
+        or None when its workflow has no repair contract or it is not covered by it."""
+        # Imported here: the automatic repair runs through repair_in below (a module circle).
+        from konduit.engine.auto_repair import auto_repair_status
+
+        return await auto_repair_status(self.db, execution_id)
 
     async def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""

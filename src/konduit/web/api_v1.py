@@ -20,10 +20,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from konduit import tracing
 from konduit.app import App
 from konduit.core.durations import parse_duration
-from konduit.engine import waits
 from konduit.engine.client import Client, coerce_execution_id
 from konduit.engine.registry import workflow_key
-from konduit.engine.schedules import Schedules
 from konduit.engine.starts import StartRequest
 from konduit.errors import (
     AlertError,
@@ -256,12 +254,11 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         if body.key is None and body.execution_id is None:
             raise Refused(422, "an event needs key or execution_id (or both)", field="body.key")
         client = await clients.get()
-        registry = app.registry if app is not None else client.registry
-        limit = app.max_payload_bytes if app is not None else client.max_payload_bytes
+        if app is not None:  # the App's workflows: its code completes the task at once
+            client = Client(client.db, app.registry, max_payload_bytes=app.max_payload_bytes)
         try:
-            result = await waits.send_event(client.db, registry, body.name, key=body.key,
-                                            execution_id=body.execution_id,
-                                            payload=body.payload, max_payload_bytes=limit)
+            result = await client.send_event(body.name, key=body.key,
+                                             execution_id=body.execution_id, payload=body.payload)
         except PayloadError as exc:
             raise Refused(422, str(exc), field="body.payload") from None
         except KonduitError as exc:  # a key PostgreSQL cannot store (NUL)
@@ -298,9 +295,9 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     @router.get("/schedules", response_model=list[m.ScheduleOut], tags=["operations"])
     async def schedules() -> list[m.ScheduleOut]:
         """Every stored schedule, its next tick and the execution of its latest tick."""
-        client = await clients.get()
-        rows = await Schedules(client.db, client.registry).list()
-        return [m.ScheduleOut.model_validate(r | {"workflow": r["workflow_name"]}) for r in rows]
+        rows = await (await clients.get()).schedules()
+        return [m.ScheduleOut.model_validate(r.to_dict() | {"workflow": r.workflow_name})
+                for r in rows]
 
     @router.get("/alerts", response_model=list[m.AlertOut], tags=["operations"])
     async def alerts(all: bool = False, kind: Annotated[str | None, Query(max_length=100)] = None,

@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from konduit.db.database import Row
-from konduit.engine.auto_repair import auto_repair_status
 from konduit.engine.client import Client, ExecutionResult
-from konduit.engine.stalls import open_stall
 from konduit.observe.alerts import AlertRecord
 from konduit.web.summaries import MapSummary, map_summaries
 
@@ -69,9 +67,9 @@ async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool 
     return Detail(result, row, spec_steps, steps, attempts,
                   [v.to_dict() for v in await client.outputs(result.id)],
                   [p.to_dict() for p in payloads if p.source == "late"],
-                  await auto_repair_status(client.db, result.id), maps, failures,
+                  await client.auto_repair_status(result.id), maps, failures,
                   await client.db.one("execution_parent_of", execution_id=result.id),
                   await client.db.all("execution_children_list", execution_id=result.id),
-                  None if result.finished else await open_stall(client.db, result.id),
+                  None if result.finished else await client.stall(result.id),
                   {r["step"]: r for r in await client.db.all("task_list_budgets_by_execution",
                                                              execution_id=result.id)})
