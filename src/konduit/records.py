@@ -233,3 +233,231 @@ class WebhookDelivery(Record):
     last_attempt_at: datetime | None
     delivered_at: datetime | None
     next_attempt_at: datetime | None
+
+
+# -- what the pages and the API read ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExecutionSummary(Record):
+    """An execution as a list shows it (no input or output)."""
+
+    id: UUID
+    workflow_name: str
+    workflow_version: int
+    status: str
+    error: str | None
+    idempotency_key: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ExecutionRecord(Record):
+    """An execution whole: input, output, window, hard limit and output version."""
+
+    id: UUID
+    workflow_name: str
+    workflow_version: int
+    status: str
+    input: Any
+    output: Any
+    error: str | None
+    idempotency_key: str | None
+    steps_pending: int
+    deadline_at: datetime | None
+    timeout_at: datetime | None
+    generation: int
+    output_version: int | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ExecutionProgress(Record):
+    """How an execution stands now; ``took`` in seconds (so far, while unfinished)."""
+
+    id: UUID
+    status: str
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    took: float
+
+
+@dataclass(frozen=True)
+class StepMark(Record):
+    """A step of an execution that degraded or failed (the marks on the executions list)."""
+
+    execution_id: UUID
+    step: str
+    status: str
+
+
+@dataclass(frozen=True)
+class WorkflowRecord(Record):
+    """A registered workflow version; ``spec`` is its stored definition (None when not read)."""
+
+    name: str
+    version: int
+    spec_hash: str
+    spec: Any
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class AttemptRecord(Record):
+    """One attempt of a task (the timeline's bars)."""
+
+    task_id: int
+    step: str
+    map_index: int
+    generation: int
+    attempt: int
+    worker_id: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None
+    error: str | None
+    hedge: bool
+
+
+@dataclass(frozen=True)
+class FailedAttempt(Record):
+    """An attempt that ended with an error; ``failed_in_step`` counts all of its step's."""
+
+    task_id: int
+    step: str
+    map_index: int
+    generation: int
+    attempt: int
+    outcome: str | None
+    error: str | None
+    worker_id: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    failed_in_step: int
+
+
+@dataclass(frozen=True)
+class MapStepCounts(Record):
+    """One map step's tasks of one generation: how many in each status, tries, durations."""
+
+    step: str
+    generation: int
+    tasks: int
+    tries: int | None
+    ready: int
+    running: int
+    succeeded: int
+    degraded: int
+    failed: int
+    timed_out: int
+    cancelled: int
+    skipped: int
+    first_started_at: datetime | None
+    last_finished_at: datetime | None
+    p50: float | None
+    p95: float | None
+    longest: float | None
+
+
+@dataclass(frozen=True)
+class MapItem(Record):
+    """One item (task) of a map step, with how long it took (so far)."""
+
+    id: int
+    map_index: int
+    generation: int
+    status: str
+    attempt: int
+    max_attempts: int
+    worker_id: str | None
+    item: Any
+    error: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    took: float | None
+
+
+@dataclass(frozen=True)
+class DeadLetterWithStatus(DeadLetter):
+    """A dead letter with its execution's status now (the dead-letters page)."""
+
+    execution_status: str
+
+
+@dataclass(frozen=True)
+class ParentLink(Record):
+    """The execution (and its child-workflow step) that started a child execution."""
+
+    execution_id: UUID
+    step: str
+
+
+@dataclass(frozen=True)
+class ChildExecution(Record):
+    """An execution a child-workflow step started."""
+
+    step: str
+    id: UUID
+    status: str
+    workflow_name: str
+
+
+@dataclass(frozen=True)
+class StepBudget(Record):
+    """A step's time budget, and what an execution window cut it from."""
+
+    step: str
+    deadline_seconds: float
+    deadline_uncut_seconds: float | None
+    deadline_reserve_seconds: float | None
+
+
+@dataclass(frozen=True)
+class QueueDepth(Record):
+    """Ready tasks of one queue and workflow, how many are due, the oldest due one's wait."""
+
+    queue: str
+    workflow: str
+    ready: int
+    due: int
+    oldest_due_at: datetime | None
+    oldest_age: float | None
+
+
+@dataclass(frozen=True)
+class WorkerState(Record):
+    """A worker heard from recently: ``state`` alive, stopped or dead."""
+
+    id: str
+    hostname: str
+    pid: int
+    concurrency: int
+    queues: list[str]
+    workflows: list[str]
+    isolation: str
+    running: int
+    abandoned: int
+    started_at: datetime
+    last_heartbeat_at: datetime
+    stopped_at: datetime | None
+    lease_seconds: float
+    heartbeat_age: float
+    state: str
+
+
+@dataclass(frozen=True)
+class OpenAttempt(Record):
+    """An attempt running now, with the worker running it."""
+
+    worker_id: str
+    task_id: int
+    execution_id: UUID
+    step: str
+    map_index: int
+    attempt: int
+    hedge: bool
+    started_at: datetime
+    running_for: float

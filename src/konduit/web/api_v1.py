@@ -33,7 +33,6 @@ from konduit.errors import (
     StatsError,
     WorkflowNotFound,
 )
-from konduit.observe.stats import load_stats
 from konduit.web import api_models as m
 from konduit.web.problems import problem, problem_responses
 
@@ -127,11 +126,10 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     async def operator(what: str) -> tuple[App, Client]:
         code = needs_app(what)
         client = await clients.get()
-        return code, Client(client.db, code.registry, max_payload_bytes=code.max_payload_bytes)
+        return code, client.with_registry(code.registry, max_payload_bytes=code.max_payload_bytes)
 
     async def statuses(client: Client, ids: list[UUID]) -> dict[UUID, str]:
-        rows = await client.db.all("execution_status_list_by_ids", ids=ids)
-        return {UUID(str(r["id"])): r["status"] for r in rows}
+        return {r.id: r.status for r in await client.progress(ids)}
 
     @router.post("/executions", status_code=201, response_model=m.Started, tags=["executions"],
                  responses=problem_responses(409))
@@ -177,13 +175,13 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         Pages are stable while executions are started: none is repeated or skipped."""
         before_at, before_id = decode_cursor(cursor) if cursor else (None, None)
         client = await clients.get()
-        rows = await client.db.all("execution_list_older_than_cursor", status=status,
-                                   workflow_name=workflow or None, before_at=before_at,
-                                   before_id=before_id, limit=limit + 1)
-        items = [m.ExecutionSummary(id=r["id"], workflow=r["workflow_name"],
-                                    version=r["workflow_version"], status=r["status"],
-                                    error=r["error"], idempotency_key=r["idempotency_key"],
-                                    created_at=r["created_at"], finished_at=r["finished_at"])
+        rows = await client.page(status=status, workflow=workflow or None,
+                                 before=None if before_at is None or before_id is None
+                                 else (before_at, before_id), limit=limit + 1)
+        items = [m.ExecutionSummary(id=r.id, workflow=r.workflow_name,
+                                    version=r.workflow_version, status=r.status,  # type: ignore[arg-type]
+                                    error=r.error, idempotency_key=r.idempotency_key,
+                                    created_at=r.created_at, finished_at=r.finished_at)
                  for r in rows[:limit]]
         more = len(rows) > limit
         return m.ExecutionPage(items=items, next_cursor=encode_cursor(items[-1].created_at, items[-1].id)
@@ -195,21 +193,19 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         """One execution whole: input, output, each step, every attempt with its full error."""
         client = await clients.get()
         result = await client.get(execution_id)
-        row = await client.db.one("execution_get", id=result.id)
-        if row is None:
-            raise ExecutionNotFound(f"no execution with id {result.id}")
+        row = await client.execution(result.id)
         steps = await client.steps(result.id)
-        attempts = await client.db.all("attempt_list_by_execution", execution_id=result.id)
+        attempts = await client.attempts(result.id)
         return m.ExecutionDetail(
             id=result.id, workflow=result.workflow, version=result.version,
             status=result.status,  # type: ignore[arg-type]
-            input=row["input"], output=result.output, error=result.error,
-            outcomes=result.outcomes, idempotency_key=row["idempotency_key"],
-            created_at=row["created_at"], finished_at=row["finished_at"],
-            deadline_at=row["deadline_at"], timeout_at=row["timeout_at"],
-            output_version=row["output_version"],
+            input=row.input, output=result.output, error=result.error,
+            outcomes=result.outcomes, idempotency_key=row.idempotency_key,
+            created_at=row.created_at, finished_at=row.finished_at,
+            deadline_at=row.deadline_at, timeout_at=row.timeout_at,
+            output_version=row.output_version,
             steps=[m.StepState.model_validate(s.to_dict()) for s in steps],
-            attempts=[m.Attempt.model_validate(a) for a in attempts],
+            attempts=[m.Attempt.model_validate(a.to_dict()) for a in attempts],
             output_versions=[m.OutputVersion.model_validate(v.to_dict())
                              for v in await client.outputs(result.id)],
             stalled=None if result.finished or (stall := await client.stall(result.id)) is None
@@ -255,7 +251,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             raise Refused(422, "an event needs key or execution_id (or both)", field="body.key")
         client = await clients.get()
         if app is not None:  # the App's workflows: its code completes the task at once
-            client = Client(client.db, app.registry, max_payload_bytes=app.max_payload_bytes)
+            client = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes)
         try:
             result = await client.send_event(body.name, key=body.key,
                                              execution_id=body.execution_id, payload=body.payload)
@@ -276,14 +272,14 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     @router.get("/workflows", response_model=list[m.WorkflowOut], tags=["operations"])
     async def workflows() -> list[m.WorkflowOut]:
         """Every registered workflow version with its DAG: steps, edges, joins."""
-        rows = await (await clients.get()).db.all("workflow_list_with_spec")
+        rows = await (await clients.get()).workflows()
         known = set(app.registry.keys()) if app is not None else set()
         out = []
         for r in rows:
-            steps, edges, joins = spec_view(r["spec"] or {})
-            served = workflow_key(r["name"], r["version"]) in known
-            out.append(m.WorkflowOut(name=r["name"], version=r["version"], spec_hash=r["spec_hash"],
-                                     created_at=r["created_at"], served=served,
+            steps, edges, joins = spec_view(r.spec or {})
+            served = workflow_key(r.name, r.version) in known
+            out.append(m.WorkflowOut(name=r.name, version=r.version, spec_hash=r.spec_hash,
+                                     created_at=r.created_at, served=served,
                                      steps=steps, edges=edges, joins=joins))
         return out
 
@@ -318,8 +314,9 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                     consecutive: Annotated[int, Query(ge=1, le=1000)] = 2) -> m.StatsOut:
         """``konduit stats``: per branch and per join over ``history``, and the fan-in alerts."""
         try:
-            found = await load_stats((await clients.get()).db, workflow or None, history=history,
-                                     fan_in_alert=fan_in_alert, consecutive=consecutive)
+            found = await (await clients.get()).stats(workflow or None, history=history,
+                                                      fan_in_alert=fan_in_alert,
+                                                      consecutive=consecutive)
         except StatsError as exc:
             text = str(exc)
             field = next((f"query.{f}" for f in ("history", "fan_in_alert", "workflow")

@@ -51,7 +51,6 @@ from konduit.errors import (
     DashboardError as DashboardError,
 )
 from konduit.observe.metrics import KonduitCollector
-from konduit.observe.stats import load_stats
 from konduit.web import actions, ops, pages, problems, views, wiring
 from konduit.web.detail import Detail as Detail
 from konduit.web.detail import load_detail
@@ -107,13 +106,13 @@ class Clients:
         async with self.lock:
             client, self.client = self.client, None
         if client is not None:
-            await client.db.close()
+            await client.close()
 
     async def registry(self) -> CollectorRegistry:
         """The Prometheus registry of ``konduit metrics``'s collector, on the client's database."""
         async with self.metrics_lock:
             if self.metrics is None:
-                url = (await self.get()).db.url
+                url = (await self.get()).database_url
                 self.collector = await asyncio.to_thread(KonduitCollector, url)
                 self.metrics = CollectorRegistry()
                 self.metrics.register(self.collector)
@@ -200,8 +199,8 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
         options = {"workflow": workflow or "", "history": history, "fan_in_alert": fan_in_alert,
                    "consecutive": consecutive}
         try:
-            result = await load_stats(client.db, workflow or None, history=history,
-                                      fan_in_alert=fan_in_alert, consecutive=consecutive)
+            result = await client.stats(workflow or None, history=history,
+                                        fan_in_alert=fan_in_alert, consecutive=consecutive)
         except StatsError as exc:
             return page(request, "stats.html", 400, stats=None, options=options, error=str(exc))
         alerting = {(a.workflow, a.join) for a in result.alerts}
