@@ -73,6 +73,11 @@ def register(web: FastAPI, site: Site) -> None:
         return site.page(request, "workers.html", workers=found, strip=await load_strip(client),
                          live="/workers.json", poll_ms=2000)
 
+    @web.get("/strip.json")
+    async def strip_live() -> Response:
+        """The status strip alone, for the executions list's script."""
+        return JSONResponse(jsonable_encoder((await load_strip(await site.clients.get())).to_json()))
+
     @web.get("/workers.json")
     async def workers_live() -> Response:
         client = await site.clients.get()

@@ -15,13 +15,14 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 from uuid import UUID
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from konduit.core.results import ExecutionResult
 from konduit.records import ExecutionSummary, StepMark
 from konduit.web import views
+from konduit.web.api_v1 import encode_cursor as api_cursor
 from konduit.web.detail import load_detail
 from konduit.web.ops import load_strip
 from konduit.web.site import Site
@@ -109,23 +110,14 @@ def register(web: FastAPI, site: Site) -> None:
         return site.page(request, "executions.html", rows=rows, workflows=names, status=status,
                          workflow=workflow, statuses=views.FINISHED | {"pending", "running"},
                          strip=await load_strip(client), next_page=following,
-                         first_page=first if cursor else None, live="/executions.json",
-                         poll_ms=POLL_MS)
-
-    @web.get("/executions.json")
-    async def executions_live(id: list[str] = Query(default=[])) -> Response:  # noqa: B008
-        """The status of the listed executions and the queue strip, for the list's script."""
-        try:
-            ids = [UUID(i) for i in id[:500]]
-        except ValueError:
-            return JSONResponse({"detail": "id: expected execution ids (UUIDs)"}, status_code=400)
-        client = await site.clients.get()
-        rows = await client.progress(ids)
-        return JSONResponse(jsonable_encoder({
-            "executions": {str(r.id): {"status": r.status, "took": views.secs(r.took),
-                                       "finished": r.status in views.FINISHED,
-                                       "error": views.last_line(r.error)[:100]} for r in rows},
-            "strip": (await load_strip(client)).to_json()}))
+                         first_page=first if cursor else None, poll_ms=POLL_MS,
+                         # The same page of the API (same filters, same keyset cursor) keeps
+                         # the rows' states fresh; the strip polls its own JSON.
+                         live="/api/v1/executions" + query_string(
+                             status=status, workflow=workflow, limit=limit,
+                             cursor=None if before_at is None or before_id is None
+                             else api_cursor(before_at, before_id)),
+                         live_strip="/strip.json")
 
     @web.get("/executions/{execution_id}", response_class=HTMLResponse)
     async def execution(request: Request, execution_id: str) -> Response:
