@@ -422,10 +422,11 @@ def test_the_exporter_and_the_dashboard_show_alerts(db_url: str) -> None:
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text and "<script>alert" not in page.text
         assert 'id="open-alerts"' in page.text and "back under 20s" in page.text
         assert 'href="/alerts"' in client.get("/stats").text
-        api = client.get("/api/alerts", params={"all": "true"}).json()
+        api = client.get("/api/v1/alerts", params={"all": "true"}).json()
         assert {a["kind"] for a in api} == {"window_at_risk", "fan_in_wait"}
-        assert [a["kind"] for a in client.get("/api/alerts").json()] == ["window_at_risk"]
-        assert client.get("/api/alerts", params={"kind": "bogus"}).status_code == 400
+        assert [a["kind"] for a in client.get("/api/v1/alerts").json()] == ["window_at_risk"]
+        assert client.get("/api/v1/alerts", params={"kind": "bogus"}).status_code == 422
+        assert client.get("/api/alerts").status_code == 404  # the unversioned route is gone
 
 
 def test_rules_over_history_run_every_30s_and_only_they_resolve_their_alerts(

@@ -210,12 +210,12 @@ def test_metrics_api_read_only_and_a_down_database(make_app: Callable[..., kondu
         assert metrics.headers["content-type"].startswith("text/plain")
         assert "konduit_scrape_error 0.0" in metrics.text
         assert 'konduit_executions{status="succeeded",workflow="dash-dead-letter"} 1.0' in metrics.text
-        listed = http.get("/api/executions").json()
+        listed = http.get("/api/v1/executions").json()["items"]
         assert [(e["id"], e["status"]) for e in listed] == [(str(handle.id), "succeeded")]
-        one = http.get(f"/api/executions/{handle.id}").json()
+        one = http.get(f"/api/v1/executions/{handle.id}").json()
         assert {s["step"]: s["status"] for s in one["steps"]}["flaky"] == "failed"
         assert len(one["attempts"]) == 5  # begin, fine, flaky twice, publish
-        assert http.get(f"/api/executions/{uuid4()}").status_code == 404
+        assert http.get(f"/api/v1/executions/{uuid4()}").status_code == 404
         assert http.get("/executions/not-an-id").status_code == 404
         assert http.get("/stats?history=lately").status_code == 400
         # Without the workflow code, Repair is offered disabled and refused with a reason.
@@ -226,7 +226,7 @@ def test_metrics_api_read_only_and_a_down_database(make_app: Callable[..., kondu
 
     with serving(create_app(database_client(UNREACHABLE))) as base, httpx.Client(base_url=base) as http:
         began = time.monotonic()
-        for path in ("/", "/api/executions"):
+        for path in ("/", "/api/v1/executions"):
             down = http.get(path, timeout=30)
             assert down.status_code == 503
             assert "database" in down.text.lower()

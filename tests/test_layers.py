@@ -89,3 +89,54 @@ def test_the_completion_round_reaches_no_worker_and_no_face() -> None:
                 via[target] = path
                 todo.append(target)
     assert ROOT / "engine" / "advancer.py" in via  # the walk follows imports at all
+
+FACES = ("web", "cli")
+DATABASE_VERBS = {"one", "all", "run", "stream", "execute", "atomic", "transaction"}
+
+
+def face_modules() -> list[Path]:
+    return [*(p for folder in FACES for p in modules(folder)), ROOT / "app.py"]
+
+
+def named_query_uses(path: Path) -> list[str]:
+    """Where a module reaches the database past the client: a string naming a query of
+    ``konduit/db/sql``, or a database verb (``db.all(...)``, ``tx.one(...)``) called on
+    anything with a literal first argument."""
+    from konduit.db.queries import all_queries
+
+    names = set(all_queries())
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and node.value in names:
+            found.append(f"line {node.lineno}: names the query {node.value!r}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in DATABASE_VERBS and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+              and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "db"):
+            found.append(f"line {node.lineno}: calls .db.{node.func.attr}({node.args[0].value!r})")
+    return found
+
+
+def test_the_faces_go_through_the_client() -> None:
+    """engine.Client is the one door (issue 17): the App, the command line, the pages and the
+    API never import the query loader nor call a named query themselves, so every operation
+    they offer is a Client coroutine that asyncio users have too."""
+    for path in face_modules():
+        bad = {n for n in konduit_imports(path)
+               if n.startswith(("konduit.db.queries", "konduit.db.database.Tx"))}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+        uses = named_query_uses(path)
+        assert not uses, f"{path.relative_to(ROOT)} reaches the database itself: {uses}"
+
+
+def test_the_fitness_check_sees_a_named_query(tmp_path: Path) -> None:
+    """The check above can fail: a face calling a named query is caught."""
+    sneaky = tmp_path / "sneaky.py"
+    sneaky.write_text("async def f(client):\n"
+                      "    return await client.db.all('step_get_all', execution_id=1)\n")
+    assert sorted(named_query_uses(sneaky)) == [
+        "line 2: calls .db.all('step_get_all')",
+        "line 2: names the query 'step_get_all'",
+    ]
+    sneaky.write_text("from konduit.db.queries import q\n")
+    assert konduit_imports(sneaky) == {"konduit.db.queries.q"}

@@ -142,7 +142,7 @@ def test_api_tokens(make_app: Callable[..., konduit.App], db_url: str) -> None:
     # (tests/test_web_limits.py tests the throttle).
     with guarded(app, db_url, throttle=LoginThrottle(failures=100)) as (base, _), \
             httpx.Client(base_url=base, timeout=30) as http:
-        for path in ("/api/v1/executions", "/api/executions", "/openapi.json", "/metrics",
+        for path in ("/api/v1/executions", "/api/v1/alerts", "/openapi.json", "/metrics",
                      "/api/v1/docs"):
             missing = http.get(path)
             assert missing.status_code == 401, path
@@ -280,7 +280,7 @@ def test_login_session_and_csrf(make_app: Callable[..., konduit.App], db_url: st
 def test_headers_escaping_and_no_password_in_answers(db_url: str) -> None:
     with serving(create_app(database_client(db_url))) as base, httpx.Client(base_url=base) as http:
         for path in ("/", "/dead-letters", "/stats", "/alerts", "/metrics", "/api/v1/executions",
-                     "/api/executions", "/executions/nope", "/openapi.json", "/api/v1/docs",
+                     "/api/v1/alerts", "/executions/nope", "/openapi.json", "/api/v1/docs",
                      "/login"):
             answer = http.get(path)
             assert answer.status_code < 500, path
@@ -307,7 +307,7 @@ def test_headers_escaping_and_no_password_in_answers(db_url: str) -> None:
     for url in ("postgresql://bob:s3cretpw@127.0.0.1:1/none", "postgresql://bob:s3cretpw@[::1/none",
                 "host=127.0.0.1 port=1 user=bob password=s3cretpw"):
         with serving(create_app(database_client(url))) as base, httpx.Client(base_url=base) as http:
-            for path in ("/", "/api/v1/executions", "/api/executions", "/dead-letters"):
+            for path in ("/", "/api/v1/executions", "/strip.json", "/dead-letters"):
                 down = http.get(path, timeout=30)
                 assert down.status_code == 503, (url, path, down.text)
                 assert "s3cretpw" not in down.text, (url, path, down.text)

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -22,20 +22,26 @@ from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.webhooks import Webhook, check_unique
 from konduit.core.workflow import Workflow
 from konduit.db.connect import open_database
-from konduit.db.database import Database, Row, resolve_url
+from konduit.db.database import Database, resolve_url
 from konduit.db.migrate import migrate
-from konduit.engine import webhooks as webhook_store
-from konduit.engine.auto_repair import auto_repair_status
 from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
-from konduit.engine.retention import BATCH_SIZE, prune, retention_seconds
-from konduit.engine.schedules import Schedules
+from konduit.engine.retention import BATCH_SIZE, Prunable, retention_seconds
 from konduit.engine.starts import StartRequest, requests_of
-from konduit.engine.waits import send_event
 from konduit.errors import WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.loop_thread import LoopThread
 from konduit.observe.alerts import AlertRecord
+from konduit.records import (
+    DeadLetter,
+    OutputVersion,
+    Payload,
+    ScheduleRecord,
+    StepRecord,
+    TaskRecord,
+    WebhookDelivery,
+    WorkerRecord,
+)
 from konduit.tracing import AttemptTracer, Tracing
 from konduit.tracing import active as tracing_active
 from konduit.tracing import capture as capture_trace
@@ -161,15 +167,22 @@ class App:
         """The async client (created on first use), for code already inside an event loop."""
         if self._client is None:
             db = await self._open_database(self.pool_size)
+            client = Client(db, self.registry, max_payload_bytes=self.max_payload_bytes,
+                            tracing=self.tracing)
             # Before the first finish this App's process may commit (a cancel): the outbox
             # statement reads the registered webhooks.
-            await webhook_store.register(db, self.webhooks)
-            self._client = Client(db, self.registry, max_payload_bytes=self.max_payload_bytes,
-                                  tracing=self.tracing)
+            await client.register_webhooks(self.webhooks)
+            self._client = client
         return self._client
 
-    def _c(self) -> Client:
-        return self._call(self.client_async())
+    def _do(self, call: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
+        """Run one Client coroutine on the App's loop thread: the whole sync face is this, so
+        each method is one hop to the loop (the client is made there on first use)."""
+
+        async def through_client() -> T:
+            return await call(await self.client_async())
+
+        return self._call(through_client())
 
     # -- the API --------------------------------------------------------------------------------
 
@@ -185,12 +198,12 @@ class App:
     ) -> ExecutionHandle:
         """Start an execution of the latest registered version (or ``version``); see
         :meth:`konduit.engine.client.Client.start`."""
-        client = self._c()
         # The caller's span is in this thread's context, not in the App's loop thread.
         trace_context = capture_trace(self.tracing, workflow)
-        eid = self._call(
-            client.start(workflow, input, idempotency_key=idempotency_key, version=version,
-                         deadline_at=deadline_at, timeout=timeout, trace_context=trace_context)
+        eid = self._do(
+            lambda c: c.start(workflow, input, idempotency_key=idempotency_key, version=version,
+                              deadline_at=deadline_at, timeout=timeout,
+                              trace_context=trace_context)
         )
         return ExecutionHandle(self, eid)
 
@@ -202,10 +215,9 @@ class App:
         (``workflow``, ``input``, ``idempotency_key``, ``version``, ``deadline_at``,
         ``timeout``); all start or none does. See
         :meth:`konduit.engine.client.Client.start_many`."""
-        client = self._c()
-        requests = requests_of(requests)
-        trace_context = capture_trace(self.tracing, requests[0].workflow) if requests else None
-        ids = self._call(client.start_many(requests, trace_context=trace_context))
+        checked = requests_of(requests)
+        trace_context = capture_trace(self.tracing, checked[0].workflow) if checked else None
+        ids = self._do(lambda c: c.start_many(checked, trace_context=trace_context))
         return [ExecutionHandle(self, eid) for eid in ids]
 
     def handle(self, execution_id: UUID | str) -> ExecutionHandle:
@@ -214,15 +226,15 @@ class App:
 
     def wait(self, execution_id: UUID | str, timeout: float | None = None) -> ExecutionResult:
         """Block until the execution finishes; see :meth:`ExecutionHandle.wait`."""
-        return self._call(self._c().wait(execution_id, timeout))
+        return self._do(lambda c: c.wait(execution_id, timeout))
 
     def status(self, execution_id: UUID | str) -> ExecutionResult:
         """How an execution stands now: status, output, error, each step's outcome."""
-        return self._call(self._c().get(execution_id))
+        return self._do(lambda c: c.get(execution_id))
 
     def cancel(self, execution_id: UUID | str) -> bool:
         """Cancel a running execution; False when it had already finished."""
-        return self._call(self._c().cancel(execution_id))
+        return self._do(lambda c: c.cancel(execution_id))
 
     def send_event(self, name: str, *, key: str | None = None,
                    execution_id: UUID | str | None = None, payload: Any = None) -> str:
@@ -233,15 +245,13 @@ class App:
         waiting: the first that does consumes it) or ``"no match"`` (no step could ever take
         it: the execution is unknown or finished, or its step already ended, e.g. past its
         deadline; nothing is kept). An event is consumed at most once (docs/durable-waits.md)."""
-        client = self._c()
-        eid = None if execution_id is None else coerce_execution_id(execution_id)
-        return self._call(send_event(client.db, client.registry, name, key=key, execution_id=eid,
-                                     payload=payload, max_payload_bytes=client.max_payload_bytes))
+        return self._do(lambda c: c.send_event(name, key=key, execution_id=execution_id,
+                                               payload=payload))
 
     def repair(self, execution_id: UUID | str) -> builtins.list[str]:
         """Re-run the degraded/failed branches of a finished execution and what depends on
         them; returns the steps that run again. See :meth:`konduit.engine.client.Client.repair`."""
-        return self._call(self._c().repair(execution_id))
+        return self._do(lambda c: c.repair(execution_id))
 
     def prune(self, older_than: Duration, *, include_dead_letters: bool = False,
               batch_size: int = BATCH_SIZE) -> int:
@@ -250,98 +260,100 @@ class App:
         executions were deleted. Pending and running executions are never touched; executions
         holding a dead letter that no repair superseded are kept unless
         ``include_dead_letters``. See :mod:`konduit.engine.retention`."""
-        return self._call(prune(self._c().db, older_than,
-                                include_dead_letters=include_dead_letters, batch_size=batch_size))
+        return self._do(lambda c: c.prune(older_than, include_dead_letters=include_dead_letters,
+                                          batch_size=batch_size))
+
+    def count_prunable(self, older_than: Duration) -> Prunable:
+        """What :meth:`prune` with the same ``older_than`` would consider, deleting nothing:
+        ``finished`` executions, ``dead_letters`` of them held by a dead letter."""
+        return self._do(lambda c: c.count_prunable(older_than))
 
     def auto_repair_status(self, execution_id: UUID | str) -> str | None:
         """How the automatic repair (``repair_within``) of an execution stands, as one line
         (``auto-repaired at ... (repair_within=24h)``, ``auto-repair pending: ...``), or None
         when its workflow has no repair contract or the execution is not covered by it."""
-        return self._call(auto_repair_status(self._c().db, execution_id))
+        return self._do(lambda c: c.auto_repair_status(execution_id))
 
-    def outputs(self, execution_id: UUID | str) -> builtins.list[Row]:
+    def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
         """Every output version of an execution, oldest first (repairs add versions)."""
-        return self._call(self._c().outputs(execution_id))
+        return self._do(lambda c: c.outputs(execution_id))
 
-    def payloads(self, execution_id: UUID | str) -> builtins.list[Row]:
+    def payloads(self, execution_id: UUID | str) -> builtins.list[Payload]:
         """Every payload of an execution's tasks, late results included; see
         :meth:`konduit.engine.client.Client.payloads`."""
-        return self._call(self._c().payloads(execution_id))
+        return self._do(lambda c: c.payloads(execution_id))
 
     def list(self, *, status: str | None = None, workflow: str | None = None,
              limit: int = 50) -> builtins.list[ExecutionResult]:
         """Recent executions, newest first (without outputs: use :meth:`status`)."""
-        return self._call(self._c().list(status=status, workflow=workflow, limit=limit))
+        return self._do(lambda c: c.list(status=status, workflow=workflow, limit=limit))
 
-    def tasks(self, execution_id: UUID | str) -> builtins.list[Row]:
+    def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
         """Every task of an execution (all generations), with attempts and errors."""
-        return self._call(self._c().tasks(execution_id))
+        return self._do(lambda c: c.tasks(execution_id))
 
-    def steps(self, execution_id: UUID | str) -> builtins.list[Row]:
+    def steps(self, execution_id: UUID | str) -> builtins.list[StepRecord]:
         """Every step of an execution with its join counters and timings (fan-in wait)."""
-        return self._call(self._c().steps(execution_id))
+        return self._do(lambda c: c.steps(execution_id))
 
-    def dead_letters(self, limit: int = 50) -> builtins.list[Row]:
+    def dead_letters(self, limit: int = 50) -> builtins.list[DeadLetter]:
         """Tasks that failed for good (retries exhausted or non-retryable), newest first."""
-        return self._call(self._c().dead_letters(limit))
+        return self._do(lambda c: c.dead_letters(limit))
 
-    def workers(self, stale_seconds: float | None = None) -> builtins.list[Row]:
+    def workers(self, stale_seconds: float | None = None) -> builtins.list[WorkerRecord]:
         """Live workers; see :meth:`konduit.engine.client.Client.workers`."""
-        return self._call(self._c().workers(stale_seconds))
+        return self._do(lambda c: c.workers(stale_seconds))
 
     def alerts(self, *, include_resolved: bool = False, kind: str | None = None,
                workflow: str | None = None, limit: int = 100) -> builtins.list[AlertRecord]:
         """Stored alerts (window at risk, fan-in wait, no recent success, execution stalled),
         newest first: the open ones, or resolved ones too; see docs/alerts.md."""
-        return self._call(self._c().alerts(include_resolved=include_resolved, kind=kind,
+        return self._do(lambda c: c.alerts(include_resolved=include_resolved, kind=kind,
                                            workflow=workflow, limit=limit))
 
     def stall(self, execution_id: UUID | str) -> AlertRecord | None:
         """The open ``execution_stalled`` alert of an execution (nothing of it can run and the
         stall watchdog could not move it), or None; see docs/alerts.md."""
-        return self._call(self._c().stall(execution_id))
+        return self._do(lambda c: c.stall(execution_id))
 
     def webhook_deliveries(self, *, status: str | None = None,
                            execution_id: UUID | str | None = None,
-                           limit: int = 100) -> builtins.list[Row]:
+                           limit: int = 100) -> builtins.list[WebhookDelivery]:
         """Webhook deliveries, newest first (optionally of one status: pending, delivered,
         failed, refused; or of one execution): id, event, url, status, attempts, last_error,
         last_status_code, execution_id, alert_id, created_at, last_attempt_at, delivered_at,
         next_attempt_at. See docs/webhooks.md."""
-        return self._call(self._c().webhook_deliveries(status=status, execution_id=execution_id,
+        return self._do(lambda c: c.webhook_deliveries(status=status, execution_id=execution_id,
                                                        limit=limit))
 
     def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
         """Send a failed or refused delivery again now; False when it is not one."""
-        return self._call(webhook_store.retry(self._c().db, delivery_id))
+        return self._do(lambda c: c.retry_webhook_delivery(delivery_id))
 
     def unregister_webhooks(self, webhooks: Iterable[Webhook]) -> int:
         """Stop writing deliveries for webhooks an App no longer has (the database keeps the
         webhooks Apps registered until told otherwise); returns how many were registered."""
-        return self._call(webhook_store.unregister(self._c().db, builtins.list(webhooks)))
+        return self._do(lambda c: c.unregister_webhooks(webhooks))
 
     def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
-        return self._call(self._c().workflow_served(name, version))
+        return self._do(lambda c: c.workflow_served(name, version))
 
-    def schedules(self) -> builtins.list[dict[str, Any]]:
+    def schedules(self) -> builtins.list[ScheduleRecord]:
         """Every stored schedule with its next tick and the execution of its latest tick; see
         :meth:`konduit.engine.schedules.Schedules.list`. Schedules are stored when a worker of
         the App that defines them starts."""
-        return self._call(self._schedules().list())
+        return self._do(lambda c: c.schedules())
 
     def pause_schedule(self, name: str) -> bool:
         """Stop starting ``name``'s ticks (in every worker) until :meth:`resume_schedule`;
         False when it was paused already. Raises :class:`konduit.ScheduleNotFound`."""
-        return self._call(self._schedules().set_paused(name, True))
+        return self._do(lambda c: c.pause_schedule(name))
 
     def resume_schedule(self, name: str) -> bool:
         """Start ``name``'s ticks again; its ``missed`` policy decides what becomes of the
         ticks that passed while it was paused. False when it was not paused."""
-        return self._call(self._schedules().set_paused(name, False))
-
-    def _schedules(self) -> Schedules:
-        return Schedules(self._c().db, self.registry, max_payload_bytes=self.max_payload_bytes)
+        return self._do(lambda c: c.resume_schedule(name))
 
     def migrate(self) -> builtins.list[str]:
         """Apply the schema migrations this konduit needs; returns the ones applied."""
@@ -413,7 +425,7 @@ class App:
         if self._loop is None:
             return
         if self._client is not None:
-            self._call(self._client.db.close())
+            self._call(self._client.close())
             self._client = None
         self._loop.close()
         self._loop = None

@@ -238,25 +238,25 @@ def _summary(app: konduit.App, ids: list[UUID], results: dict[UUID, ExecutionRes
     summary = Summary(runs, Table(title="branches", title_justify="left"))
     for eid in ids:
         result = results.get(eid) or app.status(eid)
-        steps = {s["step"]: s for s in app.steps(eid)}
+        steps = {s.step: s for s in app.steps(eid)}
         tasks = app.tasks(eid)
-        extra = {t["step"]: int(t["attempt"]) - 1 for t in tasks if t["attempt"] > 1}
+        extra = {t.step: int(t.attempt) - 1 for t in tasks if t.attempt > 1}
         summary.retried += bool(extra)
         for name in BRANCHES:
-            seconds = _seconds(steps[name]["fired_at"], steps[name]["ended_at"])
+            seconds = _seconds(steps[name].fired_at, steps[name].ended_at)
             if seconds is not None:
                 took[name].append(seconds)
             tries[name] += extra.get(name, 0)
         bad = []
         for name in BRANCHES:
-            status = steps[name]["status"]
+            status = steps[name].status
             if status in ("succeeded", "waiting", "active"):
                 continue
             degraded_in[name] += status == "degraded"
-            error = next((t["error"] for t in reversed(tasks) if t["step"] == name), None)
+            error = next((t.error for t in reversed(tasks) if t.step == name), None)
             output = result.output if isinstance(result.output, dict) else {}
             summary.degraded.append(Degraded(
-                eid, name, status, _seconds(steps[name]["fired_at"], steps[name]["ended_at"]),
+                eid, name, status, _seconds(steps[name].fired_at, steps[name].ended_at),
                 _reason(error), output.get("cover") if name == "cover_image" else None,
             ))
             bad.append(f"[yellow]{name}[/yellow]" if status == "degraded"

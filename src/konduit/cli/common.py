@@ -21,6 +21,7 @@ import konduit
 from konduit.core.durations import format_elapsed
 from konduit.db.connect import describe_url, open_database
 from konduit.errors import CliError
+from konduit.records import plain
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -169,7 +170,13 @@ def parse_json(text: str | None, what: str) -> Any:
 
 
 def dump_json(value: Any) -> str:
-    return json.dumps(value, indent=2, default=str, ensure_ascii=False)
+    return json.dumps(value, indent=2, default=_json_default, ensure_ascii=False)
+
+
+def _json_default(value: Any) -> Any:
+    # Records (konduit.records) print as the dicts they replace, so --json keeps its shape.
+    found = plain(value)
+    return str(value) if found is value else found
 
 
 __all__ = ["CliError", "describe_url"]

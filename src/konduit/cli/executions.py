@@ -32,8 +32,8 @@ from konduit.cli.common import (
     styled,
 )
 from konduit.cli.waits import print_waiting, waiting_json
-from konduit.db.database import Row
 from konduit.engine.client import coerce_execution_id
+from konduit.records import StepRecord, TaskRecord
 
 
 def start(
@@ -91,14 +91,14 @@ def _wait(app: konduit.App, execution_id: UUID, timeout: float | None) -> kondui
         raise typer.Exit(EXIT_WAIT_TIMEOUT) from None
 
 
-def step_table(steps: list[Row], tasks: list[Row], origin: datetime | None) -> Table:
+def step_table(steps: list[StepRecord], tasks: list[TaskRecord], origin: datetime | None) -> Table:
     """One row per step, in firing order; times in seconds after the execution started."""
     attempts: dict[str, int] = {}
     for task in tasks:
-        attempts[task["step"]] = attempts.get(task["step"], 0) + int(task["attempt"])
+        attempts[task.step] = attempts.get(task.step, 0) + int(task.attempt)
     far = datetime.max.replace(tzinfo=origin.tzinfo if origin else None)
-    ordered = sorted(steps, key=lambda s: (s["fired_at"] or far, s["step"]))
-    show_tasks = any(s["tasks_total"] != 1 for s in steps)  # only map steps make several
+    ordered = sorted(steps, key=lambda s: (s.fired_at or far, s.step))
+    show_tasks = any(s.tasks_total != 1 for s in steps)  # only map steps make several
     table = Table(title="steps (seconds after the execution started)", title_justify="left",
                   box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
     table.add_column("step", no_wrap=True)
@@ -109,18 +109,18 @@ def step_table(steps: list[Row], tasks: list[Row], origin: datetime | None) -> T
         table.add_column(header, justify="right")
     table.add_column("straggler", no_wrap=True)
     for s in ordered:
-        is_join = int(s["up_total"]) > 1
-        done = int(s["tasks_ok"]) + int(s["tasks_degraded"])
-        cells = [escape(s["step"]), styled(s["status"])]
+        is_join = int(s.up_total) > 1
+        done = int(s.tasks_ok) + int(s.tasks_degraded)
+        cells = [escape(s.step), styled(s.status)]
         if show_tasks:
-            cells.append(f"{done}/{s['tasks_total']}" if s["tasks_total"] is not None else "—")
+            cells.append(f"{done}/{s.tasks_total}" if s.tasks_total is not None else "—")
         cells += [
-            str(attempts.get(s["step"], 0)),
-            offset(s["fired_at"], origin),
-            offset(s["ended_at"], origin),
-            seconds(between(s["fired_at"], s["ended_at"])),
-            seconds(between(s["first_upstream_at"], s["fired_at"])) if is_join else "",
-            escape(s["straggler"] or "") if is_join else "",
+            str(attempts.get(s.step, 0)),
+            offset(s.fired_at, origin),
+            offset(s.ended_at, origin),
+            seconds(between(s.fired_at, s.ended_at)),
+            seconds(between(s.first_upstream_at, s.fired_at)) if is_join else "",
+            escape(s.straggler or "") if is_join else "",
         ]
         table.add_row(*cells)
     return table
@@ -137,7 +137,7 @@ def status(
         steps = app.steps(result.id)
         tasks = app.tasks(result.id)
         versions = app.outputs(result.id)
-        late = [p for p in app.payloads(result.id) if p["source"] == "late"]
+        late = [p for p in app.payloads(result.id) if p.source == "late"]
         auto_repair = app.auto_repair_status(result.id)
         stall = None if result.finished else app.stall(result.id)
         # A running execution nobody serves waits forever without a word: say so.
@@ -176,18 +176,18 @@ def status(
     if len(versions) > 1:
         console.print("output versions (repairs):")
         for version in versions:
-            degraded = ", ".join(version["degraded"]) or "none degraded"
-            console.print(f"  v{version['version']} {version['status']} ({degraded}): "
-                          f"{dump_json(version['output'])}", markup=False, soft_wrap=True)
+            degraded = ", ".join(version.degraded) or "none degraded"
+            console.print(f"  v{version.version} {version.status} ({degraded}): "
+                          f"{dump_json(version.output)}", markup=False, soft_wrap=True)
     if steps:
         console.print(step_table(steps, tasks, result.created_at))
     print_waiting(tasks)
     if hint:
         console.print(f"[yellow]hint:[/yellow] {escape(hint)}", soft_wrap=True)
     for payload in late:
-        where = payload["step"] + (f"[{payload['map_index']}]" if payload["map_index"] else "")
+        where = payload.step + (f"[{payload.map_index}]" if payload.map_index else "")
         console.print(f"[yellow]late result[/yellow] of {escape(where)} (after its deadline; "
-                      f"the join did not use it): {escape(dump_json(payload['payload']))}",
+                      f"the join did not use it): {escape(dump_json(payload.payload))}",
                       soft_wrap=True)
 
 
@@ -271,9 +271,9 @@ def repair(
         versions = app.outputs(execution_id)
     console.print(f"execution {execution_id}: {styled(result.status)}")
     for version in versions:
-        degraded = ", ".join(version["degraded"]) or "none degraded"
-        console.print(f"  output v{version['version']} ({version['status']}, {degraded}): "
-                      f"{dump_json(version['output'])}", soft_wrap=True)
+        degraded = ", ".join(version.degraded) or "none degraded"
+        console.print(f"  output v{version.version} ({version.status}, {degraded}): "
+                      f"{dump_json(version.output)}", soft_wrap=True)
     if result.status != "succeeded":
         raise typer.Exit(EXIT_FAILED)
 
@@ -296,10 +296,10 @@ def dead_letters(
     for header in ("task", "execution", "workflow", "step", "attempts", "failed at", "error"):
         table.add_column(header)
     for r in rows:
-        step = r["step"] + (f"[{r['map_index']}]" if r["map_index"] else "")
+        step = r.step + (f"[{r.map_index}]" if r.map_index else "")
         table.add_row(
-            str(r["id"]), str(r["execution_id"]), escape(r["workflow_name"]), escape(step),
-            str(r["attempt"]), stamp(r["finished_at"]),
-            escape(last_line(r["error"]))[:80],
+            str(r.id), str(r.execution_id), escape(r.workflow_name), escape(step),
+            str(r.attempt), stamp(r.finished_at),
+            escape(last_line(r.error))[:80],
         )
     console.print(table)

@@ -113,7 +113,7 @@ def stats(
     --fan-in-alert in each of its last --consecutive executions) so cron and monitoring can page
     on it; 1 on an error."""
 
-    from konduit.observe.stats import Stats, load_stats, seconds_option, stats_renderables
+    from konduit.observe.stats import Stats, seconds_option, stats_renderables
 
     seconds_option(history, "--history")  # bad options are reported before connecting
     seconds_option(fan_in_alert, "--fan-in-alert")
@@ -122,10 +122,10 @@ def stats(
     async def load() -> Stats:
         client = await app.client_async()
         try:
-            return await load_stats(client.db, workflow, history=history,
-                                    fan_in_alert=fan_in_alert, consecutive=consecutive)
+            return await client.stats(workflow, history=history, fan_in_alert=fan_in_alert,
+                                      consecutive=consecutive)
         finally:
-            await client.db.close()
+            await client.close()
 
     result = asyncio.run(load())
     if as_json:
@@ -169,7 +169,6 @@ def plan(
         PLAN_NOTE,
         Plan,
         history_seconds,
-        load_plan,
         parse_moment,
         plan_renderables,
         window_from,
@@ -182,16 +181,15 @@ def plan(
         datetime.now().astimezone()
     deadline = window_from(began, window=window, within=within)
 
-    from konduit.observe.budgets import budget_renderables, own_budgets, plan_budgets
+    from konduit.observe.budgets import budget_renderables, plan_budgets
 
     async def load() -> tuple[Plan, dict[str, float]]:
         client = await app.client_async()
         try:
-            return (await load_plan(client.db, spec, history=history, start=began,
-                                    window=deadline),
-                    await own_budgets(client.db, spec))
+            return (await client.plan(spec, history=history, start=began, window=deadline),
+                    await client.own_budgets(spec))
         finally:
-            await client.db.close()
+            await client.close()
 
     result, own = asyncio.run(load())
     found = plan_budgets(spec, result, own)

@@ -188,12 +188,12 @@ def workers(
                    "heartbeat"):
         table.add_column(header, justify="right" if header in ("pid", "slots") else "left")
     for r in rows:
-        abandoned = int(r["abandoned"])
+        abandoned = int(r.abandoned)
         table.add_row(
-            escape(r["hostname"]), str(r["pid"]), escape(", ".join(r["queues"])),
-            escape(", ".join(r["workflows"])) or "—", r["isolation"],
-            f"{r['running']}/{r['concurrency']}",
+            escape(r.hostname), str(r.pid), escape(", ".join(r.queues)),
+            escape(", ".join(r.workflows)) or "—", r.isolation,
+            f"{r.running}/{r.concurrency}",
             f"[yellow]{abandoned}[/yellow]" if abandoned else "0",
-            f"{format_elapsed(r['heartbeat_age'])} ago",
+            f"{format_elapsed(r.heartbeat_age)} ago",
         )
     console.print(table)

@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import typer
 
-from konduit.cli.common import DatabaseUrl, console, dump_json, reachable
-from konduit.db.connect import open_database
-from konduit.engine.retention import BATCH_SIZE, count_prunable
-from konduit.engine.retention import prune as prune_executions
+from konduit.cli.common import DatabaseUrl, console, dump_json, opened, plain_app
+from konduit.engine.retention import BATCH_SIZE
 
 
-async def _prune(database_url: str | None, older_than: str, include_dead_letters: bool,
-                 batch_size: int, dry_run: bool) -> tuple[int, int]:
-    db = await open_database(database_url, max_size=2, name="konduit-cli")
-    try:
-        before = await count_prunable(db, older_than)
+def _prune(database_url: str | None, older_than: str, include_dead_letters: bool,
+           batch_size: int, dry_run: bool) -> tuple[int, int]:
+    with opened(plain_app(database_url)) as app:
+        before = app.count_prunable(older_than)
         if dry_run:
             return before.deletable(include_dead_letters), before.dead_letters
-        deleted = await prune_executions(db, older_than, include_dead_letters=include_dead_letters,
-                                         batch_size=batch_size)
-        kept = 0 if include_dead_letters else (await count_prunable(db, older_than)).dead_letters
+        deleted = app.prune(older_than, include_dead_letters=include_dead_letters,
+                            batch_size=batch_size)
+        kept = 0 if include_dead_letters else app.count_prunable(older_than).dead_letters
         return deleted, kept
-    finally:
-        await db.close()
 
 
 def prune(
@@ -45,8 +39,7 @@ def prune(
     """Delete finished executions older than --older-than with all their rows (steps, tasks,
     attempts, payloads, output versions), in batches. Pending and running executions are never
     touched; executions holding a dead letter are kept unless --include-dead-letters."""
-    deleted, kept = asyncio.run(_prune(reachable(database_url), older_than, include_dead_letters,
-                                       batch_size, dry_run))
+    deleted, kept = _prune(database_url, older_than, include_dead_letters, batch_size, dry_run)
     if as_json:
         print(dump_json({"deleted": 0 if dry_run else deleted,
                          "would_delete": deleted if dry_run else None,

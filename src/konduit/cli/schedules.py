@@ -51,17 +51,17 @@ def schedules(
                    "started", "status", "state"):
         table.add_column(header)
     for r in rows:
-        state = ("[yellow]paused[/yellow]" if r["paused"]
-                 else "[red]behind[/red]" if r["behind"] else "active")
-        last = r["last_execution_id"]
+        state = ("[yellow]paused[/yellow]" if r.paused
+                 else "[red]behind[/red]" if r.behind else "active")
+        last = r.last_execution_id
         table.add_row(
-            escape(r["name"]), escape(f"{r['workflow_name']}@{r['workflow_version']}"),
-            escape(r["schedule"]), r["missed"], stamp(r["next_tick"]),
-            str(last) if last is not None else "—", stamp(r["last_started_at"]),
-            styled(r["last_status"]) if r["last_status"] else "—",
+            escape(r.name), escape(f"{r.workflow_name}@{r.workflow_version}"),
+            escape(r.schedule), r.missed, stamp(r.next_tick),
+            str(last) if last is not None else "—", stamp(r.last_started_at),
+            styled(r.last_status) if r.last_status else "—",
             state,
         )
     console.print(table)
-    if any(r["behind"] for r in rows):
+    if any(r.behind for r in rows):
         console.print("[red]behind[/red]: ticks are due that no worker started; is a worker of "
                       "the App running?")

@@ -10,8 +10,8 @@ from rich.markup import escape
 
 from konduit.cli.common import DatabaseUrl, console, load_app, opened, parse_json, plain_app
 from konduit.core.durations import format_elapsed
-from konduit.db.database import Row
 from konduit.engine.client import coerce_execution_id
+from konduit.records import TaskRecord
 
 EXIT_NO_MATCH = 3
 """``send-event``: nothing could ever take the event (it was not kept)."""
@@ -47,23 +47,23 @@ def send_event(
         raise typer.Exit(EXIT_NO_MATCH)
 
 
-def waiting_for(task: Row) -> str | None:
+def waiting_for(task: TaskRecord) -> str | None:
     """What a waiting task waits for, in words (None when it does not wait)."""
-    if task["status"] != "waiting":
+    if task.status != "waiting":
         return None
-    kind = task["wait_kind"]
+    kind = task.wait_kind
     if kind == "event":
-        text = f"event {task['wait_event']!r}"
-        if task["wait_key"] is not None:
-            text += f" key {task['wait_key']!r}"
-        if task["wait_until"] is not None:
+        text = f"event {task.wait_event!r}"
+        if task.wait_key is not None:
+            text += f" key {task.wait_key!r}"
+        if task.wait_until is not None:
             text += " (received; being applied)"
     elif kind == "timer":
-        text = f"timer, fires {_relative(task['wait_until'])}"
+        text = f"timer, fires {_relative(task.wait_until)}"
     else:
-        text = f"child execution {task['wait_child']}"
-    if task["deadline_at"] is not None:
-        text += f"; deadline {_relative(task['deadline_at'])}"
+        text = f"child execution {task.wait_child}"
+    if task.deadline_at is not None:
+        text += f"; deadline {_relative(task.deadline_at)}"
     return text
 
 
@@ -74,16 +74,16 @@ def _relative(at: datetime | None) -> str:
     return f"in {format_elapsed(delta)}" if delta >= 0 else f"{format_elapsed(-delta)} ago"
 
 
-def waiting_json(tasks: list[Row]) -> list[dict[str, Any]]:
-    return [{"step": t["step"], "kind": t["wait_kind"], "event": t["wait_event"],
-             "key": t["wait_key"], "until": t["wait_until"], "child": t["wait_child"],
-             "deadline_at": t["deadline_at"]}
-            for t in tasks if t["status"] == "waiting"]
+def waiting_json(tasks: list[TaskRecord]) -> list[dict[str, Any]]:
+    return [{"step": t.step, "kind": t.wait_kind, "event": t.wait_event,
+             "key": t.wait_key, "until": t.wait_until, "child": t.wait_child,
+             "deadline_at": t.deadline_at}
+            for t in tasks if t.status == "waiting"]
 
 
-def print_waiting(tasks: list[Row]) -> None:
+def print_waiting(tasks: list[TaskRecord]) -> None:
     for task in tasks:
         text = waiting_for(task)
         if text is not None:
-            console.print(f"[cyan]waiting[/cyan] {escape(task['step'])}: {escape(text)}",
+            console.print(f"[cyan]waiting[/cyan] {escape(task.step)}: {escape(text)}",
                           soft_wrap=True)

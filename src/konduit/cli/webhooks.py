@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 import typer
 
 from konduit.cli.common import DatabaseUrl, console, dump_json, plain_app, stamp
-from konduit.db.database import Row
 from konduit.engine.webhooks import delivery_json
+from konduit.records import WebhookDelivery
 
 _STATUS = {"delivered": "green", "pending": "cyan", "failed": "red", "refused": "red"}
 
@@ -41,12 +41,12 @@ def webhooks(
     finally:
         app.close()
     if as_json:
-        print(dump_json([delivery_json(r) for r in found]))
+        print(dump_json([delivery_json(r.to_dict()) for r in found]))
     else:
         print_deliveries(found)
 
 
-def print_deliveries(found: list[Row]) -> None:
+def print_deliveries(found: list[WebhookDelivery]) -> None:
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -59,9 +59,9 @@ def print_deliveries(found: list[Row]) -> None:
                    "last error"):
         table.add_column(header, no_wrap=header != "last error")
     for r in found:
-        style = _STATUS.get(r["status"], "")
-        table.add_row(str(r["id"]), escape(r["event"]), escape(urlsplit(r["url"]).netloc),
-                      f"[{style}]{r['status']}[/{style}]" if style else escape(r["status"]),
-                      str(r["attempts"]), stamp(r["created_at"]), stamp(r["next_attempt_at"]),
-                      escape(r["last_error"] or ""))
+        style = _STATUS.get(r.status, "")
+        table.add_row(str(r.id), escape(r.event), escape(urlsplit(r.url).netloc),
+                      f"[{style}]{r.status}[/{style}]" if style else escape(r.status),
+                      str(r.attempts), stamp(r.created_at), stamp(r.next_attempt_at),
+                      escape(r.last_error or ""))
     console.print(table)

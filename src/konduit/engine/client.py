@@ -17,14 +17,17 @@ from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.repair import plan_repair
 from konduit.core.results import FINISHED, ExecutionResult
+from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
-from konduit.engine import waits, webhooks
+from konduit.engine import retention, waits, webhooks
 from konduit.engine.advancer import Advancer
 from konduit.engine.alerting import list_alerts
 from konduit.engine.finish import stop_execution
 from konduit.engine.flow import register_flow_limits
 from konduit.engine.registry import Registry, workflow_key
+from konduit.engine.retention import BATCH_SIZE, Prunable
+from konduit.engine.schedules import Schedules
 from konduit.engine.stalls import open_stall
 from konduit.engine.starts import (
     Prepared,
@@ -36,6 +39,7 @@ from konduit.engine.starts import (
     requests_of,
 )
 from konduit.engine.step_rows import state_columns
+from konduit.engine.waits import SendResult
 from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
@@ -43,6 +47,35 @@ from konduit.errors import (
     WorkflowVersionConflict,
 )
 from konduit.observe.alerts import AlertRecord
+from konduit.observe.budgets import own_budgets
+from konduit.observe.plan import Plan, load_plan
+from konduit.observe.stats import Stats, load_stats
+from konduit.records import (
+    AttemptRecord,
+    ChildExecution,
+    DeadLetter,
+    DeadLetterWithStatus,
+    ExecutionProgress,
+    ExecutionRecord,
+    ExecutionSummary,
+    FailedAttempt,
+    MapItem,
+    MapStepCounts,
+    OpenAttempt,
+    OutputVersion,
+    ParentLink,
+    Payload,
+    QueueDepth,
+    ScheduleRecord,
+    StepBudget,
+    StepMark,
+    StepRecord,
+    TaskRecord,
+    WebhookDelivery,
+    WorkerRecord,
+    WorkerState,
+    WorkflowRecord,
+)
 from konduit.tracing import TraceContext, Tracing, capture
 
 
@@ -246,17 +279,18 @@ class Client:
         async with self.db.transaction() as tx:
             return await repair_in(tx, self.registry, eid, max_payload_bytes=self.max_payload_bytes)
 
-    async def outputs(self, execution_id: UUID | str) -> builtins.list[Row]:
+    async def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
         """Every output version of an execution (repairs add versions), oldest first."""
-        return await self.db.all("execution_output_list", id=coerce_execution_id(execution_id))
+        rows = await self.db.all("execution_output_list", id=coerce_execution_id(execution_id))
+        return [OutputVersion.from_row(r) for r in rows]
 
-    async def payloads(self, execution_id: UUID | str) -> builtins.list[Row]:
+    async def payloads(self, execution_id: UUID | str) -> builtins.list[Payload]:
         """Every payload an execution's tasks produced: the handler's, the fallback's, and late
         results that arrived after a deadline ended their attempt (``source``), each marked
         ``current`` when it is the one downstream steps consumed."""
-        return await self.db.all(
-            "output_list_by_execution", execution_id=coerce_execution_id(execution_id)
-        )
+        rows = await self.db.all("output_list_by_execution",
+                                 execution_id=coerce_execution_id(execution_id))
+        return [Payload.from_row(r) for r in rows]
 
     async def list(
         self, *, status: str | None = None, workflow: str | None = None, limit: int = 50
@@ -264,21 +298,27 @@ class Client:
         rows = await self.db.all("execution_list", status=status, workflow_name=workflow, limit=limit)
         return [self._result(r, {}) for r in rows]
 
-    async def tasks(self, execution_id: UUID | str) -> builtins.list[Row]:
-        return await self.db.all("task_list_by_execution", execution_id=coerce_execution_id(execution_id))
+    async def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
+        """Every task of an execution (all generations), with attempts and errors."""
+        rows = await self.db.all("task_list_by_execution",
+                                 execution_id=coerce_execution_id(execution_id))
+        return [TaskRecord.from_row(r) for r in rows]
 
-    async def steps(self, execution_id: UUID | str) -> builtins.list[Row]:
-        return await self.db.all("step_get_all", execution_id=coerce_execution_id(execution_id))
+    async def steps(self, execution_id: UUID | str) -> builtins.list[StepRecord]:
+        """Every step of an execution with its join counters and timings (fan-in wait)."""
+        rows = await self.db.all("step_get_all", execution_id=coerce_execution_id(execution_id))
+        return [StepRecord.from_row(r) for r in rows]
 
-    async def dead_letters(self, limit: int = 50) -> builtins.list[Row]:
-        return await self.db.all("task_list_dead", limit=limit)
+    async def dead_letters(self, limit: int = 50) -> builtins.list[DeadLetter]:
+        """Tasks that failed for good (retries exhausted or non-retryable), newest first."""
+        return [DeadLetter.from_row(r) for r in await self.db.all("task_list_dead", limit=limit)]
 
-
-    async def workers(self, stale_seconds: float | None = None) -> builtins.list[Row]:
+    async def workers(self, stale_seconds: float | None = None) -> builtins.list[WorkerRecord]:
         """Live workers (not stopped, heard from within ``stale_seconds``, else within their own
         lease): host, pid, queues, workflows served, isolation, slots, running tasks, abandoned
         threads and ``heartbeat_age`` in seconds."""
-        return await self.db.all("worker_list_live", stale_seconds=stale_seconds)
+        rows = await self.db.all("worker_list_live", stale_seconds=stale_seconds)
+        return [WorkerRecord.from_row(r) for r in rows]
 
     async def alerts(self, *, include_resolved: bool = False, kind: str | None = None,
                      workflow: str | None = None, limit: int = 100) -> builtins.list[AlertRecord]:
@@ -293,17 +333,244 @@ class Client:
 
     async def webhook_deliveries(self, *, status: str | None = None,
                                  execution_id: UUID | str | None = None,
-                                 limit: int = 100) -> builtins.list[Row]:
-        """Webhook deliveries, newest first (docs/webhooks.md); see
-        :func:`konduit.engine.webhooks.deliveries` for the columns."""
+                                 limit: int = 100) -> builtins.list[WebhookDelivery]:
+        """Webhook deliveries, newest first (docs/webhooks.md), optionally of one status
+        (pending, delivered, failed, refused) or of one execution."""
         eid = None if execution_id is None else coerce_execution_id(execution_id)
-        return await webhooks.deliveries(self.db, status=status, execution_id=eid, limit=limit)
+        rows = await webhooks.deliveries(self.db, status=status, execution_id=eid, limit=limit)
+        return [WebhookDelivery.from_row(r) for r in rows]
+
+    async def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
+        """Send a failed or refused delivery again now; False when it is not one."""
+        return await webhooks.retry(self.db, delivery_id)
+
+    async def register_webhooks(self, hooks: Iterable[Webhook]) -> None:
+        """Store webhooks so every transaction that ends an execution writes their deliveries
+        (idempotent; an App registers its own before its first call)."""
+        await webhooks.register(self.db, builtins.list(hooks))
+
+    async def unregister_webhooks(self, hooks: Iterable[Webhook]) -> int:
+        """Stop writing deliveries for webhooks an App no longer has; returns how many were
+        registered."""
+        return await webhooks.unregister(self.db, builtins.list(hooks))
+
+    # -- events ---------------------------------------------------------------------------------
+
+    async def send_event(self, name: str, *, key: str | None = None,
+                         execution_id: UUID | str | None = None, payload: Any = None) -> SendResult:
+        """Send the event ``name`` to the step waiting for it, by ``key``, by ``execution_id``
+        or both: ``"woke"``, ``"stored"`` or ``"no match"`` (see
+        :meth:`konduit.App.send_event` and docs/durable-waits.md)."""
+        eid = None if execution_id is None else coerce_execution_id(execution_id)
+        return await waits.send_event(self.db, self.registry, name, key=key, execution_id=eid,
+                                      payload=payload, max_payload_bytes=self.max_payload_bytes)
+
+    # -- schedules ------------------------------------------------------------------------------
+
+    def _schedules(self) -> Schedules:
+        return Schedules(self.db, self.registry, max_payload_bytes=self.max_payload_bytes)
+
+    async def schedules(self) -> builtins.list[ScheduleRecord]:
+        """Every stored schedule with its next tick and the execution of its latest tick."""
+        return [ScheduleRecord.from_row(r) for r in await self._schedules().list()]
+
+    async def pause_schedule(self, name: str) -> bool:
+        """Stop starting ``name``'s ticks; False when it was paused already."""
+        return await self._schedules().set_paused(name, True)
+
+    async def resume_schedule(self, name: str) -> bool:
+        """Start ``name``'s ticks again; False when it was not paused."""
+        return await self._schedules().set_paused(name, False)
+
+    # -- retention and repair -------------------------------------------------------------------
+
+    async def prune(self, older_than: Duration, *, include_dead_letters: bool = False,
+                    batch_size: int = BATCH_SIZE) -> int:
+        """Delete executions that finished more than ``older_than`` ago with their rows;
+        returns how many were deleted (see :mod:`konduit.engine.retention`)."""
+        return await retention.prune(self.db, older_than,
+                                     include_dead_letters=include_dead_letters,
+                                     batch_size=batch_size)
+
+    async def count_prunable(self, older_than: Duration) -> Prunable:
+        """What :meth:`prune` with the same ``older_than`` would consider, deleting nothing."""
+        return await retention.count_prunable(self.db, older_than)
+
+    async def auto_repair_status(self, execution_id: UUID | str) -> str | None:
+        """How the automatic repair (``repair_within``) of an execution stands, as one line,
+        or None when its workflow has no repair contract or it is not covered by it."""
+        # Imported here: the automatic repair runs through repair_in below (a module circle).
+        from konduit.engine.auto_repair import auto_repair_status
+
+        return await auto_repair_status(self.db, execution_id)
 
     async def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
         row = await self.db.one("worker_serving_exists", workflow=workflow_key(name, version))
         return bool(row and row["serving"])
 
+
+    # -- what the pages and the API read --------------------------------------------------------
+
+    async def execution(self, execution_id: UUID | str) -> ExecutionRecord:
+        """One execution whole (input, output, window, limits); raises
+        :class:`ExecutionNotFound`."""
+        eid = coerce_execution_id(execution_id)
+        row = await self.db.one("execution_get", id=eid)
+        if row is None:
+            raise ExecutionNotFound(f"no execution with id {eid}")
+        return ExecutionRecord.from_row(row)
+
+    async def page(self, *, status: str | None = None, workflow: str | None = None,
+                   before: tuple[datetime, UUID] | None = None,
+                   limit: int = 50) -> builtins.list[ExecutionSummary]:
+        """Executions newest first, older than ``before`` (the (created_at, id) of the previous
+        page's last one): keyset pages, stable while executions start."""
+        before_at, before_id = before if before is not None else (None, None)
+        rows = await self.db.all("execution_list_older_than_cursor", status=status,
+                                 workflow_name=workflow, before_at=before_at,
+                                 before_id=before_id, limit=limit)
+        return [ExecutionSummary.from_row(r) for r in rows]
+
+    async def progress(self, ids: Iterable[UUID]) -> builtins.list[ExecutionProgress]:
+        """How each of these executions stands now (unknown ids are left out)."""
+        wanted = builtins.list(ids)
+        if not wanted:
+            return []
+        rows = await self.db.all("execution_status_many", ids=wanted)
+        return [ExecutionProgress.from_row(r) for r in rows]
+
+    async def marked_steps(self, ids: Iterable[UUID]) -> builtins.list[StepMark]:
+        """The degraded, failed and timed-out steps of these executions."""
+        wanted = builtins.list(ids)
+        if not wanted:
+            return []
+        rows = await self.db.all("step_list_degraded_or_failed_for_executions", ids=wanted)
+        return [StepMark.from_row(r) for r in rows]
+
+    async def workflows(self) -> builtins.list[WorkflowRecord]:
+        """Every registered workflow version with its stored definition."""
+        return [WorkflowRecord.from_row(r) for r in await self.db.all("workflow_list_with_spec")]
+
+    async def workflow(self, name: str, version: int) -> WorkflowRecord | None:
+        """One registered workflow version, or None."""
+        row = await self.db.one("workflow_get", name=name, version=version)
+        return None if row is None else WorkflowRecord.from_row(row)
+
+    async def attempts(self, execution_id: UUID | str, *,
+                       except_steps: Iterable[str] = ()) -> builtins.list[AttemptRecord]:
+        """Every attempt of an execution's tasks, oldest first, but those of ``except_steps``
+        (the map steps a page shows as one row each)."""
+        eid = coerce_execution_id(execution_id)
+        skipped = builtins.list(except_steps)
+        if skipped:
+            rows = await self.db.all("attempt_list_by_execution_except_steps",
+                                     execution_id=eid, steps=skipped)
+        else:
+            rows = await self.db.all("attempt_list_by_execution", execution_id=eid)
+        return [AttemptRecord.from_row(r) for r in rows]
+
+    async def failed_attempts(self, execution_id: UUID | str,
+                              per_step: int) -> builtins.list[FailedAttempt]:
+        """The attempts that ended with an error, at most ``per_step`` of each step."""
+        rows = await self.db.all("attempt_list_failed_by_execution",
+                                 execution_id=coerce_execution_id(execution_id),
+                                 per_step=per_step)
+        return [FailedAttempt.from_row(r) for r in rows]
+
+    async def map_counts(self, execution_id: UUID | str,
+                         steps: Iterable[str]) -> builtins.list[MapStepCounts]:
+        """For each of these (map) steps and generation: tasks per status, tries, durations."""
+        wanted = builtins.list(steps)
+        if not wanted:
+            return []
+        rows = await self.db.all("task_summarize_by_step",
+                                 execution_id=coerce_execution_id(execution_id), steps=wanted)
+        return [MapStepCounts.from_row(r) for r in rows]
+
+    async def map_items(self, execution_id: UUID | str, step: str, *, status: str | None = None,
+                        from_index: int = 0, limit: int = 100) -> builtins.list[MapItem]:
+        """A page of one step's tasks of its latest generation, in item order, from
+        ``from_index`` on, optionally of one status."""
+        rows = await self.db.all("task_list_by_step_page",
+                                 execution_id=coerce_execution_id(execution_id), step=step,
+                                 status=status, from_index=from_index, limit=limit)
+        return [MapItem.from_row(r) for r in rows]
+
+    async def dead_letter_page(self, *, before: tuple[datetime, int] | None = None,
+                               limit: int = 100) -> builtins.list[DeadLetterWithStatus]:
+        """Dead letters newest first, older than ``before`` (the (finished_at, id) of the
+        previous page's last one), each with its execution's status."""
+        before_at, before_id = before if before is not None else (None, None)
+        rows = await self.db.all("task_list_dead_older_than_cursor", before_at=before_at,
+                                 before_id=before_id, limit=limit)
+        return [DeadLetterWithStatus.from_row(r) for r in rows]
+
+    async def parent(self, execution_id: UUID | str) -> ParentLink | None:
+        """The execution whose child-workflow step started this one, or None."""
+        row = await self.db.one("execution_parent_of",
+                                execution_id=coerce_execution_id(execution_id))
+        return None if row is None else ParentLink.from_row(row)
+
+    async def children(self, execution_id: UUID | str) -> builtins.list[ChildExecution]:
+        """The executions this one's child-workflow steps started."""
+        rows = await self.db.all("execution_children_list",
+                                 execution_id=coerce_execution_id(execution_id))
+        return [ChildExecution.from_row(r) for r in rows]
+
+    async def budgets(self, execution_id: UUID | str) -> builtins.list[StepBudget]:
+        """Each step's time budget in the latest generation (a window may have cut it)."""
+        rows = await self.db.all("task_list_budgets_by_execution",
+                                 execution_id=coerce_execution_id(execution_id))
+        return [StepBudget.from_row(r) for r in rows]
+
+    async def running_count(self) -> int:
+        """How many executions are running now."""
+        row = await self.db.one("execution_count_running")
+        return int(row["running"]) if row else 0
+
+    async def queues(self) -> builtins.list[QueueDepth]:
+        """Ready tasks per queue and workflow, how many are due and the oldest due one's age."""
+        return [QueueDepth.from_row(r) for r in await self.db.all("task_count_ready_by_queue")]
+
+    async def recent_workers(self, since_seconds: float) -> builtins.list[WorkerState]:
+        """Every worker heard from within ``since_seconds``: alive, stopped or dead."""
+        rows = await self.db.all("worker_list_recent_with_liveness", since_seconds=since_seconds)
+        return [WorkerState.from_row(r) for r in rows]
+
+    async def running_attempts(self, limit: int) -> builtins.list[OpenAttempt]:
+        """The attempts running now (hedges too), with their worker, at most ``limit``."""
+        rows = await self.db.all("attempt_list_open_with_worker", limit=limit)
+        return [OpenAttempt.from_row(r) for r in rows]
+
+    async def stats(self, workflow: str | None = None, *, history: Duration = "24h",
+                    fan_in_alert: Duration = "20s", consecutive: int = 2) -> Stats:
+        """``konduit stats``: per branch and join over ``history``, with the fan-in alerts."""
+        return await load_stats(self.db, workflow, history=history, fan_in_alert=fan_in_alert,
+                                consecutive=consecutive)
+
+    async def plan(self, spec: WorkflowSpec, *, history: Duration = "7d",
+                   start: datetime | None = None, window: datetime | None = None) -> Plan:
+        """``konduit plan``: ``spec``'s critical path from its history, and the window's risk."""
+        return await load_plan(self.db, spec, history=history, start=start, window=window)
+
+    async def own_budgets(self, spec: WorkflowSpec) -> dict[str, float]:
+        """The budget each step with a deadline would get now, before any window."""
+        return await own_budgets(self.db, spec)
+
+    def with_registry(self, registry: Registry, *, max_payload_bytes: int) -> Client:
+        """A client on the same connections that runs another registry's workflow code (the
+        dashboard's API and repair, given the App's)."""
+        return Client(self.db, registry, max_payload_bytes=max_payload_bytes,
+                      tracing=self.tracing)
+
+    @property
+    def database_url(self) -> str:
+        return self.db.url
+
+    async def close(self) -> None:
+        """Close the client's connections."""
+        await self.db.close()
 
 async def repair_in(tx: Tx, registry: Registry, eid: UUID, *, max_payload_bytes: int) -> list[str]:
     """:meth:`Client.repair` inside the caller's transaction (the automatic repair claims the

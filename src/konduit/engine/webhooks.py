@@ -11,7 +11,7 @@ resolved the alert. Workers send them (:mod:`konduit.worker.webhook_sender`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -103,7 +103,7 @@ async def prune(db: Database, older_than_seconds: float, *, batch_size: int = 50
             return deleted
 
 
-def delivery_json(row: Row) -> dict[str, Any]:
+def delivery_json(row: Mapping[str, Any]) -> dict[str, Any]:
     """A delivery row as JSON-ready values (ids and times as strings), for the CLI and pages."""
     return {k: (str(v) if isinstance(v, UUID) else v.isoformat() if hasattr(v, "isoformat")
                 else v) for k, v in row.items()}

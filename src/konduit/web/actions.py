@@ -11,7 +11,6 @@ from urllib.parse import quote, urlencode
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from konduit.engine.client import Client
 from konduit.errors import DatabaseUnavailable, ExecutionNotFound, KonduitError
 from konduit.web import views
 from konduit.web.site import Site, form_fields, same_origin
@@ -69,9 +68,9 @@ def register(web: FastAPI, site: Site) -> None:
         client = await site.clients.get()
         result = await client.get(execution_id)
         steps = await client.steps(result.id)
-        workflow = await client.db.one("workflow_get", name=result.workflow, version=result.version)
-        statuses = {s["step"]: s["status"] for s in steps}
-        rerun = rerun_steps(list(workflow["spec"]["steps"]) if workflow else [], statuses)
+        workflow = await client.workflow(result.workflow, result.version)
+        statuses = {s.step: s.status for s in steps}
+        rerun = rerun_steps(list(workflow.spec["steps"]) if workflow else [], statuses)
         refusal = None
         if site.app is None:
             refusal = "Repair re-runs workflow code: start the dashboard with --app MODULE:ATTR."
@@ -100,7 +99,7 @@ def register(web: FastAPI, site: Site) -> None:
             return RedirectResponse(f"/executions/{execution_id}/repair", status_code=303)
         client = await site.clients.get()
         app = site.app
-        repairer = Client(client.db, app.registry, max_payload_bytes=app.max_payload_bytes)
+        repairer = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes)
         try:
             rerun = await repairer.repair(execution_id)
         except (ExecutionNotFound, DatabaseUnavailable):

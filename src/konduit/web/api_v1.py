@@ -20,10 +20,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from konduit import tracing
 from konduit.app import App
 from konduit.core.durations import parse_duration
-from konduit.engine import waits
 from konduit.engine.client import Client, coerce_execution_id
 from konduit.engine.registry import workflow_key
-from konduit.engine.schedules import Schedules
 from konduit.engine.starts import StartRequest
 from konduit.errors import (
     AlertError,
@@ -35,7 +33,6 @@ from konduit.errors import (
     StatsError,
     WorkflowNotFound,
 )
-from konduit.observe.stats import load_stats
 from konduit.web import api_models as m
 from konduit.web.problems import problem, problem_responses
 
@@ -129,11 +126,10 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     async def operator(what: str) -> tuple[App, Client]:
         code = needs_app(what)
         client = await clients.get()
-        return code, Client(client.db, code.registry, max_payload_bytes=code.max_payload_bytes)
+        return code, client.with_registry(code.registry, max_payload_bytes=code.max_payload_bytes)
 
     async def statuses(client: Client, ids: list[UUID]) -> dict[UUID, str]:
-        rows = await client.db.all("execution_status_list_by_ids", ids=ids)
-        return {UUID(str(r["id"])): r["status"] for r in rows}
+        return {r.id: r.status for r in await client.progress(ids)}
 
     @router.post("/executions", status_code=201, response_model=m.Started, tags=["executions"],
                  responses=problem_responses(409))
@@ -179,13 +175,13 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         Pages are stable while executions are started: none is repeated or skipped."""
         before_at, before_id = decode_cursor(cursor) if cursor else (None, None)
         client = await clients.get()
-        rows = await client.db.all("execution_list_older_than_cursor", status=status,
-                                   workflow_name=workflow or None, before_at=before_at,
-                                   before_id=before_id, limit=limit + 1)
-        items = [m.ExecutionSummary(id=r["id"], workflow=r["workflow_name"],
-                                    version=r["workflow_version"], status=r["status"],
-                                    error=r["error"], idempotency_key=r["idempotency_key"],
-                                    created_at=r["created_at"], finished_at=r["finished_at"])
+        rows = await client.page(status=status, workflow=workflow or None,
+                                 before=None if before_at is None or before_id is None
+                                 else (before_at, before_id), limit=limit + 1)
+        items = [m.ExecutionSummary(id=r.id, workflow=r.workflow_name,
+                                    version=r.workflow_version, status=r.status,  # type: ignore[arg-type]
+                                    error=r.error, idempotency_key=r.idempotency_key,
+                                    created_at=r.created_at, finished_at=r.finished_at)
                  for r in rows[:limit]]
         more = len(rows) > limit
         return m.ExecutionPage(items=items, next_cursor=encode_cursor(items[-1].created_at, items[-1].id)
@@ -197,22 +193,21 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         """One execution whole: input, output, each step, every attempt with its full error."""
         client = await clients.get()
         result = await client.get(execution_id)
-        row = await client.db.one("execution_get", id=result.id)
-        if row is None:
-            raise ExecutionNotFound(f"no execution with id {result.id}")
+        row = await client.execution(result.id)
         steps = await client.steps(result.id)
-        attempts = await client.db.all("attempt_list_by_execution", execution_id=result.id)
+        attempts = await client.attempts(result.id)
         return m.ExecutionDetail(
             id=result.id, workflow=result.workflow, version=result.version,
             status=result.status,  # type: ignore[arg-type]
-            input=row["input"], output=result.output, error=result.error,
-            outcomes=result.outcomes, idempotency_key=row["idempotency_key"],
-            created_at=row["created_at"], finished_at=row["finished_at"],
-            deadline_at=row["deadline_at"], timeout_at=row["timeout_at"],
-            output_version=row["output_version"],
-            steps=[m.StepState.model_validate(s) for s in steps],
-            attempts=[m.Attempt.model_validate(a) for a in attempts],
-            output_versions=[m.OutputVersion.model_validate(v) for v in await client.outputs(result.id)],
+            input=row.input, output=result.output, error=result.error,
+            outcomes=result.outcomes, idempotency_key=row.idempotency_key,
+            created_at=row.created_at, finished_at=row.finished_at,
+            deadline_at=row.deadline_at, timeout_at=row.timeout_at,
+            output_version=row.output_version,
+            steps=[m.StepState.model_validate(s.to_dict()) for s in steps],
+            attempts=[m.Attempt.model_validate(a.to_dict()) for a in attempts],
+            output_versions=[m.OutputVersion.model_validate(v.to_dict())
+                             for v in await client.outputs(result.id)],
             stalled=None if result.finished or (stall := await client.stall(result.id)) is None
             else m.AlertOut.model_validate(stall.to_json()))
 
@@ -255,12 +250,11 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         if body.key is None and body.execution_id is None:
             raise Refused(422, "an event needs key or execution_id (or both)", field="body.key")
         client = await clients.get()
-        registry = app.registry if app is not None else client.registry
-        limit = app.max_payload_bytes if app is not None else client.max_payload_bytes
+        if app is not None:  # the App's workflows: its code completes the task at once
+            client = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes)
         try:
-            result = await waits.send_event(client.db, registry, body.name, key=body.key,
-                                            execution_id=body.execution_id,
-                                            payload=body.payload, max_payload_bytes=limit)
+            result = await client.send_event(body.name, key=body.key,
+                                             execution_id=body.execution_id, payload=body.payload)
         except PayloadError as exc:
             raise Refused(422, str(exc), field="body.payload") from None
         except KonduitError as exc:  # a key PostgreSQL cannot store (NUL)
@@ -271,35 +265,35 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     async def dead_letters(limit: Limit = 100) -> list[m.DeadLetter]:
         """Tasks whose retries ran out (or that failed non-retryably), newest first."""
         rows = await (await clients.get()).dead_letters(limit)
-        return [m.DeadLetter(task_id=r["id"], execution_id=r["execution_id"], workflow=r["workflow_name"],
-                             step=r["step"], map_index=r["map_index"], attempt=r["attempt"],
-                             error=r["error"], finished_at=r["finished_at"]) for r in rows]
+        return [m.DeadLetter(task_id=r.id, execution_id=r.execution_id, workflow=r.workflow_name,
+                             step=r.step, map_index=r.map_index, attempt=r.attempt,
+                             error=r.error, finished_at=r.finished_at) for r in rows]
 
     @router.get("/workflows", response_model=list[m.WorkflowOut], tags=["operations"])
     async def workflows() -> list[m.WorkflowOut]:
         """Every registered workflow version with its DAG: steps, edges, joins."""
-        rows = await (await clients.get()).db.all("workflow_list_with_spec")
+        rows = await (await clients.get()).workflows()
         known = set(app.registry.keys()) if app is not None else set()
         out = []
         for r in rows:
-            steps, edges, joins = spec_view(r["spec"] or {})
-            served = workflow_key(r["name"], r["version"]) in known
-            out.append(m.WorkflowOut(name=r["name"], version=r["version"], spec_hash=r["spec_hash"],
-                                     created_at=r["created_at"], served=served,
+            steps, edges, joins = spec_view(r.spec or {})
+            served = workflow_key(r.name, r.version) in known
+            out.append(m.WorkflowOut(name=r.name, version=r.version, spec_hash=r.spec_hash,
+                                     created_at=r.created_at, served=served,
                                      steps=steps, edges=edges, joins=joins))
         return out
 
     @router.get("/workers", response_model=list[m.WorkerOut], tags=["operations"])
     async def workers() -> list[m.WorkerOut]:
         """The workers that are up, with what they serve and run."""
-        return [m.WorkerOut.model_validate(r) for r in await (await clients.get()).workers()]
+        return [m.WorkerOut.model_validate(r.to_dict()) for r in await (await clients.get()).workers()]
 
     @router.get("/schedules", response_model=list[m.ScheduleOut], tags=["operations"])
     async def schedules() -> list[m.ScheduleOut]:
         """Every stored schedule, its next tick and the execution of its latest tick."""
-        client = await clients.get()
-        rows = await Schedules(client.db, client.registry).list()
-        return [m.ScheduleOut.model_validate(r | {"workflow": r["workflow_name"]}) for r in rows]
+        rows = await (await clients.get()).schedules()
+        return [m.ScheduleOut.model_validate(r.to_dict() | {"workflow": r.workflow_name})
+                for r in rows]
 
     @router.get("/alerts", response_model=list[m.AlertOut], tags=["operations"])
     async def alerts(all: bool = False, kind: Annotated[str | None, Query(max_length=100)] = None,
@@ -320,8 +314,9 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                     consecutive: Annotated[int, Query(ge=1, le=1000)] = 2) -> m.StatsOut:
         """``konduit stats``: per branch and per join over ``history``, and the fan-in alerts."""
         try:
-            found = await load_stats((await clients.get()).db, workflow or None, history=history,
-                                     fan_in_alert=fan_in_alert, consecutive=consecutive)
+            found = await (await clients.get()).stats(workflow or None, history=history,
+                                                      fan_in_alert=fan_in_alert,
+                                                      consecutive=consecutive)
         except StatsError as exc:
             text = str(exc)
             field = next((f"query.{f}" for f in ("history", "fan_in_alert", "workflow")

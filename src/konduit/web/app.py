@@ -26,8 +26,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -40,7 +39,9 @@ from konduit.app import App
 from konduit.core.durations import format_duration
 from konduit.engine.client import Client
 from konduit.errors import (
-    AlertError,
+    DashboardError as DashboardError,
+)
+from konduit.errors import (
     DatabaseError,
     DatabaseUnavailable,
     ExecutionNotFound,
@@ -48,14 +49,9 @@ from konduit.errors import (
     SchemaOutdated,
     StatsError,
 )
-from konduit.errors import (
-    DashboardError as DashboardError,
-)
 from konduit.observe.metrics import KonduitCollector
-from konduit.observe.stats import load_stats
 from konduit.web import actions, ops, pages, problems, views, wiring
 from konduit.web.detail import Detail as Detail
-from konduit.web.detail import load_detail
 from konduit.web.security import Security, Token, check_bind
 from konduit.web.site import Site
 
@@ -108,13 +104,13 @@ class Clients:
         async with self.lock:
             client, self.client = self.client, None
         if client is not None:
-            await client.db.close()
+            await client.close()
 
     async def registry(self) -> CollectorRegistry:
         """The Prometheus registry of ``konduit metrics``'s collector, on the client's database."""
         async with self.metrics_lock:
             if self.metrics is None:
-                url = (await self.get()).db.url
+                url = (await self.get()).database_url
                 self.collector = await asyncio.to_thread(KonduitCollector, url)
                 self.metrics = CollectorRegistry()
                 self.metrics.register(self.collector)
@@ -184,9 +180,6 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
         return problem(request, exc.status_code, problems.TITLES.get(exc.status_code, "Error"),
                        f"{exc.detail}: {request.url.path}")
 
-    def filters(status: str | None, workflow: str | None) -> tuple[str | None, str | None]:
-        return status or None, workflow or None  # an empty select means "any"
-
     site = Site(clients, page, problem, app)
     pages.register(web, site)
     actions.register(web, site)
@@ -201,8 +194,8 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
         options = {"workflow": workflow or "", "history": history, "fan_in_alert": fan_in_alert,
                    "consecutive": consecutive}
         try:
-            result = await load_stats(client.db, workflow or None, history=history,
-                                      fan_in_alert=fan_in_alert, consecutive=consecutive)
+            result = await client.stats(workflow or None, history=history,
+                                        fan_in_alert=fan_in_alert, consecutive=consecutive)
         except StatsError as exc:
             return page(request, "stats.html", 400, stats=None, options=options, error=str(exc))
         alerting = {(a.workflow, a.join) for a in result.alerts}
@@ -231,33 +224,6 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
     async def metrics() -> Response:
         body = await asyncio.to_thread(generate_latest, await clients.registry())
         return Response(body, media_type=CONTENT_TYPE_LATEST)
-
-    @web.get("/api/executions")
-    async def api_executions(status: str | None = None, workflow: str | None = None,
-                             limit: int = 50) -> Response:
-        status, workflow = filters(status, workflow)
-        results = await (await clients.get()).list(status=status, workflow=workflow,
-                                                   limit=max(1, min(limit, 500)))
-        return JSONResponse(jsonable_encoder(results))
-
-    @web.get("/api/alerts")
-    async def api_alerts(all: bool = False, kind: str | None = None, workflow: str | None = None,
-                         limit: int = 100) -> Response:
-        try:
-            found = await (await clients.get()).alerts(include_resolved=all, kind=kind or None,
-                                                       workflow=workflow or None,
-                                                       limit=max(1, min(limit, 1000)))
-        except AlertError as exc:
-            return problems.problem(400, str(exc), field="kind")
-        return JSONResponse([a.to_json() for a in found])
-
-    @web.get("/api/executions/{execution_id}")
-    async def api_execution(execution_id: str) -> Response:
-        d = await load_detail(await clients.get(), execution_id)
-        return JSONResponse(jsonable_encoder({
-            **jsonable_encoder(d.result), "deadline_at": d.row["deadline_at"],
-            "output_version": d.row["output_version"], "steps": d.steps, "attempts": d.attempts,
-            "output_versions": d.versions, "late_results": d.late, "auto_repair": d.auto_repair}))
 
     return web
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from konduit.db.database import Row
-from konduit.engine.auto_repair import auto_repair_status
 from konduit.engine.client import Client, ExecutionResult
-from konduit.engine.stalls import open_stall
 from konduit.observe.alerts import AlertRecord
 from konduit.web.summaries import MapSummary, map_summaries
+
+Fields = dict[str, Any]
+"""A record as the page's templates read it (konduit.records, turned into a dict)."""
 
 FAILURES_PER_STEP = 20  # tracebacks shown per step on the page; the items page has the rest
 
@@ -26,50 +26,47 @@ class Detail:
     """Everything the execution page shows."""
 
     result: ExecutionResult
-    row: Row
+    row: Fields
     spec_steps: list[dict[str, Any]]
-    steps: list[Row]
-    attempts: list[Row]  # with collapse_maps: those of the steps that are not map steps
-    versions: list[Row]
-    late: list[Row]
+    steps: list[Fields]
+    attempts: list[Fields]  # with collapse_maps: those of the steps that are not map steps
+    versions: list[Fields]
+    late: list[Fields]
     auto_repair: str | None = None  # the repair_within line (auto-repaired at ..., pending ...)
     maps: dict[str, MapSummary] = field(default_factory=dict)
-    failures: list[Row] = field(default_factory=list)  # attempts that ended with an error
-    parent: Row | None = None  # the execution whose child-workflow step started this one
-    children: list[Row] = field(default_factory=list)  # executions its child steps started
+    failures: list[Fields] = field(default_factory=list)  # attempts that ended with an error
+    parent: Fields | None = None  # the execution whose child-workflow step started this one
+    children: list[Fields] = field(default_factory=list)  # executions its child steps started
     stall: AlertRecord | None = None  # the open execution_stalled alert: why nothing can run
     # step -> its task's budget, and what the window cut it from (konduit.core.budgets)
-    budgets: dict[str, Row] = field(default_factory=dict)
+    budgets: dict[str, Fields] = field(default_factory=dict)
 
 
 async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool = False) -> Detail:
     """One execution with its steps, attempts, output versions and late results; with
     ``collapse_maps`` (the page) map steps are summarised and failed attempts listed."""
     result = await client.get(execution_id)
-    row = await client.db.one("execution_get", id=result.id)
-    workflow = await client.db.one("workflow_get", name=result.workflow, version=result.version)
-    assert row is not None
-    spec_steps = list(workflow["spec"]["steps"]) if workflow else []
-    steps = await client.steps(result.id)
+    row = (await client.execution(result.id)).to_dict()
+    workflow = await client.workflow(result.workflow, result.version)
+    spec_steps = list(workflow.spec["steps"]) if workflow else []
+    # The page's views and templates read plain dicts: the records become them here.
+    steps = [s.to_dict() for s in await client.steps(result.id)]
     maps: dict[str, MapSummary] = {}
-    failures: list[Row] = []
+    failures: list[Fields] = []
     if collapse_maps:
         mapped = [s["name"] for s in spec_steps if s.get("map")]
-        attempts = await client.db.all("attempt_list_by_execution_except_steps",
-                                       execution_id=result.id, steps=mapped)
-        if mapped:
-            maps = map_summaries(await client.db.all("task_summarize_by_step", execution_id=result.id,
-                                                     steps=mapped))
-        failures = await client.db.all("attempt_list_failed_by_execution", execution_id=result.id,
-                                       per_step=FAILURES_PER_STEP)
+        attempts = [a.to_dict() for a in await client.attempts(result.id, except_steps=mapped)]
+        maps = map_summaries([c.to_dict() for c in await client.map_counts(result.id, mapped)])
+        failures = [f.to_dict() for f in await client.failed_attempts(result.id,
+                                                                      FAILURES_PER_STEP)]
     else:
-        attempts = await client.db.all("attempt_list_by_execution", execution_id=result.id)
+        attempts = [a.to_dict() for a in await client.attempts(result.id)]
     payloads = await client.payloads(result.id)
     return Detail(result, row, spec_steps, steps, attempts,
-                  await client.outputs(result.id), [p for p in payloads if p["source"] == "late"],
-                  await auto_repair_status(client.db, result.id), maps, failures,
-                  await client.db.one("execution_parent_of", execution_id=result.id),
-                  await client.db.all("execution_children_list", execution_id=result.id),
-                  None if result.finished else await open_stall(client.db, result.id),
-                  {r["step"]: r for r in await client.db.all("task_list_budgets_by_execution",
-                                                             execution_id=result.id)})
+                  [v.to_dict() for v in await client.outputs(result.id)],
+                  [p.to_dict() for p in payloads if p.source == "late"],
+                  await client.auto_repair_status(result.id), maps, failures,
+                  None if (parent := await client.parent(result.id)) is None else parent.to_dict(),
+                  [c.to_dict() for c in await client.children(result.id)],
+                  None if result.finished else await client.stall(result.id),
+                  {b.step: b.to_dict() for b in await client.budgets(result.id)})

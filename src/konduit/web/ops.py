@@ -13,7 +13,6 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from konduit.db.database import Row
 from konduit.engine.client import Client
 from konduit.web import views
 from konduit.web.site import Site
@@ -28,7 +27,7 @@ class Strip:
 
     running: int
     workers_alive: int
-    queues: list[Row] = field(default_factory=list)
+    queues: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"running": self.running, "workers_alive": self.workers_alive,
@@ -39,20 +38,20 @@ class Strip:
 
 
 async def load_strip(client: Client) -> Strip:
-    running = await client.db.one("execution_count_running")
-    live = await client.db.all("worker_list_live", stale_seconds=None)
-    queues = await client.db.all("task_count_ready_by_queue")
-    return Strip(int(running["running"]) if running else 0, len(live), queues)
+    running = await client.running_count()
+    live = await client.workers()
+    queues = [q.to_dict() for q in await client.queues()]
+    return Strip(running, len(live), queues)
 
 
 async def load_workers(client: Client, since_seconds: float = RECENT_WORKERS) -> list[dict[str, Any]]:
     """Every worker heard from recently, each with the attempts it runs now."""
-    workers = await client.db.all("worker_list_recent_with_liveness", since_seconds=since_seconds)
-    running = await client.db.all("attempt_list_open_with_worker", limit=RUNNING_SHOWN)
-    by_worker: dict[str, list[Row]] = {}
+    workers = await client.recent_workers(since_seconds)
+    running = await client.running_attempts(RUNNING_SHOWN)
+    by_worker: dict[str, list[dict[str, Any]]] = {}
     for a in running:
-        by_worker.setdefault(str(a["worker_id"]), []).append(a)
-    return [w | {"attempts": by_worker.get(str(w["id"]), [])} for w in workers]
+        by_worker.setdefault(str(a.worker_id), []).append(a.to_dict())
+    return [w.to_dict() | {"attempts": by_worker.get(str(w.id), [])} for w in workers]
 
 
 def worker_json(w: dict[str, Any]) -> dict[str, Any]:
@@ -73,6 +72,11 @@ def register(web: FastAPI, site: Site) -> None:
         found = await load_workers(client)
         return site.page(request, "workers.html", workers=found, strip=await load_strip(client),
                          live="/workers.json", poll_ms=2000)
+
+    @web.get("/strip.json")
+    async def strip_live() -> Response:
+        """The status strip alone, for the executions list's script."""
+        return JSONResponse(jsonable_encoder((await load_strip(await site.clients.get())).to_json()))
 
     @web.get("/workers.json")
     async def workers_live() -> Response:

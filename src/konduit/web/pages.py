@@ -15,13 +15,14 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 from uuid import UUID
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from konduit.core.results import ExecutionResult
-from konduit.db.database import Row
+from konduit.records import ExecutionSummary, StepMark
 from konduit.web import views
+from konduit.web.api_v1 import encode_cursor as api_cursor
 from konduit.web.detail import load_detail
 from konduit.web.ops import load_strip
 from konduit.web.site import Site
@@ -45,11 +46,10 @@ def query_string(**params: Any) -> str:
     return "?" + urlencode(kept) if kept else ""
 
 
-def result_of(row: Row) -> ExecutionResult:
-    return ExecutionResult(id=UUID(str(row["id"])), workflow=row["workflow_name"],
-                           version=row["workflow_version"], status=row["status"], output=None,
-                           error=row.get("error"), outcomes={}, created_at=row.get("created_at"),
-                           finished_at=row.get("finished_at"))
+def result_of(row: ExecutionSummary) -> ExecutionResult:
+    return ExecutionResult(id=row.id, workflow=row.workflow_name, version=row.workflow_version,
+                           status=row.status, output=None, error=row.error, outcomes={},
+                           created_at=row.created_at, finished_at=row.finished_at)
 
 
 K = TypeVar("K")
@@ -86,48 +86,38 @@ def register(web: FastAPI, site: Site) -> None:
             before_at, before_id = page_key(cursor, UUID, "an execution")
         except BadCursor as exc:
             return bad_cursor(request, exc)
-        found = await client.db.all("execution_list_older_than_cursor", status=status,
-                                    workflow_name=workflow, before_at=before_at,
-                                    before_id=before_id, limit=limit + 1)
+        found = await client.page(status=status, workflow=workflow,
+                                  before=None if before_at is None or before_id is None
+                                  else (before_at, before_id), limit=limit + 1)
         more, found = len(found) > limit, found[:limit]
         results = [result_of(r) for r in found]
-        marks = await client.db.all("step_list_degraded_or_failed_for_executions",
-                                    ids=[r.id for r in results])
-        by_execution: dict[str, list[Row]] = {}
+        marks = await client.marked_steps(r.id for r in results)
+        by_execution: dict[UUID, list[StepMark]] = {}
         for m in marks:
-            by_execution.setdefault(str(m["execution_id"]), []).append(m)
+            by_execution.setdefault(m.execution_id, []).append(m)
         now = datetime.now(UTC)
         rows = [{"r": r, "took": views.between(r.created_at, r.finished_at or now),
-                 "degraded": sorted(m["step"] for m in by_execution.get(str(r.id), [])
-                                    if m["status"] == "degraded"),
-                 "failed": sorted(m["step"] for m in by_execution.get(str(r.id), [])
-                                  if m["status"] != "degraded")} for r in results]
-        names = sorted({w["name"] for w in await client.db.all("workflow_list")})
+                 "degraded": sorted(m.step for m in by_execution.get(r.id, [])
+                                    if m.status == "degraded"),
+                 "failed": sorted(m.step for m in by_execution.get(r.id, [])
+                                  if m.status != "degraded")} for r in results]
+        names = sorted({w.name for w in await client.workflows()})
         following = None
         if more and found:
             following = query_string(status=status, workflow=workflow, limit=limit if limit != 50 else None,
-                                     cursor=encode_cursor(found[-1]["created_at"], found[-1]["id"]))
+                                     cursor=encode_cursor(found[-1].created_at, found[-1].id))
         first = query_string(status=status, workflow=workflow, limit=limit if limit != 50 else None)
         return site.page(request, "executions.html", rows=rows, workflows=names, status=status,
                          workflow=workflow, statuses=views.FINISHED | {"pending", "running"},
                          strip=await load_strip(client), next_page=following,
-                         first_page=first if cursor else None, live="/executions.json",
-                         poll_ms=POLL_MS)
-
-    @web.get("/executions.json")
-    async def executions_live(id: list[str] = Query(default=[])) -> Response:  # noqa: B008
-        """The status of the listed executions and the queue strip, for the list's script."""
-        try:
-            ids = [UUID(i) for i in id[:500]]
-        except ValueError:
-            return JSONResponse({"detail": "id: expected execution ids (UUIDs)"}, status_code=400)
-        client = await site.clients.get()
-        rows = await client.db.all("execution_status_many", ids=ids) if ids else []
-        return JSONResponse(jsonable_encoder({
-            "executions": {str(r["id"]): {"status": r["status"], "took": views.secs(r["took"]),
-                                          "finished": r["status"] in views.FINISHED,
-                                          "error": views.last_line(r["error"])[:100]} for r in rows},
-            "strip": (await load_strip(client)).to_json()}))
+                         first_page=first if cursor else None, poll_ms=POLL_MS,
+                         # The same page of the API (same filters, same keyset cursor) keeps
+                         # the rows' states fresh; the strip polls its own JSON.
+                         live="/api/v1/executions" + query_string(
+                             status=status, workflow=workflow, limit=limit,
+                             cursor=None if before_at is None or before_id is None
+                             else api_cursor(before_at, before_id)),
+                         live_strip="/strip.json")
 
     @web.get("/executions/{execution_id}", response_class=HTMLResponse)
     async def execution(request: Request, execution_id: str) -> Response:
@@ -172,12 +162,11 @@ def register(web: FastAPI, site: Site) -> None:
         """Status, step states and map counts of one execution, for its page's script."""
         client = await site.clients.get()
         result = await client.get(execution_id)
-        workflow = await client.db.one("workflow_get", name=result.workflow, version=result.version)
-        spec_steps = list(workflow["spec"]["steps"]) if workflow else []
-        steps = await client.steps(result.id)
+        workflow = await client.workflow(result.workflow, result.version)
+        spec_steps = list(workflow.spec["steps"]) if workflow else []
+        steps = [s.to_dict() for s in await client.steps(result.id)]
         mapped = [s["name"] for s in spec_steps if s.get("map")]
-        maps = map_summaries(await client.db.all("task_summarize_by_step", execution_id=result.id,
-                                                 steps=mapped)) if mapped else {}
+        maps = map_summaries([c.to_dict() for c in await client.map_counts(result.id, mapped)])
         dag = views.dag_layout(spec_steps, {s["step"]: s for s in steps})
         return JSONResponse(jsonable_encoder(
             live_state(result, steps, maps, {n.name: n.detail for n in dag.nodes})))
@@ -189,14 +178,14 @@ def register(web: FastAPI, site: Site) -> None:
         client = await site.clients.get()
         result = await client.get(execution_id)
         status, start, limit = status or None, max(0, start), max(1, min(limit, 1000))
-        found = await client.db.all("task_list_by_step_page", execution_id=result.id, step=step,
-                                    status=status, from_index=start, limit=limit + 1)
+        found = [t.to_dict() for t in await client.map_items(
+            result.id, step, status=status, from_index=start, limit=limit + 1)]
         if not found and start == 0 and status is None:
             return site.problem(request, 404, "No such step",
                                 f"execution {result.id} has no tasks of a step named {step!r}")
         more, found = len(found) > limit, found[:limit]
-        summary = map_summaries(await client.db.all("task_summarize_by_step", execution_id=result.id,
-                                                    steps=[step])).get(step)
+        summary = map_summaries([c.to_dict() for c in await client.map_counts(result.id, [step])]
+                                ).get(step)
         keep = {"status": status, "limit": limit if limit != ITEMS_PAGE else None}
         return site.page(request, "items.html", r=result, step=step, tasks=found, summary=summary,
                          status=status, statuses=MAP_STATUSES,
@@ -212,17 +201,20 @@ def register(web: FastAPI, site: Site) -> None:
             before_at, before_id = page_key(cursor, int, "a task")
         except BadCursor as exc:
             return bad_cursor(request, exc)
-        rows = await client.db.all("task_list_dead_older_than_cursor", before_at=before_at,
-                                   before_id=before_id, limit=limit + 1)
+        rows = await client.dead_letter_page(
+            before=None if before_at is None or before_id is None else (before_at, before_id),
+            limit=limit + 1)
         more, rows = len(rows) > limit, rows[:limit]
-        seen: set[Any] = set()
+        seen: set[UUID] = set()
         letters = []
         for r in rows:
-            letters.append(r | {"first": r["execution_id"] not in seen})
-            seen.add(r["execution_id"])
+            letters.append(r.to_dict() | {"first": r.execution_id not in seen})
+            seen.add(r.execution_id)
         keep = {"limit": limit if limit != 100 else None}
+        last = rows[-1] if rows else None
         return site.page(request, "dead_letters.html", letters=letters,
                          next_page=query_string(**keep, cursor=encode_cursor(
-                             rows[-1]["finished_at"], rows[-1]["id"])) if more and rows else None,
+                             last.finished_at, last.id)) if more and last and last.finished_at
+                         else None,
                          first_page=query_string(**keep) if cursor else None)
 

@@ -90,17 +90,43 @@
     return true;
   }
 
-  function list(state) {
-    stripUpdate(state.strip);
-    Object.keys(state.executions).forEach(function (id) {
-      var e = state.executions[id];
-      var row = byData("#executions tr", "data-id", id);
+  // Seconds as the server writes them (konduit.core.durations.format_elapsed).
+  function elapsed(seconds) {
+    seconds = Math.max(seconds, 0);
+    if (seconds < 10) { return seconds.toFixed(3) + "s"; }
+    if (seconds < 60) { return seconds.toFixed(1) + "s"; }
+    var pad = function (n) { return (n < 10 ? "0" : "") + n; };
+    if (seconds < 3600) {
+      var s = Math.round(seconds);
+      return Math.floor(s / 60) + "m" + pad(s % 60) + "s";
+    }
+    var whole = Math.round(seconds);
+    if (seconds < 2 * 86400) {
+      return Math.floor(whole / 3600) + "h" + pad(Math.floor((whole % 3600) / 60)) + "m";
+    }
+    var rest = whole % 86400;
+    return Math.floor(whole / 86400) + "d" + (rest >= 3600 ? Math.floor(rest / 3600) + "h" : "");
+  }
+
+  // A page of /api/v1/executions: the rows shown (same filters and cursor) as they are now.
+  function list(page) {
+    var strip = main.getAttribute("data-live-strip");
+    if (strip) {
+      fetch(strip, { credentials: "same-origin", headers: { "Accept": "application/json" } })
+        .then(function (response) { return response.ok ? response.json() : null; })
+        .then(stripUpdate)
+        .catch(function () { /* the next poll tries again */ });
+    }
+    page.items.forEach(function (e) {
+      var row = byData("#executions tr", "data-id", e.id);
       if (!row) { return; }
+      var finished = e.finished_at !== null;
+      var end = finished ? Date.parse(e.finished_at) : Date.now();
       row.setAttribute("data-status", e.status);
-      row.setAttribute("data-finished", e.finished ? "true" : "false");
+      row.setAttribute("data-finished", finished ? "true" : "false");
       setBadge(row.querySelector(".badge.status"), e.status);
-      setText(row.querySelector(".took"), e.took);
-      if (e.finished) { setText(row.querySelector(".so-far"), ""); }
+      setText(row.querySelector(".took"), elapsed((end - Date.parse(e.created_at)) / 1000));
+      if (finished) { setText(row.querySelector(".so-far"), ""); }
     });
     return true;
   }
@@ -126,24 +152,10 @@
     return true;
   }
 
-  function target() {
-    if (/\/executions\.json$/.test(url)) {
-      var ids = [];
-      var rows = document.querySelectorAll("#executions tr[data-id]");
-      for (var i = 0; i < rows.length; i++) {
-        if (rows[i].getAttribute("data-finished") !== "true") {
-          ids.push("id=" + encodeURIComponent(rows[i].getAttribute("data-id")));
-        }
-      }
-      return url + (ids.length ? "?" + ids.join("&") : "");
-    }
-    return url;
-  }
-
   var apply = /\/live\.json$/.test(url) ? execution : /\/workers\.json$/.test(url) ? workers : list;
 
   function poll() {
-    fetch(target(), { credentials: "same-origin", headers: { "Accept": "application/json" } })
+    fetch(url, { credentials: "same-origin", headers: { "Accept": "application/json" } })
       .then(function (response) {
         if (!response.ok) { throw new Error("HTTP " + response.status); }
         return response.json();
