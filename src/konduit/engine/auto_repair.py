@@ -19,15 +19,14 @@ start is recorded once (``auto_repair_error``) instead of being retried forever.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from uuid import UUID
 
-from konduit.core.repair_contract import AutoRepairState, RepairContract, describe
+from konduit.core.repair_contract import RepairContract
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database
-from konduit.engine.client import coerce_execution_id, repair_in
+from konduit.engine.client import repair_in
 from konduit.engine.registry import Registry
-from konduit.errors import DatabaseError, ExecutionNotFound, KonduitError
+from konduit.errors import DatabaseError, KonduitError
 
 log = logging.getLogger(__name__)
 
@@ -93,17 +92,3 @@ class AutoRepairer:
         return True
 
 
-async def auto_repair_status(db: Database, execution_id: UUID | str,
-                             now: datetime | None = None) -> str | None:
-    """How the automatic repair of an execution stands, as one line (``auto-repaired at ...
-    (repair_within=24h)``, ``auto-repair pending: ...``), or None when there is nothing to say."""
-    eid = coerce_execution_id(execution_id)
-    row = await db.one("execution_get_auto_repair", id=eid)
-    if row is None:
-        raise ExecutionNotFound(f"no execution with id {eid}")
-    state = AutoRepairState(
-        status=row["status"], finished_at=row["finished_at"], auto_repair_at=row["auto_repair_at"],
-        auto_repair_error=row["auto_repair_error"], degraded=tuple(row["degraded"]),
-        contract=RepairContract.from_spec(row["spec"]),
-    )
-    return describe(state, now or datetime.now(UTC))

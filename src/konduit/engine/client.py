@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -16,6 +16,8 @@ from konduit.core.durations import Duration
 from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.repair import plan_repair
+from konduit.core.repair_contract import AutoRepairState, RepairContract
+from konduit.core.repair_contract import describe as describe_auto_repair
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
@@ -399,10 +401,16 @@ class Client:
     async def auto_repair_status(self, execution_id: UUID | str) -> str | None:
         """How the automatic repair (``repair_within``) of an execution stands, as one line,
         or None when its workflow has no repair contract or it is not covered by it."""
-        # Imported here: the automatic repair runs through repair_in below (a module circle).
-        from konduit.engine.auto_repair import auto_repair_status
-
-        return await auto_repair_status(self.db, execution_id)
+        eid = coerce_execution_id(execution_id)
+        row = await self.db.one("execution_get_auto_repair", id=eid)
+        if row is None:
+            raise ExecutionNotFound(f"no execution with id {eid}")
+        state = AutoRepairState(
+            status=row["status"], finished_at=row["finished_at"],
+            auto_repair_at=row["auto_repair_at"], auto_repair_error=row["auto_repair_error"],
+            degraded=tuple(row["degraded"]), contract=RepairContract.from_spec(row["spec"]),
+        )
+        return describe_auto_repair(state, datetime.now(UTC))
 
     async def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""

@@ -35,6 +35,7 @@ from konduit.errors import (
 )
 from konduit.web import api_models as m
 from konduit.web.problems import problem, problem_responses
+from konduit.web.templating import env
 
 if TYPE_CHECKING:
     from konduit.web.app import Clients
@@ -327,7 +328,6 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     @router.get("/docs", response_class=HTMLResponse, include_in_schema=False)
     async def docs(request: Request) -> Response:
         """The API's reference, rendered here from the OpenAPI (nothing fetched elsewhere)."""
-        from konduit.web.app import env
 
         spec = request.app.openapi()
         return HTMLResponse(env.get_template("api_docs.html").render(

@@ -17,7 +17,6 @@ dashboard knows the workflows (``--app``).
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -28,15 +27,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
-from fastapi.templating import Jinja2Templates
-from jinja2 import Environment, PackageLoader, select_autoescape
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
 from konduit.app import App
-from konduit.core.durations import format_duration
 from konduit.engine.client import Client
 from konduit.errors import (
     DashboardError as DashboardError,
@@ -50,22 +46,16 @@ from konduit.errors import (
     StatsError,
 )
 from konduit.observe.metrics import KonduitCollector
-from konduit.web import actions, ops, pages, problems, views, wiring
+from konduit.web import actions, ops, pages, problems, wiring
 from konduit.web.detail import Detail as Detail
 from konduit.web.security import Security, Token, check_bind
 from konduit.web.site import Site
+from konduit.web.templating import env as env
+from konduit.web.templating import templates as templates
 
 ClientFactory = Callable[[], Awaitable[Client]]
 REFRESH_SECONDS = 2
 
-env = Environment(loader=PackageLoader("konduit.web", "templates"),
-                  autoescape=select_autoescape(["html"]))
-env.filters.update(secs=views.secs, last_line=views.last_line,
-                   pretty=lambda v: json.dumps(v, indent=2, default=str, ensure_ascii=False),
-                   clock=lambda t: "—" if t is None else t.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
-                   n=lambda v: f"{v:.1f}")
-env.globals["span"] = format_duration
-templates = Jinja2Templates(env=env)
 
 
 def database_client(database_url: str | None = None, app: App | None = None) -> ClientFactory:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from konduit.web.security import SESSION_COOKIE, LoginThrottle, Security, session_cookie_header
+from konduit.web.templating import env
 
 __all__ = ["LoginThrottle", "login_router", "safe_next"]
 
@@ -24,7 +25,6 @@ def login_router(security: Security, throttle: LoginThrottle | None = None) -> A
     throttle = throttle or security.throttle
 
     def form(request: Request, message: str | None = None, status: int = 200) -> Response:
-        from konduit.web.app import env
 
         html = env.get_template("login.html").render(
             request=request, message=message, csrf_token="",

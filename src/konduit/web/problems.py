@@ -17,6 +17,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.types import ASGIApp, Scope
 
 from konduit.core.masking import mask_password
+from konduit.web.templating import env
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -91,7 +92,6 @@ def too_many(detail: str, *, retry_after: int) -> Response:
 
 def page_refusal(status: int, message: str) -> ASGIApp:
     """An HTML error page (the dashboard's own template)."""
-    from konduit.web.app import env  # the pages' template environment (imports this module)
 
     html = env.get_template("error.html").render(title=TITLES.get(status, "Error"),
                                                  message=scrub(message), csrf_token="")
