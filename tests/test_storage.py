@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 import konduit
 from konduit.db.database import Database
 from konduit.db.migrate import current_version, latest_version, migrate, migrations
-from konduit.db.queries import all_queries, parse_queries, q
+from konduit.db.queries import all_fragments, all_queries, parse_queries, q
 
 pytestmark = pytest.mark.storage
 
@@ -290,7 +290,7 @@ def test_concurrent_migrators_apply_each_migration_exactly_once(empty_db_url):
 def _query_files() -> dict[str, dict[str, Any]]:
     folder = resources.files("konduit.db") / "sql"
     return {
-        entry.name: parse_queries(entry.read_text(), entry.name)
+        entry.name: parse_queries(entry.read_text(), entry.name, all_fragments())
         for entry in folder.iterdir()
         if entry.name.endswith(".sql")
     }

@@ -188,15 +188,14 @@ WITH clock AS MATERIALIZED (
           FROM started s) AS s, clock k
     WHERE f.workflow = s.workflow AND f.step = s.step
 )
-SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
-       c.lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version, e.input,
-       e.scheduled_at, extract(epoch FROM c.deadline_at - k.at)::float8 AS deadline_remaining,
+SELECT {{claimed_row}},
+       extract(epoch FROM t.deadline_at - k.at)::float8 AS deadline_remaining,
        false AS hedged, NULL::float8 AS fallback_age
-FROM claimed c
+FROM claimed t
 CROSS JOIN clock k
 -- By primary key per claimed task under any plan, as in task_claim_batch.
 CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
-                    FROM konduit_executions e WHERE e.id = c.execution_id LIMIT 1) AS e;
+                    FROM konduit_executions e WHERE e.id = t.execution_id LIMIT 1) AS e;
 
 -- name: flow_limit_list
 -- Every limited step with its limits, running tasks, ready tasks and throttled time (a stretch

@@ -32,19 +32,18 @@ WITH hedged_steps AS (
     FROM picked
     WHERE t.id = picked.id AND t.status = 'running' AND t.hedge_token IS NULL
       AND t.hedged_attempt IS DISTINCT FROM t.attempt
+    -- The hedge's lease is the lease this attempt holds.
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-              t.hedge_token, t.queue, t.deadline_at, t.generation
+              t.hedge_token AS lease_token, t.queue, t.deadline_at, t.generation
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, hedge)
-    SELECT id, attempt, %(worker_id)s, hedge_token, true FROM hedged
+    SELECT id, attempt, %(worker_id)s, lease_token, true FROM hedged
 )
-SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
-       c.hedge_token AS lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version,
-       e.input, e.scheduled_at,
-       extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
+SELECT {{claimed_row}},
+       extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
        true AS hedged, NULL::float8 AS fallback_age
-FROM hedged c
-JOIN konduit_executions e ON e.id = c.execution_id;
+FROM hedged t
+JOIN konduit_executions e ON e.id = t.execution_id;
 
 -- name: task_drop_attempt_if_leased
 -- An attempt of a hedged task ended without success (raised, retrying, handed back) while the

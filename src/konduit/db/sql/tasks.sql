@@ -1,3 +1,12 @@
+-- fragment: claimed_row
+-- The columns of a task attempt the runtime holds (core.model.TaskAttempt.from_row reads every
+-- one), over the task row `t` (a claimed CTE or konduit_tasks) and its execution `e`. Each
+-- statement adds what it knows of the attempt as it reads it: deadline_remaining, hedged and
+-- fallback_age (test_queries_fitness checks every statement that includes this returns them).
+t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
+t.lease_token, t.queue, t.generation,
+e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+
 -- name: task_insert_many
 -- Create the ready tasks of steps whose join fired; a task that exists already is never made twice.
 -- A budget the execution's window cut (deadline_uncut set) is a moment: its deadline starts now.
@@ -99,16 +108,14 @@ WITH picked AS (
     UPDATE konduit_queue_clocks k SET fair_turn = greatest(k.fair_turn, h.fair_turn)
     FROM clock_held h WHERE k.queue = h.queue
 )
-SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
-       c.lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version, e.input,
-       e.scheduled_at,
-       extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
+SELECT {{claimed_row}},
+       extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
        false AS hedged, NULL::float8 AS fallback_age
-FROM claimed c
+FROM claimed t
 -- A lookup by primary key per claimed task under any plan (LIMIT keeps the subquery from being
 -- flattened): a generic plan, not knowing `limit`, would otherwise hash every execution.
 CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
-                    FROM konduit_executions e WHERE e.id = c.execution_id LIMIT 1) AS e;
+                    FROM konduit_executions e WHERE e.id = t.execution_id LIMIT 1) AS e;
 
 -- name: task_complete_many_if_leased
 -- Record several tasks' outcomes at once, each only while the caller still holds its lease: the
@@ -272,12 +279,10 @@ RETURNING id, queue;
 -- name: task_list_rescuable
 -- Running tasks whose worker is gone (lease expired, owner not live), oldest first; the write
 -- that reclaims one re-checks all of it (task_lose_if_rescuable).
-SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-       t.lease_token, t.queue, t.generation, t.worker_id, e.workflow_name, e.workflow_version,
-       e.input, e.scheduled_at,
-       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
+SELECT {{claimed_row}}, t.worker_id,
        extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
-       false AS hedged
+       false AS hedged,
+       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status = 'running' AND t.lease_expires_at < clock_timestamp()
@@ -337,11 +342,9 @@ LIMIT %(limit)s;
 -- Ready, running and waiting tasks past their deadline (a running one by more than a grace, unless
 -- its worker is known dead: konduit_task_expirable): their worker died or hung, a retry's backoff
 -- or a queue outlasted the budget, or a wait was not over in time.
-SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-       t.lease_token, t.queue, t.generation, t.status, t.worker_id, e.workflow_name,
-       e.workflow_version, e.input, e.scheduled_at,
-       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
-       0.0::float8 AS deadline_remaining, false AS hedged
+SELECT {{claimed_row}}, t.status, t.worker_id,
+       0.0::float8 AS deadline_remaining, false AS hedged,
+       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status IN ('ready', 'running', 'waiting') AND e.status = 'running'

@@ -112,23 +112,23 @@ SELECT EXISTS (
 -- Waiting tasks the engine should wake now: timers due and events accepted (wait_until passed),
 -- and child workflows whose child execution ended.
 SELECT * FROM (
-(SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.item,
-        t.queue, t.generation, NULL::uuid AS lease_token, t.wait_kind, t.wait_child,
-        NULL::text AS child_status, NULL::jsonb AS child_output, NULL::text AS child_error,
-        e.workflow_name, e.workflow_version, e.input, e.scheduled_at,
-        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age, 0.0::float8 AS deadline_remaining,
-        false AS hedged
+-- A waiting task holds no lease (lease_token is NULL: konduit_tasks' CHECK on status).
+(SELECT {{claimed_row}},
+        0.0::float8 AS deadline_remaining, false AS hedged,
+        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
+        t.wait_kind, t.wait_child,
+        NULL::text AS child_status, NULL::jsonb AS child_output, NULL::text AS child_error
  FROM konduit_tasks t
  JOIN konduit_executions e ON e.id = t.execution_id
  WHERE t.status = 'waiting' AND t.wait_until <= clock_timestamp() AND e.status = 'running'
  ORDER BY t.wait_until
  LIMIT %(limit)s)
 UNION ALL
-(SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.item,
-        t.queue, t.generation, NULL::uuid, t.wait_kind, t.wait_child,
-        c.status, c.output, c.error,
-        e.workflow_name, e.workflow_version, e.input, e.scheduled_at,
-        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8, 0.0::float8, false
+(SELECT {{claimed_row}},
+        0.0::float8, false,
+        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8,
+        t.wait_kind, t.wait_child,
+        c.status, c.output, c.error
  FROM konduit_tasks t
  JOIN konduit_executions c ON c.id = t.wait_child
  JOIN konduit_executions e ON e.id = t.execution_id
@@ -142,12 +142,11 @@ UNION ALL
 -- task, in task_list_waits_due's shape, if it still waits for that very child (not woken,
 -- expired or cancelled meanwhile; and a user's key that only looks like a child's names no
 -- task waiting for this execution) and its execution runs. The wake itself is fenced again.
-SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.item,
-       t.queue, t.generation, NULL::uuid AS lease_token, t.wait_kind, t.wait_child,
-       c.status AS child_status, c.output AS child_output, c.error AS child_error,
-       e.workflow_name, e.workflow_version, e.input, e.scheduled_at,
-       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age, 0.0::float8 AS deadline_remaining,
-       false AS hedged
+SELECT {{claimed_row}},
+       0.0::float8 AS deadline_remaining, false AS hedged,
+       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
+       t.wait_kind, t.wait_child,
+       c.status AS child_status, c.output AS child_output, c.error AS child_error
 FROM konduit_tasks t
 JOIN konduit_executions c ON c.id = t.wait_child
 JOIN konduit_executions e ON e.id = t.execution_id
