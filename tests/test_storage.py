@@ -317,7 +317,7 @@ def test_lease_fenced_writes_say_so_in_their_name():
     fenced = []
     for query in all_queries().values():
         sql = " ".join(query.sql.split())
-        if "UPDATE konduit_tasks" in sql and "lease_token = %(lease_token)s" in sql:
+        if "UPDATE konduit_tasks" in sql and "konduit_lease_held(" in sql:  # migration 0020
             assert query.name.endswith(guards), query.name
             fenced.append(query.name)
     assert len(fenced) >= 5, fenced  # retry, release, lose x2, expire (complete: unnest)

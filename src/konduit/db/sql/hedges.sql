@@ -54,8 +54,8 @@ JOIN konduit_executions e ON e.id = t.execution_id;
 WITH mine AS (
     SELECT id, hedge_token
     FROM konduit_tasks
-    WHERE id = %(id)s AND status = 'running'
-      AND %(lease_token)s::uuid = ANY(ARRAY[lease_token, hedge_token])
+    WHERE id = %(id)s
+      AND konduit_lease_or_hedge_held(status, lease_token, hedge_token, %(lease_token)s)
     FOR NO KEY UPDATE
 )
 UPDATE konduit_tasks t
@@ -63,12 +63,10 @@ SET lease_token = CASE WHEN t.lease_token = %(lease_token)s THEN t.hedge_token E
     lease_expires_at = CASE WHEN t.lease_token = %(lease_token)s THEN t.hedge_expires_at
                             ELSE t.lease_expires_at END,
     worker_id = CASE WHEN t.lease_token = %(lease_token)s THEN t.hedge_worker_id ELSE t.worker_id END,
-    hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL
+    {{hedge_cleared}}
 FROM mine
-WHERE t.id = %(id)s AND t.id = mine.id AND t.status = 'running' AND t.hedge_token IS NOT NULL
-  AND %(lease_token)s::uuid = ANY(ARRAY[t.lease_token, t.hedge_token])
+WHERE t.id = %(id)s AND t.id = mine.id AND t.hedge_token IS NOT NULL
+  AND konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token, %(lease_token)s)
 RETURNING t.id, (mine.hedge_token = %(lease_token)s) AS was_hedge;
 
 -- name: task_list_hedges_rescuable
@@ -88,13 +86,9 @@ LIMIT %(limit)s;
 -- A hedge whose worker is gone ends; the primary attempt runs on. The guards of
 -- task_lose_if_rescuable, on the hedge's lease and worker, at the time of this write.
 UPDATE konduit_tasks t
-SET hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL
-WHERE t.id = %(id)s AND t.hedge_token = %(hedge_token)s AND t.status = 'running'
-  AND t.hedge_expires_at < clock_timestamp()
-  AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
-  AND NOT konduit_lease_holder_alive(t.hedge_worker_id, t.hedge_expires_at)
+SET {{hedge_cleared}}
+WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.hedge_token, %(hedge_token)s)
+  AND konduit_lease_rescuable(t.hedge_worker_id, t.hedge_expires_at, %(lease_seconds)s)
   -- A row another transaction holds is not taken: it may be the holder's own (a join's
   -- start reading a wide upstream holds its task), which then extends the lease itself.
   AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
@@ -108,14 +102,10 @@ UPDATE konduit_tasks t
 SET lease_token = t.hedge_token,
     lease_expires_at = t.hedge_expires_at,
     worker_id = t.hedge_worker_id,
-    hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL
-WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
+    {{hedge_cleared}}
+WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
   AND t.hedge_token IS NOT NULL AND t.hedge_expires_at > clock_timestamp()
-  AND t.lease_expires_at < clock_timestamp()
-  AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
-  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
+  AND konduit_lease_rescuable(t.worker_id, t.lease_expires_at, %(lease_seconds)s)
   -- A row another transaction holds is not taken: it may be the holder's own (a join's
   -- start reading a wide upstream holds its task), which then extends the lease itself.
   AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)

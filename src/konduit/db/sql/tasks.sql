@@ -7,6 +7,17 @@ t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
 t.lease_token, t.queue, t.generation,
 e.workflow_name, e.workflow_version, e.input, e.scheduled_at
 
+-- fragment: lease_cleared
+-- The SET list that takes a task's (primary) lease away.
+lease_token = NULL,
+lease_expires_at = NULL
+
+-- fragment: hedge_cleared
+-- The SET list that takes a task's hedge lease away (docs/hedging.md).
+hedge_token = NULL,
+hedge_expires_at = NULL,
+hedge_worker_id = NULL
+
 -- name: task_insert_many
 -- Create the ready tasks of steps whose join fired; a task that exists already is never made twice.
 -- A budget the execution's window cut (deadline_uncut set) is a moment: its deadline starts now.
@@ -128,18 +139,15 @@ SET status = u.outcome,
     error = u.error,
     routes = CASE WHEN u.routes IS NULL THEN NULL
                   ELSE ARRAY(SELECT jsonb_array_elements_text(u.routes)) END,
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL,
+    {{lease_cleared}},
+    {{hedge_cleared}},
     finished_at = clock_timestamp() - make_interval(secs => u.age)
 FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
             %(output_hashes)s::text[], %(errors)s::text[], %(routes)s::jsonb[],
             %(ages)s::float8[])
      AS u(id, lease_token, outcome, output_hash, error, routes, age)
-WHERE t.id = u.id AND t.status = 'running'
-  AND u.lease_token = ANY(ARRAY[t.lease_token, t.hedge_token])
+WHERE t.id = u.id
+  AND konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token, u.lease_token)
   AND CASE WHEN t.hedge_token IS NULL THEN true ELSE u.outcome = 'succeeded' END
 RETURNING t.id, t.finished_at;
 
@@ -148,8 +156,8 @@ RETURNING t.id, t.finished_at;
 -- a cancel until it started.
 SELECT id
 FROM konduit_tasks
-WHERE id = %(id)s AND %(lease_token)s::uuid = ANY(ARRAY[lease_token, hedge_token])
-  AND status = 'running'
+WHERE id = %(id)s
+  AND konduit_lease_or_hedge_held(status, lease_token, hedge_token, %(lease_token)s)
 FOR SHARE;
 
 -- name: task_retry_if_leased_before_deadline
@@ -159,9 +167,8 @@ UPDATE konduit_tasks
 SET status = 'ready',
     run_at = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
     error = %(error)s,
-    lease_token = NULL,
-    lease_expires_at = NULL
-WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+    {{lease_cleared}}
+WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
   AND (deadline_at IS NULL
        OR deadline_at > clock_timestamp() + make_interval(secs => %(delay_seconds)s))
 RETURNING id, queue;
@@ -176,14 +183,11 @@ UPDATE konduit_tasks t
 SET status = 'ready',
     run_at = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
     error = %(error)s,
-    lease_token = NULL,
-    lease_expires_at = NULL
-WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
-  AND t.lease_expires_at < clock_timestamp()
-  AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
+    {{lease_cleared}}
+WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
+  AND konduit_lease_rescuable(t.worker_id, t.lease_expires_at, %(lease_seconds)s)
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
   AND t.hedge_token IS NULL
-  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
   AND t.fallback_started_at IS NULL
   AND (t.deadline_at IS NULL
        OR t.deadline_at > clock_timestamp() + make_interval(secs => %(delay_seconds)s))
@@ -200,15 +204,12 @@ UPDATE konduit_tasks t
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
     error = %(error)s,
-    lease_token = NULL,
-    lease_expires_at = NULL,
+    {{lease_cleared}},
     finished_at = clock_timestamp()
-WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
-  AND t.lease_expires_at < clock_timestamp()
-  AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
+WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
+  AND konduit_lease_rescuable(t.worker_id, t.lease_expires_at, %(lease_seconds)s)
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
   AND t.hedge_token IS NULL
-  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
   -- A caller that did not run the task's fallback (fallback_settle set) never ends a task whose
   -- fallback another worker started less than that long ago: that one's outcome is coming.
   AND (%(fallback_settle)s::float8 IS NULL OR t.fallback_started_at IS NULL
@@ -227,16 +228,13 @@ UPDATE konduit_tasks t
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
     error = %(error)s,
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL,
+    {{lease_cleared}},
+    {{hedge_cleared}},
     finished_at = clock_timestamp()
 WHERE t.id = %(id)s
   AND konduit_task_expirable(t.status, t.deadline_at, t.worker_id, t.hedge_worker_id,
                              %(grace_seconds)s)
-  AND ((t.status = 'running' AND t.lease_token = %(lease_token)s)
+  AND (konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
        OR (t.status = 'ready' AND %(lease_token)s::uuid IS NULL)
        -- A waiting task that did not become due in time (task_wake_if_waiting, the complement).
        OR (t.status = 'waiting' AND %(lease_token)s::uuid IS NULL
@@ -261,8 +259,8 @@ SET fallback_started_at = clock_timestamp(),
 WHERE t.id = %(id)s AND t.fallback_started_at IS NULL
   AND CASE WHEN %(lease_token)s::uuid IS NULL
            THEN t.status IN ('ready', 'waiting') AND t.lease_token IS NULL
-           ELSE t.status = 'running'
-                AND %(lease_token)s::uuid = ANY(ARRAY[t.lease_token, t.hedge_token]) END
+           ELSE konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token,
+                                            %(lease_token)s) END
 RETURNING t.id;
 
 -- name: task_release_if_leased
@@ -271,9 +269,8 @@ UPDATE konduit_tasks
 SET status = 'ready',
     run_at = clock_timestamp(),
     attempt = attempt - 1,
-    lease_token = NULL,
-    lease_expires_at = NULL
-WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+    {{lease_cleared}}
+WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
 RETURNING id, queue;
 
 -- name: task_list_rescuable
@@ -285,8 +282,7 @@ SELECT {{claimed_row}}, t.worker_id,
        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
-WHERE t.status = 'running' AND t.lease_expires_at < clock_timestamp()
-  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
+WHERE t.status = 'running' AND konduit_lease_lapsed(t.worker_id, t.lease_expires_at)
 ORDER BY t.lease_expires_at
 LIMIT %(limit)s;
 
@@ -303,11 +299,8 @@ WITH doomed AS (
 UPDATE konduit_tasks t
 SET status = 'cancelled',
     error = %(reason)s,
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL,
+    {{lease_cleared}},
+    {{hedge_cleared}},
     finished_at = clock_timestamp()
 FROM doomed
 WHERE t.id = doomed.id AND t.status IN ('ready', 'running', 'waiting')
@@ -366,5 +359,5 @@ ORDER BY step, generation DESC, map_index;
 -- Whether a lease (or hedge lease) still holds its task (after a guarded write changed nothing:
 -- which guard?).
 SELECT id FROM konduit_tasks
-WHERE id = %(id)s AND %(lease_token)s::uuid = ANY(ARRAY[lease_token, hedge_token])
-  AND status = 'running';
+WHERE id = %(id)s
+  AND konduit_lease_or_hedge_held(status, lease_token, hedge_token, %(lease_token)s);

@@ -11,15 +11,14 @@ FROM (SELECT DISTINCT hashtextextended(k, 7477) AS h
 -- event, timer or child step); the task holds no lease and no worker slot from now on.
 UPDATE konduit_tasks
 SET status = 'waiting',
-    lease_token = NULL,
-    lease_expires_at = NULL,
+    {{lease_cleared}},
     wait_kind = %(kind)s,
     wait_event = %(event)s,
     wait_key = %(key)s,
     wait_until = COALESCE(%(until)s::timestamptz,
                           clock_timestamp() + make_interval(secs => %(delay_seconds)s::float8)),
     wait_child = %(child)s
-WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
   AND hedge_token IS NULL
 RETURNING id, execution_id, step, wait_until,
           extract(epoch FROM wait_until - clock_timestamp())::float8 AS wait_seconds;

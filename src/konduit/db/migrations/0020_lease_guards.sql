@@ -1,0 +1,64 @@
+-- Konduit schema, version 20: the lease guards, each defined once.
+--
+-- Every write of a task's lease re-checks in its own WHERE that the lease is still what its
+-- caller read (River #1302). The same conditions stood in several statements (tasks.sql,
+-- hedges.sql, leases.sql); a copy that drifts is a fence with a hole. They are SQL functions
+-- now, called by each statement in its own WHERE, so each write still re-checks at the time of
+-- its own statement.
+--
+-- They must cost nothing on the hot path: each is a LANGUAGE sql function of one expression,
+-- neither STRICT nor SECURITY DEFINER, with no SET clause, that uses each argument in a way
+-- the planner accepts (every argument a column or a bind parameter), so PostgreSQL inlines it:
+-- the planner sees the very expression the statement held before, and the plans are the same
+-- (the index conditions and partial-index predicates included).
+-- Volatility as correct for the body, which inlining requires too: the token guards read only
+-- their arguments (IMMUTABLE); the rescue guards read clock_timestamp(), which is VOLATILE, so
+-- they are (declared STABLE, they would not be inlined).
+
+-- The task runs under this lease: its own (a hedge's token is not enough: see the next one).
+CREATE FUNCTION konduit_lease_held(status text, lease_token uuid, token uuid)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT lease_token = token AND status = 'running'
+$$;
+
+-- The task runs under this token, as its lease or its hedge's (docs/hedging.md): whichever
+-- attempt holds it.
+CREATE FUNCTION konduit_lease_or_hedge_held(status text, lease_token uuid, hedge_token uuid,
+                                            token uuid)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT token = ANY(ARRAY[lease_token, hedge_token]) AND status = 'running'
+$$;
+
+-- The task runs under one of these tokens, as its lease or its hedge's (a heartbeat's batch).
+CREATE FUNCTION konduit_lease_or_hedge_held_any(status text, lease_token uuid, hedge_token uuid,
+                                                tokens uuid[])
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT (lease_token = ANY(tokens) OR hedge_token = ANY(tokens)) AND status = 'running'
+$$;
+
+-- A lease ran out and its holder is not a live worker whose lease ran out less than a lease
+-- ago (konduit_lease_holder_alive: a heartbeat may be about to land).
+CREATE FUNCTION konduit_lease_lapsed(holder text, lease_expires_at timestamptz)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT lease_expires_at < clock_timestamp()
+       AND NOT konduit_lease_holder_alive(holder, lease_expires_at)
+$$;
+
+-- A lease may be taken from its holder now: it lapsed, and the server has been up for a lease
+-- (after a restart, a live worker's heartbeat may not have reached the new server yet).
+CREATE FUNCTION konduit_lease_rescuable(holder text, lease_expires_at timestamptz,
+                                        lease_seconds float8)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT konduit_lease_lapsed(holder, lease_expires_at)
+       AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => lease_seconds)
+$$;
