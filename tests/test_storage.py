@@ -323,17 +323,18 @@ def test_lease_fenced_writes_say_so_in_their_name():
     assert len(fenced) >= 5, fenced  # retry, release, lose x2, expire (complete: unnest)
 
 
+def _sets_task_status(sql: str) -> bool:
+    for clause in re.findall(r"UPDATE konduit_tasks\b.*?\bSET\b(.*?)(?:\bFROM\b|\bWHERE\b|$)",
+                             sql, re.S):
+        if re.search(r"(?:^|,)\s*status\s*=", clause):
+            return True
+    return False
+
+
 def test_every_task_status_write_lives_in_the_transitions_module():
     """One module owns the task lifecycle: no other module calls a statement that writes a
     task's status."""
-    def sets_status(sql: str) -> bool:
-        for clause in re.findall(r"UPDATE konduit_tasks\b.*?\bSET\b(.*?)(?:\bFROM\b|\bWHERE\b|$)",
-                                 sql, re.S):
-            if re.search(r"(?:^|,)\s*status\s*=", clause):
-                return True
-        return False
-
-    writers = {name for name, query in all_queries().items() if sets_status(query.sql)}
+    writers = {name for name, query in all_queries().items() if _sets_task_status(query.sql)}
     assert {"task_claim_batch", "task_complete_many_if_leased", "task_retry_if_leased_before_deadline",
             "task_release_if_leased", "task_lose_if_rescuable", "task_end_if_rescuable",
             "task_expire_if_past_deadline", "task_cancel_unfinished"} <= writers, writers
@@ -344,6 +345,16 @@ def test_every_task_status_write_lives_in_the_transitions_module():
         text = path.read_text()
         for name in writers:
             assert f'"{name}"' not in text, f"{path.relative_to(source)} writes task status via {name}"
+
+
+def test_every_task_status_write_lives_in_tasks_sql():
+    """One file holds the task lifecycle's statements, so a new guard or status is written
+    beside the others."""
+    writers = {name: file for file, queries in _query_files().items()
+               for name, query in queries.items() if _sets_task_status(query.sql)}
+    assert len(writers) >= 11, writers  # the claims, the ends, retry, release, wait, wake ...
+    elsewhere = {name: file for name, file in writers.items() if file != "tasks.sql"}
+    assert not elsewhere, elsewhere
 
 
 def test_every_query_the_engine_calls_exists():

@@ -1,3 +1,6 @@
+-- Every statement that sets a task's status (its lifecycle: engine/transitions.py), and the
+-- task statements beside them. Fragments first: the pieces several statements share.
+
 -- fragment: claimed_row
 -- The columns of a task attempt the runtime holds (core.model.TaskAttempt.from_row reads every
 -- one), over the task row `t` (a claimed CTE or konduit_tasks) and its execution `e`. Each
@@ -125,6 +128,156 @@ SELECT {{claimed_row}},
 FROM claimed t
 -- A lookup by primary key per claimed task under any plan (LIMIT keeps the subquery from being
 -- flattened): a generic plan, not knowing `limit`, would otherwise hash every execution.
+CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+                    FROM konduit_executions e WHERE e.id = t.execution_id LIMIT 1) AS e;
+
+-- name: task_claim_batch_flow_limited
+-- The claim of task_claim_batch, plus the ready tasks of the limited steps whose rows the caller
+-- locked (flow_limit_lock_if_ready), each step at most its allowance: its concurrency minus its
+-- running tasks, and its rate's count minus its starts in the window; records the starts and
+-- the throttled time in those rows. One clock reading serves the window, the attempts' start
+-- times and the window's new entries, so the starts stored are the starts decided.
+-- plan: custom, the ready backlog of the limited steps grows from nothing to a map's width.
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS at
+), room AS MATERIALIZED (
+    -- What the limits allow now (NULL: no limit left on the step).
+    SELECT f.workflow, f.step,
+           CASE WHEN f.concurrency IS NOT NULL OR f.rate_count IS NOT NULL THEN
+               greatest(0, least(  -- least() skips a NULL (absent) limit
+                   f.concurrency - (SELECT count(*) FROM konduit_tasks r
+                                    WHERE r.limited AND r.workflow = f.workflow
+                                      AND r.step = f.step AND r.status = 'running'),
+                   f.rate_count - (SELECT count(*) FROM unnest(f.starts) AS s(at)
+                                   WHERE s.at > k.at - make_interval(secs => f.rate_seconds))
+               ))
+           END::int AS room
+    FROM unnest(%(flow_workflows)s::text[], %(flow_steps)s::text[]) AS l(workflow, step)
+    JOIN konduit_flow_limits f ON f.workflow = l.workflow AND f.step = l.step
+    CROSS JOIN clock k
+), allowance AS MATERIALIZED (
+    -- ... and what this claim may take of it.
+    SELECT r.workflow, r.step, r.room, least(r.room, %(limit)s)::int AS n FROM room r
+), picked AS (
+    SELECT c.id, c.workflow, c.step, c.limited, c.turn, q.pos
+    FROM (SELECT name, min(pos) AS pos
+          FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS u(name, pos)
+          GROUP BY name) AS q
+    CROSS JOIN LATERAL (
+        -- Turns as in task_claim_batch; a limited step's tasks take their place in the order.
+        SELECT l.id, l.workflow, l.step, l.limited,
+               row_number() OVER (ORDER BY l.priority, l.fair_turn, l.execution_id, l.id) AS turn
+        FROM (
+            -- As in task_claim_batch: one bounded index scan per (queue, workflow version).
+            SELECT u.*
+            FROM (SELECT DISTINCT name FROM unnest(%(workflows)s::text[]) AS w(name)) AS w
+            CROSS JOIN LATERAL (
+                SELECT t.id, t.priority, t.fair_turn, t.execution_id, t.workflow, t.step,
+                       false AS limited
+                FROM konduit_tasks t
+                WHERE t.status = 'ready' AND t.queue = q.name AND t.workflow = w.name
+                  AND NOT t.limited
+                  AND t.run_at <= clock_timestamp()
+                  AND (SELECT e.status = 'running' FROM konduit_executions e
+                       WHERE e.id = t.execution_id)
+                ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
+                LIMIT %(limit)s
+                FOR UPDATE OF t SKIP LOCKED
+            ) AS u
+            UNION ALL
+            -- Per locked step with room: its first ready tasks, no more than it may start.
+            SELECT s.*
+            FROM allowance a
+            CROSS JOIN LATERAL (
+                SELECT t.id, t.priority, t.fair_turn, t.execution_id, t.workflow, t.step,
+                       true AS limited
+                FROM konduit_tasks t
+                WHERE t.limited AND t.workflow = a.workflow AND t.step = a.step
+                  AND t.status = 'ready' AND t.queue = q.name
+                  AND t.run_at <= clock_timestamp()
+                  AND (SELECT e.status = 'running' FROM konduit_executions e
+                       WHERE e.id = t.execution_id)
+                ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
+                LIMIT a.n
+                FOR UPDATE OF t SKIP LOCKED
+            ) AS s
+            WHERE a.n > 0
+        ) AS l
+    ) AS c
+    ORDER BY c.turn, q.pos
+    LIMIT %(limit)s
+), chosen AS (
+    -- A step whose tasks sit in several queues got its allowance from each: keep it once.
+    SELECT p.id
+    FROM (SELECT p.*, row_number() OVER (PARTITION BY p.workflow, p.step
+                                         ORDER BY p.turn, p.pos) AS nth
+          FROM picked p) AS p
+    LEFT JOIN allowance a ON a.workflow = p.workflow AND a.step = p.step
+    WHERE NOT p.limited OR p.nth <= a.n
+), claimed AS (
+    UPDATE konduit_tasks t
+    SET status = 'running',
+        attempt = t.attempt + 1,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = k.at + make_interval(secs => %(lease_seconds)s),
+        worker_id = %(worker_id)s,
+        started_at = COALESCE(t.started_at, k.at),
+        deadline_at = COALESCE(t.deadline_at, k.at + make_interval(secs => t.deadline_seconds))
+    FROM chosen, clock k
+    WHERE t.id = chosen.id
+    RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
+              t.lease_token, t.queue, t.deadline_at, t.generation, t.workflow, t.limited,
+              t.fair_turn
+), attempts AS (
+    INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, started_at)
+    SELECT c.id, c.attempt, %(worker_id)s, c.lease_token, k.at FROM claimed c, clock k
+), reached AS (
+    -- The queues' clocks, as in task_claim_batch.
+    SELECT queue, max(fair_turn) AS fair_turn FROM claimed GROUP BY queue
+), clock_held AS (
+    SELECT q.queue, r.fair_turn
+    FROM konduit_queue_clocks q JOIN reached r ON r.queue = q.queue
+    WHERE q.fair_turn < r.fair_turn
+    FOR UPDATE OF q SKIP LOCKED
+), clock_moved AS (
+    UPDATE konduit_queue_clocks q SET fair_turn = greatest(q.fair_turn, h.fair_turn)
+    FROM clock_held h WHERE q.queue = h.queue
+), started AS (
+    SELECT a.workflow, a.step, a.room,
+           (SELECT count(*) FROM claimed c
+            WHERE c.limited AND c.workflow = a.workflow AND c.step = a.step)::int AS took,
+           -- Ready tasks of the step beyond those this claim takes (its snapshot predates them).
+           (SELECT count(*) FROM (
+                SELECT 1 FROM konduit_tasks t
+                WHERE t.limited AND t.workflow = a.workflow AND t.step = a.step
+                  AND t.status = 'ready' AND t.queue = ANY(%(queues)s::text[])
+                  AND t.run_at <= k.at
+                LIMIT a.n + 1) AS r)::int AS ready
+    FROM allowance a, clock k
+), recorded AS (
+    -- Throttled: the step had more ready tasks than its limits allow and this claim took all
+    -- they allow (a claim that took less was short of free slots or found the rest locked: the
+    -- limit held nothing back). A stretch of throttled claims is throttled time.
+    UPDATE konduit_flow_limits f
+    SET starts = CASE WHEN f.rate_count IS NULL OR s.took = 0 THEN f.starts
+                      ELSE (f.starts || array_fill(k.at, ARRAY[s.took]))[
+                          greatest(1, cardinality(f.starts) + s.took - f.rate_count + 1):]
+                 END,
+        throttled_since = CASE WHEN s.throttled THEN COALESCE(f.throttled_since, k.at) END,
+        throttled_seconds = f.throttled_seconds
+            + CASE WHEN f.throttled_since IS NOT NULL AND NOT s.throttled
+                   THEN greatest(0, extract(epoch FROM k.at - f.throttled_since)) ELSE 0 END,
+        throttled_claims = f.throttled_claims + s.throttled::int
+    FROM (SELECT s.*, COALESCE(s.ready > s.room AND s.took >= s.room, false) AS throttled
+          FROM started s) AS s, clock k
+    WHERE f.workflow = s.workflow AND f.step = s.step
+)
+SELECT {{claimed_row}},
+       extract(epoch FROM t.deadline_at - k.at)::float8 AS deadline_remaining,
+       false AS hedged, NULL::float8 AS fallback_age
+FROM claimed t
+CROSS JOIN clock k
+-- By primary key per claimed task under any plan, as in task_claim_batch.
 CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
                     FROM konduit_executions e WHERE e.id = t.execution_id LIMIT 1) AS e;
 
@@ -272,6 +425,36 @@ SET status = 'ready',
     {{lease_cleared}}
 WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
 RETURNING id, queue;
+
+-- name: task_wait_if_leased
+-- Arm: running -> waiting, while the caller still holds the lease (the arming attempt of an
+-- event, timer or child step); the task holds no lease and no worker slot from now on.
+UPDATE konduit_tasks
+SET status = 'waiting',
+    {{lease_cleared}},
+    wait_kind = %(kind)s,
+    wait_event = %(event)s,
+    wait_key = %(key)s,
+    wait_until = COALESCE(%(until)s::timestamptz,
+                          clock_timestamp() + make_interval(secs => %(delay_seconds)s::float8)),
+    wait_child = %(child)s
+WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
+  AND hedge_token IS NULL
+RETURNING id, execution_id, step, wait_until,
+          extract(epoch FROM wait_until - clock_timestamp())::float8 AS wait_seconds;
+
+-- name: task_wake_if_waiting
+-- Wake: waiting -> terminal (the event's payload, the timer's None, the child's output). Only a
+-- task still waiting, and one that became due before its deadline (an event accepted, a timer
+-- due, a child ended in time): a late one is the deadline sweep's (task_expire_if_past_deadline).
+UPDATE konduit_tasks t
+SET status = %(outcome)s,
+    output_hash = %(output_hash)s,
+    error = %(error)s,
+    finished_at = clock_timestamp()
+WHERE t.id = %(id)s AND t.status = 'waiting'
+  AND (t.deadline_at IS NULL OR COALESCE(t.wait_until, clock_timestamp()) <= t.deadline_at)
+RETURNING t.id, t.finished_at;
 
 -- name: task_list_rescuable
 -- Running tasks whose worker is gone (lease expired, owner not live), oldest first; the write

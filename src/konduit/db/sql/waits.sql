@@ -6,23 +6,6 @@ SELECT count(pg_advisory_xact_lock(h))::int AS locked
 FROM (SELECT DISTINCT hashtextextended(k, 7477) AS h
       FROM unnest(%(keys)s::text[]) AS k ORDER BY 1) AS s;
 
--- name: task_wait_if_leased
--- Arm: running -> waiting, while the caller still holds the lease (the arming attempt of an
--- event, timer or child step); the task holds no lease and no worker slot from now on.
-UPDATE konduit_tasks
-SET status = 'waiting',
-    {{lease_cleared}},
-    wait_kind = %(kind)s,
-    wait_event = %(event)s,
-    wait_key = %(key)s,
-    wait_until = COALESCE(%(until)s::timestamptz,
-                          clock_timestamp() + make_interval(secs => %(delay_seconds)s::float8)),
-    wait_child = %(child)s
-WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
-  AND hedge_token IS NULL
-RETURNING id, execution_id, step, wait_until,
-          extract(epoch FROM wait_until - clock_timestamp())::float8 AS wait_seconds;
-
 -- name: task_mark_due_if_waiting
 -- An event was accepted for a waiting task (before its deadline): it is due now. Whoever wakes
 -- it (the sender at once, else a worker's maintenance) completes it with the event's payload,
@@ -32,19 +15,6 @@ SET wait_until = clock_timestamp()
 WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'event' AND wait_until IS NULL
   AND (deadline_at IS NULL OR deadline_at > clock_timestamp())
 RETURNING id;
-
--- name: task_wake_if_waiting
--- Wake: waiting -> terminal (the event's payload, the timer's None, the child's output). Only a
--- task still waiting, and one that became due before its deadline (an event accepted, a timer
--- due, a child ended in time): a late one is the deadline sweep's (task_expire_if_past_deadline).
-UPDATE konduit_tasks t
-SET status = %(outcome)s,
-    output_hash = %(output_hash)s,
-    error = %(error)s,
-    finished_at = clock_timestamp()
-WHERE t.id = %(id)s AND t.status = 'waiting'
-  AND (t.deadline_at IS NULL OR COALESCE(t.wait_until, clock_timestamp()) <= t.deadline_at)
-RETURNING t.id, t.finished_at;
 
 -- name: task_find_waiting_for_event
 -- The oldest task waiting for this event (core.waits.event_matches, in SQL), not yet due and
