@@ -357,18 +357,6 @@ def test_every_task_status_write_lives_in_tasks_sql():
     assert not elsewhere, elsewhere
 
 
-def test_every_query_the_engine_calls_exists():
-    source = Path(konduit.__file__).parent
-    called: set[str] = set()
-    pattern = re.compile(r"\.(?:one|all|run)\(\s*\"([a-z_]+)\"|\bq\(\"([a-z_]+)\"\)")
-    for path in source.rglob("*.py"):
-        for match in pattern.finditer(path.read_text()):
-            called.add(match.group(1) or match.group(2))
-    assert called, "found no query calls: the pattern is stale"
-    missing = sorted(called - set(all_queries()))
-    assert not missing, f"called but not defined in konduit/db/sql: {missing}"
-
-
 def _positional(sql: str) -> str:
     """%(name)s placeholders -> $1, $2 ... (the same name keeps its number)."""
     numbers: dict[str, int] = {}
