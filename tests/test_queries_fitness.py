@@ -253,7 +253,8 @@ def test_every_query_with_the_claimed_row_returns_what_task_attempt_reads(db_url
 # The guards of migration 0020: inlined by the planner, or they would cost a function call per
 # row and hide their conditions from index and partial-index matching.
 GUARDS = ("konduit_lease_held", "konduit_lease_or_hedge_held", "konduit_lease_or_hedge_held_any",
-          "konduit_lease_lapsed", "konduit_lease_rescuable")
+          "konduit_lease_lapsed", "konduit_lease_rescuable", "konduit_deadline_after",
+          "konduit_fallback_settled")
 
 
 @pytest.mark.storage

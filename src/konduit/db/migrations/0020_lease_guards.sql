@@ -62,3 +62,23 @@ AS $$
     SELECT konduit_lease_lapsed(holder, lease_expires_at)
        AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => lease_seconds)
 $$;
+
+-- A wait of `seconds` from now (a retry's backoff) ends before the task's deadline, if it has
+-- one: else the caller ends the task instead of making it ready again.
+CREATE FUNCTION konduit_deadline_after(deadline_at timestamptz, seconds float8)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT deadline_at IS NULL
+        OR deadline_at > clock_timestamp() + make_interval(secs => seconds)
+$$;
+
+-- A caller that did not run the task's fallback (settle_seconds set) never ends a task whose
+-- fallback another worker started less than that long ago: that one's outcome is coming.
+CREATE FUNCTION konduit_fallback_settled(fallback_started_at timestamptz, settle_seconds float8)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT settle_seconds IS NULL OR fallback_started_at IS NULL
+        OR fallback_started_at < clock_timestamp() - make_interval(secs => settle_seconds)
+$$;

@@ -89,9 +89,7 @@ UPDATE konduit_tasks t
 SET {{hedge_cleared}}
 WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.hedge_token, %(hedge_token)s)
   AND konduit_lease_rescuable(t.hedge_worker_id, t.hedge_expires_at, %(lease_seconds)s)
-  -- A row another transaction holds is not taken: it may be the holder's own (a join's
-  -- start reading a wide upstream holds its task), which then extends the lease itself.
-  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
+  AND {{task_row_unheld}}
 RETURNING t.id;
 
 -- name: task_promote_hedge_if_rescuable
@@ -106,9 +104,7 @@ SET lease_token = t.hedge_token,
 WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
   AND t.hedge_token IS NOT NULL AND t.hedge_expires_at > clock_timestamp()
   AND konduit_lease_rescuable(t.worker_id, t.lease_expires_at, %(lease_seconds)s)
-  -- A row another transaction holds is not taken: it may be the holder's own (a join's
-  -- start reading a wide upstream holds its task), which then extends the lease itself.
-  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
+  AND {{task_row_unheld}}
 RETURNING t.id;
 
 -- name: step_attempt_quantile_unhedged

@@ -21,6 +21,28 @@ hedge_token = NULL,
 hedge_expires_at = NULL,
 hedge_worker_id = NULL
 
+-- fragment: task_row_unheld
+-- A rescue takes no row another transaction holds: it may be the holder's own (a join's start
+-- reading a wide upstream holds its task), which then extends the lease itself. (A lock
+-- clause, so not a function: a SQL function with one is never inlined.)
+t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
+
+-- fragment: queue_clocks_moved
+-- The CTEs that end a claim: each queue's clock moves to the latest fair turn the `claimed`
+-- CTE took (migration 0019). A clock another claim holds is skipped, never waited for: that
+-- claim moves it.
+reached AS (
+    SELECT queue, max(fair_turn) AS fair_turn FROM claimed GROUP BY queue
+), clock_held AS (
+    SELECT qc.queue, r.fair_turn
+    FROM konduit_queue_clocks qc JOIN reached r ON r.queue = qc.queue
+    WHERE qc.fair_turn < r.fair_turn
+    FOR UPDATE OF qc SKIP LOCKED
+), clock_moved AS (
+    UPDATE konduit_queue_clocks qc SET fair_turn = greatest(qc.fair_turn, h.fair_turn)
+    FROM clock_held h WHERE qc.queue = h.queue
+)
+
 -- name: task_insert_many
 -- Create the ready tasks of steps whose join fired; a task that exists already is never made twice.
 -- A budget the execution's window cut (deadline_uncut set) is a moment: its deadline starts now.
@@ -110,18 +132,8 @@ WITH picked AS (
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token)
     SELECT id, attempt, %(worker_id)s, lease_token FROM claimed
-), reached AS (
-    SELECT queue, max(fair_turn) AS fair_turn FROM claimed GROUP BY queue
-), clock_held AS (
-    -- A clock another claim holds is skipped, never waited for: that claim moves it.
-    SELECT k.queue, r.fair_turn
-    FROM konduit_queue_clocks k JOIN reached r ON r.queue = k.queue
-    WHERE k.fair_turn < r.fair_turn
-    FOR UPDATE OF k SKIP LOCKED
-), clock_moved AS (
-    UPDATE konduit_queue_clocks k SET fair_turn = greatest(k.fair_turn, h.fair_turn)
-    FROM clock_held h WHERE k.queue = h.queue
-)
+),
+{{queue_clocks_moved}}
 SELECT {{claimed_row}},
        extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
        false AS hedged, NULL::float8 AS fallback_age
@@ -231,18 +243,8 @@ WITH clock AS MATERIALIZED (
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, started_at)
     SELECT c.id, c.attempt, %(worker_id)s, c.lease_token, k.at FROM claimed c, clock k
-), reached AS (
-    -- The queues' clocks, as in task_claim_batch.
-    SELECT queue, max(fair_turn) AS fair_turn FROM claimed GROUP BY queue
-), clock_held AS (
-    SELECT q.queue, r.fair_turn
-    FROM konduit_queue_clocks q JOIN reached r ON r.queue = q.queue
-    WHERE q.fair_turn < r.fair_turn
-    FOR UPDATE OF q SKIP LOCKED
-), clock_moved AS (
-    UPDATE konduit_queue_clocks q SET fair_turn = greatest(q.fair_turn, h.fair_turn)
-    FROM clock_held h WHERE q.queue = h.queue
-), started AS (
+),
+{{queue_clocks_moved}}, started AS (
     SELECT a.workflow, a.step, a.room,
            (SELECT count(*) FROM claimed c
             WHERE c.limited AND c.workflow = a.workflow AND c.step = a.step)::int AS took,
@@ -322,8 +324,7 @@ SET status = 'ready',
     error = %(error)s,
     {{lease_cleared}}
 WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
-  AND (deadline_at IS NULL
-       OR deadline_at > clock_timestamp() + make_interval(secs => %(delay_seconds)s))
+  AND konduit_deadline_after(deadline_at, %(delay_seconds)s)
 RETURNING id, queue;
 
 -- name: task_lose_if_rescuable
@@ -342,11 +343,8 @@ WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_toke
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
   AND t.hedge_token IS NULL
   AND t.fallback_started_at IS NULL
-  AND (t.deadline_at IS NULL
-       OR t.deadline_at > clock_timestamp() + make_interval(secs => %(delay_seconds)s))
-  -- A row another transaction holds is not taken: it may be the holder's own (a join's
-  -- start reading a wide upstream holds its task), which then extends the lease itself.
-  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
+  AND konduit_deadline_after(t.deadline_at, %(delay_seconds)s)
+  AND {{task_row_unheld}}
 RETURNING t.id, t.queue;
 
 -- name: task_end_if_rescuable
@@ -363,13 +361,8 @@ WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_toke
   AND konduit_lease_rescuable(t.worker_id, t.lease_expires_at, %(lease_seconds)s)
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
   AND t.hedge_token IS NULL
-  -- A caller that did not run the task's fallback (fallback_settle set) never ends a task whose
-  -- fallback another worker started less than that long ago: that one's outcome is coming.
-  AND (%(fallback_settle)s::float8 IS NULL OR t.fallback_started_at IS NULL
-       OR t.fallback_started_at < clock_timestamp() - make_interval(secs => %(fallback_settle)s))
-  -- A row another transaction holds is not taken: it may be the holder's own (a join's
-  -- start reading a wide upstream holds its task), which then extends the lease itself.
-  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
+  AND konduit_fallback_settled(t.fallback_started_at, %(fallback_settle)s)
+  AND {{task_row_unheld}}
 RETURNING t.id, t.finished_at;
 
 -- name: task_expire_if_past_deadline
@@ -392,10 +385,7 @@ WHERE t.id = %(id)s
        -- A waiting task that did not become due in time (task_wake_if_waiting, the complement).
        OR (t.status = 'waiting' AND %(lease_token)s::uuid IS NULL
            AND (t.wait_until IS NULL OR t.wait_until > t.deadline_at)))
-  -- A caller that did not run the task's fallback (fallback_settle set) never ends a task whose
-  -- fallback another worker started less than that long ago: that one's outcome is coming.
-  AND (%(fallback_settle)s::float8 IS NULL OR t.fallback_started_at IS NULL
-       OR t.fallback_started_at < clock_timestamp() - make_interval(secs => %(fallback_settle)s))
+  AND konduit_fallback_settled(t.fallback_started_at, %(fallback_settle)s)
 RETURNING t.id, t.finished_at;
 
 -- name: task_start_fallback_if_unstarted
