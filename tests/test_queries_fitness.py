@@ -20,7 +20,7 @@ import pytest
 
 import konduit
 from konduit.core.model import TaskAttempt
-from konduit.db.queries import all_fragments, all_queries
+from konduit.db.queries import all_fragments, all_queries, parse_queries
 from konduit.engine.deadlines import cut_columns
 from konduit.engine.starts import TEMPLATE_COLUMNS, _traces
 from konduit.engine.step_rows import state_columns
@@ -231,8 +231,9 @@ def test_every_query_is_called_with_exactly_its_parameters():
     assert not found, "\n".join(found)
 
 
-def test_every_fragment_is_included_by_some_query():
+def test_every_fragment_is_included_by_some_query_or_fragment():
     included = {f for query in all_queries().values() for f in query.fragments}
+    included |= {f for text in all_fragments().values() for f in re.findall(r"\{\{(\w+)\}\}", text)}
     assert set(all_fragments()) == included
 
 
@@ -254,7 +255,7 @@ def test_every_query_with_the_claimed_row_returns_what_task_attempt_reads(db_url
 # row and hide their conditions from index and partial-index matching.
 GUARDS = ("konduit_lease_held", "konduit_lease_or_hedge_held", "konduit_lease_or_hedge_held_any",
           "konduit_lease_lapsed", "konduit_lease_rescuable", "konduit_deadline_after",
-          "konduit_fallback_settled")
+          "konduit_fallback_settled", "konduit_deadline_ahead")
 
 
 @pytest.mark.storage
@@ -271,3 +272,25 @@ def test_every_lease_guard_is_inlined_in_the_plans_of_its_statements(db_url):
     assert "konduit_lease_holder_alive(" in plans["task_lose_if_rescuable"]
     called = {name: guard_call.findall(plan) for name, plan in plans.items()}
     assert not any(called.values()), {name: c for name, c in called.items() if c}
+
+
+def test_fragments_expand_at_their_column_inside_each_other_and_never_in_a_circle():
+    text = """-- fragment: pair
+-- Two columns.
+a,
+{{last}}
+-- fragment: last
+-- One column.
+b
+-- name: thing_get
+-- A row.
+SELECT 1,
+       {{pair}}
+FROM t;
+"""
+    assert parse_queries(text)["thing_get"].sql == "SELECT 1,\n       a,\n       b\nFROM t"
+    assert parse_queries(text)["thing_get"].fragments == {"pair"}
+    with pytest.raises(ValueError, match="includes itself"):
+        parse_queries(text.replace("{{last}}", "{{pair}}"))
+    with pytest.raises(ValueError, match="no fragment named 'lost'"):
+        parse_queries(text.replace("{{last}}", "{{lost}}"))

@@ -24,7 +24,8 @@ header with its ``--`` description, in any ``.sql`` file. A statement names it a
 ``{{noun_words}}`` and it is expanded when the queries load: ``q(name)`` returns the whole
 statement, as sent to the server and as one EXPLAINs it. The lines of a fragment after the
 first are indented to the column of its ``{{``, so the expanded statement reads as written.
-A fragment includes no fragment, and every fragment is used (tests/test_queries_fitness.py).
+A fragment may include others (never itself, even through another), and every fragment is
+used (tests/test_queries_fitness.py).
 Guards (a WHERE condition several statements re-check) are not fragments but inlinable SQL
 functions (migration 0020_lease_guards.sql), so each statement still says what it checks.
 """
@@ -74,24 +75,26 @@ def parse_fragments(text: str, source: str = "<sql>") -> dict[str, str]:
         sql = "\n".join(lines).strip().rstrip(";")
         if not described or not sql:
             raise ValueError(f"{source}: fragment {name!r} needs a description line and a body")
-        if _INCLUDE.search(sql):
-            raise ValueError(f"{source}: fragment {name!r} includes another fragment")
         if name in found:
             raise ValueError(f"{source}: fragment {name!r} is defined twice")
         found[name] = sql
     return found
 
 
-def expand(sql: str, fragments: Mapping[str, str], source: str = "<sql>") -> str:
-    """``sql`` with each ``{{fragment}}`` replaced by its text, its later lines indented to
-    the include's column."""
+def expand(sql: str, fragments: Mapping[str, str], source: str = "<sql>",
+           within: tuple[str, ...] = ()) -> str:
+    """``sql`` with each ``{{fragment}}`` replaced by its (expanded) text, its later lines
+    indented to the include's column; ``within``: the fragments being expanded around it."""
 
     def include(match: re.Match[str]) -> str:
         name = match.group("name")
         if name not in fragments:
             raise ValueError(f"{source}: no fragment named {name!r}")
+        if name in within:
+            raise ValueError(f"{source}: fragment {name!r} includes itself")
         column = match.start() - (sql.rfind("\n", 0, match.start()) + 1)
-        return ("\n" + " " * column).join(fragments[name].splitlines())
+        text = expand(fragments[name], fragments, source, (*within, name))
+        return ("\n" + " " * column).join(text.splitlines())
 
     return _INCLUDE.sub(include, sql)
 

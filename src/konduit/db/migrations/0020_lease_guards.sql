@@ -82,3 +82,11 @@ AS $$
     SELECT settle_seconds IS NULL OR fallback_started_at IS NULL
         OR fallback_started_at < clock_timestamp() - make_interval(secs => settle_seconds)
 $$;
+
+-- The task has no deadline, or it has not passed.
+CREATE FUNCTION konduit_deadline_ahead(deadline_at timestamptz)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT deadline_at IS NULL OR deadline_at > clock_timestamp()
+$$;

@@ -18,8 +18,8 @@ WITH hedged_steps AS (
     WHERE t.status = 'running' AND t.hedge_token IS NULL
       AND t.hedged_attempt IS DISTINCT FROM t.attempt
       AND a.started_at < clock_timestamp() - make_interval(secs => h.threshold)
-      AND (t.deadline_at IS NULL OR t.deadline_at > clock_timestamp())
-      AND (SELECT e.status = 'running' FROM konduit_executions e WHERE e.id = t.execution_id)
+      AND konduit_deadline_ahead(t.deadline_at)
+      AND {{execution_running}}
     ORDER BY a.started_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE OF t SKIP LOCKED

@@ -21,6 +21,28 @@ hedge_token = NULL,
 hedge_expires_at = NULL,
 hedge_worker_id = NULL
 
+-- fragment: execution_running
+-- The task's execution still runs: re-checked by every claim, not trusted from when the task
+-- was made ready (a cancel commits its tasks' status in the same transaction, but a claim must
+-- never outrun it). A lookup by primary key per candidate, whatever the statistics say (a
+-- semi-join may scan every running execution for every candidate when they are stale).
+(SELECT e.status = 'running' FROM konduit_executions e WHERE e.id = t.execution_id)
+
+-- fragment: ready_tasks_of_queue_and_workflow
+-- A claim's unlimited candidates: one index scan per (queue `q`, workflow version `w`) on
+-- konduit_tasks_ready, in its order, stopping after `limit` rows.
+SELECT t.id, t.priority, t.fair_turn, t.execution_id, t.workflow, t.step, false AS limited
+FROM konduit_tasks t
+WHERE t.status = 'ready' AND t.queue = q.name AND t.workflow = w.name
+  -- A limited step's tasks are claimed only under its flow row's lock
+  -- (task_claim_batch_flow_limited); false for every other task.
+  AND NOT t.limited
+  AND t.run_at <= clock_timestamp()
+  AND {{execution_running}}
+ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
+LIMIT %(limit)s
+FOR UPDATE OF t SKIP LOCKED
+
 -- fragment: task_row_unheld
 -- A rescue takes no row another transaction holds: it may be the holder's own (a join's start
 -- reading a wide upstream holds its task), which then extends the lease itself. (A lock
@@ -93,23 +115,7 @@ WITH picked AS (
                          AS turn
         FROM (SELECT DISTINCT name FROM unnest(%(workflows)s::text[]) AS w(name)) AS w
         CROSS JOIN LATERAL (
-            -- One index scan per (queue, workflow version) on konduit_tasks_ready, in its order,
-            -- stopping after `limit` rows.
-            SELECT t.id, t.priority, t.fair_turn, t.execution_id
-            FROM konduit_tasks t
-            WHERE t.status = 'ready' AND t.queue = q.name AND t.workflow = w.name
-              -- A limited step's tasks are claimed only under its flow row's lock
-              -- (task_claim_batch_flow_limited); false for every other task.
-              AND NOT t.limited
-              AND t.run_at <= clock_timestamp()
-              -- Re-checked here, not trusted from when the task was made ready: a cancel commits
-              -- its tasks' status in the same transaction, but a claim must never outrun it.
-              -- A lookup by primary key per candidate, whatever the statistics say (a semi-join
-              -- may scan every running execution for every candidate when they are stale).
-              AND (SELECT e.status = 'running' FROM konduit_executions e WHERE e.id = t.execution_id)
-            ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
-            LIMIT %(limit)s
-            FOR UPDATE OF t SKIP LOCKED
+            {{ready_tasks_of_queue_and_workflow}}
         ) AS l
     ) AS c
     ORDER BY c.turn, q.pos
@@ -180,21 +186,11 @@ WITH clock AS MATERIALIZED (
         SELECT l.id, l.workflow, l.step, l.limited,
                row_number() OVER (ORDER BY l.priority, l.fair_turn, l.execution_id, l.id) AS turn
         FROM (
-            -- As in task_claim_batch: one bounded index scan per (queue, workflow version).
+            -- As in task_claim_batch.
             SELECT u.*
             FROM (SELECT DISTINCT name FROM unnest(%(workflows)s::text[]) AS w(name)) AS w
             CROSS JOIN LATERAL (
-                SELECT t.id, t.priority, t.fair_turn, t.execution_id, t.workflow, t.step,
-                       false AS limited
-                FROM konduit_tasks t
-                WHERE t.status = 'ready' AND t.queue = q.name AND t.workflow = w.name
-                  AND NOT t.limited
-                  AND t.run_at <= clock_timestamp()
-                  AND (SELECT e.status = 'running' FROM konduit_executions e
-                       WHERE e.id = t.execution_id)
-                ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
-                LIMIT %(limit)s
-                FOR UPDATE OF t SKIP LOCKED
+                {{ready_tasks_of_queue_and_workflow}}
             ) AS u
             UNION ALL
             -- Per locked step with room: its first ready tasks, no more than it may start.
@@ -207,8 +203,7 @@ WITH clock AS MATERIALIZED (
                 WHERE t.limited AND t.workflow = a.workflow AND t.step = a.step
                   AND t.status = 'ready' AND t.queue = q.name
                   AND t.run_at <= clock_timestamp()
-                  AND (SELECT e.status = 'running' FROM konduit_executions e
-                       WHERE e.id = t.execution_id)
+                  AND {{execution_running}}
                 ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
                 LIMIT a.n
                 FOR UPDATE OF t SKIP LOCKED

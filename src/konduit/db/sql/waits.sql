@@ -13,7 +13,7 @@ FROM (SELECT DISTINCT hashtextextended(k, 7477) AS h
 UPDATE konduit_tasks
 SET wait_until = clock_timestamp()
 WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'event' AND wait_until IS NULL
-  AND (deadline_at IS NULL OR deadline_at > clock_timestamp())
+  AND konduit_deadline_ahead(deadline_at)
 RETURNING id;
 
 -- name: task_find_waiting_for_event
@@ -26,7 +26,7 @@ WHERE t.status = 'waiting' AND t.wait_kind = 'event' AND t.wait_event = %(name)s
   AND t.wait_until IS NULL
   AND (%(key)s::text IS NULL OR t.wait_key = %(key)s::text)
   AND (%(execution_id)s::uuid IS NULL OR t.execution_id = %(execution_id)s::uuid)
-  AND (t.deadline_at IS NULL OR t.deadline_at > clock_timestamp())
+  AND konduit_deadline_ahead(t.deadline_at)
 ORDER BY t.id
 LIMIT 1;
 
