@@ -1,8 +1,9 @@
--- Konduit schema, version 20: the lease guards, each defined once.
+-- Konduit schema, version 20: the task guards (lease, rescue, deadline), each defined once.
 --
--- Every write of a task's lease re-checks in its own WHERE that the lease is still what its
--- caller read (River #1302). The same conditions stood in several statements (tasks.sql,
--- hedges.sql, leases.sql); a copy that drifts is a fence with a hole. They are SQL functions
+-- Every write of a task re-checks in its own WHERE that the task is still what its caller read:
+-- its lease, its lease's expiry, its deadline (River #1302). The same conditions stood in
+-- several statements (tasks.sql, hedges.sql, leases.sql, waits.sql, batches.sql); a copy that
+-- drifts is a fence with a hole. They are SQL functions
 -- now, called by each statement in its own WHERE, so each write still re-checks at the time of
 -- its own statement.
 --
@@ -12,10 +13,13 @@
 -- the planner sees the very expression the statement held before, and the plans are the same
 -- (the index conditions and partial-index predicates included).
 -- Volatility as correct for the body, which inlining requires too: the token guards read only
--- their arguments (IMMUTABLE); the rescue guards read clock_timestamp(), which is VOLATILE, so
--- they are (declared STABLE, they would not be inlined).
+-- their arguments (IMMUTABLE); the others read clock_timestamp(), which is VOLATILE, so they
+-- are (declared STABLE, they would not be inlined). tests/test_queries_fitness.py holds that no
+-- plan of a statement that calls one still calls it.
 
--- The task runs under this lease: its own (a hedge's token is not enough: see the next one).
+-- The task runs under this lease: `lease_token` is the one the caller names (the task's lease,
+-- or its hedge's where a hedge is rescued); the other lease's token is not enough (see the
+-- next one).
 CREATE FUNCTION konduit_lease_held(status text, lease_token uuid, token uuid)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE
