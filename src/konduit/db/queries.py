@@ -17,17 +17,30 @@ which kind it is:
   step's history, a backlog) carries ``-- plan: custom`` among its description lines, with
   why. It is never prepared: each run is planned with its own parameters and the table sizes
   of that moment (an unnamed statement; PgBouncer-safe too).
+
+Fragments. A piece of SQL several statements must write alike (the columns a claimed task row
+carries, the SET list that clears a lease) stands once, under a ``-- fragment: noun_words``
+header with its ``--`` description, in any ``.sql`` file. A statement names it as
+``{{noun_words}}`` and it is expanded when the queries load: ``q(name)`` returns the whole
+statement, as sent to the server and as one EXPLAINs it. The lines of a fragment after the
+first are indented to the column of its ``{{``, so the expanded statement reads as written.
+A fragment may include others (never itself, even through another), and every fragment is
+used (tests/test_queries_fitness.py).
+Guards (a WHERE condition several statements re-check) are not fragments but inlinable SQL
+functions (migration 0020_lease_guards.sql), so each statement still says what it checks.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-_HEADER = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.MULTILINE)
+_HEADER = re.compile(r"^-- (?P<kind>name|fragment): (?P<name>[a-z_]+)\s*$", re.MULTILINE)
 _PLAN = re.compile(r"^plan:\s*custom\b")
+_INCLUDE = re.compile(r"\{\{(?P<name>[a-z_]+)\}\}")
 
 
 @dataclass(frozen=True)
@@ -37,15 +50,65 @@ class Query:
     sql: str
     custom_plan: bool = False
     """Plan each run with its own parameters (never prepared): see the module docstring."""
+    fragments: frozenset[str] = frozenset()
+    """The fragments its text includes."""
 
 
-def parse_queries(text: str, source: str = "<sql>") -> dict[str, Query]:
-    """Split a ``.sql`` file into its named queries."""
-    found: dict[str, Query] = {}
+def _sections(text: str) -> Iterator[tuple[str, str, str]]:
+    """(kind, name, body) of each ``-- name:`` or ``-- fragment:`` section of a file."""
     headers = list(_HEADER.finditer(text))
     for i, header in enumerate(headers):
         end = headers[i + 1].start() if i + 1 < len(headers) else len(text)
-        body = text[header.end() : end].strip().splitlines()
+        yield header.group("kind"), header.group("name"), text[header.end() : end]
+
+
+def parse_fragments(text: str, source: str = "<sql>") -> dict[str, str]:
+    """The fragments a ``.sql`` file defines: name -> SQL (without its description)."""
+    found: dict[str, str] = {}
+    for kind, name, body in _sections(text):
+        if kind != "fragment":
+            continue
+        lines = body.strip().splitlines()
+        described = bool(lines) and lines[0].startswith("--")
+        while lines and lines[0].startswith("--"):
+            lines.pop(0)
+        sql = "\n".join(lines).strip().rstrip(";")
+        if not described or not sql:
+            raise ValueError(f"{source}: fragment {name!r} needs a description line and a body")
+        if name in found:
+            raise ValueError(f"{source}: fragment {name!r} is defined twice")
+        found[name] = sql
+    return found
+
+
+def expand(sql: str, fragments: Mapping[str, str], source: str = "<sql>",
+           within: tuple[str, ...] = ()) -> str:
+    """``sql`` with each ``{{fragment}}`` replaced by its (expanded) text, its later lines
+    indented to the include's column; ``within``: the fragments being expanded around it."""
+
+    def include(match: re.Match[str]) -> str:
+        name = match.group("name")
+        if name not in fragments:
+            raise ValueError(f"{source}: no fragment named {name!r}")
+        if name in within:
+            raise ValueError(f"{source}: fragment {name!r} includes itself")
+        column = match.start() - (sql.rfind("\n", 0, match.start()) + 1)
+        text = expand(fragments[name], fragments, source, (*within, name))
+        return ("\n" + " " * column).join(text.splitlines())
+
+    return _INCLUDE.sub(include, sql)
+
+
+def parse_queries(text: str, source: str = "<sql>",
+                  fragments: Mapping[str, str] | None = None) -> dict[str, Query]:
+    """Split a ``.sql`` file into its named queries, its fragments (and ``fragments``, those of
+    the other files) expanded."""
+    known = {**(fragments or {}), **parse_fragments(text, source)}
+    found: dict[str, Query] = {}
+    for kind, name, section in _sections(text):
+        if kind != "name":
+            continue
+        body = section.strip().splitlines()
         description_lines = []
         custom_plan = False
         while body and body[0].startswith("--"):
@@ -55,24 +118,40 @@ def parse_queries(text: str, source: str = "<sql>") -> dict[str, Query]:
                 line = line.removeprefix("plan:").strip().removeprefix("custom").strip(" ,:-")
             if line:
                 description_lines.append(line)
-        sql = "\n".join(body).strip().rstrip(";")
-        name = header.group("name")
+        written = "\n".join(body).strip().rstrip(";")
+        sql = expand(written, known, source)
         if not description_lines or not sql:
             raise ValueError(f"{source}: query {name!r} needs a description line and a body")
         if name in found:
             raise ValueError(f"{source}: query {name!r} is defined twice")
-        found[name] = Query(name, " ".join(description_lines), sql, custom_plan)
+        found[name] = Query(name, " ".join(description_lines), sql, custom_plan,
+                            frozenset(_INCLUDE.findall(written)))
     return found
+
+
+def _sql_files() -> list[tuple[str, str]]:
+    folder = resources.files("konduit.db") / "sql"
+    return [(entry.name, entry.read_text())
+            for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+            if entry.name.endswith(".sql")]
+
+
+@cache
+def all_fragments() -> dict[str, str]:
+    fragments: dict[str, str] = {}
+    for source, text in _sql_files():
+        for name, sql in parse_fragments(text, source).items():
+            if name in fragments:
+                raise ValueError(f"fragment {name!r} is defined in two files")
+            fragments[name] = sql
+    return fragments
 
 
 @cache
 def all_queries() -> dict[str, Query]:
     queries: dict[str, Query] = {}
-    folder = resources.files("konduit.db") / "sql"
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if not entry.name.endswith(".sql"):
-            continue
-        for name, query in parse_queries(entry.read_text(), entry.name).items():
+    for source, text in _sql_files():
+        for name, query in parse_queries(text, source, all_fragments()).items():
             if name in queries:
                 raise ValueError(f"query {name!r} is defined in two files")
             queries[name] = query

@@ -30,8 +30,8 @@ ON CONFLICT DO NOTHING;
 SELECT t.id
 FROM konduit_tasks t
 JOIN unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS u(id, lease_token)
-  ON t.id = u.id AND u.lease_token = ANY(ARRAY[t.lease_token, t.hedge_token])
-WHERE t.status = 'running'
+  ON t.id = u.id
+WHERE konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token, u.lease_token)
 ORDER BY t.id
 FOR SHARE OF t;
 

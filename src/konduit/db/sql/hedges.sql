@@ -18,8 +18,8 @@ WITH hedged_steps AS (
     WHERE t.status = 'running' AND t.hedge_token IS NULL
       AND t.hedged_attempt IS DISTINCT FROM t.attempt
       AND a.started_at < clock_timestamp() - make_interval(secs => h.threshold)
-      AND (t.deadline_at IS NULL OR t.deadline_at > clock_timestamp())
-      AND (SELECT e.status = 'running' FROM konduit_executions e WHERE e.id = t.execution_id)
+      AND konduit_deadline_ahead(t.deadline_at)
+      AND {{execution_running}}
     ORDER BY a.started_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE OF t SKIP LOCKED
@@ -32,19 +32,18 @@ WITH hedged_steps AS (
     FROM picked
     WHERE t.id = picked.id AND t.status = 'running' AND t.hedge_token IS NULL
       AND t.hedged_attempt IS DISTINCT FROM t.attempt
+    -- The hedge's lease is the lease this attempt holds.
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-              t.hedge_token, t.queue, t.deadline_at, t.generation
+              t.hedge_token AS lease_token, t.queue, t.deadline_at, t.generation
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, hedge)
-    SELECT id, attempt, %(worker_id)s, hedge_token, true FROM hedged
+    SELECT id, attempt, %(worker_id)s, lease_token, true FROM hedged
 )
-SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
-       c.hedge_token AS lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version,
-       e.input, e.scheduled_at,
-       extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
+SELECT {{claimed_row}},
+       extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
        true AS hedged, NULL::float8 AS fallback_age
-FROM hedged c
-JOIN konduit_executions e ON e.id = c.execution_id;
+FROM hedged t
+JOIN konduit_executions e ON e.id = t.execution_id;
 
 -- name: task_drop_attempt_if_leased
 -- An attempt of a hedged task ended without success (raised, retrying, handed back) while the
@@ -55,8 +54,8 @@ JOIN konduit_executions e ON e.id = c.execution_id;
 WITH mine AS (
     SELECT id, hedge_token
     FROM konduit_tasks
-    WHERE id = %(id)s AND status = 'running'
-      AND %(lease_token)s::uuid = ANY(ARRAY[lease_token, hedge_token])
+    WHERE id = %(id)s
+      AND konduit_lease_or_hedge_held(status, lease_token, hedge_token, %(lease_token)s)
     FOR NO KEY UPDATE
 )
 UPDATE konduit_tasks t
@@ -64,12 +63,10 @@ SET lease_token = CASE WHEN t.lease_token = %(lease_token)s THEN t.hedge_token E
     lease_expires_at = CASE WHEN t.lease_token = %(lease_token)s THEN t.hedge_expires_at
                             ELSE t.lease_expires_at END,
     worker_id = CASE WHEN t.lease_token = %(lease_token)s THEN t.hedge_worker_id ELSE t.worker_id END,
-    hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL
+    {{hedge_cleared}}
 FROM mine
-WHERE t.id = %(id)s AND t.id = mine.id AND t.status = 'running' AND t.hedge_token IS NOT NULL
-  AND %(lease_token)s::uuid = ANY(ARRAY[t.lease_token, t.hedge_token])
+WHERE t.id = %(id)s AND t.id = mine.id AND t.hedge_token IS NOT NULL
+  AND konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token, %(lease_token)s)
 RETURNING t.id, (mine.hedge_token = %(lease_token)s) AS was_hedge;
 
 -- name: task_list_hedges_rescuable
@@ -89,16 +86,10 @@ LIMIT %(limit)s;
 -- A hedge whose worker is gone ends; the primary attempt runs on. The guards of
 -- task_lose_if_rescuable, on the hedge's lease and worker, at the time of this write.
 UPDATE konduit_tasks t
-SET hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL
-WHERE t.id = %(id)s AND t.hedge_token = %(hedge_token)s AND t.status = 'running'
-  AND t.hedge_expires_at < clock_timestamp()
-  AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
-  AND NOT konduit_lease_holder_alive(t.hedge_worker_id, t.hedge_expires_at)
-  -- A row another transaction holds is not taken: it may be the holder's own (a join's
-  -- start reading a wide upstream holds its task), which then extends the lease itself.
-  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
+SET {{hedge_cleared}}
+WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.hedge_token, %(hedge_token)s)
+  AND konduit_lease_rescuable(t.hedge_worker_id, t.hedge_expires_at, %(lease_seconds)s)
+  AND {{task_row_unheld}}
 RETURNING t.id;
 
 -- name: task_promote_hedge_if_rescuable
@@ -109,17 +100,11 @@ UPDATE konduit_tasks t
 SET lease_token = t.hedge_token,
     lease_expires_at = t.hedge_expires_at,
     worker_id = t.hedge_worker_id,
-    hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL
-WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
+    {{hedge_cleared}}
+WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
   AND t.hedge_token IS NOT NULL AND t.hedge_expires_at > clock_timestamp()
-  AND t.lease_expires_at < clock_timestamp()
-  AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
-  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
-  -- A row another transaction holds is not taken: it may be the holder's own (a join's
-  -- start reading a wide upstream holds its task), which then extends the lease itself.
-  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
+  AND konduit_lease_rescuable(t.worker_id, t.lease_expires_at, %(lease_seconds)s)
+  AND {{task_row_unheld}}
 RETURNING t.id;
 
 -- name: step_attempt_quantile_unhedged

@@ -16,8 +16,7 @@ locked AS (
     SELECT t.id
     FROM konduit_tasks t
     JOIN requested r ON r.id = t.id
-    WHERE t.status = 'running'
-      AND (t.lease_token = ANY(r.tokens) OR t.hedge_token = ANY(r.tokens))
+    WHERE konduit_lease_or_hedge_held_any(t.status, t.lease_token, t.hedge_token, r.tokens)
     ORDER BY t.id
     FOR NO KEY UPDATE OF t SKIP LOCKED
 ),
@@ -30,8 +29,8 @@ extended AS (
                                 THEN clock_timestamp() + make_interval(secs => %(lease_seconds)s)
                                 ELSE t.hedge_expires_at END
     FROM requested r
-    WHERE t.id = r.id AND t.status = 'running'
-      AND (t.lease_token = ANY(r.tokens) OR t.hedge_token = ANY(r.tokens))
+    WHERE t.id = r.id
+      AND konduit_lease_or_hedge_held_any(t.status, t.lease_token, t.hedge_token, r.tokens)
       AND t.id IN (SELECT id FROM locked)
     RETURNING t.id, t.lease_token, t.hedge_token, r.tokens
 ),
@@ -41,8 +40,7 @@ held AS (
     SELECT t.id, t.lease_token, t.hedge_token, r.tokens
     FROM konduit_tasks t
     JOIN requested r ON r.id = t.id
-    WHERE t.status = 'running'
-      AND (t.lease_token = ANY(r.tokens) OR t.hedge_token = ANY(r.tokens))
+    WHERE konduit_lease_or_hedge_held_any(t.status, t.lease_token, t.hedge_token, r.tokens)
       AND t.id NOT IN (SELECT id FROM locked)
 )
 SELECT h.id, k.token AS lease_token

@@ -19,7 +19,8 @@ FROM konduit_steps
 WHERE execution_id = %(execution_id)s AND step = ANY(%(steps)s::text[]);
 
 -- name: step_reset_many
--- Repair: put the steps being re-run back to waiting (or active) with rebuilt join counters.
+-- Repair: put the steps being re-run back to waiting (or active) with rebuilt join counters
+-- (core.repair.plan_repair: no task of a re-run step has ended yet).
 UPDATE konduit_steps s
 SET status = u.status,
     up_pending = u.up_pending,
@@ -29,9 +30,9 @@ SET status = u.status,
     up_skipped = u.up_skipped,
     tasks_total = u.tasks_total,
     tasks_pending = u.tasks_pending,
-    tasks_ok = 0,
-    tasks_degraded = 0,
-    tasks_failed = 0,
+    tasks_ok = u.tasks_ok,
+    tasks_degraded = u.tasks_degraded,
+    tasks_failed = u.tasks_failed,
     first_upstream_at = NULL,
     last_upstream_at = NULL,
     straggler = NULL,
@@ -39,7 +40,8 @@ SET status = u.status,
     ended_at = NULL
 FROM unnest(%(steps)s::text[], %(statuses)s::text[], %(up_pendings)s::int[], %(up_oks)s::int[],
             %(up_faileds)s::int[], %(up_required_faileds)s::int[], %(up_skippeds)s::int[],
-            %(tasks_totals)s::int[], %(tasks_pendings)s::int[])
+            %(tasks_totals)s::int[], %(tasks_pendings)s::int[], %(tasks_oks)s::int[],
+            %(tasks_degradeds)s::int[], %(tasks_faileds)s::int[])
      AS u(step, status, up_pending, up_ok, up_failed, up_required_failed, up_skipped,
-          tasks_total, tasks_pending)
+          tasks_total, tasks_pending, tasks_ok, tasks_degraded, tasks_failed)
 WHERE s.execution_id = %(execution_id)s AND s.step = u.step;

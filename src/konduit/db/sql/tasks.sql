@@ -1,3 +1,70 @@
+-- Every statement that sets a task's status (its lifecycle: engine/transitions.py), and the
+-- task statements beside them. Fragments first: the pieces several statements share.
+
+-- fragment: claimed_row
+-- The columns of a task attempt the runtime holds (core.model.TaskAttempt.from_row reads every
+-- one), over the task row `t` (a claimed CTE or konduit_tasks) and its execution `e`. Each
+-- statement adds what it knows of the attempt as it reads it: deadline_remaining, hedged and
+-- fallback_age (test_queries_fitness checks every statement that includes this returns them).
+t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
+t.lease_token, t.queue, t.generation,
+e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+
+-- fragment: lease_cleared
+-- The SET list that takes a task's (primary) lease away.
+lease_token = NULL,
+lease_expires_at = NULL
+
+-- fragment: hedge_cleared
+-- The SET list that takes a task's hedge lease away (docs/hedging.md).
+hedge_token = NULL,
+hedge_expires_at = NULL,
+hedge_worker_id = NULL
+
+-- fragment: execution_running
+-- The task's execution still runs: re-checked by every claim, not trusted from when the task
+-- was made ready (a cancel commits its tasks' status in the same transaction, but a claim must
+-- never outrun it). A lookup by primary key per candidate, whatever the statistics say (a
+-- semi-join may scan every running execution for every candidate when they are stale).
+(SELECT e.status = 'running' FROM konduit_executions e WHERE e.id = t.execution_id)
+
+-- fragment: ready_tasks_of_queue_and_workflow
+-- A claim's unlimited candidates: one index scan per (queue `q`, workflow version `w`) on
+-- konduit_tasks_ready, in its order, stopping after `limit` rows.
+SELECT t.id, t.priority, t.fair_turn, t.execution_id, t.workflow, t.step, false AS limited
+FROM konduit_tasks t
+WHERE t.status = 'ready' AND t.queue = q.name AND t.workflow = w.name
+  -- A limited step's tasks are claimed only under its flow row's lock
+  -- (task_claim_batch_flow_limited); false for every other task.
+  AND NOT t.limited
+  AND t.run_at <= clock_timestamp()
+  AND {{execution_running}}
+ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
+LIMIT %(limit)s
+FOR UPDATE OF t SKIP LOCKED
+
+-- fragment: task_row_unheld
+-- A rescue takes no row another transaction holds: it may be the holder's own (a join's start
+-- reading a wide upstream holds its task), which then extends the lease itself. (A lock
+-- clause, so not a function: a SQL function with one is never inlined.)
+t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
+
+-- fragment: queue_clocks_moved
+-- The CTEs that end a claim: each queue's clock moves to the latest fair turn the `claimed`
+-- CTE took (migration 0019). A clock another claim holds is skipped, never waited for: that
+-- claim moves it.
+reached AS (
+    SELECT queue, max(fair_turn) AS fair_turn FROM claimed GROUP BY queue
+), clock_held AS (
+    SELECT qc.queue, r.fair_turn
+    FROM konduit_queue_clocks qc JOIN reached r ON r.queue = qc.queue
+    WHERE qc.fair_turn < r.fair_turn
+    FOR UPDATE OF qc SKIP LOCKED
+), clock_moved AS (
+    UPDATE konduit_queue_clocks qc SET fair_turn = greatest(qc.fair_turn, h.fair_turn)
+    FROM clock_held h WHERE qc.queue = h.queue
+)
+
 -- name: task_insert_many
 -- Create the ready tasks of steps whose join fired; a task that exists already is never made twice.
 -- A budget the execution's window cut (deadline_uncut set) is a moment: its deadline starts now.
@@ -48,23 +115,7 @@ WITH picked AS (
                          AS turn
         FROM (SELECT DISTINCT name FROM unnest(%(workflows)s::text[]) AS w(name)) AS w
         CROSS JOIN LATERAL (
-            -- One index scan per (queue, workflow version) on konduit_tasks_ready, in its order,
-            -- stopping after `limit` rows.
-            SELECT t.id, t.priority, t.fair_turn, t.execution_id
-            FROM konduit_tasks t
-            WHERE t.status = 'ready' AND t.queue = q.name AND t.workflow = w.name
-              -- A limited step's tasks are claimed only under its flow row's lock
-              -- (task_claim_batch_flow_limited); false for every other task.
-              AND NOT t.limited
-              AND t.run_at <= clock_timestamp()
-              -- Re-checked here, not trusted from when the task was made ready: a cancel commits
-              -- its tasks' status in the same transaction, but a claim must never outrun it.
-              -- A lookup by primary key per candidate, whatever the statistics say (a semi-join
-              -- may scan every running execution for every candidate when they are stale).
-              AND (SELECT e.status = 'running' FROM konduit_executions e WHERE e.id = t.execution_id)
-            ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
-            LIMIT %(limit)s
-            FOR UPDATE OF t SKIP LOCKED
+            {{ready_tasks_of_queue_and_workflow}}
         ) AS l
     ) AS c
     ORDER BY c.turn, q.pos
@@ -87,28 +138,145 @@ WITH picked AS (
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token)
     SELECT id, attempt, %(worker_id)s, lease_token FROM claimed
-), reached AS (
-    SELECT queue, max(fair_turn) AS fair_turn FROM claimed GROUP BY queue
-), clock_held AS (
-    -- A clock another claim holds is skipped, never waited for: that claim moves it.
-    SELECT k.queue, r.fair_turn
-    FROM konduit_queue_clocks k JOIN reached r ON r.queue = k.queue
-    WHERE k.fair_turn < r.fair_turn
-    FOR UPDATE OF k SKIP LOCKED
-), clock_moved AS (
-    UPDATE konduit_queue_clocks k SET fair_turn = greatest(k.fair_turn, h.fair_turn)
-    FROM clock_held h WHERE k.queue = h.queue
-)
-SELECT c.id, c.execution_id, c.step, c.map_index, c.item, c.attempt, c.max_attempts,
-       c.lease_token, c.queue, c.generation, e.workflow_name, e.workflow_version, e.input,
-       e.scheduled_at,
-       extract(epoch FROM c.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
+),
+{{queue_clocks_moved}}
+SELECT {{claimed_row}},
+       extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
        false AS hedged, NULL::float8 AS fallback_age
-FROM claimed c
+FROM claimed t
 -- A lookup by primary key per claimed task under any plan (LIMIT keeps the subquery from being
 -- flattened): a generic plan, not knowing `limit`, would otherwise hash every execution.
 CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
-                    FROM konduit_executions e WHERE e.id = c.execution_id LIMIT 1) AS e;
+                    FROM konduit_executions e WHERE e.id = t.execution_id LIMIT 1) AS e;
+
+-- name: task_claim_batch_flow_limited
+-- The claim of task_claim_batch, plus the ready tasks of the limited steps whose rows the caller
+-- locked (flow_limit_lock_if_ready), each step at most its allowance: its concurrency minus its
+-- running tasks, and its rate's count minus its starts in the window; records the starts and
+-- the throttled time in those rows. One clock reading serves the window, the attempts' start
+-- times and the window's new entries, so the starts stored are the starts decided.
+-- plan: custom, the ready backlog of the limited steps grows from nothing to a map's width.
+WITH clock AS MATERIALIZED (
+    SELECT clock_timestamp() AS at
+), room AS MATERIALIZED (
+    -- What the limits allow now (NULL: no limit left on the step).
+    SELECT f.workflow, f.step,
+           CASE WHEN f.concurrency IS NOT NULL OR f.rate_count IS NOT NULL THEN
+               greatest(0, least(  -- least() skips a NULL (absent) limit
+                   f.concurrency - (SELECT count(*) FROM konduit_tasks r
+                                    WHERE r.limited AND r.workflow = f.workflow
+                                      AND r.step = f.step AND r.status = 'running'),
+                   f.rate_count - (SELECT count(*) FROM unnest(f.starts) AS s(at)
+                                   WHERE s.at > k.at - make_interval(secs => f.rate_seconds))
+               ))
+           END::int AS room
+    FROM unnest(%(flow_workflows)s::text[], %(flow_steps)s::text[]) AS l(workflow, step)
+    JOIN konduit_flow_limits f ON f.workflow = l.workflow AND f.step = l.step
+    CROSS JOIN clock k
+), allowance AS MATERIALIZED (
+    -- ... and what this claim may take of it.
+    SELECT r.workflow, r.step, r.room, least(r.room, %(limit)s)::int AS n FROM room r
+), picked AS (
+    SELECT c.id, c.workflow, c.step, c.limited, c.turn, q.pos
+    FROM (SELECT name, min(pos) AS pos
+          FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS u(name, pos)
+          GROUP BY name) AS q
+    CROSS JOIN LATERAL (
+        -- Turns as in task_claim_batch; a limited step's tasks take their place in the order.
+        SELECT l.id, l.workflow, l.step, l.limited,
+               row_number() OVER (ORDER BY l.priority, l.fair_turn, l.execution_id, l.id) AS turn
+        FROM (
+            -- As in task_claim_batch.
+            SELECT u.*
+            FROM (SELECT DISTINCT name FROM unnest(%(workflows)s::text[]) AS w(name)) AS w
+            CROSS JOIN LATERAL (
+                {{ready_tasks_of_queue_and_workflow}}
+            ) AS u
+            UNION ALL
+            -- Per locked step with room: its first ready tasks, no more than it may start.
+            SELECT s.*
+            FROM allowance a
+            CROSS JOIN LATERAL (
+                SELECT t.id, t.priority, t.fair_turn, t.execution_id, t.workflow, t.step,
+                       true AS limited
+                FROM konduit_tasks t
+                WHERE t.limited AND t.workflow = a.workflow AND t.step = a.step
+                  AND t.status = 'ready' AND t.queue = q.name
+                  AND t.run_at <= clock_timestamp()
+                  AND {{execution_running}}
+                ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
+                LIMIT a.n
+                FOR UPDATE OF t SKIP LOCKED
+            ) AS s
+            WHERE a.n > 0
+        ) AS l
+    ) AS c
+    ORDER BY c.turn, q.pos
+    LIMIT %(limit)s
+), chosen AS (
+    -- A step whose tasks sit in several queues got its allowance from each: keep it once.
+    SELECT p.id
+    FROM (SELECT p.*, row_number() OVER (PARTITION BY p.workflow, p.step
+                                         ORDER BY p.turn, p.pos) AS nth
+          FROM picked p) AS p
+    LEFT JOIN allowance a ON a.workflow = p.workflow AND a.step = p.step
+    WHERE NOT p.limited OR p.nth <= a.n
+), claimed AS (
+    UPDATE konduit_tasks t
+    SET status = 'running',
+        attempt = t.attempt + 1,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = k.at + make_interval(secs => %(lease_seconds)s),
+        worker_id = %(worker_id)s,
+        started_at = COALESCE(t.started_at, k.at),
+        deadline_at = COALESCE(t.deadline_at, k.at + make_interval(secs => t.deadline_seconds))
+    FROM chosen, clock k
+    WHERE t.id = chosen.id
+    RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
+              t.lease_token, t.queue, t.deadline_at, t.generation, t.workflow, t.limited,
+              t.fair_turn
+), attempts AS (
+    INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, started_at)
+    SELECT c.id, c.attempt, %(worker_id)s, c.lease_token, k.at FROM claimed c, clock k
+),
+{{queue_clocks_moved}}, started AS (
+    SELECT a.workflow, a.step, a.room,
+           (SELECT count(*) FROM claimed c
+            WHERE c.limited AND c.workflow = a.workflow AND c.step = a.step)::int AS took,
+           -- Ready tasks of the step beyond those this claim takes (its snapshot predates them).
+           (SELECT count(*) FROM (
+                SELECT 1 FROM konduit_tasks t
+                WHERE t.limited AND t.workflow = a.workflow AND t.step = a.step
+                  AND t.status = 'ready' AND t.queue = ANY(%(queues)s::text[])
+                  AND t.run_at <= k.at
+                LIMIT a.n + 1) AS r)::int AS ready
+    FROM allowance a, clock k
+), recorded AS (
+    -- Throttled: the step had more ready tasks than its limits allow and this claim took all
+    -- they allow (a claim that took less was short of free slots or found the rest locked: the
+    -- limit held nothing back). A stretch of throttled claims is throttled time.
+    UPDATE konduit_flow_limits f
+    SET starts = CASE WHEN f.rate_count IS NULL OR s.took = 0 THEN f.starts
+                      ELSE (f.starts || array_fill(k.at, ARRAY[s.took]))[
+                          greatest(1, cardinality(f.starts) + s.took - f.rate_count + 1):]
+                 END,
+        throttled_since = CASE WHEN s.throttled THEN COALESCE(f.throttled_since, k.at) END,
+        throttled_seconds = f.throttled_seconds
+            + CASE WHEN f.throttled_since IS NOT NULL AND NOT s.throttled
+                   THEN greatest(0, extract(epoch FROM k.at - f.throttled_since)) ELSE 0 END,
+        throttled_claims = f.throttled_claims + s.throttled::int
+    FROM (SELECT s.*, COALESCE(s.ready > s.room AND s.took >= s.room, false) AS throttled
+          FROM started s) AS s, clock k
+    WHERE f.workflow = s.workflow AND f.step = s.step
+)
+SELECT {{claimed_row}},
+       extract(epoch FROM t.deadline_at - k.at)::float8 AS deadline_remaining,
+       false AS hedged, NULL::float8 AS fallback_age
+FROM claimed t
+CROSS JOIN clock k
+-- By primary key per claimed task under any plan, as in task_claim_batch.
+CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+                    FROM konduit_executions e WHERE e.id = t.execution_id LIMIT 1) AS e;
 
 -- name: task_complete_many_if_leased
 -- Record several tasks' outcomes at once, each only while the caller still holds its lease: the
@@ -121,18 +289,15 @@ SET status = u.outcome,
     error = u.error,
     routes = CASE WHEN u.routes IS NULL THEN NULL
                   ELSE ARRAY(SELECT jsonb_array_elements_text(u.routes)) END,
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL,
+    {{lease_cleared}},
+    {{hedge_cleared}},
     finished_at = clock_timestamp() - make_interval(secs => u.age)
 FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
             %(output_hashes)s::text[], %(errors)s::text[], %(routes)s::jsonb[],
             %(ages)s::float8[])
      AS u(id, lease_token, outcome, output_hash, error, routes, age)
-WHERE t.id = u.id AND t.status = 'running'
-  AND u.lease_token = ANY(ARRAY[t.lease_token, t.hedge_token])
+WHERE t.id = u.id
+  AND konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token, u.lease_token)
   AND CASE WHEN t.hedge_token IS NULL THEN true ELSE u.outcome = 'succeeded' END
 RETURNING t.id, t.finished_at;
 
@@ -141,8 +306,8 @@ RETURNING t.id, t.finished_at;
 -- a cancel until it started.
 SELECT id
 FROM konduit_tasks
-WHERE id = %(id)s AND %(lease_token)s::uuid = ANY(ARRAY[lease_token, hedge_token])
-  AND status = 'running'
+WHERE id = %(id)s
+  AND konduit_lease_or_hedge_held(status, lease_token, hedge_token, %(lease_token)s)
 FOR SHARE;
 
 -- name: task_retry_if_leased_before_deadline
@@ -152,11 +317,9 @@ UPDATE konduit_tasks
 SET status = 'ready',
     run_at = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
     error = %(error)s,
-    lease_token = NULL,
-    lease_expires_at = NULL
-WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
-  AND (deadline_at IS NULL
-       OR deadline_at > clock_timestamp() + make_interval(secs => %(delay_seconds)s))
+    {{lease_cleared}}
+WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
+  AND konduit_deadline_after(deadline_at, %(delay_seconds)s)
 RETURNING id, queue;
 
 -- name: task_lose_if_rescuable
@@ -169,20 +332,14 @@ UPDATE konduit_tasks t
 SET status = 'ready',
     run_at = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
     error = %(error)s,
-    lease_token = NULL,
-    lease_expires_at = NULL
-WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
-  AND t.lease_expires_at < clock_timestamp()
-  AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
+    {{lease_cleared}}
+WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
+  AND konduit_lease_rescuable(t.worker_id, t.lease_expires_at, %(lease_seconds)s)
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
   AND t.hedge_token IS NULL
-  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
   AND t.fallback_started_at IS NULL
-  AND (t.deadline_at IS NULL
-       OR t.deadline_at > clock_timestamp() + make_interval(secs => %(delay_seconds)s))
-  -- A row another transaction holds is not taken: it may be the holder's own (a join's
-  -- start reading a wide upstream holds its task), which then extends the lease itself.
-  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
+  AND konduit_deadline_after(t.deadline_at, %(delay_seconds)s)
+  AND {{task_row_unheld}}
 RETURNING t.id, t.queue;
 
 -- name: task_end_if_rescuable
@@ -193,22 +350,14 @@ UPDATE konduit_tasks t
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
     error = %(error)s,
-    lease_token = NULL,
-    lease_expires_at = NULL,
+    {{lease_cleared}},
     finished_at = clock_timestamp()
-WHERE t.id = %(id)s AND t.lease_token = %(lease_token)s AND t.status = 'running'
-  AND t.lease_expires_at < clock_timestamp()
-  AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(lease_seconds)s)
+WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
+  AND konduit_lease_rescuable(t.worker_id, t.lease_expires_at, %(lease_seconds)s)
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
   AND t.hedge_token IS NULL
-  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
-  -- A caller that did not run the task's fallback (fallback_settle set) never ends a task whose
-  -- fallback another worker started less than that long ago: that one's outcome is coming.
-  AND (%(fallback_settle)s::float8 IS NULL OR t.fallback_started_at IS NULL
-       OR t.fallback_started_at < clock_timestamp() - make_interval(secs => %(fallback_settle)s))
-  -- A row another transaction holds is not taken: it may be the holder's own (a join's
-  -- start reading a wide upstream holds its task), which then extends the lease itself.
-  AND t.id = (SELECT id FROM konduit_tasks WHERE id = %(id)s FOR NO KEY UPDATE SKIP LOCKED)
+  AND konduit_fallback_settled(t.fallback_started_at, %(fallback_settle)s)
+  AND {{task_row_unheld}}
 RETURNING t.id, t.finished_at;
 
 -- name: task_expire_if_past_deadline
@@ -220,24 +369,18 @@ UPDATE konduit_tasks t
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
     error = %(error)s,
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL,
+    {{lease_cleared}},
+    {{hedge_cleared}},
     finished_at = clock_timestamp()
 WHERE t.id = %(id)s
   AND konduit_task_expirable(t.status, t.deadline_at, t.worker_id, t.hedge_worker_id,
                              %(grace_seconds)s)
-  AND ((t.status = 'running' AND t.lease_token = %(lease_token)s)
+  AND (konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
        OR (t.status = 'ready' AND %(lease_token)s::uuid IS NULL)
        -- A waiting task that did not become due in time (task_wake_if_waiting, the complement).
        OR (t.status = 'waiting' AND %(lease_token)s::uuid IS NULL
            AND (t.wait_until IS NULL OR t.wait_until > t.deadline_at)))
-  -- A caller that did not run the task's fallback (fallback_settle set) never ends a task whose
-  -- fallback another worker started less than that long ago: that one's outcome is coming.
-  AND (%(fallback_settle)s::float8 IS NULL OR t.fallback_started_at IS NULL
-       OR t.fallback_started_at < clock_timestamp() - make_interval(secs => %(fallback_settle)s))
+  AND konduit_fallback_settled(t.fallback_started_at, %(fallback_settle)s)
 RETURNING t.id, t.finished_at;
 
 -- name: task_start_fallback_if_unstarted
@@ -254,8 +397,8 @@ SET fallback_started_at = clock_timestamp(),
 WHERE t.id = %(id)s AND t.fallback_started_at IS NULL
   AND CASE WHEN %(lease_token)s::uuid IS NULL
            THEN t.status IN ('ready', 'waiting') AND t.lease_token IS NULL
-           ELSE t.status = 'running'
-                AND %(lease_token)s::uuid = ANY(ARRAY[t.lease_token, t.hedge_token]) END
+           ELSE konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token,
+                                            %(lease_token)s) END
 RETURNING t.id;
 
 -- name: task_release_if_leased
@@ -264,24 +407,50 @@ UPDATE konduit_tasks
 SET status = 'ready',
     run_at = clock_timestamp(),
     attempt = attempt - 1,
-    lease_token = NULL,
-    lease_expires_at = NULL
-WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+    {{lease_cleared}}
+WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
 RETURNING id, queue;
+
+-- name: task_wait_if_leased
+-- Arm: running -> waiting, while the caller still holds the lease (the arming attempt of an
+-- event, timer or child step); the task holds no lease and no worker slot from now on.
+UPDATE konduit_tasks
+SET status = 'waiting',
+    {{lease_cleared}},
+    wait_kind = %(kind)s,
+    wait_event = %(event)s,
+    wait_key = %(key)s,
+    wait_until = COALESCE(%(until)s::timestamptz,
+                          clock_timestamp() + make_interval(secs => %(delay_seconds)s::float8)),
+    wait_child = %(child)s
+WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
+  AND hedge_token IS NULL
+RETURNING id, execution_id, step, wait_until,
+          extract(epoch FROM wait_until - clock_timestamp())::float8 AS wait_seconds;
+
+-- name: task_wake_if_waiting
+-- Wake: waiting -> terminal (the event's payload, the timer's None, the child's output). Only a
+-- task still waiting, and one that became due before its deadline (an event accepted, a timer
+-- due, a child ended in time): a late one is the deadline sweep's (task_expire_if_past_deadline).
+UPDATE konduit_tasks t
+SET status = %(outcome)s,
+    output_hash = %(output_hash)s,
+    error = %(error)s,
+    finished_at = clock_timestamp()
+WHERE t.id = %(id)s AND t.status = 'waiting'
+  AND (t.deadline_at IS NULL OR COALESCE(t.wait_until, clock_timestamp()) <= t.deadline_at)
+RETURNING t.id, t.finished_at;
 
 -- name: task_list_rescuable
 -- Running tasks whose worker is gone (lease expired, owner not live), oldest first; the write
 -- that reclaims one re-checks all of it (task_lose_if_rescuable).
-SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-       t.lease_token, t.queue, t.generation, t.worker_id, e.workflow_name, e.workflow_version,
-       e.input, e.scheduled_at,
-       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
+SELECT {{claimed_row}}, t.worker_id,
        extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
-       false AS hedged
+       false AS hedged,
+       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
-WHERE t.status = 'running' AND t.lease_expires_at < clock_timestamp()
-  AND NOT konduit_lease_holder_alive(t.worker_id, t.lease_expires_at)
+WHERE t.status = 'running' AND konduit_lease_lapsed(t.worker_id, t.lease_expires_at)
 ORDER BY t.lease_expires_at
 LIMIT %(limit)s;
 
@@ -298,11 +467,8 @@ WITH doomed AS (
 UPDATE konduit_tasks t
 SET status = 'cancelled',
     error = %(reason)s,
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    hedge_token = NULL,
-    hedge_expires_at = NULL,
-    hedge_worker_id = NULL,
+    {{lease_cleared}},
+    {{hedge_cleared}},
     finished_at = clock_timestamp()
 FROM doomed
 WHERE t.id = doomed.id AND t.status IN ('ready', 'running', 'waiting')
@@ -337,11 +503,9 @@ LIMIT %(limit)s;
 -- Ready, running and waiting tasks past their deadline (a running one by more than a grace, unless
 -- its worker is known dead: konduit_task_expirable): their worker died or hung, a retry's backoff
 -- or a queue outlasted the budget, or a wait was not over in time.
-SELECT t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-       t.lease_token, t.queue, t.generation, t.status, t.worker_id, e.workflow_name,
-       e.workflow_version, e.input, e.scheduled_at,
-       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
-       0.0::float8 AS deadline_remaining, false AS hedged
+SELECT {{claimed_row}}, t.status, t.worker_id,
+       0.0::float8 AS deadline_remaining, false AS hedged,
+       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status IN ('ready', 'running', 'waiting') AND e.status = 'running'
@@ -363,5 +527,5 @@ ORDER BY step, generation DESC, map_index;
 -- Whether a lease (or hedge lease) still holds its task (after a guarded write changed nothing:
 -- which guard?).
 SELECT id FROM konduit_tasks
-WHERE id = %(id)s AND %(lease_token)s::uuid = ANY(ARRAY[lease_token, hedge_token])
-  AND status = 'running';
+WHERE id = %(id)s
+  AND konduit_lease_or_hedge_held(status, lease_token, hedge_token, %(lease_token)s);

@@ -6,24 +6,6 @@ SELECT count(pg_advisory_xact_lock(h))::int AS locked
 FROM (SELECT DISTINCT hashtextextended(k, 7477) AS h
       FROM unnest(%(keys)s::text[]) AS k ORDER BY 1) AS s;
 
--- name: task_wait_if_leased
--- Arm: running -> waiting, while the caller still holds the lease (the arming attempt of an
--- event, timer or child step); the task holds no lease and no worker slot from now on.
-UPDATE konduit_tasks
-SET status = 'waiting',
-    lease_token = NULL,
-    lease_expires_at = NULL,
-    wait_kind = %(kind)s,
-    wait_event = %(event)s,
-    wait_key = %(key)s,
-    wait_until = COALESCE(%(until)s::timestamptz,
-                          clock_timestamp() + make_interval(secs => %(delay_seconds)s::float8)),
-    wait_child = %(child)s
-WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
-  AND hedge_token IS NULL
-RETURNING id, execution_id, step, wait_until,
-          extract(epoch FROM wait_until - clock_timestamp())::float8 AS wait_seconds;
-
 -- name: task_mark_due_if_waiting
 -- An event was accepted for a waiting task (before its deadline): it is due now. Whoever wakes
 -- it (the sender at once, else a worker's maintenance) completes it with the event's payload,
@@ -31,21 +13,8 @@ RETURNING id, execution_id, step, wait_until,
 UPDATE konduit_tasks
 SET wait_until = clock_timestamp()
 WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'event' AND wait_until IS NULL
-  AND (deadline_at IS NULL OR deadline_at > clock_timestamp())
+  AND konduit_deadline_ahead(deadline_at)
 RETURNING id;
-
--- name: task_wake_if_waiting
--- Wake: waiting -> terminal (the event's payload, the timer's None, the child's output). Only a
--- task still waiting, and one that became due before its deadline (an event accepted, a timer
--- due, a child ended in time): a late one is the deadline sweep's (task_expire_if_past_deadline).
-UPDATE konduit_tasks t
-SET status = %(outcome)s,
-    output_hash = %(output_hash)s,
-    error = %(error)s,
-    finished_at = clock_timestamp()
-WHERE t.id = %(id)s AND t.status = 'waiting'
-  AND (t.deadline_at IS NULL OR COALESCE(t.wait_until, clock_timestamp()) <= t.deadline_at)
-RETURNING t.id, t.finished_at;
 
 -- name: task_find_waiting_for_event
 -- The oldest task waiting for this event (core.waits.event_matches, in SQL), not yet due and
@@ -57,7 +26,7 @@ WHERE t.status = 'waiting' AND t.wait_kind = 'event' AND t.wait_event = %(name)s
   AND t.wait_until IS NULL
   AND (%(key)s::text IS NULL OR t.wait_key = %(key)s::text)
   AND (%(execution_id)s::uuid IS NULL OR t.execution_id = %(execution_id)s::uuid)
-  AND (t.deadline_at IS NULL OR t.deadline_at > clock_timestamp())
+  AND konduit_deadline_ahead(t.deadline_at)
 ORDER BY t.id
 LIMIT 1;
 
@@ -115,23 +84,23 @@ SELECT EXISTS (
 -- is statement_timestamp(), not clock_timestamp(), so that it is an index condition (a volatile
 -- one would be a filter over every waiting task). The wake re-checks each task in its own write.
 SELECT * FROM (
-(SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.item,
-        t.queue, t.generation, NULL::uuid AS lease_token, t.wait_kind, t.wait_child,
-        NULL::text AS child_status, NULL::jsonb AS child_output, NULL::text AS child_error,
-        e.workflow_name, e.workflow_version, e.input, e.scheduled_at,
-        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age, 0.0::float8 AS deadline_remaining,
-        false AS hedged
+-- A waiting task holds no lease (lease_token is NULL: konduit_tasks' CHECK on status).
+(SELECT {{claimed_row}},
+        0.0::float8 AS deadline_remaining, false AS hedged,
+        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
+        t.wait_kind, t.wait_child,
+        NULL::text AS child_status, NULL::jsonb AS child_output, NULL::text AS child_error
  FROM konduit_tasks t
  JOIN konduit_executions e ON e.id = t.execution_id
  WHERE t.status = 'waiting' AND t.wait_until <= statement_timestamp() AND e.status = 'running'
  ORDER BY t.wait_until
  LIMIT %(limit)s)
 UNION ALL
-(SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.item,
-        t.queue, t.generation, NULL::uuid, t.wait_kind, t.wait_child,
-        c.status, c.output, c.error,
-        e.workflow_name, e.workflow_version, e.input, e.scheduled_at,
-        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8, 0.0::float8, false
+(SELECT {{claimed_row}},
+        0.0::float8, false,
+        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8,
+        t.wait_kind, t.wait_child,
+        c.status, c.output, c.error
  FROM konduit_tasks t
  JOIN konduit_executions c ON c.id = t.wait_child
  JOIN konduit_executions e ON e.id = t.execution_id
@@ -145,12 +114,11 @@ UNION ALL
 -- task, in task_list_waits_due's shape, if it still waits for that very child (not woken,
 -- expired or cancelled meanwhile; and a user's key that only looks like a child's names no
 -- task waiting for this execution) and its execution runs. The wake itself is fenced again.
-SELECT t.id, t.execution_id, t.step, t.map_index, t.attempt, t.max_attempts, t.item,
-       t.queue, t.generation, NULL::uuid AS lease_token, t.wait_kind, t.wait_child,
-       c.status AS child_status, c.output AS child_output, c.error AS child_error,
-       e.workflow_name, e.workflow_version, e.input, e.scheduled_at,
-       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age, 0.0::float8 AS deadline_remaining,
-       false AS hedged
+SELECT {{claimed_row}},
+       0.0::float8 AS deadline_remaining, false AS hedged,
+       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
+       t.wait_kind, t.wait_child,
+       c.status AS child_status, c.output AS child_output, c.error AS child_error
 FROM konduit_tasks t
 JOIN konduit_executions c ON c.id = t.wait_child
 JOIN konduit_executions e ON e.id = t.execution_id

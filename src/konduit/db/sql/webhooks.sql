@@ -17,12 +17,6 @@ WHERE konduit_webhook_subscriptions.events IS DISTINCT FROM EXCLUDED.events
 DELETE FROM konduit_webhook_subscriptions
 WHERE id = ANY(%(ids)s::text[]);
 
--- name: webhook_subscription_list
--- Every registered webhook, by url.
-SELECT id, url, events, registered_at
-FROM konduit_webhook_subscriptions
-ORDER BY url, id;
-
 -- name: webhook_delivery_insert_for_execution_if_finished
 -- The deliveries of an execution this transaction just ended (sent right after
 -- execution_finish_if_running, when it said a webhook is registered): one per webhook and event
