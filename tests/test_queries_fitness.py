@@ -134,6 +134,15 @@ def problems(queries: Mapping[str, str], modules: Mapping[str, str],
     a string (``outputs_query`` returns one of two), and must fit each of them."""
     found: list[str] = []
     called: set[str] = set()
+    # The query names each function of any module returns or lists (``outputs_query`` in
+    # engine/outputs.py is called from engine/maps.py too).
+    listing: dict[str, set[str]] = {}
+    for source in modules.values():
+        for fn in ast.walk(ast.parse(source)):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                listing.setdefault(fn.name, set()).update(
+                    n.value for n in ast.walk(fn)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in queries)
     for path, source in modules.items():
         tree = ast.parse(source)
         owner = _enclosing_functions(tree)
@@ -157,6 +166,9 @@ def problems(queries: Mapping[str, str], modules: Mapping[str, str],
                 continue  # asyncio.run(coro) and the like
             elif isinstance(first, ast.Name) and first.id in _arguments(scope, owner):
                 continue  # a wrapper passing its caller's query on (Database.one -> Tx.one)
+            elif (isinstance(first, ast.Call) and isinstance(first.func, ast.Name)
+                  and listing.get(first.func.id)):
+                names = listing[first.func.id]
             else:
                 names = listed - named
                 if not names:
