@@ -23,10 +23,16 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 @contextmanager
 def running_worker(app: konduit.App, concurrency: int = 8, **options: Any) -> Iterator[None]:
     """Run a worker of ``app`` on a thread for the duration of the block; an error it died of
-    is raised at the end (as :class:`konduit.testing.TestWorkerError`, from the cause)."""
+    is raised as it is at the end (tests expect e.g. ``WorkerUnhealthy`` itself, not the
+    :class:`konduit.testing.TestWorkerError` that wraps it)."""
     options.setdefault("poll_interval", 0.2)
-    with konduit.testing.worker_thread(app, concurrency=concurrency, **options):
-        yield
+    try:
+        with konduit.testing.worker_thread(app, concurrency=concurrency, **options):
+            yield
+    except konduit.testing.TestWorkerError as died:
+        if died.__cause__ is None:  # it did not stop: nothing more precise to raise
+            raise
+        raise died.__cause__ from None
 
 
 def worker_environment(**extra: str) -> dict[str, str]:
