@@ -1,86 +1,76 @@
-"""Shared fixtures: every storage test gets its own real PostgreSQL database.
+"""Shared fixtures, built on ``konduit.testing``: every storage test gets a real PostgreSQL
+database of its own.
 
-The schema is migrated once per session into a template database; each test clones it
-(``CREATE DATABASE ... TEMPLATE``), which takes milliseconds. The server is the embedded one by
-default, or the one named by ``KONDUIT_TEST_DATABASE_URL`` (a URL whose database is used only to
-create and drop the test databases).
+``db_url`` is a migrated, empty database from a :class:`konduit.testing.DatabasePool`: reset
+(truncated) after each test and handed to the next, instead of cloned and dropped, which costs
+a second or more per test on a busy machine. A test that changes the schema gets its database
+dropped (the pool notices); one marked ``fresh_database`` gets a new one. The server is the
+embedded one by default, or the one named by ``KONDUIT_TEST_DATABASE_URL`` (a URL whose
+database is used only to create and drop the test databases).
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import os
-import threading
-import uuid
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
-import psycopg
 import pytest
 
 import konduit
-from konduit.db.database import Database
-from konduit.db.embedded import server_url, with_database
-from konduit.db.migrate import migrate
+import konduit.testing
+from konduit.db.embedded import server_url
 
-pytest_plugins = ["tests.browser_support"]  # the browser fixture of the dashboard tests
+# Re-exported: tests import ``running_worker`` from here.
+from tests.support.workers import running_worker
 
-_counter = itertools.count()
+__all__ = ["running_worker"]
+
+pytest_plugins = ["tests.support.browser"]  # the browser fixture of the dashboard tests
+
+# What the database fixtures cost, for the summary at the end of the run.
+_pools: list[konduit.testing.DatabasePool] = []
+_fixture_seconds: list[float] = []
 
 
-def _admin_url() -> str:
-    return os.environ.get("KONDUIT_TEST_DATABASE_URL") or server_url("postgres")
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "fresh_database: db_url is a new database, not a reset one from the pool"
+    )
 
 
 @pytest.fixture(scope="session")
 def admin_url() -> str:
-    return _admin_url()
+    return os.environ.get("KONDUIT_TEST_DATABASE_URL") or server_url("postgres")
 
 
 @pytest.fixture(scope="session")
-def template_db(admin_url: str) -> Iterator[str]:
-    name = f"konduit_tpl_{os.getpid()}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-    async def go() -> None:
-        db = Database(with_database(admin_url, name), min_size=1, max_size=2)
-        await db.open()
-        try:
-            await migrate(db)
-        finally:
-            await db.close()
-
-    asyncio.run(go())
-    yield name
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def database_pool(admin_url: str) -> Iterator[konduit.testing.DatabasePool]:
+    pool = konduit.testing.DatabasePool(admin_url)
+    _pools.append(pool)
+    yield pool
+    pool.close()
 
 
 @pytest.fixture
-def db_url(admin_url: str, template_db: str) -> Iterator[str]:
-    """A fresh, migrated database for this test."""
-    name = f"konduit_t_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield with_database(admin_url, name)
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def db_url(request: pytest.FixtureRequest,
+           database_pool: konduit.testing.DatabasePool) -> Iterator[str]:
+    """A migrated database for this test, empty: reset from the pool, or new when the test is
+    marked ``fresh_database``."""
+    fresh = request.node.get_closest_marker("fresh_database") is not None
+    began = time.perf_counter()
+    with database_pool.database(fresh=fresh) as url:
+        _fixture_seconds.append(time.perf_counter() - began)
+        yield url
+        began = time.perf_counter()
+    _fixture_seconds.append(time.perf_counter() - began)
 
 
 @pytest.fixture
 def empty_db_url(admin_url: str) -> Iterator[str]:
     """A database on the test server that was never migrated."""
-    name = f"konduit_empty_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_database(admin_url, name)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with konduit.testing.fresh_database(admin_url, migrate=False) as url:
+        yield url
 
 
 @pytest.fixture
@@ -98,30 +88,18 @@ def make_app(db_url: str) -> Iterator[Callable[..., konduit.App]]:
         app.close()
 
 
-@contextmanager
-def running_worker(app: konduit.App, concurrency: int = 8, **options: object) -> Iterator[None]:
-    """Run a worker of ``app`` on a thread for the duration of the block."""
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            app.run_worker(concurrency=concurrency, stop_event=stop, **options)  # type: ignore[arg-type]
-        except BaseException as exc:  # surfaced to the test below
-            errors.append(exc)
-
-    options.setdefault("poll_interval", 0.2)
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-    if errors:
-        raise errors[0]
-
-
 @pytest.fixture
 def worker() -> Callable[..., object]:
     return running_worker
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for pool in _pools:
+        uses = len(_fixture_seconds) // 2
+        terminalreporter.write_line(
+            f"database pool: {pool.reused} tests on a reset database, {pool.created} on a new one; "
+            f"db_url set-up and tear-down {sum(_fixture_seconds):.1f} s in all"
+            f" ({sum(_fixture_seconds) / max(uses, 1) * 1000:.0f} ms a test)"
+        )
+        for reason in pool.not_reset:
+            terminalreporter.write_line(f"  not reset: {reason}")

@@ -29,16 +29,12 @@ import konduit
 from konduit.db.queries import q
 from konduit.engine.deadlines import MIN_SAMPLES, budgets
 from konduit.web import create_app, database_client
-from tests.browser_support import serving
-from tests.conftest import running_worker
+from tests.support.browser import serving
+from tests.support.db import rows
+from tests.support.workers import running_worker
 from tests.test_cli import konduit_cli
 
 pytestmark = pytest.mark.storage
-
-
-def rows(url: str, sql: str, *params: object) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url) as conn:
-        return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
 
 
 def task_budgets(url: str, execution_id: object) -> dict[str, tuple[Any, ...]]:

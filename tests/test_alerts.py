@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,15 +33,16 @@ from konduit.engine.registry import Registry
 from konduit.observe.metrics import metric_families, serve
 from konduit.observe.stats import Stats
 from konduit.web import create_app, database_client
-from tests import alerts_app
-from tests.browser_support import serving
-from tests.conftest import running_worker
+from tests.apps import alerts_app
+from tests.support.browser import serving
+from tests.support.db import rows
+from tests.support.waiting import until
+from tests.support.workers import running_worker, spawn_worker, stop_workers
 from tests.test_cli import assert_clean_error, konduit_cli
 from tests.test_metrics import scrape, value
 
 pytestmark = [pytest.mark.storage]
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def evaluate(db_url: str, registry: Registry, **options: Any) -> Round:
@@ -60,21 +57,6 @@ def evaluate(db_url: str, registry: Registry, **options: Any) -> Round:
             await db.close()
 
     return asyncio.run(go())
-
-
-def rows(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def quick_workflow(name: str = "alerts-quick", seconds: float = 0.05,
@@ -94,19 +76,12 @@ def quick_workflow(name: str = "alerts-quick", seconds: float = 0.05,
 
 @contextmanager
 def worker_processes(db_url: str, count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"}
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", "tests.alerts_app:app",
-         "--database-url", db_url, "--concurrency", "8", "--poll-interval", "0.2",
-         "--alert-interval", "0.2", "--log-level", "WARNING"], cwd=ROOT, env=env)
-        for _ in range(count)]
+    procs = [spawn_worker("tests.apps.alerts_app:app", db_url, "--alert-interval", "0.2",
+                          concurrency=8) for _ in range(count)]
     try:
         yield procs
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            p.wait(timeout=60)
+        stop_workers(procs)
 
 
 @pytest.mark.slow
@@ -116,23 +91,25 @@ def test_a_window_alert_fires_before_the_window_is_missed_when_a_branch_slows_10
     app = konduit.App([alerts_app.wf], database_url=db_url)
     try:
         with worker_processes(db_url, 2):
-            def start(branch_seconds: float) -> konduit.ExecutionHandle:
+            def start(branch_seconds: float, seconds: float) -> konduit.ExecutionHandle:
                 return app.start("alerts-window", {"branch_seconds": branch_seconds},
-                                 deadline_at=datetime.now(UTC) + timedelta(seconds=window))
+                                 deadline_at=datetime.now(UTC) + timedelta(seconds=seconds))
 
-            for handle in [start(fast) for _ in range(4)]:
+            # The history runs get a window far wider than they take on any machine (four at
+            # once took more than 4.5 s beside other test suites, and raised alerts of their own).
+            for handle in [start(fast, 60.0) for _ in range(4)]:
                 handle.wait(timeout=60)
-            assert app.alerts(include_resolved=True) == []  # the fast history fits the window
+            assert app.alerts(include_resolved=True) == []  # the fast history fits its window
 
-            slow = start(fast * 10)
-            seen = wait_until(lambda: app.alerts(kind="window_at_risk"), 30, "the window alert")
+            slow = start(fast * 10, window)
+            seen = until(lambda: app.alerts(kind="window_at_risk"), 30, "the window alert")
             # Seen open while the execution still runs, and raised before its window.
             assert app.status(slow.id).status == "running"
             [alert] = seen
             assert alert.subject == str(slow.id) and alert.workflow == "alerts-window"
             assert alert.details["path"][-1] == "publish"
             result = slow.wait(timeout=60)
-            resolved = wait_until(
+            resolved = until(
                 lambda: [a for a in app.alerts(include_resolved=True) if not a.open], 30,
                 "the alert to resolve")
     finally:
@@ -274,10 +251,10 @@ def test_a_worker_evaluates_the_rules_and_leaves_other_deployments_alone(
     # and resolves it once the execution has ended.
     only_mine = make_app(quick_workflow(seconds=1.0))
     with running_worker(only_mine, alert_interval=0.1):
-        [alert] = wait_until(lambda: app.alerts(), 10, "the worker's alert")
+        [alert] = until(lambda: app.alerts(), 10, "the worker's alert")
         assert alert.subject == str(mine.id)
         mine.wait(timeout=30)
-        wait_until(lambda: not app.alerts(), 10, "the worker to resolve it")
+        until(lambda: not app.alerts(), 10, "the worker to resolve it")
     assert [a.subject for a in app.alerts(include_resolved=True)] == [str(mine.id)]
     assert app.status(theirs.id).status == "running"
 

@@ -19,9 +19,9 @@ import pytest
 
 import konduit
 from konduit.web import create_app, database_client
-from tests import api_app
-from tests.browser_support import serving
-from tests.conftest import running_worker
+from tests.apps import api_app
+from tests.support.browser import serving
+from tests.support.workers import running_worker
 
 pytestmark = pytest.mark.storage
 PROBLEM = "application/problem+json"

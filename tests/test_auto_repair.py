@@ -10,12 +10,7 @@ status`` and on the dashboard.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,11 +35,11 @@ from konduit.db.connect import open_database
 from konduit.engine.auto_repair import AutoRepairer
 from konduit.engine.registry import Registry
 from konduit.web import create_app, database_client
-from tests.browser_support import serving
-from tests.conftest import running_worker
+from tests.support.browser import serving
+from tests.support.waiting import holds, until
+from tests.support.workers import running_worker, spawn_worker, stop_workers
 from tests.test_cli import konduit_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 HEALED = threading.Event()  # the resize service answers once set
 
 
@@ -301,30 +296,20 @@ def test_a_repair_that_cannot_start_is_recorded_once(make_app: Callable[..., kon
     assert generations(db_url, [eid]) == {eid: (1, True)}
 
 
-def spawn_worker(db_url: str, healed: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-        "KONDUIT_TEST_HEALED": str(healed)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", "tests.auto_repair_app:app",
-         "--database-url", db_url, "--concurrency", "8", "--poll-interval", "0.1",
-         "--log-level", "WARNING"], cwd=ROOT, env=env)
-
-
 @pytest.mark.storage
 @pytest.mark.slow
 def test_three_worker_processes_auto_repair_each_execution_exactly_once(
         db_url: str, tmp_path: Path) -> None:
-    from tests import auto_repair_app
+    from tests.apps import auto_repair_app
 
     healed = tmp_path / "healed"
     app = konduit.App([auto_repair_app.wf], database_url=db_url)
-    workers = [spawn_worker(db_url, healed) for _ in range(3)]
+    workers = [spawn_worker("tests.apps.auto_repair_app:app", db_url, "--maintenance-interval",
+                            "0.5", concurrency=8, poll_interval=0.1,
+                            env={"KONDUIT_TEST_HEALED": str(healed)})
+               for _ in range(3)]
     try:
-        began = time.monotonic()
-        while len(app.workers()) < 3:
-            assert time.monotonic() - began < 30, "workers did not come up"
-            time.sleep(0.1)
+        until(lambda: len(app.workers()) == 3, 30, "the three workers to come up")
         handles = [app.start("auto-repair", i) for i in range(12)]
         first = [h.wait(timeout=30) for h in handles]
         # Degraded (the service is down) and not repaired yet: repair_delay is 4 s.
@@ -335,13 +320,11 @@ def test_three_worker_processes_auto_repair_each_execution_exactly_once(
         def repaired() -> int:
             return sum(len(app.outputs(h.id)) == 2 for h in handles)
 
-        deadline = time.monotonic() + 40
-        while repaired() < len(handles):
-            assert time.monotonic() < deadline, f"{repaired()}/{len(handles)} repaired"
-            time.sleep(0.2)
-        time.sleep(2.5)  # more maintenance rounds of all three workers: nothing more happens
+        until(lambda: repaired() == len(handles), 40, "every execution to be repaired")
+        # More maintenance passes of all three workers (every 0.5 s): nothing more happens.
         ids = [h.id for h in handles]
-        assert generations(db_url, ids) == {eid: (2, True) for eid in ids}
+        holds(lambda: generations(db_url, ids) == {eid: (2, True) for eid in ids}, 2.0,
+              "one repair per execution")
         with psycopg.connect(db_url) as conn:
             tasks = dict(conn.execute(
                 "SELECT step, count(*) FROM konduit_tasks GROUP BY step").fetchall())
@@ -364,9 +347,6 @@ def test_three_worker_processes_auto_repair_each_execution_exactly_once(
             assert 'id="auto-repair"' in page and "auto-repaired at" in page
             assert (app.auto_repair_status(ids[0]) or "").startswith("auto-repaired at")
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            w.wait(timeout=60)
+        stop_workers(workers)
         app.close()
     assert all(w.returncode == 0 for w in workers)

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 import konduit
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 from tests.test_auto_repair import HEALED, contract_workflow
 
 pytestmark = [pytest.mark.storage]

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import konduit
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 
 pytestmark = pytest.mark.storage
 

@@ -24,7 +24,8 @@ import pytest
 
 import konduit
 from konduit.db.queries import q
-from tests.conftest import running_worker
+from tests.support.waiting import until
+from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
 
@@ -72,16 +73,6 @@ async def probe(ctx: Any) -> dict[str, Any]:
     return {"attempt": ctx.attempt}
 
 
-def _wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def test_huge_map_keeps_other_leases(make_app: Callable[..., konduit.App], db_url: str) -> None:
     release.clear()
     probe_running.clear()
@@ -100,7 +91,7 @@ def test_huge_map_keeps_other_leases(make_app: Callable[..., konduit.App], db_ur
             steps = {s["step"]: s for s in app_a.steps(fanned.id)}
             return bool(steps["fan"]["tasks_total"] == ITEMS)
 
-        _wait_for(created, 60, f"{ITEMS} map tasks to be created")
+        until(created, 60, f"{ITEMS} map tasks to be created")
         creation = time.monotonic() - t0
         release.set()
         result = held.wait(timeout=30)

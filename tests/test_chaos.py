@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,38 +16,22 @@ import pytest
 
 import konduit
 from konduit.errors import DatabaseError
-from tests import chaos_app
+from tests.apps import chaos_app
+from tests.support.workers import spawn_worker, stop_workers
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 EXPECTED_OUTPUT = chaos_app.BRANCHES + sum(i * i for i in range(4))
 
 
-def spawn_worker(
+def spawn(
     db_url: str, concurrency: int = 6, lease_seconds: float = 2, heartbeat_interval: float = 0.5
 ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", "tests.chaos_app:app",
-         "--database-url", db_url, "--concurrency", str(concurrency),
-         "--poll-interval", "0.2", "--lease-seconds", str(lease_seconds),
-         "--heartbeat-interval", str(heartbeat_interval), "--log-level", "ERROR"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])},
-        stdout=subprocess.DEVNULL,
+    return spawn_worker(
+        "tests.apps.chaos_app:app", db_url, "--lease-seconds", str(lease_seconds),
+        "--heartbeat-interval", str(heartbeat_interval), concurrency=concurrency,
+        log_level="ERROR", stdout=subprocess.DEVNULL,
     )
-
-
-def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every worker, then wait for them (killing any that will not stop)."""
-    for w in workers:
-        w.send_signal(signal.SIGTERM)
-    for w in workers:
-        try:
-            w.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            w.kill()
 
 
 def check_invariants(db_url: str, executions: int) -> dict[str, int]:
@@ -132,7 +115,7 @@ def test_chaos_sigkill_random_workers(db_url):
     executions = int(os.environ.get("KONDUIT_CHAOS_EXECUTIONS", "200"))
     rng = random.Random(int(os.environ.get("KONDUIT_CHAOS_SEED", "1")))
     app = konduit.App([chaos_app.wf], database_url=db_url)
-    workers = [spawn_worker(db_url) for _ in range(3)]
+    workers = [spawn(db_url) for _ in range(3)]
     kills = 0
     landed = 0  # kills that left the victim's running tasks orphaned
     orphaned = 0  # tasks still 'running' under a worker once it was dead
@@ -169,7 +152,7 @@ def test_chaos_sigkill_random_workers(db_url):
                     ).fetchone() or (0,)
                     orphaned += left
                     landed += left > 0
-                workers[victim] = spawn_worker(db_url)
+                workers[victim] = spawn(db_url)
                 if kills >= 10 and all(r.finished for r in app.list(limit=executions)):
                     break
         wait_all(app, ids, timeout=90)
@@ -247,7 +230,7 @@ def test_database_restart_mid_run(private_server):
     every invariant."""
     url = private_database(private_server)
     app = konduit.App([chaos_app.wf], database_url=url)
-    workers = [spawn_worker(url, concurrency=8) for _ in range(2)]
+    workers = [spawn(url, concurrency=8) for _ in range(2)]
     try:
         ids = [app.start("chaos", input={"n": i}).id for i in range(40)]
         running_executions, running_tasks = wait_running(url, at_least=4)
@@ -272,7 +255,7 @@ def test_database_down_longer_than_the_lease_costs_no_live_worker_its_result(pri
     lease, outage_seconds, executions = 3.0, 8.0, 10
     url = private_database(private_server)
     app = konduit.App([chaos_app.outage], database_url=url)
-    workers = [spawn_worker(url, concurrency=5, lease_seconds=lease, heartbeat_interval=1)
+    workers = [spawn(url, concurrency=5, lease_seconds=lease, heartbeat_interval=1)
                for _ in range(2)]
     try:
         ids = [app.start("outage", input={"n": i}).id for i in range(executions)]

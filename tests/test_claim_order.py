@@ -27,8 +27,8 @@ from konduit.engine.client import Client
 from konduit.engine.completer import Recorded, record
 from konduit.engine.registry import Registry
 from konduit.worker.executor import Claimed
-from tests.conftest import running_worker
-from tests.engine_scenario import run_scenario
+from tests.support.scenario import run_scenario
+from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
 T = TypeVar("T")

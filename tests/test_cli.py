@@ -11,15 +11,12 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 import konduit
-from konduit.db.embedded import with_database
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 
 pytestmark = pytest.mark.storage
 
@@ -111,17 +108,6 @@ def app_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def empty_db(admin_url: str) -> Iterator[str]:
-    """A database that has never been migrated."""
-    name = f"konduit_cli_empty_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield with_database(admin_url, name)
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def test_version_and_help() -> None:
     proc = konduit_cli("--version")
     assert proc.returncode == 0
@@ -146,13 +132,13 @@ def test_db_migrate_on_a_migrated_database_is_a_no_op(db_url: str) -> None:
     assert "applied" not in proc.stdout
 
 
-def test_an_unmigrated_database_says_which_command_fixes_it(empty_db: str) -> None:
-    assert_clean_error(konduit_cli("list", "--database-url", empty_db),
+def test_an_unmigrated_database_says_which_command_fixes_it(empty_db_url: str) -> None:
+    assert_clean_error(konduit_cli("list", "--database-url", empty_db_url),
                        "konduit db migrate --database-url URL")
-    proc = konduit_cli("db", "migrate", "--database-url", empty_db)
+    proc = konduit_cli("db", "migrate", "--database-url", empty_db_url)
     assert proc.returncode == 0, proc.stderr
     assert "applied 0001_" in proc.stdout
-    proc = konduit_cli("list", "--database-url", empty_db)
+    proc = konduit_cli("list", "--database-url", empty_db_url)
     assert proc.returncode == 0, proc.stderr
     assert "no executions" in proc.stdout
 
@@ -329,5 +315,5 @@ def test_the_maintenance_interval_comes_from_the_flag_or_the_environment(
     assert WorkerConfig().maintenance_interval == 0.25
     with pytest.raises(ValueError, match="maintenance_interval must be > 0"):
         WorkerConfig(maintenance_interval=0)
-    bad = konduit_cli("worker", "tests.waits_app:app", "--maintenance-interval", "0")
+    bad = konduit_cli("worker", "tests.apps.waits_app:app", "--maintenance-interval", "0")
     assert bad.returncode == 2 and "--maintenance-interval" in bad.stderr

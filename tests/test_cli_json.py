@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 import konduit
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 from tests.test_cli import konduit_cli
 
 pytestmark = pytest.mark.storage

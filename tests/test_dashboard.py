@@ -26,8 +26,8 @@ from selenium.webdriver.common.by import By
 import konduit
 from konduit.web import create_app, database_client
 from konduit.web.views import dag_layout, depths, gantt
-from tests.browser_support import css, eventually, screenshot, serving
-from tests.conftest import running_worker
+from tests.support.browser import css, eventually, screenshot, serving
+from tests.support.workers import running_worker
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/none"
 DEGRADED_FILL = "rgb(240, 180, 41)"  # .s-degraded in the base template

@@ -26,8 +26,8 @@ import konduit
 from konduit.db.queries import q
 from konduit.web import create_app, database_client
 from konduit.web.summaries import BadCursor, decode_cursor, encode_cursor, map_summaries, rerun_steps
-from tests.browser_support import csp_violations, css, eventually, screenshot, serving, strict_csp
-from tests.conftest import running_worker
+from tests.support.browser import csp_violations, css, eventually, screenshot, serving, strict_csp
+from tests.support.workers import running_worker
 
 XSS = "<img src=x onerror=alert(1)> </script><script>alert(2)</script>"
 FIRST_GO = threading.Event()  # `first` of ops-gate runs until this is set

@@ -23,23 +23,12 @@ from konduit.db import database
 from konduit.db.database import Database, Tx
 from konduit.db.queries import q
 from konduit.errors import DatabaseConflict, DatabaseUnavailable, PoolExhausted
-from tests.fanin_harness import fan_in_workflow
+from tests.support.db import wait_until_blocked
+from tests.support.fanin import fan_in_workflow
 
 pytestmark = [pytest.mark.storage]
 
 CLOSED_PORT = "postgresql://postgres@127.0.0.1:1/konduit"
-
-
-def wait_until_blocked(url: str, pid: int, timeout: float = 10.0) -> None:
-    """Poll until backend ``pid`` waits on a lock (bounded)."""
-    deadline = time.monotonic() + timeout
-    with psycopg.connect(url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute("SELECT cardinality(pg_blocking_pids(%s))", (pid,)).fetchone()
-            if row and row[0] > 0:
-                return
-            time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never waited on a lock")
 
 
 @pytest.fixture

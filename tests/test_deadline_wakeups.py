@@ -12,41 +12,27 @@ the branch with its fallback. The join fires within half a second of the deadlin
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
 
 import konduit
 from konduit.worker.wakeups import MIN_GAP, SweepClock
-from tests import deadline_wake_app
+from tests.apps import deadline_wake_app
+from tests.support.waiting import until
+from tests.support.workers import spawn_worker, stop_workers
 
 pytestmark = [pytest.mark.storage]
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 def spawn(db_url: str, *queues: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", "tests.deadline_wake_app:app",
-         "--database-url", db_url, *(a for q in queues for a in ("--queue", q)),
-         "--lease-seconds", "60", "--heartbeat-interval", "1", "--poll-interval", "0.2",
-         "--maintenance-interval", "10", "--log-level", "WARNING"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    return spawn_worker(
+        "tests.apps.deadline_wake_app:app", db_url, *(a for q in queues for a in ("--queue", q)),
+        "--lease-seconds", "60", "--heartbeat-interval", "1", "--maintenance-interval", "10",
+        concurrency=None, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-
-
-def wait_for(what: str, check: object, timeout: float = 30.0) -> None:
-    began = time.monotonic()
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() - began < timeout, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def session_recorded(db_url: str, pid: int) -> bool:
@@ -62,23 +48,18 @@ def test_a_dead_workers_branch_ends_and_its_join_fires_within_half_a_second_of_i
     victim = None
     app = konduit.App([deadline_wake_app.wf], database_url=db_url)
     try:
-        wait_for("the survivor", lambda: session_recorded(db_url, survivor.pid))
+        until(lambda: session_recorded(db_url, survivor.pid), 30, "the survivor to start")
         victim = spawn(db_url, "victim", "default")
-        wait_for("the victim", lambda: session_recorded(db_url, victim.pid))
+        until(lambda: session_recorded(db_url, victim.pid), 30, "the victim to start")
         time.sleep(0.5)  # the survivor's maintenance loop sleeps towards its next interval
         handle = app.start("deadline-wake")
-        wait_for("the victim to run the branch", lambda: any(
-            t["step"] == "slow" and t["status"] == "running" for t in app.tasks(handle.id)))
+        until(lambda: any(t["step"] == "slow" and t["status"] == "running"
+                          for t in app.tasks(handle.id)), 30, "the victim to run the branch")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
-        result = handle.wait(timeout=20)
+        result = handle.wait(timeout=60)  # bounds a hang; the promptness is measured below
     finally:
-        for proc in (victim, survivor):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in (victim, survivor):
-            if proc is not None:
-                proc.wait(timeout=30)
+        stop_workers(p for p in (victim, survivor) if p is not None)
         app.close()
     assert result.output == "fallback+quick"
     assert result.outcomes["slow"] == "degraded"
@@ -128,9 +109,9 @@ def test_the_grace_is_for_a_live_worker_only(db_url: str) -> None:
         assert check("ready", -0.01, None) and check("waiting", -0.01, None)  # nobody to wait for
         assert not check("ready", 0.5, None) and not check("running", 0.5, "live")
         session.close()  # the worker process dies: its backend ends with it
-        wait_for("the backend to end", lambda: conn.execute(
+        until(lambda: conn.execute(
             "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)",
-            (pid,)).fetchone()[0], timeout=10)  # type: ignore[index]
+            (pid,)).fetchone()[0], 10, "the backend to end")  # type: ignore[index]
         assert check("running", -0.01, "live")  # dead: ended at its deadline, no grace
         assert not check("running", 0.5, "live")  # never before it
         assert not check("running", -0.5, "live", "unknown")  # a hedge that may still end it

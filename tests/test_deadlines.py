@@ -15,16 +15,12 @@ import pytest
 
 import konduit
 from konduit.engine.deadlines import MIN_SAMPLES, adaptive_budget
-from tests.conftest import running_worker
+from tests.support.db import rows
+from tests.support.workers import running_worker
 
 pytestmark = pytest.mark.storage
 
 FAST = konduit.Retry(max_attempts=1)
-
-
-def rows(url: str, sql: str, *params: object) -> list[tuple[object, ...]]:
-    with psycopg.connect(url) as conn:
-        return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
 
 
 def deadline_workflow(kind: str, sleep: float = 30.0) -> konduit.Workflow:

@@ -16,8 +16,9 @@ from konduit.core.shares import format_share, parse_share
 from konduit.errors import KonduitError
 from konduit.observe.alerts import degraded_budget
 from konduit.observe.metrics import serve
-from tests.conftest import running_worker
-from tests.test_alerts import evaluate, rows
+from tests.support.db import rows
+from tests.support.workers import running_worker
+from tests.test_alerts import evaluate
 from tests.test_metrics import scrape, value
 
 

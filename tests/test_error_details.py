@@ -13,8 +13,8 @@ from pydantic import BaseModel
 import konduit
 from konduit.core.validation import OutputValidator
 from konduit.web import create_app, database_client
-from tests.browser_support import serving
-from tests.conftest import running_worker
+from tests.support.browser import serving
+from tests.support.workers import running_worker
 
 
 class Caption(BaseModel):

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 
 import konduit
-from konduit.db.embedded import with_database
 from konduit.db.migrate import migrations
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 
 pytestmark = pytest.mark.storage
 
@@ -33,14 +31,10 @@ def test_failed_execution_error_names_the_step_and_the_exception(make_app):
     assert "card declined: insufficient funds" in error
 
 
-def test_start_against_an_unmigrated_server_names_the_command(admin_url):
-    name = "konduit_unmigrated_start"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
+def test_start_against_an_unmigrated_server_names_the_command(empty_db_url):
     wf = konduit.Workflow("x", version=1)
     wf.step(name="only")(lambda ctx: 1)
-    app = konduit.App([wf], database_url=with_database(admin_url, name))
+    app = konduit.App([wf], database_url=empty_db_url)
     try:
         with pytest.raises(konduit.SchemaOutdated, match="konduit db migrate"):
             app.start("x")
@@ -48,5 +42,3 @@ def test_start_against_an_unmigrated_server_names_the_command(admin_url):
         assert app.start("x").id is not None
     finally:
         app.close()
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -11,7 +11,6 @@ cost is read from ``EXPLAIN (ANALYZE, BUFFERS)``, next to the old claim's filter
 
 from __future__ import annotations
 
-import time
 from typing import Any
 from uuid import UUID
 
@@ -26,8 +25,9 @@ from konduit.engine.client import Client
 from konduit.engine.completer import Recorded, record
 from konduit.engine.registry import Registry
 from konduit.worker.executor import Claimed
-from tests.conftest import running_worker
-from tests.engine_scenario import run_scenario
+from tests.support.scenario import run_scenario
+from tests.support.waiting import until
+from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
 WORKER = "worker-fair-share"
@@ -226,14 +226,6 @@ def _finished_within(app: konduit.App, execution: UUID) -> float:
     return float(seconds)
 
 
-def _wait_for(check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-    return value
-
-
 def _count(app: konduit.App, sql_text: str, *params: Any) -> int:
     with psycopg.connect(app.database_url) as conn:
         (n,) = conn.execute(sql_text.encode(), params).fetchone()
@@ -245,9 +237,9 @@ def test_a_lone_execution_finishes_within_2_s_beside_a_running_100k_map(make_app
     with running_worker(app, concurrency=8):
         big = app.start("fair-map", ITEMS).id
         # The map runs: its items are being claimed.
-        _wait_for(lambda: _count(app, "SELECT count(*) FROM konduit_tasks WHERE execution_id = %s"
-                                      " AND step = 'item' AND status = 'succeeded'", big) > 200,
-                  timeout=60)
+        until(lambda: _count(app, "SELECT count(*) FROM konduit_tasks WHERE execution_id = %s"
+                             " AND step = 'item' AND status = 'succeeded'", big) > 200,
+              timeout=60)
         assert _count(app, "SELECT count(*) FROM konduit_tasks WHERE execution_id = %s"
                            " AND status = 'ready'", big) > ITEMS // 2
         lone = app.start("fair-lone").id
@@ -261,8 +253,8 @@ def test_a_lone_execution_finishes_within_2_s_after_a_100k_start_many(make_app):
     app = make_app(single("fair-batch"), single("fair-lone"))
     app.start_many([{"workflow": "fair-batch"}] * ITEMS)  # one batch: 50 statements, one flow
     with running_worker(app, concurrency=8):
-        _wait_for(lambda: _count(app, "SELECT count(*) FROM konduit_executions"
-                                      " WHERE status = 'succeeded'") > 200, timeout=60)
+        until(lambda: _count(app, "SELECT count(*) FROM konduit_executions"
+                             " WHERE status = 'succeeded'") > 200, timeout=60)
         lone = app.start("fair-lone").id
         took = _finished_within(app, lone)
         running = _count(app, "SELECT count(*) FROM konduit_executions WHERE status = 'running'")

@@ -8,38 +8,30 @@ rescuer had to be connected for a full lease, no worker ever lived long enough t
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 import konduit
-from tests import fallback_app
-from tests.test_resilience import reaped, rows, wait_until
+from tests.apps import fallback_app
+from tests.support.db import rows
+from tests.support.waiting import until
+from tests.support.workers import reaped, spawn_worker
 
 pytestmark = [pytest.mark.storage]
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 def spawn(db_url: str, log: Path, *args: str, env: dict[str, str] | None = None
           ) -> subprocess.Popen[bytes]:
-    """A real ``konduit worker tests.fallback_app:app`` process; its output goes to ``log``."""
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "konduit.cli", "worker", "tests.fallback_app:app",
-             "--database-url", db_url, "--isolation", "thread", "--poll-interval", "0.2",
-             "--maintenance-interval", "0.2", "--alert-interval", "0", "--log-level", "INFO",
-             *args],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    """A real ``konduit worker tests.apps.fallback_app:app`` process; its output goes to
+    ``log``."""
+    return spawn_worker(
+        "tests.apps.fallback_app:app", db_url, "--isolation", "thread",
+        "--maintenance-interval", "0.2", "--alert-interval", "0", *args,
+        concurrency=None, log_level="INFO", log=log, env=env,
+    )
 
 
 def test_a_fallback_that_kills_its_worker_ends_its_task_once_with_no_crash_loop(db_url, tmp_path):
@@ -111,14 +103,14 @@ def test_a_dead_workers_task_is_rescued_by_a_worker_started_after_it_died_withou
     try:
         with reaped([spawn(db_url, log, *args)]) as procs:
             holder = procs[0]
-            (worker_id,) = wait_until(
+            (worker_id,) = until(
                 lambda: [w for (w,) in rows(db_url, "SELECT worker_id FROM konduit_tasks"
                                             " WHERE status = 'running' AND execution_id = %s",
                                             handle.id)],
                 30, "the first worker to run the task")
             holder.send_signal(signal.SIGKILL)
             holder.wait(timeout=10)
-            wait_until(lambda: rows(
+            until(lambda: rows(
                 db_url, "SELECT 1 FROM konduit_workers WHERE id = %s AND last_heartbeat_at"
                 " < clock_timestamp() - make_interval(secs => lease_seconds)", worker_id),
                 3 * LEASE, "the killed worker's heartbeat to be older than its lease")

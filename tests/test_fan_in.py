@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 
 import konduit
-from tests.fanin_harness import (
+from tests.support.fanin import (
     CompleteFn,
     Harness,
     TrialResult,

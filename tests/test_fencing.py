@@ -10,7 +10,7 @@ import pytest
 
 from konduit.engine.completer import Recorded, record
 from konduit.worker.maintenance import reclaim_expired_leases
-from tests.fanin_harness import LoopThread, claim, completion_for, fan_in_workflow
+from tests.support.fanin import LoopThread, claim, completion_for, fan_in_workflow
 
 pytestmark = pytest.mark.storage
 

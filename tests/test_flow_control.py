@@ -17,10 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,8 +35,8 @@ from konduit.engine.registry import Registry
 from konduit.errors import WorkflowDefinitionError
 from konduit.observe.metrics import metric_families
 from konduit.observe.stats import load_stats, stats_renderables
+from tests.support.workers import spawn_worker, stop_workers
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKER = "worker-flow"
 
 
@@ -341,7 +337,7 @@ def test_a_worker_without_limits_runs_the_plain_claim_only(db_url, make_app):
     """Unlimited workflows never touch the flow statements: their tasks are not limited, no
     flow row exists, and the worker's claim is the plain statement alone."""
     from konduit.worker.worker import Worker
-    from tests.conftest import running_worker
+    from tests.support.workers import running_worker
 
     wf = konduit.Workflow("flow-plain", version=1)
     wf.step(name="only")(lambda ctx: 1)
@@ -358,17 +354,6 @@ def test_a_worker_without_limits_runs_the_plain_claim_only(db_url, make_app):
 
 
 # -- real worker processes ---------------------------------------------------------------------
-
-
-def spawn_worker(db_url: str, concurrency: int) -> subprocess.Popen[bytes]:
-    path = os.pathsep.join([str(ROOT), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
-    return subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", "tests.flow_app:app",
-         "--database-url", db_url, "--concurrency", str(concurrency),
-         "--poll-interval", "0.5", "--log-level", "WARNING"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": path},
-    )
 
 
 def spans(folder: Path) -> list[tuple[float, float]]:
@@ -392,19 +377,17 @@ def most_at_once(intervals: list[tuple[float, float]]) -> int:
 @pytest.mark.storage
 @pytest.mark.slow
 def test_limits_hold_across_two_worker_processes(db_url, tmp_path):
-    from tests import flow_app
+    from tests.apps import flow_app
 
     app = konduit.App([flow_app.wf], database_url=db_url)
-    workers = [spawn_worker(db_url, concurrency=8) for _ in range(2)]
+    workers = [spawn_worker("tests.apps.flow_app:app", db_url, concurrency=8, poll_interval=0.5)
+               for _ in range(2)]
     try:
         began = time.monotonic()
         result = app.start("flow-limits", input={"dir": str(tmp_path)}).wait(timeout=90)
         took = time.monotonic() - began
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            w.wait(timeout=60)
+        stop_workers(workers)
         app.close()
     assert result.status == "succeeded", result
     limited, unlimited = spans(tmp_path / "limited"), spans(tmp_path / "unlimited")

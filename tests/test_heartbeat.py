@@ -12,7 +12,7 @@ import pytest
 
 import konduit
 from konduit.worker.heartbeat import ASKED_GAP, BeatRequest
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 
 
 def test_an_asked_beat_comes_at_once_and_asks_coalesce() -> None:

@@ -35,8 +35,9 @@ from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
 from konduit.worker.hedging import Hedger
 from konduit.worker.maintenance import Maintenance
-from tests.conftest import running_worker
-from tests.fanin_harness import claim, completion_for
+from tests.support.fanin import claim, completion_for
+from tests.support.waiting import until
+from tests.support.workers import running_worker
 
 # -- definition time ---------------------------------------------------------------------------
 
@@ -443,6 +444,7 @@ def straggler_workflow(name: str, hedge: str, *, sync: bool) -> konduit.Workflow
                         _seen(ctx, "cancel seen")
                         break
                     time.sleep(0.1)
+                _seen(ctx, "returned")
                 return "primary"
             return "hedge"
         slow: Any = slow_sync
@@ -475,9 +477,7 @@ def run_straggler(app: konduit.App, name: str, *, wait_for: str) -> tuple[Any, l
         began = time.monotonic()
         result = app.start(name).wait(timeout=20)
         took = time.monotonic() - began
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not any(w == wait_for for _, _, w in SEEN):
-            time.sleep(0.05)
+        until(lambda: any(w == wait_for for _, _, w in SEEN), 10, f"{wait_for!r} in the handlers")
     assert took < 10, f"the straggler was not hedged ({took:.1f} s)"
     return result, list(SEEN)
 
@@ -527,7 +527,9 @@ def test_a_hedged_sync_straggler_its_late_result_is_refused(make_app: Any) -> No
     assert (False, "cancel seen") in [(h, w) for _, h, w in seen]
     assert {h for _, h, w in seen if w == "started"} == {False, True}
     assert [w for _, _, w in seen].count("join") == 1
-    time.sleep(0.3)  # the primary's thread returns after noticing the cancel: refused
+    # The primary's thread returns after noticing the cancel: its late result is refused.
+    until(lambda: any(h is False and w == "returned" for _, h, w in SEEN), 10,
+          "the primary's thread to return")
     with psycopg.connect(app.database_url) as conn:
         rows = conn.execute(
             "SELECT a.hedge, a.outcome FROM konduit_attempts a JOIN konduit_tasks t"

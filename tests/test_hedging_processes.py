@@ -4,10 +4,6 @@ fires once per execution, and the outrun attempt is cancelled where it runs."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -16,30 +12,17 @@ import psycopg
 import pytest
 
 import konduit
-from tests import hedge_app
+from tests.apps import hedge_app
+from tests.support.workers import spawn_worker, stop_workers
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def spawn_worker(db_url: str, concurrency: int) -> subprocess.Popen[bytes]:
-    # This checkout's sources first: the workers must run the code under test.
-    path = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    return subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", "tests.hedge_app:app",
-         "--database-url", db_url, "--concurrency", str(concurrency),
-         "--poll-interval", "0.2", "--log-level", "WARNING"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": path},
-    )
-
 
 def test_stragglers_are_hedged_across_worker_processes(db_url: str, tmp_path: Path) -> None:
     executions = 3
     log = tmp_path / "attempts.log"
     app = konduit.App([hedge_app.wf], database_url=db_url)
-    workers = [spawn_worker(db_url, concurrency=4) for _ in range(2)]
+    workers = [spawn_worker("tests.apps.hedge_app:app", db_url, concurrency=4)
+               for _ in range(2)]
     try:
         began = time.monotonic()
         handles = [app.start("proc-hedge", input={"log": str(log)}) for _ in range(executions)]
@@ -51,10 +34,7 @@ def test_stragglers_are_hedged_across_worker_processes(db_url: str, tmp_path: Pa
                 log.read_text().count("\tcancelled\t") < executions:
             time.sleep(0.1)
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            w.wait(timeout=60)
+        stop_workers(workers)
         app.close()
     assert [r.status for r in results] == ["succeeded"] * executions
     assert [r.output for r in results] == ["hedge"] * executions

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from konduit.db.embedded import with_database
+import konduit.testing
 from konduit.db.queries import all_queries, q
 
 pytestmark = [pytest.mark.storage]
@@ -72,13 +72,10 @@ FILL = [
 
 
 @pytest.fixture(scope="module")
-def history_url(admin_url: str, template_db: str) -> Iterator[str]:
-    name = f"konduit_history_{os.getpid()}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    url = with_database(admin_url, name)
-    try:
+def history_url(database_pool: konduit.testing.DatabasePool) -> Iterator[str]:
+    # A new database, dropped after (not a pooled one: emptying a million rows costs more than
+    # dropping them, and the next tests need none of them).
+    with database_pool.database(fresh=True) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             began = time.monotonic()
             try:
@@ -93,9 +90,6 @@ def history_url(admin_url: str, template_db: str) -> Iterator[str]:
             conn.execute("ANALYZE")
             print(f"history of {FINISHED} finished tasks filled in {time.monotonic() - began:.1f} s")
         yield url
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # -- reading plans -------------------------------------------------------------------------------

@@ -5,20 +5,17 @@ Real worker threads on real PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 import konduit
-from tests import sweep_app
-from tests.conftest import running_worker
+from tests.apps import sweep_app
+from tests.support.workers import running_worker, spawn_worker
 
 pytestmark = [pytest.mark.storage]
 
@@ -267,18 +264,14 @@ def test_cancelled_executions_never_start_a_handler_after_the_cancel_committed(m
 
 
 def test_a_worker_process_past_its_abandoned_limit_exits_non_zero_for_its_supervisor(db_url):
-    root = Path(__file__).resolve().parent.parent
     app = konduit.App([sweep_app.wf], database_url=db_url)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", "tests.sweep_app:app",
-         "--database-url", db_url, "--max-abandoned", "0", "--poll-interval", "0.2",
-         "--shutdown-grace", "1", "--log-level", "WARNING"],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    proc = spawn_worker(
+        "tests.apps.sweep_app:app", db_url, "--max-abandoned", "0", "--shutdown-grace", "1",
+        concurrency=None, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:
         handle = app.start("sweep")
-        _, err = proc.communicate(timeout=60)
+        err = proc.communicate(timeout=60)[1].decode()
     finally:
         proc.kill()
         app.close()

@@ -32,8 +32,8 @@ from konduit.worker.isolation import (
     NonRetryableHandlerFailed,
     call_in_process,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.waiting import until
+from tests.support.workers import ROOT, spawn_worker, stop_workers
 
 
 def make_ctx(value: Any = None, **fields: Any) -> Context:
@@ -76,15 +76,6 @@ def dead(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def eventually(predicate: Callable[[], bool], timeout: float = 10) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
 # Handlers live at module level or as closures: fork means neither is pickled or re-imported.
 
 
@@ -114,7 +105,7 @@ def test_returns_the_result_computed_in_another_process():
     assert result["input"] == {"n": 1}
     assert result["pid"] != os.getpid()
     # Its event loop is closed already: reaping a child that answered does not depend on it.
-    assert eventually(lambda: reaped(result["pid"]), timeout=5)
+    until(lambda: reaped(result["pid"]), 10, "the handler process to be reaped")
 
 
 def test_the_handlers_exception_comes_back_with_its_traceback_from_the_child():
@@ -192,7 +183,7 @@ def test_programs_the_handler_started_are_killed_with_it(tmp_path):
         call(handler, str(tmp_path / "pid"), timeout=0.5)
     grandchild = wait_for_pid(tmp_path / "grandchild")
     try:
-        assert eventually(lambda: dead(grandchild), timeout=5), "the handler's program lives on"
+        until(lambda: dead(grandchild), 10, "the handler's program to die with it")
     finally:
         if not dead(grandchild):
             os.kill(grandchild, signal.SIGKILL)
@@ -238,7 +229,7 @@ def test_cancelling_the_call_kills_the_child(tmp_path):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert eventually(lambda: reaped(pid), timeout=5)
+        until(lambda: reaped(pid), 10, "the handler process to be reaped")
 
     asyncio.run(scenario())
 
@@ -250,7 +241,7 @@ def test_an_enclosing_asyncio_timeout_kills_the_child_like_the_executors_deadlin
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.5):
                 await call_in_process(hang_forever, make_ctx(str(pidfile)), timeout=None)
-        assert eventually(lambda: reaped(wait_for_pid(pidfile)), timeout=5)
+        until(lambda: reaped(wait_for_pid(pidfile)), 10, "the handler process to be reaped")
 
     asyncio.run(scenario())
 
@@ -271,7 +262,7 @@ def test_twenty_calls_run_at_once_and_leave_no_zombie():
     assert [i for i, _ in results] == list(range(20))
     assert len({pid for _, pid in results}) == 20
     assert elapsed < 5, f"20 calls of 0.5 s took {elapsed:.1f} s: they did not run at once"
-    assert eventually(lambda: all(reaped(pid) for _, pid in results), timeout=5)
+    until(lambda: all(reaped(pid) for _, pid in results), 10, "the handler process to be reaped")
 
 
 def test_a_signal_the_child_receives_never_reaches_the_workers_loop():
@@ -358,7 +349,7 @@ def test_works_from_an_event_loop_on_another_thread(tmp_path):
     thread.start()
     thread.join(timeout=30)
     assert len(outcome) == 2 and isinstance(outcome[1], HandlerTimedOut)
-    assert eventually(lambda: reaped(outcome[0]), timeout=5)
+    until(lambda: reaped(outcome[0]), 10, "the handler process to be reaped")
     assert reaped(wait_for_pid(tmp_path / "pid"))  # killed at its time limit: reaped before the raise
 
 
@@ -369,7 +360,7 @@ def test_without_pidfds_a_thread_waits_for_the_child(monkeypatch, tmp_path):
         call(lambda ctx: os._exit(4))
     with pytest.raises(HandlerTimedOut):
         call(hang_forever, str(tmp_path / "pid"), timeout=0.3)
-    assert eventually(lambda: reaped(wait_for_pid(tmp_path / "pid")), timeout=5)
+    until(lambda: reaped(wait_for_pid(tmp_path / "pid")), 10, "the handler process to be reaped")
 
 
 def test_a_worker_killed_with_sigkill_takes_its_handlers_with_it(tmp_path):
@@ -389,7 +380,7 @@ def test_a_worker_killed_with_sigkill_takes_its_handlers_with_it(tmp_path):
         pid = wait_for_pid(pidfile, timeout=30)
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=10)
-        assert eventually(lambda: dead(pid), timeout=10), "the handler outlived its worker"
+        until(lambda: dead(pid), 10, "the handler to die with its worker")
     finally:
         if worker.poll() is None:
             worker.kill()
@@ -412,15 +403,10 @@ def test_overhead_per_call_is_a_few_milliseconds():
 # --- end to end, with a real `konduit worker` process -----------------------------------------
 
 
-def spawn_worker(db_url: str, log: Path) -> subprocess.Popen[bytes]:
+def spawn(db_url: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "konduit.cli", "worker", "tests.isolation_app:app",
-             "--database-url", db_url, "--concurrency", "1", "--isolation", "process",
-             "--poll-interval", "0.2", "--log-level", "WARNING"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=out, stderr=subprocess.STDOUT,
-        )
+        return spawn_worker("tests.apps.isolation_app:app", db_url, "--isolation", "process",
+                            concurrency=1, stdout=out, stderr=subprocess.STDOUT)
 
 
 def wait_result(handle: Any, worker: subprocess.Popen[bytes], log: Path, timeout: float) -> Any:
@@ -439,10 +425,10 @@ def wait_result(handle: Any, worker: subprocess.Popen[bytes], log: Path, timeout
 @pytest.mark.storage
 @pytest.mark.slow
 def test_a_worker_with_process_isolation_kills_a_hung_branch_and_serves_the_next(db_url, tmp_path):
-    from tests import isolation_app
+    from tests.apps import isolation_app
 
     log = tmp_path / "worker.log"
-    worker = spawn_worker(db_url, log)
+    worker = spawn(db_url, log)
     app = konduit.App([isolation_app.wf], database_url=db_url)
     try:
         first = app.start("isolation", input={"pid_dir": str(tmp_path), "hang": True})
@@ -452,10 +438,9 @@ def test_a_worker_with_process_isolation_kills_a_hung_branch_and_serves_the_next
         hung = wait_for_pid(tmp_path / f"{first.id}.pid")
         # The worker itself ended it (not the sweep, which waits deadline_grace more), and
         # killed the process that ran it.
-        assert eventually(lambda: dead(hung), timeout=5), "the hung handler's process lives on"
-        assert eventually(lambda: not Path(f"/proc/{hung}").exists(), timeout=5), (
-            "the worker left the killed handler a zombie"
-        )
+        until(lambda: dead(hung), 10, "the hung handler's process to die")
+        until(lambda: not Path(f"/proc/{hung}").exists(), 10,
+              "the worker to reap the killed handler (not leave a zombie)")
 
         # With one slot, a second execution runs only if the hung handler freed it.
         started = time.monotonic()
@@ -464,12 +449,9 @@ def test_a_worker_with_process_isolation_kills_a_hung_branch_and_serves_the_next
         assert time.monotonic() - started < 10
         assert wait_for_pid(tmp_path / f"{second.id}.pid") != hung
     finally:
-        worker.send_signal(signal.SIGTERM)
         try:
-            worker.wait(timeout=30)
+            stop_workers([worker], timeout=30)
         finally:
-            if worker.poll() is None:
-                worker.kill()
             app.close()
     assert worker.returncode == 0, log.read_text()
     with psycopg.connect(db_url) as conn:

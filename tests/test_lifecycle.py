@@ -24,7 +24,7 @@ from konduit.worker.config import WorkerConfig
 from konduit.worker.executor import Claimed, Executor
 from konduit.worker.maintenance import Maintenance
 from konduit.worker.worker import Worker
-from tests.engine_scenario import run_scenario
+from tests.support.scenario import run_scenario
 
 pytestmark = [pytest.mark.storage]
 T = TypeVar("T")

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import konduit
 from konduit.core.payloads import DEFAULT_MAX_BYTES, MAX_DEPTH, canonical_json, json_depth
 from konduit.core.workflow import DEFAULT_MAX_MAP_ITEMS
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 
 WAIT = 30.0
 

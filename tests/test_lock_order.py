@@ -23,7 +23,8 @@ import konduit
 from konduit.bench.harness import leased_branches
 from konduit.db.database import Database
 from konduit.worker.executor import Claimed
-from tests.fanin_harness import fan_in_workflow
+from tests.support.db import wait_until_blocked
+from tests.support.fanin import fan_in_workflow
 
 pytestmark = [pytest.mark.storage]
 
@@ -35,18 +36,6 @@ FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS u(id, lease_token)
 WHERE t.id = u.id AND t.lease_token = u.lease_token AND t.status = 'running'
 RETURNING t.id
 """
-
-
-def wait_until_blocked(url: str, pid: int, timeout: float = 10.0) -> None:
-    """Poll until backend ``pid`` waits on a lock (bounded)."""
-    deadline = time.monotonic() + timeout
-    with psycopg.connect(url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute("SELECT cardinality(pg_blocking_pids(%s))", (pid,)).fetchone()
-            if row and row[0] > 0:
-                return
-            time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never waited on a lock")
 
 
 def lease_of(url: str, task_id: int) -> Any:

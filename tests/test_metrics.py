@@ -25,7 +25,7 @@ from prometheus_client.samples import Sample
 import konduit
 from konduit.observe.metrics import EXECUTION_STATUSES, metric_families, serve
 from konduit.observe.stats import build_stats
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 from tests.test_cli import _env, assert_clean_error, konduit_cli
 from tests.test_stats import SLOW_SECONDS, fan_in_workflow, run
 

@@ -53,7 +53,7 @@ import pytest
 import konduit
 from konduit.db.database import Tx
 from konduit.db.queries import q
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
 

@@ -19,8 +19,8 @@ import pytest
 import konduit
 from konduit.web import create_app, database_client
 from konduit.web.security import Security, parse_tokens
-from tests import api_app
-from tests.browser_support import serving
+from tests.apps import api_app
+from tests.support.browser import serving
 
 OP = "op-" + "s" * 24
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"

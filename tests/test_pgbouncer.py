@@ -37,7 +37,7 @@ import konduit
 from konduit.db.connect import open_database
 from konduit.db.migrate import latest_version
 from konduit.errors import DatabaseError
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
 

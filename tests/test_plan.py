@@ -43,7 +43,7 @@ from konduit.observe.plan import (
     parse_moment,
     window_from,
 )
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 from tests.test_cli import assert_clean_error, konduit_cli
 
 START = datetime(2026, 11, 30, 5, 0, tzinfo=UTC)

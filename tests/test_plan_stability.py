@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 from uuid import uuid4
 
 import psycopg
@@ -25,11 +22,11 @@ import pytest
 import konduit
 from konduit.db.database import Database
 from konduit.db.queries import all_queries, parse_queries
-from tests import own_lock_app, wide_map_app
+from tests.apps import own_lock_app, wide_map_app
+from tests.support.workers import spawn_worker, stop_workers
 
 pytestmark = [pytest.mark.storage]
 
-ROOT = Path(__file__).resolve().parent.parent
 
 # The statements whose cost grows with one execution's (or one step's) rows: the rule of
 # queries.py names them, and each must say so.
@@ -44,22 +41,7 @@ CARDINALITY_DEPENDENT = {
 
 
 def spawn(app: str, db_url: str, *extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", app, "--database-url", db_url,
-         "--poll-interval", "0.1", "--log-level", "WARNING", *extra],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-
-
-def stop(*workers: subprocess.Popen[bytes]) -> None:
-    for w in workers:
-        if w.poll() is None:
-            w.send_signal(signal.SIGTERM)
-    for w in workers:
-        try:
-            w.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            w.kill()
+    return spawn_worker(app, db_url, *extra, concurrency=None, poll_interval=0.1)
 
 
 def test_the_plan_marker_is_parsed_and_every_cardinality_dependent_statement_has_it():
@@ -92,13 +74,14 @@ def test_a_custom_plan_statement_is_never_prepared_and_the_others_are(db_url):
     assert "WITH latest AS" not in joined  # output_get_for_steps_wide: planned every time
 
 
+@pytest.mark.slow
 def test_a_warm_worker_runs_a_10000_item_map_and_its_join_in_under_a_minute(db_url):
     """The worker first runs eight 5-item maps (its statements get prepared while every table is
     tiny), then a 10,000-item map: the map, its join and the execution end within 60 s on one
     process with 8 slots, the join in one attempt (a lease of 2 s: a join start that held its
     row for more than two leases would have been rescued)."""
     app = konduit.App([wide_map_app.wf], database_url=db_url)
-    worker = spawn("tests.wide_map_app:app", db_url, "--concurrency", "8",
+    worker = spawn("tests.apps.wide_map_app:app", db_url, "--concurrency", "8",
                    "--lease-seconds", "2", "--heartbeat-interval", "0.5",
                    "--maintenance-interval", "0.5")
     try:
@@ -114,7 +97,7 @@ def test_a_warm_worker_runs_a_10000_item_map_and_its_join_in_under_a_minute(db_u
         # and so does the rescue, checked below whatever the load.
         overload = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
     finally:
-        stop(worker)
+        stop_workers([worker], timeout=30)
         app.close()
     assert result.output == {"count": 10_000, "sum": sum(range(10_000))}
     with psycopg.connect(db_url) as conn:
@@ -137,14 +120,14 @@ def test_a_join_whose_start_holds_its_row_for_two_leases_is_not_rescued_from_its
     app = konduit.App([own_lock_app.wf], database_url=db_url)
     lease = ["--lease-seconds", "1", "--heartbeat-interval", "0.25",
              "--maintenance-interval", "0.2"]
-    a = spawn("tests.own_lock_app:app", db_url, "--concurrency", "4", *lease)
-    b = spawn("tests.own_lock_app:app", db_url, "--concurrency", "1", "--queue", "nothing",
+    a = spawn("tests.apps.own_lock_app:app", db_url, "--concurrency", "4", *lease)
+    b = spawn("tests.apps.own_lock_app:app", db_url, "--concurrency", "1", "--queue", "nothing",
               *lease)
     try:
         time.sleep(1.5)  # B has been connected for a lease: it may rescue
         result = app.start("own-lock", input={"hold_seconds": 3.0}).wait(timeout=60)
     finally:
-        stop(a, b)
+        stop_workers([a, b], timeout=30)
         app.close()
     assert result.output == 3
     with psycopg.connect(db_url) as conn:

@@ -3,29 +3,24 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.workers import ROOT, spawn_worker, stop_workers, worker_environment
+
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "konduit.cli"]
 
 
 def test_repair_replaces_the_degraded_output_and_status_shows_both_versions(db_url, tmp_path):
     healed = tmp_path / "healed"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "KONDUIT_TEST_HEALED": str(healed)}
-    common = ["--app", "tests.repair_app:app", "--database-url", db_url]
-    worker = subprocess.Popen(
-        [*CLI, "worker", "tests.repair_app:app", "--database-url", db_url, "-c", "4",
-         "--poll-interval", "0.2", "--log-level", "WARNING"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    env = worker_environment(KONDUIT_TEST_HEALED=str(healed))
+    common = ["--app", "tests.apps.repair_app:app", "--database-url", db_url]
+    worker = spawn_worker("tests.apps.repair_app:app", db_url, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         started = subprocess.run([*CLI, "start", "repair-cli", *common, "--wait", "--timeout", "30"],
                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -47,5 +42,4 @@ def test_repair_replaces_the_degraded_output_and_status_shows_both_versions(db_u
         assert [v["output"]["image"] for v in versions] == ["fallback.png", "real.png"]
         assert versions[0]["degraded"] == ["cover_image"]
     finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=30)
+        stop_workers([worker], timeout=30)

@@ -29,12 +29,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 import konduit
 from konduit.db.database import Database
 from konduit.worker.maintenance import reclaim_expired_leases
-from tests import resilience_app
-from tests.conftest import running_worker
+from tests.apps import resilience_app
+from tests.support.db import rows
+from tests.support.waiting import until
+from tests.support.workers import ROOT, reaped, running_worker, spawn_worker
 
 pytestmark = [pytest.mark.storage]
 
-ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 FAIL_WAIT = 3.0
@@ -44,23 +45,6 @@ forever) would otherwise hang the test."""
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def wait_until(probe: Callable[[], T], timeout: float, what: str, every: float = 0.05) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {value!r})")
-        time.sleep(every)
-
-
-def rows(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(db_url) as conn:
-        return conn.execute(sql, params).fetchall()
 
 
 def task_states(db_url: str, execution_id: Any) -> dict[str, tuple[str, int]]:
@@ -105,32 +89,12 @@ def snapshot(db_url: str, execution_id: Any) -> tuple[Any, ...]:
     )
 
 
-def spawn_worker(
-    db_url: str, log: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """A real ``konduit worker tests.resilience_app:app`` process; its output goes to ``log``."""
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "konduit.cli", "worker", "tests.resilience_app:app",
-             "--database-url", db_url, "--poll-interval", "0.2", "--log-level", "INFO", *args],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-@contextmanager
-def reaped(procs: list[subprocess.Popen[bytes]]) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Whatever happens in the block, no worker process outlives the test."""
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            p.wait(timeout=10)
+def spawn(db_url: str, log: Path, *args: str, env: dict[str, str] | None = None
+          ) -> subprocess.Popen[bytes]:
+    """A real ``konduit worker tests.apps.resilience_app:app`` process; its output goes to
+    ``log``."""
+    return spawn_worker("tests.apps.resilience_app:app", db_url, *args, concurrency=None,
+                        log_level="INFO", log=log, env=env)
 
 
 # -- 1. cancel during a fan-out -----------------------------------------------------------------
@@ -211,11 +175,11 @@ def test_cancel_during_fan_out_stops_running_branches_and_claims_nothing_more(
     with running_worker(app, concurrency=3, lease_seconds=15.0, heartbeat_interval=3.0):
         # Every slot busy with a branch (the other 17 are ready) before cancelling, so no
         # claimed task sits between its claim and its handler when the cancel lands.
-        wait_until(lambda: len(started) == 3, 15, "three branches running")
+        until(lambda: len(started) == 3, 15, "three branches running")
         cancel_at = time.monotonic()
         assert app.cancel(handle.id) is True
-        wait_until(lambda: set(stopped) == set(started), 5,
-                   "every running branch to be stopped")
+        until(lambda: set(stopped) == set(started), 5,
+              "every running branch to be stopped")
         lag = {step: round(stopped[step] - cancel_at, 3) for step in stopped}
         assert max(lag.values()) < CANCEL_PROMPTNESS, lag
 
@@ -289,8 +253,8 @@ def test_execution_timeout_ends_it_timed_out_and_cancels_its_tasks(make_app, db_
         with pytest.raises(konduit.ExecutionFailed) as failed:
             handle.wait(timeout=8)
         elapsed = time.monotonic() - t0
-        wait_until(lambda: started and set(stopped) == set(started), 3,
-                   "the running branch to be stopped")
+        until(lambda: started and set(stopped) == set(started), 3,
+              "the running branch to be stopped")
     result = failed.value.result
     assert result.status == "timed_out"
     assert "timeout" in (result.error or "")
@@ -322,7 +286,7 @@ def sigterm_with_work_in_flight(
     app = make_app(resilience_app.sigterm_wf)
     handle = app.start("resilience-sigterm")
     with reaped([]) as procs:
-        procs.append(spawn_worker(
+        procs.append(spawn(
             db_url, log, "--concurrency", "4", "--shutdown-grace", "1",
             env={"KONDUIT_RESILIENCE_SLOW": "30", "KONDUIT_RESILIENCE_MARKS": str(marks)},
         ))
@@ -335,7 +299,7 @@ def sigterm_with_work_in_flight(
                 and all((marks / f"{s}-1").exists() for s in resilience_app.SIGTERM_SLOW)
             )
 
-        wait_until(in_flight, 30, "quick branches recorded and slow handlers running")
+        until(in_flight, 30, "quick branches recorded and slow handlers running")
         procs[0].send_signal(signal.SIGTERM)
         yield handle, procs[0], time.monotonic(), log
 
@@ -344,7 +308,7 @@ def sigterm_with_work_in_flight(
 def test_sigterm_releases_in_flight_work_for_another_worker(make_app, db_url, tmp_path):
     quick, slow = resilience_app.SIGTERM_QUICK, resilience_app.SIGTERM_SLOW
     with sigterm_with_work_in_flight(make_app, db_url, tmp_path) as (handle, worker, at, log):
-        wait_until(
+        until(
             lambda: all(task_states(db_url, handle.id)[s] == ("ready", 0) for s in slow),
             1 + 5, "the slow branches to be released after the 1 s grace",
         )
@@ -440,7 +404,7 @@ def test_sigterm_while_the_worker_connects_still_stops_it(db_url, tmp_path):
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-c",
-             "from tests.resilience_app import app; app.run_worker(2, poll_interval=0.2)"],
+             "from tests.apps.resilience_app import app; app.run_worker(2, poll_interval=0.2)"],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), "KONDUIT_DATABASE_URL": proxy.url},
             stdout=out,
@@ -484,7 +448,7 @@ def test_handler_killing_its_worker_is_dead_lettered_after_max_attempts(
             assert time.monotonic() < deadline, f"not finished after 60 s: {story()}"
             assert len(procs) <= 6, f"{len(procs)} worker processes, not finished: {story()}"
             if not procs or procs[-1].poll() is not None:
-                procs.append(spawn_worker(
+                procs.append(spawn(
                     db_url, log, "--concurrency", "1",
                     "--lease-seconds", "2", "--heartbeat-interval", "0.5",
                     env={"KONDUIT_RESILIENCE_CRASH": "1", "KONDUIT_RESILIENCE_MARKS": str(marks)},
@@ -554,8 +518,8 @@ def test_stale_worker_completing_after_its_task_was_redone_changes_nothing(
                          " WHERE id = %s", (task_id,))
             conn.execute("UPDATE konduit_workers SET last_heartbeat_at = now() - interval '1 hour'")
         asyncio.run(_reclaim(db_url, first.registry))  # the first worker's sweep may win: fine
-        wait_until(lambda: attempts(db_url, handle.id)["work"][0][1] == "lost", 5,
-                   "the first attempt to be reclaimed")
+        until(lambda: attempts(db_url, handle.id)["work"][0][1] == "lost", 5,
+              "the first attempt to be reclaimed")
 
         with running_worker(second, concurrency=1):
             result = handle.wait(timeout=15)
@@ -568,12 +532,12 @@ def test_stale_worker_completing_after_its_task_was_redone_changes_nothing(
             return [r for r in caplog.records
                     if r.name.startswith("konduit.worker") and "no longer leased" in r.getMessage()]
 
-        (record,) = wait_until(dropped, 10, "the worker to log the dropped result")
+        (record,) = until(dropped, 10, "the worker to log the dropped result")
     assert str(task_id) in record.getMessage() and "not used" in record.getMessage()
     assert record.levelno == logging.WARNING
-    late = wait_until(lambda: rows(db_url, "SELECT payload FROM konduit_outputs WHERE"
-                                   " execution_id = %s AND source = 'late'", handle.id), 5,
-                      "the stale worker's result to be kept as late")
+    late = until(lambda: rows(db_url, "SELECT payload FROM konduit_outputs WHERE"
+                 " execution_id = %s AND source = 'late'", handle.id), 5,
+    "the stale worker's result to be kept as late")
     assert late == [({"attempt": 1},)]
     with psycopg.connect(db_url, autocommit=True) as conn:  # compare all but the late result
         conn.execute("DELETE FROM konduit_outputs WHERE source = 'late'")

@@ -22,7 +22,7 @@ import konduit
 from konduit.db.connect import open_database
 from konduit.db.database import Database
 from konduit.engine.retention import prune
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 from tests.test_cli import konduit_cli
 
 pytestmark = pytest.mark.storage

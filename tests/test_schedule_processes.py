@@ -3,10 +3,7 @@ seconds: each tick starts exactly one execution, and no tick is missed while the
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -15,28 +12,23 @@ import psycopg
 import pytest
 
 from konduit.core.schedules import tick_key
+from tests.support.workers import spawn_worker, stop_workers
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 RUN_FOR = 10.0
 
 
-def spawn_worker(db_url: str, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", "tests.schedule_app:app",
-         "--database-url", db_url, "--concurrency", "4", "--poll-interval", "0.2",
-         "--log-level", "INFO"],
-        cwd=ROOT, stderr=log.open("wb"),
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])},
-    )
+def spawn(db_url: str, log: Path) -> subprocess.Popen[bytes]:
+    return spawn_worker("tests.apps.schedule_app:app", db_url, log_level="INFO",
+                        stderr=log.open("wb"))
 
 
 def test_three_workers_start_each_tick_of_an_every_second_schedule_once(
     db_url: str, tmp_path: Path
 ) -> None:
     logs = [tmp_path / f"worker-{i}.log" for i in range(3)]
-    workers = [spawn_worker(db_url, log) for log in logs]
+    workers = [spawn(db_url, log) for log in logs]
     try:
         with psycopg.connect(db_url, autocommit=True) as conn:
             deadline = time.monotonic() + 60
@@ -50,10 +42,7 @@ def test_three_workers_start_each_tick_of_an_every_second_schedule_once(
                 pytest.fail("the three workers did not come up")
             time.sleep(RUN_FOR)
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            w.wait(timeout=60)
+        stop_workers(workers)
     assert all(w.returncode == 0 for w in workers), [log.read_text()[-2000:] for log in logs]
     # Which worker started which tick (each logs the ticks it started): together, each once.
     started_by = [log.read_text().count("started execution") for log in logs]

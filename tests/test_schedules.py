@@ -23,7 +23,8 @@ from konduit.db.database import Database
 from konduit.engine.client import Client
 from konduit.engine.registry import Registry
 from konduit.engine.schedules import Schedules
-from tests.conftest import running_worker
+from tests.support.db import rows
+from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
 T = TypeVar("T")
@@ -63,11 +64,6 @@ def run(url: str, workflows: list[konduit.Workflow],
             await db.close()
 
     return asyncio.run(main())
-
-
-def rows(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url) as conn:
-        return conn.execute(sql, params).fetchall()
 
 
 def keys_started(url: str) -> list[str]:

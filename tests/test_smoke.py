@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import konduit
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 
 
 def test_fan_out_map_and_join_end_to_end(make_app):

@@ -31,8 +31,9 @@ from konduit.engine.stalls import Pass, Watchdog
 from konduit.observe.metrics import serve
 from konduit.web import create_app, database_client
 from konduit.worker.config import WorkerConfig
-from tests.browser_support import serving
-from tests.conftest import running_worker
+from tests.support.browser import serving
+from tests.support.waiting import until
+from tests.support.workers import running_worker
 from tests.test_cli import konduit_cli
 from tests.test_metrics import scrape, value
 from tests.test_storage import _positional
@@ -46,16 +47,6 @@ def sql(db_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(db_url, autocommit=True) as conn:
         cur = conn.execute(query, params)
         return cur.fetchall() if cur.description else []
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def fan_in(name: str = "stall-fan-in") -> konduit.Workflow:
@@ -137,7 +128,7 @@ def test_a_stall_the_data_cannot_decide_stays_an_open_alert_everywhere(
     sql(db_url, "DELETE FROM konduit_tasks WHERE execution_id = %s AND step = 'first' "
         "RETURNING id", handle.id)
     with running_worker(app, **FAST):
-        [alert] = wait_until(lambda: app.alerts(kind="execution_stalled"), 15, "the stall alert")
+        [alert] = until(lambda: app.alerts(kind="execution_stalled"), 15, "the stall alert")
         assert alert.open and alert.severity == "critical" and alert.subject == str(handle.id)
         assert str(handle.id) in alert.message
         assert alert.details["reasons"] == [
@@ -173,7 +164,7 @@ def test_a_stall_the_data_cannot_decide_stays_an_open_alert_everywhere(
 
         # Cancelled by an operator: it no longer stalls, and the alert says why it closed.
         assert app.cancel(handle.id)
-        wait_until(lambda: not app.alerts(kind="execution_stalled"), 10, "the alert to resolve")
+        until(lambda: not app.alerts(kind="execution_stalled"), 10, "the alert to resolve")
     [closed] = app.alerts(include_resolved=True, kind="execution_stalled")
     assert closed.details["resolution"] == "execution cancelled"
     assert stalls(db_url) == {(wf.name, False): 1}

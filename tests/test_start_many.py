@@ -23,7 +23,7 @@ import konduit
 from konduit.db.database import Database, Tx
 from konduit.engine.client import Client
 from konduit.engine.registry import Registry
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
 

@@ -36,7 +36,8 @@ from konduit.observe.stats import (
     load_stats,
     stats_renderables,
 )
-from tests.conftest import running_worker
+from tests.support.waiting import until
+from tests.support.workers import running_worker
 from tests.test_cli import assert_clean_error, konduit_cli
 
 
@@ -307,8 +308,10 @@ def test_stats_from_real_history_name_the_slow_branch(make_app: Callable[..., ko
                          " WHERE execution_id = %s AND step = 'join'", (fast,))
         assert stats_from(db_url, wf.name, fan_in_alert="0.2s").alerts == []
         stuck = app.start(wf.name, {"slow": 2.5}).id
-        time.sleep(1.2)
-        [open_alert] = stats_from(db_url, wf.name, fan_in_alert="0.2s", consecutive=1).alerts
+        # The join's wait counts once it is past the threshold: poll until the alert shows.
+        [open_alert] = until(
+            lambda: stats_from(db_url, wf.name, fan_in_alert="0.2s", consecutive=1).alerts, 30,
+            "the still-waiting join to raise the fan-in alert")
         assert open_alert.waits[-1].waiting and open_alert.waits[-1].execution_id == str(stuck)
         assert open_alert.straggler is None
         app.wait(stuck, timeout=30)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 import konduit
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 from tests.test_api_v1 import api, refused
 from tests.test_waits_events import FAST, review_workflow, wait_status
 

@@ -9,7 +9,6 @@ import asyncio
 import time
 from uuid import UUID
 
-import psycopg
 import pytest
 
 import konduit
@@ -17,7 +16,9 @@ from konduit.db.database import Database
 from konduit.engine import waits
 from konduit.engine.finish import ChildEnded
 from konduit.engine.registry import Registry
-from tests.conftest import running_worker
+from tests.support.db import rows
+from tests.support.waiting import until
+from tests.support.workers import running_worker
 
 pytestmark = pytest.mark.storage
 
@@ -25,23 +26,10 @@ SLOW_PASS = {"poll_interval": 0.1, "maintenance_interval": 60.0}
 PROMPT = 0.5  # seconds: a child's end to its parent's step ending, on a loaded CI machine
 
 
-def query(url: str, sql: str, *params: object) -> list[tuple[object, ...]]:
-    with psycopg.connect(url) as conn:
-        return [tuple(r) for r in conn.execute(sql, params).fetchall()]  # type: ignore[arg-type]
-
-
-def until(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def lag(url: str, parent: UUID, step: str) -> float:
     """Seconds from the child execution's finish to its parent step's task's finish (the
     database's clock for both)."""
-    [(seconds,)] = query(
+    [(seconds,)] = rows(
         url, "SELECT extract(epoch FROM t.finished_at - c.finished_at)::float8 "
         "FROM konduit_tasks t JOIN konduit_executions c ON c.id = t.wait_child "
         "WHERE t.execution_id = %s AND t.step = %s", parent, step)
@@ -81,7 +69,7 @@ def test_each_level_of_nesting_wakes_its_parent_at_once(make_app, db_url):
         result = app.start("outer", input={"n": 7}).wait(timeout=30)
         took = time.monotonic() - began
     assert result.output == {"middle": {"leaf": 7}}
-    [(middle_id,)] = query(db_url, "SELECT id FROM konduit_executions WHERE workflow_name = "
+    [(middle_id,)] = rows(db_url, "SELECT id FROM konduit_executions WHERE workflow_name = "
                            "'middle'")
     assert isinstance(middle_id, UUID)
     assert lag(db_url, middle_id, "inner") < PROMPT
@@ -91,7 +79,7 @@ def test_each_level_of_nesting_wakes_its_parent_at_once(make_app, db_url):
 
 
 def result_id(url: str, workflow: str) -> UUID:
-    [(eid,)] = query(url, "SELECT id FROM konduit_executions WHERE workflow_name = %s", workflow)
+    [(eid,)] = rows(url, "SELECT id FROM konduit_executions WHERE workflow_name = %s", workflow)
     assert isinstance(eid, UUID)
     return eid
 
@@ -120,7 +108,7 @@ def test_a_failed_child_fails_its_parent_step_at_once(make_app, db_url):
         app.start("caller").wait(timeout=30)
     assert failed.value.result.outcomes["call"] == "failed"
     eid = result_id(db_url, "caller")
-    [(error,)] = query(db_url, "SELECT error FROM konduit_tasks WHERE execution_id = %s "
+    [(error,)] = rows(db_url, "SELECT error FROM konduit_tasks WHERE execution_id = %s "
                        "AND step = 'call'", eid)
     assert "ended failed" in str(error) and "the child broke" in str(error)
     assert lag(db_url, eid, "call") < PROMPT
@@ -150,11 +138,11 @@ def waiting_child() -> list[konduit.Workflow]:
 
 def child_of(url: str, parent: UUID, step: str) -> UUID:
     def armed() -> bool:
-        return bool(query(url, "SELECT 1 FROM konduit_tasks WHERE execution_id = %s AND "
+        return bool(rows(url, "SELECT 1 FROM konduit_tasks WHERE execution_id = %s AND "
                           "step = %s AND status = 'waiting'", parent, step))
 
     until(armed, 20, f"{step} to wait for its child")
-    [(child,)] = query(url, "SELECT wait_child FROM konduit_tasks WHERE execution_id = %s "
+    [(child,)] = rows(url, "SELECT wait_child FROM konduit_tasks WHERE execution_id = %s "
                        "AND step = %s", parent, step)
     assert isinstance(child, UUID)
     return child
@@ -167,7 +155,7 @@ def test_cancelling_a_child_fails_its_parent_step_before_cancel_returns(make_app
         child = child_of(db_url, handle.id, "ask")
         assert app.cancel(child) is True
         # The App that cancelled woke the parent's step itself, before answering.
-        assert query(db_url, "SELECT status FROM konduit_tasks WHERE execution_id = %s AND "
+        assert rows(db_url, "SELECT status FROM konduit_tasks WHERE execution_id = %s AND "
                      "step = 'ask'", handle.id) == [("failed",)]
         with pytest.raises(konduit.ExecutionFailed) as failed:
             handle.wait(timeout=20)
@@ -182,7 +170,7 @@ def test_a_child_past_its_timeout_wakes_its_parent_in_the_same_pass(make_app, db
     with running_worker(app, poll_interval=0.1, maintenance_interval=1.0):
         handle = app.start("asks")
         child = child_of(db_url, handle.id, "ask")
-        query(db_url, "UPDATE konduit_executions SET timeout_at = clock_timestamp() "
+        rows(db_url, "UPDATE konduit_executions SET timeout_at = clock_timestamp() "
               "WHERE id = %s RETURNING id", child)
         with pytest.raises(konduit.ExecutionFailed) as failed:
             handle.wait(timeout=20)
@@ -220,13 +208,13 @@ def test_the_prompt_wake_and_racing_maintenance_passes_end_the_step_once(make_ap
     with running_worker(app, **SLOW_PASS, queues=["default"]):  # arms; runs no leaf
         handles = app.start_many([konduit.StartRequest("middle-apart", input={"n": n})
                                   for n in range(trials)])
-        until(lambda: query(db_url, "SELECT count(*) FROM konduit_tasks WHERE step = 'inner' "
-                            "AND status = 'waiting'")[0][0] == trials, 30, "every step to wait")
+        until(lambda: rows(db_url, "SELECT count(*) FROM konduit_tasks WHERE step = 'inner' "
+                           "AND status = 'waiting'")[0][0] == trials, 30, "every step to wait")
     with running_worker(make_app(flows[0]), **SLOW_PASS, queues=["leaves"]):
-        until(lambda: query(db_url, "SELECT count(*) FROM konduit_executions WHERE "
-                            "workflow_name = 'leaf-apart' AND status = 'succeeded'")[0][0]
+        until(lambda: rows(db_url, "SELECT count(*) FROM konduit_executions WHERE "
+                           "workflow_name = 'leaf-apart' AND status = 'succeeded'")[0][0]
               == trials, 30, "every child to succeed")
-    assert query(db_url, "SELECT count(*) FROM konduit_tasks WHERE step = 'inner' "
+    assert rows(db_url, "SELECT count(*) FROM konduit_tasks WHERE step = 'inner' "
                  "AND status = 'waiting'") == [(trials,)]
 
     async def race() -> list[int]:
@@ -271,6 +259,6 @@ def test_the_prompt_wake_and_racing_maintenance_passes_end_the_step_once(make_ap
     with running_worker(app, **SLOW_PASS):
         results = [h.wait(timeout=30) for h in handles]
     assert [r.output for r in results] == [{"middle": {"leaf": n}} for n in range(trials)]
-    assert query(db_url, "SELECT count(*), count(DISTINCT execution_id) FROM konduit_outputs "
+    assert rows(db_url, "SELECT count(*), count(DISTINCT execution_id) FROM konduit_outputs "
                  "WHERE step = 'inner'") == [(trials, trials)]
-    assert query(db_url, "SELECT count(*) FROM konduit_tasks WHERE step = 'wrap'") == [(trials,)]
+    assert rows(db_url, "SELECT count(*) FROM konduit_tasks WHERE step = 'wrap'") == [(trials,)]

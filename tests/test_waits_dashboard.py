@@ -10,9 +10,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 import konduit
 from konduit.web import create_app, database_client
-from tests import waits_app
-from tests.browser_support import csp_violations, css, screenshot, serving
-from tests.conftest import running_worker
+from tests.apps import waits_app
+from tests.support.browser import csp_violations, css, screenshot, serving
+from tests.support.workers import running_worker
 
 
 @pytest.mark.storage

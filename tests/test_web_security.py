@@ -34,9 +34,9 @@ from konduit.web.security import (
     parse_tokens,
     tokens_from_env,
 )
-from tests import api_app
-from tests.browser_support import browser, eventually, screenshot, serving
-from tests.conftest import running_worker
+from tests.apps import api_app
+from tests.support.browser import browser, eventually, screenshot, serving
+from tests.support.workers import running_worker
 
 __all__ = ["browser"]  # the browser fixture, shared with the dashboard's tests
 

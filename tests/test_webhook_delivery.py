@@ -5,11 +5,9 @@ subprocess, a real receiver holding the request)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,11 +18,10 @@ import pytest
 import konduit
 from konduit.core.webhooks import verify
 from konduit.worker.webhook_http import Refused, forbidden_reason, post, resolve_checked
-from tests import webhook_app
-from tests.conftest import running_worker
-from tests.webhook_support import eventually, receiver
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.apps import webhook_app
+from tests.support.waiting import until
+from tests.support.webhooks import receiver
+from tests.support.workers import kill_workers, running_worker, spawn_worker
 
 
 def answers(*addresses: str) -> Any:
@@ -97,12 +94,10 @@ def test_the_name_is_resolved_once_at_connect_time_and_the_checked_address_is_us
 @pytest.mark.slow
 def test_a_delivery_of_a_killed_worker_is_sent_again_with_the_same_id_and_one_outbox_row(db_url):
     with receiver(hold_first=True) as hook_receiver:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")]),
-               "KONDUIT_TEST_WEBHOOK_URL": hook_receiver.url}
-        victim = subprocess.Popen(
-            [sys.executable, "-m", "konduit.cli", "worker", "tests.webhook_app:app",
-             "--database-url", db_url, "--poll-interval", "0.2", "--log-level", "WARNING"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        victim = spawn_worker(
+            "tests.apps.webhook_app:app", db_url, concurrency=None,
+            env={"KONDUIT_TEST_WEBHOOK_URL": hook_receiver.url},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         # The same webhook (url and secret) in this process: its worker may send the delivery.
         hook = konduit.Webhook(hook_receiver.url, secret=webhook_app.HOOK.secret,
@@ -117,12 +112,11 @@ def test_a_delivery_of_a_killed_worker_is_sent_again_with_the_same_id_and_one_ou
             killed_at = time.monotonic()
             with running_worker(app, concurrency=2):
                 first, second = hook_receiver.wait_for(2, timeout=60)
-                eventually(lambda: app.webhook_deliveries(status="delivered"), timeout=30)
+                until(lambda: app.webhook_deliveries(status="delivered"), 30, "a delivered webhook")
             # Not before the dead sender's lease ran out (3 x timeout + 5 s from its claim).
             assert time.monotonic() - killed_at > 2
         finally:
-            if victim.poll() is None:
-                victim.kill()
+            kill_workers([victim])
             app.close()
     assert first.headers["Konduit-Delivery"] == second.headers["Konduit-Delivery"]
     assert first.body == second.body

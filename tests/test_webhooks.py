@@ -22,10 +22,12 @@ from konduit.engine.alerting import AlertChange, alert_changed
 from konduit.engine.finish import finish_execution
 from konduit.observe.alerts import AlertRecord
 from konduit.observe.metrics import webhook_family
-from tests.conftest import running_worker
+from tests.support.db import rows
+from tests.support.waiting import until
+from tests.support.webhooks import receiver
+from tests.support.workers import running_worker
 from tests.test_cli import konduit_cli
 from tests.test_start_many import counted
-from tests.webhook_support import eventually, receiver
 
 SECRET = "s3cret-for-tests"
 
@@ -44,11 +46,6 @@ def waiting(name: str = "parked") -> konduit.Workflow:
     """A workflow that no worker runs in these tests: its executions stay running until
     cancelled (a finish the test controls)."""
     return one_step(name)
-
-
-def rows(db_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(db_url) as conn:
-        return conn.execute(sql, params).fetchall()
 
 
 def deliveries(db_url: str) -> list[tuple[Any, ...]]:
@@ -103,7 +100,7 @@ def test_a_failed_delivery_is_retried_exactly_once_with_a_valid_signature(make_a
             handle = app.start("hooked")
             handle.wait(timeout=30)
             got = hook_receiver.wait_for(2, timeout=30)
-            eventually(lambda: app.webhook_deliveries(status="delivered"))
+            until(lambda: app.webhook_deliveries(status="delivered"), 30, "a delivered webhook")
             time.sleep(1.5)  # room for a wrong third request to show up
         assert len(hook_receiver.requests) == 2
     first, second = got
@@ -131,7 +128,7 @@ def test_a_loopback_receiver_is_refused_and_sent_nothing(make_app, db_url):
         app = make_app(one_step(), webhooks=[konduit.Webhook(hook_receiver.url, secret=SECRET)])
         with running_worker(app, concurrency=2):
             app.start("hooked").wait(timeout=30)
-            (row,) = eventually(lambda: app.webhook_deliveries(status="refused"))
+            (row,) = until(lambda: app.webhook_deliveries(status="refused"), 30, "a refused webhook")
         assert hook_receiver.requests == []
     assert row["attempts"] == 1
     assert "127.0.0.1 (loopback)" in row["last_error"] and "allow_private" in row["last_error"]

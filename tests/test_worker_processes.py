@@ -2,38 +2,22 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
 
 import konduit
-from tests import proc_app
+from tests.apps import proc_app
+from tests.support.workers import spawn_worker, stop_workers
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def spawn_worker(db_url: str, concurrency: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", "tests.proc_app:app",
-         "--database-url", db_url, "--concurrency", str(concurrency),
-         "--poll-interval", "0.2", "--log-level", "WARNING"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-
 
 def test_join_fires_once_with_branches_finishing_together_across_processes(db_url):
     executions = 30
     app = konduit.App([proc_app.wf], database_url=db_url)
-    workers = [spawn_worker(db_url, concurrency=8) for _ in range(3)]
+    workers = [spawn_worker("tests.apps.proc_app:app", db_url, concurrency=8)
+               for _ in range(3)]
     try:
         handles = []
         # Groups of executions whose branches all release at the same instant.
@@ -43,10 +27,7 @@ def test_join_fires_once_with_branches_finishing_together_across_processes(db_ur
                 handles.append(app.start("proc-fan-in", input={"release_at": release_at}))
         results = [h.wait(timeout=120) for h in handles]
     finally:
-        for w in workers:
-            w.send_signal(signal.SIGTERM)
-        for w in workers:
-            w.wait(timeout=60)
+        stop_workers(workers)
         app.close()
     assert all(r.status == "succeeded" for r in results)
     assert all(r.output == sum(range(1, proc_app.WIDTH + 1)) for r in results)

@@ -11,7 +11,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,7 +22,8 @@ import pytest
 import konduit
 from konduit.db import open_database
 from konduit.worker.worker import Worker
-from tests import wait_app
+from tests.apps import wait_app
+from tests.support.workers import spawn_worker
 
 pytestmark = [pytest.mark.storage]
 
@@ -65,14 +65,9 @@ def down_server_url(private_server: Any) -> str:
     return url
 
 
-def spawn_worker(url: str, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "konduit.cli", "worker", "tests.wait_app:app", "--database-url",
-         url, "--concurrency", "2", "--poll-interval", "0.2", "--log-level", "WARNING"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])},
-    )
+def spawn(url: str, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    return spawn_worker("tests.apps.wait_app:app", url, concurrency=2,
+                        stdout=subprocess.DEVNULL, stderr=log)
 
 
 def wait_for_text(path: Path, needle: str, timeout: float = 20) -> str:
@@ -89,7 +84,7 @@ def test_a_worker_started_during_an_outage_comes_up_with_the_server(
         private_server: Any, down_server_url: str, tmp_path: Path) -> None:
     log_path = tmp_path / "worker.log"
     with log_path.open("wb") as log:
-        worker = spawn_worker(down_server_url, log)
+        worker = spawn(down_server_url, log)
         try:
             wait_for_text(log_path, "retrying in")
             with pytest.raises(subprocess.TimeoutExpired):  # still waiting, not exited
@@ -120,7 +115,7 @@ def test_sigterm_stops_a_worker_that_waits_for_the_server(
         down_server_url: str, tmp_path: Path) -> None:
     log_path = tmp_path / "worker.log"
     with log_path.open("wb") as log:
-        worker = spawn_worker(down_server_url, log)
+        worker = spawn(down_server_url, log)
         try:
             wait_for_text(log_path, "retrying in")
             worker.send_signal(signal.SIGTERM)

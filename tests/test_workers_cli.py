@@ -8,15 +8,15 @@ import os
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 import konduit
-from tests.conftest import running_worker
+from tests.support.waiting import until
+from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
 
@@ -34,16 +34,6 @@ def cli_json(*args: str) -> Any:
     proc = konduit_cli(*args, "--json")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
-
-
-def until(condition: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

@@ -15,6 +15,11 @@ server, or on the server of ``database_url`` / ``KONDUIT_TEST_DATABASE_URL``), m
 worker running on a background thread; at the end of the block the worker is stopped and joined,
 an error it died of is raised, and the database is dropped. :func:`fresh_database` gives only
 the database. Both are safe to use from many threads and processes at once (e.g. ``pytest -n``).
+
+For a suite with many database tests, a :class:`DatabasePool` hands out migrated databases that
+are emptied and reused between tests instead of created and dropped (a clone costs a second on
+a busy server, a reset tens of milliseconds), and :func:`worker_thread` runs the worker of
+:func:`run` for an App on a database of your own.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from konduit.app import App
 from konduit.core.workflow import Workflow
 from konduit.errors import KonduitError
 
-__all__ = ["TestWorkerError", "fresh_database", "run"]
+__all__ = ["DatabasePool", "TestWorkerError", "fresh_database", "run", "worker_thread"]
 
 
 class TestWorkerError(KonduitError):
@@ -123,6 +128,276 @@ def _template(admin: str) -> str:
     return name
 
 
+
+class DatabasePool:
+    """Migrated databases reused from test to test: each comes back empty, as if just created.
+
+    ::
+
+        pool = konduit.testing.DatabasePool()
+        with pool.database() as url:      # a migrated database, empty
+            ...
+        pool.close()                      # drops the databases kept for reuse
+
+    Cloning and dropping a database costs a second or more on a busy server (the clone is
+    written through the WAL and the drop waits for a checkpoint); emptying one costs tens of
+    milliseconds. So at the end of a block the database is reset instead of dropped and kept
+    for the next block: every connection to it is terminated, every table is truncated (rows
+    the migrations seeded, such as the schema version, are written back), every sequence is
+    set back to where the migrations left it, and the planner statistics and activity counters
+    are cleared, so plans and autovacuum start from the same point as in a new clone.
+
+    A block that changed the schema (a table, index, function, trigger, column or database
+    setting added, dropped or altered) hands back a database that cannot be reset: it is found
+    by comparing a fingerprint of the catalog with the pristine one, and dropped. Ask for
+    ``database(fresh=True)`` when a block needs a database no one used before for another
+    reason; it is dropped at the end.
+
+    Each block gets the database under a new name (a rename costs one catalog row), so a
+    process that a test leaked and that reconnects by the old name is refused, as it would be
+    by a dropped database, instead of writing into the next test's rows.
+
+    ``url`` names the server as in :func:`fresh_database`. Not shared between processes; safe
+    to use from several threads.
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        from konduit.db.embedded import server_url
+
+        self.admin_url = url or os.environ.get("KONDUIT_TEST_DATABASE_URL") or server_url("postgres")
+        self._free: list[str] = []
+        self._lock = threading.Lock()
+        self._pristine: _Pristine | None = None
+        # What happened to the blocks: how many got a reset database, how many a new clone,
+        # and why a database could not be reset (it was dropped instead).
+        self.reused = 0
+        self.created = 0
+        self.not_reset: list[str] = []
+
+    @contextmanager
+    def database(self, *, fresh: bool = False) -> Iterator[str]:
+        """Yield the URL of a migrated, empty database; reset it for reuse at exit (``fresh``:
+        a new one, dropped at exit)."""
+        name = self._acquire(fresh)
+        url = self._url(name)
+        reusable = False
+        try:
+            yield url
+            reusable = not fresh
+        finally:
+            if reusable and self._reset(name):
+                with self._lock:
+                    self._free.append(name)
+            else:
+                self._drop(name)
+
+    def close(self) -> None:
+        """Drop every database kept for reuse."""
+        with self._lock:
+            free, self._free = self._free, []
+        for name in free:
+            self._drop(name)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _acquire(self, fresh: bool) -> str:
+        import psycopg
+
+        name = f"konduit_test_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+        with self._lock:
+            reused = None if fresh or not self._free else self._free.pop()
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            if reused is not None:
+                try:
+                    conn.execute(f'ALTER DATABASE "{reused}" RENAME TO "{name}"')
+                    self.reused += 1
+                    return name
+                except psycopg.errors.ObjectInUse:  # someone reconnected since the reset
+                    conn.execute(f'DROP DATABASE IF EXISTS "{reused}" WITH (FORCE)')
+            template = _template(self.admin_url)
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            self.created += 1
+        with self._lock:
+            if self._pristine is None:  # a new clone, untouched yet: what a reset restores
+                self._pristine = _Pristine.read(self._url(name))
+        return name
+
+    def _reset(self, name: str) -> bool:
+        """Empty ``name`` for the next block; False when it cannot be (then it is dropped)."""
+        import psycopg
+
+        pristine = self._pristine
+        assert pristine is not None  # read from the first database handed out
+        try:
+            with psycopg.connect(self.admin_url, autocommit=True) as admin:
+                _terminate_others(admin, name)
+            with psycopg.connect(self._url(name), autocommit=True) as conn:
+                if _fingerprint(conn) != pristine.fingerprint:
+                    self.not_reset.append(f"{name}: the schema changed")
+                    return False
+                # Nothing else is connected, so only a prepared transaction could hold a lock;
+                # the fingerprint counts those, but a reset must never hang a test run.
+                conn.execute("SET lock_timeout = '10s'")
+                with conn.transaction():
+                    pristine.restore(conn)
+                conn.execute("SELECT pg_stat_reset()")
+            return True
+        except psycopg.Error as exc:  # whatever a test left behind that a reset cannot undo
+            self.not_reset.append(f"{name}: {exc!r}")
+            return False
+
+    def _url(self, name: str) -> str:
+        from konduit.db.embedded import with_database
+
+        return with_database(self.admin_url, name)
+
+    def _drop(self, name: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _terminate_others(admin: Any, name: str) -> None:
+    admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = %s AND pid <> pg_backend_pid()",
+        (name,),
+    )
+
+
+# Everything a test could change in the schema of a database, as one hash; the user schemas
+# only, so the server's own catalog churn does not count.
+_FINGERPRINT = """
+WITH user_namespaces AS (
+    SELECT oid, nspname FROM pg_namespace
+    WHERE nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+      AND nspname NOT LIKE 'pg_temp_%' AND nspname NOT LIKE 'pg_toast_temp_%'
+)
+SELECT md5(concat_ws('|',
+    (SELECT string_agg(nspname, ',' ORDER BY nspname) FROM user_namespaces),
+    (SELECT string_agg(format('%s.%s:%s:%s', n.nspname, c.relname, c.relkind, c.reloptions),
+                       ',' ORDER BY n.nspname, c.relname)
+       FROM pg_class c JOIN user_namespaces n ON n.oid = c.relnamespace),
+    (SELECT string_agg(format('%s.%s:%s:%s:%s', c.relname, a.attname, a.atttypid, a.attnotnull,
+                              pg_get_expr(d.adbin, d.adrelid)),
+                       ',' ORDER BY c.relname, a.attnum)
+       FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+       JOIN user_namespaces n ON n.oid = c.relnamespace
+       LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+       WHERE a.attnum > 0 AND NOT a.attisdropped),
+    (SELECT string_agg(format('%s.%s:%s', n.nspname, p.proname, md5(p.prosrc)),
+                       ',' ORDER BY n.nspname, p.proname, md5(p.prosrc))
+       FROM pg_proc p JOIN user_namespaces n ON n.oid = p.pronamespace),
+    (SELECT string_agg(format('%s:%s:%s', t.tgrelid::regclass, t.tgname, t.tgenabled),
+                       ',' ORDER BY t.tgname)
+       FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+       JOIN user_namespaces n ON n.oid = c.relnamespace),
+    (SELECT string_agg(format('%s:%s', conrelid::regclass, pg_get_constraintdef(oid)),
+                       ',' ORDER BY conrelid::regclass::text, conname)
+       FROM pg_constraint WHERE connamespace IN (SELECT oid FROM user_namespaces)),
+    (SELECT string_agg(array_to_string(setconfig, ','), ';')
+       FROM pg_db_role_setting
+       WHERE setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())),
+    (SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()),
+    (SELECT string_agg(extname, ',' ORDER BY extname) FROM pg_extension)
+))
+"""
+
+
+def _fingerprint(conn: Any) -> str:
+    return str(conn.execute(_FINGERPRINT).fetchone()[0])
+
+
+class _Pristine:
+    """A database as the migrations leave it: its schema's fingerprint, its tables, the rows
+    the migrations wrote (``COPY`` images) and where its sequences stand."""
+
+    def __init__(self, fingerprint: str, tables: list[str], seeds: dict[str, tuple[str, bytes]],
+                 sequences: list[tuple[str, int, bool]]) -> None:
+        self.fingerprint = fingerprint
+        self.tables = tables
+        self.seeds = seeds
+        self.sequences = sequences
+
+    @classmethod
+    def read(cls, url: str) -> _Pristine:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            tables = [
+                str(name) for (name,) in conn.execute(
+                    "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c"
+                    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition"
+                    " AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
+                    " AND n.nspname NOT LIKE 'pg_temp_%' AND n.nspname NOT LIKE 'pg_toast%'"
+                    " ORDER BY 1"
+                ).fetchall()
+            ]
+            seeds: dict[str, tuple[str, bytes]] = {}
+            for table in tables:
+                if conn.execute(f"SELECT EXISTS (SELECT FROM {table})").fetchone()[0]:  # type: ignore[index]
+                    image = bytearray()
+                    with conn.cursor().copy(f"COPY {table} TO STDOUT (FORMAT binary)") as copy:
+                        for chunk in copy:
+                            image += chunk
+                    seeds[table] = (_digest(conn, table), bytes(image))
+            sequences = [
+                (str(name), int(value), bool(called)) for name, value, called in conn.execute(
+                    "SELECT format('%I.%I', schemaname, sequencename),"
+                    " coalesce(last_value, start_value), last_value IS NOT NULL FROM pg_sequences"
+                    " WHERE schemaname NOT IN ('pg_catalog', 'information_schema')"
+                ).fetchall()
+            ]
+            return cls(_fingerprint(conn), tables, seeds, sequences)
+
+    def restore(self, conn: Any) -> None:
+        # Only the tables that hold anything: truncating costs a new file per table and index,
+        # and a test writes a handful of the tables. A table holds nothing when its files are
+        # empty (a deleted row leaves its dead version in them, so it counts as written).
+        written = [
+            str(name) for (name,) in conn.execute(
+                "SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_class c"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.relkind IN ('r', 'p') AND format('%%I.%%I', n.nspname, c.relname) = ANY(%s)"
+                " AND pg_table_size(c.oid) > 0",
+                (self.tables,),
+            ).fetchall()
+        ]
+        if written:
+            conn.execute(f"TRUNCATE {', '.join(written)} RESTART IDENTITY CASCADE")
+        for table, (digest, image) in self.seeds.items():
+            if _digest(conn, table) != digest:
+                conn.execute(f"TRUNCATE {table}")
+                with conn.cursor().copy(f"COPY {table} FROM STDIN (FORMAT binary)") as copy:
+                    copy.write(image)
+        if self.sequences:
+            names, values, called = zip(*self.sequences, strict=True)
+            conn.execute(
+                "SELECT setval(name::regclass, value, called)"
+                " FROM unnest(%s::text[], %s::bigint[], %s::bool[]) AS s(name, value, called)",
+                (list(names), list(values), list(called)),
+            )
+        # Statistics an ANALYZE (a test's, or autovacuum's) gathered on the old rows would steer
+        # the next test's plans; a new clone has none. Needs a superuser, as the server of a
+        # test suite usually has; without one the database is dropped instead.
+        conn.execute(
+            "DELETE FROM pg_statistic s USING pg_class c, pg_namespace n"
+            " WHERE c.oid = s.starelid AND n.oid = c.relnamespace"
+            " AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
+            " AND n.nspname NOT LIKE 'pg_toast%'"
+        )
+
+
+def _digest(conn: Any, table: str) -> str:
+    """The rows of ``table``, as one hash (for the few small tables the migrations seed)."""
+    row = conn.execute(
+        f"SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) FROM {table} t"
+    ).fetchone()
+    return str(row[0])
+
+
 @contextmanager
 def run(
     workflows: App | Iterable[Workflow],
@@ -152,31 +427,49 @@ def run(
         else:
             for workflow in workflows:
                 app.add(workflow)
-
-        stop = threading.Event()
-        errors: list[BaseException] = []
-
-        def work() -> None:
-            try:
-                app.run_worker(
-                    concurrency=concurrency, stop_event=stop, poll_interval=poll_interval,
-                    **worker_options,
-                )
-            except BaseException as exc:  # raised in the test's thread at the end of the block
-                errors.append(exc)
-
-        thread = threading.Thread(target=work, name="konduit-testing-worker", daemon=True)
-        thread.start()
         try:
-            yield app
+            with worker_thread(
+                app, concurrency=concurrency, poll_interval=poll_interval, **worker_options
+            ):
+                yield app
         finally:
-            stop.set()
-            grace = float(worker_options.get("shutdown_grace", 10.0))
-            thread.join(timeout=grace + 30.0)
             app.close()
-            if errors:
-                raise TestWorkerError(f"the test worker died: {errors[0]!r}") from errors[0]
-            if thread.is_alive():
-                raise TestWorkerError(
-                    f"the test worker did not stop within {grace + 30.0:.0f}s of the end of the block"
-                )
+
+
+@contextmanager
+def worker_thread(
+    app: App, *, concurrency: int = 4, poll_interval: float = 0.1, **worker_options: Any
+) -> Iterator[None]:
+    """Run a worker of ``app`` on a background thread for the duration of the block (the
+    worker of :func:`run`, for an App of your own on a database of your own).
+
+    At the end of the block the worker is asked to stop and joined (running tasks get its
+    ``shutdown_grace``, 10 s by default). If the worker thread died, or did not stop,
+    :class:`TestWorkerError` is raised with the cause.
+    """
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            app.run_worker(
+                concurrency=concurrency, stop_event=stop, poll_interval=poll_interval,
+                **worker_options,
+            )
+        except BaseException as exc:  # raised in the test's thread at the end of the block
+            errors.append(exc)
+
+    thread = threading.Thread(target=work, name="konduit-testing-worker", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        grace = float(worker_options.get("shutdown_grace", 10.0))
+        thread.join(timeout=grace + 30.0)
+    if errors:
+        raise TestWorkerError(f"the test worker died: {errors[0]!r}") from errors[0]
+    if thread.is_alive():
+        raise TestWorkerError(
+            f"the test worker did not stop within {grace + 30.0:.0f}s of the end of the block"
+        )

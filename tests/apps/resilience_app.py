@@ -1,4 +1,4 @@
-"""The app that the resilience tests run in ``konduit worker tests.resilience_app:app`` processes.
+"""The app that the resilience tests run in ``konduit worker tests.apps.resilience_app:app`` processes.
 
 Handlers are steered by environment variables, so the same module behaves one way in a worker
 subprocess and another way when the test process imports it for an in-process worker:

@@ -1,4 +1,4 @@
-"""The app that ``konduit worker tests.isolation_app:app --isolation process`` runs in
+"""The app that ``konduit worker tests.apps.isolation_app:app --isolation process`` runs in
 tests/test_isolation.py: a sync branch that ignores its 1 s deadline, beside a quick one."""
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def artifacts_dir() -> Path:
     """Where screenshots are kept: ``$KONDUIT_ARTIFACTS``, else ``tests/artifacts``."""
-    where = Path(os.environ.get("KONDUIT_ARTIFACTS") or Path(__file__).parent / "artifacts")
+    where = Path(os.environ.get("KONDUIT_ARTIFACTS") or Path(__file__).parent.parent / "artifacts")
     where.mkdir(parents=True, exist_ok=True)
     return where
 

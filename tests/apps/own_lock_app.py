@@ -1,5 +1,5 @@
 """The app of the own-lock lease test: a join whose upstream load holds its task row for longer
-than two leases, on a live worker (``konduit worker tests.own_lock_app:app``).
+than two leases, on a live worker (``konduit worker tests.apps.own_lock_app:app``).
 
 The slow load is injected into this worker's own code, not into the database: the join's start
 transaction share-locks the task row (the lease check that holds off a cancel) and then waits

@@ -4,8 +4,7 @@ request and answers from a script (status codes in order; a request may be held 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -73,15 +72,3 @@ def receiver(answers: list[int] | None = None, *, hold_first: bool = False) -> I
             state.hold_first.set()
         server.shutdown()
         server.server_close()
-
-
-def eventually(check: Callable[[], object], timeout: float = 30.0, every: float = 0.1) -> object:
-    """Poll ``check`` until it returns something truthy (bounded); returns it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout} s: {check}")
-        time.sleep(every)

@@ -1,4 +1,4 @@
-"""An app with seed 004's repair contract, for `konduit worker tests.auto_repair_app:app`.
+"""An app with seed 004's repair contract, for `konduit worker tests.apps.auto_repair_app:app`.
 
 cover_image's resize service is down (it hangs past the branch's deadline, so the branch degrades
 to its fallback) until the file named by KONDUIT_TEST_HEALED exists. Executions are auto-repaired

@@ -1,4 +1,4 @@
-"""The app of the warm-worker wide-map test (``konduit worker tests.wide_map_app:app``): a seed,
+"""The app of the warm-worker wide-map test (``konduit worker tests.apps.wide_map_app:app``): a seed,
 a map of ``n`` items, and a join that reads every item."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The app that durable-wait process tests run with ``konduit worker tests.waits_app:app``."""
+"""The app that durable-wait process tests run with ``konduit worker tests.apps.waits_app:app``."""
 
 from __future__ import annotations
 

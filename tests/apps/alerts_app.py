@@ -1,4 +1,4 @@
-"""The app that the window-at-risk test runs with ``konduit worker tests.alerts_app:app``.
+"""The app that the window-at-risk test runs with ``konduit worker tests.apps.alerts_app:app``.
 
 ``branch`` sleeps as long as the execution's input says (fast in the history, 10x slower in the
 run that must raise the alert); ``publish`` joins it with ``steady`` and takes a fixed while, so

@@ -1,4 +1,4 @@
-"""The app that tests/test_hedging_processes.py runs with ``konduit worker tests.hedge_app:app``.
+"""The app that tests/test_hedging_processes.py runs with ``konduit worker tests.apps.hedge_app:app``.
 
 ``slow`` straggles in its first attempt (30 s) and returns at once when hedged; every attempt of
 it appends what happened to the file named in the execution's input, so the test sees both

@@ -1,4 +1,4 @@
-"""The app that worker-process tests run with ``konduit worker tests.proc_app:app``.
+"""The app that worker-process tests run with ``konduit worker tests.apps.proc_app:app``.
 
 Every branch sleeps until the wall-clock instant in the execution's input, so branches running
 in different processes finish together and their completions collide at the join.

@@ -1,5 +1,5 @@
 """The app that the flow-control tests run in real worker processes
-(``konduit worker tests.flow_app:app``).
+(``konduit worker tests.apps.flow_app:app``).
 
 Each handler appends its start and end time (wall clock; the workers share the machine) to a
 file per task in the directory named by the execution's input, so the test can compute how many

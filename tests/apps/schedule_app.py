@@ -1,4 +1,4 @@
-"""The app that the schedule process test runs with ``konduit worker tests.schedule_app:app``:
+"""The app that the schedule process test runs with ``konduit worker tests.apps.schedule_app:app``:
 one workflow started every second by a schedule; its step returns the tick it was started for."""
 
 from __future__ import annotations
