@@ -29,7 +29,7 @@ import konduit
 from konduit.db.arrays import with_array_literals
 from konduit.db.database import Tx
 from konduit.db.queries import q
-from tests.conftest import running_worker
+from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
 
