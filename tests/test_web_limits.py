@@ -9,27 +9,24 @@
 - A client's own X-Forwarded-For names nobody unless the server was told to trust that proxy:
   rotating it does not reset the throttle.
 
-Every server here is the dashboard's own configuration (:func:`konduit.web.app.server_config`)
-on a thread, spoken to over a real socket.
+Every server here is the dashboard's own configuration (:func:`konduit.web.app.server_config`,
+through ``tests.support.browser.serving``) on a thread, spoken to over a real socket.
 """
 
 from __future__ import annotations
 
 import select
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from konduit.web import create_app, database_client
-from konduit.web.app import server_config
 from konduit.web.security import MAX_FORM_BYTES, Security, parse_tokens
+from tests.support.browser import serving
 
 pytestmark = [pytest.mark.storage]
 
@@ -44,22 +41,8 @@ def dashboard(db_url: str, *, tokens: bool, trusted_proxies: tuple[str, ...] = (
     """The dashboard served as ``konduit dashboard`` serves it; yields (base URL, port)."""
     security = Security(parse_tokens([f"op:{OP}"]) if tokens else ())
     web = create_app(database_client(db_url, None), None, security=security)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(server_config(web, trusted_proxies=trusted_proxies))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    began = time.monotonic()
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() - began < 10, "uvicorn did not start"
-        time.sleep(0.02)
-    port = sock.getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", port
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        sock.close()
+    with serving(web, trusted_proxies=trusted_proxies) as base:
+        yield base, int(base.rsplit(":", 1)[1])
 
 
 def peak_rss_mib() -> float:

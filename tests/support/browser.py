@@ -33,6 +33,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
+from konduit.web.app import server_config
+
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -76,11 +78,12 @@ def csp_violations(driver: WebDriver) -> list[str]:
 
 
 @contextmanager
-def serving(web: FastAPI) -> Iterator[str]:
-    """Serve ``web`` with uvicorn on a thread, on a free port; yields its base URL."""
+def serving(web: FastAPI, *, trusted_proxies: tuple[str, ...] = ()) -> Iterator[str]:
+    """Serve ``web`` with uvicorn on a thread, on a free port, configured as ``konduit
+    dashboard`` configures it (:func:`konduit.web.app.server_config`); yields its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(web, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(server_config(web, trusted_proxies=trusted_proxies))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     began = time.monotonic()
