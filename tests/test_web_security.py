@@ -47,9 +47,11 @@ HEADERS = {"x-frame-options": "DENY", "x-content-type-options": "nosniff",
 
 
 @contextmanager
-def guarded(app: konduit.App | None, db_url: str, **options: object) -> Iterator[tuple[str, Security]]:
+def guarded(app: konduit.App | None, db_url: str, *, trusted_proxies: tuple[str, ...] = (),
+            **options: object) -> Iterator[tuple[str, Security]]:
     security = Security(parse_tokens([f"ro:{RO}", f"op:{OP}"]), **options)  # type: ignore[arg-type]
-    with serving(create_app(database_client(db_url, app), app, security=security)) as base:
+    with serving(create_app(database_client(db_url, app), app, security=security),
+                 trusted_proxies=trusted_proxies) as base:
         yield base, security
 
 
@@ -200,7 +202,9 @@ def test_login_session_and_csrf(make_app: Callable[..., konduit.App], db_url: st
         handle = app.start("api-flow", {"fail": True})
         handle.wait(30)
         eid = handle.id
-    with guarded(app, db_url) as (base, security), httpx.Client(base_url=base, timeout=30) as http:
+    # Served behind a TLS proxy on this machine (--trusted-proxy 127.0.0.1), for the last check.
+    with guarded(app, db_url, trusted_proxies=("127.0.0.1",)) as (base, security), \
+            httpx.Client(base_url=base, timeout=30) as http:
         away = http.get("/dead-letters?limit=5")
         assert away.status_code == 303
         assert away.headers["location"] == "/login?next=%2Fdead-letters%3Flimit%3D5"
@@ -271,7 +275,7 @@ def test_login_session_and_csrf(make_app: Callable[..., konduit.App], db_url: st
         away_next = http.post("/login", data={"token": OP, "next": "//evil.example/x"})
         assert away_next.headers["location"] == "/"
         assert http.post("/logout").headers["location"] == "/login"
-        # Behind a TLS proxy on this machine (X-Forwarded-Proto trusted from 127.0.0.1): Secure.
+        # Behind that TLS proxy (X-Forwarded-Proto trusted from 127.0.0.1): Secure.
         secure = http.post("/login", data={"token": OP}, headers={"X-Forwarded-Proto": "https"})
         assert secure.status_code == 303 and "; Secure" in secure.headers["set-cookie"]
 
