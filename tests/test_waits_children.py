@@ -23,7 +23,10 @@ from tests.support.workers import running_worker
 pytestmark = pytest.mark.storage
 
 SLOW_PASS = {"poll_interval": 0.1, "maintenance_interval": 60.0}
-PROMPT = 0.5  # seconds: a child's end to its parent's step ending, on a loaded CI machine
+# Seconds from a child's end to its parent's step ending. The maintenance pass that would
+# otherwise wake the parent comes only every 60 s (SLOW_PASS), so anything well under that shows
+# the prompt wake; 5 s leaves a loaded machine's noise room (it takes ~20 ms when quiet).
+PROMPT = 5.0
 
 
 def lag(url: str, parent: UUID, step: str) -> float:
