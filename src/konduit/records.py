@@ -444,23 +444,10 @@ class QueueDepth(Record):
 
 
 @dataclass(frozen=True)
-class WorkerState(Record):
-    """A worker heard from recently: ``state`` alive, stopped or dead."""
+class WorkerState(WorkerRecord):
+    """A worker heard from recently, live or not: ``state`` alive, stopped or dead."""
 
-    id: str
-    hostname: str
-    pid: int
-    concurrency: int
-    queues: list[str]
-    workflows: list[str]
-    isolation: str
-    running: int
-    abandoned: int
-    started_at: datetime
-    last_heartbeat_at: datetime
     stopped_at: datetime | None
-    lease_seconds: float
-    heartbeat_age: float
     state: str
 
 
