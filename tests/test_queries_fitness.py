@@ -276,6 +276,10 @@ def test_every_lease_guard_is_inlined_in_the_plans_of_its_statements(db_url):
     users = [q for q in all_queries().values() if guard_call.search(q.sql)]
     assert len(users) >= 12, [q.name for q in users]
     with psycopg.connect(db_url, autocommit=True) as conn:
+        if conn.info.server_version < 160000:
+            # The plans are the same on every version; the first run of .ci/run (PostgreSQL
+            # 18) checks them.
+            pytest.skip("EXPLAIN (GENERIC_PLAN) needs PostgreSQL 16 or later")
         plans = {q.name: "\n".join(
             str(row[0]) for row in conn.execute(
                 f"EXPLAIN (GENERIC_PLAN, COSTS OFF) {_positional(q.sql)}").fetchall())
