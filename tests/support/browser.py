@@ -26,6 +26,7 @@ from selenium.common.exceptions import (
     NoSuchElementException,
     StaleElementReferenceException,
     TimeoutException,
+    WebDriverException,
 )
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
@@ -127,9 +128,20 @@ def css(driver: WebDriver | WebElement, selector: str) -> list[WebElement]:
 def eventually(driver: WebDriver, check: Callable[[WebDriver], object], timeout: float = 20) -> None:
     """Wait for ``check`` across the page's own updates; on a timeout, say what the page and its
     console said."""
+    def tolerant(d: WebDriver) -> object:
+        # The page's script replaces nodes while it is read: chromedriver reports a node read
+        # in between as stale or, sometimes, as a generic error that it "does not belong to
+        # the document". Either means: look again.
+        try:
+            return check(d)
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return False
+            raise
+
     try:
         WebDriverWait(driver, timeout, poll_frequency=0.2, ignored_exceptions=(
-            StaleElementReferenceException, NoSuchElementException)).until(check)
+            StaleElementReferenceException, NoSuchElementException)).until(tolerant)
     except TimeoutException:
         console = [e["message"] for e in driver.get_log("browser")]
         main = driver.execute_script(
