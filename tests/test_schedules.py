@@ -320,13 +320,16 @@ def test_cli_lists_pauses_and_resumes(db_url: str) -> None:
     run(db_url, [wf], body)
     [execution_id] = [r[0] for r in rows(db_url, "SELECT id FROM konduit_executions")]
 
+    # Read before the command: the next tick it shows is after its own now, which is after
+    # this (a now read after it could pass a minute's boundary the tick sits on).
+    asked = datetime.now(UTC)
     listed = konduit_cli("schedules", "--database-url", db_url, "--json")
     assert listed.returncode == 0, listed.stderr
     [entry] = json.loads(listed.stdout)
     assert entry["name"] == "nightly" and entry["workflow_name"] == "nightly-publish"
     assert entry["last_execution_id"] == str(execution_id) and entry["last_status"] == "running"
     assert entry["paused"] is False and entry["behind"] is True  # no worker since 04:01
-    assert datetime.fromisoformat(entry["next_tick"]) > datetime.now(UTC)
+    assert datetime.fromisoformat(entry["next_tick"]) > asked
 
     table = konduit_cli("schedules", "--database-url", db_url)
     assert table.returncode == 0, table.stderr
