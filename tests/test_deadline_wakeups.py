@@ -42,6 +42,7 @@ def session_recorded(db_url: str, pid: int) -> bool:
     return row is not None and row[0] is not None
 
 
+@pytest.mark.slow  # real worker processes: run on PostgreSQL 18 in .ci/run, not again on 15
 def test_a_dead_workers_branch_ends_and_its_join_fires_within_half_a_second_of_its_deadline(
         db_url: str) -> None:
     survivor = spawn(db_url, "default")
