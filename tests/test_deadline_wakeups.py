@@ -50,7 +50,12 @@ def test_a_dead_workers_branch_ends_and_its_join_fires_within_half_a_second_of_i
     app = konduit.App([deadline_wake_app.wf], database_url=db_url)
     try:
         until(lambda: session_recorded(db_url, survivor.pid), 30, "the survivor to start")
-        victim = spawn(db_url, "victim", "default")
+        # The victim serves the branch's queue alone. Were it to serve `default` too, it could
+        # run `quick` and be killed before that completion's batched round commits: `quick`
+        # would then wait out its 60 s lease, as any task of a dead worker without a deadline
+        # does (a lease is not taken on a gone session alone: a live worker whose connection
+        # broke would run it twice), and the join would wait with it.
+        victim = spawn(db_url, "victim")
         until(lambda: session_recorded(db_url, victim.pid), 30, "the victim to start")
         time.sleep(0.5)  # the survivor's maintenance loop sleeps towards its next interval
         handle = app.start("deadline-wake")
