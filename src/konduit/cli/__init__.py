@@ -7,14 +7,17 @@ Errors konduit knows about (:class:`konduit.KonduitError`) print one red line an
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
+import typer.main
 from rich.markup import escape
 
 import konduit
 from konduit.cli import (
     alerts,
+    embedded,
     executions,
     observe,
     operate,
@@ -26,15 +29,22 @@ from konduit.cli import (
 )
 from konduit.cli.common import CliError, console, err_console, load_app, one_line
 
+# Plain help, as git and pip print it: `--limit INTEGER`, flags without a type, choices listed,
+# one line per command in the overview. Typer's rich panels print `<bool>` beside every flag and
+# wrap each command's whole docstring into the overview.
 cli = typer.Typer(
     name="konduit",
     help="Durable DAG workflows on PostgreSQL with an exactly-once join.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
     pretty_exceptions_show_locals=False,  # locals may hold database URLs with passwords
 )
-db_cli = typer.Typer(help="Database schema commands.", no_args_is_help=True)
-cli.add_typer(db_cli, name="db")
+db_cli = typer.Typer(help="Database schema commands.", no_args_is_help=True, rich_markup_mode=None)
+cli.add_typer(db_cli, name="db", help="Database schema: migrate, reset.")
+embedded_cli = typer.Typer(help="The embedded PostgreSQL server (the default database).",
+                           no_args_is_help=True, rich_markup_mode=None)
+cli.add_typer(embedded_cli, name="embedded", help="The embedded PostgreSQL: status, stop.")
 
 
 def _version(value: bool) -> None:
@@ -53,39 +63,101 @@ def root(
     """Durable DAG workflows on PostgreSQL with an exactly-once join."""
 
 
-# Registration order is the order of `konduit --help`.
-db_cli.command("migrate")(operate.db_migrate)
-cli.command()(operate.worker)
-cli.command()(operate.workers)
-cli.command()(schedules.schedules)
-cli.command()(executions.start)
-cli.command()(executions.status)
-cli.command("list")(executions.list_executions)
-cli.command()(executions.cancel)
-cli.command("send-event")(waits.send_event)
-cli.command()(executions.repair)
-cli.command("dead-letters")(executions.dead_letters)
-cli.command()(retention.prune)
-cli.command()(observe.dashboard)
-cli.command()(observe.metrics)
-cli.command()(observe.stats)
-cli.command()(observe.plan)
-cli.command()(alerts.alerts)
-cli.command()(webhooks.webhooks)
-cli.command()(tools.demo)
-cli.command()(tools.bench)
+# Registration order is the order of `konduit --help`; each command's line there is its own
+# (the first sentence of a docstring is often too long for 80 columns).
+GROUPS: dict[str, typer.Typer] = {"": cli, "db": db_cli, "embedded": embedded_cli}
+COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
+    ("db", "migrate", operate.db_migrate, "Apply the schema migrations this konduit needs."),
+    ("db", "reset", operate.db_reset, "Drop every konduit table and migrate afresh (dev)."),
+    ("embedded", "status", embedded.status, "Where the embedded server runs, if it does."),
+    ("embedded", "stop", embedded.stop, "Stop the embedded server."),
+    ("", "worker", operate.worker, "Run a worker for the workflows of an App."),
+    ("", "workers", operate.workers, "List the live workers and their slots."),
+    ("", "schedules", schedules.schedules, "List schedules; pause or resume one."),
+    ("", "start", executions.start, "Start an execution and print its id."),
+    ("", "status", executions.status, "Show an execution, its steps and what it waits for."),
+    ("", "list", executions.list_executions, "List recent executions, newest first."),
+    ("", "cancel", executions.cancel, "Cancel a running execution."),
+    ("", "send-event", waits.send_event, "Send an event to the step waiting for it."),
+    ("", "repair", executions.repair, "Re-run a finished execution's degraded branches."),
+    ("", "dead-letters", executions.dead_letters, "List dead-lettered tasks."),
+    ("", "prune", retention.prune, "Delete finished executions older than a duration."),
+    ("", "dashboard", observe.dashboard, "Serve the web dashboard and the HTTP API."),
+    ("", "metrics", observe.metrics, "Serve Prometheus metrics."),
+    ("", "stats", observe.stats, "Latency of every branch and join, from history."),
+    ("", "plan", observe.plan, "Critical path and predicted finish of a workflow."),
+    ("", "alerts", alerts.alerts, "List the alerts workers raised."),
+    ("", "webhooks", webhooks.webhooks, "List webhook deliveries; retry failed ones."),
+    ("", "demo", tools.demo, "Run the nightly content pipeline demo."),
+    ("", "bench", tools.bench, "Run the benchmarks; print JSON."),
+]
+for _group, _name, _function, _summary in COMMANDS:
+    GROUPS[_group].command(_name, short_help=_summary)(_function)
+
+
+def command_tree() -> Any:
+    """The command tree, with each option that takes a value shown as ``--limit LIMIT`` (as
+    argparse, git and pip show them) rather than Typer's ``--limit <int>``."""
+    root = typer.main.get_command(cli)
+    _name_values(root)
+    return root
+
+
+def _name_values(node: Any) -> None:
+    for param in getattr(node, "params", ()):
+        descriptor = getattr(param, "type_descriptor", None)
+        choice = descriptor is not None and getattr(descriptor, "is_choice", False)
+        takes_value = param.param_type_name == "option" and not getattr(param, "is_flag", False)
+        if takes_value and param.metavar is None and not choice and param.name:
+            param.metavar = param.name.upper()
+        if param.param_type_name == "argument" and not choice and param.metavar:
+            # `APP  module:attribute of a konduit.App`, not `APP <str>  ...`.
+            param.display_type_rich = lambda ctx: None
+    for child in getattr(node, "commands", {}).values():
+        _name_values(child)
+
+
+def _exception_type(name: str) -> type[Exception]:
+    # Typer raises click's exceptions, from its own copy of click in recent releases and from
+    # click itself before: found through the class it exports, they are caught either way.
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+UsageError = _exception_type("UsageError")
+ClickException = _exception_type("ClickException")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The ``konduit`` entry point."""
+    """The ``konduit`` entry point: every error, a usage error too, is one red ``error:`` line
+    on standard error (exit 2 for a bad command line, 1 otherwise)."""
     try:
-        cli(args=argv, prog_name="konduit")
+        code = command_tree().main(args=argv, prog_name="konduit", standalone_mode=False)
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except UsageError as exc:
+        _error_line(exc)
+        raise SystemExit(getattr(exc, "exit_code", 2)) from None
     except konduit.KonduitError as exc:
         err_console.print(f"[red]error:[/red] {escape(one_line(str(exc)))}", soft_wrap=True)
         raise SystemExit(1) from None
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, typer.Abort):
         err_console.print("[yellow]interrupted[/yellow]")
         raise SystemExit(130) from None
+    except ClickException as exc:  # an unreadable file for a file option, and the like
+        _error_line(exc)
+        raise SystemExit(getattr(exc, "exit_code", 1)) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def _error_line(exc: Exception) -> None:
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    if type(exc).__name__ == "NoArgsIsHelpError":  # `konduit` or `konduit db` alone: the help
+        print(message)
+        return
+    err_console.print(f"[red]error:[/red] {escape(one_line(message))}", soft_wrap=True)
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        err_console.print(f"(see {ctx.command_path} --help)", soft_wrap=True, markup=False)
 
 
 __all__ = ["CliError", "cli", "load_app", "main"]

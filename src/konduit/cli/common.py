@@ -23,13 +23,16 @@ from konduit.db.connect import describe_url, open_database
 from konduit.errors import CliError
 from konduit.records import plain
 
-console = Console(highlight=False)
+# Piped (not a terminal, no COLUMNS set), lines are not wrapped at 80 columns: a script reading
+# `konduit list | grep` gets each row on one line.
+_piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+console = Console(highlight=False, width=4096 if _piped else None)
 err_console = Console(stderr=True, highlight=False)
 
 DatabaseUrl = Annotated[
     str | None,
     typer.Option(
-        "--database-url",
+        "--database-url", metavar="URL",
         help="PostgreSQL URL (default: $KONDUIT_DATABASE_URL, else the embedded server).",
         show_default=False,
     ),
@@ -167,6 +170,25 @@ def parse_json(text: str | None, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"{what} is not valid JSON: {exc}") from None
+
+
+def read_json_argument(text: str | None, option: str) -> Any:
+    """A JSON option's value: the JSON itself, ``@path`` for a file's contents, or ``-`` for
+    standard input."""
+    if text is None:
+        return None
+    source = option
+    if text == "-":
+        text, source = sys.stdin.read(), f"{option} - (standard input)"
+    elif text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path, encoding="utf-8") as file:
+                text = file.read()
+        except OSError as exc:
+            raise CliError(f"{option} {text}: cannot read {path!r}: {exc.strerror}") from None
+        source = f"{option} @{path}"
+    return parse_json(text, source)
 
 
 def dump_json(value: Any) -> str:

@@ -24,14 +24,15 @@ from konduit.cli.common import (
     offset,
     one_line,
     opened,
-    parse_json,
     plain_app,
     reachable,
+    read_json_argument,
     seconds,
     stamp,
     styled,
 )
 from konduit.cli.waits import print_waiting, waiting_json
+from konduit.core.model import ExecutionStatus
 from konduit.engine.client import coerce_execution_id
 from konduit.records import StepRecord, TaskRecord
 
@@ -41,14 +42,19 @@ def start(
     app_spec: Annotated[str, typer.Option(
         "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
         help="module:attribute of the konduit.App that defines the workflow.")],
-    input: Annotated[str | None, typer.Option("--input", "-i", help="Input as JSON.")] = None,
+    input: Annotated[str | None, typer.Option(
+        "--input", "-i", metavar="JSON|@FILE|-",
+        help="Input as JSON, @file for a file's, - for standard input's.")] = None,
     idempotency_key: Annotated[str | None, typer.Option(
-        "--idempotency-key", "-k", help="Starting twice with the same key returns the same id.")
+        "--idempotency-key", "-k", metavar="KEY",
+        help="Starting twice with the same key returns the same id.")
     ] = None,
     version: Annotated[int | None, typer.Option(help="Workflow version (default: the latest).",
                                                 show_default=False)] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for it to finish.")] = False,
     timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the id (and with --wait the result) as JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Start an execution and print its id (with --wait: then its output).
@@ -56,14 +62,22 @@ def start(
     Exit codes with --wait: 0 it succeeded, 1 it failed, timed out or was cancelled (or any
     error), 2 a bad command line, 124 --timeout passed while it still runs (it goes on).
     """
-    payload = parse_json(input, "--input")
+    payload = read_json_argument(input, "--input")
     with opened(load_app(app_spec, reachable(database_url))) as app:
         handle = app.start(workflow, payload, idempotency_key=idempotency_key, version=version)
-        console.print(str(handle.id))
         if not wait:
+            print(dump_json({"id": handle.id}) if as_json else str(handle.id))
             return
+        if not as_json:
+            console.print(str(handle.id))
         began = time.monotonic()
         result = _wait(app, handle.id, timeout)
+        if as_json:
+            print(dump_json({"id": handle.id, "status": result.status, "error": result.error,
+                             "output": result.output, "outcomes": result.outcomes}))
+            if result.status != "succeeded":
+                raise typer.Exit(EXIT_FAILED)
+            return
         err_console.print(f"{styled(result.status)} after {time.monotonic() - began:.2f} s")
         if result.status != "succeeded":
             if result.error:
@@ -192,7 +206,8 @@ def status(
 
 
 def list_executions(
-    status: Annotated[str | None, typer.Option(help="Only executions with this status.")] = None,
+    status: Annotated[ExecutionStatus | None, typer.Option(
+        help="Only executions with this status.", show_default=False)] = None,
     workflow: Annotated[str | None, typer.Option(help="Only executions of this workflow.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print the executions as JSON.")] = False,
@@ -235,14 +250,20 @@ def list_executions(
 
 def cancel(
     execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print {"id", "cancelled", "status"} as JSON.')] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Cancel a running execution (its pending work is never started)."""
     with opened(plain_app(database_url)) as app:
-        if app.cancel(execution_id):
-            console.print(f"cancelled {execution_id}")
-            return
+        cancelled = app.cancel(execution_id)
         result = app.status(execution_id)
+    if as_json:
+        print(dump_json({"id": result.id, "cancelled": cancelled, "status": result.status}))
+        return
+    if cancelled:
+        console.print(f"cancelled {execution_id}")
+        return
     console.print(f"execution {execution_id} has already finished ({styled(result.status)}); "
                   "nothing to cancel")
 
@@ -254,6 +275,8 @@ def repair(
         help="module:attribute of the konduit.App that defines the workflow.")],
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the repair to finish.")] = False,
     timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the steps re-run (and with --wait the result) as JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Re-run the degraded or failed branches of a finished execution and what depends on them.
@@ -264,11 +287,20 @@ def repair(
     """
     with opened(load_app(app_spec, database_url)) as app:
         rerun = app.repair(execution_id)
-        console.print(f"re-running {', '.join(rerun)} of {execution_id}")
+        if not as_json:
+            console.print(f"re-running {', '.join(rerun)} of {execution_id}")
         if not wait:
+            if as_json:
+                print(dump_json({"id": execution_id, "rerun": rerun}))
             return
         result = _wait(app, coerce_execution_id(execution_id), timeout)
         versions = app.outputs(execution_id)
+    if as_json:
+        print(dump_json({"id": execution_id, "rerun": rerun, "status": result.status,
+                         "output_versions": versions}))
+        if result.status != "succeeded":
+            raise typer.Exit(EXIT_FAILED)
+        return
     console.print(f"execution {execution_id}: {styled(result.status)}")
     for version in versions:
         degraded = ", ".join(version.degraded) or "none degraded"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -26,7 +27,9 @@ from konduit.cli.common import (
     reachable,
 )
 from konduit.core.durations import format_elapsed
+from konduit.db.connect import open_database
 from konduit.db.migrate import latest_version
+from konduit.db.migrate import reset as reset_schema
 from konduit.errors import CliError
 from konduit.worker.config import new_worker_id
 
@@ -42,6 +45,35 @@ def db_migrate(database_url: DatabaseUrl = None) -> None:
             console.print(f"applied [green]{name}[/green]")
     console.print(f"schema is at version {latest_version()}"
                   + ("" if applied else " (already current)"))
+
+
+def db_reset(
+    yes: Annotated[bool, typer.Option(
+        "--yes", help="Confirm: every execution, schedule and record in it is deleted.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Drop every konduit table and function of a development database and migrate afresh.
+
+    Everything konduit stored there is deleted: executions, their history, schedules, workers,
+    alerts, webhooks and tokens. Without --yes nothing is touched.
+    """
+    url = database_url or os.environ.get("KONDUIT_DATABASE_URL") or None
+    where = describe_url(url)
+    if not yes:
+        raise CliError(f"konduit db reset deletes everything konduit stored in {where}; "
+                       f"add --yes to do it")
+
+    async def go() -> list[str]:
+        db = await open_database(url, max_size=1, name="konduit-cli", check_schema=False,
+                                 migrate_embedded=False)
+        try:
+            return [f"{m.version:04d}_{m.name}" for m in await reset_schema(db)]
+        finally:
+            await db.close()
+
+    applied = asyncio.run(go())
+    console.print(f"reset {where}: dropped konduit's tables, applied {len(applied)} migrations; "
+                  f"schema is at version {latest_version()}")
 
 
 def worker(

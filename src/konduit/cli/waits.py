@@ -8,7 +8,15 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from konduit.cli.common import DatabaseUrl, console, load_app, opened, parse_json, plain_app
+from konduit.cli.common import (
+    DatabaseUrl,
+    console,
+    dump_json,
+    load_app,
+    opened,
+    plain_app,
+    read_json_argument,
+)
 from konduit.core.durations import format_elapsed
 from konduit.engine.client import coerce_execution_id
 from konduit.records import TaskRecord
@@ -22,13 +30,17 @@ def send_event(
     key: Annotated[str | None, typer.Option(
         "--key", "-k", help="The key the waiting step computed (its key=).")] = None,
     payload: Annotated[str | None, typer.Option(
-        "--payload", "-p", help="The event's payload as JSON: the step's output.")] = None,
+        "--payload", "-p", metavar="JSON|@FILE|-",
+        help="The event's payload (the step's output) as JSON, @file or - (standard input).")
+    ] = None,
     execution_id: Annotated[str | None, typer.Option(
         "--execution-id", "-e", help="Only this execution's step.")] = None,
     app_spec: Annotated[str | None, typer.Option(
         "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
         help="module:attribute of the konduit.App: the waiting task is completed at once "
              "(without it a worker does, within its maintenance interval).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print {"event", "key", "result"} as JSON.')] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Send an event to the step waiting for it (wf.wait_for_event); prints woke, stored or
@@ -37,12 +49,15 @@ def send_event(
     Exit codes: 0 woke or stored, 3 no match (nothing could ever take it; nothing was kept),
     1 any error.
     """
-    value = parse_json(payload, "--payload")
+    value = read_json_argument(payload, "--payload")
     eid = None if execution_id is None else coerce_execution_id(execution_id)
     app = load_app(app_spec, database_url) if app_spec else plain_app(database_url)
     with opened(app):
         result = app.send_event(name, key=key, execution_id=eid, payload=value)
-    console.print(result)
+    if as_json:
+        print(dump_json({"event": name, "key": key, "result": result}))
+    else:
+        console.print(result)
     if result == "no match":
         raise typer.Exit(EXIT_NO_MATCH)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -11,13 +12,22 @@ from konduit.cli.common import DatabaseUrl, console, dump_json, plain_app, stamp
 from konduit.engine.webhooks import delivery_json
 from konduit.records import WebhookDelivery
 
+
+class DeliveryStatus(enum.StrEnum):
+    """A webhook delivery's status, as `--status` takes it."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    REFUSED = "refused"
+
+
 _STATUS = {"delivered": "green", "pending": "cyan", "failed": "red", "refused": "red"}
 
 
 def webhooks(
-    status: Annotated[str | None, typer.Option(
-        help="Only this status: pending, delivered, failed or refused.",
-        show_default=False)] = None,
+    status: Annotated[DeliveryStatus | None, typer.Option(
+        help="Only deliveries with this status.", show_default=False)] = None,
     retry: Annotated[str | None, typer.Option(
         "--retry", metavar="DELIVERY_ID",
         help="Send this failed or refused delivery again now (with a fresh attempt count).",

@@ -102,6 +102,28 @@ def stop_server(pgdata: Path | None = None) -> bool:
         return result.returncode == 0
 
 
+def server_status(pgdata: Path | None = None) -> dict[str, str | int | bool | None]:
+    """What is known of the embedded server of ``pgdata`` (default: this user's) without
+    starting it: its data directory, whether it runs, and then its pid, port, socket directory
+    and admin URL."""
+    pgdata = (pgdata or data_directory()).expanduser().resolve()
+    info = _postmaster(pgdata)
+    running = info is not None and _alive(info.get("pid", "")) and info.get("status") == "ready"
+    status: dict[str, str | int | bool | None] = {
+        "data_directory": str(pgdata), "initialised": (pgdata / "PG_VERSION").exists(),
+        "running": running, "pid": None, "port": None, "socket_directory": None, "url": None,
+    }
+    if running and info is not None:
+        from psycopg.conninfo import make_conninfo
+
+        host = info.get("socket_dir") or info.get("hostname") or "localhost"
+        port = info.get("port") or "5432"
+        status.update(pid=int(info["pid"]), port=int(port), socket_directory=host,
+                      url=make_conninfo("", user="postgres", dbname=DEFAULT_DATABASE,
+                                        host=host, port=port))
+    return status
+
+
 def with_database(url: str, database: str) -> str:
     """``url`` with its database name replaced."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo

@@ -61,6 +61,15 @@ async def migrate(db: Database) -> list[Migration]:
         return applied
 
 
+async def reset(db: Database) -> list[Migration]:
+    """Drop every konduit table and function and migrate afresh, in one transaction (a
+    development database's ``konduit db reset``): all executions and history are gone."""
+    async with db.transaction() as tx:
+        await tx.one("schema_version_lock")
+        await tx.run("schema_drop_all")
+    return await migrate(db)
+
+
 async def ensure_current(db: Database, *, command_hint: str = "konduit db migrate") -> None:
     """Refuse to run against an older schema, naming the command that fixes it."""
     current = await current_version(db)
