@@ -32,7 +32,6 @@ from konduit.cli.common import (
     styled,
 )
 from konduit.cli.waits import print_waiting, waiting_json
-from konduit.engine.client import coerce_execution_id
 from konduit.records import StepRecord, TaskRecord
 
 
@@ -127,7 +126,8 @@ def step_table(steps: list[StepRecord], tasks: list[TaskRecord], origin: datetim
 
 
 def status(
-    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
+    execution_id: Annotated[str, typer.Argument(
+        metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
@@ -234,21 +234,24 @@ def list_executions(
 
 
 def cancel(
-    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
+    execution_id: Annotated[str, typer.Argument(
+        metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
     database_url: DatabaseUrl = None,
 ) -> None:
     """Cancel a running execution (its pending work is never started)."""
     with opened(plain_app(database_url)) as app:
-        if app.cancel(execution_id):
-            console.print(f"cancelled {execution_id}")
+        result = app.status(execution_id)  # a unique prefix or tail names it too
+        if app.cancel(result.id):
+            console.print(f"cancelled {result.id}")
             return
-        result = app.status(execution_id)
-    console.print(f"execution {execution_id} has already finished ({styled(result.status)}); "
+        result = app.status(result.id)
+    console.print(f"execution {result.id} has already finished ({styled(result.status)}); "
                   "nothing to cancel")
 
 
 def repair(
-    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
+    execution_id: Annotated[str, typer.Argument(
+        metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
     app_spec: Annotated[str, typer.Option(
         "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
         help="module:attribute of the konduit.App that defines the workflow.")],
@@ -263,13 +266,14 @@ def repair(
     with --wait as for ``start --wait``: 0, 1 (not succeeded), 124 (--timeout passed).
     """
     with opened(load_app(app_spec, database_url)) as app:
-        rerun = app.repair(execution_id)
-        console.print(f"re-running {', '.join(rerun)} of {execution_id}")
+        eid = app.status(execution_id).id  # a unique prefix or tail names it too
+        rerun = app.repair(eid)
+        console.print(f"re-running {', '.join(rerun)} of {eid}")
         if not wait:
             return
-        result = _wait(app, coerce_execution_id(execution_id), timeout)
-        versions = app.outputs(execution_id)
-    console.print(f"execution {execution_id}: {styled(result.status)}")
+        result = _wait(app, eid, timeout)
+        versions = app.outputs(eid)
+    console.print(f"execution {eid}: {styled(result.status)}")
     for version in versions:
         degraded = ", ".join(version.degraded) or "none degraded"
         console.print(f"  output v{version.version} ({version.status}, {degraded}): "

@@ -10,7 +10,6 @@ from rich.markup import escape
 
 from konduit.cli.common import DatabaseUrl, console, load_app, opened, parse_json, plain_app
 from konduit.core.durations import format_elapsed
-from konduit.engine.client import coerce_execution_id
 from konduit.records import TaskRecord
 
 EXIT_NO_MATCH = 3
@@ -38,7 +37,7 @@ def send_event(
     1 any error.
     """
     value = parse_json(payload, "--payload")
-    eid = None if execution_id is None else coerce_execution_id(execution_id)
+    eid = execution_id  # the client resolves a unique prefix or tail too
     app = load_app(app_spec, database_url) if app_spec else plain_app(database_url)
     with opened(app):
         result = app.send_event(name, key=key, execution_id=eid, payload=value)

@@ -98,6 +98,7 @@ def register(web: FastAPI, site: Site) -> None:
         if (await form_fields(request)).get("confirm") != "yes":
             return RedirectResponse(f"/executions/{execution_id}/repair", status_code=303)
         client = await site.clients.get()
+        execution_id = str(await client.resolve(execution_id))
         app = site.app
         repairer = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes)
         try:

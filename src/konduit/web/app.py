@@ -35,15 +35,16 @@ from starlette.types import ASGIApp
 from konduit.app import App
 from konduit.engine.client import Client
 from konduit.errors import (
-    DashboardError as DashboardError,
-)
-from konduit.errors import (
+    AmbiguousExecutionId,
     DatabaseError,
     DatabaseUnavailable,
     ExecutionNotFound,
     KonduitError,
     SchemaOutdated,
     StatsError,
+)
+from konduit.errors import (
+    DashboardError as DashboardError,
 )
 from konduit.observe.metrics import KonduitCollector
 from konduit.web import actions, ops, pages, problems, wiring
@@ -152,6 +153,10 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
     @web.exception_handler(ExecutionNotFound)
     async def not_found(request: Request, exc: ExecutionNotFound) -> Response:
         return problem(request, 404, "No such execution", str(exc))
+
+    @web.exception_handler(AmbiguousExecutionId)
+    async def ambiguous(request: Request, exc: AmbiguousExecutionId) -> Response:
+        return problem(request, 409, "Ambiguous execution id", str(exc))
 
     @web.exception_handler(KonduitError)
     async def failed(request: Request, exc: KonduitError) -> Response:
