@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 from uuid import UUID
 
@@ -32,6 +32,7 @@ from konduit.cli.common import (
     styled,
 )
 from konduit.cli.waits import print_waiting, waiting_json
+from konduit.core.words import step_word
 from konduit.records import StepRecord, TaskRecord
 
 
@@ -93,8 +94,14 @@ def _wait(app: konduit.App, execution_id: UUID, timeout: float | None) -> kondui
 def step_table(steps: list[StepRecord], tasks: list[TaskRecord], origin: datetime | None) -> Table:
     """One row per step, in firing order; times in seconds after the execution started."""
     attempts: dict[str, int] = {}
+    open_tasks: dict[str, list[tuple[str, bool]]] = {}
+    now = datetime.now(UTC)
     for task in tasks:
         attempts[task.step] = attempts.get(task.step, 0) + int(task.attempt)
+        if task.status in ("ready", "running", "waiting"):
+            backoff = task.status == "ready" and task.attempt > 0 and task.run_at is not None \
+                and task.run_at > now
+            open_tasks.setdefault(task.step, []).append((task.status, backoff))
     far = datetime.max.replace(tzinfo=origin.tzinfo if origin else None)
     ordered = sorted(steps, key=lambda s: (s.fired_at or far, s.step))
     show_tasks = any(s.tasks_total != 1 for s in steps)  # only map steps make several
@@ -110,7 +117,8 @@ def step_table(steps: list[StepRecord], tasks: list[TaskRecord], origin: datetim
     for s in ordered:
         is_join = int(s.up_total) > 1
         done = int(s.tasks_ok) + int(s.tasks_degraded)
-        cells = [escape(s.step), styled(s.status)]
+        # pending / ready / retrying / running / waiting: one word, one meaning (core.words).
+        cells = [escape(s.step), styled(step_word(s.status, open_tasks.get(s.step, ())))]
         if show_tasks:
             cells.append(f"{done}/{s.tasks_total}" if s.tasks_total is not None else "—")
         cells += [

@@ -65,6 +65,7 @@ from konduit.records import (
     MapItem,
     MapStepCounts,
     OpenAttempt,
+    OpenTask,
     OutputVersion,
     ParentLink,
     Payload,
@@ -540,6 +541,15 @@ class Client:
         rows = await self.db.all("task_list_budgets_by_execution",
                                  execution_id=await self.resolve(execution_id))
         return [StepBudget.from_row(r) for r in rows]
+
+    async def open_tasks(self, execution_id: UUID | str, *,
+                         limit: int = 500) -> builtins.list[OpenTask]:
+        """Why an execution is where it is: its unfinished tasks (ready, in backoff, running
+        with their worker's heartbeat age, waiting for an event, a timer or a child) and the
+        tasks that made a durable wait, at most ``limit``."""
+        rows = await self.db.all("task_list_open_or_waited_by_execution",
+                                 execution_id=await self.resolve(execution_id), limit=limit)
+        return [OpenTask.from_row(r) for r in rows]
 
     async def running_count(self) -> int:
         """How many executions are running now."""

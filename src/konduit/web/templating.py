@@ -19,5 +19,6 @@ env.filters.update(secs=views.secs, last_line=views.last_line,
                    pretty=lambda v: json.dumps(v, indent=2, default=str, ensure_ascii=False),
                    clock=lambda t: "—" if t is None else t.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
                    n=lambda v: f"{v:.1f}", short_id=short_id)
+env.filters["from_now"] = views.from_now
 env.globals["span"] = format_duration
 templates = Jinja2Templates(env=env)
