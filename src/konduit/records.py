@@ -149,6 +149,19 @@ class OpenTask(Record):
     in_backoff: bool  # ready again after a failed attempt, not before run_at
 
 @dataclass(frozen=True)
+class QueueLoad(Record):
+    """Unfinished tasks of one queue and workflow version (``name@version``): ready (``due``:
+    not waiting out a backoff), running, waiting durably, and the oldest due one's wait."""
+
+    queue: str
+    workflow: str
+    ready: int
+    due: int
+    running: int
+    waiting: int
+    oldest_age: float | None
+
+@dataclass(frozen=True)
 class StepRecord(Record):
     """One step of an execution: its status, join counters and timings (fan-in wait)."""
 

@@ -70,6 +70,7 @@ from konduit.records import (
     ParentLink,
     Payload,
     QueueDepth,
+    QueueLoad,
     ScheduleRecord,
     StepBudget,
     StepMark,
@@ -550,6 +551,23 @@ class Client:
         rows = await self.db.all("task_list_open_or_waited_by_execution",
                                  execution_id=await self.resolve(execution_id), limit=limit)
         return [OpenTask.from_row(r) for r in rows]
+
+    async def retry_now(self, execution_id: UUID | str, task_id: int) -> bool:
+        """Make a task waiting out its backoff (ready again after a failed attempt) claimable
+        now, and wake its queue's workers. False when it is not in backoff any more (a worker
+        claimed it, it ended, or it was never of this execution)."""
+        eid = await self.resolve(execution_id)
+        async with self.db.transaction() as tx:
+            row = await tx.one("task_retry_now_if_in_backoff", id=task_id, execution_id=eid)
+            if row is not None:
+                await tx.one("task_notify_ready", queue=row["queue"])
+        return row is not None
+
+    async def queue_loads(self) -> builtins.list[QueueLoad]:
+        """Per queue and workflow version: ready depth, due, running, waiting, oldest-ready
+        age (the queue page)."""
+        rows = await self.db.all("task_count_open_by_queue_and_workflow")
+        return [QueueLoad.from_row(r) for r in rows]
 
     async def running_count(self) -> int:
         """How many executions are running now."""

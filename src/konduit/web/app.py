@@ -47,7 +47,7 @@ from konduit.errors import (
     DashboardError as DashboardError,
 )
 from konduit.observe.metrics import KonduitCollector
-from konduit.web import actions, ops, pages, problems, wiring
+from konduit.web import actions, operate, ops, pages, problems, wiring
 from konduit.web.detail import Detail as Detail
 from konduit.web.security import Security, Token, check_bind
 from konduit.web.site import Site
@@ -179,6 +179,7 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
     pages.register(web, site)
     actions.register(web, site)
     ops.register(web, site)
+    operate.register(web, site)
     web.mount("/static", StaticFiles(directory=str(resources.files("konduit.web") / "static")),
               name="static")
 

@@ -18,3 +18,21 @@ WHERE t.execution_id = %(execution_id)s
   AND (t.status IN ('ready', 'running', 'waiting') OR t.wait_kind IS NOT NULL)
 ORDER BY t.step, t.map_index, t.generation
 LIMIT %(limit)s;
+
+-- name: task_count_open_by_queue_and_workflow
+-- The queue page: per queue and workflow version, tasks ready (and how many are due, not
+-- waiting out a backoff), running and waiting durably, and how long the oldest due one has
+-- waited to be claimed.
+-- plan: custom, reads every unfinished task (a backlog).
+SELECT queue, workflow,
+       count(*) FILTER (WHERE status = 'ready') AS ready,
+       count(*) FILTER (WHERE status = 'ready' AND run_at <= clock_timestamp()) AS due,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'waiting') AS waiting,
+       extract(epoch FROM clock_timestamp() - min(run_at)
+               FILTER (WHERE status = 'ready' AND run_at <= clock_timestamp()))::float8
+           AS oldest_age
+FROM konduit_tasks
+WHERE status IN ('ready', 'running', 'waiting')
+GROUP BY queue, workflow
+ORDER BY queue, workflow;
