@@ -5,6 +5,7 @@ and the workers page, live workers first. Screenshots go to the browser tests' a
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -193,3 +194,44 @@ def test_retry_now_schedules_queues_and_workers(make_app: Callable[..., konduit.
         states = [r.get_attribute("data-state") for r in css(browser, "#workers tr[data-worker]")]
         assert states and states[0] == "alive"
         assert csp_violations(browser) == []
+
+
+GO = threading.Event()
+
+
+def gated() -> konduit.Workflow:
+    wf = konduit.Workflow("gated-render", version=1)
+
+    @wf.step()
+    def render(ctx: konduit.Context) -> str:
+        if ctx.input.get("hold"):
+            GO.wait(30)
+        return "rendered"
+
+    return wf
+
+
+def test_a_running_step_shows_its_worker_heartbeat_attempt_and_usual_p95(
+        make_app: Callable[..., konduit.App], db_url: str, browser: WebDriver) -> None:
+    GO.clear()
+    app = make_app(gated())
+    with running_worker(app, **FAST), \
+            serving(create_app(database_client(db_url, app), app)) as base:
+        for _ in range(3):  # a history, for the step's usual p95
+            assert app.start("gated-render", input={}).wait(30).output == "rendered"
+        held = app.start("gated-render", input={"hold": True})
+        wait_status(db_url, held.id, "render", "running")
+        try:
+            browser.get(f"{base}/executions/{held.id}")
+            why = browser.find_element(By.CSS_SELECTOR, "#steps tr[data-step='render'] .why-item")
+            assert why.get_attribute("data-word") == "running"
+            assert why.find_element(By.CSS_SELECTOR, ".attempt").text == "1/3"
+            assert ":" in why.find_element(By.CSS_SELECTOR, ".worker").text  # host:pid
+            assert why.find_element(By.CSS_SELECTOR, ".heartbeat-age").text.endswith("ago")
+            assert why.find_element(By.CSS_SELECTOR, ".elapsed").text
+            assert "usually p95" in why.find_element(By.CSS_SELECTOR, ".usual-p95").text
+            assert text(browser, "#steps tr[data-step='render'] .badge") == "running"
+            screenshot(browser, "why-running-step")
+        finally:
+            GO.set()
+        assert held.wait(30).output == "rendered"
