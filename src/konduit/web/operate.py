@@ -166,6 +166,8 @@ def register(web: FastAPI, site: Site) -> None:
             return forbidden(request, "retry")
         client = await site.clients.get()
         eid = await client.resolve(execution_id)
+        if (await form_fields(request)).get("confirm") != "yes":  # as Cancel and Repair
+            return back_to(eid, error="not retried: use the Retry now button of the page")
         if await client.retry_now(eid, task_id):
             return back_to(eid, flash="retrying now: the task is ready to be claimed")
         return back_to(eid, error="not retried: the task is no longer waiting out a backoff "
