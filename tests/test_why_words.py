@@ -79,3 +79,18 @@ def test_the_workers_page_lists_live_workers_first_and_hides_long_stopped_ones()
     assert [w["id"] for w in shown] == ["live-1", "live-2", "dead", "recent"] and hidden == 1
     everything, none_hidden = shown_workers(workers, everything=True)
     assert [w["id"] for w in everything][-1] == "old" and none_hidden == 0
+
+
+def test_the_attempts_of_a_repair_are_marked_on_the_timeline() -> None:
+    from konduit.web.views import gantt
+
+    def attempt(generation: int, at: int) -> dict[str, Any]:
+        return {"step": "flaky", "map_index": 0, "attempt": 1, "generation": generation,
+                "started_at": NOW + timedelta(seconds=at), "outcome": "succeeded",
+                "finished_at": NOW + timedelta(seconds=at + 1), "error": None}
+
+    chart = gantt([attempt(1, 0), attempt(2, 5)], [], NOW, NOW + timedelta(seconds=10))
+    first, repaired = chart.bars
+    assert (first.generation, first.label) == (1, "flaky #1")
+    assert (repaired.generation, repaired.label) == (2, "flaky #1 repair 1")
+    assert "repair 1" in repaired.title
