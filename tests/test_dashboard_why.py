@@ -18,6 +18,7 @@ from konduit.core.ids import short_id
 from konduit.web import create_app, database_client
 from tests.support.browser import csp_violations, css, eventually, screenshot, serving
 from tests.support.workers import running_worker
+from tests.test_cli import konduit_cli
 from tests.test_waits_events import review_workflow, wait_status
 
 pytestmark = pytest.mark.storage
@@ -41,6 +42,13 @@ def test_a_waiting_step_says_what_it_waits_for_and_takes_its_event(
         handles = [app.start("review-flow", input={"episode": n}) for n in (11, 12, 13)]
         for h in handles:
             wait_status(db_url, h.id, "review", "waiting")
+
+        # konduit status uses the same words: review waits, publish is pending (not reached).
+        shown_status = konduit_cli("status", short_id(handles[0].id), "--database-url", db_url)
+        assert shown_status.returncode == 0, shown_status.stderr
+        words = {line.split()[0]: line.split()[1] for line in shown_status.stdout.splitlines()
+                 if line.split() and line.split()[0] in ("translate", "review", "publish")}
+        assert words == {"translate": "succeeded", "review": "waiting", "publish": "pending"}
 
         # Distinct ids: started within the same minute, their first 8 characters are the same
         # (they change every 65.5 s: at most two values, even across such a boundary).
