@@ -185,14 +185,14 @@ def test_live_states_cancel_and_workers(make_app: Callable[..., konduit.App], db
 
             # The execution page while `first` runs: its input, and the DAG updated in place.
             browser.get(f"{base}/executions/{handle.id}")
-            eventually(browser, lambda d: node_status(d, "first") == "active")
+            eventually(browser, lambda d: node_status(d, "first") == "running")
             assert browser.find_element(By.ID, "status").text == "running"
             shown_input = browser.find_element(By.ID, "input").text
             assert '"episode": 42' in shown_input and '"<b>bold</b>"' in shown_input
             browser.execute_script("window.__konduitMarker = 'before';")
             FIRST_GO.set()
             eventually(browser, lambda d: node_status(d, "first") == "succeeded"
-                       and node_status(d, "gated") == "active")
+                       and node_status(d, "gated") == "running")
             # The same document: no reload happened (the marker would be gone).
             assert browser.execute_script("return window.__konduitMarker") == "before"
             row = browser.find_element(By.CSS_SELECTOR, "#steps tr[data-step='first'] .badge")
@@ -315,7 +315,8 @@ def test_maps_tracebacks_repair_and_paging(make_app: Callable[..., konduit.App],
         assert "RuntimeError" in full and 'raise RuntimeError(XSS)' in full
         assert not css(browser, "main img") and no_alert(browser)
         scripts = [s.get_attribute("src") for s in css(browser, "script")]
-        assert scripts == [f"{base}/static/live.js"]  # only the dashboard's own script
+        # only the dashboard's own scripts
+        assert scripts == [f"{base}/static/live.js", f"{base}/static/copy.js"]
         screenshot(browser, "ops-execution-traceback")
 
         # Paging keeps the filters: two failed executions, one per page.

@@ -50,6 +50,7 @@ from rich.table import Table
 
 import konduit
 from konduit.core.durations import format_elapsed
+from konduit.core.ids import short_id
 from konduit.db.connect import open_database
 from konduit.db.database import Database, Row
 from konduit.engine.client import ExecutionResult
@@ -278,7 +279,7 @@ def _summary(app: konduit.App, ids: list[UUID], results: dict[UUID, ExecutionRes
             made = "[red]not published[/red]"
         color = "green" if result.status == "succeeded" else "red"
         runs.add_row(
-            str(eid)[:8] + ("[yellow]*[/yellow]" if eid in slow else ""),
+            short_id(eid) + ("[yellow]*[/yellow]" if eid in slow else ""),
             f"[{color}]{result.status}[/{color}]",
             format_elapsed(_seconds(result.created_at, result.finished_at)),
             made,
@@ -427,7 +428,7 @@ def run_demo(*, executions: int = 5, concurrency: int = 8, workers: int = 2,
         used = "" if d.published_with is None else \
             f"; publish went out with {escape(json.dumps(d.published_with))}"
         console.print(
-            f"  {str(d.execution)[:8]} [yellow]{d.step}[/yellow] {d.outcome} after "
+            f"  {short_id(d.execution)} [yellow]{d.step}[/yellow] {d.outcome} after "
             f"{format_elapsed(d.after)}: {escape(d.reason)}{used}",
             soft_wrap=True,
         )

@@ -51,6 +51,15 @@ class ExecutionNotFound(KonduitError):
     """No execution has that id."""
 
 
+class AmbiguousExecutionId(KonduitError):
+    """A piece of an id (its start or its end) matches several executions; ``candidates`` are
+    some of them (the message lists them), so the caller can type more of the one meant."""
+
+    def __init__(self, message: str, candidates: list[str]):
+        self.candidates = candidates
+        super().__init__(message)
+
+
 class ScheduleNotFound(KonduitError):
     """No stored schedule has that name (schedules are stored when a worker defining them
     starts)."""

@@ -121,6 +121,47 @@ class TaskRecord(Record):
 
 
 @dataclass(frozen=True)
+class OpenTask(Record):
+    """Why a step of an execution is where it is: an unfinished task (ready, in backoff,
+    running on a worker, waiting) or one that made a durable wait, for the execution page."""
+
+    id: int
+    step: str
+    map_index: int
+    generation: int
+    status: str
+    attempt: int
+    max_attempts: int
+    worker_id: str | None
+    run_at: datetime | None
+    deadline_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    wait_kind: str | None  # event, timer or child
+    wait_event: str | None
+    wait_key: str | None
+    wait_until: datetime | None  # a timer's time; for an event, when it was received
+    wait_child: UUID | None
+    waiting_since: datetime | None  # when its arming attempt ended
+    worker_hostname: str | None  # the worker running it, when it runs
+    worker_pid: int | None
+    heartbeat_age: float | None  # seconds since that worker was heard from
+    in_backoff: bool  # ready again after a failed attempt, not before run_at
+
+@dataclass(frozen=True)
+class QueueLoad(Record):
+    """Unfinished tasks of one queue and workflow version (``name@version``): ready (``due``:
+    not waiting out a backoff), running, waiting durably, and the oldest due one's wait."""
+
+    queue: str
+    workflow: str
+    ready: int
+    due: int
+    running: int
+    waiting: int
+    oldest_age: float | None
+
+@dataclass(frozen=True)
 class StepRecord(Record):
     """One step of an execution: its status, join counters and timings (fan-in wait)."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 from uuid import UUID
 
@@ -33,7 +33,7 @@ from konduit.cli.common import (
 )
 from konduit.cli.waits import print_waiting, waiting_json
 from konduit.core.model import ExecutionStatus
-from konduit.engine.client import coerce_execution_id
+from konduit.core.words import step_word
 from konduit.records import StepRecord, TaskRecord
 
 
@@ -108,8 +108,14 @@ def _wait(app: konduit.App, execution_id: UUID, timeout: float | None) -> kondui
 def step_table(steps: list[StepRecord], tasks: list[TaskRecord], origin: datetime | None) -> Table:
     """One row per step, in firing order; times in seconds after the execution started."""
     attempts: dict[str, int] = {}
+    open_tasks: dict[str, list[tuple[str, bool]]] = {}
+    now = datetime.now(UTC)
     for task in tasks:
         attempts[task.step] = attempts.get(task.step, 0) + int(task.attempt)
+        if task.status in ("ready", "running", "waiting"):
+            backoff = task.status == "ready" and task.attempt > 0 and task.run_at is not None \
+                and task.run_at > now
+            open_tasks.setdefault(task.step, []).append((task.status, backoff))
     far = datetime.max.replace(tzinfo=origin.tzinfo if origin else None)
     ordered = sorted(steps, key=lambda s: (s.fired_at or far, s.step))
     show_tasks = any(s.tasks_total != 1 for s in steps)  # only map steps make several
@@ -125,7 +131,8 @@ def step_table(steps: list[StepRecord], tasks: list[TaskRecord], origin: datetim
     for s in ordered:
         is_join = int(s.up_total) > 1
         done = int(s.tasks_ok) + int(s.tasks_degraded)
-        cells = [escape(s.step), styled(s.status)]
+        # pending / ready / retrying / running / waiting: one word, one meaning (core.words).
+        cells = [escape(s.step), styled(step_word(s.status, open_tasks.get(s.step, ())))]
         if show_tasks:
             cells.append(f"{done}/{s.tasks_total}" if s.tasks_total is not None else "—")
         cells += [
@@ -141,7 +148,8 @@ def step_table(steps: list[StepRecord], tasks: list[TaskRecord], origin: datetim
 
 
 def status(
-    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
+    execution_id: Annotated[str, typer.Argument(
+        metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
@@ -249,27 +257,30 @@ def list_executions(
 
 
 def cancel(
-    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
+    execution_id: Annotated[str, typer.Argument(
+        metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print {"id", "cancelled", "status"} as JSON.')] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Cancel a running execution (its pending work is never started)."""
     with opened(plain_app(database_url)) as app:
-        cancelled = app.cancel(execution_id)
-        result = app.status(execution_id)
+        result = app.status(execution_id)  # a unique prefix or tail names it too
+        cancelled = app.cancel(result.id)
+        result = app.status(result.id)
     if as_json:
         print(dump_json({"id": result.id, "cancelled": cancelled, "status": result.status}))
         return
     if cancelled:
-        console.print(f"cancelled {execution_id}")
+        console.print(f"cancelled {result.id}")
         return
-    console.print(f"execution {execution_id} has already finished ({styled(result.status)}); "
+    console.print(f"execution {result.id} has already finished ({styled(result.status)}); "
                   "nothing to cancel")
 
 
 def repair(
-    execution_id: Annotated[str, typer.Argument(metavar="EXECUTION_ID", help="The execution's id.")],
+    execution_id: Annotated[str, typer.Argument(
+        metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
     app_spec: Annotated[str, typer.Option(
         "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
         help="module:attribute of the konduit.App that defines the workflow.")],
@@ -286,22 +297,23 @@ def repair(
     with --wait as for ``start --wait``: 0, 1 (not succeeded), 124 (--timeout passed).
     """
     with opened(load_app(app_spec, database_url)) as app:
-        rerun = app.repair(execution_id)
+        eid = app.status(execution_id).id  # a unique prefix or tail names it too
+        rerun = app.repair(eid)
         if not as_json:
-            console.print(f"re-running {', '.join(rerun)} of {execution_id}")
+            console.print(f"re-running {', '.join(rerun)} of {eid}")
         if not wait:
             if as_json:
-                print(dump_json({"id": execution_id, "rerun": rerun}))
+                print(dump_json({"id": eid, "rerun": rerun}))
             return
-        result = _wait(app, coerce_execution_id(execution_id), timeout)
-        versions = app.outputs(execution_id)
+        result = _wait(app, eid, timeout)
+        versions = app.outputs(eid)
     if as_json:
-        print(dump_json({"id": execution_id, "rerun": rerun, "status": result.status,
+        print(dump_json({"id": eid, "rerun": rerun, "status": result.status,
                          "output_versions": versions}))
         if result.status != "succeeded":
             raise typer.Exit(EXIT_FAILED)
         return
-    console.print(f"execution {execution_id}: {styled(result.status)}")
+    console.print(f"execution {eid}: {styled(result.status)}")
     for version in versions:
         degraded = ", ".join(version.degraded) or "none degraded"
         console.print(f"  output v{version.version} ({version.status}, {degraded}): "

@@ -18,7 +18,6 @@ from konduit.cli.common import (
     read_json_argument,
 )
 from konduit.core.durations import format_elapsed
-from konduit.engine.client import coerce_execution_id
 from konduit.records import TaskRecord
 
 EXIT_NO_MATCH = 3
@@ -50,7 +49,7 @@ def send_event(
     1 any error.
     """
     value = read_json_argument(payload, "--payload")
-    eid = None if execution_id is None else coerce_execution_id(execution_id)
+    eid = execution_id  # the client resolves a unique prefix or tail too
     app = load_app(app_spec, database_url) if app_spec else plain_app(database_url)
     with opened(app):
         result = app.send_event(name, key=key, execution_id=eid, payload=value)

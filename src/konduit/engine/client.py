@@ -27,6 +27,7 @@ from konduit.engine.advancer import Advancer
 from konduit.engine.alerting import list_alerts
 from konduit.engine.finish import stop_execution
 from konduit.engine.flow import register_flow_limits
+from konduit.engine.ids import resolve_execution_id
 from konduit.engine.registry import Registry, workflow_key
 from konduit.engine.retention import BATCH_SIZE, Prunable
 from konduit.engine.schedules import Schedules
@@ -64,10 +65,12 @@ from konduit.records import (
     MapItem,
     MapStepCounts,
     OpenAttempt,
+    OpenTask,
     OutputVersion,
     ParentLink,
     Payload,
     QueueDepth,
+    QueueLoad,
     ScheduleRecord,
     StepBudget,
     StepMark,
@@ -204,8 +207,16 @@ class Client:
         by_index = dict(zip((i for i in range(len(batch)) if owner[i] == i), ids, strict=True))
         return [by_index[owner[i]] for i in range(len(batch))]
 
+    async def resolve(self, execution_id: UUID | str) -> UUID:
+        """The execution an id names: the whole id, or any unique prefix or tail of it (the
+        tail is what every face shows, see :func:`konduit.core.ids.short_id`). Raises
+        :class:`ExecutionNotFound` when none matches (or the text cannot be an id) and
+        :class:`AmbiguousExecutionId`, listing candidates, when several do."""
+        return await resolve_execution_id(self.db, execution_id)
+
     async def get(self, execution_id: UUID | str) -> ExecutionResult:
-        eid = coerce_execution_id(execution_id)
+        """An execution's status and result, by its id or a unique prefix or tail of it."""
+        eid = await self.resolve(execution_id)
         row = await self.db.one("execution_get", id=eid)
         if row is None:
             raise ExecutionNotFound(f"no execution with id {eid}")
@@ -230,7 +241,7 @@ class Client:
         """Wait for the execution to finish. Returns the result when it succeeded; raises
         :class:`ExecutionFailed` when it failed, timed out or was cancelled, and
         :class:`TimeoutError` when it is still running after ``timeout`` seconds."""
-        eid = coerce_execution_id(execution_id)
+        eid = await self.resolve(execution_id)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         conn = await self.db.listen_connection()
@@ -263,7 +274,7 @@ class Client:
     async def cancel(self, execution_id: UUID | str, reason: str = "cancelled") -> bool:
         """Cancel a running execution: its ready tasks are never claimed after this commits and
         running handlers lose their lease. Returns False when it had already finished."""
-        eid = coerce_execution_id(execution_id)
+        eid = await self.resolve(execution_id)
         async with self.db.transaction() as tx:
             finished = await stop_execution(tx, eid, ExecutionStatus.CANCELLED, reason)
         if finished is not None and finished.child_ended is not None:
@@ -277,13 +288,13 @@ class Client:
         everything downstream of them, as a new generation of their tasks. When it finishes, its
         output becomes a new version; earlier versions stay in :meth:`outputs`. Returns the
         steps that will run again."""
-        eid = coerce_execution_id(execution_id)
+        eid = await self.resolve(execution_id)
         async with self.db.transaction() as tx:
             return await repair_in(tx, self.registry, eid, max_payload_bytes=self.max_payload_bytes)
 
     async def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
         """Every output version of an execution (repairs add versions), oldest first."""
-        rows = await self.db.all("execution_output_list", id=coerce_execution_id(execution_id))
+        rows = await self.db.all("execution_output_list", id=await self.resolve(execution_id))
         return [OutputVersion.from_row(r) for r in rows]
 
     async def payloads(self, execution_id: UUID | str) -> builtins.list[Payload]:
@@ -291,7 +302,7 @@ class Client:
         results that arrived after a deadline ended their attempt (``source``), each marked
         ``current`` when it is the one downstream steps consumed."""
         rows = await self.db.all("output_list_by_execution",
-                                 execution_id=coerce_execution_id(execution_id))
+                                 execution_id=await self.resolve(execution_id))
         return [Payload.from_row(r) for r in rows]
 
     async def list(
@@ -303,12 +314,12 @@ class Client:
     async def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
         """Every task of an execution (all generations), with attempts and errors."""
         rows = await self.db.all("task_list_by_execution",
-                                 execution_id=coerce_execution_id(execution_id))
+                                 execution_id=await self.resolve(execution_id))
         return [TaskRecord.from_row(r) for r in rows]
 
     async def steps(self, execution_id: UUID | str) -> builtins.list[StepRecord]:
         """Every step of an execution with its join counters and timings (fan-in wait)."""
-        rows = await self.db.all("step_get_all", execution_id=coerce_execution_id(execution_id))
+        rows = await self.db.all("step_get_all", execution_id=await self.resolve(execution_id))
         return [StepRecord.from_row(r) for r in rows]
 
     async def dead_letters(self, limit: int = 50) -> builtins.list[DeadLetter]:
@@ -331,14 +342,14 @@ class Client:
     async def stall(self, execution_id: UUID | str) -> AlertRecord | None:
         """The open ``execution_stalled`` alert of an execution (nothing of it can run, and the
         watchdog's fan-in decision could not move it), or None."""
-        return await open_stall(self.db, coerce_execution_id(execution_id))
+        return await open_stall(self.db, await self.resolve(execution_id))
 
     async def webhook_deliveries(self, *, status: str | None = None,
                                  execution_id: UUID | str | None = None,
                                  limit: int = 100) -> builtins.list[WebhookDelivery]:
         """Webhook deliveries, newest first (docs/webhooks.md), optionally of one status
         (pending, delivered, failed, refused) or of one execution."""
-        eid = None if execution_id is None else coerce_execution_id(execution_id)
+        eid = None if execution_id is None else await self.resolve(execution_id)
         rows = await webhooks.deliveries(self.db, status=status, execution_id=eid, limit=limit)
         return [WebhookDelivery.from_row(r) for r in rows]
 
@@ -363,7 +374,7 @@ class Client:
         """Send the event ``name`` to the step waiting for it, by ``key``, by ``execution_id``
         or both: ``"woke"``, ``"stored"`` or ``"no match"`` (see
         :meth:`konduit.App.send_event` and docs/durable-waits.md)."""
-        eid = None if execution_id is None else coerce_execution_id(execution_id)
+        eid = None if execution_id is None else await self.resolve(execution_id)
         return await waits.send_event(self.db, self.registry, name, key=key, execution_id=eid,
                                       payload=payload, max_payload_bytes=self.max_payload_bytes)
 
@@ -401,7 +412,7 @@ class Client:
     async def auto_repair_status(self, execution_id: UUID | str) -> str | None:
         """How the automatic repair (``repair_within``) of an execution stands, as one line,
         or None when its workflow has no repair contract or it is not covered by it."""
-        eid = coerce_execution_id(execution_id)
+        eid = await self.resolve(execution_id)
         row = await self.db.one("execution_get_auto_repair", id=eid)
         if row is None:
             raise ExecutionNotFound(f"no execution with id {eid}")
@@ -423,7 +434,7 @@ class Client:
     async def execution(self, execution_id: UUID | str) -> ExecutionRecord:
         """One execution whole (input, output, window, limits); raises
         :class:`ExecutionNotFound`."""
-        eid = coerce_execution_id(execution_id)
+        eid = await self.resolve(execution_id)
         row = await self.db.one("execution_get", id=eid)
         if row is None:
             raise ExecutionNotFound(f"no execution with id {eid}")
@@ -469,7 +480,7 @@ class Client:
                        except_steps: Iterable[str] = ()) -> builtins.list[AttemptRecord]:
         """Every attempt of an execution's tasks, oldest first, but those of ``except_steps``
         (the map steps a page shows as one row each)."""
-        eid = coerce_execution_id(execution_id)
+        eid = await self.resolve(execution_id)
         skipped = builtins.list(except_steps)
         if skipped:
             rows = await self.db.all("attempt_list_by_execution_except_steps",
@@ -482,7 +493,7 @@ class Client:
                               per_step: int) -> builtins.list[FailedAttempt]:
         """The attempts that ended with an error, at most ``per_step`` of each step."""
         rows = await self.db.all("attempt_list_failed_by_execution",
-                                 execution_id=coerce_execution_id(execution_id),
+                                 execution_id=await self.resolve(execution_id),
                                  per_step=per_step)
         return [FailedAttempt.from_row(r) for r in rows]
 
@@ -493,7 +504,7 @@ class Client:
         if not wanted:
             return []
         rows = await self.db.all("task_summarize_by_step",
-                                 execution_id=coerce_execution_id(execution_id), steps=wanted)
+                                 execution_id=await self.resolve(execution_id), steps=wanted)
         return [MapStepCounts.from_row(r) for r in rows]
 
     async def map_items(self, execution_id: UUID | str, step: str, *, status: str | None = None,
@@ -501,7 +512,7 @@ class Client:
         """A page of one step's tasks of its latest generation, in item order, from
         ``from_index`` on, optionally of one status."""
         rows = await self.db.all("task_list_by_step_page",
-                                 execution_id=coerce_execution_id(execution_id), step=step,
+                                 execution_id=await self.resolve(execution_id), step=step,
                                  status=status, from_index=from_index, limit=limit)
         return [MapItem.from_row(r) for r in rows]
 
@@ -517,20 +528,46 @@ class Client:
     async def parent(self, execution_id: UUID | str) -> ParentLink | None:
         """The execution whose child-workflow step started this one, or None."""
         row = await self.db.one("execution_parent_of",
-                                execution_id=coerce_execution_id(execution_id))
+                                execution_id=await self.resolve(execution_id))
         return None if row is None else ParentLink.from_row(row)
 
     async def children(self, execution_id: UUID | str) -> builtins.list[ChildExecution]:
         """The executions this one's child-workflow steps started."""
         rows = await self.db.all("execution_children_list",
-                                 execution_id=coerce_execution_id(execution_id))
+                                 execution_id=await self.resolve(execution_id))
         return [ChildExecution.from_row(r) for r in rows]
 
     async def budgets(self, execution_id: UUID | str) -> builtins.list[StepBudget]:
         """Each step's time budget in the latest generation (a window may have cut it)."""
         rows = await self.db.all("task_list_budgets_by_execution",
-                                 execution_id=coerce_execution_id(execution_id))
+                                 execution_id=await self.resolve(execution_id))
         return [StepBudget.from_row(r) for r in rows]
+
+    async def open_tasks(self, execution_id: UUID | str, *,
+                         limit: int = 500) -> builtins.list[OpenTask]:
+        """Why an execution is where it is: its unfinished tasks (ready, in backoff, running
+        with their worker's heartbeat age, waiting for an event, a timer or a child) and the
+        tasks that made a durable wait, at most ``limit``."""
+        rows = await self.db.all("task_list_open_or_waited_by_execution",
+                                 execution_id=await self.resolve(execution_id), limit=limit)
+        return [OpenTask.from_row(r) for r in rows]
+
+    async def retry_now(self, execution_id: UUID | str, task_id: int) -> bool:
+        """Make a task waiting out its backoff (ready again after a failed attempt) claimable
+        now, and wake its queue's workers. False when it is not in backoff any more (a worker
+        claimed it, it ended, or it was never of this execution)."""
+        eid = await self.resolve(execution_id)
+        async with self.db.transaction() as tx:
+            row = await tx.one("task_retry_now_if_in_backoff", id=task_id, execution_id=eid)
+            if row is not None:
+                await tx.one("task_notify_ready", queue=row["queue"])
+        return row is not None
+
+    async def queue_loads(self) -> builtins.list[QueueLoad]:
+        """Per queue and workflow version: ready depth, due, running, waiting, oldest-ready
+        age (the queue page)."""
+        rows = await self.db.all("task_count_open_by_queue_and_workflow")
+        return [QueueLoad.from_row(r) for r in rows]
 
     async def running_count(self) -> int:
         """How many executions are running now."""

@@ -11,6 +11,7 @@ from urllib.parse import quote, urlencode
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from konduit.core.words import NOT_REACHED, step_word
 from konduit.errors import DatabaseUnavailable, ExecutionNotFound, KonduitError
 from konduit.web import views
 from konduit.web.site import Site, form_fields, same_origin
@@ -85,7 +86,8 @@ def register(web: FastAPI, site: Site) -> None:
                           "handlers are called again):",
                           "When it finishes, its output becomes a new version; the earlier "
                           "versions stay visible."],
-            steps=[(s, statuses.get(s, "waiting"), statuses.get(s) in views.REPAIRABLE) for s in rerun],
+            steps=[(s, step_word(statuses.get(s, NOT_REACHED)), statuses.get(s) in views.REPAIRABLE)
+                   for s in rerun],
             allowed=refusal is None, refusal=refusal)
 
     @web.post("/executions/{execution_id}/repair")
@@ -98,6 +100,7 @@ def register(web: FastAPI, site: Site) -> None:
         if (await form_fields(request)).get("confirm") != "yes":
             return RedirectResponse(f"/executions/{execution_id}/repair", status_code=303)
         client = await site.clients.get()
+        execution_id = str(await client.resolve(execution_id))
         app = site.app
         repairer = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes)
         try:

@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from konduit import tracing
 from konduit.app import App
 from konduit.core.durations import parse_duration
-from konduit.engine.client import Client, coerce_execution_id
+from konduit.engine.client import Client
 from konduit.engine.registry import workflow_key
 from konduit.engine.starts import StartRequest
 from konduit.errors import (
@@ -189,7 +189,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                                if more else None)
 
     @router.get("/executions/{execution_id}", response_model=m.ExecutionDetail, tags=["executions"],
-                responses=problem_responses(404))
+                responses=problem_responses(404, 409))
     async def execution(execution_id: str) -> m.ExecutionDetail:
         """One execution whole: input, output, each step, every attempt with its full error."""
         client = await clients.get()
@@ -213,11 +213,11 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             else m.AlertOut.model_validate(stall.to_json()))
 
     @router.post("/executions/{execution_id}/cancel", response_model=m.Cancelled,
-                 tags=["executions"], responses=problem_responses(404))
+                 tags=["executions"], responses=problem_responses(404, 409))
     async def cancel(execution_id: str) -> m.Cancelled:
         """Cancel an unfinished execution (its running tasks are told to stop)."""
         client = await clients.get()
-        eid = coerce_execution_id(execution_id)
+        eid = await client.resolve(execution_id)  # a unique prefix or tail too
         await client.get(eid)  # 404 before anything else
         cancelled = await client.cancel(eid)
         status = (await statuses(client, [eid])).get(eid, "cancelled")
@@ -228,8 +228,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     async def repair(execution_id: str) -> m.Repaired:
         """Re-run the degraded and failed steps of a finished execution and what depends on
         them (409 when there is nothing to repair or it has not finished)."""
-        eid = coerce_execution_id(execution_id)
         _, client = await operator("repair")
+        eid = await client.resolve(execution_id)  # a unique prefix or tail too
         await client.get(eid)
         try:
             rerun = await client.repair(eid)

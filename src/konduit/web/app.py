@@ -35,9 +35,7 @@ from starlette.types import ASGIApp
 from konduit.app import App
 from konduit.engine.client import Client
 from konduit.errors import (
-    DashboardError as DashboardError,
-)
-from konduit.errors import (
+    AmbiguousExecutionId,
     DatabaseError,
     DatabaseUnavailable,
     ExecutionNotFound,
@@ -45,8 +43,11 @@ from konduit.errors import (
     SchemaOutdated,
     StatsError,
 )
+from konduit.errors import (
+    DashboardError as DashboardError,
+)
 from konduit.observe.metrics import KonduitCollector
-from konduit.web import actions, ops, pages, problems, wiring
+from konduit.web import actions, operate, ops, pages, problems, wiring
 from konduit.web.detail import Detail as Detail
 from konduit.web.security import Security, Token, check_bind
 from konduit.web.site import Site
@@ -153,6 +154,10 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
     async def not_found(request: Request, exc: ExecutionNotFound) -> Response:
         return problem(request, 404, "No such execution", str(exc))
 
+    @web.exception_handler(AmbiguousExecutionId)
+    async def ambiguous(request: Request, exc: AmbiguousExecutionId) -> Response:
+        return problem(request, 409, "Ambiguous execution id", str(exc))
+
     @web.exception_handler(KonduitError)
     async def failed(request: Request, exc: KonduitError) -> Response:
         if isinstance(exc, DatabaseUnavailable | SchemaOutdated):
@@ -174,6 +179,7 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
     pages.register(web, site)
     actions.register(web, site)
     ops.register(web, site)
+    operate.register(web, site)
     web.mount("/static", StaticFiles(directory=str(resources.files("konduit.web") / "static")),
               name="static")
 

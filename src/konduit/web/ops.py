@@ -19,6 +19,21 @@ from konduit.web.site import Site
 
 RECENT_WORKERS = 24 * 3600.0  # the workers page lists those heard from within a day
 RUNNING_SHOWN = 500  # open attempts listed on the workers page
+STOPPED_SHOWN = 600.0  # workers stopped longer ago are hidden unless "show all"
+STATE_ORDER = {"alive": 0, "dead": 1, "stopped": 2}  # live workers first: who serves now
+
+
+def shown_workers(found: list[dict[str, Any]], *, everything: bool) -> tuple[list[dict[str, Any]], int]:
+    """The workers the page lists, live ones first (then dead, then stopped, each newest heard
+    from first), without those stopped more than :data:`STOPPED_SHOWN` ago unless
+    ``everything``; and how many were hidden."""
+    ordered = sorted(found, key=lambda w: (STATE_ORDER.get(str(w["state"]), 3),
+                                           float(w["heartbeat_age"] or 0.0)))
+    if everything:
+        return ordered, 0
+    kept = [w for w in ordered if w["state"] != "stopped"
+            or float(w["heartbeat_age"] or 0.0) <= STOPPED_SHOWN]
+    return kept, len(ordered) - len(kept)
 
 
 @dataclass
@@ -67,11 +82,11 @@ def register(web: FastAPI, site: Site) -> None:
     """Add the workers page and its JSON to ``web``."""
 
     @web.get("/workers", response_class=HTMLResponse)
-    async def workers(request: Request) -> Response:
+    async def workers(request: Request, all: bool = False) -> Response:
         client = await site.clients.get()
-        found = await load_workers(client)
+        found, hidden = shown_workers(await load_workers(client), everything=all)
         return site.page(request, "workers.html", workers=found, strip=await load_strip(client),
-                         live="/workers.json", poll_ms=2000)
+                         live="/workers.json", poll_ms=2000, hidden=hidden, showing_all=all)
 
     @web.get("/strip.json")
     async def strip_live() -> Response:

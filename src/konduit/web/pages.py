@@ -35,6 +35,7 @@ from konduit.web.summaries import (
     map_bars,
     map_summaries,
 )
+from konduit.web.why import load_reasons
 
 POLL_MS = 2000  # how often the pages' script asks for fresh states
 ITEMS_PAGE = 100
@@ -121,8 +122,11 @@ def register(web: FastAPI, site: Site) -> None:
 
     @web.get("/executions/{execution_id}", response_class=HTMLResponse)
     async def execution(request: Request, execution_id: str) -> Response:
-        d = await load_detail(await site.clients.get(), execution_id, collapse_maps=True)
+        client = await site.clients.get()
+        d = await load_detail(client, execution_id, collapse_maps=True)
         now, origin = datetime.now(UTC), d.result.created_at or datetime.now(UTC)
+        reasons = await load_reasons(client, d.result, d.steps, now)
+        d.steps = [s | {"word": reasons.words.get(s["step"])} for s in d.steps]
         tries = Counter(a["step"] for a in d.attempts)
         for name, summary in d.maps.items():
             tries[name] = summary.tries
@@ -134,7 +138,8 @@ def register(web: FastAPI, site: Site) -> None:
                       "ended": views.between(origin, s["ended_at"]),
                       "wait": views.between(s["first_upstream_at"], s["fired_at"]),
                       "map": d.maps.get(s["step"]),
-                      "budget": d.budgets.get(s["step"])} for s in ordered]
+                      "budget": d.budgets.get(s["step"]),
+                      "why": reasons.of(s["step"])} for s in ordered]
         statuses = {s["step"]: s["status"] for s in d.steps}
         bars = sorted([*d.attempts, *map_bars(d.maps, statuses, now)], key=lambda a: a["started_at"])
         deadline = d.row["deadline_at"]
@@ -144,7 +149,8 @@ def register(web: FastAPI, site: Site) -> None:
             request, "execution.html", d=d, r=d.result, steps=table, now=now,
             took=views.between(origin, d.result.finished_at or now),
             dag=views.dag_layout(d.spec_steps, {s["step"]: s for s in d.steps}),
-            gantt=views.gantt(bars, d.steps, origin, d.result.finished_at or now, deadline),
+            gantt=views.gantt(bars, d.steps, origin, d.result.finished_at or now, deadline,
+                              reasons.waits),
             window=None if deadline is None else {
                 "at": deadline, "left": views.between(now, deadline),
                 "met": d.result.finished_at <= deadline if d.result.finished_at else None},
@@ -165,6 +171,9 @@ def register(web: FastAPI, site: Site) -> None:
         workflow = await client.workflow(result.workflow, result.version)
         spec_steps = list(workflow.spec["steps"]) if workflow else []
         steps = [s.to_dict() for s in await client.steps(result.id)]
+        words = (await load_reasons(client, result, steps, datetime.now(UTC),
+                                    with_p95=False)).words
+        steps = [s | {"word": words.get(s["step"])} for s in steps]
         mapped = [s["name"] for s in spec_steps if s.get("map")]
         maps = map_summaries([c.to_dict() for c in await client.map_counts(result.id, mapped)])
         dag = views.dag_layout(spec_steps, {s["step"]: s for s in steps})

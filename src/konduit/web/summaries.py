@@ -125,7 +125,9 @@ def live_state(result: Any, steps: Sequence[Mapping[str, Any]],
     """What the execution page's script needs to update its status cells and DAG nodes in place."""
     return {
         "id": str(result.id), "status": result.status, "finished": result.finished,
-        "steps": {s["step"]: {"status": s["status"], "detail": dag_details.get(s["step"], s["status"]),
+        # "word": the word the page shows (konduit.core.words), when the caller worked it out.
+        "steps": {s["step"]: {"status": s.get("word") or s["status"],
+                              "detail": dag_details.get(s["step"], s["status"]),
                               "map": summaries[s["step"]].to_json() if s["step"] in summaries else None}
                   for s in steps},
     }

@@ -10,6 +10,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from konduit.core.durations import format_duration
+from konduit.core.ids import short_id
 from konduit.web import views
 
 env = Environment(loader=PackageLoader("konduit.web", "templates"),
@@ -17,6 +18,7 @@ env = Environment(loader=PackageLoader("konduit.web", "templates"),
 env.filters.update(secs=views.secs, last_line=views.last_line,
                    pretty=lambda v: json.dumps(v, indent=2, default=str, ensure_ascii=False),
                    clock=lambda t: "—" if t is None else t.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
-                   n=lambda v: f"{v:.1f}")
+                   n=lambda v: f"{v:.1f}", short_id=short_id)
+env.filters["from_now"] = views.from_now
 env.globals["span"] = format_duration
 templates = Jinja2Templates(env=env)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from konduit.core.durations import format_elapsed
+from konduit.core.words import STEP_WORDS, step_word
 
-STEP_STATUSES = ("waiting", "active", "succeeded", "degraded", "failed", "timed_out", "skipped",
-                 "cancelled")
+STEP_STATUSES = STEP_WORDS  # the words the page shows (konduit.core.words), not the stored ones
 ATTEMPT_OUTCOMES = ("running", "waiting", "succeeded", "degraded", "retry", "failed", "timed_out", "lost",
                     "released", "cancelled")
 FINISHED = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
@@ -26,6 +26,14 @@ REPAIRABLE = frozenset({"degraded", "failed", "timed_out", "cancelled"})
 def secs(value: float | None) -> str:
     """Seconds as people read them (``0.412s``, ``12.3s``, ``4m05s``), ``—`` for nothing."""
     return format_elapsed(None if value is None else max(value, 0.0))
+
+
+def from_now(moment: datetime | None) -> str:
+    """``in 4m05s`` or ``12.3s ago`` (``—`` for nothing): a deadline or a timer, read at once."""
+    if moment is None:
+        return "—"
+    delta = (moment - datetime.now(UTC)).total_seconds()
+    return f"in {secs(delta)}" if delta >= 0 else f"{secs(-delta)} ago"
 
 
 def between(start: datetime | None, end: datetime | None) -> float | None:
@@ -90,7 +98,8 @@ def dag_layout(spec_steps: Sequence[Mapping[str, Any]], steps: Mapping[str, Mapp
     nodes = []
     for step in spec_steps:
         name, row = step["name"], steps.get(step["name"], {})
-        status = str(row.get("status", "waiting"))
+        # The word shown (pending, waiting, running...): the caller may have put it in "word".
+        status = str(row.get("word") or step_word(str(row.get("status", "waiting"))))
         detail = status
         total = row.get("tasks_total")
         if step.get("map") and total is not None:
@@ -122,6 +131,7 @@ class Bar:
     title: str
     took: str
     straggler: bool  # its step was a straggler of a join
+    generation: int = 1  # > 1: an attempt of a repair (generation - 1 is the repair's number)
 
 
 @dataclass(frozen=True)
@@ -139,6 +149,19 @@ class Band:
 
 
 @dataclass(frozen=True)
+class WaitBar:
+    """A durable wait (event, timer, child) drawn from its arming to its wake, or to now."""
+
+    step: str
+    kind: str
+    y: float
+    x: float
+    w: float
+    waiting: bool  # still waiting
+    text: str
+
+
+@dataclass(frozen=True)
 class Gantt:
     bars: list[Bar]
     bands: list[Band]
@@ -147,6 +170,7 @@ class Gantt:
     height: float
     span: float  # seconds shown
     window: float | None = None  # x of the execution's deadline_at when it falls on the chart
+    waits: tuple[WaitBar, ...] = ()
     label_w: int = LABEL_W
     row_h: int = ROW_H
     axis_h: int = AXIS_H
@@ -160,12 +184,15 @@ def nice_step(span: float, target: int = 8) -> float:
 
 
 def gantt(attempts: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, Any]],
-          origin: datetime, now: datetime, deadline_at: datetime | None = None) -> Gantt:
+          origin: datetime, now: datetime, deadline_at: datetime | None = None,
+          waits: Sequence[Any] = ()) -> Gantt:
     """One row per attempt (running ones end at ``now``), then one band per join that has seen a
-    branch end; x is seconds since ``origin`` (the execution's start)."""
+    branch end, then one bar per durable wait (``waits``: :class:`konduit.web.why.WaitSpan`);
+    x is seconds since ``origin`` (the execution's start)."""
     joins = sorted((s for s in steps if int(s["up_total"]) > 1 and s["first_upstream_at"]),
                    key=lambda s: s["first_upstream_at"])
-    ends = [a["finished_at"] or now for a in attempts] + [s["fired_at"] or now for s in joins]
+    ends = [a["finished_at"] or now for a in attempts] + [s["fired_at"] or now for s in joins] \
+        + [w.ended_at or now for w in waits]
     span = max([between(origin, e) or 0.0 for e in ends] + [0.001])
     scale = CHART_W / span
 
@@ -180,14 +207,16 @@ def gantt(attempts: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, An
         took = between(a["started_at"], end)
         where = a["step"] + (f"[{a['map_index']}]" if a["map_index"] else "")
         # A collapsed map step comes as one row with its own label (see summaries.map_bars).
-        label = a.get("label") or f"{where} #{a['attempt']}"
-        what = a.get("what") or f"{where} attempt {a['attempt']}"
+        generation = int(a.get("generation") or 1)
+        repair = f" repair {generation - 1}" if generation > 1 else ""
+        label = a.get("label") or f"{where} #{a['attempt']}{repair}"
+        what = a.get("what") or f"{where} attempt {a['attempt']}{repair}"
         title = f"{what}: {outcome} after {secs(took)}"
         if a["error"]:
             title += f" ({last_line(a['error'])})"
         bars.append(Bar(AXIS_H + i * ROW_H, x(a["started_at"]), max(2.0, x(end) - x(a["started_at"])),
                         a["step"], int(a["attempt"]), outcome, label, title,
-                        secs(took), a["step"] in stragglers))
+                        secs(took), a["step"] in stragglers, generation))
     bands = []
     for j, s in enumerate(joins, start=len(attempts)):
         fired = s["fired_at"]
@@ -202,6 +231,13 @@ def gantt(attempts: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, An
              for k in range(int(span / step + 1e-9) + 1)]
     to_window = between(origin, deadline_at)
     window = x(deadline_at) if deadline_at and to_window is not None and 0 <= to_window <= span else None
-    rows = len(attempts) + len(bands)
+    wait_bars = []
+    for k, w in enumerate(waits, start=len(attempts) + len(bands)):
+        left = x(w.started_at)
+        took = between(w.started_at, w.ended_at or now)
+        text = f"waits for {w.what}: {secs(took)}{' so far' if w.ended_at is None else ''}"
+        wait_bars.append(WaitBar(w.step, w.kind, AXIS_H + k * ROW_H, left,
+                                 max(2.0, x(w.ended_at or now) - left), w.ended_at is None, text))
+    rows = len(attempts) + len(bands) + len(wait_bars)
     return Gantt(bars, bands, ticks, LABEL_W + CHART_W + 16, AXIS_H + rows * ROW_H + 8, span,
-                 window)
+                 window, tuple(wait_bars))

@@ -529,3 +529,13 @@ ORDER BY step, generation DESC, map_index;
 SELECT id FROM konduit_tasks
 WHERE id = %(id)s
   AND konduit_lease_or_hedge_held(status, lease_token, hedge_token, %(lease_token)s);
+
+-- name: task_retry_now_if_in_backoff
+-- An operator's "retry now": a task waiting out the backoff after a failed attempt becomes
+-- claimable at once. Re-checked in this statement: it is still ready, of this execution, after
+-- a failed attempt, and its next try is still ahead (a worker may have claimed it since).
+UPDATE konduit_tasks
+SET run_at = clock_timestamp()
+WHERE id = %(id)s AND execution_id = %(execution_id)s
+  AND status = 'ready' AND attempt > 0 AND run_at > clock_timestamp()
+RETURNING id, queue;
