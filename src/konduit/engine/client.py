@@ -22,7 +22,7 @@ from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
-from konduit.engine import retention, waits, webhooks
+from konduit.engine import migration, retention, waits, webhooks
 from konduit.engine.advancer import Advancer
 from konduit.engine.alerting import list_alerts
 from konduit.engine.finish import stop_execution
@@ -46,6 +46,7 @@ from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
     KonduitError,
+    MigrationRefused,
     WorkflowVersionConflict,
 )
 from konduit.observe.alerts import AlertRecord
@@ -63,6 +64,7 @@ from konduit.records import (
     FailedAttempt,
     MapItem,
     MapStepCounts,
+    MigrationRecord,
     OpenAttempt,
     OutputVersion,
     ParentLink,
@@ -280,6 +282,42 @@ class Client:
         eid = coerce_execution_id(execution_id)
         async with self.db.transaction() as tx:
             return await repair_in(tx, self.registry, eid, max_payload_bytes=self.max_payload_bytes)
+
+    async def migrate(self, execution_id: UUID | str, to_version: int) -> MigrationRecord:
+        """Move a running execution to version ``to_version`` of its workflow, in one
+        transaction (docs/migrating-executions.md). Allowed when every step that started or
+        ended exists in that version with the same upstreams; the rest of the execution then
+        follows the new version's DAG. Raises :class:`~konduit.MigrationRefused` naming the
+        step at fault otherwise. Both versions must be registered in the database (this
+        client's own definition of ``to_version`` is registered first, when it has one)."""
+        eid = coerce_execution_id(execution_id)
+        row = await self.db.one("execution_get", id=eid)
+        if row is None:
+            raise ExecutionNotFound(f"no execution with id {eid}")
+        code = migration.target_code(self.registry, row["workflow_name"], to_version) \
+            if isinstance(to_version, int) else None
+        if code is not None:
+            await self.register(code)
+        return await self.db.atomic(lambda tx: migration.migrate_in(
+            tx, self.registry, eid, to_version, max_payload_bytes=self.max_payload_bytes))
+
+    async def migrate_workflow(self, workflow: str, from_version: int,
+                               to_version: int) -> builtins.list[MigrationRecord]:
+        """Migrate every running execution of ``workflow`` at ``from_version``, each in its own
+        transaction, oldest first: a refused one is reported (``migrated=False`` with the
+        reason and step) and the others go on."""
+        ids = await self.db.atomic(
+            lambda tx: migration.running_of_version(tx, workflow, from_version))
+        done: builtins.list[MigrationRecord] = []
+        for eid in ids:
+            try:
+                done.append(await self.migrate(eid, to_version))
+            except MigrationRefused as refused:
+                done.append(MigrationRecord(
+                    execution_id=eid, workflow=workflow, from_version=from_version,
+                    to_version=to_version, migrated=False, reason=str(refused),
+                    step=refused.step))
+        return done
 
     async def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
         """Every output version of an execution (repairs add versions), oldest first."""
