@@ -16,10 +16,12 @@ from uuid import UUID
 
 import pytest
 
-import konduit
 from konduit.bench.harness import LoopThread, claim
+from konduit.core.model import TaskAttempt
+from konduit.db.database import Database
 from konduit.engine.client import Client
 from konduit.engine.completer import Recorded, record
+from konduit.engine.registry import Registry
 from konduit.records import MigrationRecord
 from tests.support.migrating import run_ready, task_rows, versioned
 
@@ -28,6 +30,31 @@ pytestmark = pytest.mark.storage
 V1 = {"root": [], "b0": ["root"], "b1": ["root"], "j": ["b0", "b1"]}
 V2 = {**V1, "f": ["b0", "b1"], "e": ["j"]}
 TRIALS = 100
+
+
+async def lease(db: Database, registry: Registry, eid: UUID) -> list[TaskAttempt]:
+    """Run the root of ``eid`` and lease both branches."""
+    (root,) = await claim(db, registry, 1)
+    assert root.step == "root" and root.execution_id == eid
+    outcome, _ = await record(db, registry, root.completion(
+        "succeeded", payload_json="1", payload=1))
+    assert outcome is Recorded.ENDED
+    return sorted(await claim(db, registry, 2), key=lambda task: task.step)
+
+
+async def complete(db: Database, registry: Registry, task: TaskAttempt,
+                   barrier: threading.Barrier) -> Recorded:
+    barrier.wait(timeout=30)  # blocks this loop thread only, which runs nothing else
+    outcome, _ = await record(db, registry, task.completion(
+        "succeeded", payload_json="1", payload=1))
+    return outcome
+
+
+async def migrate(db: Database, registry: Registry, eid: UUID,
+                  barrier: threading.Barrier) -> MigrationRecord:
+    client = Client(db, registry)
+    barrier.wait(timeout=30)
+    return await client.migrate(eid, 2)
 
 
 def test_joins_fire_exactly_once_when_a_migration_races_the_branches(make_app):
@@ -39,35 +66,14 @@ def test_joins_fire_exactly_once_when_a_migration_races_the_branches(make_app):
     try:
         for trial in range(TRIALS):
             eid = app.start("flow", version=1).id
-
-            async def lease() -> list[konduit.core.model.TaskAttempt]:
-                (root,) = await claim(main.db, registry, 1)
-                assert root.step == "root" and root.execution_id == eid
-                outcome, _ = await record(main.db, registry, root.completion(
-                    "succeeded", payload_json="1", payload=1))
-                assert outcome is Recorded.ENDED
-                return sorted(await claim(main.db, registry, 2), key=lambda t: t.step)
-
-            branches = main.run(lease())
+            branches = main.run(lease(main.db, registry, eid))
             assert [b.step for b in branches] == ["b0", "b1"]
             barrier = threading.Barrier(3)
-
-            async def complete(lt: LoopThread, task: konduit.core.model.TaskAttempt) -> object:
-                barrier.wait(timeout=30)
-                outcome, _ = await record(lt.db, registry, task.completion(
-                    "succeeded", payload_json="1", payload=1))
-                return outcome
-
-            async def migrate(lt: LoopThread, execution: UUID) -> MigrationRecord:
-                client = Client(lt.db, registry)
-                barrier.wait(timeout=30)
-                return await client.migrate(execution, 2)
-
-            futures = [threads[0].submit(complete(threads[0], branches[0])),
-                       threads[1].submit(complete(threads[1], branches[1])),
-                       threads[2].submit(migrate(threads[2], eid))]
+            futures = [threads[i].submit(complete(threads[i].db, registry, branches[i], barrier))
+                       for i in (0, 1)]
+            migrating = threads[2].submit(migrate(threads[2].db, registry, eid, barrier))
             ended = [futures[0].result(timeout=60), futures[1].result(timeout=60)]
-            moved = futures[2].result(timeout=60)
+            moved = migrating.result(timeout=60)
             assert ended == [Recorded.ENDED, Recorded.ENDED]
             assert isinstance(moved, MigrationRecord) and moved.migrated, trial
             where_f_fired["migration" if "f" in moved.started else "completion"] += 1
