@@ -9,6 +9,7 @@ import konduit
 from konduit.bench.harness import claim
 from konduit.core.model import Command
 from konduit.db.database import Database
+from konduit.engine.client import Client
 from konduit.engine.completer import Recorded, record
 from konduit.engine.registry import Registry
 
@@ -49,3 +50,8 @@ async def task_rows(db: Database, execution_id: UUID) -> list[dict[str, object]]
             "SELECT step, status, workflow FROM konduit_tasks WHERE execution_id = %s ORDER BY id",
             (execution_id,))
         return [dict(r) for r in await cur.fetchall()]
+
+
+async def register(db: Database, registry: Registry) -> None:
+    """Record every version of ``registry`` in the database, as a worker does when it starts."""
+    await Client(db, registry).register_all()

@@ -16,6 +16,7 @@ import konduit
 from konduit.cli import (
     alerts,
     executions,
+    migrating,
     observe,
     operate,
     retention,
@@ -64,6 +65,7 @@ cli.command("list")(executions.list_executions)
 cli.command()(executions.cancel)
 cli.command("send-event")(waits.send_event)
 cli.command()(executions.repair)
+cli.command()(migrating.migrate)
 cli.command("dead-letters")(executions.dead_letters)
 cli.command()(retention.prune)
 cli.command()(observe.dashboard)
