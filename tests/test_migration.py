@@ -133,3 +133,27 @@ def test_migrate_all_running_executions_of_a_version(make_app, loop):
         == [(past_b.id, False, "b"), (fresh.id, True, None)]
     assert "does not exist in version 2" in (records[0].reason or "")
     assert app.status(fresh.id).version == 2 and app.status(past_b.id).version == 1
+
+
+def test_a_map_step_added_in_v2_fans_out_at_migration_and_kinds_must_match(make_app, loop):
+    def define(version: int, m: str | None) -> konduit.Workflow:
+        wf = konduit.Workflow("mapping", version=version)
+        wf.step(name="a")(lambda ctx: "a")
+        wf.step(name="b", after=["a"])(lambda ctx: "b")
+        if m == "map":
+            wf.map(name="m", after=["a"], over=lambda out: [1, 2, 3])(lambda ctx: ctx.item)
+        elif m == "plain":
+            wf.step(name="m", after=["a"])(lambda ctx: None)
+        return wf
+
+    app = make_app(define(1, None), define(2, "map"), define(3, "plain"))
+    handle = app.start("mapping", version=1)
+    assert loop.run(run_ready(loop.db, app.registry)) == ["a"]  # b is ready now
+    moved = app.migrate(handle.id, to_version=2)
+    assert moved.started == ("m",) and moved.added == ("m",)
+    items = sorted((t.map_index, t.status) for t in app.tasks(handle.id) if t.step == "m")
+    assert items == [(0, "ready"), (1, "ready"), (2, "ready")]
+    with pytest.raises(konduit.MigrationRefused, match="step 'm' has started or ended as a map "
+                       "step but is a plain step in version 3") as info:
+        app.migrate(handle.id, to_version=3)
+    assert info.value.step == "m"

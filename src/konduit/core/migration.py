@@ -37,7 +37,7 @@ class StepShape:
     after: tuple[str, ...]
     join: Join
     required: bool
-    kind: str  # "step", "map", or "wait:<event|timer|child>"
+    kind: str  # "plain", "map", or "wait:<event|timer|child>"
 
     @property
     def is_map(self) -> bool:
@@ -74,7 +74,7 @@ class Shape:
         for raw in spec["steps"]:
             join = raw.get("join") or {}
             wait = raw.get("wait")
-            kind = "map" if raw.get("map") else f"wait:{wait['kind']}" if wait else "step"
+            kind = "map" if raw.get("map") else f"wait:{wait['kind']}" if wait else "plain"
             steps[raw["name"]] = StepShape(
                 name=raw["name"],
                 after=tuple(raw.get("after") or ()),
