@@ -46,7 +46,6 @@ from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
     KonduitError,
-    MigrationRefused,
     WorkflowVersionConflict,
 )
 from konduit.observe.alerts import AlertRecord
@@ -285,39 +284,19 @@ class Client:
 
     async def migrate(self, execution_id: UUID | str, to_version: int) -> MigrationRecord:
         """Move a running execution to version ``to_version`` of its workflow, in one
-        transaction (docs/migrating-executions.md). Allowed when every step that started or
-        ended exists in that version with the same upstreams; the rest of the execution then
-        follows the new version's DAG. Raises :class:`~konduit.MigrationRefused` naming the
-        step at fault otherwise. Both versions must be registered in the database (this
-        client's own definition of ``to_version`` is registered first, when it has one)."""
-        eid = coerce_execution_id(execution_id)
-        row = await self.db.one("execution_get", id=eid)
-        if row is None:
-            raise ExecutionNotFound(f"no execution with id {eid}")
-        code = migration.target_code(self.registry, row["workflow_name"], to_version) \
-            if isinstance(to_version, int) else None
-        if code is not None:
-            await self.register(code)
-        return await self.db.atomic(lambda tx: migration.migrate_in(
-            tx, self.registry, eid, to_version, max_payload_bytes=self.max_payload_bytes))
+        transaction; raises :class:`~konduit.MigrationRefused` naming the step at fault (see
+        :mod:`konduit.engine.migration`, docs/migrating-executions.md)."""
+        return await migration.migrate(self.db, self.registry, coerce_execution_id(execution_id),
+                                       to_version, register=self.register,
+                                       max_payload_bytes=self.max_payload_bytes)
 
     async def migrate_workflow(self, workflow: str, from_version: int,
                                to_version: int) -> builtins.list[MigrationRecord]:
         """Migrate every running execution of ``workflow`` at ``from_version``, each in its own
-        transaction, oldest first: a refused one is reported (``migrated=False`` with the
-        reason and step) and the others go on."""
-        ids = await self.db.atomic(
-            lambda tx: migration.running_of_version(tx, workflow, from_version))
-        done: builtins.list[MigrationRecord] = []
-        for eid in ids:
-            try:
-                done.append(await self.migrate(eid, to_version))
-            except MigrationRefused as refused:
-                done.append(MigrationRecord(
-                    execution_id=eid, workflow=workflow, from_version=from_version,
-                    to_version=to_version, migrated=False, reason=str(refused),
-                    step=refused.step))
-        return done
+        transaction; a refused one comes back with ``migrated=False`` and the reason."""
+        return await migration.migrate_all(self.db, self.registry, workflow, from_version,
+                                           to_version, register=self.register,
+                                           max_payload_bytes=self.max_payload_bytes)
 
     async def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
         """Every output version of an execution (repairs add versions), oldest first."""

@@ -18,6 +18,7 @@ that code is not there.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from uuid import UUID
 
@@ -25,7 +26,7 @@ from konduit.core.advance import ExecutionState
 from konduit.core.migration import MigrationPlan, Shape, plan_migration
 from konduit.core.model import ExecutionStatus, TaskStatus
 from konduit.core.workflow import WorkflowSpec
-from konduit.db.database import Row, Tx
+from konduit.db.database import Database, Row, Tx
 from konduit.engine.advancer import Advancer
 from konduit.engine.finish import finish_execution
 from konduit.engine.outputs import final_output
@@ -39,6 +40,9 @@ from konduit.errors import (
     WorkflowVersionConflict,
 )
 from konduit.records import MigrationRecord
+
+Register = Callable[[WorkflowSpec], Awaitable[None]]
+"""Record a definition in ``konduit_workflows`` (:meth:`konduit.engine.client.Client.register`)."""
 
 
 def target_code(registry: Registry, name: str, version: int) -> WorkflowSpec | None:
@@ -161,8 +165,37 @@ async def _write_steps(tx: Tx, eid: UUID, plan: MigrationPlan, new: Shape,
                            "the execution lock during a migration")
 
 
-async def running_of_version(tx: Tx, name: str, version: int) -> list[UUID]:
-    """The running executions of ``name`` at ``version``, oldest first."""
-    rows = await tx.all("execution_list_running_of_version", workflow_name=name,
-                        workflow_version=version)
-    return [r["id"] for r in rows]
+async def migrate(db: Database, registry: Registry, eid: UUID, to_version: int, *,
+                  register: Register, max_payload_bytes: int) -> MigrationRecord:
+    """:func:`migrate_in` in a transaction of its own. The caller's own definition of the
+    target version, when it has one, is registered first (``register``: the client's, which
+    refuses a different definition under the same version)."""
+    row = await db.one("execution_get", id=eid)
+    if row is None:
+        raise ExecutionNotFound(f"no execution with id {eid}")
+    code = target_code(registry, row["workflow_name"], to_version) \
+        if isinstance(to_version, int) else None
+    if code is not None:
+        await register(code)
+    return await db.atomic(lambda tx: migrate_in(tx, registry, eid, to_version,
+                                                 max_payload_bytes=max_payload_bytes))
+
+
+async def migrate_all(db: Database, registry: Registry, workflow: str, from_version: int,
+                      to_version: int, *, register: Register,
+                      max_payload_bytes: int) -> list[MigrationRecord]:
+    """Migrate every running execution of ``workflow`` at ``from_version``, oldest first, each
+    in its own transaction: a refused one is reported (``migrated=False``, the reason and the
+    step) and the others go on."""
+    rows = await db.all("execution_list_running_of_version", workflow_name=workflow,
+                        workflow_version=from_version)
+    done: list[MigrationRecord] = []
+    for eid in (r["id"] for r in rows):
+        try:
+            done.append(await migrate(db, registry, eid, to_version, register=register,
+                                      max_payload_bytes=max_payload_bytes))
+        except MigrationRefused as refused:
+            done.append(MigrationRecord(
+                execution_id=eid, workflow=workflow, from_version=from_version,
+                to_version=to_version, migrated=False, reason=str(refused), step=refused.step))
+    return done
