@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 import konduit
-from konduit.bench.harness import LoopThread
+from konduit.bench.harness import LoopThread, claim
+from konduit.engine.completer import Recorded, record
 from tests.support.migrating import run_ready, task_rows, versioned
 
 pytestmark = pytest.mark.storage
@@ -157,3 +158,26 @@ def test_a_map_step_added_in_v2_fans_out_at_migration_and_kinds_must_match(make_
                        "step but is a plain step in version 3") as info:
         app.migrate(handle.id, to_version=3)
     assert info.value.step == "m"
+
+
+def test_a_new_step_that_the_routing_already_left_out_ends_skipped(make_app, loop):
+    app = make_app(versioned(1, {"a": [], "b": ["a"], "c": ["a"]}),
+                   versioned(2, {"a": [], "b": ["a"], "c": ["a"], "d": ["a"], "e": ["b"]}))
+    handle = app.start("flow", version=1)
+
+    async def route_a_to_b() -> None:
+        (a,) = await claim(loop.db, app.registry, 1)
+        outcome, _ = await record(loop.db, app.registry, a.completion(
+            "succeeded", payload_json='"a"', payload="a", routes=("b",)))
+        assert outcome is Recorded.ENDED
+
+    loop.run(route_a_to_b())  # c is skipped, b ready
+    moved = app.migrate(handle.id, to_version=2)
+    assert moved.skipped == ("d",) and moved.started == () and set(moved.added) == {"d", "e"}
+    steps = {s.step: s for s in app.steps(handle.id)}
+    assert steps["d"].status == "skipped" and steps["d"].up_skipped == 1
+    assert loop.run(run_ready(loop.db, app.registry)) == ["b"]
+    assert loop.run(run_ready(loop.db, app.registry)) == ["e"]
+    assert handle.wait(timeout=10).outcomes == {"a": "succeeded", "b": "succeeded",
+                                                "c": "skipped", "d": "skipped",
+                                                "e": "succeeded"}

@@ -89,10 +89,14 @@ async def migrate_in(tx: Tx, registry: Registry, eid: UUID, to_version: int, *,
     # the target claim them from now on (refused below, rolled back, when one may not record).
     moved = await tx.all("task_relabel_unfinished_in_id_order", execution_id=eid, workflow=key)
     steps = await tx.all("step_list_for_migration", execution_id=eid)
-    routes = await tx.all("task_list_routes_latest", execution_id=eid)
     past = frozenset(s["step"] for s in steps if s["has_tasks"] or s["status"] != "waiting")
+    old = Shape.from_spec_json(source["spec"])
+    # Only a plain step's handler routes (a map's items and a wait do not): never read a map's
+    # million tasks for it.
+    routing = sorted(s for s in past if s in old and old[s].kind == "plain")
+    routes = await tx.all("task_list_routes_latest_of_steps", execution_id=eid, steps=routing)
     plan = plan_migration(
-        Shape.from_spec_json(source["spec"]), Shape.from_spec_json(target["spec"]),
+        old, Shape.from_spec_json(target["spec"]),
         {s["step"]: s["status"] for s in steps}, past,
         {r["step"]: None if r["routes"] is None else frozenset(r["routes"]) for r in routes})
     _refuse_unserved(moved, key)

@@ -11,23 +11,33 @@ ORDER BY s.step;
 -- name: task_relabel_unfinished_in_id_order
 -- A migration moves the ready, running and waiting tasks of an execution to the target version,
 -- so that only workers serving it claim them. Rows are locked in id order, the order every
--- multi-row task write takes; each says whether the live worker (and hedge worker) holding it
--- serves the target version (NULL: none holds it, or the worker is unknown or stopped).
+-- multi-row task write takes. Returns each running task, saying whether the live worker (and
+-- hedge worker) holding it serves the target (NULL: the worker is unknown or stopped), and one
+-- row per queue that has ready tasks now (step NULL): a map's million items return a few rows.
+-- plan: custom, as many rows as the execution has unfinished tasks (a map: every item).
 WITH moving AS (
     SELECT id FROM konduit_tasks
     WHERE execution_id = %(execution_id)s AND status IN ('ready', 'running', 'waiting')
     ORDER BY id
     FOR NO KEY UPDATE
+), moved AS (
+    UPDATE konduit_tasks t
+    SET workflow = %(workflow)s
+    FROM moving
+    WHERE t.id = moving.id AND t.status IN ('ready', 'running', 'waiting')
+    RETURNING t.step, t.status, t.queue, t.worker_id, t.hedge_worker_id
 )
-UPDATE konduit_tasks t
-SET workflow = %(workflow)s
-FROM moving
-WHERE t.id = moving.id AND t.status IN ('ready', 'running', 'waiting')
-RETURNING t.id, t.step, t.status, t.queue, t.worker_id, t.hedge_worker_id,
+SELECT m.step, m.status, m.queue, m.worker_id, m.hedge_worker_id,
     (SELECT %(workflow)s = ANY (w.workflows) FROM konduit_workers w
-     WHERE w.id = t.worker_id AND w.stopped_at IS NULL) AS worker_serves,
+     WHERE w.id = m.worker_id AND w.stopped_at IS NULL) AS worker_serves,
     (SELECT %(workflow)s = ANY (w.workflows) FROM konduit_workers w
-     WHERE w.id = t.hedge_worker_id AND w.stopped_at IS NULL) AS hedge_worker_serves;
+     WHERE w.id = m.hedge_worker_id AND w.stopped_at IS NULL) AS hedge_worker_serves
+FROM moved m
+WHERE m.status = 'running'
+UNION ALL
+SELECT DISTINCT NULL, 'ready', m.queue, NULL, NULL, NULL::bool, NULL::bool
+FROM moved m
+WHERE m.status = 'ready';
 
 -- name: step_delete_many_if_waiting
 -- A migration drops the steps of the old version that never started (still waiting).
@@ -81,3 +91,15 @@ FROM konduit_executions
 WHERE status = 'running' AND workflow_name = %(workflow_name)s
   AND workflow_version = %(workflow_version)s
 ORDER BY created_at, id;
+
+-- name: task_list_routes_latest_of_steps
+-- The routing choice of the latest task of each of these (plain) steps: a migration counts an
+-- edge a step routed away from as skipped. Each step's latest task is one index probe.
+SELECT u.step, r.routes
+FROM unnest(%(steps)s::text[]) AS u(step)
+CROSS JOIN LATERAL (
+    SELECT t.routes FROM konduit_tasks t
+    WHERE t.execution_id = %(execution_id)s AND t.step = u.step
+    ORDER BY t.generation DESC, t.map_index
+    LIMIT 1
+) r;
