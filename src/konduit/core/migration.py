@@ -18,8 +18,10 @@ tests/test_migration_properties.py.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, cast
 
 from konduit.core.advance import FAILURE_OUTCOMES, OK_OUTCOMES, OUTCOMES, StepState, join_verdict
@@ -60,7 +62,16 @@ class Shape:
         return step in self.steps
 
     def downstream(self, step: str) -> tuple[str, ...]:
-        return tuple(n for n in self.order if step in self.steps[n].after)
+        return self._below.get(step, ())
+
+    @cached_property
+    def _below(self) -> dict[str, tuple[str, ...]]:
+        # Once per shape, not per call: a join of 10,000 branches would make it quadratic.
+        below: dict[str, list[str]] = {}
+        for n in self.order:
+            for up in dict.fromkeys(self.steps[n].after):
+                below.setdefault(up, []).append(n)
+        return {n: tuple(d) for n, d in below.items()}
 
     @classmethod
     def of(cls, spec: WorkflowSpec) -> Shape:
@@ -87,17 +98,21 @@ class Shape:
 
 def _topological(steps: Mapping[str, StepShape]) -> tuple[str, ...]:
     """Kahn's order, ties in definition order (the stored spec is in that order already)."""
-    indegree = {n: len(s.after) for n, s in steps.items()}
+    below: dict[str, list[str]] = {n: [] for n in steps}
+    indegree = {n: 0 for n in steps}
+    for s in steps.values():
+        for up in dict.fromkeys(s.after):
+            below[up].append(s.name)
+            indegree[s.name] += 1
     order: list[str] = []
-    ready = [n for n, d in indegree.items() if d == 0]
+    ready = deque(n for n, d in indegree.items() if d == 0)
     while ready:
-        n = ready.pop(0)
+        n = ready.popleft()
         order.append(n)
-        for d, s in steps.items():
-            if n in s.after:
-                indegree[d] -= 1
-                if indegree[d] == 0:
-                    ready.append(d)
+        for d in below[n]:
+            indegree[d] -= 1
+            if indegree[d] == 0:
+                ready.append(d)
     return tuple(order)
 
 
