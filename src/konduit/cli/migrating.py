@@ -43,7 +43,7 @@ def _line(r: MigrationRecord) -> str:
 
 def migrate(
     execution_id: Annotated[str | None, typer.Argument(
-        metavar="[EXECUTION_ID]", help="The execution to migrate (or use --workflow).",
+        metavar="EXECUTION_ID", help="The execution to migrate (or use --workflow).",
         show_default=False)] = None,
     to: Annotated[int | None, typer.Option("--to", min=1, metavar="N",
                                            help="The version to move to.",
