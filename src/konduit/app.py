@@ -14,7 +14,7 @@ import signal
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 from uuid import UUID
 
 from konduit.core.durations import Duration, format_duration
@@ -28,12 +28,13 @@ from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
 from konduit.engine.retention import BATCH_SIZE, Prunable, retention_seconds
 from konduit.engine.starts import StartRequest, requests_of
-from konduit.errors import WorkflowDefinitionError
+from konduit.errors import KonduitError, WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.loop_thread import LoopThread
 from konduit.observe.alerts import AlertRecord
 from konduit.records import (
     DeadLetter,
+    MigrationRecord,
     OutputVersion,
     Payload,
     ScheduleRecord,
@@ -355,7 +356,38 @@ class App:
         ticks that passed while it was paused. False when it was not paused."""
         return self._do(lambda c: c.resume_schedule(name))
 
-    def migrate(self) -> builtins.list[str]:
+    @overload
+    def migrate(self) -> builtins.list[str]: ...
+
+    @overload
+    def migrate(self, execution_id: UUID | str, *, to_version: int) -> MigrationRecord: ...
+
+    def migrate(self, execution_id: UUID | str | None = None, *,
+                to_version: int | None = None) -> builtins.list[str] | MigrationRecord:
+        """Without arguments: apply the schema migrations this konduit needs and return the
+        ones applied.
+
+        ``migrate(execution_id, to_version=N)``: move a running execution to version ``N`` of
+        its workflow (docs/migrating-executions.md). Allowed when every step that started or
+        ended exists in version ``N`` with the same upstreams; the rest then follows version
+        ``N``'s DAG. Raises :class:`konduit.MigrationRefused` (``.step`` names the step at
+        fault) otherwise. See :meth:`konduit.engine.client.Client.migrate`."""
+        if execution_id is not None or to_version is not None:
+            if execution_id is None or to_version is None:
+                raise KonduitError("migrate(execution_id, to_version=N) needs both: the "
+                                   "execution and the version to move it to")
+            eid, target = execution_id, to_version
+            return self._do(lambda c: c.migrate(eid, target))
+        return self.migrate_schema()
+
+    def migrate_workflow(self, workflow: str, from_version: int,
+                         to_version: int) -> builtins.list[MigrationRecord]:
+        """Migrate every running execution of ``workflow`` at ``from_version`` to
+        ``to_version``, each on its own; refused ones come back with ``migrated=False`` and
+        the reason. See :meth:`konduit.engine.client.Client.migrate_workflow`."""
+        return self._do(lambda c: c.migrate_workflow(workflow, from_version, to_version))
+
+    def migrate_schema(self) -> builtins.list[str]:
         """Apply the schema migrations this konduit needs; returns the ones applied."""
 
         async def go() -> builtins.list[str]:

@@ -43,6 +43,16 @@ class WorkflowVersionConflict(KonduitError):
     """A different spec is already registered under the same (name, version)."""
 
 
+class MigrationRefused(KonduitError):
+    """A running execution cannot move to another version of its workflow: its past (a step that
+    started or ended) does not exist as it was in the target version, or the move is not
+    possible now. ``step`` names the step at fault (None when no step is)."""
+
+    def __init__(self, message: str, *, step: str | None = None):
+        super().__init__(message)
+        self.step = step
+
+
 class IdempotencyConflict(KonduitError):
     """An idempotency key was reused with a different input."""
 

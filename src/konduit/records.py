@@ -505,3 +505,22 @@ class OpenAttempt(Record):
     hedge: bool
     started_at: datetime
     running_for: float
+
+
+@dataclass(frozen=True)
+class MigrationRecord(Record):
+    """What migrating one running execution to another version of its workflow did
+    (:meth:`konduit.App.migrate`). ``migrated`` is False when it was refused (``reason``, and
+    the ``step`` at fault when one is) or already at that version (nothing changed)."""
+
+    execution_id: UUID
+    workflow: str
+    from_version: int
+    to_version: int
+    migrated: bool
+    added: tuple[str, ...] = ()  # steps only the target version has
+    dropped: tuple[str, ...] = ()  # steps of the old version that never started
+    started: tuple[str, ...] = ()  # steps whose join the migration found satisfied: now ready
+    skipped: tuple[str, ...] = ()  # steps every upstream routed away from: ended skipped
+    reason: str | None = None
+    step: str | None = None

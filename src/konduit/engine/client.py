@@ -22,7 +22,7 @@ from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
-from konduit.engine import retention, waits, webhooks
+from konduit.engine import migration, retention, waits, webhooks
 from konduit.engine.advancer import Advancer
 from konduit.engine.alerting import list_alerts
 from konduit.engine.finish import stop_execution
@@ -64,6 +64,7 @@ from konduit.records import (
     FailedAttempt,
     MapItem,
     MapStepCounts,
+    MigrationRecord,
     OpenAttempt,
     OpenTask,
     OutputVersion,
@@ -291,6 +292,22 @@ class Client:
         eid = await self.resolve(execution_id)
         async with self.db.transaction() as tx:
             return await repair_in(tx, self.registry, eid, max_payload_bytes=self.max_payload_bytes)
+
+    async def migrate(self, execution_id: UUID | str, to_version: int) -> MigrationRecord:
+        """Move a running execution to version ``to_version`` of its workflow, in one
+        transaction; raises :class:`~konduit.MigrationRefused` naming the step at fault (see
+        :mod:`konduit.engine.migration`, docs/migrating-executions.md)."""
+        return await migration.migrate(self.db, self.registry, await self.resolve(execution_id),
+                                       to_version, register=self.register,
+                                       max_payload_bytes=self.max_payload_bytes)
+
+    async def migrate_workflow(self, workflow: str, from_version: int,
+                               to_version: int) -> builtins.list[MigrationRecord]:
+        """Migrate every running execution of ``workflow`` at ``from_version``, each in its own
+        transaction; a refused one comes back with ``migrated=False`` and the reason."""
+        return await migration.migrate_all(self.db, self.registry, workflow, from_version,
+                                           to_version, register=self.register,
+                                           max_payload_bytes=self.max_payload_bytes)
 
     async def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
         """Every output version of an execution (repairs add versions), oldest first."""

@@ -183,6 +183,30 @@ class Repaired(BaseModel):
     status: ExecutionStatus
 
 
+class MigrateBody(BaseModel):
+    """Move a running execution to another version of its workflow."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    to_version: int = Field(ge=1, le=2**31 - 1, description="The version to move it to")
+
+
+class Migrated(BaseModel):
+    """What a migration did (docs/migrating-executions.md)."""
+
+    id: UUID
+    workflow: str
+    from_version: int
+    to_version: int
+    migrated: bool = Field(description="False when it was at that version already")
+    added: list[str] = Field(description="Steps only the target version has")
+    dropped: list[str] = Field(description="Steps of the old version that never started")
+    started: list[str] = Field(description="Steps whose join was satisfied: their tasks are "
+                               "ready now")
+    skipped: list[str] = Field(description="Steps every upstream routed away from")
+    status: ExecutionStatus
+
+
 class DeadLetter(BaseModel):
     task_id: int
     execution_id: UUID

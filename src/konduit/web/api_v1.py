@@ -28,10 +28,12 @@ from konduit.errors import (
     ExecutionNotFound,
     IdempotencyConflict,
     KonduitError,
+    MigrationRefused,
     NothingToRepair,
     PayloadError,
     StatsError,
     WorkflowNotFound,
+    WorkflowVersionConflict,
 )
 from konduit.web import api_models as m
 from konduit.web.problems import problem, problem_responses
@@ -47,12 +49,13 @@ NEEDS_APP = ("this server has no workflow code: {what} runs it, so start the das
 class Refused(Exception):
     """A request refused with a problem (turned into problem+json by the app's handler)."""
 
-    def __init__(self, status: int, detail: str, field: str | None = None):
+    def __init__(self, status: int, detail: str, field: str | None = None,
+                 step: str | None = None):
         super().__init__(detail)
-        self.status, self.detail, self.field = status, detail, field
+        self.status, self.detail, self.field, self.step = status, detail, field, step
 
     def response(self) -> JSONResponse:
-        return problem(self.status, self.detail, field=self.field)
+        return problem(self.status, self.detail, field=self.field, step=self.step)
 
 
 
@@ -243,6 +246,33 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             raise Refused(409, str(exc)) from None  # running, pending or cancelled
         status = (await statuses(client, [eid])).get(eid, "running")
         return m.Repaired(id=eid, rerun=rerun, status=status)  # type: ignore[arg-type]
+
+    @router.post("/executions/{execution_id}/migrate", response_model=m.Migrated,
+                 tags=["executions"], responses=problem_responses(404, 409))
+    async def migrate(execution_id: str, body: m.MigrateBody) -> m.Migrated:
+        """Move a running execution to version ``to_version`` of its workflow: allowed when
+        every step that started or ended exists there with the same upstreams (409 naming the
+        ``step`` otherwise). Without workflow code here, a migration that must start a step
+        at once is refused too (docs/migrating-executions.md)."""
+        client = await clients.get()
+        try:
+            eid = await client.resolve(execution_id)
+        except ExecutionNotFound as exc:
+            raise Refused(404, str(exc)) from None
+        if app is not None:  # the App's code starts what must start at once
+            client = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes)
+        try:
+            done = await client.migrate(eid, body.to_version)
+        except MigrationRefused as exc:
+            raise Refused(409, str(exc), step=exc.step) from None
+        except (WorkflowNotFound, WorkflowVersionConflict) as exc:
+            raise Refused(409, str(exc), field="body.to_version") from None
+        status = (await statuses(client, [eid])).get(eid, "running")
+        return m.Migrated(id=eid, workflow=done.workflow, from_version=done.from_version,
+                          to_version=done.to_version, migrated=done.migrated,
+                          added=list(done.added), dropped=list(done.dropped),
+                          started=list(done.started), skipped=list(done.skipped),
+                          status=status)  # type: ignore[arg-type]
 
     @router.post("/events", response_model=m.EventSent, tags=["executions"])
     async def send_event(body: m.EventBody) -> m.EventSent:

@@ -46,6 +46,8 @@ class Problem(BaseModel):
     detail: str
     field: str | None = Field(None, description="The request field at fault, when one is")
     errors: list[FieldError] | None = None
+    step: str | None = Field(None, description="The workflow step at fault, when one is "
+                             "(a refused migration)")
 
 
 def slug(status: int) -> str:
@@ -54,10 +56,10 @@ def slug(status: int) -> str:
 
 def problem(status: int, detail: str, *, title: str | None = None, field: str | None = None,
             errors: list[FieldError] | None = None,
-            headers: dict[str, str] | None = None) -> JSONResponse:
+            headers: dict[str, str] | None = None, step: str | None = None) -> JSONResponse:
     """A problem+json response."""
     body = Problem(type=f"urn:konduit:problem:{slug(status)}", title=title or TITLES.get(status, "Error"),
-                   status=status, detail=scrub(detail), field=field, errors=errors)
+                   status=status, detail=scrub(detail), field=field, errors=errors, step=step)
     return JSONResponse(body.model_dump(exclude_none=True), status_code=status,
                         media_type=PROBLEM_JSON, headers=headers)
 
