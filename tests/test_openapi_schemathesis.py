@@ -51,4 +51,5 @@ def test_schemathesis_finds_nothing(make_app: Callable[..., konduit.App], db_url
             capture_output=True, text=True, timeout=240, cwd=tmp_path)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-8000:]
-    assert "13 selected / 13 total" in output and "Tested: 13" in output, output[-3000:]
+    # 14: GET /executions/{id}/logs (attempt logs) is the 14th.
+    assert "14 selected / 14 total" in output and "Tested: 14" in output, output[-3000:]
