@@ -30,6 +30,8 @@ from tests.test_cli import _env, assert_clean_error, konduit_cli
 from tests.test_stats import SLOW_SECONDS, fan_in_workflow, run
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/none"
+# prometheus_client names a counter's family without its _total (its sample keeps it).
+COUNTERS = {"konduit_step_throttled_seconds", "konduit_step_throttled_claims"}
 Samples = dict[str, list[Sample]]
 
 
@@ -92,12 +94,14 @@ def test_metric_families_from_stats() -> None:
                         consecutive=1)
     families = {f.name: f for f in metric_families(stats, [
         {"workflow_name": "wf", "status": "failed", "executions": 1}])}
-    assert all(f.type == "gauge" for f in families.values())
+    # Counters (growing forever) end in _total; the window's counts are gauges.
+    assert all(f.type == ("counter" if f.name in COUNTERS else "gauge")
+               for f in families.values()), {f.name: f.type for f in families.values()}
     samples = {name: f.samples for name, f in families.items()}
     assert samples["konduit_step_duration_seconds"] == []  # no successful attempt: no value
     assert samples["konduit_step_seconds_since_success"] == []
     assert samples["konduit_join_dispatch_latency_seconds"] == []
-    assert value(samples, "konduit_step_lost_attempts_total", step="slow") == 1
+    assert value(samples, "konduit_step_lost_attempts", step="slow") == 1
     assert value(samples, "konduit_step_outcomes", outcome="failed") == 1
     assert value(samples, "konduit_join_fan_in_wait_seconds", quantile="0.95") == 0.5
     assert value(samples, "konduit_join_fan_in_alert", join="join") == 1
@@ -162,9 +166,9 @@ def test_exporter_serves_the_stats_of_a_real_history(make_app: Callable[..., kon
     assert max(p50, key=lambda step: p50[step]) == "slow" and p50["slow"] >= SLOW_SECONDS
     for quantile in ("0.5", "0.95", "0.99"):
         assert value(samples, "konduit_step_duration_seconds", step="slow", quantile=quantile) > 0
-    assert value(samples, "konduit_step_attempts_total", step="announce") == 2 * runs
-    assert value(samples, "konduit_step_retries_total", step="announce") == runs
-    assert value(samples, "konduit_step_lost_attempts_total", step="slow") == 0
+    assert value(samples, "konduit_step_attempts", step="announce") == 2 * runs
+    assert value(samples, "konduit_step_retries", step="announce") == runs
+    assert value(samples, "konduit_step_lost_attempts", step="slow") == 0
     assert value(samples, "konduit_step_outcomes", step="slow", outcome="succeeded") == runs
     assert 0 <= value(samples, "konduit_step_seconds_since_success", step="join") < 60
 

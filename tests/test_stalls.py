@@ -148,7 +148,7 @@ def test_a_stall_the_data_cannot_decide_stays_an_open_alert_everywhere(
 
         with serve(db_url, port=0) as exporter:
             samples = scrape(exporter.url)
-        assert value(samples, "konduit_stalls_total", workflow=wf.name, healed="false") == 1
+        assert value(samples, "konduit_stalls", workflow=wf.name, healed="false") == 1
         assert value(samples, "konduit_alerts_open", kind="execution_stalled") == 1
 
         site = create_app(database_client(db_url))

@@ -33,6 +33,7 @@ from konduit.logs import bind_worker
 from konduit.loop_thread import LoopThread
 from konduit.observe.alerts import AlertRecord
 from konduit.records import (
+    AttemptLog,
     DeadLetter,
     MigrationRecord,
     OutputVersion,
@@ -296,6 +297,11 @@ class App:
     def steps(self, execution_id: UUID | str) -> builtins.list[StepRecord]:
         """Every step of an execution with its join counters and timings (fan-in wait)."""
         return self._do(lambda c: c.steps(execution_id))
+
+    def attempt_logs(self, execution_id: UUID | str) -> builtins.list[AttemptLog]:
+        """What the execution's handlers logged (``logging`` and ``ctx.log``), attempt by
+        attempt, oldest first; attempts that logged nothing are left out."""
+        return self._do(lambda c: c.attempt_logs(execution_id))
 
     def dead_letters(self, limit: int = 50) -> builtins.list[DeadLetter]:
         """Tasks that failed for good (retries exhausted or non-retryable), newest first."""

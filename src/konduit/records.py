@@ -380,6 +380,22 @@ class AttemptRecord(Record):
 
 
 @dataclass(frozen=True)
+class AttemptLog(Record):
+    """What a handler logged during one attempt (``logging`` records and ``ctx.log`` lines),
+    bounded per attempt: ``records`` are dicts of ``at`` (seconds since the epoch), ``level``,
+    ``logger`` and ``message``; ``dropped`` counts the records past the bounds."""
+
+    step: str
+    map_index: int
+    generation: int
+    attempt: int
+    started_at: datetime
+    outcome: str | None
+    records: list[dict[str, Any]]
+    dropped: int
+
+
+@dataclass(frozen=True)
 class FailedAttempt(Record):
     """An attempt that ended with an error; ``failed_in_step`` counts all of its step's."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -9,6 +10,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
+
+from konduit.core.attempt_logs import AttemptLogs
+
+_handler_log = logging.getLogger("konduit.handler")
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR, "critical": logging.CRITICAL}
 
 
 @dataclass
@@ -30,6 +38,7 @@ class Context:
     scheduled_at: datetime | None = None  # the tick that started a scheduled execution (UTC)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _on_heartbeat: Callable[[], None] | None = field(default=None, repr=False)
+    _logs: AttemptLogs | None = field(default=None, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -59,3 +68,23 @@ class Context:
         deadline). Does nothing in a handler a worker runs with ``--isolation process``."""
         if self._on_heartbeat is not None:
             self._on_heartbeat()
+
+    def log(self, message: str, *args: Any, level: str = "info") -> None:
+        """Keep a line with this attempt (shown on the execution page beside its error, and
+        returned by ``Client.attempt_logs`` and ``GET /api/v1/executions/{id}/logs``), and write
+        it to the worker's log too. ``args`` are %-formatted into ``message`` as ``logging``
+        does; ``level`` is one of debug, info, warning, error, critical. Kept whatever level the
+        worker logs at, within the attempt's bounds (200 records, 64 KiB); records that
+        ``logging`` passes during the attempt are kept the same way."""
+        number = _LEVELS.get(level.lower()) if isinstance(level, str) else None
+        if number is None:
+            raise ValueError(f"ctx.log: level must be one of {', '.join(_LEVELS)}, "
+                             f"not {level!r}")
+        try:
+            text = str(message) % args if args else str(message)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"ctx.log: the message {message!r} does not take the arguments "
+                             f"given ({exc})") from None
+        if self._logs is not None:
+            self._logs.add(logging.getLevelName(number), text, logger="ctx.log")
+        _handler_log.log(number, "%s", text)

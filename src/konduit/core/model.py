@@ -22,6 +22,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from konduit.core.attempt_logs import AttemptLogs
+
 
 class ExecutionStatus(enum.StrEnum):
     """``konduit_executions.status``."""
@@ -181,6 +183,9 @@ class Completion:
     # lose and expire: set when this completion did not run the task's fallback; then it ends
     # no task whose fallback another worker started less than this many seconds ago.
     fallback_settle: float | None = None
+    # What the handler logged during the attempt (konduit.core.attempt_logs): None, or empty,
+    # when it logged nothing; stored with the attempt's end in the same transaction.
+    logs: AttemptLogs | None = None
 
     def __post_init__(self) -> None:
         if (self.command == Command.END) != (self.outcome is not None):

@@ -54,6 +54,7 @@ from konduit.observe.budgets import own_budgets
 from konduit.observe.plan import Plan, load_plan
 from konduit.observe.stats import Stats, load_stats
 from konduit.records import (
+    AttemptLog,
     AttemptRecord,
     ChildExecution,
     DeadLetter,
@@ -505,6 +506,14 @@ class Client:
         else:
             rows = await self.db.all("attempt_list_by_execution", execution_id=eid)
         return [AttemptRecord.from_row(r) for r in rows]
+
+    async def attempt_logs(self, execution_id: UUID | str, *,
+                           limit: int | None = None) -> builtins.list[AttemptLog]:
+        """What the handlers of an execution logged, attempt by attempt, oldest first (only
+        attempts that logged anything, at most ``limit`` of them; see ``Context.log``)."""
+        rows = await self.db.all("attempt_log_list_by_execution",
+                                 execution_id=coerce_execution_id(execution_id), limit=limit)
+        return [AttemptLog.from_row(r) for r in rows]
 
     async def failed_attempts(self, execution_id: UUID | str,
                               per_step: int) -> builtins.list[FailedAttempt]:

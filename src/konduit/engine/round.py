@@ -10,7 +10,7 @@ calls them:
    others' uncommitted writes, and none fires the join: seed 000);
 2. :meth:`~Round.fence` — each task ends only while its attempt's lease still holds it;
 3. :meth:`~Round.store_outputs` — payloads, content-addressed;
-4. :meth:`~Round.close_attempts` — the attempts that ended;
+4. :meth:`~Round.close_attempts` — the attempts that ended, and what their handlers logged;
 5. :meth:`~Round.read_join_state` — the counters of every step the round touches, one read;
 6. :meth:`~Round.decide` — :func:`konduit.core.advance.advance`, through each execution's
    :class:`~konduit.engine.advancer.Advancer`;
@@ -27,6 +27,7 @@ caller's claim and at commit: keep a new step from adding a wait of its own.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from uuid import UUID
@@ -177,6 +178,7 @@ class Round:
             errors=[c.error for c in closing],
             ages=[c.age_seconds for c in closing],
         )
+        await store_logs(tx, closing)
 
     async def read_join_state(self, tx: Tx) -> None:
         """Read, in one statement, the join state of every step the round touches (each ended
@@ -314,6 +316,7 @@ async def move(tx: Tx, c: Completion) -> Recorded:
         error=c.error,
         age_seconds=c.age_seconds,
     )
+    await store_logs(tx, [c])
     await tx.one("task_notify_ready", queue=row["queue"])
     return Recorded.RELEASED if c.command is Command.RELEASE else Recorded.RETRYING
 
@@ -328,4 +331,21 @@ async def close_dropped(tx: Tx, c: Completion) -> Recorded:
         error=c.error,
         age_seconds=c.age_seconds,
     )
+    await store_logs(tx, [c])
     return Recorded.DROPPED
+
+
+async def store_logs(tx: Tx, closed: Sequence[Completion]) -> None:
+    """Keep what the handlers logged during the attempts just closed in ``tx``, one statement
+    for all of them, sent with the round's other writes (no wait of its own); nothing at all
+    when none logged (the usual round)."""
+    logged = [c for c in closed if c.logs and c.lease_token is not None]
+    if not logged:
+        return
+    states = [c.logs.state() for c in logged if c.logs is not None]
+    await tx.send(
+        "attempt_log_insert_many_if_closed",
+        lease_tokens=[c.lease_token for c in logged],
+        records=[json.dumps(records, ensure_ascii=False) for records, _ in states],
+        droppeds=[dropped for _, dropped in states],
+    )

@@ -11,11 +11,24 @@ one connection pool kept for the process. A scrape never hangs and never
 fails: it is bounded by ``timeout``, and when the database cannot be read it answers with
 ``konduit_scrape_error 1`` (and no stale data).
 
-Every metric is a **gauge**, ``*_total`` ones included: they count tries and outcomes over the
-sliding ``--history`` window, so they go down as old executions leave it, which a Prometheus
-counter must never do (``rate()`` would read that as a reset). Read them as they are, or
-``delta()`` them; durations are in seconds; a value that does not exist yet (no successful
-attempt, a join that never fired) is left out rather than reported as 0.
+Counters are the numbers that only ever grow, and only they end in ``_total``:
+``konduit_stalls_total`` and the flow limits' ``konduit_step_throttled_seconds_total`` and
+``konduit_step_throttled_claims_total`` (kept in the database, so any exporter reads the same
+count). Every other metric is a **gauge**: the step counts (``konduit_step_attempts``,
+``konduit_step_retries``, ...) count tries and outcomes over the sliding ``--history`` window,
+so they go down as old executions leave it, which a counter must never do (``rate()`` would
+read that as a reset); read them as they are, or ``delta()`` them. Step durations and fan-in
+waits are quantiles of that window (a ``quantile`` label); a Prometheus histogram's buckets are
+counters, which a window that forgets cannot give. Durations are in seconds; a value that does
+not exist yet (no successful attempt, a join that never fired) is left out rather than reported
+as 0. The metrics to scale workers on are per queue (:mod:`konduit.observe.queue_metrics`).
+
+Renamed (CHANGELOG): the window gauges ``konduit_step_attempts_total``,
+``konduit_step_retries_total`` and ``konduit_step_lost_attempts_total`` are
+``konduit_step_attempts``, ``konduit_step_retries`` and ``konduit_step_lost_attempts``;
+``konduit_step_hedges_total`` and ``konduit_step_hedges_won_total``, which docs/hedging.md named,
+are still exported beside their new names ``konduit_step_hedges`` and ``konduit_step_hedges_won``
+for one release.
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ from types import TracebackType
 from typing import Any
 
 from prometheus_client import start_http_server
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from konduit.core.durations import Duration
@@ -41,6 +54,7 @@ from konduit.errors import MetricsError as MetricsError
 from konduit.errors import StatsError
 from konduit.loop_thread import LoopThread
 from konduit.observe.alerts import KINDS
+from konduit.observe.queue_metrics import QueueSeries
 from konduit.observe.stats import (
     DEFAULT_CONSECUTIVE,
     DEFAULT_FAN_IN_ALERT,
@@ -72,6 +86,17 @@ def _gauge(name: str, doc: str, labels: Sequence[str],
     return family
 
 
+def _counter(name: str, doc: str, labels: Sequence[str],
+             samples: Iterable[tuple[Sequence[str], float | None]]) -> CounterMetricFamily:
+    """A counter: ``name`` ends in ``_total``, and its value only ever grows."""
+    assert name.endswith("_total"), name
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for values, value in samples:
+        if value is not None:
+            family.add_metric(values, value)
+    return family
+
+
 def metric_families(stats: Stats, executions: Sequence[Row],
                     workers: Sequence[Row] = (), alerts: Sequence[Row] = (),
                     alert_counts: Sequence[Row] | None = None) -> list[Metric]:
@@ -90,17 +115,23 @@ def metric_families(stats: Stats, executions: Sequence[Row],
         _gauge("konduit_step_duration_seconds", "Duration of a step's successful attempts.",
                (*step, "quantile"), (((s.workflow, s.step, q), v) for s in b
                                      for q, v in (("0.5", s.p50), ("0.95", s.p95), ("0.99", s.p99)))),
-        _gauge("konduit_step_attempts_total", "Tries of a step (gauge: over the history window).",
+        _gauge("konduit_step_attempts", "Tries of a step over the history window.",
                step, (((s.workflow, s.step), s.attempts) for s in b)),
-        _gauge("konduit_step_retries_total", "Tries of a step that failed and were retried.",
-               step, (((s.workflow, s.step), s.retries) for s in b)),
-        _gauge("konduit_step_lost_attempts_total", "Tries of a step whose worker vanished.",
-               step, (((s.workflow, s.step), s.lost) for s in b)),
-        _gauge("konduit_step_hedges_total", "Hedge attempts of a step started beside a "
-               "straggler (hedge=), over the history window.",
+        _gauge("konduit_step_retries", "Tries of a step that failed and were retried, over the "
+               "history window.", step, (((s.workflow, s.step), s.retries) for s in b)),
+        _gauge("konduit_step_lost_attempts", "Tries of a step whose worker vanished, over the "
+               "history window.", step, (((s.workflow, s.step), s.lost) for s in b)),
+        _gauge("konduit_step_hedges", "Hedge attempts of a step started beside a straggler "
+               "(hedge=), over the history window.",
                step, (((s.workflow, s.step), s.hedges) for s in b)),
-        _gauge("konduit_step_hedges_won_total", "Hedge attempts of a step that finished first "
-               "and ended their task.", step, (((s.workflow, s.step), s.hedges_won) for s in b)),
+        _gauge("konduit_step_hedges_won", "Hedge attempts of a step that finished first and "
+               "ended their task, over the history window.",
+               step, (((s.workflow, s.step), s.hedges_won) for s in b)),
+        # The names docs/hedging.md gave them, kept one release (a gauge, despite _total).
+        _gauge("konduit_step_hedges_total", "Deprecated: konduit_step_hedges.",
+               step, (((s.workflow, s.step), s.hedges) for s in b)),
+        _gauge("konduit_step_hedges_won_total", "Deprecated: konduit_step_hedges_won.",
+               step, (((s.workflow, s.step), s.hedges_won) for s in b)),
         _gauge("konduit_step_outcomes", "Executions of a step by how the step ended.",
                (*step, "outcome"), (((s.workflow, s.step, o), s.outcomes.get(o, 0)) for s in b
                                     for o in OUTCOMES)),
@@ -171,7 +202,7 @@ def stall_family(rows: Sequence[Row]) -> Metric:
     fan-in decision moved the execution, ``false`` when it left an open ``execution_stalled``
     alert), from the rows of ``execution_stall_count_by_workflow``. It only ever grows: a real
     counter, kept in the database however many workers found the stalls."""
-    return _gauge("konduit_stalls_total", "Stalled executions the watchdog found (running, "
+    return _counter("konduit_stalls_total", "Stalled executions the watchdog found (running, "
                   "nothing can run), by workflow and whether its fan-in decision healed them.",
                   ("workflow", "healed"),
                   (((r["workflow"], "true" if r["healed"] else "false"), float(r["stalls"]))
@@ -217,12 +248,12 @@ def flow_families(stats: Stats) -> list[Metric]:
                "limit (fleet-wide).", labels, ((k, f.running) for k, f in rows)),
         _gauge("konduit_step_flow_ready", "Ready tasks of a limited step.", labels,
                ((k, f.ready) for k, f in rows)),
-        _gauge("konduit_step_throttled_seconds_total", "Seconds during which claims left ready "
+        _counter("konduit_step_throttled_seconds_total", "Seconds during which claims left ready "
                "tasks of the step for its limit (an ongoing stretch counts up to now).", labels,
                ((k, f.throttled_seconds) for k, f in rows)),
         _gauge("konduit_step_throttled", "1 while the step's limit holds ready tasks back.",
                labels, ((k, float(f.throttled_now)) for k, f in rows)),
-        _gauge("konduit_step_throttled_claims_total", "Claims that left ready tasks of the step "
+        _counter("konduit_step_throttled_claims_total", "Claims that left ready tasks of the step "
                "for its limit.", labels, ((k, f.throttled_claims) for k, f in rows)),
     ]
 
@@ -248,6 +279,8 @@ class KonduitCollector(Collector):
         self._waiting: list[Row] = []  # waiting tasks by kind, read with the stats
         self._stalls: list[Row] = []  # stalls found per workflow, read with the stats
         self._degraded: list[Row] = []  # the day's degraded share per workflow, likewise
+        self._queues: list[Row] = []  # ready, delayed and running tasks per queue, likewise
+        self._queue_series = QueueSeries()
         self._loop = LoopThread("konduit-metrics")
 
     async def _open(self) -> Database:
@@ -272,6 +305,7 @@ class KonduitCollector(Collector):
                 self._stalls = await self._db.all("execution_stall_count_by_workflow")
                 self._degraded = await self._db.all("workflow_degraded_share_for_names",
                                                     names=None, window_seconds=DEGRADED_WINDOW)
+                self._queues = await self._db.all("task_count_live_by_queue")
                 return stats, rows, workers, (alerts, counts), deliveries
             except BaseException:  # a fresh pool next time: no waiting out a broken one's retries
                 db, self._db = self._db, None
@@ -304,7 +338,8 @@ class KonduitCollector(Collector):
                 *metric_families(stats, rows, workers, alerts, counts),
                 webhook_family(deliveries), waiting_family(self._waiting),
                 stall_family(self._stalls),
-                *degraded_families(self._degraded)]
+                *degraded_families(self._degraded),
+                *self._queue_series.families(self._queues)]
         yield from families
         yield GaugeMetricFamily("konduit_scrape_error", "1 when this scrape could not read the "
                                 "database, else 0.", value=float(self._failing is not None))

@@ -119,6 +119,29 @@ class Attempt(BaseModel):
     hedge: bool | None = None
 
 
+class LogRecord(BaseModel):
+    """One line a handler logged during an attempt (masked like errors)."""
+
+    at: float  # seconds since the epoch
+    level: str
+    logger: str
+    message: str
+
+
+class AttemptLog(BaseModel):
+    """What a handler logged during one attempt; ``dropped`` records past the per-attempt
+    bounds (200 records, 64 KiB) were counted, not kept."""
+
+    step: str
+    map_index: int
+    generation: int
+    attempt: int
+    started_at: datetime
+    outcome: str | None = None
+    records: list[LogRecord]
+    dropped: int
+
+
 class OutputVersion(BaseModel):
     version: int
     status: str

@@ -215,6 +215,16 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             stalled=None if result.finished or (stall := await client.stall(result.id)) is None
             else m.AlertOut.model_validate(stall.to_json()))
 
+    @router.get("/executions/{execution_id}/logs", response_model=list[m.AttemptLog],
+                tags=["executions"], responses=problem_responses(404))
+    async def execution_logs(execution_id: str) -> list[m.AttemptLog]:
+        """What the execution's handlers logged (``logging`` and ``ctx.log``), attempt by
+        attempt, oldest first; attempts that logged nothing are left out."""
+        client = await clients.get()
+        result = await client.get(execution_id)  # 404 before anything else
+        return [m.AttemptLog.model_validate(a.to_dict())
+                for a in await client.attempt_logs(result.id)]
+
     @router.post("/executions/{execution_id}/cancel", response_model=m.Cancelled,
                  tags=["executions"], responses=problem_responses(404, 409))
     async def cancel(execution_id: str) -> m.Cancelled:

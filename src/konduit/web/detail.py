@@ -9,6 +9,7 @@ step carry their full traceback.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from konduit.engine.client import Client, ExecutionResult
@@ -19,6 +20,7 @@ Fields = dict[str, Any]
 """A record as the page's templates read it (konduit.records, turned into a dict)."""
 
 FAILURES_PER_STEP = 20  # tracebacks shown per step on the page; the items page has the rest
+LOGGED_ATTEMPTS = 100  # attempts whose logs the page shows; the API has them all
 
 
 @dataclass
@@ -40,6 +42,8 @@ class Detail:
     stall: AlertRecord | None = None  # the open execution_stalled alert: why nothing can run
     # step -> its task's budget, and what the window cut it from (konduit.core.budgets)
     budgets: dict[str, Fields] = field(default_factory=dict)
+    # what handlers logged, one entry per attempt that logged (``text``: the lines to show)
+    logs: list[Fields] = field(default_factory=list)
 
 
 async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool = False) -> Detail:
@@ -69,4 +73,23 @@ async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool 
                   None if (parent := await client.parent(result.id)) is None else parent.to_dict(),
                   [c.to_dict() for c in await client.children(result.id)],
                   None if result.finished else await client.stall(result.id),
-                  {b.step: b.to_dict() for b in await client.budgets(result.id)})
+                  {b.step: b.to_dict() for b in await client.budgets(result.id)},
+                  [log_fields(a.to_dict()) for a in await client.attempt_logs(
+                      result.id, limit=LOGGED_ATTEMPTS if collapse_maps else None)])
+
+
+def log_fields(entry: Fields) -> Fields:
+    """An attempt's logs as the page shows them: one line per record, its time (local, to the
+    millisecond), level, logger and message, then how many were dropped."""
+    lines = []
+    for r in entry["records"]:
+        try:
+            at = datetime.fromtimestamp(float(r.get("at", 0))).strftime("%H:%M:%S.%f")[:-3]
+        except (TypeError, ValueError, OverflowError, OSError):
+            at = "?"
+        lines.append(f"{at} {r.get('level', '')} {r.get('logger', '')}: {r.get('message', '')}")
+    if entry["dropped"]:
+        lines.append(f"… {entry['dropped']} more dropped (an attempt keeps 200 records, 64 KiB)")
+    return entry | {"text": "\n".join(lines),
+                    "key": (entry["step"], entry["map_index"], entry["generation"],
+                            entry["attempt"])}

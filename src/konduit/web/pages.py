@@ -157,7 +157,8 @@ def register(web: FastAPI, site: Site) -> None:
             repairable=d.result.status in ("succeeded", "failed", "timed_out")
             and any(s["status"] in views.REPAIRABLE for s in d.steps),
             cancellable=d.result.status == "running",
-            failures=d.failures, more_failures={s: n - shown_in[s] for s, n in failed_in.items()
+            failures=d.failures, logs_of={entry["key"]: entry for entry in d.logs},
+            more_failures={s: n - shown_in[s] for s, n in failed_in.items()
                                                 if n > shown_in[s]},
             statuses=views.STEP_STATUSES, outcomes=views.ATTEMPT_OUTCOMES,
             live=None if d.result.finished else f"/executions/{d.result.id}/live.json",

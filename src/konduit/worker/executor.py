@@ -20,6 +20,8 @@ from concurrent.futures import Future
 from typing import Any
 from uuid import UUID
 
+from konduit.core import attempt_logs
+from konduit.core.attempt_logs import AttemptLogs
 from konduit.core.context import Context
 from konduit.core.model import Command, Completion, Outcome, OutputSource, TaskAttempt
 from konduit.core.outcome import Ending, Final, RetryAt, Verdict, decide, policy_of
@@ -96,6 +98,7 @@ class Executor:
         fallback_timeout: float = 5.0,
     ):
         self.db = db
+        attempt_logs.install()  # what handlers log is kept with their attempts
         self.threads = HandlerThreads()
         self.isolation = isolation
         self.fallback_timeout = fallback_timeout
@@ -272,15 +275,23 @@ class Executor:
         (only ``CancelledError`` when the worker itself cancels the attempt). ``started`` is set
         once the handler has been handed its context.
 
-        Lines logged meanwhile carry the attempt's fields (:mod:`konduit.logs`); with tracing
-        on, the attempt is a span, current while the handler runs."""
-        with attempt_scope(task):
-            if self.tracer is None:
-                return await self._run(spec, task, ctx, started)
-            with self.tracer.attempt(spec.name, task) as span:
-                completion = await self._run(spec, task, ctx, started)
-                self.tracer.ended(span, completion)
-                return completion
+        Lines logged meanwhile carry the attempt's fields (:mod:`konduit.logs`) and are kept
+        with the attempt (:mod:`konduit.core.attempt_logs`); with tracing on, the attempt is a
+        span, current while the handler runs."""
+        logs = ctx._logs = AttemptLogs()
+        token = attempt_logs.enter(logs)
+        try:
+            with attempt_scope(task):
+                if self.tracer is None:
+                    completion = await self._run(spec, task, ctx, started)
+                else:
+                    with self.tracer.attempt(spec.name, task) as span:
+                        completion = await self._run(spec, task, ctx, started)
+                        self.tracer.ended(span, completion)
+        finally:
+            attempt_logs.leave(token)
+        # Most attempts log nothing: their completion carries no logs, and the round no rows.
+        return dataclasses.replace(completion, logs=logs) if logs else completion
 
     async def _run(
         self, spec: WorkflowSpec, task: TaskAttempt, ctx: Context, started: asyncio.Event | None

@@ -31,6 +31,9 @@ What the handler sees in the child:
   group: programs the handler started die with it (unless they left the group, like daemons).
   A program that reads the terminal would be stopped there (a background group): handlers
   should not.
+* What the handler logs (``logging`` and ``ctx.log``) is collected in the child and sent back
+  with its answer, so it is kept with the attempt as in a thread; a child killed (time limit,
+  cancel) takes its records with it.
 * Memory is the parent's, copied on write: whatever the handler changes (module globals,
   counters, caches) stays in the child. A result that arrives after the deadline does not exist
   here (the child is dead), so there is no late result to keep as with threads.
@@ -61,6 +64,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from konduit.core import attempt_logs
+from konduit.core.attempt_logs import AttemptLogs
 from konduit.core.context import Context
 from konduit.core.validation import readable_last_line
 from konduit.errors import KonduitError, NonRetryableError, PayloadError
@@ -247,6 +252,12 @@ def _child_main(fn: Callable[[Context], Any], ctx: Context, wfd: int, parent_pid
         _child_setup(parent_pid)
         # The callback belongs to the parent's worker: calling it here would touch its loop.
         ctx._on_heartbeat = None
+        # What the handler logs here is the parent's attempt's: collected afresh in this
+        # process and sent back beside the answer (konduit.core.attempt_logs).
+        logs = AttemptLogs() if attempt_logs.current() is not None else None
+        if logs is not None:
+            attempt_logs.make_current(logs)  # for good: this process ends with the handler
+            ctx._logs = logs
         try:
             result = fn(ctx)
         except Exception as exc:
@@ -259,6 +270,9 @@ def _child_main(fn: Callable[[Context], Any], ctx: Context, wfd: int, parent_pid
             message, status = _result_message(result), 0
         # Before the answer: once it is complete the parent stops waiting for this process.
         _flush_std_streams()
+        if logs:
+            records, dropped = logs.state()
+            message = pickle.dumps(("logs", records, dropped, message))
         _write_all(wfd, message)
     except BaseException:
         status = _EX_SOFTWARE
@@ -471,6 +485,12 @@ class _Child:
         (size,) = _HEADER.unpack_from(self.buffer)
         try:
             message = pickle.loads(bytes(self.buffer[_HEADER.size:_HEADER.size + size]))
+            if isinstance(message, tuple) and message and message[0] == "logs":
+                # The handler's log records, then its answer (read on the attempt's context).
+                _, records, dropped, inner = message
+                if (logs := attempt_logs.current()) is not None:
+                    logs.extend(records, dropped)
+                message = pickle.loads(inner)
         except Exception:
             return None
         return message if isinstance(message, tuple) and message else None

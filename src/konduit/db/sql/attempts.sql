@@ -76,3 +76,26 @@ FROM recent r
 JOIN konduit_attempts a ON a.task_id = r.id
 WHERE a.outcome = 'succeeded'
   AND a.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s);
+
+-- name: attempt_log_insert_many_if_closed
+-- Keep what handlers logged during attempts whose end this transaction recorded; an attempt
+-- still open (its end was not recorded: lease lost) keeps nothing, and a redelivery adds nothing.
+INSERT INTO konduit_attempt_logs (lease_token, records, dropped)
+SELECT u.lease_token, u.records::jsonb, u.dropped
+FROM unnest(%(lease_tokens)s::uuid[], %(records)s::text[], %(droppeds)s::integer[])
+    AS u(lease_token, records, dropped)
+JOIN konduit_attempts a ON a.lease_token = u.lease_token AND a.outcome IS NOT NULL
+ON CONFLICT (lease_token) DO NOTHING;
+
+-- name: attempt_log_list_by_execution
+-- What the handlers of one execution logged, attempt by attempt, oldest first, at most limit
+-- attempts (NULL: all).
+-- plan: custom, as many rows as the execution has attempts that logged (a map: every item).
+SELECT t.step, t.map_index, t.generation, a.attempt, a.started_at, a.outcome, l.records,
+       l.dropped
+FROM konduit_tasks t
+JOIN konduit_attempts a ON a.task_id = t.id
+JOIN konduit_attempt_logs l ON l.lease_token = a.lease_token
+WHERE t.execution_id = %(execution_id)s
+ORDER BY a.started_at, a.id
+LIMIT %(limit)s;
