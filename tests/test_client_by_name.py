@@ -281,3 +281,44 @@ def test_konduit_dashboard_serves_the_api_without_app(make_app: Callable[..., ko
         finally:
             served.terminate()
             served.wait(timeout=30)
+
+
+def test_repair_by_name_from_the_registered_definition(make_app: Callable[..., konduit.App],
+                                                       db_url: str) -> None:
+    """A repair needs no code either: the re-run steps are planned and started from the stored
+    definition, and the worker that has the code runs them."""
+    from tests.apps import api_app
+
+    api_app.HEALED.clear()
+    app = make_app(*api_app.WORKFLOWS)
+    with running_worker(app, poll_interval=0.05), konduit.Client(db_url) as client:
+        until(lambda: "api-flow@1" in registered(db_url), what="the worker's registration")
+        handle = client.start("api-flow", {"fail": True})
+        first = handle.wait(timeout=60)
+        assert first.outcomes["flaky"] == "failed" and first.output == ["fine"]
+        api_app.HEALED.set()
+        try:
+            assert sorted(client.repair(handle.id)) == ["end", "flaky"]
+            until(lambda: client.status(handle.id).output == ["fine", "flaky"], timeout=60,
+                  what="the repaired output")
+        finally:
+            api_app.HEALED.clear()
+
+
+def test_a_changed_input_schema_reaches_a_running_client(make_app: Callable[..., konduit.App],
+                                                        db_url: str) -> None:
+    """The input schema is policy: re-registering the same version with another one changes
+    what every start checks from then on, a long-lived code-less client's included."""
+    make_app(*typed_app.WORKFLOWS).start("typed-schema", {"n": 1})  # registers the strict one
+    with konduit.Client(db_url) as client:
+        with pytest.raises(konduit.InputValidationError, match="n: -1 is less than the minimum"):
+            client.start("typed-schema", {"n": -1})
+        looser = konduit.Workflow("typed-schema", version=1, input={"type": "object"})
+        looser.step(name="echo")(typed_app.echo)
+        make_app(looser).start("typed-schema", {"n": -2})  # the same DAG: same version
+        assert client.start("typed-schema", {"n": -1}).status().status in ("pending", "running")
+        unchecked = konduit.Workflow("typed-schema", version=1)
+        unchecked.step(name="echo")(typed_app.echo)
+        make_app(unchecked).start("typed-schema", "anything")
+        client.start("typed-schema", [1, 2])
+    assert count_executions(db_url) == 5

@@ -21,7 +21,7 @@ from konduit.core.repair_contract import RepairContract
 from konduit.core.waits import WaitSpec
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Database, Row
-from konduit.engine.registry import Registry, workflow_key
+from konduit.engine.registry import Registry
 from konduit.errors import KonduitError, WorkflowNotFound
 
 
@@ -82,12 +82,24 @@ def _hedge(spec: Any) -> Hedge | None:
     return Hedge(seconds=spec.get("after"), quantile=spec.get("quantile"))
 
 
-def spec_from_rows(row: Row, limits: list[Row]) -> WorkflowSpec:
+def spec_from_rows(row: Row, limits: list[list[Any]]) -> WorkflowSpec:
     """The definition registered as ``row`` (``workflow_get_with_input_schema``) with the flow
-    limits ``limits`` (``flow_limit_list_set_for_workflow``), its code replaced by stand-ins."""
+    limits in force ``limits`` (``[step, concurrency, rate_count, rate_seconds]`` each), its
+    code replaced by stand-ins. A definition this konduit cannot read raises
+    :class:`KonduitError` naming the workflow version."""
+    try:
+        return _rebuild(row, limits)
+    except (KeyError, TypeError, ValueError, KonduitError) as exc:
+        raise KonduitError(
+            f"the registered definition of workflow {row['name']!r} version {row['version']} "
+            f"cannot be read by this konduit ({type(exc).__name__}: {exc}); start it from a "
+            "process with its code, or upgrade konduit here") from exc
+
+
+def _rebuild(row: Row, limits: list[list[Any]]) -> WorkflowSpec:
     name, stored = row["name"], row["spec"] or {}
-    flows = {r["step"]: FlowLimit(r["concurrency"], r["rate_count"], r["rate_seconds"])
-             for r in limits}
+    flows = {step: FlowLimit(concurrency, rate_count, rate_seconds)
+             for step, concurrency, rate_count, rate_seconds in limits}
     steps: dict[str, StepSpec] = {}
     for s in stored.get("steps", []):
         step = s["name"]
@@ -122,6 +134,9 @@ class StoredSpecs:
     def __init__(self, registry: Registry):
         self.registry = registry
         self._loaded: dict[tuple[str, int], WorkflowSpec] = {}
+        # What each loaded spec was built from: (row version, limits), and the row itself.
+        self._built_from: dict[tuple[str, int], tuple[str, Any]] = {}
+        self._rows: dict[tuple[str, int], Row] = {}
         self._newest: dict[str, int] = {}
 
     def knows(self, name: str) -> bool:
@@ -161,15 +176,17 @@ class StoredSpecs:
             await self._not_found(db, name, version)
             return
         key = (name, int(head["version"]))
-        cached = self._loaded.get(key)
-        if cached is None or cached.spec_hash != head["spec_hash"]:
-            row = await db.one("workflow_get_with_input_schema", name=name, version=key[1])
-            if row is None:  # deleted between the two reads: as if never registered
-                await self._not_found(db, name, version)
-                return
-            limits = await db.all("flow_limit_list_set_for_workflow",
-                                  workflow=workflow_key(name, key[1]))
-            self._loaded[key] = spec_from_rows(row, limits)
+        stamp = (head["row_version"], head["limits"])
+        built = self._built_from.get(key)
+        if built is None or built != stamp:
+            row = self._rows.get(key)
+            if row is None or built is None or built[0] != stamp[0]:
+                row = await db.one("workflow_get_with_input_schema", name=name, version=key[1])
+                if row is None:  # deleted between the two reads: as if never registered
+                    await self._not_found(db, name, version)
+                    return
+            self._loaded[key] = spec_from_rows(row, head["limits"])
+            self._rows[key], self._built_from[key] = row, stamp
         if version is None:
             self._newest[name] = key[1]
 

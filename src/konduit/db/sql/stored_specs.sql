@@ -1,17 +1,27 @@
+-- fragment: workflow_head_columns
+-- What tells a code-less client whether its cached definition is still the registered one,
+-- without the spec: the row's version (xmin: any re-registration that changed it, its input
+-- schema included) and the flow limits in force, which change without touching the row.
+w.name, w.version, w.spec_hash, w.xmin::text AS row_version,
+(SELECT coalesce(jsonb_agg(jsonb_build_array(f.step, f.concurrency, f.rate_count,
+                                             f.rate_seconds) ORDER BY f.step), '[]'::jsonb)
+ FROM konduit_flow_limits f
+ WHERE f.workflow = w.name || '@' || w.version
+   AND (f.concurrency IS NOT NULL OR f.rate_count IS NOT NULL)) AS limits
+
 -- name: workflow_get_newest_head
--- The newest registered version of a workflow and its spec hash (not the spec): whether a
--- code-less client's cached definition is still the registered one.
-SELECT name, version, spec_hash
-FROM konduit_workflows
-WHERE name = %(name)s
-ORDER BY version DESC
+-- The newest registered version of a workflow, for a start by name without a version.
+SELECT {{workflow_head_columns}}
+FROM konduit_workflows w
+WHERE w.name = %(name)s
+ORDER BY w.version DESC
 LIMIT 1;
 
 -- name: workflow_get_head
--- One registered workflow version's spec hash (not the spec), for the same check.
-SELECT name, version, spec_hash
-FROM konduit_workflows
-WHERE name = %(name)s AND version = %(version)s;
+-- One registered workflow version, for a start (or repair) of that version.
+SELECT {{workflow_head_columns}}
+FROM konduit_workflows w
+WHERE w.name = %(name)s AND w.version = %(version)s;
 
 -- name: workflow_get_with_input_schema
 -- One registered workflow version whole: the spec a code-less client starts it from, and the
@@ -34,10 +44,3 @@ UPDATE konduit_workflows
 SET input_schema = %(input_schema)s
 WHERE name = %(name)s AND version = %(version)s AND spec_hash = %(spec_hash)s
   AND input_schema IS DISTINCT FROM %(input_schema)s;
-
--- name: flow_limit_list_set_for_workflow
--- The steps of one workflow version with a flow limit in force: a code-less start marks their
--- root tasks limited, so the claim enforces the limit as for a start by the App.
-SELECT step, concurrency, rate_count, rate_seconds
-FROM konduit_flow_limits
-WHERE workflow = %(workflow)s AND (concurrency IS NOT NULL OR rate_count IS NOT NULL);
