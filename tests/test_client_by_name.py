@@ -322,3 +322,27 @@ def test_a_changed_input_schema_reaches_a_running_client(make_app: Callable[...,
         make_app(unchecked).start("typed-schema", "anything")
         client.start("typed-schema", [1, 2])
     assert count_executions(db_url) == 5
+
+
+@pytest.mark.slow
+def test_konduit_start_without_app(make_app: Callable[..., konduit.App], db_url: str,
+                                   tmp_path: Path) -> None:
+    """``konduit start NAME`` needs no --app either; a bad --input is one line naming fields."""
+    make_app(*typed_app.WORKFLOWS).start("typed-schema", {"n": 0})  # registers them
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-I", "-m", "konduit.cli", "start", *args,
+                               "--database-url", db_url], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    bad = cli("typed-schema", "--input", '{"n": "x", "extra": 1}')
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr
+    assert "n: 'x' is not of type 'integer'" in bad.stderr and "extra: unexpected field" in bad.stderr
+    good = cli("typed-schema", "--input", '{"n": 5}')
+    assert good.returncode == 0, good.stderr
+    started = good.stdout.strip()
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT input FROM konduit_executions WHERE id = %s",
+                           (started,)).fetchone()
+    assert row is not None and row[0] == {"n": 5}
+    assert count_executions(db_url) == 2

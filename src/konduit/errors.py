@@ -63,8 +63,8 @@ class PayloadError(KonduitError):
 class InputValidationError(KonduitError):
     """A start's input does not match the workflow's declared ``input=`` (a Pydantic model or a
     JSON Schema): nothing was written. ``errors`` maps each field at fault (a dotted path such
-    as ``items.0.name``, ``(root)`` for the input itself) to what is wrong with it; the
-    message names them all."""
+    as ``items.0.name``, ``(root)`` for the input itself) to what is wrong with it (the first
+    100 faults); the message names the first 20."""
 
     def __init__(self, message: str, errors: dict[str, str] | None = None, *,
                  workflow: str | None = None):

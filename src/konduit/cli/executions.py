@@ -38,9 +38,10 @@ from konduit.records import StepRecord, TaskRecord
 
 def start(
     workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Name of the workflow to start.")],
-    app_spec: Annotated[str, typer.Option(
+    app_spec: Annotated[str | None, typer.Option(
         "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
-        help="module:attribute of the konduit.App that defines the workflow.")],
+        help="module:attribute of the konduit.App that defines the workflow (without it: the "
+        "definition a worker registered).", show_default=False)] = None,
     input: Annotated[str | None, typer.Option("--input", "-i", help="Input as JSON.")] = None,
     idempotency_key: Annotated[str | None, typer.Option(
         "--idempotency-key", "-k", help="Starting twice with the same key returns the same id.")
@@ -57,7 +58,8 @@ def start(
     error), 2 a bad command line, 124 --timeout passed while it still runs (it goes on).
     """
     payload = parse_json(input, "--input")
-    with opened(load_app(app_spec, reachable(database_url))) as app:
+    app = load_app(app_spec, reachable(database_url)) if app_spec else plain_app(database_url)
+    with opened(app):
         handle = app.start(workflow, payload, idempotency_key=idempotency_key, version=version)
         console.print(str(handle.id))
         if not wait:

@@ -11,13 +11,17 @@ model itself is used where the code is: a handler gets ``ctx.input`` as the mode
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
 from konduit.errors import InputValidationError, WorkflowDefinitionError
 
 MAX_LISTED = 20
-"""Fields one error message lists; ``errors`` holds every one."""
+"""Fields one error message lists; ``errors`` holds up to :data:`MAX_ERRORS`."""
+MAX_ERRORS = 100
+"""Faults collected at most: a hostile input (a million wrong items) is refused as fast, and
+its refusal (an HTTP problem lists every one) stays small."""
 
 _REQUIRED = re.compile(r"^'(?P<name>.+)' is a required property$")
 _UNEXPECTED = re.compile(r"\('(?P<names>.+)' (?:was|were) unexpected\)")
@@ -69,6 +73,11 @@ class InputType:
         return self.model.model_validate(value)
 
 
+def _where(error: Any) -> list[tuple[bool, Any]]:
+    """A fault's path as a sort key: list items in index order (2 before 10), then fields."""
+    return [(isinstance(p, str), p if isinstance(p, int) else str(p)) for p in error.path]
+
+
 class SchemaChecker:
     """A JSON Schema (draft 2020-12, as Pydantic writes it) compiled once, with errors by field.
 
@@ -90,9 +99,11 @@ class SchemaChecker:
         self._validator = cls(schema)
 
     def errors(self, value: Any) -> dict[str, str]:
-        """Each field at fault (dotted path, ``(root)`` for the input itself) and its problem."""
+        """Each field at fault (dotted path, ``(root)`` for the input itself) and its problem,
+        for the first :data:`MAX_ERRORS` faults."""
         found: dict[str, str] = {}
-        for error in sorted(self._validator.iter_errors(value), key=lambda e: list(map(str, e.path))):
+        faults = list(itertools.islice(self._validator.iter_errors(value), MAX_ERRORS))
+        for error in sorted(faults, key=_where):
             path = [str(p) for p in error.absolute_path]
             if error.validator == "required" and (m := _REQUIRED.match(error.message)):
                 found.setdefault(".".join([*path, m["name"]]), "field required")
