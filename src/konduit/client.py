@@ -148,7 +148,7 @@ class AsyncClient:
                                                     payload=payload)
 
     async def list(self, *, status: str | None = None, workflow: str | None = None,
-                   limit: int = 50) -> builtins.list[ExecutionResult]:
+                   limit: int = 100) -> builtins.list[ExecutionResult]:
         """Recent executions, newest first, optionally of one status and workflow."""
         return await (await self.core()).list(status=status, workflow=workflow, limit=limit)
 
@@ -239,7 +239,7 @@ class Client:
                                                  payload=payload))
 
     def list(self, *, status: str | None = None, workflow: str | None = None,
-             limit: int = 50) -> builtins.list[ExecutionResult]:
+             limit: int = 100) -> builtins.list[ExecutionResult]:
         """Recent executions, newest first, optionally of one status and workflow."""
         return self._call(self._async.list(status=status, workflow=workflow, limit=limit))
 

@@ -349,6 +349,11 @@ class Workflow(WaitSteps):
             raise WorkflowDefinitionError(
                 "cannot add a schedule after the workflow was compiled (by wf.spec, wf.compile() "
                 "or an App): define schedules before creating the App", workflow=self.name)
+        if self.input_type is not None:  # a tick would be refused at every start: say it now
+            try:
+                input = self.input_type.check(input)
+            except KonduitError as exc:
+                raise WorkflowDefinitionError(f"schedule input: {exc}", workflow=self.name) from exc
         made = define_schedule(self.name, self.version, cron=cron, every=every,
                                timezone=timezone, input=input, window=window, name=name,
                                missed=missed)
