@@ -81,7 +81,7 @@ def test_ctx_input_is_the_model_and_the_schema_is_not_in_the_hash() -> None:
 
 def test_a_schedules_input_is_checked_when_it_is_defined() -> None:
     wf = konduit.Workflow("w", input=Customer)
-    with pytest.raises(konduit.WorkflowDefinitionError, match="schedule input: .*score"):
+    with pytest.raises(konduit.WorkflowDefinitionError, match=r"schedule input: .*score"):
         wf.schedule(every="1h", input={"name": "a", "tier": "free", "score": 9})
     wf.schedule(every="1h", input=Customer(name="a", tier="free", score=1))  # stored as JSON
     assert wf.schedules[0].input == {"name": "a", "tier": "free", "score": 1.0, "address": None,
