@@ -305,6 +305,19 @@ def test_repair_by_name_from_the_registered_definition(make_app: Callable[..., k
             api_app.HEALED.clear()
 
 
+def test_a_repair_that_may_expand_a_map_needs_the_code(make_app: Callable[..., konduit.App],
+                                                        db_url: str) -> None:
+    """Expanding a map runs its ``over=`` code where the repair runs: without the code the
+    repair is refused, and the execution is left as it was."""
+    app = make_app(typed_app.fan)
+    with running_worker(app):
+        done = app.start("typed-map").wait(timeout=60)
+    with konduit.Client(db_url) as client, \
+            pytest.raises(konduit.KonduitError, match=r"needs its code: its map step\(s\) double"):
+        client.repair(done.id)
+    assert app.status(done.id).status == "succeeded"
+
+
 def test_a_changed_input_schema_reaches_a_running_client(make_app: Callable[..., konduit.App],
                                                         db_url: str) -> None:
     """The input schema is policy: re-registering the same version with another one changes

@@ -67,5 +67,18 @@ async def held(ctx: konduit.Context) -> str:
     return "released"
 
 
+fan = konduit.Workflow("typed-map", version=1)
+
+
+@fan.step()
+def items(ctx: konduit.Context) -> list[int]:
+    return [1, 2, 3]
+
+
+@fan.map(after=[items], over=lambda out: out)
+def double(ctx: konduit.Context) -> int:
+    return int(ctx.item) * 2
+
+
 WORKFLOWS = [order, counted, hold]
 app = konduit.App(WORKFLOWS)

@@ -41,7 +41,7 @@ from konduit.engine.starts import (
     requests_of,
 )
 from konduit.engine.step_rows import state_columns
-from konduit.engine.stored import SpecSource, StoredSpecs
+from konduit.engine.stored import SpecSource, StoredSpecs, refuse_map_repair_without_code
 from konduit.engine.waits import SendResult
 from konduit.errors import (
     ExecutionFailed,
@@ -306,9 +306,9 @@ class Client:
         row = await self.db.one("execution_get", id=eid)
         if row is None:
             raise ExecutionNotFound(f"no execution with id {eid}")
-        # Without the workflow's code, from its registered definition (a re-run map step still
-        # needs the code: refused with NoCode, naming the step).
+        # Without the workflow's code, from its registered definition.
         await self.specs.load(self.db, row["workflow_name"], row["workflow_version"])
+        refuse_map_repair_without_code(self.specs, row["workflow_name"], row["workflow_version"])
         async with self.db.transaction() as tx:
             return await repair_in(tx, self.specs, eid, max_payload_bytes=self.max_payload_bytes)
 

@@ -198,3 +198,15 @@ class StoredSpecs:
         raise WorkflowNotFound(
             f"unknown workflow {name!r}; registered workflows: {', '.join(names) or 'none'} "
             "(a workflow is registered when a worker or App that has its code starts)")
+
+
+def refuse_map_repair_without_code(specs: StoredSpecs, name: str, version: int) -> None:
+    """Refuse to repair, from a stored definition, an execution of a workflow with map steps:
+    a repair may have to expand one again, which runs its ``over=`` code in the repairing
+    process, and a stand-in there would fail the step for good instead of refusing."""
+    spec = specs.get(name, version)
+    maps = [n for n in spec.order if spec[n].is_map]
+    if specs.is_stored(spec) and maps:
+        raise NoCode(f"repairing workflow {name!r} version {version} needs its code: its map "
+                     f"step(s) {', '.join(maps)} may have to be expanded again; repair it from "
+                     "a process that has the code (the App, or konduit repair --app)")
