@@ -122,11 +122,13 @@ class Client:
                 spec_hash=spec.spec_hash,
                 spec=Jsonb(spec.spec_json),
             )
-            # The declared input's schema (migration 0024): what code-less starts check.
+            # The declared input's schema (migration 0024): what code-less starts check. A new
+            # row without one has nothing to set (a start's statements stay as they were).
             schema = spec.input_schema
-            await tx.run("workflow_set_input_schema_if_same_hash", name=spec.name,
-                         version=spec.version, spec_hash=spec.spec_hash,
-                         input_schema=None if schema is None else Jsonb(schema))
+            if schema is not None or not inserted:
+                await tx.run("workflow_set_input_schema_if_same_hash", name=spec.name,
+                             version=spec.version, spec_hash=spec.spec_hash,
+                             input_schema=None if schema is None else Jsonb(schema))
             row = await tx.one("workflow_get", name=spec.name, version=spec.version)
             # Limits of a version registered before may have changed (they are not in its
             # hash); a version new here has none to lift.
