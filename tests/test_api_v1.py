@@ -199,11 +199,15 @@ def test_bad_bodies_are_problems_never_500(make_app: Callable[..., konduit.App],
         refused(http.delete(start), 405)
 
 
-def test_starting_without_the_app_says_why(db_url: str) -> None:
+def test_starting_without_the_app_uses_the_registered_definitions(db_url: str) -> None:
+    """Without --app a start needs the workflow registered by a worker (tests of the starts
+    themselves: tests/test_client_by_name.py); an unknown one is refused naming the field."""
     with api(None, db_url) as http:
-        body = refused(http.post("/api/v1/executions", json={"workflow": "api-flow"}), 503)
-        assert "--app" in body["detail"]
-        refused(http.post("/api/v1/executions:batch", json={"requests": []}), 503)
+        body = refused(http.post("/api/v1/executions", json={"workflow": "api-flow"}), 422,
+                       "body.workflow")
+        assert "unknown workflow 'api-flow'" in body["detail"]
+        empty = http.post("/api/v1/executions:batch", json={"requests": []})
+        assert empty.status_code == 201 and empty.json() == {"executions": []}
         assert http.get("/api/v1/workflows").json() == []  # reading needs no code
 
 

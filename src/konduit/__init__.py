@@ -1,6 +1,7 @@
 """Konduit: durable DAG workflows on PostgreSQL with an exactly-once join."""
 
 from konduit.app import App, ExecutionHandle
+from konduit.client import AsyncClient, AsyncExecutionHandle, Client
 from konduit.core.context import Context
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair import NothingToRepair
@@ -19,6 +20,7 @@ from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
     IdempotencyConflict,
+    InputValidationError,
     KonduitError,
     MigrationRefused,
     NonRetryableError,
@@ -38,6 +40,9 @@ __all__ = [
     "AlertError",
     "AlertRecord",
     "App",
+    "AsyncClient",
+    "AsyncExecutionHandle",
+    "Client",
     "Context",
     "DatabaseError",
     "DatabaseUnavailable",
@@ -48,6 +53,7 @@ __all__ = [
     "ExecutionNotFound",
     "ExecutionResult",
     "IdempotencyConflict",
+    "InputValidationError",
     "Join",
     "KonduitError",
     "MigrationRefused",

@@ -14,7 +14,7 @@ import signal
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 from uuid import UUID
 
 from konduit.core.durations import Duration, format_duration
@@ -55,10 +55,20 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class ExecutionHandle:
-    """A started execution."""
+class Operates(Protocol):
+    """What a handle calls: :class:`App` or :class:`konduit.Client`."""
 
-    def __init__(self, app: App, execution_id: UUID):
+    def wait(self, execution_id: UUID | str, timeout: float | None = None) -> ExecutionResult: ...
+
+    def status(self, execution_id: UUID | str) -> ExecutionResult: ...
+
+    def cancel(self, execution_id: UUID | str) -> bool: ...
+
+
+class ExecutionHandle:
+    """A started execution (of an :class:`App` or a :class:`konduit.Client`)."""
+
+    def __init__(self, app: Operates, execution_id: UUID):
         self.app = app
         self.id = execution_id
 
@@ -166,7 +176,13 @@ class App:
         return db
 
     async def client_async(self) -> Client:
-        """The async client (created on first use), for code already inside an event loop."""
+        """The async client (created on first use, on the caller's event loop), for code already
+        inside an event loop: ``await (await app.client_async()).start("name", input)``. It is
+        the core the sync methods run on: ``start``, ``start_many``, ``wait``, ``get`` (the
+        status), ``cancel``, ``repair``, ``send_event``, ``list`` and every read are coroutines
+        of :class:`konduit.engine.client.Client`, returning ids and the same records. Use it
+        from one event loop only, and not beside the sync methods (those run on the App's own
+        loop thread)."""
         if self._client is None:
             db = await self._open_database(self.pool_size)
             client = Client(db, self.registry, max_payload_bytes=self.max_payload_bytes,

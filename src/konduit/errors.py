@@ -79,6 +79,19 @@ class PayloadError(KonduitError):
     """A payload (input or output) cannot be stored: not JSON, or too large."""
 
 
+class InputValidationError(KonduitError):
+    """A start's input does not match the workflow's declared ``input=`` (a Pydantic model or a
+    JSON Schema): nothing was written. ``errors`` maps each field at fault (a dotted path such
+    as ``items.0.name``, ``(root)`` for the input itself) to what is wrong with it (the first
+    100 faults); the message names the first 20."""
+
+    def __init__(self, message: str, errors: dict[str, str] | None = None, *,
+                 workflow: str | None = None):
+        super().__init__(message)
+        self.errors: dict[str, str] = dict(errors or {})
+        self.workflow = workflow
+
+
 class DatabaseError(KonduitError):
     """The database failed; the driver's error is in ``__cause__``. The message never holds a
     database URL's password (a driver that cannot parse a URL quotes all of it)."""

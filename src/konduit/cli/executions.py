@@ -39,9 +39,10 @@ from konduit.records import StepRecord, TaskRecord
 
 def start(
     workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Name of the workflow to start.")],
-    app_spec: Annotated[str, typer.Option(
+    app_spec: Annotated[str | None, typer.Option(
         "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
-        help="module:attribute of the konduit.App that defines the workflow.")],
+        help="module:attribute of the konduit.App that defines the workflow (without it: the "
+        "definition a worker registered).", show_default=False)] = None,
     input: Annotated[str | None, typer.Option(
         "--input", "-i", metavar="JSON|@FILE|-",
         help="Input as JSON, @file for a file's, - for standard input's.")] = None,
@@ -63,7 +64,8 @@ def start(
     error), 2 a bad command line, 124 --timeout passed while it still runs (it goes on).
     """
     payload = read_json_argument(input, "--input")
-    with opened(load_app(app_spec, reachable(database_url))) as app:
+    app = load_app(app_spec, reachable(database_url)) if app_spec else plain_app(database_url)
+    with opened(app):
         handle = app.start(workflow, payload, idempotency_key=idempotency_key, version=version)
         if not wait:
             print(dump_json({"id": handle.id}) if as_json else str(handle.id))

@@ -32,7 +32,8 @@ def dashboard(
     app_spec: Annotated[str | None, typer.Option(
         "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
         help="module:attribute of the konduit.App whose workflows Repair re-runs "
-        "(without it, Repair is disabled).", show_default=False)] = None,
+        "(without it, the pages' Repair is disabled; the API starts and repairs from the "
+        "definitions workers registered).", show_default=False)] = None,
     token: Annotated[list[str] | None, typer.Option(
         "--token", metavar="[ro:|op:]SECRET",
         help="A token the API and the pages accept (repeatable): ro:SECRET reads, op:SECRET (or a "
@@ -68,7 +69,9 @@ def dashboard(
     serve(database_url, app, host=host, port=port, tokens=tokens, trusted_proxies=proxies,
           announce=lambda url: err_console.print(
         f"konduit dashboard: serving {url} from {where}"
-        + (f", repairs with {app_spec}" if app_spec else " (read-only: no --app)") + guard
+        + (f", repairs with {app_spec}" if app_spec
+           else " (no --app: the API starts workflows from their registered definitions; "
+           "the pages' Repair needs --app)") + guard
         + " (Ctrl-C stops)", soft_wrap=True, markup=False))
 
 

@@ -18,6 +18,7 @@ from konduit.core.definition_warnings import unbounded_branch_message, unbounded
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.flow import FlowLimit, parse_flow_limit
 from konduit.core.hedging import Hedge, parse_hedge
+from konduit.core.inputs import InputType
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair_contract import RepairContract
 from konduit.core.schedules import Schedule
@@ -164,6 +165,12 @@ class Workflow(WaitSteps):
     half of ``repair_within`` when that is shorter) to ``repair_within`` after it finished; see
     docs/retention.md.
 
+    ``input=Model`` (a Pydantic model class, or a JSON Schema dict) declares what a start must
+    pass: every start (the App, :class:`konduit.Client`, the HTTP API) checks the input against
+    its JSON Schema, stored at registration, and refuses a bad one with
+    :class:`konduit.InputValidationError` naming each field, before anything is written.
+    Handlers then get ``ctx.input`` as the model instance.
+
     ``degraded_budget="2%"`` (seed 004's "roughly 2% of runs"): a ``degraded_budget`` alert opens
     while more than that share of the workflow's executions finished in the last day went out
     degraded, and resolves when the share falls back; see docs/alerts.md.
@@ -172,7 +179,7 @@ class Workflow(WaitSteps):
     def __init__(self, name: str, version: int = 1, *, repair_within: Duration | None = None,
                  repair_delay: Duration | None = None,
                  alert_after_no_success: Duration | None = None,
-                 degraded_budget: str | float | None = None):
+                 degraded_budget: str | float | None = None, input: Any = None):
         if not isinstance(name, str) or not _NAME.match(name):
             raise WorkflowDefinitionError(
                 f"workflow name {name!r} must be 1-100 letters, digits, '_', '-' or '.'"
@@ -201,6 +208,8 @@ class Workflow(WaitSteps):
                 self.degraded_budget = parse_share(degraded_budget, what="degraded_budget")
             except KonduitError as exc:
                 raise WorkflowDefinitionError(str(exc), workflow=name) from exc
+        # The declared input (None: any JSON); checked at every start (konduit.core.inputs).
+        self.input_type = None if input is None else InputType(input, workflow=name)
         self._steps: dict[str, StepSpec] = {}
         self._by_handler: dict[int, str] = {}
         self._frozen_spec: WorkflowSpec | None = None
@@ -340,6 +349,11 @@ class Workflow(WaitSteps):
             raise WorkflowDefinitionError(
                 "cannot add a schedule after the workflow was compiled (by wf.spec, wf.compile() "
                 "or an App): define schedules before creating the App", workflow=self.name)
+        if self.input_type is not None:  # a tick would be refused at every start: say it now
+            try:
+                input = self.input_type.check(input)
+            except KonduitError as exc:
+                raise WorkflowDefinitionError(f"schedule input: {exc}", workflow=self.name) from exc
         made = define_schedule(self.name, self.version, cron=cron, every=every,
                                timezone=timezone, input=input, window=window, name=name,
                                missed=missed)
@@ -542,7 +556,8 @@ class Workflow(WaitSteps):
             self._frozen_spec = WorkflowSpec(self.name, self.version, dict(self._steps),
                                              repair=self.repair,
                                              alert_after_no_success=self.alert_after_no_success,
-                                             degraded_budget=self.degraded_budget)
+                                             degraded_budget=self.degraded_budget,
+                                             input_type=self.input_type)
         return self._frozen_spec
 
     @property
@@ -559,10 +574,14 @@ class WorkflowSpec:
     def __init__(self, name: str, version: int, steps: dict[str, StepSpec], *,
                  repair: RepairContract | None = None,
                  alert_after_no_success: float | None = None,
-                 degraded_budget: float | None = None):
+                 degraded_budget: float | None = None,
+                 input_type: InputType | None = None):
         self.name = name
         self.version = version
         self.steps = steps
+        # The declared input: policy, like the settings below, so out of spec_json and spec_hash
+        # (stored in its own column at registration).
+        self.input_type = input_type
         self.repair = repair  # the automatic repair contract (repair_within), if any
         # An operating setting, not part of the DAG: kept out of spec_json and spec_hash.
         self.alert_after_no_success = alert_after_no_success
@@ -637,6 +656,19 @@ class WorkflowSpec:
         if self.repair is not None:  # only when set: the hashes of other workflows stay as they were
             spec["repair"] = self.repair.to_spec()
         return spec
+
+    @property
+    def input_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema of the declared input, or None (any JSON)."""
+        return None if self.input_type is None else self.input_type.schema
+
+    def check_input(self, value: Any) -> Any:
+        """The input to store, or :class:`~konduit.InputValidationError` naming each field."""
+        return value if self.input_type is None else self.input_type.check(value)
+
+    def handler_input(self, value: Any) -> Any:
+        """``ctx.input``: the declared model's instance, else the stored JSON."""
+        return value if self.input_type is None else self.input_type.for_handler(value)
 
     @cached_property
     def spec_hash(self) -> str:

@@ -42,6 +42,7 @@ from konduit.engine.starts import (
     requests_of,
 )
 from konduit.engine.step_rows import state_columns
+from konduit.engine.stored import SpecSource, StoredSpecs, refuse_map_repair_without_code
 from konduit.engine.waits import SendResult
 from konduit.errors import (
     ExecutionFailed,
@@ -109,6 +110,9 @@ class Client:
         self.max_payload_bytes = max_payload_bytes
         self.tracing = tracing  # see konduit.tracing: None follows the tracer provider
         self._registered: set[str] = set()
+        # The workflows a start or repair may name: the registry's code, else the definitions
+        # workers registered (a code-less client: konduit.Client, the API without --app).
+        self.specs = StoredSpecs(registry)
 
     async def register(self, spec: WorkflowSpec) -> None:
         """Record (name, version, spec hash); a different spec under the same version is refused."""
@@ -123,6 +127,13 @@ class Client:
                 spec_hash=spec.spec_hash,
                 spec=Jsonb(spec.spec_json),
             )
+            # The declared input's schema (migration 0024): what code-less starts check. A new
+            # row without one has nothing to set (a start's statements stay as they were).
+            schema = spec.input_schema
+            if schema is not None or not inserted:
+                await tx.run("workflow_set_input_schema_if_same_hash", name=spec.name,
+                             version=spec.version, spec_hash=spec.spec_hash,
+                             input_schema=None if schema is None else Jsonb(schema))
             row = await tx.one("workflow_get", name=spec.name, version=spec.version)
             # Limits of a version registered before may have changed (they are not in its
             # hash); a version new here has none to lift.
@@ -159,13 +170,20 @@ class Client:
 
         One statement creates the execution, its steps and all its root tasks, however many
         roots the workflow has. With tracing on it stores ``trace_context`` (default: the
-        current span's) with the execution: see :mod:`konduit.tracing`."""
+        current span's) with the execution: see :mod:`konduit.tracing`.
+
+        A workflow this client has no code of is started from the definition registered in
+        the database (its newest version unless ``version`` says which); an unknown name
+        raises :class:`~konduit.WorkflowNotFound` naming the registered ones. An input that
+        does not match the workflow's ``input=`` raises :class:`~konduit.InputValidationError`
+        naming each field; nothing is written then."""
         request = StartRequest(workflow, input, idempotency_key, version, deadline_at, timeout)
         if trace_context is None:
             trace_context = capture(self.tracing, workflow)
-        prepared = prepare(self.registry, request, max_bytes=self.max_payload_bytes,
+        await self.specs.load(self.db, workflow, version)
+        prepared = prepare(self.specs, request, max_bytes=self.max_payload_bytes,
                            trace=trace_context)
-        await self.register(prepared.spec)
+        await self._register_unless_stored(prepared.spec)
         [eid] = await self.db.atomic(lambda tx: insert_executions(tx, [prepared]))
         return eid
 
@@ -193,9 +211,13 @@ class Client:
         if trace_context is None and checked:
             trace_context = capture(self.tracing, checked[0].workflow)
         batch: builtins.list[Prepared] = []
+        loaded: set[tuple[str, int | None]] = set()
         for i, request in enumerate(checked):
             try:
-                batch.append(prepare(self.registry, request, max_bytes=self.max_payload_bytes,
+                if (request.workflow, request.version) not in loaded:
+                    await self.specs.load(self.db, request.workflow, request.version)
+                    loaded.add((request.workflow, request.version))
+                batch.append(prepare(self.specs, request, max_bytes=self.max_payload_bytes,
                                      trace=trace_context))
             except KonduitError as exc:
                 raise at_request(i, exc) from exc
@@ -203,7 +225,7 @@ class Client:
             return []
         owner = collapse_repeated_keys(batch)
         for spec in {workflow_key(p.spec.name, p.spec.version): p.spec for p in batch}.values():
-            await self.register(spec)
+            await self._register_unless_stored(spec)
         distinct = [p for i, p in enumerate(batch) if owner[i] == i]
         ids = await self.db.atomic(lambda tx: insert_executions(tx, distinct))
         by_index = dict(zip((i for i in range(len(batch)) if owner[i] == i), ids, strict=True))
@@ -215,6 +237,11 @@ class Client:
         :class:`ExecutionNotFound` when none matches (or the text cannot be an id) and
         :class:`AmbiguousExecutionId`, listing candidates, when several do."""
         return await resolve_execution_id(self.db, execution_id)
+
+    async def _register_unless_stored(self, spec: WorkflowSpec) -> None:
+        """Register a definition of this process's code; one read from the database is."""
+        if not self.specs.is_stored(spec):
+            await self.register(spec)
 
     async def get(self, execution_id: UUID | str) -> ExecutionResult:
         """An execution's status and result, by its id or a unique prefix or tail of it."""
@@ -291,8 +318,14 @@ class Client:
         output becomes a new version; earlier versions stay in :meth:`outputs`. Returns the
         steps that will run again."""
         eid = await self.resolve(execution_id)
+        row = await self.db.one("execution_get", id=eid)
+        if row is None:
+            raise ExecutionNotFound(f"no execution with id {eid}")
+        # Without the workflow's code, from its registered definition.
+        await self.specs.load(self.db, row["workflow_name"], row["workflow_version"])
+        refuse_map_repair_without_code(self.specs, row["workflow_name"], row["workflow_version"])
         async with self.db.transaction() as tx:
-            return await repair_in(tx, self.registry, eid, max_payload_bytes=self.max_payload_bytes)
+            return await repair_in(tx, self.specs, eid, max_payload_bytes=self.max_payload_bytes)
 
     async def migrate(self, execution_id: UUID | str, to_version: int) -> MigrationRecord:
         """Move a running execution to version ``to_version`` of its workflow, in one
@@ -643,7 +676,7 @@ class Client:
         """Close the client's connections."""
         await self.db.close()
 
-async def repair_in(tx: Tx, registry: Registry, eid: UUID, *, max_payload_bytes: int) -> list[str]:
+async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_bytes: int) -> list[str]:
     """:meth:`Client.repair` inside the caller's transaction (the automatic repair claims the
     execution in the same one): lock it, plan, reopen it, start the re-run steps."""
     row = await tx.one("execution_lock", id=eid)

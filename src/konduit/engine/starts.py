@@ -21,7 +21,8 @@ from konduit.core.payloads import canonical_json, content_hash
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Tx
 from konduit.engine.deadlines import budgets, task_budgets
-from konduit.engine.registry import Registry, workflow_key
+from konduit.engine.registry import workflow_key
+from konduit.engine.stored import SpecSource
 from konduit.errors import IdempotencyConflict, KonduitError
 from konduit.tracing import TraceContext
 
@@ -86,7 +87,7 @@ class Prepared:
     trace: TraceContext | None = None  # the caller's W3C trace context, when tracing is on
 
 
-def prepare(registry: Registry, request: StartRequest, *, max_bytes: int,
+def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
             trace: TraceContext | None = None) -> Prepared:
     """Check one request before anything is written: its timeout, workflow and input."""
     timeout_seconds = (
@@ -94,7 +95,7 @@ def prepare(registry: Registry, request: StartRequest, *, max_bytes: int,
     )
     spec = registry.get(request.workflow, request.version)
     encoded = canonical_json(
-        request.input, what=f"input of workflow {request.workflow!r}", max_bytes=max_bytes
+        spec.check_input(request.input), what=f"input of workflow {request.workflow!r}", max_bytes=max_bytes
     )
     return Prepared(
         id=uuid7(),
@@ -112,9 +113,11 @@ def at_request(index: int, exc: KonduitError) -> KonduitError:
     """``exc`` again, its message prefixed with the index of the request at fault."""
     message = f"start request {index}: {exc}"
     try:
-        return type(exc)(message)
+        again = type(exc)(message)
     except TypeError:  # an error class whose constructor wants more than a message
         return KonduitError(message)
+    again.__dict__.update(exc.__dict__)  # what it carries besides (InputValidationError.errors)
+    return again
 
 
 def collapse_repeated_keys(batch: list[Prepared]) -> list[int]:

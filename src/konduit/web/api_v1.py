@@ -1,7 +1,8 @@
 """``/api/v1``: the dashboard's JSON API (docs/api.md), described by ``/openapi.json``.
 
-Reading needs only the database; starting and repairing run workflow code, so they need the
-App (``konduit dashboard --app MODULE:ATTR``) and answer 503 with that reason without it. Every
+Nothing here needs workflow code: a start (or repair) of a workflow the dashboard's App
+(``--app MODULE:ATTR``) does not have uses the definition a worker registered in the database,
+and its input is checked against the JSON Schema stored with it. Every
 refusal is ``application/problem+json`` naming the field at fault (:mod:`konduit.web.problems`).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 from uuid import UUID
@@ -23,10 +25,12 @@ from konduit.core.durations import parse_duration
 from konduit.engine.client import Client
 from konduit.engine.registry import workflow_key
 from konduit.engine.starts import StartRequest
+from konduit.engine.stored import NoCode
 from konduit.errors import (
     AlertError,
     ExecutionNotFound,
     IdempotencyConflict,
+    InputValidationError,
     KonduitError,
     MigrationRefused,
     NothingToRepair,
@@ -36,26 +40,24 @@ from konduit.errors import (
     WorkflowVersionConflict,
 )
 from konduit.web import api_models as m
-from konduit.web.problems import problem, problem_responses
+from konduit.web.problems import FieldError, problem, problem_responses
 from konduit.web.templating import env
 
 if TYPE_CHECKING:
     from konduit.web.app import Clients
 
-NEEDS_APP = ("this server has no workflow code: {what} runs it, so start the dashboard with "
-             "--app MODULE:ATTR (or KONDUIT_APP)")
-
-
 class Refused(Exception):
     """A request refused with a problem (turned into problem+json by the app's handler)."""
 
     def __init__(self, status: int, detail: str, field: str | None = None,
-                 step: str | None = None):
+                 step: str | None = None, errors: list[FieldError] | None = None):
         super().__init__(detail)
-        self.status, self.detail, self.field, self.step = status, detail, field, step
+        self.status, self.detail, self.field = status, detail, field
+        self.step, self.errors = step, errors
 
     def response(self) -> JSONResponse:
-        return problem(self.status, self.detail, field=self.field, step=self.step)
+        return problem(self.status, self.detail, field=self.field, step=self.step,
+                       errors=self.errors)
 
 
 
@@ -81,14 +83,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
                       "unchanged)", "query.cursor") from None
 
 
-def check_start(app: App, body: m.StartBody, where: str) -> StartRequest:
-    """The request, after checking what can be checked before writing (each fault named)."""
-    try:
-        app.registry.get(body.workflow, body.version)
-    except WorkflowNotFound as exc:
-        known = {spec.name for spec in app.registry}
-        at_fault = "version" if body.version is not None and body.workflow in known else "workflow"
-        raise Refused(422, str(exc), f"{where}{at_fault}") from None
+def check_start(body: m.StartBody, where: str) -> StartRequest:
+    """The request, after checking what can be checked before reading the workflow's
+    definition (each fault named); the workflow and its input are checked by the start."""
     if body.timeout is not None:
         try:
             parse_duration(body.timeout, what="timeout")
@@ -98,12 +95,28 @@ def check_start(app: App, body: m.StartBody, where: str) -> StartRequest:
                         body.deadline_at, body.timeout)
 
 
-def start_refusal(exc: KonduitError) -> Refused:
+_AT_REQUEST = re.compile(r"^start request (?P<index>\d+): ")
+
+
+def start_refusal(exc: KonduitError, requests: list[StartRequest], batch: bool) -> Refused:
+    """The problem of a refused start, naming the field at fault (in a batch, under the index
+    of the request at fault, which the error's message starts with)."""
+    text = str(exc)
+    found = _AT_REQUEST.match(text) if batch else None
+    where = f"body.requests.{found['index']}." if found else "body."
     if isinstance(exc, IdempotencyConflict):
-        return Refused(409, str(exc), "body.idempotency_key")
+        return Refused(409, text, f"{where}idempotency_key")
+    if isinstance(exc, InputValidationError):
+        errors = [FieldError(field=f"{where}input" + ("" if f == "(root)" else f".{f}"),
+                             message=message) for f, message in exc.errors.items()]
+        return Refused(422, text, errors[0].field if errors else f"{where}input",
+                       errors=errors or None)
     if isinstance(exc, PayloadError):
-        return Refused(422, str(exc), "body.input")
-    return Refused(422, str(exc))
+        return Refused(422, text, f"{where}input")
+    if isinstance(exc, WorkflowNotFound):
+        return Refused(422, text, f"{where}version" if " has no version " in text
+                       else f"{where}workflow")
+    return Refused(422, text)
 
 
 def spec_view(spec: dict[str, Any]) -> tuple[list[m.StepDefinition], list[tuple[str, str]], list[m.Join]]:
@@ -122,15 +135,13 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     router = APIRouter(prefix="/api/v1",
                        responses=problem_responses(400, 401, 403, 413, 422, 503))
 
-    def needs_app(what: str) -> App:
-        if app is None:
-            raise Refused(503, NEEDS_APP.format(what=what))
-        return app
-
-    async def operator(what: str) -> tuple[App, Client]:
-        code = needs_app(what)
+    async def operator() -> Client:
+        """The client that starts and repairs: with the App's code when there is one (its
+        workflows as it defines them), else with the definitions registered in the database."""
         client = await clients.get()
-        return code, client.with_registry(code.registry, max_payload_bytes=code.max_payload_bytes)
+        if app is None:
+            return client
+        return client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes)
 
     async def statuses(client: Client, ids: list[UUID]) -> dict[UUID, str]:
         return {r.id: r.status for r in await client.progress(ids)}
@@ -141,16 +152,16 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                     tracestate: TraceState = None) -> m.Started:
         """Start an execution; the same idempotency key (and input) gives the same one. A W3C
         ``traceparent`` header makes the execution part of the caller's trace."""
-        code, client = await operator("starting an execution")
-        request = check_start(code, body, "body.")
+        client = await operator()
+        request = check_start(body, "body.")
         try:
             eid = await client.start(request.workflow, request.input,
                                      idempotency_key=request.idempotency_key,
                                      version=request.version, deadline_at=request.deadline_at,
                                      timeout=request.timeout,
                                      trace_context=tracing.incoming(traceparent, tracestate))
-        except (WorkflowNotFound, IdempotencyConflict, PayloadError) as exc:
-            raise start_refusal(exc) from None
+        except (WorkflowNotFound, IdempotencyConflict, PayloadError, InputValidationError) as exc:
+            raise start_refusal(exc, [request], batch=False) from None
         return m.Started(id=eid, status=(await statuses(client, [eid])).get(eid, "pending"))  # type: ignore[arg-type]
 
     @router.post("/executions:batch", status_code=201, response_model=m.StartedMany,
@@ -159,13 +170,13 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                          tracestate: TraceState = None) -> m.StartedMany:
         """Start many executions in one transaction: every one of them, or none (a W3C
         ``traceparent`` header: all of them in the caller's trace)."""
-        code, client = await operator("starting an execution")
-        requests = [check_start(code, b, f"body.requests.{i}.") for i, b in enumerate(body.requests)]
+        client = await operator()
+        requests = [check_start(b, f"body.requests.{i}.") for i, b in enumerate(body.requests)]
         try:
             ids = await client.start_many(
                 requests, trace_context=tracing.incoming(traceparent, tracestate))
-        except (WorkflowNotFound, IdempotencyConflict, PayloadError) as exc:
-            raise start_refusal(exc) from None
+        except (WorkflowNotFound, IdempotencyConflict, PayloadError, InputValidationError) as exc:
+            raise start_refusal(exc, requests, batch=True) from None
         found = await statuses(client, ids) if ids else {}
         return m.StartedMany(executions=[m.Started(id=i, status=found.get(i, "pending"))  # type: ignore[arg-type]
                                          for i in ids])
@@ -241,14 +252,14 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     async def repair(execution_id: str) -> m.Repaired:
         """Re-run the degraded and failed steps of a finished execution and what depends on
         them (409 when there is nothing to repair or it has not finished)."""
-        _, client = await operator("repair")
+        client = await operator()
         eid = await client.resolve(execution_id)  # a unique prefix or tail too
         await client.get(eid)
         try:
             rerun = await client.repair(eid)
         except ExecutionNotFound:
             raise
-        except (NothingToRepair, WorkflowNotFound) as exc:
+        except (NothingToRepair, WorkflowNotFound, NoCode) as exc:
             raise Refused(409, str(exc)) from None
         except KonduitError as exc:
             if type(exc) is not KonduitError:

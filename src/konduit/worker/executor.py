@@ -156,7 +156,7 @@ class Executor:
             step=task.step,
             map_index=task.map_index,
             attempt=task.attempt,
-            input=task.input,
+            input=_handler_input(spec, task),
             upstream=upstream.payloads,
             outcomes=upstream.outcomes,
             item=task.item,
@@ -459,3 +459,17 @@ class Executor:
             attempt_outcome=verdict.attempt_outcome,
             **fields,
         )
+
+
+def _handler_input(spec: WorkflowSpec, task: TaskAttempt) -> Any:
+    """``ctx.input``: the workflow's input model built from the stored JSON (``input=``), else
+    the JSON itself. The start checked the input against the model's schema; one that no longer
+    builds (the model changed since) is handed over as stored, with a warning naming why, and
+    not raised here, where it would fail every task claimed beside it."""
+    try:
+        return spec.handler_input(task.input)
+    except Exception as exc:
+        log.warning("task %s (%s): the input does not build workflow %r's input model, the "
+                    "handler gets it as stored: %s", task.id, task.step, spec.name,
+                    readable_last_line(exc) or exc)
+        return task.input
