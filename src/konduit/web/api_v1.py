@@ -287,7 +287,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     @router.get("/workers", response_model=list[m.WorkerOut], tags=["operations"])
     async def workers() -> list[m.WorkerOut]:
         """The workers that are up, with what they serve and run."""
-        return [m.WorkerOut.model_validate(r.to_dict()) for r in await (await clients.get()).workers()]
+        return [m.WorkerOut.from_row(r.to_dict()) for r in await (await clients.get()).workers()]
 
     @router.get("/schedules", response_model=list[m.ScheduleOut], tags=["operations"])
     async def schedules() -> list[m.ScheduleOut]:
