@@ -38,7 +38,7 @@ from konduit.web.problems import problem, problem_responses
 from konduit.web.templating import env
 
 if TYPE_CHECKING:
-    from konduit.web.app import Clients
+    from konduit.web.clients import Clients
 
 NEEDS_APP = ("this server has no workflow code: {what} runs it, so start the dashboard with "
              "--app MODULE:ATTR (or KONDUIT_APP)")
