@@ -8,6 +8,11 @@
 -- fallback_age (test_queries_fitness checks every statement that includes this returns them).
 t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
 t.lease_token, t.queue, t.generation,
+{{claimed_execution}}
+
+-- fragment: claimed_execution
+-- The columns of its execution `e` a task attempt carries: in claimed_row, and in the claims'
+-- lookup of each claimed task's execution (one list, so a column added reaches every claim).
 e.workflow_name, e.workflow_version, e.input, e.scheduled_at
 
 -- fragment: lease_cleared
@@ -146,7 +151,7 @@ SELECT {{claimed_row}},
 FROM claimed t
 -- A lookup by primary key per claimed task under any plan (LIMIT keeps the subquery from being
 -- flattened): a generic plan, not knowing `limit`, would otherwise hash every execution.
-CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+CROSS JOIN LATERAL (SELECT {{claimed_execution}}
                     FROM konduit_executions e WHERE e.id = t.execution_id LIMIT 1) AS e;
 
 -- name: task_claim_batch_flow_limited
@@ -275,7 +280,7 @@ SELECT {{claimed_row}},
 FROM claimed t
 CROSS JOIN clock k
 -- By primary key per claimed task under any plan, as in task_claim_batch.
-CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+CROSS JOIN LATERAL (SELECT {{claimed_execution}}
                     FROM konduit_executions e WHERE e.id = t.execution_id LIMIT 1) AS e;
 
 -- name: task_complete_many_if_leased
