@@ -15,6 +15,15 @@ t.lease_token, t.queue, t.generation,
 -- lookup of each claimed task's execution (one list, so a column added reaches every claim).
 e.workflow_name, e.workflow_version, e.input, e.scheduled_at
 
+-- fragment: task_dead_letter
+-- The task `t` is a dead letter: it failed (retries exhausted or non-retryable) and no repair
+-- re-ran its step, i.e. no newer generation of the step started (the failed task stays in the
+-- execution's history). The dead letters' list and the dashboard's page of them share it.
+t.status = 'failed'
+AND NOT EXISTS (SELECT 1 FROM konduit_tasks n
+                WHERE n.execution_id = t.execution_id AND n.step = t.step
+                  AND n.generation > t.generation AND n.started_at IS NOT NULL)
+
 -- fragment: lease_cleared
 -- The SET list that takes a task's (primary) lease away.
 lease_token = NULL,
@@ -495,12 +504,7 @@ SELECT t.id, t.execution_id, e.workflow_name, t.step, t.map_index, t.attempt, t.
        t.finished_at
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
-WHERE t.status = 'failed'
-  -- A repaired dead letter is no longer one: a newer generation of its step ran (the failed
-  -- task stays in the execution's history).
-  AND NOT EXISTS (SELECT 1 FROM konduit_tasks n
-                  WHERE n.execution_id = t.execution_id AND n.step = t.step
-                    AND n.generation > t.generation AND n.started_at IS NOT NULL)
+WHERE {{task_dead_letter}}
 ORDER BY t.finished_at DESC
 LIMIT %(limit)s;
 
