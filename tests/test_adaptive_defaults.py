@@ -232,8 +232,8 @@ def test_a_tight_window_degrades_the_slow_branch_early_so_publish_makes_it(
     seconds, _, uncut, reserve = task_budgets(app.database_url, handle.id)["cover"]
     assert uncut == 30.0 and reserve >= 1.5
     assert seconds < 6.0 - reserve + 0.01
-    steps = {s["step"]: s for s in app.steps(handle.id)}
-    ran = (steps["cover"]["ended_at"] - steps["cover"]["fired_at"]).total_seconds()
+    steps = {s.step: s for s in app.steps(handle.id)}
+    ran = (steps["cover"].ended_at - steps["cover"].fired_at).total_seconds()
     assert ran == pytest.approx(seconds, abs=0.5)
 
     # The execution page says so ...

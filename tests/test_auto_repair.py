@@ -216,7 +216,7 @@ def test_racing_repairers_take_each_repair_once_and_the_new_output_replaces_the_
         assert generations(db_url, ids) == {eid: (2, True) for eid in ids}
         for eid in ids:
             versions = app.outputs(eid)
-            assert [v["degraded"] for v in versions] == [["cover_image"], ["cover_image"]]
+            assert [v.degraded for v in versions] == [["cover_image"], ["cover_image"]]
             assert (app.auto_repair_status(eid) or "").startswith("auto-repaired at ")
 
         # With the service back, a fresh degraded execution is repaired to the real output.
@@ -227,7 +227,7 @@ def test_racing_repairers_take_each_repair_once_and_the_new_output_replaces_the_
         result = app.wait(healthy, timeout=30)
     assert result.output == "real.png" and result.outcomes["cover_image"] == "succeeded"
     versions = app.outputs(healthy)
-    assert [(v["output"], v["degraded"]) for v in versions] == \
+    assert [(v.output, v.degraded) for v in versions] == \
         [("fallback.png", ["cover_image"]), ("real.png", [])]
     assert generations(db_url, [healthy]) == {healthy: (2, True)}
     line = app.auto_repair_status(healthy) or ""
@@ -336,7 +336,7 @@ def test_three_worker_processes_auto_repair_each_execution_exactly_once(
         for eid in ids:
             result = app.status(eid)
             assert result.status == "succeeded" and result.output["image"] == "real.png"
-            assert [v["degraded"] for v in app.outputs(eid)] == [["cover_image"], []]
+            assert [v.degraded for v in app.outputs(eid)] == [["cover_image"], []]
 
         status = konduit_cli("status", str(ids[0]), "--database-url", db_url)
         assert status.returncode == 0, status.stderr

@@ -63,4 +63,4 @@ def test_a_20s_repair_window_is_honoured_at_the_due_time(
     assert 10.0 <= after["twenty-seconds"] < 10.5, after  # due 10-20 s after: on time
     for name, result in results.items():
         assert result.output == "real.png", name
-        assert [v["degraded"] for v in app.outputs(handles[name].id)] == [["cover_image"], []]
+        assert [v.degraded for v in app.outputs(handles[name].id)] == [["cover_image"], []]

@@ -29,6 +29,7 @@ import konduit
 from konduit.db.arrays import with_array_literals
 from konduit.db.database import Tx
 from konduit.db.queries import q
+from tests.support.waiting import wait_for_passes
 from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
@@ -139,10 +140,13 @@ def test_background_statements_do_not_read_the_backlog(make_app, db_url, monkeyp
     log: list[tuple[str, dict[str, Any]]] = []
     for name, replacement in _recording(log, threading.Lock()).items():
         monkeypatch.setattr(Tx, name, replacement)
-    # Short intervals: several full maintenance passes, alert rounds and heartbeats in 6 s.
+    # Short intervals: several full maintenance passes, alert rounds and heartbeats; what is
+    # measured is what runs meanwhile, so the test waits for the passes themselves.
     with running_worker(app, concurrency=4, maintenance_interval=0.5, alert_interval=0.5,
-                        heartbeat_interval=0.5, stall_grace=0.5):
-        time.sleep(6)  # what is measured is what runs meanwhile; there is no outcome to await
+                        heartbeat_interval=0.5, stall_grace=0.5) as worker:
+        wait_for_passes(worker, "rescue", n=2, timeout=60)  # once it may rescue (connected)
+        wait_for_passes(worker, "maintenance", n=3, timeout=60)
+        wait_for_passes(worker, "alerts", n=2, timeout=60)
     monkeypatch.undo()
 
     seen: dict[str, dict[str, Any]] = {}

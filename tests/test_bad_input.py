@@ -109,11 +109,11 @@ def test_non_json_output_dead_letters_the_task_at_once(make_app, db_url):
     assert info.value.result.outcomes == {"returns_a_set": "failed"}
     assert calls == [1]  # not retried: the same code would return the same thing
     dead = app.dead_letters()
-    assert [(d["execution_id"], d["step"], d["attempt"]) for d in dead] == [
+    assert [(d.execution_id, d.step, d.attempt) for d in dead] == [
         (handle.id, "returns_a_set", 1)
     ]
-    assert "not JSON-serializable" in dead[0]["error"]
-    assert "returns_a_set" in dead[0]["error"]
+    assert "not JSON-serializable" in dead[0].error
+    assert "returns_a_set" in dead[0].error
     with psycopg.connect(db_url) as conn:
         rows = conn.execute(
             "SELECT a.attempt, a.outcome, a.error FROM konduit_attempts a "

@@ -88,8 +88,8 @@ def test_huge_map_keeps_other_leases(make_app: Callable[..., konduit.App], db_ur
         fanned = app_a.start("big-map", input={"n": ITEMS})
 
         def created() -> bool:
-            steps = {s["step"]: s for s in app_a.steps(fanned.id)}
-            return bool(steps["fan"]["tasks_total"] == ITEMS)
+            steps = {s.step: s for s in app_a.steps(fanned.id)}
+            return bool(steps["fan"].tasks_total == ITEMS)
 
         until(created, 60, f"{ITEMS} map tasks to be created")
         creation = time.monotonic() - t0

@@ -150,7 +150,7 @@ def test_the_dashboard_in_a_browser(make_app: Callable[..., konduit.App], db_url
         assert len(css(browser, "#dag path.edge")) == 6
         # The Gantt: one bar per attempt, and the join's fan-in wait naming its straggler.
         bars = css(browser, "#gantt rect.bar")
-        assert len(bars) == sum(int(t["attempt"]) for t in app.tasks(degraded.id)) == 5
+        assert len(bars) == sum(int(t.attempt) for t in app.tasks(degraded.id)) == 5
         assert {b.get_attribute("data-step"): b.get_attribute("data-outcome") for b in bars}["slow"] \
             == "degraded"
         [band] = css(browser, "#gantt g.band")

@@ -26,7 +26,7 @@ def test_sweep_ends_a_dead_workers_task_at_its_deadline(db_url):
     app = konduit.App([sweep_app.wf], database_url=db_url)
     try:
         handle = app.start("sweep")
-        until(lambda: any(t["step"] == "slow" and t["status"] == "running"
+        until(lambda: any(t.step == "slow" and t.status == "running"
                           for t in app.tasks(handle.id)), 30, "the victim to start the slow task")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)

@@ -59,7 +59,7 @@ def test_a_dead_workers_branch_ends_and_its_join_fires_within_half_a_second_of_i
         until(lambda: session_recorded(db_url, victim.pid), 30, "the victim to start")
         time.sleep(0.5)  # the survivor's maintenance loop sleeps towards its next interval
         handle = app.start("deadline-wake")
-        until(lambda: any(t["step"] == "slow" and t["status"] == "running"
+        until(lambda: any(t.step == "slow" and t.status == "running"
                           for t in app.tasks(handle.id)), 30, "the victim to run the branch")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)

@@ -67,8 +67,8 @@ def test_branch_past_its_deadline_degrades_and_the_join_fires_on_time(make_app, 
     assert out["image"] == {"image": "fallback.png"}
     assert out["outcomes"]["slow"] == "degraded"
     assert result.outcomes["slow"] == "degraded"
-    steps = {s["step"]: s for s in app.steps(handle.id)}
-    waited = (steps["publish"]["fired_at"] - steps["slow"]["fired_at"]).total_seconds()
+    steps = {s.step: s for s in app.steps(handle.id)}
+    waited = (steps["publish"].fired_at - steps["slow"].fired_at).total_seconds()
     assert 0.9 <= waited < 3.0, f"join fired {waited:.2f} s after the slow branch started"
     (error,) = rows(app.database_url,
                     "SELECT error FROM konduit_tasks WHERE execution_id = %s AND step = 'slow'",
@@ -132,9 +132,9 @@ def test_late_result_of_an_abandoned_sync_handler_is_kept_but_never_fires_again(
                  handle.id)
     assert joins == [(1,)]
     assert app.status(handle.id).output == {"optional": "fallback", "required": "ok"}
-    shown = {(p["step"], p["source"]): p for p in app.payloads(handle.id)}
-    assert shown[("optional", "late")]["current"] is False
-    assert shown[("optional", "fallback")]["current"] is True
+    shown = {(p.step, p.source): p for p in app.payloads(handle.id)}
+    assert shown[("optional", "late")].current is False
+    assert shown[("optional", "fallback")].current is True
     status = subprocess.run(
         [sys.executable, "-m", "konduit.cli", "status", str(handle.id), "--json",
          "--database-url", app.database_url],
@@ -427,10 +427,10 @@ def test_repair_replaces_a_degraded_output_and_keeps_the_first_version(make_app)
     assert second.output == {"image": "real.png", "captions": "captions"}
     assert second.outcomes["cover_image"] == "succeeded"
     versions = app.outputs(h.id)
-    assert [v["version"] for v in versions] == [1, 2]
-    assert versions[0]["output"]["image"] == "fallback.png"
-    assert versions[0]["degraded"] == ["cover_image"]
-    assert versions[1]["degraded"] == []
+    assert [v.version for v in versions] == [1, 2]
+    assert versions[0].output["image"] == "fallback.png"
+    assert versions[0].degraded == ["cover_image"]
+    assert versions[1].degraded == []
     # Only the degraded branch and its downstream ran again: one generation-2 task each.
     gens = rows(app.database_url,
                 "SELECT step, generation FROM konduit_tasks WHERE execution_id = %s"

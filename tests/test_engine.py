@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 import konduit
+from konduit.records import TaskRecord
 from tests.support.workers import running_worker
 
 pytestmark = pytest.mark.storage
@@ -48,10 +49,10 @@ def attempts_of(db_url: str, execution_id: Any) -> list[tuple[str, int, int, str
         ).fetchall()
 
 
-def tasks_by_step(app: konduit.App, execution_id: Any) -> dict[str, list[dict[str, Any]]]:
-    found: dict[str, list[dict[str, Any]]] = {}
+def tasks_by_step(app: konduit.App, execution_id: Any) -> dict[str, list[TaskRecord]]:
+    found: dict[str, list[TaskRecord]] = {}
     for row in app.tasks(execution_id):
-        found.setdefault(row["step"], []).append(row)
+        found.setdefault(row.step, []).append(row)
     return found
 
 
@@ -93,7 +94,7 @@ def test_linear_chain_passes_each_output_downstream(make_app):
         ("third", 0, 1, {"second": 50}),
     ]
     tasks = app.tasks(handle.id)
-    assert [(t["step"], t["status"], t["attempt"]) for t in tasks] == [
+    assert [(t.step, t.status, t.attempt) for t in tasks] == [
         ("first", "succeeded", 1),
         ("second", "succeeded", 1),
         ("third", "succeeded", 1),
@@ -132,10 +133,10 @@ def test_diamond_join_fires_once_with_both_branches(make_app):
     tasks = tasks_by_step(app, handle.id)
     assert {s: len(rows) for s, rows in tasks.items()} == {"top": 1, "left": 1, "right": 1,
                                                             "bottom": 1}
-    steps = {s["step"]: s for s in app.steps(handle.id)}
-    assert steps["bottom"]["status"] == "succeeded"
-    assert steps["bottom"]["up_pending"] == 0 and steps["bottom"]["up_ok"] == 2
-    assert steps["bottom"]["straggler"] in {"left", "right"}
+    steps = {s.step: s for s in app.steps(handle.id)}
+    assert steps["bottom"].status == "succeeded"
+    assert steps["bottom"].up_pending == 0 and steps["bottom"].up_ok == 2
+    assert steps["bottom"].straggler in {"left", "right"}
 
 
 def test_several_final_steps_give_a_dict_keyed_by_step(make_app):
@@ -229,12 +230,12 @@ def test_map_step_fans_out_and_collects_in_item_order(make_app, count):
     assert upstream == [{"i": i, "sq": i * i} for i in range(count)]
     assert outcomes == {"square": "succeeded", "side": "succeeded"}
     tasks = tasks_by_step(app, handle.id)
-    assert sorted(t["map_index"] for t in tasks.get("square", [])) == list(range(count))
+    assert sorted(t.map_index for t in tasks.get("square", [])) == list(range(count))
     assert len(tasks["collect"]) == 1
-    steps = {s["step"]: s for s in app.steps(handle.id)}
-    assert steps["square"]["status"] == "succeeded"
-    assert steps["square"]["tasks_total"] == count
-    assert steps["square"]["tasks_ok"] == count
+    steps = {s.step: s for s in app.steps(handle.id)}
+    assert steps["square"].status == "succeeded"
+    assert steps["square"].tasks_total == count
+    assert steps["square"].tasks_ok == count
 
 
 def test_join_waits_while_its_branches_have_not_run(make_app, db_url):
@@ -258,10 +259,10 @@ def test_join_waits_while_its_branches_have_not_run(make_app, db_url):
     result = app.status(handle.id)
     assert result.status == "running"
     assert result.outcomes == {"a": "active", "b": "active", "join": "waiting"}
-    steps = {s["step"]: s for s in app.steps(handle.id)}
-    assert steps["join"]["up_pending"] == 2
-    assert steps["join"]["fired_at"] is None
-    assert sorted(t["step"] for t in app.tasks(handle.id)) == ["a", "b"]
+    steps = {s.step: s for s in app.steps(handle.id)}
+    assert steps["join"].up_pending == 2
+    assert steps["join"].fired_at is None
+    assert sorted(t.step for t in app.tasks(handle.id)) == ["a", "b"]
     with psycopg.connect(db_url) as conn:
         (n,) = conn.execute(
             "SELECT count(*) FROM konduit_tasks WHERE execution_id = %s AND step = 'join'",
@@ -336,9 +337,9 @@ def test_all_done_join_fires_with_the_successful_branches(make_app, db_url):
     assert result.outcomes["bad"] == "failed"
     assert result.outcomes["gather"] == "succeeded"
 
-    dead = [d for d in app.dead_letters() if d["execution_id"] == handle.id]
-    assert [(d["step"], d["attempt"], d["workflow_name"]) for d in dead] == [("bad", 2, "all-done")]
-    assert "RuntimeError: bad branch exploded on attempt 2" in dead[0]["error"]
+    dead = [d for d in app.dead_letters() if d.execution_id == handle.id]
+    assert [(d.step, d.attempt, d.workflow_name) for d in dead] == [("bad", 2, "all-done")]
+    assert "RuntimeError: bad branch exploded on attempt 2" in dead[0].error
     bad_attempts = [(a[2], a[3]) for a in attempts_of(db_url, handle.id) if a[0] == "bad"]
     assert bad_attempts == [(1, "retry"), (2, "failed")]
 
@@ -394,8 +395,8 @@ def test_retries_until_success_with_stable_idempotency_key(make_app, db_url):
     assert "ConnectionError: flaky attempt 1" in rows[0][4]
     assert "ConnectionError: flaky attempt 2" in rows[1][4]
     assert rows[2][4] is None
-    assert tasks_by_step(app, handle.id)["flaky"][0]["attempt"] == 3
-    assert not [d for d in app.dead_letters() if d["execution_id"] == handle.id]
+    assert tasks_by_step(app, handle.id)["flaky"][0].attempt == 3
+    assert not [d for d in app.dead_letters() if d.execution_id == handle.id]
 
 
 class PermanentError(konduit.NonRetryableError):
@@ -472,7 +473,7 @@ def test_a_raising_handler_never_takes_the_worker_down(make_app, db_url):
     with running_worker(app, concurrency=1):
         assert good.wait(timeout=WAIT).output == "still here"
     assert ran == ["raise-value", "raise-system-exit", "raise-keyboard", "fine"]
-    workers = {t["worker_id"] for h in [*bad, good] for t in app.tasks(h.id)}
+    workers = {t.worker_id for h in [*bad, good] for t in app.tasks(h.id)}
     assert len(workers) == 1
 
 
@@ -565,7 +566,7 @@ def test_cancel_before_any_worker_claims_nothing_later(make_app, db_url):
     with pytest.raises(konduit.ExecutionFailed) as info:
         handle.wait(timeout=WAIT)
     assert info.value.result.status == "cancelled"
-    assert [(t["step"], t["status"], t["attempt"]) for t in app.tasks(handle.id)] == [
+    assert [(t.step, t.status, t.attempt) for t in app.tasks(handle.id)] == [
         ("root", "cancelled", 0)
     ]
 
@@ -575,7 +576,7 @@ def test_cancel_before_any_worker_claims_nothing_later(make_app, db_url):
     with running_worker(app, concurrency=2):
         assert later.wait(timeout=WAIT).status == "succeeded"
     assert ran == [later.id, later.id]
-    assert [(t["step"], t["status"], t["attempt"]) for t in app.tasks(handle.id)] == [
+    assert [(t.step, t.status, t.attempt) for t in app.tasks(handle.id)] == [
         ("root", "cancelled", 0)
     ]
     assert attempts_of(db_url, handle.id) == []

@@ -58,7 +58,7 @@ def test_the_execution_error_names_the_invalid_fields(make_app: Callable[..., ko
     assert "For further information" not in error and "errors.pydantic.dev" not in error
     assert "language: Field required" in error and "words: Field required" in error
     [letter] = app.dead_letters()
-    assert "language: Field required" in letter["error"]
+    assert "language: Field required" in letter.error
 
 
 @pytest.mark.storage
@@ -88,16 +88,16 @@ def test_a_repaired_dead_letter_leaves_the_list_and_stays_in_the_history(
         for h in (other, handle):
             with pytest.raises(konduit.ExecutionFailed):
                 h.wait(timeout=15)
-        assert sorted(str(d["execution_id"]) for d in app.dead_letters()) \
+        assert sorted(str(d.execution_id) for d in app.dead_letters()) \
             == sorted([str(other.id), str(handle.id)])
         broken["on"] = False
         assert "charge" in app.repair(handle.id)
         assert handle.wait(timeout=15).output == "charged"
     [letter] = app.dead_letters()
-    assert letter["execution_id"] == other.id
+    assert letter.execution_id == other.id
     # The history still has the failed try of the repaired execution.
-    failed = [t for t in app.tasks(handle.id) if t["step"] == "charge"]
-    assert [(t["generation"], t["status"]) for t in failed] == [(1, "failed"), (2, "succeeded")]
+    failed = [t for t in app.tasks(handle.id) if t.step == "charge"]
+    assert [(t.generation, t.status) for t in failed] == [(1, "failed"), (2, "succeeded")]
     with serving(create_app(database_client(db_url))) as base, httpx.Client(base_url=base) as http:
         assert [d["execution_id"] for d in http.get("/api/v1/dead-letters").json()] \
             == [str(other.id)]
@@ -131,4 +131,4 @@ def test_a_validation_error_raised_in_a_handler_names_the_fields(
     assert "language: Field required" in last and "words: Input should be a valid integer" in last
     assert "errors.pydantic.dev" not in last
     [letter] = app.dead_letters()
-    assert "language: Field required" in letter["error"].strip().splitlines()[-1]
+    assert "language: Field required" in letter.error.strip().splitlines()[-1]

@@ -66,8 +66,8 @@ def test_quorum_fires_once_on_simultaneous_successes(make_app, width, k, trials)
         harness.close()
     assert fired == [1] * trials
     steps = app.steps(harness.last_execution)
-    join = next(s for s in steps if s["step"] == "join")
-    assert join["up_ok"] == width and join["up_pending"] == 0  # every late success recorded
+    join = next(s for s in steps if s.step == "join")
+    assert join.up_ok == width and join.up_pending == 0  # every late success recorded
 
 
 def run_trials(harness: Harness, trials: int, make: Callable[[threading.Barrier], CompleteFn]

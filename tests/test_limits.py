@@ -213,7 +213,7 @@ def test_map_item_postgres_cannot_take_fails_the_execution(
     error = info.value.result.error or ""
     assert "map step 'each' cannot fan out" in error
     assert expected in error
-    assert not [t for t in app.tasks(handle.id) if t["step"] == "each"]  # none half-created
+    assert not [t for t in app.tasks(handle.id) if t.step == "each"]  # none half-created
 
 
 @storage

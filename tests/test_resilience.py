@@ -218,7 +218,7 @@ def test_cancel_during_fan_out_stops_running_branches_and_claims_nothing_more(
         handle.id,
     )
     assert closed == (True,)
-    steps = {s["step"]: s["status"] for s in app.steps(handle.id)}
+    steps = {s.step: s.status for s in app.steps(handle.id)}
     assert steps["join"] == "cancelled"
 
 
@@ -472,9 +472,9 @@ def test_handler_killing_its_worker_is_dead_lettered_after_max_attempts(
     tried = attempts(db_url, handle.id)
     assert [(n, o) for n, o, _ in tried["crash"]] == [(1, "lost"), (2, "lost"), (3, "lost")]
     assert len({w for _, _, w in tried["crash"]}) == 3  # one dead worker process per attempt
-    dead = [d for d in app.dead_letters() if str(d["execution_id"]) == str(handle.id)]
-    assert [(d["step"], d["attempt"]) for d in dead] == [("crash", 3)]
-    assert "lease expired" in dead[0]["error"]
+    dead = [d for d in app.dead_letters() if str(d.execution_id) == str(handle.id)]
+    assert [(d.step, d.attempt) for d in dead] == [("crash", 3)]
+    assert "lease expired" in dead[0].error
 
 
 # -- 5. a stale worker completing late ----------------------------------------------------------
@@ -587,7 +587,7 @@ def test_oversized_output_fails_the_task_naming_the_limit(make_app, db_url):
     ((n, outcome, _),) = attempts(db_url, handle.id)["big"]
     assert (n, outcome) == (1, "failed")
     (task,) = app.tasks(handle.id)
-    assert "limit of 1000 bytes" in task["error"]
+    assert "limit of 1000 bytes" in task.error
     assert rows(db_url, "SELECT count(*) FROM konduit_outputs") == [(0,)]
 
 
@@ -638,11 +638,11 @@ def test_unprintable_exceptions_fail_their_task_and_the_worker_runs_on(make_app,
             assert failed.value.result.status == "failed"
     for name, h in bad.items():
         (task,) = app.tasks(h.id)
-        assert task["status"] == "failed"
-        assert name in task["error"], task["error"]  # the class name, at least
+        assert task.status == "failed"
+        assert name in task.error, task.error  # the class name, at least
         ((n, outcome, _),) = next(iter(attempts(db_url, h.id).values()))
         assert (n, outcome) == (1, "failed")  # the handler's own failure, not a lost lease
-    workers = {t["worker_id"] for h in [*bad.values(), good] for t in app.tasks(h.id)}
+    workers = {t.worker_id for h in [*bad.values(), good] for t in app.tasks(h.id)}
     assert len(workers) == 1
 
 
@@ -666,5 +666,5 @@ def test_handler_error_text_with_nul_is_recorded(make_app, db_url, kind):
     assert [(n, o) for n, o, _ in attempts(db_url, handle.id)["error_with_nul"]] == [
         (1, "retry"), (2, "failed")]
     (task,) = app.tasks(handle.id)
-    assert "bad byte \\x00 in the input" in task["error"]
-    assert "\x00" not in task["error"]
+    assert "bad byte \\x00 in the input" in task.error
+    assert "\x00" not in task.error

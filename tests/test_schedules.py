@@ -219,12 +219,12 @@ def test_a_worker_starts_the_ticks_and_handlers_see_scheduled_at(make_app, db_ur
                                "input": {"channel": "web"}}
         assert key == tick_key("nightly", scheduled_at)
         assert deadline_at == scheduled_at + timedelta(minutes=30)
-    listed = {s["name"]: s for s in app.schedules()}
+    listed = {s.name: s for s in app.schedules()}
     nightly = listed["nightly"]
-    assert nightly["workflow_name"] == "nightly-publish" and nightly["schedule"] == "every 1s"
-    assert nightly["last_execution_id"] is not None and not nightly["paused"]
-    assert not nightly["behind"]
-    assert nightly["next_tick"] > nightly["last_tick"]
+    assert nightly.workflow_name == "nightly-publish" and nightly.schedule == "every 1s"
+    assert nightly.last_execution_id is not None and not nightly.paused
+    assert not nightly.behind
+    assert nightly.next_tick > nightly.last_tick
 
 
 def test_flow_limited_steps_see_scheduled_at_too(make_app, db_url: str) -> None:

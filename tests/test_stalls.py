@@ -32,7 +32,7 @@ from konduit.observe.metrics import serve
 from konduit.web import create_app, database_client
 from konduit.worker.config import WorkerConfig
 from tests.support.browser import serving
-from tests.support.waiting import until
+from tests.support.waiting import until, wait_for_passes
 from tests.support.workers import running_worker
 from tests.test_cli import konduit_cli
 from tests.test_metrics import scrape, value
@@ -127,14 +127,15 @@ def test_a_stall_the_data_cannot_decide_stays_an_open_alert_everywhere(
     # task that does not exist, and nothing says what it would have returned.
     sql(db_url, "DELETE FROM konduit_tasks WHERE execution_id = %s AND step = 'first' "
         "RETURNING id", handle.id)
-    with running_worker(app, **FAST):
+    with running_worker(app, **FAST) as worker:
         [alert] = until(lambda: app.alerts(kind="execution_stalled"), 15, "the stall alert")
         assert alert.open and alert.severity == "critical" and alert.subject == str(handle.id)
         assert str(handle.id) in alert.message
         assert alert.details["reasons"] == [
             "step 'first' waits for 1 task that neither exist nor can run (none is ready, "
             "running or waiting, none ended uncounted)"]
-        time.sleep(0.6)  # more passes: the same stall is neither raised nor counted again
+        # More passes: the same stall is neither raised nor counted again.
+        wait_for_passes(worker, "stalls", n=3)
         assert [a.id for a in app.alerts(include_resolved=True, kind="execution_stalled")] \
             == [alert.id]
         assert stalls(db_url) == {(wf.name, False): 1}

@@ -115,13 +115,13 @@ def test_a_start_makes_the_same_few_statements_for_5_roots_as_for_500(make_app, 
         handle = app.start("wide", input={"n": 2})
     assert big == small, (big, small)
     assert sum(big.values()) <= 2, big  # today: one, the insert; + one lookup on a reused key
-    steps = {s["step"]: s for s in app.steps(handle)}
+    steps = {s.step: s for s in app.steps(handle)}
     assert len(steps) == 501
-    assert {s["status"] for n, s in steps.items() if n != "join"} == {"active"}
-    assert steps["join"]["status"] == "waiting" and steps["join"]["up_pending"] == 500
+    assert {s.status for n, s in steps.items() if n != "join"} == {"active"}
+    assert steps["join"].status == "waiting" and steps["join"].up_pending == 500
     tasks = app.tasks(handle)
-    assert sorted(t["step"] for t in tasks) == sorted(f"r{i}" for i in range(500))
-    assert {t["status"] for t in tasks} == {"ready"}
+    assert sorted(t.step for t in tasks) == sorted(f"r{i}" for i in range(500))
+    assert {t.status for t in tasks} == {"ready"}
 
 
 def test_a_join_firing_500_steps_creates_their_tasks_in_one_statement(make_app, db_url):
@@ -203,7 +203,7 @@ def test_dicts_and_requests_mix_and_every_option_is_honoured(make_app, db_url):
     assert got[2][5] == deadline and got[0][5] is None
     assert 3590 < got[1][6].total_seconds() < 3610 and got[0][6] is None
     side = [t for t in app.tasks(handles[1])]
-    assert len(side) == 4 and {t["step"] for t in side} == {"r0", "r1", "r2", "r3"}
+    assert len(side) == 4 and {t.step for t in side} == {"r0", "r1", "r2", "r3"}
     assert scalar(db_url, "SELECT count(DISTINCT queue) FROM konduit_tasks") == 2
     with running_worker(app, concurrency=8, queues=("default", "side")):
         outputs = [h.wait(timeout=WAIT).output for h in handles]
@@ -429,7 +429,7 @@ def test_names_and_queues_that_are_tricky_in_an_array_literal_survive_the_templa
     wf.step(name="join", after=steps, queue="NULL")(lambda ctx: sorted(ctx.upstream))
     app = make_app(wf)
     [handle] = app.start_many([{"workflow": "odd"}])
-    assert sorted(s["step"] for s in app.steps(handle)) == sorted([*steps, "join"])
+    assert sorted(s.step for s in app.steps(handle)) == sorted([*steps, "join"])
     with psycopg.connect(db_url) as conn:
         rows = conn.execute("SELECT step, queue FROM konduit_tasks WHERE execution_id = %s",
                             (handle.id,)).fetchall()

@@ -118,8 +118,8 @@ def test_a_failed_delivery_is_retried_exactly_once_with_a_valid_signature(make_a
     assert payload["outcomes"] == {"only": "succeeded"}
     assert datetime.fromisoformat(payload["finished_at"]) <= datetime.now(UTC)
     (row,) = app.webhook_deliveries()
-    assert (row["status"], row["attempts"], row["last_status_code"]) == ("delivered", 2, 200)
-    assert row["last_error"] == "HTTP 500 Internal Server Error"
+    assert (row.status, row.attempts, row.last_status_code) == ("delivered", 2, 200)
+    assert row.last_error == "HTTP 500 Internal Server Error"
 
 
 @pytest.mark.storage
@@ -130,8 +130,8 @@ def test_a_loopback_receiver_is_refused_and_sent_nothing(make_app, db_url):
             app.start("hooked").wait(timeout=30)
             (row,) = until(lambda: app.webhook_deliveries(status="refused"), 30, "a refused webhook")
         assert hook_receiver.requests == []
-    assert row["attempts"] == 1
-    assert "127.0.0.1 (loopback)" in row["last_error"] and "allow_private" in row["last_error"]
+    assert row.attempts == 1
+    assert "127.0.0.1 (loopback)" in row.last_error and "allow_private" in row.last_error
 
 
 @pytest.mark.storage
@@ -312,7 +312,7 @@ def test_cli_lists_deliveries_and_retries_a_failed_one(make_app, db_url):
     proc = konduit_cli("webhooks", "--retry", str(delivery[0]), "--database-url", db_url)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (row,) = app.webhook_deliveries()
-    assert (row["status"], row["attempts"]) == ("pending", 0)
+    assert (row.status, row.attempts) == ("pending", 0)
     with pytest.raises(konduit.KonduitError, match="unknown delivery status"):
         app.webhook_deliveries(status="lost")
 

@@ -106,7 +106,7 @@ def test_status_hints_when_no_live_worker_serves_a_running_execution(
         assert cli_json("status", eid, "--database-url", db_url)["served_by_live_worker"] is False
 
     with worker_up(app):
-        until(lambda: app.tasks(eid)[0]["status"] == "running", what="the step to start")
+        until(lambda: app.tasks(eid)[0].status == "running", what="the step to start")
         doc = cli_json("status", eid, "--database-url", db_url)
         assert doc["status"] == "running"
         assert doc["served_by_live_worker"] is True and doc["hint"] is None

@@ -447,16 +447,19 @@ class App:
         stop_after: float | None = None,
         stop_event: threading.Event | None = None,
         connect_wait: float | None = None,
+        on_worker: Callable[[Worker], None] | None = None,
         **options: Any,
     ) -> Worker:
         """Run a worker in this thread until SIGINT/SIGTERM (graceful), ``stop_after`` seconds,
         or ``stop_event`` is set. A database that does not answer at start is waited for
         (``connect_wait`` seconds; ``None``, the default: until it answers or the worker is
-        stopped); each failed attempt is logged."""
+        stopped); each failed attempt is logged. ``on_worker`` is called with the
+        :class:`Worker` once it is built, before it runs (e.g. to wait on its ``passes`` from
+        another thread)."""
         config = WorkerConfig(concurrency=concurrency, queues=tuple(queues), **options)
 
         async def main() -> Worker:
-            runner = _WorkerRun(self, config, connect_wait)
+            runner = _WorkerRun(self, config, connect_wait, on_worker)
             loop = asyncio.get_running_loop()
             if threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGINT, signal.SIGTERM):
@@ -494,10 +497,12 @@ class App:
 class _WorkerRun:
     """One worker's life: wait for the database, then run; a stop request ends either phase."""
 
-    def __init__(self, app: App, config: WorkerConfig, connect_wait: float | None):
+    def __init__(self, app: App, config: WorkerConfig, connect_wait: float | None,
+                 on_worker: Callable[[Worker], None] | None = None):
         self.app = app
         self.config = config
         self.connect_wait = connect_wait
+        self.on_worker = on_worker
         self.worker: Worker | None = None
         self.stopped = False
         self.opening: asyncio.Task[Database] | None = None
@@ -531,6 +536,8 @@ class _WorkerRun:
         bind_worker(config.worker_id)
         if tracing_active(app.tracing):
             self.worker.executor.tracer = AttemptTracer(config.worker_id, app.tracing)
+        if self.on_worker is not None:
+            self.on_worker(self.worker)
         if self.stopped:
             self.worker.stop()
         try:

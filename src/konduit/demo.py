@@ -263,12 +263,12 @@ def _summary(app: konduit.App, ids: list[UUID], results: dict[UUID, ExecutionRes
             bad.append(f"[yellow]{name}[/yellow]" if status == "degraded"
                        else f"[red]{name} {status}[/red]")
         join = steps["publish"]
-        straggler = join["straggler"]
+        straggler = join.straggler
         if straggler in straggled:
             straggled[straggler] += 1
-        slowest = _seconds(steps[straggler]["fired_at"], steps[straggler]["ended_at"]) \
+        slowest = _seconds(steps[straggler].fired_at, steps[straggler].ended_at) \
             if straggler else None
-        published = join["ended_at"] if join["status"] in ("succeeded", "degraded") else None
+        published = join.ended_at if join.status in ("succeeded", "degraded") else None
         window = windows[eid]
         if published is not None and published <= window:
             summary.in_window += 1
@@ -283,7 +283,7 @@ def _summary(app: konduit.App, ids: list[UUID], results: dict[UUID, ExecutionRes
             f"[{color}]{result.status}[/{color}]",
             format_elapsed(_seconds(result.created_at, result.finished_at)),
             made,
-            format_elapsed(_seconds(join["first_upstream_at"], join["fired_at"])),
+            format_elapsed(_seconds(join.first_upstream_at, join.fired_at)),
             f"[yellow]{straggler}[/yellow] {format_elapsed(slowest)}" if straggler else "—",
             ", ".join(bad) or "—",
         )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -34,8 +35,10 @@ from typing import Any
 from konduit.app import App
 from konduit.core.workflow import Workflow
 from konduit.errors import KonduitError
+from konduit.worker.worker import Worker
 
-__all__ = ["DatabasePool", "TestWorkerError", "fresh_database", "run", "worker_thread"]
+__all__ = ["DatabasePool", "TestWorkerError", "WorkerThread", "fresh_database", "run",
+           "wait_for_passes", "worker_thread"]
 
 
 class TestWorkerError(KonduitError):
@@ -439,9 +442,10 @@ def run(
 @contextmanager
 def worker_thread(
     app: App, *, concurrency: int = 4, poll_interval: float = 0.1, **worker_options: Any
-) -> Iterator[None]:
+) -> Iterator[WorkerThread]:
     """Run a worker of ``app`` on a background thread for the duration of the block (the
-    worker of :func:`run`, for an App of your own on a database of your own).
+    worker of :func:`run`, for an App of your own on a database of your own). The block gets
+    a :class:`WorkerThread`, to wait for the passes of the worker's background services.
 
     At the end of the block the worker is asked to stop and joined (running tasks get its
     ``shutdown_grace``, 10 s by default). If the worker thread died, or did not stop,
@@ -449,20 +453,23 @@ def worker_thread(
     """
     stop = threading.Event()
     errors: list[BaseException] = []
+    handle = WorkerThread()
 
     def work() -> None:
         try:
             app.run_worker(
                 concurrency=concurrency, stop_event=stop, poll_interval=poll_interval,
-                **worker_options,
+                on_worker=handle._built, **worker_options,
             )
         except BaseException as exc:  # raised in the test's thread at the end of the block
             errors.append(exc)
+        finally:
+            handle._ended.set()  # a waiter must not wait out its timeout for a dead worker
 
     thread = threading.Thread(target=work, name="konduit-testing-worker", daemon=True)
     thread.start()
     try:
-        yield
+        yield handle
     finally:
         stop.set()
         grace = float(worker_options.get("shutdown_grace", 10.0))
@@ -473,3 +480,53 @@ def worker_thread(
         raise TestWorkerError(
             f"the test worker did not stop within {grace + 30.0:.0f}s of the end of the block"
         )
+
+
+class WorkerThread:
+    """The worker of a :func:`worker_thread` block, seen from the test's thread."""
+
+    def __init__(self) -> None:
+        self._worker: Worker | None = None
+        self._ready = threading.Event()
+        self._ended = threading.Event()
+
+    def _built(self, worker: Worker) -> None:
+        self._worker = worker
+        self._ready.set()
+
+    def worker(self, timeout: float = 30.0) -> Worker:
+        """The :class:`~konduit.worker.worker.Worker`, once it is built (it may still be
+        waiting for the database); :class:`TestWorkerError` if it is not within ``timeout``."""
+        if not self._ready.wait(timeout) or self._worker is None:
+            raise TestWorkerError(f"the test worker was not built within {timeout} s")
+        return self._worker
+
+    def wait_for_passes(self, service: str, n: int = 2, timeout: float = 30.0) -> int:
+        """Block until the worker's ``service`` (one of :data:`konduit.worker.passes.SERVICES`:
+        ``"maintenance"``, ``"stalls"``, ``"repair"``, ``"alerts"``, ``"hedging"`` ...)
+        completes ``n`` more passes; return its count of passes. ``n=2``, the default, makes
+        sure one whole pass began after the call. :class:`TimeoutError` names the service."""
+        if n < 1:
+            raise ValueError(f"n must be at least 1 (got {n!r})")
+        deadline = time.monotonic() + timeout
+        passes = self.worker(timeout).passes
+        goal = passes.count(service) + n
+        # In slices: a worker that died sends no more passes, and must not cost the timeout.
+        while not passes.reach(service, goal, min(0.5, max(0.0, deadline - time.monotonic()))):
+            if self._ended.is_set():
+                raise TestWorkerError(f"the test worker ended before {n} more {service!r} "
+                                      f"passes (it did {passes.count(service) - goal + n})")
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the {service!r} service completed "
+                                   f"{passes.count(service) - goal + n} of {n} passes within "
+                                   f"{timeout} s")
+        return passes.count(service)
+
+def wait_for_passes(worker: WorkerThread | Worker, service: str, n: int = 2,
+                    timeout: float = 30.0) -> int:
+    """Wait for ``n`` more completed passes of ``service`` of ``worker`` (a :class:`Worker`,
+    or the :class:`WorkerThread` of a :func:`worker_thread` block): a test waits for the event
+    it needs (the watchdog looked again) rather than sleeping for a guess."""
+    if isinstance(worker, WorkerThread):
+        return worker.wait_for_passes(service, n, timeout)
+    return worker.passes.wait(service, n, timeout=timeout)

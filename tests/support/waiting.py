@@ -3,6 +3,8 @@ waits for is true, and fails naming it when it never comes.
 
 The deadlines are generous on purpose: the suite runs on a loaded machine, where a step that
 takes 50 ms alone can take seconds; a deadline bounds a hang, it does not measure speed.
+What a background service does at its next pass is waited for with :func:`wait_for_passes`
+(the service says when a pass is done), never with a sleep the length of a few passes.
 """
 
 from __future__ import annotations
@@ -10,6 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from konduit.testing import wait_for_passes
+
+__all__ = ["holds", "until", "wait_for_passes"]
 
 T = TypeVar("T")
 

@@ -21,14 +21,16 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 @contextmanager
-def running_worker(app: konduit.App, concurrency: int = 8, **options: Any) -> Iterator[None]:
-    """Run a worker of ``app`` on a thread for the duration of the block; an error it died of
-    is raised as it is at the end (tests expect e.g. ``WorkerUnhealthy`` itself, not the
+def running_worker(app: konduit.App, concurrency: int = 8,
+                   **options: Any) -> Iterator[konduit.testing.WorkerThread]:
+    """Run a worker of ``app`` on a thread for the duration of the block (which gets its
+    :class:`konduit.testing.WorkerThread`, to wait for passes); an error it died of is raised
+    as it is at the end (tests expect e.g. ``WorkerUnhealthy`` itself, not the
     :class:`konduit.testing.TestWorkerError` that wraps it)."""
     options.setdefault("poll_interval", 0.2)
     try:
-        with konduit.testing.worker_thread(app, concurrency=concurrency, **options):
-            yield
+        with konduit.testing.worker_thread(app, concurrency=concurrency, **options) as worker:
+            yield worker
     except konduit.testing.TestWorkerError as died:
         if died.__cause__ is None:  # it did not stop: nothing more precise to raise
             raise

@@ -26,7 +26,9 @@ from konduit.errors import KonduitError, NonRetryableError, WorkflowDefinitionEr
 
 if TYPE_CHECKING:
     from konduit.core.policies import Deadline, Retry
-    from konduit.core.workflow import StepRef
+
+StepRef = str | Callable[..., Any]
+"""A step named, or given by its handler (core.workflow, which imports this module, uses it)."""
 
 WAIT_KINDS = tuple(WaitKind)
 _EVENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}$")

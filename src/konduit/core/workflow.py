@@ -25,12 +25,12 @@ from konduit.core.schedules import Schedule
 from konduit.core.schedules import define as define_schedule
 from konduit.core.shares import parse_share
 from konduit.core.validation import OutputValidator
+from konduit.core.waits import StepRef as StepRef
 from konduit.core.waits import WaitSpec, WaitSteps
 from konduit.errors import DefinitionWarning, KonduitError, WorkflowDefinitionError
 
 Handler = Callable[..., Any]
 F = TypeVar("F", bound=Handler)
-StepRef = str | Handler
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,99}$")
 

@@ -137,13 +137,14 @@ class Alerting:
     def workflows(self) -> list[str]:
         return sorted({spec.name for spec in self.registry})
 
-    async def run(self, interval: float) -> None:
+    async def run(self, interval: float, *, passed: Callable[[], None] = lambda: None) -> None:
         """Evaluate every ``interval`` seconds until cancelled; a failed round is logged and the
-        next one tries again."""
+        next one tries again. ``passed`` is called after each round that ran to its end."""
         while True:
             await asyncio.sleep(interval)
             try:
                 await self.evaluate()
+                passed()
             except (DatabaseError, KonduitError) as exc:
                 log.warning("alert evaluation failed: %s", exc)
             except Exception:  # a bug in a rule must not end alerting for the worker's life

@@ -20,6 +20,7 @@ import asyncio
 import builtins
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -202,15 +203,17 @@ class Schedules:
             return []
         return [(tick, eid)]
 
-    async def run(self) -> None:
+    async def run(self, *, passed: Callable[[], None] = lambda: None) -> None:
         """Start due ticks until cancelled, waking at each next tick (and at least every
         :data:`MAX_WAIT` seconds). A worker runs it beside its claim loop: its maintenance
-        sweeps every couple of seconds, too coarse for an ``every="1s"`` schedule."""
+        sweeps every couple of seconds, too coarse for an ``every="1s"`` schedule. ``passed``
+        is called after each round that ran to its end."""
         if not self.names:
             return
         while True:
             try:
                 _, wait = await self.run_due()
+                passed()
             except (DatabaseError, KonduitError) as exc:
                 log.warning("schedules round failed: %s", exc)
                 wait = 1.0

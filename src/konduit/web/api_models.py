@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -10,6 +11,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validato
 
 from konduit.core.durations import parse_duration
 from konduit.errors import KonduitError
+from konduit.records import WorkerRecord
 
 ExecutionStatus = Literal["pending", "running", "succeeded", "failed", "timed_out", "cancelled"]
 
@@ -279,20 +281,11 @@ class WorkflowOut(BaseModel):
     joins: list[Join]
 
 
-class WorkerOut(BaseModel):
-    id: str
-    hostname: str
-    pid: int
-    concurrency: int
-    queues: list[str] | None = None
-    workflows: list[str] | None = None
-    isolation: str | None = None
-    running: int
-    abandoned: int
-    started_at: datetime
-    last_heartbeat_at: datetime
-    lease_seconds: float
-    heartbeat_age: float
+# The fields of the record the Client returns, declared once there (the columns are NOT NULL:
+# queues, workflows and isolation are required in the schema, as they always were in the JSON).
+@dataclass(frozen=True)
+class WorkerOut(WorkerRecord):
+    """A worker that is up: what it serves and runs."""
 
 
 class ScheduleOut(BaseModel):

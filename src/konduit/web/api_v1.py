@@ -44,7 +44,7 @@ from konduit.web.problems import FieldError, problem, problem_responses
 from konduit.web.templating import env
 
 if TYPE_CHECKING:
-    from konduit.web.app import Clients
+    from konduit.web.clients import Clients
 
 class Refused(Exception):
     """A request refused with a problem (turned into problem+json by the app's handler)."""
@@ -338,7 +338,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     @router.get("/workers", response_model=list[m.WorkerOut], tags=["operations"])
     async def workers() -> list[m.WorkerOut]:
         """The workers that are up, with what they serve and run."""
-        return [m.WorkerOut.model_validate(r.to_dict()) for r in await (await clients.get()).workers()]
+        return [m.WorkerOut.from_row(r.to_dict()) for r in await (await clients.get()).workers()]
 
     @router.get("/schedules", response_model=list[m.ScheduleOut], tags=["operations"])
     async def schedules() -> list[m.ScheduleOut]:

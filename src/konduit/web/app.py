@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
@@ -28,7 +28,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import CollectorRegistry
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
@@ -36,6 +35,7 @@ from konduit.app import App
 from konduit.engine.client import Client
 from konduit.errors import (
     AmbiguousExecutionId,
+    DashboardError,
     DatabaseError,
     DatabaseUnavailable,
     ExecutionNotFound,
@@ -43,18 +43,15 @@ from konduit.errors import (
     SchemaOutdated,
     StatsError,
 )
-from konduit.errors import (
-    DashboardError as DashboardError,
-)
-from konduit.observe.metrics import KonduitCollector
 from konduit.web import actions, operate, ops, pages, problems, wiring
+from konduit.web.clients import ClientFactory as ClientFactory
+from konduit.web.clients import Clients as Clients
 from konduit.web.detail import Detail as Detail
 from konduit.web.security import Security, Token, check_bind
 from konduit.web.site import Site
 from konduit.web.templating import env as env
 from konduit.web.templating import templates as templates
 
-ClientFactory = Callable[[], Awaitable[Client]]
 REFRESH_SECONDS = 2
 
 
@@ -73,44 +70,6 @@ def database_client(database_url: str | None = None, app: App | None = None) -> 
         return await fresh.client_async()  # a down server answers now (open_database)
 
     return make
-
-
-class Clients:
-    """The dashboard's one client and metrics collector, made on first use."""
-
-    def __init__(self, factory: ClientFactory):
-        self.factory = factory
-        self.client: Client | None = None
-        self.metrics: CollectorRegistry | None = None
-        self.collector: KonduitCollector | None = None
-        self.lock, self.metrics_lock = asyncio.Lock(), asyncio.Lock()
-
-    async def get(self) -> Client:
-        async with self.lock:
-            if self.client is None:
-                self.client = await self.factory()
-            return self.client
-
-    async def drop(self) -> None:
-        async with self.lock:
-            client, self.client = self.client, None
-        if client is not None:
-            await client.close()
-
-    async def registry(self) -> CollectorRegistry:
-        """The Prometheus registry of ``konduit metrics``'s collector, on the client's database."""
-        async with self.metrics_lock:
-            if self.metrics is None:
-                url = (await self.get()).database_url
-                self.collector = await asyncio.to_thread(KonduitCollector, url)
-                self.metrics = CollectorRegistry()
-                self.metrics.register(self.collector)
-            return self.metrics
-
-    async def close(self) -> None:
-        await self.drop()
-        if self.collector is not None:
-            await asyncio.to_thread(self.collector.close)
 
 
 def wants_json(request: Request) -> bool:

@@ -19,7 +19,7 @@ from konduit.web.login import login_router
 from konduit.web.security import Security, SecurityMiddleware
 
 if TYPE_CHECKING:
-    from konduit.web.app import Clients
+    from konduit.web.clients import Clients
 
 ProblemPage = Callable[[Request, int, str, str], Response]
 

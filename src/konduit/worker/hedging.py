@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from konduit.core.hedging import HISTORY_SECONDS, Hedge, threshold
 from konduit.core.model import TaskAttempt
@@ -29,9 +30,11 @@ MIN_POLL = 0.1
 class Hedger:
     """Hedge claims for one worker: the hedged steps it serves and their thresholds."""
 
-    def __init__(self, db: Database, registry: Registry, config: WorkerConfig):
+    def __init__(self, db: Database, registry: Registry, config: WorkerConfig, *,
+                 looked: Callable[[], None] = lambda: None):
         self.db = db
         self.config = config
+        self.looked = looked  # called after each look that ran to its end (Worker.passes)
         self.steps: list[tuple[str, str, Hedge]] = [
             (workflow_key(spec.name, spec.version), step.name, step.hedge)
             for spec in registry
@@ -98,6 +101,7 @@ class Hedger:
             log.warning("looking for stragglers to hedge failed: %s", exc)
             return []
         hedges = [TaskAttempt.from_row(r) for r in rows]
+        self.looked()
         for h in hedges:
             log.info("hedging task %s (%s) attempt %s: it is straggling", h.id, h.step, h.attempt)
         self.started += len(hedges)

@@ -17,6 +17,7 @@ start to recorded outcome. Its components live beside it:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -67,6 +68,7 @@ from konduit.worker.heartbeat import BeatRequest, beat
 from konduit.worker.hedging import Hedger
 from konduit.worker.listener import listen
 from konduit.worker.maintenance import Maintenance
+from konduit.worker.passes import Passes
 from konduit.worker.starter import Jobs, Starter, cancel_job
 from konduit.worker.wakeups import SweepClock
 from konduit.worker.webhook_sender import WebhookSender
@@ -94,6 +96,8 @@ class Worker:
         self.db = db
         self.registry = registry
         self.config = config or WorkerConfig()
+        # Each background service counts its passes, so tests wait for one instead of sleeping.
+        self.passes = Passes()
         self.executor = Executor(
             db, max_payload_bytes=max_payload_bytes, isolation=self.config.isolation,
             fallback_timeout=self.config.fallback_timeout,
@@ -116,7 +120,8 @@ class Worker:
         self.webhooks = list(webhooks)
         self.webhook_sender = WebhookSender(db, self.webhooks, worker_id=self.config.worker_id) \
             if self.webhooks else None
-        self.hedger = Hedger(db, registry, self.config)
+        self.hedger = Hedger(db, registry, self.config,
+                             looked=functools.partial(self.passes.done, "hedging"))
         self.running: dict[int, tuple[TaskAttempt, asyncio.Task[None]]] = {}  # by TaskAttempt.key
         self.contexts: dict[int, Context] = {}
         self._wake = asyncio.Event()
@@ -194,10 +199,13 @@ class Worker:
                 asked=self.beat_request),
                 name="konduit-heartbeat"),
             asyncio.create_task(self._maintain(), name="konduit-maintenance"),
-            *([asyncio.create_task(self.alerting.run(cfg.alert_interval), name="konduit-alerts")]
-              if cfg.alert_interval > 0 else []),
+            *([asyncio.create_task(self.alerting.run(
+                cfg.alert_interval, passed=functools.partial(self.passes.done, "alerts")),
+                name="konduit-alerts")] if cfg.alert_interval > 0 else []),
             # Every worker tries each tick; the tick's idempotency key lets one execution exist.
-            asyncio.create_task(self.schedules.run(), name="konduit-schedules"),
+            asyncio.create_task(self.schedules.run(
+                passed=functools.partial(self.passes.done, "schedules")),
+                name="konduit-schedules"),
             *([asyncio.create_task(self.webhook_sender.run(), name="konduit-webhooks")]
               if self.webhook_sender is not None else []),
             asyncio.create_task(self.batcher.run(), name="konduit-completer"),
@@ -562,30 +570,37 @@ class Worker:
         """The maintenance loop: the full pass every interval, and in between what comes due
         (a deadline, a timer, an automatic repair) at its moment (:class:`SweepClock`)."""
         clock = self.sweep_clock
+        step = self._pass
         due: set[str] = set()  # the first round only reads what is due
         while True:
             try:
                 full = "full" in due
                 if full and self.may_rescue:
-                    await self.maintenance.rescue()
+                    await step("rescue", self.maintenance.rescue())
                 if full or "deadline" in due:
-                    await self.maintenance.sweep_deadlines(self.running)
+                    await step("deadlines", self.maintenance.sweep_deadlines(self.running))
                 if full or "timer" in due:
-                    await self.maintenance.wake_waits()
+                    await step("waits", self.maintenance.wake_waits())
                 if full:
-                    await self.maintenance.end_timed_out()
-                    await self.maintenance.watch_stalls()
+                    await step("timeouts", self.maintenance.end_timed_out())
+                    await step("stalls", self.maintenance.watch_stalls())
                 if (full or "repair" in due) and self.config.auto_repair:
-                    await self.auto_repairer.repair_due()
+                    await step("repair", self.auto_repairer.repair_due())
                 if full and self.retention is not None:
-                    await self.retention.run_if_due()
+                    await step("retention", self.retention.run_if_due())
                 await clock.reread(self.db)
                 self.connectivity.connected()
+                if full:
+                    self.passes.done("maintenance")
             except (DatabaseError, KonduitError) as exc:
                 if isinstance(exc, DatabaseUnavailable):
                     self.connectivity.disconnected()
                 log.warning("maintenance failed: %s", exc)
             due = await clock.sleep()
+
+    async def _pass(self, service: str, work: Awaitable[object]) -> None:
+        await work
+        self.passes.done(service)  # only a pass that ran to its end counts
 
     async def _drain(self) -> None:
         """Graceful shutdown: let running tasks finish within the grace period, then cancel the

@@ -48,17 +48,7 @@ JOIN konduit_steps s ON s.execution_id = k.execution_id AND s.step = k.step;
 -- Apply the fan-in decisions of a round to the steps they changed, of several executions, in
 -- (execution, step) order; fired and ended steps get their timestamps.
 UPDATE konduit_steps s
-SET status = u.status,
-    up_pending = u.up_pending,
-    up_ok = u.up_ok,
-    up_failed = u.up_failed,
-    up_required_failed = u.up_required_failed,
-    up_skipped = u.up_skipped,
-    tasks_total = u.tasks_total,
-    tasks_pending = u.tasks_pending,
-    tasks_ok = u.tasks_ok,
-    tasks_degraded = u.tasks_degraded,
-    tasks_failed = u.tasks_failed,
+SET {{step_counters_set}},
     first_upstream_at = u.first_upstream_at,
     last_upstream_at = COALESCE(u.last_upstream_at, s.last_upstream_at),
     straggler = COALESCE(u.straggler, s.straggler),

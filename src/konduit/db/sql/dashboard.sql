@@ -33,12 +33,7 @@ SELECT t.id, t.execution_id, e.workflow_name, e.status AS execution_status, t.st
        t.attempt, t.error, t.finished_at
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
-WHERE t.status = 'failed'
-  -- A repaired dead letter is no longer one: a newer generation of its step ran (the failed
-  -- task stays in the execution's history).
-  AND NOT EXISTS (SELECT 1 FROM konduit_tasks n
-                  WHERE n.execution_id = t.execution_id AND n.step = t.step
-                    AND n.generation > t.generation AND n.started_at IS NOT NULL)
+WHERE {{task_dead_letter}}
   AND (%(before_at)s::timestamptz IS NULL
        OR (t.finished_at, t.id) < (%(before_at)s::timestamptz, %(before_id)s::bigint))
 ORDER BY t.finished_at DESC, t.id DESC

@@ -1,3 +1,19 @@
+-- fragment: step_counters_set
+-- The SET list that writes a step's status and join counters from the row `u` of an unnest
+-- (a round's fan-in decisions, a repair's rebuilt counters): one list, so a counter added is
+-- written by both.
+status = u.status,
+up_pending = u.up_pending,
+up_ok = u.up_ok,
+up_failed = u.up_failed,
+up_required_failed = u.up_required_failed,
+up_skipped = u.up_skipped,
+tasks_total = u.tasks_total,
+tasks_pending = u.tasks_pending,
+tasks_ok = u.tasks_ok,
+tasks_degraded = u.tasks_degraded,
+tasks_failed = u.tasks_failed
+
 -- name: step_get_all
 -- Every step of one execution, for status pages and the final output.
 SELECT step, status, up_total, up_pending, up_ok, up_failed, up_skipped, tasks_total,
@@ -22,17 +38,7 @@ WHERE execution_id = %(execution_id)s AND step = ANY(%(steps)s::text[]);
 -- Repair: put the steps being re-run back to waiting (or active) with rebuilt join counters
 -- (core.repair.plan_repair: no task of a re-run step has ended yet).
 UPDATE konduit_steps s
-SET status = u.status,
-    up_pending = u.up_pending,
-    up_ok = u.up_ok,
-    up_failed = u.up_failed,
-    up_required_failed = u.up_required_failed,
-    up_skipped = u.up_skipped,
-    tasks_total = u.tasks_total,
-    tasks_pending = u.tasks_pending,
-    tasks_ok = u.tasks_ok,
-    tasks_degraded = u.tasks_degraded,
-    tasks_failed = u.tasks_failed,
+SET {{step_counters_set}},
     first_upstream_at = NULL,
     last_upstream_at = NULL,
     straggler = NULL,

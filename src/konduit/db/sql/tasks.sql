@@ -8,7 +8,21 @@
 -- fallback_age (test_queries_fitness checks every statement that includes this returns them).
 t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
 t.lease_token, t.queue, t.generation,
+{{claimed_execution}}
+
+-- fragment: claimed_execution
+-- The columns of its execution `e` a task attempt carries: in claimed_row, and in the claims'
+-- lookup of each claimed task's execution (one list, so a column added reaches every claim).
 e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+
+-- fragment: task_dead_letter
+-- The task `t` is a dead letter: it failed (retries exhausted or non-retryable) and no repair
+-- re-ran its step, i.e. no newer generation of the step started (the failed task stays in the
+-- execution's history). The dead letters' list and the dashboard's page of them share it.
+t.status = 'failed'
+AND NOT EXISTS (SELECT 1 FROM konduit_tasks n
+                WHERE n.execution_id = t.execution_id AND n.step = t.step
+                  AND n.generation > t.generation AND n.started_at IS NOT NULL)
 
 -- fragment: lease_cleared
 -- The SET list that takes a task's (primary) lease away.
@@ -146,7 +160,7 @@ SELECT {{claimed_row}},
 FROM claimed t
 -- A lookup by primary key per claimed task under any plan (LIMIT keeps the subquery from being
 -- flattened): a generic plan, not knowing `limit`, would otherwise hash every execution.
-CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+CROSS JOIN LATERAL (SELECT {{claimed_execution}}
                     FROM konduit_executions e WHERE e.id = t.execution_id LIMIT 1) AS e;
 
 -- name: task_claim_batch_flow_limited
@@ -275,7 +289,7 @@ SELECT {{claimed_row}},
 FROM claimed t
 CROSS JOIN clock k
 -- By primary key per claimed task under any plan, as in task_claim_batch.
-CROSS JOIN LATERAL (SELECT e.workflow_name, e.workflow_version, e.input, e.scheduled_at
+CROSS JOIN LATERAL (SELECT {{claimed_execution}}
                     FROM konduit_executions e WHERE e.id = t.execution_id LIMIT 1) AS e;
 
 -- name: task_complete_many_if_leased
@@ -490,12 +504,7 @@ SELECT t.id, t.execution_id, e.workflow_name, t.step, t.map_index, t.attempt, t.
        t.finished_at
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
-WHERE t.status = 'failed'
-  -- A repaired dead letter is no longer one: a newer generation of its step ran (the failed
-  -- task stays in the execution's history).
-  AND NOT EXISTS (SELECT 1 FROM konduit_tasks n
-                  WHERE n.execution_id = t.execution_id AND n.step = t.step
-                    AND n.generation > t.generation AND n.started_at IS NOT NULL)
+WHERE {{task_dead_letter}}
 ORDER BY t.finished_at DESC
 LIMIT %(limit)s;
 
