@@ -11,6 +11,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from konduit.core import shape
 from konduit.core.advance import ExecutionState
 from konduit.core.durations import Duration
 from konduit.core.model import ExecutionStatus
@@ -41,6 +42,7 @@ from konduit.engine.starts import (
     requests_of,
 )
 from konduit.engine.step_rows import state_columns
+from konduit.engine.versions import VersionReads
 from konduit.engine.waits import SendResult
 from konduit.errors import (
     ExecutionFailed,
@@ -94,7 +96,7 @@ def coerce_execution_id(execution_id: UUID | str) -> UUID:
         raise ExecutionNotFound(f"{execution_id!r} is not an execution id") from None
 
 
-class Client:
+class Client(VersionReads):
     """Everything an application does with executions, as coroutines."""
 
     def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int = DEFAULT_MAX_BYTES,
@@ -106,7 +108,10 @@ class Client:
         self._registered: set[str] = set()
 
     async def register(self, spec: WorkflowSpec) -> None:
-        """Record (name, version, spec hash); a different spec under the same version is refused."""
+        """Record a workflow version. The same definition is a no-op; one that differs only in
+        policy (retries, deadlines, queue, ...) re-registers the version, its policy applying to
+        tasks created from then on; one whose shape (steps, edges, joins, maps, waits) differs
+        is refused, saying what changed (docs/changing-workflows.md)."""
         key = workflow_key(spec.name, spec.version)
         if key in self._registered:
             return
@@ -116,19 +121,33 @@ class Client:
                 name=spec.name,
                 version=spec.version,
                 spec_hash=spec.spec_hash,
+                shape_hash=spec.shape_hash,
                 spec=Jsonb(spec.spec_json),
             )
-            row = await tx.one("workflow_get", name=spec.name, version=spec.version)
+            row = await tx.one("workflow_get_for_update", name=spec.name, version=spec.version)
+            if row is None:  # deleted between the two statements: nothing to compare with
+                raise WorkflowVersionConflict(f"workflow {spec.name!r} version {spec.version} "
+                                              "was removed while it was being registered")
+            if row["spec_hash"] != spec.spec_hash:
+                changes = shape.shape_diff(shape.shape_of(row["spec"] or {}),
+                                           shape.shape_of(spec.spec_json))
+                if changes:
+                    raise WorkflowVersionConflict(
+                        f"workflow {spec.name!r} version {spec.version} is already registered "
+                        f"with a different shape ({'; '.join(changes)}); a shape change needs "
+                        f"a new version number (a policy change does not)")
+                updated = await tx.one("workflow_update_policy_same_shape", name=spec.name,
+                                       version=spec.version, spec_hash=spec.spec_hash,
+                                       shape_hash=spec.shape_hash, spec=Jsonb(spec.spec_json),
+                                       old_spec_hash=row["spec_hash"])
+                if updated is None:  # the row is locked: only a stored shape_hash can differ
+                    raise WorkflowVersionConflict(
+                        f"workflow {spec.name!r} version {spec.version} is registered with "
+                        f"a different shape; a shape change needs a new version number")
             # Limits of a version registered before may have changed (they are not in its
             # hash); a version new here has none to lift.
-            if row is not None and row["spec_hash"] == spec.spec_hash \
-                    and (spec.flow_limits or not inserted):
+            if spec.flow_limits or not inserted:
                 await register_flow_limits(tx, spec)
-        if row is None or row["spec_hash"] != spec.spec_hash:
-            raise WorkflowVersionConflict(
-                f"workflow {spec.name!r} version {spec.version} is already registered with a "
-                f"different definition; give the changed definition a new version number"
-            )
         self._registered.add(key)
 
     async def register_all(self) -> None:
