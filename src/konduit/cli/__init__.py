@@ -21,6 +21,7 @@ from konduit.cli import (
     retention,
     schedules,
     tools,
+    versions,
     waits,
     webhooks,
 )
@@ -71,6 +72,7 @@ cli.command()(observe.metrics)
 cli.command()(observe.stats)
 cli.command()(observe.plan)
 cli.command()(alerts.alerts)
+cli.command()(versions.versions)
 cli.command()(webhooks.webhooks)
 cli.command()(tools.demo)
 cli.command()(tools.bench)
