@@ -13,6 +13,7 @@ from typing import Any
 
 from konduit.engine.client import Client, ExecutionResult
 from konduit.observe.alerts import AlertRecord
+from konduit.records import VersionState
 from konduit.web.summaries import MapSummary, map_summaries
 
 Fields = dict[str, Any]
@@ -40,6 +41,10 @@ class Detail:
     stall: AlertRecord | None = None  # the open execution_stalled alert: why nothing can run
     # step -> its task's budget, and what the window cut it from (konduit.core.budgets)
     budgets: dict[str, Fields] = field(default_factory=dict)
+    # Its version, when it runs and no live worker serves that version (the page's banner).
+    unserved: VersionState | None = None
+    # The policy its tasks were created with (retries, budget, queue, priority, revision).
+    task_policies: list[Fields] = field(default_factory=list)
 
 
 async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool = False) -> Detail:
@@ -62,11 +67,16 @@ async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool 
     else:
         attempts = [a.to_dict() for a in await client.attempts(result.id)]
     payloads = await client.payloads(result.id)
-    return Detail(result, row, spec_steps, steps, attempts,
+    unserved = None if result.finished else next(
+        (v for v in await client.versions(result.workflow)
+         if v.version == result.version and v.unserved), None)
+    detail = Detail(result, row, spec_steps, steps, attempts,
                   [v.to_dict() for v in await client.outputs(result.id)],
                   [p.to_dict() for p in payloads if p.source == "late"],
                   await client.auto_repair_status(result.id), maps, failures,
                   None if (parent := await client.parent(result.id)) is None else parent.to_dict(),
                   [c.to_dict() for c in await client.children(result.id)],
                   None if result.finished else await client.stall(result.id),
-                  {b.step: b.to_dict() for b in await client.budgets(result.id)})
+                  {b.step: b.to_dict() for b in await client.budgets(result.id)},
+                  unserved, [p.to_dict() for p in await client.task_policies(result.id)])
+    return detail
