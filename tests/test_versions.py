@@ -5,10 +5,12 @@ without a new version is refused naming the change; several versions side by sid
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 
 import konduit
@@ -127,3 +129,46 @@ def test_version_unserved_is_raised_after_the_grace_and_resolved_when_served(
     (closed,) = other.alerts(kind="version_unserved", include_resolved=True)
     assert closed.resolved_at is not None and "serves the version" in str(
         closed.details["resolution"])
+
+
+def test_registrations_racing_on_one_version_take_turns(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    """Forced collision: the version's row is held locked while three deployments register it
+    (two policies of the same shape, one other shape); released, they go one after another."""
+    make_app(_policy(2)).start("pol")
+    other_shape = konduit.Workflow("pol", version=1)
+    other_shape.step(name="a")(lambda ctx: 1)
+    apps = [make_app(_policy(3)), make_app(_policy(4)), make_app(other_shape)]
+    barrier = threading.Barrier(len(apps) + 1)
+    outcomes: dict[int, str] = {}
+
+    def register(i: int) -> None:
+        barrier.wait()
+        try:
+            apps[i].start("pol")
+            outcomes[i] = "ok"
+        except konduit.WorkflowVersionConflict as exc:
+            outcomes[i] = str(exc)
+
+    with psycopg.connect(db_url) as holder:
+        holder.execute("SELECT 1 FROM konduit_workflows WHERE name = 'pol' FOR UPDATE")
+        threads = [threading.Thread(target=register, args=(i,)) for i in range(len(apps))]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        # Each registration is past its insert and waits on the row lock before any goes on.
+        wait_for(lambda: holder.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+            "WHERE NOT l.granted AND a.datname = current_database()").fetchone()[0] >= 3,
+            timeout=30, what="the three registrations to wait on the lock")
+        holder.rollback()
+    for t in threads:
+        t.join(timeout=60)
+    assert outcomes[0] == outcomes[1] == "ok"
+    assert "step 'b' removed" in outcomes[2] and "edge a->b removed" in outcomes[2]
+    (state,) = apps[0].versions("pol")
+    assert state.policy_revision == 3  # one revision per policy registered, none lost
+    with psycopg.connect(db_url) as conn:
+        revisions = conn.execute("SELECT revision FROM konduit_workflow_policies "
+                                 "WHERE name = 'pol' ORDER BY revision").fetchall()
+    assert [r[0] for r in revisions] == [1, 2, 3]
