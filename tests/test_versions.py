@@ -172,3 +172,23 @@ def test_registrations_racing_on_one_version_take_turns(
         revisions = conn.execute("SELECT revision FROM konduit_workflow_policies "
                                  "WHERE name = 'pol' ORDER BY revision").fetchall()
     assert [r[0] for r in revisions] == [1, 2, 3]
+
+
+def test_a_process_still_on_the_old_policy_stamps_its_tasks_with_it(
+        make_app: Callable[..., konduit.App]) -> None:
+    """During a rolling deploy an old process creates tasks with the policy it registered: the
+    task says so (its revision is its creator's, not the newest one's). A restarted old worker
+    registers its policy again: the last to start decides the version's policy."""
+    old = make_app(_policy(2))
+    old.start("pol", {"fail": False})  # registers revision 1
+    make_app(_policy(5)).start("pol", {"fail": False})  # a new process: revision 2
+    started = old.start("pol", {"fail": False})  # the old process, after the change
+    assert old.versions("pol")[0].policy_revision == 2
+    policies = old._do(lambda c: c.task_policies(started.id))
+    assert [(p.step, p.max_attempts, p.policy_revision) for p in policies] == [("a", 2, 1)]
+    with running_worker(old, concurrency=2):  # an old worker (re)starts: revision 3
+        old.wait(started.id, timeout=60)
+    assert old.versions("pol")[0].policy_revision == 3
+    policies = old._do(lambda c: c.task_policies(started.id))
+    assert [(p.step, p.max_attempts, p.policy_revision) for p in policies] == [
+        ("a", 2, 1), ("b", 2, 3)]

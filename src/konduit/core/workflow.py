@@ -568,6 +568,9 @@ class WorkflowSpec:
         # An operating setting, not part of the DAG: kept out of spec_json and spec_hash.
         self.alert_after_no_success = alert_after_no_success
         self.degraded_budget = degraded_budget  # likewise (a fraction; docs/alerts.md)
+        # The revision of this version's policy that this definition is, once registered
+        # (engine.client.Client.register): stamped on the tasks this process creates.
+        self.policy_revision: int | None = None
         if not steps:
             raise WorkflowDefinitionError("a workflow needs at least one step", workflow=name)
         for s in steps.values():

@@ -128,6 +128,7 @@ class Client(VersionReads):
             if row is None:  # deleted between the two statements: nothing to compare with
                 raise WorkflowVersionConflict(f"workflow {spec.name!r} version {spec.version} "
                                               "was removed while it was being registered")
+            revision = int(row["policy_revision"])
             if row["spec_hash"] != spec.spec_hash:
                 changes = shape.shape_diff(shape.shape_of(row["spec"] or {}),
                                            shape.shape_of(spec.spec_json))
@@ -144,10 +145,13 @@ class Client(VersionReads):
                     raise WorkflowVersionConflict(
                         f"workflow {spec.name!r} version {spec.version} is registered with "
                         f"a different shape; a shape change needs a new version number")
+                revision = int(updated["revision"])
             # Limits of a version registered before may have changed (they are not in its
             # hash); a version new here has none to lift.
             if spec.flow_limits or not inserted:
                 await register_flow_limits(tx, spec)
+        # The tasks this process creates carry the revision of the policy it applies.
+        spec.policy_revision = revision
         self._registered.add(key)
 
     async def register_all(self) -> None:

@@ -22,5 +22,9 @@ CREATE TABLE konduit_workflow_policies (
     FOREIGN KEY (name, version) REFERENCES konduit_workflows (name, version) ON DELETE CASCADE
 );
 
+-- The revision of its version's policy a task was created with, by the process that created it
+-- (which applies the policy it registered): NULL for tasks created before this migration.
+ALTER TABLE konduit_tasks ADD COLUMN policy_revision integer CHECK (policy_revision >= 1);
+
 INSERT INTO konduit_workflow_policies (name, version, revision, spec_hash, spec, created_at)
 SELECT name, version, 1, spec_hash, spec, created_at FROM konduit_workflows;

@@ -72,13 +72,14 @@ reached AS (
 INSERT INTO konduit_tasks
     (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
      deadline_seconds, limited, deadline_uncut_seconds, deadline_reserve_seconds, deadline_at,
-     fair_turn)
+     fair_turn, policy_revision)
 SELECT %(execution_id)s, %(workflow)s, %(generation)s, u.step, u.map_index, u.item, u.queue, u.priority,
        u.max_attempts, u.deadline_seconds, COALESCE(u.limited, false), u.uncut, u.reserve,
        CASE WHEN u.uncut IS NOT NULL
             THEN clock_timestamp() + make_interval(secs => u.deadline_seconds) END,
        konduit_task_turn(COALESCE((SELECT k.fair_turn FROM konduit_queue_clocks k
-                                   WHERE k.queue = u.queue), 0), u.nth - 1)
+                                   WHERE k.queue = u.queue), 0), u.nth - 1),
+       %(policy_revision)s::int
 FROM unnest(%(steps)s::text[], %(map_indexes)s::int[], %(items)s::jsonb[], %(queues)s::text[],
             %(priorities)s::int[], %(max_attempts)s::int[], %(deadline_seconds)s::float8[],
             %(limiteds)s::bool[], %(deadline_uncuts)s::float8[], %(deadline_reserves)s::float8[])

@@ -40,20 +40,23 @@ ORDER BY w.name, w.version;
 -- name: task_policy_list_by_execution
 -- The policy each task of an execution was created with, grouped (a map's items share one row
 -- per policy): what it stores (tries, budget, queue, priority) and the revision of its version's
--- policy in effect when it was created (konduit_workflow_policies, migration 0022).
+-- policy its creator applied (a task from before migration 0022: the revision in effect then).
 -- plan: custom: it reads every task of the execution, a map's too.
 SELECT t.step, t.generation, count(*) AS tasks, min(t.map_index) AS first_index,
-       t.max_attempts, t.deadline_seconds, t.queue, t.priority, r.revision AS policy_revision,
+       t.max_attempts, t.deadline_seconds, t.queue, t.priority,
+       coalesce(t.policy_revision, r.revision) AS policy_revision,
        min(t.created_at) AS created_at
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 LEFT JOIN LATERAL (
     SELECT p.revision FROM konduit_workflow_policies p
-    WHERE p.name = e.workflow_name AND p.version = e.workflow_version
+    WHERE t.policy_revision IS NULL
+      AND p.name = e.workflow_name AND p.version = e.workflow_version
       AND p.created_at <= t.created_at
     ORDER BY p.revision DESC LIMIT 1) r ON true
 WHERE t.execution_id = %(execution_id)s
-GROUP BY t.step, t.generation, t.max_attempts, t.deadline_seconds, t.queue, t.priority, r.revision
+GROUP BY t.step, t.generation, t.max_attempts, t.deadline_seconds, t.queue, t.priority,
+         coalesce(t.policy_revision, r.revision)
 ORDER BY min(t.id);
 
 -- name: execution_list_unserved_by_ids
