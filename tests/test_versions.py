@@ -8,6 +8,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -192,3 +193,31 @@ def test_a_process_still_on_the_old_policy_stamps_its_tasks_with_it(
     policies = old._do(lambda c: c.task_policies(started.id))
     assert [(p.step, p.max_attempts, p.policy_revision) for p in policies] == [
         ("a", 2, 1), ("b", 2, 3)]
+
+
+def _backoff(base: str) -> konduit.Workflow:
+    wf = konduit.Workflow("backoff", version=1)
+
+    @wf.step(retry=Retry(max_attempts=3, backoff="fixed", base=base, jitter=False))
+    def a(ctx: Any) -> int:
+        raise RuntimeError("always")
+
+    return wf
+
+
+def test_a_worker_retries_a_task_as_the_policy_it_was_created_with_says(
+        make_app: Callable[..., konduit.App]) -> None:
+    old = make_app(_backoff("30s"))
+    created_before = old.start("backoff")  # revision 1: 30 s between tries
+    new = make_app(_backoff("10ms"))
+    created_after = new.start("backoff")  # revision 2: 10 ms
+    with running_worker(new, concurrency=2):
+        with pytest.raises(konduit.ExecutionFailed):
+            new.wait(created_after.id, timeout=60)  # three quick tries
+        (task,) = wait_for(lambda: [t for t in new.tasks(created_before.id)
+                                    if t.attempt == 1 and t.status == "ready"], timeout=30)
+        # The worker's code says 10 ms; the task was created under 30 s, and waits that.
+        assert task.run_at is not None and task.finished_at is None
+        waits = (task.run_at - datetime.now(UTC)).total_seconds()
+        assert 20 < waits <= 30, waits
+    assert _tries(new, created_after.id) == {"a": (3, 3)}

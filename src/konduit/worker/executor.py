@@ -22,7 +22,7 @@ from uuid import UUID
 
 from konduit.core.context import Context
 from konduit.core.model import Command, Completion, Outcome, OutputSource, TaskAttempt
-from konduit.core.outcome import Ending, Final, RetryAt, Verdict, decide, policy_of
+from konduit.core.outcome import Ending, Final, RetryAt, Verdict, decide
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.results import Route
 from konduit.core.validation import OutputInvalid, readable_last_line
@@ -34,6 +34,7 @@ from konduit.engine.outputs import Upstream, load_upstream
 from konduit.errors import DatabaseError, NonRetryableError, PayloadError
 from konduit.logs import attempt_scope
 from konduit.tracing import AttemptTracer
+from konduit.worker.created_with import CreatedWith
 from konduit.worker.threads import HandlerThreads
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ class Executor:
         fallback_timeout: float = 5.0,
     ):
         self.db = db
+        # The policy each task was created with, when its creator applied another revision.
+        self.created_with = CreatedWith(db)
         self.threads = HandlerThreads()
         self.isolation = isolation
         self.fallback_timeout = fallback_timeout
@@ -307,7 +310,8 @@ class Executor:
                 )
         remaining = None if budget is None else budget - (ended - began)
         verdict = decide(
-            policy_of(step), ending, attempt=task.attempt, max_attempts=task.max_attempts,
+            await self.created_with.policy(spec, step, task), ending, attempt=task.attempt,
+            max_attempts=task.max_attempts,
             remaining=remaining, error=error, fallback_tried=task.fallback_tried,
         )
         completion = await self.conclude(spec, task, ctx, verdict, error=error)
@@ -390,7 +394,8 @@ class Executor:
     async def deadline_passed(self, spec: WorkflowSpec, task: TaskAttempt, ctx: Context | None,
                               **fields: Any) -> Completion:
         """The task ran out of budget: degraded with the fallback's payload, else timed_out."""
-        verdict = decide(policy_of(spec[task.step]), Ending.DEADLINE_PASSED, attempt=task.attempt,
+        policy = await self.created_with.policy(spec, spec[task.step], task)
+        verdict = decide(policy, Ending.DEADLINE_PASSED, attempt=task.attempt,
                          max_attempts=task.max_attempts, remaining=0.0,
                          fallback_tried=task.fallback_tried)
         return await self.conclude(spec, task, ctx, verdict, **fields)

@@ -7,7 +7,7 @@
 -- statement adds what it knows of the attempt as it reads it: deadline_remaining, hedged and
 -- fallback_age (test_queries_fitness checks every statement that includes this returns them).
 t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-t.lease_token, t.queue, t.generation,
+t.lease_token, t.queue, t.generation, t.policy_revision,
 e.workflow_name, e.workflow_version, e.input, e.scheduled_at
 
 -- fragment: lease_cleared
@@ -135,7 +135,7 @@ WITH picked AS (
     FROM picked
     WHERE t.id = picked.id
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-              t.lease_token, t.queue, t.deadline_at, t.generation, t.fair_turn
+              t.lease_token, t.queue, t.deadline_at, t.generation, t.fair_turn, t.policy_revision
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token)
     SELECT id, attempt, %(worker_id)s, lease_token FROM claimed
@@ -235,7 +235,7 @@ WITH clock AS MATERIALIZED (
     WHERE t.id = chosen.id
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
               t.lease_token, t.queue, t.deadline_at, t.generation, t.workflow, t.limited,
-              t.fair_turn
+              t.fair_turn, t.policy_revision
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, started_at)
     SELECT c.id, c.attempt, %(worker_id)s, c.lease_token, k.at FROM claimed c, clock k

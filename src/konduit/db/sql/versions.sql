@@ -70,3 +70,10 @@ WHERE e.id = ANY(%(ids)s::uuid[]) AND e.status = 'running'
       WHERE k.stopped_at IS NULL
         AND k.last_heartbeat_at > clock_timestamp() - make_interval(secs => k.lease_seconds)
         AND (e.workflow_name || '@' || e.workflow_version) = ANY(k.workflows));
+
+-- name: workflow_policy_get
+-- One policy revision of a workflow version: its whole stored definition (a worker reads the
+-- retry backoff a task was created with from it).
+SELECT revision, spec
+FROM konduit_workflow_policies
+WHERE name = %(name)s AND version = %(version)s AND revision = %(revision)s;
