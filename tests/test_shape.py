@@ -133,3 +133,19 @@ def test_the_diff_backwards_swaps_added_and_removed(a: dict[str, Any], b: dict[s
     # Every step added or removed is named, once.
     for name in set(a["steps"]) ^ set(b["steps"]):
         assert sum(f"step {name!r} " in line for line in forward) >= 1
+
+
+def test_a_stored_revision_gives_its_backoff_and_keeps_the_workers_code() -> None:
+    from konduit.core.outcome import StepPolicy
+    from konduit.worker.created_with import created_policy
+
+    own = StepPolicy(Retry(max_attempts=5, base="10ms", non_retryable=(KeyError,)), True, False)
+    stored = {"retry": Retry(max_attempts=2, backoff="fixed", base="30s", jitter=False).to_spec(),
+              "fallback_on_failure": True}
+    made = created_policy(own, stored)
+    assert (made.retry.max_attempts, made.retry.backoff, made.retry.base) == (2, "fixed", 30.0)
+    assert made.retry.non_retryable == (KeyError,) and made.fallback_on_failure
+    # Without a fallback in this worker's code there is nothing to fall back on.
+    assert not created_policy(StepPolicy(own.retry), stored).fallback_on_failure
+    # A stored retry this version cannot read leaves the worker's own.
+    assert created_policy(own, {"retry": {"max_attempts": "x"}}).retry is own.retry
