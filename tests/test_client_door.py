@@ -106,6 +106,8 @@ SOURCES: list[tuple[type[records.Record], str, dict[str, Any]]] = [
     (records.QueueDepth, "task_count_ready_by_queue", {}),
     (records.WorkerState, "worker_list_recent_with_liveness", {"since_seconds": 1.0}),
     (records.OpenAttempt, "attempt_list_open_with_worker", {"limit": 1}),
+    (records.VersionState, "workflow_version_list_with_service", {"name": None}),
+    (records.TaskPolicy, "task_policy_list_by_execution", {"execution_id": NOTHING}),
 ]
 # A schedule is its row (less the clock read with it) plus what Schedules.list works out.
 SCHEDULE_DERIVED = {"schedule", "next_tick", "behind"}

@@ -34,6 +34,7 @@ ROW: dict[str, Any] = {
     "attempt": 1, "max_attempts": 3, "lease_token": uuid.uuid4(), "queue": "default",
     "workflow_name": "w", "workflow_version": 1, "input": {"a": 1}, "deadline_remaining": 9.5,
     "generation": 2, "scheduled_at": None, "hedged": False, "fallback_age": None,
+    "policy_revision": 1,
 }
 
 
@@ -75,7 +76,8 @@ def test_members_are_their_strings() -> None:
 def test_an_attempt_is_built_from_every_column_of_its_row() -> None:
     attempt = TaskAttempt.from_row(ROW)
     assert (attempt.id, attempt.generation, attempt.deadline_remaining) == (7, 2, 9.5)
-    for column in ("scheduled_at", "generation", "hedged", "fallback_age", "deadline_remaining"):
+    for column in ("scheduled_at", "generation", "hedged", "fallback_age", "deadline_remaining",
+                   "policy_revision"):
         with pytest.raises(KeyError, match=column):
             TaskAttempt.from_row({k: v for k, v in ROW.items() if k != column})
 

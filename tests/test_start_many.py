@@ -163,7 +163,7 @@ def test_start_many_of_1000_executions_runs_them_all(make_app, db_url):
     assert [h.id for h in handles] == sorted(h.id for h in handles)
     assert all(h.id.version == 7 for h in handles)
     # the workflow's registration (once per process), then one insert: not one per execution
-    assert calls == Counter(workflow_insert_if_absent=1, workflow_get=1,
+    assert calls == Counter(workflow_insert_if_absent=1, workflow_get_for_update=1,
                             execution_insert_many_with_roots=1), calls
     assert stored(db_url) == (1000, 21_000, 20_000)
     with running_worker(app, concurrency=16, poll_interval=0.05):

@@ -41,6 +41,7 @@ from konduit.records import (
     ScheduleRecord,
     StepRecord,
     TaskRecord,
+    VersionState,
     WebhookDelivery,
     WorkerRecord,
 )
@@ -361,6 +362,11 @@ class App:
     def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
         return self._do(lambda c: c.workflow_served(name, version))
+
+    def versions(self, workflow: str | None = None) -> builtins.list[VersionState]:
+        """Per registered workflow version (or those of ``workflow``): running executions and the
+        live workers serving it (``unserved`` when none does); see docs/changing-workflows.md."""
+        return self._do(lambda c: c.versions(workflow))
 
     def schedules(self) -> builtins.list[ScheduleRecord]:
         """Every stored schedule with its next tick and the execution of its latest tick; see

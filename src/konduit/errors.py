@@ -39,8 +39,10 @@ class WorkflowNotFound(KonduitError):
     """No workflow with that name (and version) is registered."""
 
 
-class WorkflowVersionConflict(KonduitError):
-    """A different spec is already registered under the same (name, version)."""
+class WorkflowVersionConflict(WorkflowDefinitionError):
+    """A definition whose shape differs from the one registered under the same (name, version):
+    the message says what changed (``step 'x' added``, ``edge a->b removed``). A policy-only
+    change is no conflict: it re-registers the version (docs/changing-workflows.md)."""
 
 
 class MigrationRefused(KonduitError):

@@ -540,3 +540,45 @@ class MigrationRecord(Record):
     skipped: tuple[str, ...] = ()  # steps every upstream routed away from: ended skipped
     reason: str | None = None
     step: str | None = None
+class VersionState(Record):
+    """One registered workflow version as it runs now (``konduit versions``): its running
+    executions, the live workers serving it, and since when its running executions have had no
+    live worker (``unserved_since``; None while one serves it or none runs)."""
+
+    name: str
+    version: int
+    policy_revision: int  # how many policies the version has had (1: never re-registered)
+    created_at: datetime
+    policy_updated_at: datetime | None
+    running: int
+    workers: list[str]
+    last_served_at: datetime | None  # the last moment a worker serving it was alive
+    unserved_since: datetime | None
+    unserved_seconds: float | None
+
+    @property
+    def key(self) -> str:
+        """``name@version``, as workers list what they serve."""
+        return f"{self.name}@{self.version}"
+
+    @property
+    def unserved(self) -> bool:
+        """Whether it has running executions and no live worker serving it."""
+        return self.unserved_since is not None
+
+
+@dataclass(frozen=True)
+class TaskPolicy(Record):
+    """The policy tasks of one step were created with (a map's items grouped): what each task
+    stores (tries, budget, queue, priority) and the revision of its version's policy then."""
+
+    step: str
+    generation: int
+    tasks: int
+    first_index: int
+    max_attempts: int
+    deadline_seconds: float | None
+    queue: str
+    priority: int
+    policy_revision: int | None
+    created_at: datetime

@@ -25,6 +25,7 @@ from konduit.cli import (
     retention,
     schedules,
     tools,
+    versions,
     waits,
     webhooks,
 )
@@ -89,6 +90,7 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
     ("", "stats", observe.stats, "Latency of every branch and join, from history."),
     ("", "plan", observe.plan, "Critical path and predicted finish of a workflow."),
     ("", "alerts", alerts.alerts, "List the alerts workers raised."),
+    ("", "versions", versions.versions, "Workflow versions: running executions, workers."),
     ("", "webhooks", webhooks.webhooks, "List webhook deliveries; retry failed ones."),
     ("", "demo", tools.demo, "Run the nightly content pipeline demo."),
     ("", "bench", tools.bench, "Run the benchmarks; print JSON."),

@@ -239,6 +239,9 @@ class TaskAttempt:
     # Seconds since the task's fallback was started (None: never). Read by the sweeps: a task
     # whose fallback was started is ended without calling it again (core.outcome.decide).
     fallback_age: float | None = None
+    # The revision of its version's policy its creator applied (None: created before migration
+    # 0022); a worker on another revision decides its outcomes by that one (worker/created_with).
+    policy_revision: int | None = None
 
     @property
     def fallback_tried(self) -> bool:
@@ -291,4 +294,5 @@ class TaskAttempt:
             scheduled_at=row["scheduled_at"],
             hedged=bool(row["hedged"]),
             fallback_age=row["fallback_age"],
+            policy_revision=row["policy_revision"],
         )

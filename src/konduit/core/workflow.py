@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
+from konduit.core import shape
 from konduit.core.definition_warnings import unbounded_branch_message, unbounded_optional_branches
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.flow import FlowLimit, parse_flow_limit
@@ -586,6 +587,9 @@ class WorkflowSpec:
         # An operating setting, not part of the DAG: kept out of spec_json and spec_hash.
         self.alert_after_no_success = alert_after_no_success
         self.degraded_budget = degraded_budget  # likewise (a fraction; docs/alerts.md)
+        # The revision of this version's policy that this definition is, once registered
+        # (engine.client.Client.register): stamped on the tasks this process creates.
+        self.policy_revision: int | None = None
         if not steps:
             raise WorkflowDefinitionError("a workflow needs at least one step", workflow=name)
         for s in steps.values():
@@ -674,3 +678,13 @@ class WorkflowSpec:
     def spec_hash(self) -> str:
         canonical = json.dumps(self.spec_json, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+    @cached_property
+    def shape_hash(self) -> str:
+        """The digest of the shape alone (core/shape.py): a policy-only change keeps it."""
+        return shape.shape_hash(self.spec_json)
+
+    @cached_property
+    def policy_json(self) -> dict[str, Any]:
+        """The policy alone (core/shape.py): what may change under the same version."""
+        return shape.policy_of(self.spec_json)

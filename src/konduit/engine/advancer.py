@@ -217,6 +217,7 @@ class Advancer:
                 max_attempts=[s.retry.max_attempts for s in plain],
                 deadline_seconds=[None if b is None else b.seconds for b in found],
                 limiteds=[s.flow is not None for s in plain],
+                policy_revision=self.spec.policy_revision,
                 **cut_columns(found),
             )
             self.result.queues.update(s.queue for s in plain)

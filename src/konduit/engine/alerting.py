@@ -42,6 +42,7 @@ from konduit.engine import webhooks
 from konduit.engine.registry import Registry
 from konduit.errors import AlertError, DatabaseError, KonduitError
 from konduit.observe.alerts import (
+    DEFAULT_VERSION_UNSERVED,
     KINDS,
     WINDOW_QUANTILE,
     AlertRecord,
@@ -49,6 +50,7 @@ from konduit.observe.alerts import (
     degraded_budget,
     fan_in_findings,
     no_success,
+    version_unserved,
     window_at_risk,
     window_resolution,
 )
@@ -120,6 +122,7 @@ class Alerting:
         fan_in_history: Duration = STATS_HISTORY,
         hook: AlertHook = alert_changed,
         history_every: float = HISTORY_EVERY,
+        version_unserved: Duration = DEFAULT_VERSION_UNSERVED,
     ):
         self.db = db
         self.registry = registry
@@ -131,6 +134,8 @@ class Alerting:
         self.fan_in_history = seconds_option(fan_in_history, "fan-in history")
         self.hook = hook
         self.history_every = history_every
+        # Grace before a version whose executions no live worker serves raises its alert.
+        self.version_unserved = seconds_option(version_unserved, "alert_version_unserved")
         self._history_read_at: float | None = None  # monotonic time of the last history rules
 
     @property
@@ -166,6 +171,7 @@ class Alerting:
             done.findings += [*await self._fan_in(names), *await self._no_success(names),
                               *await self._degraded(names)]
             judged |= {"fan_in_wait", "no_success", "degraded_budget"}
+            await self._versions(done)
             self._history_read_at = clock
         for finding in done.findings:
             await self._raise(finding, done)
@@ -245,6 +251,27 @@ class Alerting:
             if finding is not None:
                 found.append(finding)
         return found
+
+    async def _versions(self, done: Round) -> None:
+        """Raise ``version_unserved`` for every workflow version, of any deployment, whose running
+        executions have had no live worker for the grace, and resolve those served again (or
+        drained): the workers of such a version are gone, so whichever worker is up judges it."""
+        found = []
+        for r in await self.db.all("workflow_version_list_with_service", name=None):
+            finding = version_unserved(r["name"], r["version"], running=r["running"],
+                                       unserved_seconds=r["unserved_seconds"],
+                                       grace=self.version_unserved)
+            if finding is not None:
+                found.append(finding)
+                await self._raise(finding, done)
+        done.findings += found
+        keys = {f.key for f in found}
+        for row in await self.db.all("alert_list_recent", include_resolved=False,
+                                     kind="version_unserved", workflow=None, limit=1000):
+            open_alert = AlertRecord.from_row(row)
+            if (open_alert.kind, open_alert.subject) not in keys:
+                await self._resolve(open_alert, {"resolution": "a live worker serves the version "
+                                                 "again, or its executions ended"}, done)
 
     def _spec(self, name: str, version: int) -> bool:
         try:

@@ -11,6 +11,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from konduit.core import shape
 from konduit.core.advance import ExecutionState
 from konduit.core.durations import Duration
 from konduit.core.model import ExecutionStatus
@@ -43,6 +44,7 @@ from konduit.engine.starts import (
 )
 from konduit.engine.step_rows import state_columns
 from konduit.engine.stored import SpecSource, StoredSpecs, refuse_map_repair_without_code
+from konduit.engine.versions import VersionReads
 from konduit.engine.waits import SendResult
 from konduit.errors import (
     ExecutionFailed,
@@ -100,7 +102,7 @@ def coerce_execution_id(execution_id: UUID | str) -> UUID:
         raise ExecutionNotFound(f"{execution_id!r} is not an execution id") from None
 
 
-class Client:
+class Client(VersionReads):
     """Everything an application does with executions, as coroutines."""
 
     def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int = DEFAULT_MAX_BYTES,
@@ -115,7 +117,10 @@ class Client:
         self.specs = StoredSpecs(registry)
 
     async def register(self, spec: WorkflowSpec) -> None:
-        """Record (name, version, spec hash); a different spec under the same version is refused."""
+        """Record a workflow version. The same definition is a no-op; one that differs only in
+        policy (retries, deadlines, queue, ...) re-registers the version, its policy applying to
+        tasks created from then on; one whose shape (steps, edges, joins, maps, waits) differs
+        is refused, saying what changed (docs/changing-workflows.md)."""
         key = workflow_key(spec.name, spec.version)
         if key in self._registered:
             return
@@ -125,26 +130,45 @@ class Client:
                 name=spec.name,
                 version=spec.version,
                 spec_hash=spec.spec_hash,
+                shape_hash=spec.shape_hash,
                 spec=Jsonb(spec.spec_json),
             )
+            row = await tx.one("workflow_get_for_update", name=spec.name, version=spec.version)
+            if row is None:  # deleted between the two statements: nothing to compare with
+                raise WorkflowVersionConflict(f"workflow {spec.name!r} version {spec.version} "
+                                              "was removed while it was being registered")
+            revision = int(row["policy_revision"])
+            if row["spec_hash"] != spec.spec_hash:
+                changes = shape.shape_diff(shape.shape_of(row["spec"] or {}),
+                                           shape.shape_of(spec.spec_json))
+                if changes:
+                    raise WorkflowVersionConflict(
+                        f"workflow {spec.name!r} version {spec.version} is already registered "
+                        f"with a different shape ({'; '.join(changes)}); a shape change needs "
+                        f"a new version number (a policy change does not)")
+                updated = await tx.one("workflow_update_policy_same_shape", name=spec.name,
+                                       version=spec.version, spec_hash=spec.spec_hash,
+                                       shape_hash=spec.shape_hash, spec=Jsonb(spec.spec_json),
+                                       old_spec_hash=row["spec_hash"])
+                if updated is None:  # the row is locked: only a stored shape_hash can differ
+                    raise WorkflowVersionConflict(
+                        f"workflow {spec.name!r} version {spec.version} is registered with "
+                        f"a different shape; a shape change needs a new version number")
+                revision = int(updated["revision"])
             # The declared input's schema (migration 0024): what code-less starts check. A new
-            # row without one has nothing to set (a start's statements stay as they were).
+            # row without one has nothing to set (a start's statements stay as they were). After
+            # a policy update above, the stored hash is this definition's.
             schema = spec.input_schema
             if schema is not None or not inserted:
                 await tx.run("workflow_set_input_schema_if_same_hash", name=spec.name,
                              version=spec.version, spec_hash=spec.spec_hash,
                              input_schema=None if schema is None else Jsonb(schema))
-            row = await tx.one("workflow_get", name=spec.name, version=spec.version)
             # Limits of a version registered before may have changed (they are not in its
             # hash); a version new here has none to lift.
-            if row is not None and row["spec_hash"] == spec.spec_hash \
-                    and (spec.flow_limits or not inserted):
+            if spec.flow_limits or not inserted:
                 await register_flow_limits(tx, spec)
-        if row is None or row["spec_hash"] != spec.spec_hash:
-            raise WorkflowVersionConflict(
-                f"workflow {spec.name!r} version {spec.version} is already registered with a "
-                f"different definition; give the changed definition a new version number"
-            )
+        # The tasks this process creates carry the revision of the policy it applies.
+        spec.policy_revision = revision
         self._registered.add(key)
 
     async def register_all(self) -> None:

@@ -115,6 +115,7 @@ async def create_map_tasks(
             max_attempts=spec.retry.max_attempts,
             deadline_seconds=None if budget is None else budget.seconds,
             limited=spec.flow is not None,
+            policy_revision=workflow.policy_revision,
             deadline_uncut=cut["deadline_uncuts"][0],
             deadline_reserve=cut["deadline_reserves"][0],
         )

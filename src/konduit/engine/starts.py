@@ -143,11 +143,12 @@ def collapse_repeated_keys(batch: list[Prepared]) -> list[int]:
 TEMPLATE_COLUMNS = (
     "names", "versions", "workflows", "steps", "statuses", "up_totals", "tasks_totals",
     "tasks_pendings", "roots", "queues", "priorities", "max_attempts", "deadline_seconds",
-    "limiteds",
+    "limiteds", "policy_revisions",
 )
 """The ``template_*`` parameters: one element per step of each workflow in the batch."""
 
-_TEMPLATES: dict[tuple[str, str, tuple[float | None, ...], tuple[str, ...]], dict[str, str]] = {}
+_TEMPLATES: dict[tuple[str, str, tuple[float | None, ...], tuple[str, ...], int | None],
+                 dict[str, str]] = {}
 _TEMPLATES_KEPT = 256
 """Templates kept per process (one per workflow version, more only while adaptive budgets
 change)."""
@@ -188,6 +189,7 @@ def _template(spec: WorkflowSpec, root_budgets: tuple[float | None, ...]) -> dic
             spec.name, spec.version, key, name, state.status, len(step.after),
             state.tasks_total, state.tasks_pending, root, step.queue, step.priority,
             step.retry.max_attempts, budget_of.get(name), step.flow is not None,
+            spec.policy_revision,
         ), strict=True):
             columns[column].append(value)
     return {c: ",".join(map(_element, values)) for c, values in columns.items()}
@@ -202,7 +204,7 @@ async def template_for(tx: Tx, specs: Iterable[WorkflowSpec]) -> dict[str, str]:
         root_budgets = await _root_budgets(tx, spec)
         # Flow limits are not in the spec hash (they change without a new version).
         key = (workflow_key(spec.name, spec.version), spec.spec_hash, root_budgets,
-               tuple(spec.flow_limits))
+               tuple(spec.flow_limits), spec.policy_revision)
         template = _TEMPLATES.get(key)
         if template is None:
             if len(_TEMPLATES) >= _TEMPLATES_KEPT:

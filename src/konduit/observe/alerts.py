@@ -12,6 +12,8 @@ Four rules, each turning facts into :class:`Finding`\\ s (an alert that should b
 - :func:`execution_stalled` — a running execution in which nothing can run (the stall
   watchdog of the maintenance pass, :mod:`konduit.engine.stalls`, raises it; resolved at once
   when the fan-in decision it re-ran healed the execution).
+- :func:`version_unserved` — a workflow version with running executions and no live worker
+  serving it for longer than a grace (docs/changing-workflows.md).
 - :func:`degraded_budget` — a workflow whose executions went out degraded more often over the
   last day than its ``Workflow(..., degraded_budget="2%")`` (seed 004: "roughly 2% of runs").
 
@@ -33,9 +35,9 @@ from konduit.observe.plan import Quantile
 from konduit.observe.stats import Alert as FanInAlert
 
 Kind = Literal["window_at_risk", "fan_in_wait", "no_success", "execution_stalled",
-               "degraded_budget"]
+               "degraded_budget", "version_unserved"]
 KINDS: tuple[Kind, ...] = ("window_at_risk", "fan_in_wait", "no_success", "execution_stalled",
-                           "degraded_budget")
+                           "degraded_budget", "version_unserved")
 Severity = Literal["warning", "critical"]
 
 WINDOW_QUANTILE: Quantile = "p95"
@@ -191,6 +193,28 @@ def no_success(
                "last_success_at": None if last_success_at is None else last_success_at.isoformat(),
                "registered_at": None if registered_at is None else registered_at.isoformat()}
     return Finding("no_success", workflow, workflow, "warning", message, details)
+
+
+# -- version unserved ----------------------------------------------------------------------------
+
+DEFAULT_VERSION_UNSERVED = 300.0
+"""Seconds a version's running executions may go without a live worker before the alert."""
+
+
+def version_unserved(workflow: str, version: int, *, running: int,
+                     unserved_seconds: float | None, grace: float) -> Finding | None:
+    """A finding when ``running`` executions of ``workflow`` at ``version`` have had no live
+    worker serving that version for more than ``grace`` seconds (``unserved_seconds``: how long
+    so far, None while a worker serves it)."""
+    if running <= 0 or unserved_seconds is None or unserved_seconds <= grace:
+        return None
+    key = f"{workflow}@{version}"
+    message = (f"{key}: {running} running execution{'s' if running != 1 else ''} and no live "
+               f"worker serving version {version} for {format_elapsed(unserved_seconds)}; start "
+               f"a worker that registers it, or migrate them (docs/changing-workflows.md)")
+    details = {"version": version, "running": running, "unserved_seconds": unserved_seconds,
+               "grace_seconds": grace}
+    return Finding("version_unserved", key, workflow, "critical", message, details)
 
 
 # -- execution stalled ---------------------------------------------------------------------------

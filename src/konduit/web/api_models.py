@@ -279,6 +279,14 @@ class WorkflowOut(BaseModel):
     steps: list[StepDefinition]
     edges: list[tuple[str, str]] = Field(description="[from, to] pairs")
     joins: list[Join]
+    policy_revision: int = Field(default=1, description="How many policies this version has had: a "
+                                 "policy-only change re-registers it (docs/changing-workflows.md)")
+    running: int = Field(default=0, description="Its running executions")
+    workers: list[str] = Field(default_factory=list,
+                               description="The live workers serving it (their ids)")
+    unserved: bool = Field(default=False, description="Running executions and no live worker serving it")
+    unserved_since: datetime | None = Field(
+        default=None, description="Since when its running executions have had no live worker")
 
 
 # The fields of the record the Client returns, declared once there (the columns are NOT NULL:

@@ -323,16 +323,26 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
 
     @router.get("/workflows", response_model=list[m.WorkflowOut], tags=["operations"])
     async def workflows() -> list[m.WorkflowOut]:
-        """Every registered workflow version with its DAG: steps, edges, joins."""
-        rows = await (await clients.get()).workflows()
+        """Every registered workflow version with its DAG (steps, edges, joins), its running
+        executions and the live workers serving it (``unserved``: executions, no worker)."""
+        client = await clients.get()
+        rows = await client.workflows()
+        states = {(v.name, v.version): v for v in await client.versions()}
         known = set(app.registry.keys()) if app is not None else set()
         out = []
         for r in rows:
             steps, edges, joins = spec_view(r.spec or {})
             served = workflow_key(r.name, r.version) in known
-            out.append(m.WorkflowOut(name=r.name, version=r.version, spec_hash=r.spec_hash,
-                                     created_at=r.created_at, served=served,
-                                     steps=steps, edges=edges, joins=joins))
+            # None: registered between the two reads, so nothing of it runs yet.
+            state = states.get((r.name, r.version))
+            out.append(m.WorkflowOut(
+                name=r.name, version=r.version, spec_hash=r.spec_hash, created_at=r.created_at,
+                served=served, steps=steps, edges=edges, joins=joins,
+                policy_revision=1 if state is None else state.policy_revision,
+                running=0 if state is None else state.running,
+                workers=[] if state is None else state.workers,
+                unserved=state is not None and state.unserved,
+                unserved_since=None if state is None else state.unserved_since))
         return out
 
     @router.get("/workers", response_model=list[m.WorkerOut], tags=["operations"])

@@ -96,8 +96,10 @@ def register(web: FastAPI, site: Site) -> None:
         by_execution: dict[UUID, list[StepMark]] = {}
         for m in marks:
             by_execution.setdefault(m.execution_id, []).append(m)
+        unserved = await client.unserved(r.id for r in results if not r.finished)
         now = datetime.now(UTC)
         rows = [{"r": r, "took": views.between(r.created_at, r.finished_at or now),
+                 "unserved": r.id in unserved,
                  "degraded": sorted(m.step for m in by_execution.get(r.id, [])
                                     if m.status == "degraded"),
                  "failed": sorted(m.step for m in by_execution.get(r.id, [])

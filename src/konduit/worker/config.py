@@ -65,6 +65,10 @@ class WorkerConfig:
     """The fan-in-wait rule: a join waiting longer than this (seconds) ..."""
     alert_fan_in_consecutive: int = 2
     """... in each of its last this many executions raises a ``fan_in_wait`` alert."""
+    alert_version_unserved: float = field(
+        default_factory=lambda: _env_float("KONDUIT_ALERT_VERSION_UNSERVED", 300.0))
+    """Seconds a workflow version's running executions may go without a live worker serving it
+    before a ``version_unserved`` alert (docs/changing-workflows.md)."""
     worker_id: str = field(default_factory=lambda: new_worker_id())
 
     def __post_init__(self) -> None:
@@ -85,6 +89,9 @@ class WorkerConfig:
         if self.alert_interval < 0 or self.alert_fan_in_wait <= 0 or self.alert_fan_in_consecutive < 1:
             raise ValueError("alert_interval must be >= 0, alert_fan_in_wait > 0 and "
                              "alert_fan_in_consecutive >= 1")
+        if self.alert_version_unserved <= 0:
+            raise ValueError(f"alert_version_unserved must be > 0, got "
+                             f"{self.alert_version_unserved}")
         if self.heartbeat_interval >= self.lease_seconds:
             raise ValueError("heartbeat_interval must be shorter than lease_seconds")
 

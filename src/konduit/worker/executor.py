@@ -24,7 +24,7 @@ from konduit.core import attempt_logs
 from konduit.core.attempt_logs import AttemptLogs
 from konduit.core.context import Context
 from konduit.core.model import Command, Completion, Outcome, OutputSource, TaskAttempt
-from konduit.core.outcome import Ending, Final, RetryAt, Verdict, decide, policy_of
+from konduit.core.outcome import Ending, Final, RetryAt, Verdict, decide
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.results import Route
 from konduit.core.validation import OutputInvalid, readable_last_line
@@ -36,6 +36,7 @@ from konduit.engine.outputs import Upstream, load_upstream
 from konduit.errors import DatabaseError, NonRetryableError, PayloadError
 from konduit.logs import attempt_scope
 from konduit.tracing import AttemptTracer
+from konduit.worker.created_with import CreatedWith
 from konduit.worker.threads import HandlerThreads
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,8 @@ class Executor:
     ):
         self.db = db
         attempt_logs.install()  # what handlers log is kept with their attempts
+        # The policy each task was created with, when its creator applied another revision.
+        self.created_with = CreatedWith(db)
         self.threads = HandlerThreads()
         self.isolation = isolation
         self.fallback_timeout = fallback_timeout
@@ -318,7 +321,8 @@ class Executor:
                 )
         remaining = None if budget is None else budget - (ended - began)
         verdict = decide(
-            policy_of(step), ending, attempt=task.attempt, max_attempts=task.max_attempts,
+            await self.created_with.policy(spec, step, task), ending, attempt=task.attempt,
+            max_attempts=task.max_attempts,
             remaining=remaining, error=error, fallback_tried=task.fallback_tried,
         )
         completion = await self.conclude(spec, task, ctx, verdict, error=error)
@@ -401,7 +405,8 @@ class Executor:
     async def deadline_passed(self, spec: WorkflowSpec, task: TaskAttempt, ctx: Context | None,
                               **fields: Any) -> Completion:
         """The task ran out of budget: degraded with the fallback's payload, else timed_out."""
-        verdict = decide(policy_of(spec[task.step]), Ending.DEADLINE_PASSED, attempt=task.attempt,
+        policy = await self.created_with.policy(spec, spec[task.step], task)
+        verdict = decide(policy, Ending.DEADLINE_PASSED, attempt=task.attempt,
                          max_attempts=task.max_attempts, remaining=0.0,
                          fallback_tried=task.fallback_tried)
         return await self.conclude(spec, task, ctx, verdict, **fields)

@@ -30,7 +30,7 @@ from konduit.core.model import (
     Transition,
     WaitKind,
 )
-from konduit.core.outcome import Ending, Final, decide, policy_of
+from konduit.core.outcome import Ending, Final, decide
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import transitions, waits
@@ -149,7 +149,8 @@ class Maintenance:
             return
         error = f"lease expired on worker {row['worker_id']} (attempt {lost.attempt})"
         verdict = decide(
-            policy_of(spec[lost.step]), Ending.LEASE_LOST, attempt=lost.attempt,
+            await self.executor.created_with.policy(spec, spec[lost.step], lost),
+            Ending.LEASE_LOST, attempt=lost.attempt,
             max_attempts=lost.max_attempts, remaining=lost.deadline_remaining, error=error,
             fallback_tried=lost.fallback_tried,
         )

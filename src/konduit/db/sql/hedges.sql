@@ -34,7 +34,8 @@ WITH hedged_steps AS (
       AND t.hedged_attempt IS DISTINCT FROM t.attempt
     -- The hedge's lease is the lease this attempt holds.
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-              t.hedge_token AS lease_token, t.queue, t.deadline_at, t.generation
+              t.hedge_token AS lease_token, t.queue, t.deadline_at, t.generation,
+              t.policy_revision
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, hedge)
     SELECT id, attempt, %(worker_id)s, lease_token, true FROM hedged

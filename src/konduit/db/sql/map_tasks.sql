@@ -7,7 +7,7 @@
 INSERT INTO konduit_tasks
     (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
      deadline_seconds, limited, deadline_uncut_seconds, deadline_reserve_seconds, deadline_at,
-     fair_turn)
+     fair_turn, policy_revision)
 SELECT e.id, %(workflow)s::text, %(generation)s::int, %(step)s::text,
        %(first_index)s::int + u.ord::int - 1, u.item::jsonb, %(queue)s::text, %(priority)s::int,
        %(max_attempts)s::int, %(deadline_seconds)s::float8, COALESCE(%(limited)s::bool, false),
@@ -18,7 +18,8 @@ SELECT e.id, %(workflow)s::text, %(generation)s::int, %(step)s::text,
             THEN now() + make_interval(secs => %(deadline_seconds)s::float8) END,
        konduit_task_turn(COALESCE((SELECT k.fair_turn FROM konduit_queue_clocks k
                                    WHERE k.queue = %(queue)s::text), 0),
-                         %(first_index)s::int + u.ord - 1)
+                         %(first_index)s::int + u.ord - 1),
+       %(policy_revision)s::int
 FROM konduit_executions e
 CROSS JOIN unnest(string_to_array(%(items)s::text, E'\n')) WITH ORDINALITY AS u(item, ord)
 WHERE e.id = %(execution_id)s AND e.status = 'running'

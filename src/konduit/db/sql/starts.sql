@@ -25,10 +25,11 @@ WITH request AS (
                 %(template_tasks_totals)s::int[], %(template_tasks_pendings)s::int[],
                 %(template_roots)s::bool[], %(template_queues)s::text[],
                 %(template_priorities)s::int[], %(template_max_attempts)s::int[],
-                %(template_deadline_seconds)s::float8[], %(template_limiteds)s::bool[])
+                %(template_deadline_seconds)s::float8[], %(template_limiteds)s::bool[],
+                %(template_policy_revisions)s::int[])
          WITH ORDINALITY
          AS t(name, version, workflow, step, status, up_total, tasks_total, tasks_pending, root,
-              queue, priority, max_attempts, deadline_seconds, limited, ord)
+              queue, priority, max_attempts, deadline_seconds, limited, policy_revision, ord)
 ), roots AS MATERIALIZED (
     -- Fair turns (migration 0019): the batch is one flow. Its r-th execution's j-th root is
     -- the ((r - 1) * width + j)-th task of it (width: the most roots a workflow of the batch
@@ -67,10 +68,11 @@ WITH request AS (
     -- rows here would spill to disk for a big batch.
     INSERT INTO konduit_tasks
         (execution_id, workflow, generation, step, map_index, queue, priority, max_attempts,
-         deadline_seconds, limited, fair_turn)
+         deadline_seconds, limited, fair_turn, policy_revision)
     SELECT c.id, t.workflow, 1, t.step, 0, t.queue, t.priority, t.max_attempts,
            t.deadline_seconds, COALESCE(t.limited, false),
-           konduit_task_turn(t.clock, (%(first_ordinal)s::bigint + r.ord - 1) * t.width + t.nth)
+           konduit_task_turn(t.clock, (%(first_ordinal)s::bigint + r.ord - 1) * t.width + t.nth),
+           t.policy_revision
     FROM created c
     JOIN request r ON r.id = c.id
     JOIN roots t ON t.name = c.workflow_name AND t.version = c.workflow_version

@@ -7,7 +7,7 @@
 -- statement adds what it knows of the attempt as it reads it: deadline_remaining, hedged and
 -- fallback_age (test_queries_fitness checks every statement that includes this returns them).
 t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-t.lease_token, t.queue, t.generation,
+t.lease_token, t.queue, t.generation, t.policy_revision,
 {{claimed_execution}}
 
 -- fragment: claimed_execution
@@ -86,13 +86,14 @@ reached AS (
 INSERT INTO konduit_tasks
     (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
      deadline_seconds, limited, deadline_uncut_seconds, deadline_reserve_seconds, deadline_at,
-     fair_turn)
+     fair_turn, policy_revision)
 SELECT %(execution_id)s, %(workflow)s, %(generation)s, u.step, u.map_index, u.item, u.queue, u.priority,
        u.max_attempts, u.deadline_seconds, COALESCE(u.limited, false), u.uncut, u.reserve,
        CASE WHEN u.uncut IS NOT NULL
             THEN clock_timestamp() + make_interval(secs => u.deadline_seconds) END,
        konduit_task_turn(COALESCE((SELECT k.fair_turn FROM konduit_queue_clocks k
-                                   WHERE k.queue = u.queue), 0), u.nth - 1)
+                                   WHERE k.queue = u.queue), 0), u.nth - 1),
+       %(policy_revision)s::int
 FROM unnest(%(steps)s::text[], %(map_indexes)s::int[], %(items)s::jsonb[], %(queues)s::text[],
             %(priorities)s::int[], %(max_attempts)s::int[], %(deadline_seconds)s::float8[],
             %(limiteds)s::bool[], %(deadline_uncuts)s::float8[], %(deadline_reserves)s::float8[])
@@ -148,7 +149,7 @@ WITH picked AS (
     FROM picked
     WHERE t.id = picked.id
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
-              t.lease_token, t.queue, t.deadline_at, t.generation, t.fair_turn
+              t.lease_token, t.queue, t.deadline_at, t.generation, t.fair_turn, t.policy_revision
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token)
     SELECT id, attempt, %(worker_id)s, lease_token FROM claimed
@@ -248,7 +249,7 @@ WITH clock AS MATERIALIZED (
     WHERE t.id = chosen.id
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
               t.lease_token, t.queue, t.deadline_at, t.generation, t.workflow, t.limited,
-              t.fair_turn
+              t.fair_turn, t.policy_revision
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, started_at)
     SELECT c.id, c.attempt, %(worker_id)s, c.lease_token, k.at FROM claimed c, clock k
