@@ -6,6 +6,7 @@ from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair import NothingToRepair
 from konduit.core.results import Route
 from konduit.core.schedules import Schedule
+from konduit.core.search import ExecutionFilter, SearchError
 from konduit.core.validation import OutputInvalid
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import Workflow, parallel, step
@@ -43,6 +44,7 @@ __all__ = [
     "Deadline",
     "DefinitionWarning",
     "ExecutionFailed",
+    "ExecutionFilter",
     "ExecutionHandle",
     "ExecutionNotFound",
     "ExecutionResult",
@@ -58,6 +60,7 @@ __all__ = [
     "Schedule",
     "ScheduleNotFound",
     "SchemaOutdated",
+    "SearchError",
     "StartRequest",
     "Webhook",
     "WorkerUnhealthy",

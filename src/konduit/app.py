@@ -19,6 +19,7 @@ from uuid import UUID
 
 from konduit.core.durations import Duration, format_duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
+from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook, check_unique
 from konduit.core.workflow import Workflow
 from konduit.db.connect import open_database
@@ -28,12 +29,13 @@ from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
 from konduit.engine.retention import BATCH_SIZE, Prunable, retention_seconds
 from konduit.engine.starts import StartRequest, requests_of
-from konduit.errors import WorkflowDefinitionError
+from konduit.errors import KonduitError, WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.loop_thread import LoopThread
 from konduit.observe.alerts import AlertRecord
 from konduit.records import (
     DeadLetter,
+    ExecutionFound,
     OutputVersion,
     Payload,
     ScheduleRecord,
@@ -195,15 +197,22 @@ class App:
         version: int | None = None,
         deadline_at: datetime | None = None,
         timeout: Duration | None = None,
+        tags: Mapping[str, str] | None = None,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        priority: int = 0,
     ) -> ExecutionHandle:
         """Start an execution of the latest registered version (or ``version``); see
-        :meth:`konduit.engine.client.Client.start`."""
+        :meth:`konduit.engine.client.Client.start`. ``tags`` are searched by
+        (:meth:`search`); ``run_at``/``delay`` start it later (status ``scheduled`` until
+        then); ``priority`` is added to its steps' priorities (lower is claimed first)."""
         # The caller's span is in this thread's context, not in the App's loop thread.
         trace_context = capture_trace(self.tracing, workflow)
         eid = self._do(
             lambda c: c.start(workflow, input, idempotency_key=idempotency_key, version=version,
                               deadline_at=deadline_at, timeout=timeout,
-                              trace_context=trace_context)
+                              trace_context=trace_context, tags=tags, run_at=run_at,
+                              delay=delay, priority=priority)
         )
         return ExecutionHandle(self, eid)
 
@@ -213,7 +222,7 @@ class App:
         """Start many executions in one transaction and a few statements; handles come back in
         request order. Each request is a :class:`konduit.StartRequest` or a dict of its fields
         (``workflow``, ``input``, ``idempotency_key``, ``version``, ``deadline_at``,
-        ``timeout``); all start or none does. See
+        ``timeout``, ``tags``, ``run_at``, ``delay``, ``priority``); all start or none does. See
         :meth:`konduit.engine.client.Client.start_many`."""
         checked = requests_of(requests)
         trace_context = capture_trace(self.tracing, checked[0].workflow) if checked else None
@@ -287,6 +296,19 @@ class App:
              limit: int = 50) -> builtins.list[ExecutionResult]:
         """Recent executions, newest first (without outputs: use :meth:`status`)."""
         return self._do(lambda c: c.list(status=status, workflow=workflow, limit=limit))
+
+    def search(self, where: ExecutionFilter | None = None, *,
+               limit: int = 50, **parts: Any) -> builtins.list[ExecutionFound]:
+        """Find executions, newest first: by ``where`` (a :class:`konduit.ExecutionFilter`) or
+        its parts as keywords (``id_prefix``, ``idempotency_key``, ``tags``, ``input``,
+        ``status``, ``workflow``, ``version``, ``since``, ``until``). Index-backed."""
+        if where is not None and parts:
+            raise KonduitError("give a filter or its parts as keywords, not both")
+        try:
+            found = where if where is not None else ExecutionFilter(**parts)
+        except TypeError as exc:
+            raise KonduitError(f"search: {exc}") from None
+        return self._do(lambda c: c.search(found, limit=limit))
 
     def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
         """Every task of an execution (all generations), with attempts and errors."""

@@ -269,6 +269,16 @@ class ExecutionSummary(Record):
 
 
 @dataclass(frozen=True)
+class ExecutionFound(ExecutionSummary):
+    """An execution a search found: a list's columns, with its tags, when it starts (``run_at``:
+    None when it started at once) and its priority."""
+
+    tags: dict[str, str] | None
+    run_at: datetime | None
+    priority: int
+
+
+@dataclass(frozen=True)
 class ExecutionRecord(Record):
     """An execution whole: input, output, window, hard limit and output version."""
 

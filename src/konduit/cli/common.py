@@ -49,6 +49,7 @@ FINISHED_STYLES = {
     "running": "cyan",
     "active": "cyan",
     "pending": "dim",
+    "scheduled": "dim",
     "waiting": "dim",
     "ready": "dim",
     "failed": "red",

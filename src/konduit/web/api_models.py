@@ -11,7 +11,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validato
 from konduit.core.durations import parse_duration
 from konduit.errors import KonduitError
 
-ExecutionStatus = Literal["pending", "running", "succeeded", "failed", "timed_out", "cancelled"]
+ExecutionStatus = Literal["pending", "scheduled", "running", "succeeded", "failed", "timed_out", "cancelled"]
 
 MAX_BATCH = 1000
 

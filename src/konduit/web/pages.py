@@ -108,7 +108,7 @@ def register(web: FastAPI, site: Site) -> None:
                                      cursor=encode_cursor(found[-1].created_at, found[-1].id))
         first = query_string(status=status, workflow=workflow, limit=limit if limit != 50 else None)
         return site.page(request, "executions.html", rows=rows, workflows=names, status=status,
-                         workflow=workflow, statuses=views.FINISHED | {"pending", "running"},
+                         workflow=workflow, statuses=views.FINISHED | {"pending", "scheduled", "running"},
                          strip=await load_strip(client), next_page=following,
                          first_page=first if cursor else None, poll_ms=POLL_MS,
                          # The same page of the API (same filters, same keyset cursor) keeps

@@ -573,6 +573,7 @@ class Worker:
                 if full or "timer" in due:
                     await self.maintenance.wake_waits()
                 if full:
+                    await self.maintenance.start_due()
                     await self.maintenance.end_timed_out()
                     await self.maintenance.watch_stalls()
                 if (full or "repair" in due) and self.config.auto_repair:
