@@ -20,6 +20,7 @@ from konduit.cli import (
     operate,
     retention,
     schedules,
+    search,
     tools,
     waits,
     webhooks,
@@ -60,7 +61,7 @@ cli.command()(operate.workers)
 cli.command()(schedules.schedules)
 cli.command()(executions.start)
 cli.command()(executions.status)
-cli.command("list")(executions.list_executions)
+cli.command("list")(search.list_executions)
 cli.command()(executions.cancel)
 cli.command("send-event")(waits.send_event)
 cli.command()(executions.repair)

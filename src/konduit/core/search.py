@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from konduit.core.model import ExecutionStatus
@@ -101,6 +101,16 @@ class ExecutionFilter:
                 raise SearchError(f"{name} {moment}: give a time zone (an aware datetime)")
         if self.id_prefix is not None:
             id_bounds(self.id_prefix)
+        for name in ("idempotency_key", "workflow"):
+            text = getattr(self, name)
+            if text is not None and (not isinstance(text, str) or "\x00" in text):
+                raise SearchError(f"{name} {text!r:.60}: text without NUL characters")
+        try:
+            encoded = json.dumps(self.input, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise SearchError(f"input: not JSON ({exc})") from None
+        if "\\u0000" in encoded:
+            raise SearchError("input: a value with a NUL character cannot be stored, nor found")
 
     def params(self) -> dict[str, Any]:
         """The parameters of ``execution_search`` (without the page)."""
@@ -111,7 +121,8 @@ class ExecutionFilter:
             "id_low": low, "id_high": high, "id_tail": tail,
             "idempotency_key": self.idempotency_key,
             "tags": json.dumps(dict(self.tags), separators=(",", ":")) if self.tags else None,
-            "input": json.dumps(self.input, separators=(",", ":")) if self.input else None,
+            "input": (json.dumps(self.input, separators=(",", ":"), allow_nan=False)
+                      if self.input else None),
             "status": self.status,
             "workflow_name": self.workflow,
             "workflow_version": self.version,
@@ -160,8 +171,8 @@ def _tail_text(digits: str) -> str:
 def id_bounds(part: str) -> tuple[str, str, str]:
     """For the start or end of an id's text: the lowest and highest ids starting with it (a
     range of the primary key) and the pattern its end matches on the reversed text."""
-    digits = part.strip().lower().replace("-", "")
-    if not isinstance(part, str) or not _HEX.match(digits) or len(digits) > 32:
+    digits = part.strip().lower().replace("-", "") if isinstance(part, str) else ""
+    if not _HEX.match(digits) or len(digits) > 32:
         raise SearchError(
             f"id {part!r}: the start or end of an execution id (hex digits, dashes optional)")
     if len(digits) < 4:
@@ -196,6 +207,9 @@ def parse_tags(pairs: Sequence[str]) -> dict[str, str]:
     tags: dict[str, str] = {}
     for pair in pairs:
         key, value = parse_pair(pair, what="tag")
+        if tags.get(key, value) != value:
+            raise SearchError(f"tag {key!r} is given two values ({tags[key]!r}, {value!r}): an "
+                              f"execution has one")
         tags[key] = value
     return tags
 
@@ -237,3 +251,35 @@ def parse_workflow(text: str) -> tuple[str, int | None]:
     if not version.isdigit() or int(version) < 1:
         raise SearchError(f"workflow {text!r}: the version after @ is a whole number from 1")
     return name, int(version)
+
+
+def parse_moment(text: str, *, what: str, now: datetime | None = None) -> datetime:
+    """A moment for ``since``/``until``: a duration ago (``"1h"``, ``"30m"``, ``"2d"``) or an
+    ISO 8601 date-time (naive means local time)."""
+    from konduit.core.durations import parse_duration
+
+    value = text.strip()
+    try:
+        return datetime.fromisoformat(value).astimezone()
+    except (ValueError, OverflowError):
+        pass
+    try:
+        ago = parse_duration(value, what=what)
+    except KonduitError:
+        raise SearchError(f"{what} {text!r}: a duration ago (1h, 30m, 2d) or a date-time "
+                          f"(2026-11-30T06:00)") from None
+    return (now or datetime.now().astimezone()) - timedelta(seconds=ago)
+
+
+def search_filter(*, id: str | None = None, key: str | None = None,
+                  tags: list[str] | None = None, inputs: list[str] | None = None,
+                  status: str | None = None, workflow: str | None = None,
+                  since: str | None = None, until: str | None = None) -> ExecutionFilter:
+    """The filter the text forms of the CLI and the API's query stand for."""
+    name, version = parse_workflow(workflow) if workflow else (None, None)
+    return ExecutionFilter(
+        id_prefix=id or None, idempotency_key=key, tags=parse_tags(tags or []),
+        input=parse_input(inputs or []), status=status or None, workflow=name, version=version,
+        since=None if not since else parse_moment(since, what="since"),
+        until=None if not until else parse_moment(until, what="until"),
+    )

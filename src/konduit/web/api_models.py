@@ -32,6 +32,18 @@ class StartBody(BaseModel):
         "ends timed_out")
     deadline_at: AwareDatetime | None = Field(
         None, description="The window it should finish in (with a time zone)")
+    tags: dict[str, str] | None = Field(
+        None, max_length=32,
+        description="Text tags to find it by (GET /executions?tag=key=value): at most 32, "
+        "keys up to 64 characters, values up to 256")
+    run_at: AwareDatetime | None = Field(
+        None, description="Start it at this moment (with a time zone): it is scheduled until "
+        "then")
+    delay: float | str | None = Field(
+        None, description="Start it this much later, in seconds or like \"10m\" (not with "
+        "run_at)")
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000,
+                          description="Added to each step's priority: lower is claimed first")
 
     @field_validator("timeout")
     @classmethod
@@ -74,6 +86,10 @@ class ExecutionSummary(BaseModel):
     idempotency_key: str | None = None
     created_at: datetime
     finished_at: datetime | None = None
+    tags: dict[str, str] = Field(default_factory=dict, description="Its tags")
+    run_at: datetime | None = Field(None, description="When it starts (None: it started at "
+                                    "once)")
+    priority: int = Field(0, description="Added to its steps' priorities")
 
 
 class ExecutionPage(BaseModel):
