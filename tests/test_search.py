@@ -130,3 +130,19 @@ def test_the_text_forms_of_a_filter() -> None:
     assert low == "0190abcd1234" + "0" * 20 and high == "0190abcd1234" + "f" * 20
     # The end of an id laid out with the dashes where they fall, reversed for the index.
     assert id_bounds("9abc0123456789ab")[2] == "ba9876543210-cba9%"
+
+
+def test_a_schedule_tags_its_executions_with_its_name(make_app: Callable[..., konduit.App],
+                                                      db_url: str) -> None:
+    from konduit.engine.schedules import Schedules
+    from tests.test_schedules import T0, run, scheduled
+
+    async def two_rounds(s: Schedules) -> int:
+        await s.sync(now=T0)
+        started, _ = await s.run_due(now=T0 + timedelta(minutes=1))
+        return len(started)
+
+    assert run(db_url, [scheduled(missed="all")], two_rounds) > 0
+    app = make_app(scheduled(missed="all"))
+    found = app.search(tags={"schedule": "nightly"})
+    assert found and all(f.tags == {"schedule": "nightly"} for f in found)
