@@ -99,6 +99,38 @@ async def _measure(url: str, filters: dict[str, list[ExecutionFilter]],
         return seconds, found
 
 
+def server_ms(url: str, filters: dict[str, list[ExecutionFilter]], count: int = 20) -> Json:
+    """The server's own planning and execution time of ``count`` searches of each kind
+    (``EXPLAIN ANALYZE``), apart from the round trip and the client: what the index costs, on
+    a machine whose load is in the round trip."""
+    from konduit.db.queries import q
+
+    out: Json = {}
+    with psycopg.connect(url) as conn:
+        for kind, wheres in filters.items():
+            plans, runs, indexes = [], [], set()
+            for where in wheres[:count]:
+                row = conn.execute(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) {q('execution_search')}".encode(),
+                    {**where.params(), "before_at": None, "before_id": None, "limit": 50},
+                ).fetchone()
+                assert row is not None
+                top = row[0][0]
+                plans.append(float(top["Planning Time"]) / 1000)
+                runs.append(float(top["Execution Time"]) / 1000)
+                indexes |= _indexes(top["Plan"])
+            out[kind] = {"planning": dist_ms(plans), "execution": dist_ms(runs),
+                         "indexes": sorted(indexes)}
+    return out
+
+
+def _indexes(plan: Json) -> set[str]:
+    found = {plan["Index Name"]} if "Index Name" in plan else set()
+    for child in plan.get("Plans", []):
+        found |= _indexes(child)
+    return found
+
+
 def search(url: str, *, executions: int = 1_000_000, repeats: int = 200) -> Json:
     """Fill ``executions`` and time ``repeats`` searches of each kind (p50/p95 in ms)."""
     fill_seconds = fill(url, executions)
@@ -108,8 +140,8 @@ def search(url: str, *, executions: int = 1_000_000, repeats: int = 200) -> Json
         size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('konduit_executions'))"
                             ).fetchone()
     _check(len(ids) > 0, "the filled table has no rows")
-    seconds, found = asyncio.run(_measure(url, _filters(ids, executions, repeats,
-                                                         random.Random(18))))
+    filters = _filters(ids, executions, repeats, random.Random(18))
+    seconds, found = asyncio.run(_measure(url, filters))
     for kind in ("key", "id_tail", "input"):
         _check(all(n >= 1 for n in found[kind]), f"a {kind} search found nothing")
     results: Json = {
@@ -117,6 +149,7 @@ def search(url: str, *, executions: int = 1_000_000, repeats: int = 200) -> Json
         "table_size": size[0] if size else None,
         "searches": {kind: {**dist_ms(s), "rows_found_max": max(found[kind])}
                      for kind, s in seconds.items()},
+        "server": server_ms(url, filters),
     }
     worst = max(r["p95_ms"] for r in results["searches"].values())
     return {"params": {"executions": executions, "repeats": repeats, "limit": 50},
