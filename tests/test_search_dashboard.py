@@ -104,3 +104,17 @@ def test_the_search_form_finds_and_keeps_its_filters_in_the_url(
         assert response.status_code == 400 and "hex digits" in response.text
         browser.get(base + "/?tag=customer")
         eventually(browser, lambda d: "name=value" in d.page_source)
+
+        # The scheduled one's page shows when it starts and its tags (each a search link),
+        # and it can be cancelled before its time.
+        browser.get(f"{base}/executions/{later.id}")
+        assert browser.find_element(By.ID, "status").text == "scheduled"
+        assert "scheduled" in browser.find_element(By.ID, "run-at").text
+        tag_link = browser.find_element(By.CSS_SELECTOR, "#tags a")
+        assert tag_link.text == "customer=beta"
+        browser.find_element(By.ID, "cancel").click()
+        eventually(browser, lambda d: d.current_url.endswith(f"/executions/{later.id}/cancel"))
+        browser.find_element(By.ID, "confirm-cancel").click()
+        eventually(browser, lambda d: d.current_url.startswith(f"{base}/executions/{later.id}"))
+        eventually(browser, lambda d: d.find_element(By.ID, "status").text == "cancelled")
+        assert app.status(later.id).status == "cancelled"

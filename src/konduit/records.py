@@ -280,7 +280,8 @@ class ExecutionFound(ExecutionSummary):
 
 @dataclass(frozen=True)
 class ExecutionRecord(Record):
-    """An execution whole: input, output, window, hard limit and output version."""
+    """An execution whole: input, output, window, hard limit and output version; its tags, when
+    it starts (``run_at``: None when it started at once) and its priority."""
 
     id: UUID
     workflow_name: str
@@ -297,6 +298,9 @@ class ExecutionRecord(Record):
     output_version: int | None
     created_at: datetime
     finished_at: datetime | None
+    tags: dict[str, str] | None = None
+    run_at: datetime | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -262,8 +262,11 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
         assert row is not None
         made = set(row["created"])
         created.extend(p.id in made for p in chunk)
+    # A start later is left uncut: a cut budget is a moment from now, and its tasks wait for
+    # their start (their deadline then runs from the first claim, as a join's does).
     await _cut_root_budgets(tx, [p for p, is_new in zip(batch, created, strict=True)
-                                 if is_new and p.deadline_at is not None])
+                                 if is_new and p.deadline_at is not None
+                                 and p.run_at is None and p.delay_seconds is None])
     taken = [i for i, is_new in enumerate(created) if not is_new]
     existing = await _existing(tx, [batch[i] for i in taken]) if taken else []
     ids = [p.id for p in batch]

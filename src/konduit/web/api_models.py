@@ -158,6 +158,10 @@ class ExecutionDetail(BaseModel):
     deadline_at: datetime | None = None
     timeout_at: datetime | None = None
     output_version: int | None = None
+    tags: dict[str, str] = Field(default_factory=dict, description="Its tags")
+    run_at: datetime | None = Field(None, description="When it starts (None: it started at "
+                                    "once); status scheduled until then")
+    priority: int = Field(0, description="Added to its steps' priorities")
     steps: list[StepState]
     attempts: list[Attempt]
     output_versions: list[OutputVersion]

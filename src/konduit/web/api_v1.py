@@ -241,7 +241,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             outcomes=result.outcomes, idempotency_key=row.idempotency_key,
             created_at=row.created_at, finished_at=row.finished_at,
             deadline_at=row.deadline_at, timeout_at=row.timeout_at,
-            output_version=row.output_version,
+            output_version=row.output_version, tags=row.tags or {}, run_at=row.run_at,
+            priority=row.priority,
             steps=[m.StepState.model_validate(s.to_dict()) for s in steps],
             attempts=[m.Attempt.model_validate(a.to_dict()) for a in attempts],
             output_versions=[m.OutputVersion.model_validate(v.to_dict())

@@ -166,7 +166,7 @@ def register(web: FastAPI, site: Site) -> None:
                 "met": d.result.finished_at <= deadline if d.result.finished_at else None},
             repairable=d.result.status in ("succeeded", "failed", "timed_out")
             and any(s["status"] in views.REPAIRABLE for s in d.steps),
-            cancellable=d.result.status == "running",
+            cancellable=d.result.status in ("running", "scheduled"),
             failures=d.failures, more_failures={s: n - shown_in[s] for s, n in failed_in.items()
                                                 if n > shown_in[s]},
             statuses=views.STEP_STATUSES, outcomes=views.ATTEMPT_OUTCOMES,
