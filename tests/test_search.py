@@ -146,3 +146,15 @@ def test_a_schedule_tags_its_executions_with_its_name(make_app: Callable[..., ko
     app = make_app(scheduled(missed="all"))
     found = app.search(tags={"schedule": "nightly"})
     assert found and all(f.tags == {"schedule": "nightly"} for f in found)
+
+
+def test_list_takes_the_parts_of_a_search(make_app: Callable[..., konduit.App]) -> None:
+    app = make_app(one_step())
+    tagged = app.start("searched", {"episode": 3}, tags={"customer": "acme"})
+    app.start("searched", {"episode": 4})
+    assert len(app.list()) == 2
+    [found] = app.list(tags={"customer": "acme"})
+    assert found.id == tagged.id and found.workflow == "searched" and found.status == "running"
+    assert [r.id for r in app.list(input={"episode": 3}, workflow="searched")] == [tagged.id]
+    with pytest.raises(konduit.KonduitError, match="colour"):
+        app.list(colour="red")

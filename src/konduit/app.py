@@ -293,9 +293,13 @@ class App:
         return self._do(lambda c: c.payloads(execution_id))
 
     def list(self, *, status: str | None = None, workflow: str | None = None,
-             limit: int = 50) -> builtins.list[ExecutionResult]:
-        """Recent executions, newest first (without outputs: use :meth:`status`)."""
-        return self._do(lambda c: c.list(status=status, workflow=workflow, limit=limit))
+             limit: int = 50, **search: Any) -> builtins.list[ExecutionResult]:
+        """Recent executions, newest first (without outputs: use :meth:`status`); given any
+        part of a search (``tags``, ``idempotency_key``, ``input``, ``since``, ``until``,
+        ``id_prefix``, ``version``), the ones it finds (:meth:`search` returns them with
+        their tags)."""
+        return self._do(lambda c: c.list(status=status, workflow=workflow, limit=limit,
+                                         **search))
 
     def search(self, where: ExecutionFilter | None = None, *,
                limit: int = 50, **parts: Any) -> builtins.list[ExecutionFound]:

@@ -318,10 +318,24 @@ class Client:
                                         limit=limit)
 
     async def list(
-        self, *, status: str | None = None, workflow: str | None = None, limit: int = 50
+        self, *, status: str | None = None, workflow: str | None = None, limit: int = 50,
+        **search: Any,
     ) -> builtins.list[ExecutionResult]:
-        rows = await self.db.all("execution_list", status=status, workflow_name=workflow, limit=limit)
-        return [self._result(r, {}) for r in rows]
+        """Recent executions, newest first; with any part of a search (``tags``,
+        ``idempotency_key``, ``input``, ``since``, ``until``, ``id_prefix``, ``version``: see
+        :class:`~konduit.core.search.ExecutionFilter`) the ones :meth:`search` finds."""
+        if not search:
+            rows = await self.db.all("execution_list", status=status, workflow_name=workflow,
+                                     limit=limit)
+            return [self._result(r, {}) for r in rows]
+        try:
+            where = ExecutionFilter(status=status, workflow=workflow, **search)
+        except TypeError as exc:
+            raise KonduitError(f"list: {exc}") from None
+        return [ExecutionResult(id=r.id, workflow=r.workflow_name, version=r.workflow_version,
+                                status=r.status, output=None, error=r.error, outcomes={},
+                                created_at=r.created_at, finished_at=r.finished_at)
+                for r in await self.search(where, limit=limit)]
 
     async def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
         """Every task of an execution (all generations), with attempts and errors."""
