@@ -3,11 +3,13 @@
 --
 -- Migrations run in one transaction (konduit.db.migrate), so CREATE INDEX CONCURRENTLY is not
 -- possible here: each index below is built while the table's writes wait (a SHARE lock, reads go
--- on). On a table with a long history, build them beforehand, outside this migration, with the
--- same names (CREATE INDEX CONCURRENTLY IF NOT EXISTS konduit_executions_tags ON ...): every
--- CREATE INDEX here says IF NOT EXISTS, so the migration then only records the version. The
--- columns are added without a table rewrite (no volatile default), and the new CHECK constraints
--- only widen the old ones, so the rows already there pass them.
+-- on). On a table with a long history, build the ones on existing columns (input, key, id_tail)
+-- beforehand, outside this migration, with the same names and definitions (CREATE INDEX
+-- CONCURRENTLY konduit_executions_input ON ...): every CREATE INDEX here says IF NOT EXISTS, so
+-- the migration keeps them (tests/test_search_migration.py). The indexes on the new columns
+-- cover no old row (tags and run_at are NULL, none is scheduled): they build at once. The columns
+-- are added without a table rewrite (no volatile default), and the new CHECK constraints only
+-- widen the old ones, so the rows already there pass them (checked once, under the lock).
 
 -- Tags: a small object of text keys and text values, set at start, searched by containment.
 ALTER TABLE konduit_executions ADD COLUMN tags jsonb;
