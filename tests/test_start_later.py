@@ -135,3 +135,69 @@ def test_execution_priority_orders_the_claims_and_adds_to_each_steps(
             "SELECT execution_id, priority FROM konduit_tasks WHERE step = 'second'").fetchall())
     # A downstream task made when its upstream finished carries its execution's priority too.
     assert joins == {low.id: 6, mid.id: 1, high.id: -2}
+
+
+def _due_now(db_url: str, count: int) -> None:
+    """Make ``count`` scheduled executions due (their time moved into the past)."""
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE konduit_executions SET run_at = now() - interval '1 second' "
+                     "WHERE status = 'scheduled'")
+        (n,) = conn.execute("SELECT count(*) FROM konduit_executions WHERE status = 'scheduled'"
+                            ).fetchone()  # type: ignore[misc]
+    assert n == count
+
+
+def _start_due(db_url: str) -> list[Any]:
+    import asyncio
+
+    from konduit.db.database import Database
+    from konduit.engine.later import start_due
+
+    async def go() -> list[Any]:
+        db = Database(db_url, min_size=1, max_size=1)
+        await db.open()
+        try:
+            return await start_due(db)
+        finally:
+            await db.close()
+
+    return asyncio.run(go())
+
+
+def test_passes_racing_on_the_same_due_executions_start_each_once(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    app = make_app(two_steps())
+    app.start_many([{"workflow": "later", "delay": "1h"} for _ in range(200)])
+    _due_now(db_url, 200)
+    racers = 4
+    barrier = threading.Barrier(racers)
+    started: list[list[Any]] = []
+
+    def race() -> None:
+        barrier.wait(30)
+        started.append(_start_due(db_url))
+
+    threads = [threading.Thread(target=race) for _ in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    everything = [eid for ids in started for eid in ids]
+    assert len(everything) == len(set(everything)) == 200
+    assert app.search(status="scheduled") == []
+
+
+def test_a_cancel_holding_the_row_wins_over_the_start(make_app: Callable[..., konduit.App],
+                                                      db_url: str) -> None:
+    app = make_app(two_steps())
+    handle = app.start("later", {}, delay="1h")
+    _due_now(db_url, 1)
+    with psycopg.connect(db_url) as conn:
+        # The cancel's transaction, as stop_execution runs it: the row locked, then ended.
+        conn.execute("SELECT 1 FROM konduit_executions WHERE id = %s FOR NO KEY UPDATE",
+                     (handle.id,))
+        assert _start_due(db_url) == []  # skipped, not waited for
+        conn.execute("UPDATE konduit_executions SET status = 'cancelled', "
+                     "finished_at = now() WHERE id = %s", (handle.id,))
+    assert _start_due(db_url) == []  # its status is re-checked: nothing to start
+    assert app.status(handle.id).status == "cancelled"
