@@ -158,3 +158,17 @@ def test_list_takes_the_parts_of_a_search(make_app: Callable[..., konduit.App]) 
     assert [r.id for r in app.list(input={"episode": 3}, workflow="searched")] == [tagged.id]
     with pytest.raises(konduit.KonduitError, match="colour"):
         app.list(colour="red")
+
+
+@pytest.mark.parametrize("parts", [
+    {"input": {"a": "x\x00"}}, {"input": {"a": "\ud800"}}, {"input": {"a": float("inf")}},
+    {"input": {"a": object()}}, {"idempotency_key": "\ud800"}, {"idempotency_key": "k\x00"},
+    {"tags": {"a": "\ud800"}}, {"workflow": "w\x00"}, {"id_prefix": 1234},
+])
+def test_hostile_filters_are_refused_before_the_database(
+        make_app: Callable[..., konduit.App], parts: dict[str, Any]) -> None:
+    app = make_app(one_step())
+    with pytest.raises(konduit.SearchError):
+        app.search(**parts)
+    with pytest.raises(konduit.SearchError):
+        app.start("searched", {}, tags={"k": "\ud800"})

@@ -49,8 +49,9 @@ def check_tags(tags: Mapping[str, str] | None) -> dict[str, str] | None:
                 f"tag {key!r}: its value is text, not {type(value).__name__} ({value!r:.40})")
         if len(value) > MAX_TAG_VALUE:
             raise SearchError(f"tag {key!r}: its value is longer than {MAX_TAG_VALUE} characters")
-        if "\x00" in key or "\x00" in value:
-            raise SearchError(f"tag {key!r}: text with a NUL character cannot be stored")
+        if not (_storable(key) and _storable(value)):
+            raise SearchError(f"tag {key!r}: text with a NUL character or a lone surrogate "
+                              f"cannot be stored")
         out[key] = value
     return out or None
 
@@ -103,14 +104,16 @@ class ExecutionFilter:
             id_bounds(self.id_prefix)
         for name in ("idempotency_key", "workflow"):
             text = getattr(self, name)
-            if text is not None and (not isinstance(text, str) or "\x00" in text):
-                raise SearchError(f"{name} {text!r:.60}: text without NUL characters")
+            if text is not None and (not isinstance(text, str) or not _storable(text)):
+                raise SearchError(f"{name} {text!r:.60}: text without NUL characters or lone "
+                                  f"surrogates")
         try:
-            encoded = json.dumps(self.input, allow_nan=False)
+            encoded = json.dumps(self.input, allow_nan=False, ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             raise SearchError(f"input: not JSON ({exc})") from None
-        if "\\u0000" in encoded:
-            raise SearchError("input: a value with a NUL character cannot be stored, nor found")
+        if "\\u0000" in encoded or not _storable(encoded):
+            raise SearchError("input: a value with a NUL character or a lone surrogate cannot "
+                              "be stored, nor found")
 
     def params(self) -> dict[str, Any]:
         """The parameters of ``execution_search`` (without the page)."""
@@ -149,6 +152,17 @@ class ExecutionFilter:
         if self.until:
             args.append(("until", self.until.isoformat()))
         return args
+
+
+def _storable(text: str) -> bool:
+    """Text PostgreSQL can hold: no NUL, and valid UTF-8 (no lone surrogate)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _HEX = re.compile(r"^[0-9a-f]+$")
