@@ -7,6 +7,7 @@ from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair import NothingToRepair
 from konduit.core.results import Route
 from konduit.core.schedules import Schedule
+from konduit.core.search import ExecutionFilter, SearchError
 from konduit.core.validation import OutputInvalid
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import Workflow, parallel, step
@@ -49,6 +50,7 @@ __all__ = [
     "Deadline",
     "DefinitionWarning",
     "ExecutionFailed",
+    "ExecutionFilter",
     "ExecutionHandle",
     "ExecutionNotFound",
     "ExecutionResult",
@@ -66,6 +68,7 @@ __all__ = [
     "Schedule",
     "ScheduleNotFound",
     "SchemaOutdated",
+    "SearchError",
     "StartRequest",
     "Webhook",
     "WorkerUnhealthy",

@@ -19,6 +19,7 @@ from uuid import UUID
 
 from konduit.core.durations import Duration, format_duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
+from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook, check_unique
 from konduit.core.workflow import Workflow
 from konduit.db.connect import open_database
@@ -35,6 +36,7 @@ from konduit.observe.alerts import AlertRecord
 from konduit.records import (
     AttemptLog,
     DeadLetter,
+    ExecutionFound,
     MigrationRecord,
     OutputVersion,
     Payload,
@@ -214,15 +216,22 @@ class App:
         version: int | None = None,
         deadline_at: datetime | None = None,
         timeout: Duration | None = None,
+        tags: Mapping[str, str] | None = None,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        priority: int = 0,
     ) -> ExecutionHandle:
         """Start an execution of the latest registered version (or ``version``); see
-        :meth:`konduit.engine.client.Client.start`."""
+        :meth:`konduit.engine.client.Client.start`. ``tags`` are searched by
+        (:meth:`search`); ``run_at``/``delay`` start it later (status ``scheduled`` until
+        then); ``priority`` is added to its steps' priorities (lower is claimed first)."""
         # The caller's span is in this thread's context, not in the App's loop thread.
         trace_context = capture_trace(self.tracing, workflow)
         eid = self._do(
             lambda c: c.start(workflow, input, idempotency_key=idempotency_key, version=version,
                               deadline_at=deadline_at, timeout=timeout,
-                              trace_context=trace_context)
+                              trace_context=trace_context, tags=tags, run_at=run_at,
+                              delay=delay, priority=priority)
         )
         return ExecutionHandle(self, eid)
 
@@ -232,7 +241,7 @@ class App:
         """Start many executions in one transaction and a few statements; handles come back in
         request order. Each request is a :class:`konduit.StartRequest` or a dict of its fields
         (``workflow``, ``input``, ``idempotency_key``, ``version``, ``deadline_at``,
-        ``timeout``); all start or none does. See
+        ``timeout``, ``tags``, ``run_at``, ``delay``, ``priority``); all start or none does. See
         :meth:`konduit.engine.client.Client.start_many`."""
         checked = requests_of(requests)
         trace_context = capture_trace(self.tracing, checked[0].workflow) if checked else None
@@ -303,9 +312,26 @@ class App:
         return self._do(lambda c: c.payloads(execution_id))
 
     def list(self, *, status: str | None = None, workflow: str | None = None,
-             limit: int = 50) -> builtins.list[ExecutionResult]:
-        """Recent executions, newest first (without outputs: use :meth:`status`)."""
-        return self._do(lambda c: c.list(status=status, workflow=workflow, limit=limit))
+             limit: int = 50, **search: Any) -> builtins.list[ExecutionResult]:
+        """Recent executions, newest first (without outputs: use :meth:`status`); given any
+        part of a search (``tags``, ``idempotency_key``, ``input``, ``since``, ``until``,
+        ``id_prefix``, ``version``), the ones it finds (:meth:`search` returns them with
+        their tags)."""
+        return self._do(lambda c: c.list(status=status, workflow=workflow, limit=limit,
+                                         **search))
+
+    def search(self, where: ExecutionFilter | None = None, *,
+               limit: int = 50, **parts: Any) -> builtins.list[ExecutionFound]:
+        """Find executions, newest first: by ``where`` (a :class:`konduit.ExecutionFilter`) or
+        its parts as keywords (``id_prefix``, ``idempotency_key``, ``tags``, ``input``,
+        ``status``, ``workflow``, ``version``, ``since``, ``until``). Index-backed."""
+        if where is not None and parts:
+            raise KonduitError("give a filter or its parts as keywords, not both")
+        try:
+            found = where if where is not None else ExecutionFilter(**parts)
+        except TypeError as exc:
+            raise KonduitError(f"search: {exc}") from None
+        return self._do(lambda c: c.search(found, limit=limit))
 
     def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
         """Every task of an execution (all generations), with attempts and errors."""

@@ -310,8 +310,19 @@ class ExecutionSummary(Record):
 
 
 @dataclass(frozen=True)
+class ExecutionFound(ExecutionSummary):
+    """An execution a search found: a list's columns, with its tags, when it starts (``run_at``:
+    None when it started at once) and its priority."""
+
+    tags: dict[str, str] | None
+    run_at: datetime | None
+    priority: int
+
+
+@dataclass(frozen=True)
 class ExecutionRecord(Record):
-    """An execution whole: input, output, window, hard limit and output version."""
+    """An execution whole: input, output, window, hard limit and output version; its tags, when
+    it starts (``run_at``: None when it started at once) and its priority."""
 
     id: UUID
     workflow_name: str
@@ -328,6 +339,9 @@ class ExecutionRecord(Record):
     output_version: int | None
     created_at: datetime
     finished_at: datetime | None
+    tags: dict[str, str] | None = None
+    run_at: datetime | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 import konduit
-from konduit.bench import fair, fleet, maps
+from konduit.bench import fair, fleet, maps, search
 from konduit.bench.harness import (
     LoopThread,
     completion_for,
@@ -446,7 +446,7 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
 
 BENCHMARKS = ("commit_probe", "throughput", "workers", "latency", "start", "wide", "collide",
               "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish", "batching",
-              "map_10k", "fair_share", "wide_map", "map_1m", "soak")
+              "map_10k", "fair_share", "wide_map", "search", "map_1m", "soak")
 """Every benchmark, in the order they run (``history`` only in a full run; ``map_1m`` and
 ``soak``, half an hour each, only when named with ``--only``)."""
 
@@ -511,6 +511,8 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
             batch=5_000 if quick else 100_000)),
         ("wide_map", lambda: maps.wide_map(
             server.fresh_database, items=5_000 if quick else 100_000, executions=executions)),
+        ("search", in_fresh(lambda u: search.search(
+            u, executions=20_000 if quick else 1_000_000, repeats=50 if quick else 200))),
         ("map_1m", lambda: maps.wide_map(
             server.fresh_database, items=1_000_000, executions=executions)),
         ("soak", in_fresh(lambda u: run_soak(u, soak, progress=progress))),
@@ -592,6 +594,12 @@ def headline(b: Json) -> Json:
                                          False),
         "fair_share_lone_worst_ms": target(
             _get(b, "fair_share", "results", "lone_worst_ms"), 2000, False),
+        # Issue 18: a tag or key search among 1,000,000 executions under 100 ms at p95.
+        "search_tag_p95_ms": target(
+            _get(b, "search", "results", "searches", "tag", "p95_ms"), 100, False),
+        "search_key_p95_ms": target(
+            _get(b, "search", "results", "searches", "key", "p95_ms"), 100, False),
+        "search_worst_p95_ms": target(_get(b, "search", "ratios", "worst_p95_ms"), 100, False),
         "history_over_empty": target(_get(b, "history", "ratios", "history_over_empty"), 0.8,
                                      True),
         # Issue 16: the soak's last minutes against its first (no worse than 10 %).

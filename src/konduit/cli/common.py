@@ -52,6 +52,7 @@ FINISHED_STYLES = {
     "running": "cyan",
     "active": "cyan",
     "pending": "dim",
+    "scheduled": "dim",
     "waiting": "cyan",
     "retrying": "yellow",
     "ready": "dim",

@@ -14,6 +14,7 @@ from rich.table import Table
 
 import konduit
 from konduit.cli.common import (
+    CliError,
     DatabaseUrl,
     between,
     console,
@@ -32,7 +33,7 @@ from konduit.cli.common import (
     styled,
 )
 from konduit.cli.waits import print_waiting, waiting_json
-from konduit.core.model import ExecutionStatus
+from konduit.core.search import parse_tags
 from konduit.core.words import step_word
 from konduit.records import StepRecord, TaskRecord
 
@@ -56,6 +57,14 @@ def start(
     timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the id (and with --wait the result) as JSON.")] = False,
+    tag: Annotated[list[str] | None, typer.Option(
+        "--tag", metavar="KEY=VALUE", help="Tag it, to find it by (repeatable).")] = None,
+    delay: Annotated[str | None, typer.Option(
+        help="Start it this much later (10m): it is scheduled until then.")] = None,
+    run_at: Annotated[str | None, typer.Option(
+        "--run-at", help="Start it at this date-time (ISO 8601; naive means local).")] = None,
+    priority: Annotated[int, typer.Option(
+        help="Added to each step's priority: lower is claimed first.")] = 0,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Start an execution and print its id (with --wait: then its output).
@@ -64,9 +73,18 @@ def start(
     error), 2 a bad command line, 124 --timeout passed while it still runs (it goes on).
     """
     payload = read_json_argument(input, "--input")
+    tags = parse_tags(tag or []) or None
+    when = None
+    if run_at is not None:
+        try:
+            when = datetime.fromisoformat(run_at).astimezone()
+        except ValueError:
+            raise CliError(f"--run-at {run_at!r}: an ISO 8601 date-time (2026-11-30T06:00)") \
+                from None
     app = load_app(app_spec, reachable(database_url)) if app_spec else plain_app(database_url)
     with opened(app):
-        handle = app.start(workflow, payload, idempotency_key=idempotency_key, version=version)
+        handle = app.start(workflow, payload, idempotency_key=idempotency_key, version=version,
+                           tags=tags, run_at=when, delay=delay, priority=priority)
         if not wait:
             print(dump_json({"id": handle.id}) if as_json else str(handle.id))
             return
@@ -213,49 +231,6 @@ def status(
         console.print(f"[yellow]late result[/yellow] of {escape(where)} (after its deadline; "
                       f"the join did not use it): {escape(dump_json(payload.payload))}",
                       soft_wrap=True)
-
-
-def list_executions(
-    status: Annotated[ExecutionStatus | None, typer.Option(
-        help="Only executions with this status.", show_default=False)] = None,
-    workflow: Annotated[str | None, typer.Option(help="Only executions of this workflow.")] = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 20,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the executions as JSON.")] = False,
-    database_url: DatabaseUrl = None,
-) -> None:
-    """List recent executions, newest first."""
-    with opened(plain_app(database_url)) as app:
-        results = app.list(status=status, workflow=workflow, limit=limit)
-    if as_json:
-        print(dump_json([{
-            "id": r.id, "workflow": r.workflow, "version": r.version, "status": r.status,
-            "error": r.error, "created_at": r.created_at, "finished_at": r.finished_at,
-            "took_seconds": (None if (took := between(r.created_at, r.finished_at)) is None
-                             else took.total_seconds()),
-        } for r in results]))
-        return
-    if not results:
-        console.print("no executions")
-        return
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
-    table.add_column("id", no_wrap=True, min_width=36)
-    table.add_column("status", no_wrap=True)
-    table.add_column("started", no_wrap=True)
-    table.add_column("took", justify="right")
-    table.add_column("workflow", overflow="fold")
-    today = datetime.now().astimezone().date()
-    for r in results:
-        started = r.created_at.astimezone() if r.created_at else None
-        table.add_row(
-            str(r.id), styled(r.status),
-            "—" if started is None else started.strftime(
-                "%H:%M:%S" if started.date() == today else "%Y-%m-%d %H:%M"),
-            seconds(between(r.created_at, r.finished_at)), f"{escape(r.workflow)} v{r.version}",
-        )
-    console.print(table)
-    for r in results:
-        if r.error:
-            console.print(f"[red]{r.id}[/red]: {escape(last_line(r.error))}")
 
 
 def cancel(

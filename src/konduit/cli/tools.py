@@ -51,7 +51,8 @@ def bench(
     only: Annotated[list[str] | None, typer.Option(
         "--only", metavar="NAME", help="Run only this benchmark; repeatable (commit_probe, "
         "throughput, workers, latency, start, wide, collide, backlog, history, "
-        "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share, wide_map; "
+        "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share, wide_map, "
+        "search; "
         "map_1m and soak run only when named).", show_default=False)] = None,
     duration: Annotated[float, typer.Option(
         "--duration", metavar="SECONDS", min=1,

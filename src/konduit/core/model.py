@@ -29,6 +29,7 @@ class ExecutionStatus(enum.StrEnum):
     """``konduit_executions.status``."""
 
     PENDING = "pending"
+    SCHEDULED = "scheduled"  # started with run_at/delay: waits for its time (migration 0024)
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"

@@ -31,7 +31,8 @@ class Route:
         object.__setattr__(self, "to", tuple(to))
 
 
-FINISHED = frozenset(ExecutionStatus) - {ExecutionStatus.PENDING, ExecutionStatus.RUNNING}
+FINISHED = frozenset(ExecutionStatus) - {ExecutionStatus.PENDING, ExecutionStatus.SCHEDULED,
+                                         ExecutionStatus.RUNNING}
 
 
 @dataclass

@@ -20,6 +20,7 @@ from konduit.core.repair import plan_repair
 from konduit.core.repair_contract import AutoRepairState, RepairContract
 from konduit.core.repair_contract import describe as describe_auto_repair
 from konduit.core.results import FINISHED, ExecutionResult
+from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
@@ -32,6 +33,7 @@ from konduit.engine.ids import resolve_execution_id
 from konduit.engine.registry import Registry, workflow_key
 from konduit.engine.retention import BATCH_SIZE, Prunable
 from konduit.engine.schedules import Schedules
+from konduit.engine.search import search_executions
 from konduit.engine.stalls import open_stall
 from konduit.engine.starts import (
     Prepared,
@@ -62,6 +64,7 @@ from konduit.records import (
     ChildExecution,
     DeadLetter,
     DeadLetterWithStatus,
+    ExecutionFound,
     ExecutionProgress,
     ExecutionRecord,
     ExecutionSummary,
@@ -155,7 +158,7 @@ class Client(VersionReads):
                         f"workflow {spec.name!r} version {spec.version} is registered with "
                         f"a different shape; a shape change needs a new version number")
                 revision = int(updated["revision"])
-            # The declared input's schema (migration 0024): what code-less starts check. A new
+            # The declared input's schema (migration 0023): what code-less starts check. A new
             # row without one has nothing to set (a start's statements stay as they were). After
             # a policy update above, the stored hash is this definition's.
             schema = spec.input_schema
@@ -185,12 +188,20 @@ class Client(VersionReads):
         deadline_at: datetime | None = None,
         timeout: Duration | None = None,
         trace_context: TraceContext | None = None,
+        tags: Mapping[str, str] | None = None,
+        run_at: datetime | None = None,
+        delay: Duration | None = None,
+        priority: int = 0,
     ) -> UUID:
         """Start an execution and return its id; the same idempotency key returns the same id.
 
         ``timeout`` is a hard limit (seconds or ``"10m"``): past it the execution ends
         ``timed_out`` and its unfinished tasks are cancelled. ``deadline_at`` is the window the
-        execution should finish in, which plans are checked against.
+        execution should finish in, which plans are checked against. ``tags`` (text to text,
+        at most 32) are stored with it for :meth:`search`. ``run_at`` (an aware datetime) or
+        ``delay`` (``"10m"``) start it later: it is ``scheduled`` until then, and a worker's
+        maintenance pass starts it within its interval. ``priority`` is added to each of its
+        steps' priorities in the claim order (lower is claimed first).
 
         One statement creates the execution, its steps and all its root tasks, however many
         roots the workflow has. With tracing on it stores ``trace_context`` (default: the
@@ -201,7 +212,8 @@ class Client(VersionReads):
         raises :class:`~konduit.WorkflowNotFound` naming the registered ones. An input that
         does not match the workflow's ``input=`` raises :class:`~konduit.InputValidationError`
         naming each field; nothing is written then."""
-        request = StartRequest(workflow, input, idempotency_key, version, deadline_at, timeout)
+        request = StartRequest(workflow, input, idempotency_key, version, deadline_at, timeout,
+                               tags=tags, run_at=run_at, delay=delay, priority=priority)
         if trace_context is None:
             trace_context = capture(self.tracing, workflow)
         await self.specs.load(self.db, workflow, version)
@@ -218,7 +230,8 @@ class Client(VersionReads):
         """Start many executions at once and return their ids in request order.
 
         Each request is a :class:`~konduit.StartRequest` (or a dict of its fields: ``workflow``,
-        ``input``, ``idempotency_key``, ``version``, ``deadline_at``, ``timeout``), meaning what
+        ``input``, ``idempotency_key``, ``version``, ``deadline_at``, ``timeout``, ``tags``,
+        ``run_at``, ``delay``, ``priority``), meaning what
         the same arguments mean to :meth:`start`. Every request is checked before anything is
         written, and all of them are started in one transaction with a few set-based
         statements: either every execution is started or none is. A bad request (unknown
@@ -380,11 +393,35 @@ class Client(VersionReads):
                                  execution_id=await self.resolve(execution_id))
         return [Payload.from_row(r) for r in rows]
 
+    async def search(self, where: ExecutionFilter | None = None, *,
+                     before: tuple[datetime, UUID] | None = None,
+                     limit: int = 50) -> builtins.list[ExecutionFound]:
+        """Executions matching ``where`` (:class:`~konduit.core.search.ExecutionFilter`: id
+        start or end, idempotency key, tags, input fields, status, workflow@version, time
+        range), newest first, older than ``before`` (the (created_at, id) of the previous
+        page's last one). Every part is answered by an index (migration 0024)."""
+        return await search_executions(self.db, where or ExecutionFilter(), before=before,
+                                        limit=limit)
+
     async def list(
-        self, *, status: str | None = None, workflow: str | None = None, limit: int = 50
+        self, *, status: str | None = None, workflow: str | None = None, limit: int = 50,
+        **search: Any,
     ) -> builtins.list[ExecutionResult]:
-        rows = await self.db.all("execution_list", status=status, workflow_name=workflow, limit=limit)
-        return [self._result(r, {}) for r in rows]
+        """Recent executions, newest first; with any part of a search (``tags``,
+        ``idempotency_key``, ``input``, ``since``, ``until``, ``id_prefix``, ``version``: see
+        :class:`~konduit.core.search.ExecutionFilter`) the ones :meth:`search` finds."""
+        if not search:
+            rows = await self.db.all("execution_list", status=status, workflow_name=workflow,
+                                     limit=limit)
+            return [self._result(r, {}) for r in rows]
+        try:
+            where = ExecutionFilter(status=status, workflow=workflow, **search)
+        except TypeError as exc:
+            raise KonduitError(f"list: {exc}") from None
+        return [ExecutionResult(id=r.id, workflow=r.workflow_name, version=r.workflow_version,
+                                status=r.status, output=None, error=r.error, outcomes={},
+                                created_at=r.created_at, finished_at=r.finished_at)
+                for r in await self.search(where, limit=limit)]
 
     async def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
         """Every task of an execution (all generations), with attempts and errors."""
@@ -707,7 +744,7 @@ async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_byte
     if row is None:
         raise ExecutionNotFound(f"no execution with id {eid}")
     if row["status"] in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING,
-                         ExecutionStatus.CANCELLED):
+                         ExecutionStatus.SCHEDULED, ExecutionStatus.CANCELLED):
         raise KonduitError(
             f"execution {eid} is {row['status']}: only a finished, not cancelled, "
             "execution can be repaired"

@@ -79,7 +79,8 @@ async def stop_execution(tx: Tx, execution_id: UUID, status: ExecutionStatus,
     row = await tx.one("execution_lock", id=execution_id)
     if row is None:
         raise ExecutionNotFound(f"no execution with id {execution_id}")
-    if row["status"] != ExecutionStatus.RUNNING:
+    # A scheduled execution (start later) is stopped as a running one: its tasks wait unclaimed.
+    if row["status"] not in (ExecutionStatus.RUNNING, ExecutionStatus.SCHEDULED):
         return None
     return await finish_execution(tx, execution_id, status, None, reason, row["steps_pending"])
 

@@ -28,6 +28,7 @@ from uuid import UUID
 
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.schedules import LATE_AFTER, MAX_CATCH_UP, Timing, plan_ticks, tick_key
+from konduit.core.search import MAX_TAG_VALUE
 from konduit.db.database import Database, Row, Tx
 from konduit.engine.registry import Registry
 from konduit.engine.starts import Prepared, StartRequest, insert_executions, prepare
@@ -174,6 +175,8 @@ class Schedules:
                 row["workflow_name"], row["input"], idempotency_key=tick_key(name, tick),
                 version=row["workflow_version"],
                 deadline_at=None if window is None else tick + timedelta(seconds=window),
+                # Found by its schedule: konduit list --tag schedule=<name>.
+                tags={"schedule": name} if len(name) <= MAX_TAG_VALUE else None,
             ), max_bytes=self.max_payload_bytes)
             for tick in ticks
         ]

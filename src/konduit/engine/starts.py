@@ -8,6 +8,7 @@ executions are started together: the rows of each workflow's steps are sent once
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -18,9 +19,11 @@ from konduit.core.advance import initial_states
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.ids import uuid7
 from konduit.core.payloads import canonical_json, content_hash
+from konduit.core.search import check_tags
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Tx
 from konduit.engine.deadlines import budgets, task_budgets
+from konduit.engine.later import check_priority, start_time
 from konduit.engine.registry import workflow_key
 from konduit.engine.stored import SpecSource
 from konduit.errors import IdempotencyConflict, KonduitError
@@ -42,7 +45,10 @@ class StartRequest:
     already used returns that execution's id instead of starting another (with a different
     input it raises :class:`~konduit.IdempotencyConflict`). ``deadline_at`` is the window the
     execution should finish in; ``timeout`` (seconds or ``"10m"``) a hard limit past which it
-    ends ``timed_out``. A plain ``dict`` with these keys is accepted in its place.
+    ends ``timed_out``. ``tags`` (text to text) are what the execution can be searched by.
+    ``run_at`` (an aware datetime) or ``delay`` (``"10m"``) start it later: it waits as
+    ``scheduled`` until then. ``priority`` is added to each step's priority in the claim order
+    (lower first). A plain ``dict`` with these keys is accepted in its place.
     """
 
     workflow: str
@@ -51,6 +57,10 @@ class StartRequest:
     version: int | None = None
     deadline_at: datetime | None = None
     timeout: Duration | None = None
+    tags: Mapping[str, str] | None = None
+    run_at: datetime | None = None
+    delay: Duration | None = None
+    priority: int = 0
 
     @classmethod
     def of(cls, request: StartRequest | Mapping[str, Any]) -> StartRequest:
@@ -85,6 +95,10 @@ class Prepared:
     deadline_at: datetime | None
     timeout_seconds: float | None
     trace: TraceContext | None = None  # the caller's W3C trace context, when tracing is on
+    tags: str | None = None  # compact JSON of the checked tags
+    run_at: datetime | None = None
+    delay_seconds: float | None = None
+    priority: int = 0
 
 
 def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
@@ -93,6 +107,9 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
     timeout_seconds = (
         None if request.timeout is None else parse_duration(request.timeout, what="timeout")
     )
+    tags = check_tags(request.tags)
+    run_at, delay_seconds = start_time(request.run_at, request.delay)
+    priority = check_priority(request.priority)
     spec = registry.get(request.workflow, request.version)
     encoded = canonical_json(
         spec.check_input(request.input), what=f"input of workflow {request.workflow!r}", max_bytes=max_bytes
@@ -106,6 +123,10 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
         deadline_at=request.deadline_at,
         timeout_seconds=timeout_seconds,
         trace=trace,
+        tags=None if tags is None else json.dumps(tags, separators=(",", ":")),
+        run_at=run_at,
+        delay_seconds=delay_seconds,
+        priority=priority,
     )
 
 
@@ -237,13 +258,20 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
             deadline_ats=[p.deadline_at for p in chunk],
             timeout_seconds=[p.timeout_seconds for p in chunk],
             **_traces(chunk),
+            tags=None if all(p.tags is None for p in chunk) else [p.tags for p in chunk],
+            run_ats=[p.run_at for p in chunk],
+            delays=[p.delay_seconds for p in chunk],
+            priorities=[p.priority for p in chunk],
             **template,
         )
         assert row is not None
         made = set(row["created"])
         created.extend(p.id in made for p in chunk)
+    # A start later is left uncut: a cut budget is a moment from now, and its tasks wait for
+    # their start (their deadline then runs from the first claim, as a join's does).
     await _cut_root_budgets(tx, [p for p, is_new in zip(batch, created, strict=True)
-                                 if is_new and p.deadline_at is not None])
+                                 if is_new and p.deadline_at is not None
+                                 and p.run_at is None and p.delay_seconds is None])
     taken = [i for i, is_new in enumerate(created) if not is_new]
     existing = await _existing(tx, [batch[i] for i in taken]) if taken else []
     ids = [p.id for p in batch]

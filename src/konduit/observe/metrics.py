@@ -71,7 +71,7 @@ SCRAPE_TIMEOUT = 5.0
 """Seconds a scrape may spend reading the database (Prometheus gives up after 10 by default)."""
 MAX_ALERT_SAMPLES = 1000
 """Open alerts one scrape reports one by one (newest first); the per-kind counts count them all."""
-EXECUTION_STATUSES = ("pending", "running", "succeeded", "failed", "timed_out", "cancelled")
+EXECUTION_STATUSES = ("pending", "scheduled", "running", "succeeded", "failed", "timed_out", "cancelled")
 DELIVERY_STATUSES = ("pending", "delivered", "failed", "refused")
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ def register(web: FastAPI, site: Site) -> None:
     @web.get("/executions/{execution_id}/cancel", response_class=HTMLResponse)
     async def confirm_cancel(request: Request, execution_id: str) -> Response:
         result = await (await site.clients.get()).get(execution_id)
-        running = result.status == "running"
+        running = result.status in ("running", "scheduled")  # scheduled: before its time
         return site.page(
             request, "confirm.html", r=result, action="cancel", verb="Cancel execution",
             question=f"Cancel execution {result.id} of {result.workflow} v{result.version}?",
@@ -42,8 +42,8 @@ def register(web: FastAPI, site: Site) -> None:
                           "and are asked to stop (ctx.cancelled).",
                           "Nothing downstream runs. This cannot be undone."],
             steps=[], allowed=running,
-            refusal=None if running else f"It is {result.status}: only a running execution can be "
-            "cancelled.")
+            refusal=None if running else f"It is {result.status}: only a running or scheduled "
+            "execution can be cancelled.")
 
     @web.post("/executions/{execution_id}/cancel")
     async def cancel(request: Request, execution_id: str) -> Response:

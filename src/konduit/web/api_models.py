@@ -13,7 +13,7 @@ from konduit.core.durations import parse_duration
 from konduit.errors import KonduitError
 from konduit.records import WorkerRecord
 
-ExecutionStatus = Literal["pending", "running", "succeeded", "failed", "timed_out", "cancelled"]
+ExecutionStatus = Literal["pending", "scheduled", "running", "succeeded", "failed", "timed_out", "cancelled"]
 
 MAX_BATCH = 1000
 
@@ -34,6 +34,18 @@ class StartBody(BaseModel):
         "ends timed_out")
     deadline_at: AwareDatetime | None = Field(
         None, description="The window it should finish in (with a time zone)")
+    tags: dict[str, str] | None = Field(
+        None, max_length=32,
+        description="Text tags to find it by (GET /executions?tag=key=value): at most 32, "
+        "keys up to 64 characters, values up to 256")
+    run_at: AwareDatetime | None = Field(
+        None, description="Start it at this moment (with a time zone): it is scheduled until "
+        "then")
+    delay: float | str | None = Field(
+        None, description="Start it this much later, in seconds or like \"10m\" (not with "
+        "run_at)")
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000,
+                          description="Added to each step's priority: lower is claimed first")
 
     @field_validator("timeout")
     @classmethod
@@ -76,6 +88,10 @@ class ExecutionSummary(BaseModel):
     idempotency_key: str | None = None
     created_at: datetime
     finished_at: datetime | None = None
+    tags: dict[str, str] = Field(default_factory=dict, description="Its tags")
+    run_at: datetime | None = Field(None, description="When it starts (None: it started at "
+                                    "once)")
+    priority: int = Field(0, description="Added to its steps' priorities")
 
 
 class ExecutionPage(BaseModel):
@@ -167,6 +183,10 @@ class ExecutionDetail(BaseModel):
     deadline_at: datetime | None = None
     timeout_at: datetime | None = None
     output_version: int | None = None
+    tags: dict[str, str] = Field(default_factory=dict, description="Its tags")
+    run_at: datetime | None = Field(None, description="When it starts (None: it started at "
+                                    "once); status scheduled until then")
+    priority: int = Field(0, description="Added to its steps' priorities")
     steps: list[StepState]
     attempts: list[Attempt]
     output_versions: list[OutputVersion]

@@ -22,7 +22,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from konduit import tracing
 from konduit.app import App
 from konduit.core.durations import parse_duration
+from konduit.core.search import check_tags, search_filter
 from konduit.engine.client import Client
+from konduit.engine.later import start_time
 from konduit.engine.registry import workflow_key
 from konduit.engine.starts import StartRequest
 from konduit.engine.stored import NoCode
@@ -91,8 +93,17 @@ def check_start(body: m.StartBody, where: str) -> StartRequest:
             parse_duration(body.timeout, what="timeout")
         except KonduitError as exc:
             raise Refused(422, str(exc), f"{where}timeout") from None
+    try:
+        check_tags(body.tags)
+    except KonduitError as exc:
+        raise Refused(422, str(exc), f"{where}tags") from None
+    try:
+        start_time(body.run_at, body.delay)
+    except KonduitError as exc:
+        raise Refused(422, str(exc), f"{where}delay") from None
     return StartRequest(body.workflow, body.input, body.idempotency_key, body.version,
-                        body.deadline_at, body.timeout)
+                        body.deadline_at, body.timeout, tags=body.tags, run_at=body.run_at,
+                        delay=body.delay, priority=body.priority)
 
 
 _AT_REQUEST = re.compile(r"^start request (?P<index>\d+): ")
@@ -159,7 +170,9 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                                      idempotency_key=request.idempotency_key,
                                      version=request.version, deadline_at=request.deadline_at,
                                      timeout=request.timeout,
-                                     trace_context=tracing.incoming(traceparent, tracestate))
+                                     trace_context=tracing.incoming(traceparent, tracestate),
+                                     tags=request.tags, run_at=request.run_at,
+                                     delay=request.delay, priority=request.priority)
         except (WorkflowNotFound, IdempotencyConflict, PayloadError, InputValidationError) as exc:
             raise start_refusal(exc, [request], batch=False) from None
         return m.Started(id=eid, status=(await statuses(client, [eid])).get(eid, "pending"))  # type: ignore[arg-type]
@@ -183,20 +196,44 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
 
     @router.get("/executions", response_model=m.ExecutionPage, tags=["executions"])
     async def executions(status: m.ExecutionStatus | None = None,
-                         workflow: Annotated[str | None, Query(max_length=200)] = None,
+                         workflow: Annotated[str | None, Query(
+                             max_length=200, description="name or name@version")] = None,
                          limit: Limit = 50,
-                         cursor: Annotated[str | None, Query(max_length=500)] = None) -> m.ExecutionPage:
-        """Executions, newest first, a page at a time: pass ``next_cursor`` back as ``cursor``.
-        Pages are stable while executions are started: none is repeated or skipped."""
+                         cursor: Annotated[str | None, Query(max_length=500)] = None,
+                         id: Annotated[str | None, Query(
+                             max_length=36, description="The start or the end of the id (at "
+                             "least 4 hex digits)")] = None,
+                         key: Annotated[str | None, Query(
+                             max_length=500, description="The idempotency key")] = None,
+                         tag: Annotated[list[str] | None, Query(
+                             max_length=32, description="key=value: carries this tag "
+                             "(repeatable: all of them)")] = None,
+                         input: Annotated[list[str] | None, Query(
+                             max_length=32, description="field=value: the input has this field "
+                             "(input.episode=42; the value is JSON, else text; repeatable)")] = None,
+                         since: Annotated[str | None, Query(
+                             max_length=64, description="Created since: a duration ago (1h) "
+                             "or an ISO 8601 date-time")] = None,
+                         until: Annotated[str | None, Query(
+                             max_length=64, description="Created before: a duration ago (1h) "
+                             "or an ISO 8601 date-time")] = None) -> m.ExecutionPage:
+        """Executions, newest first, a page at a time: pass ``next_cursor`` back as ``cursor``
+        (with the same filters). Pages are stable while executions are started: none is repeated
+        or skipped. Each filter is answered by an index; the ones given must all hold."""
         before_at, before_id = decode_cursor(cursor) if cursor else (None, None)
+        try:
+            where = search_filter(id=id, key=key, tags=tag, inputs=input, status=status,
+                                  workflow=workflow, since=since, until=until)
+        except KonduitError as exc:
+            raise Refused(422, str(exc), "query") from None
         client = await clients.get()
-        rows = await client.page(status=status, workflow=workflow or None,
-                                 before=None if before_at is None or before_id is None
-                                 else (before_at, before_id), limit=limit + 1)
+        rows = await client.search(where, before=None if before_at is None or before_id is None
+                                   else (before_at, before_id), limit=limit + 1)
         items = [m.ExecutionSummary(id=r.id, workflow=r.workflow_name,
                                     version=r.workflow_version, status=r.status,  # type: ignore[arg-type]
                                     error=r.error, idempotency_key=r.idempotency_key,
-                                    created_at=r.created_at, finished_at=r.finished_at)
+                                    created_at=r.created_at, finished_at=r.finished_at,
+                                    tags=r.tags or {}, run_at=r.run_at, priority=r.priority)
                  for r in rows[:limit]]
         more = len(rows) > limit
         return m.ExecutionPage(items=items, next_cursor=encode_cursor(items[-1].created_at, items[-1].id)
@@ -218,7 +255,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             outcomes=result.outcomes, idempotency_key=row.idempotency_key,
             created_at=row.created_at, finished_at=row.finished_at,
             deadline_at=row.deadline_at, timeout_at=row.timeout_at,
-            output_version=row.output_version,
+            output_version=row.output_version, tags=row.tags or {}, run_at=row.run_at,
+            priority=row.priority,
             steps=[m.StepState.model_validate(s.to_dict()) for s in steps],
             attempts=[m.Attempt.model_validate(a.to_dict()) for a in attempts],
             output_versions=[m.OutputVersion.model_validate(v.to_dict())

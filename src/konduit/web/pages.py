@@ -11,20 +11,22 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlencode
 from uuid import UUID
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from konduit.core.results import ExecutionResult
+from konduit.errors import KonduitError
 from konduit.records import ExecutionSummary, StepMark
 from konduit.web import views
 from konduit.web.api_v1 import encode_cursor as api_cursor
 from konduit.web.detail import load_detail
 from konduit.web.ops import load_strip
+from konduit.web.search_form import SearchText
 from konduit.web.site import Site
 from konduit.web.summaries import (
     MAP_STATUSES,
@@ -80,16 +82,24 @@ def register(web: FastAPI, site: Site) -> None:
 
     @web.get("/", response_class=HTMLResponse)
     async def executions(request: Request, status: str | None = None, workflow: str | None = None,
-                         limit: int = 50, cursor: str | None = None) -> Response:
+                         limit: int = 50, cursor: str | None = None, id: str | None = None,
+                         key: str | None = None, tag: Annotated[list[str] | None, Query()] = None,
+                         input: Annotated[list[str] | None, Query()] = None,
+                         since: str | None = None, until: str | None = None) -> Response:
         client = await site.clients.get()
         status, workflow, limit = status or None, workflow or None, max(1, min(limit, 500))
+        # The search as typed: what the form shows again and every link (pages, live) keeps.
+        typed = SearchText.of(id=id, key=key, tag=tag, input=input, since=since, until=until)
         try:
             before_at, before_id = page_key(cursor, UUID, "an execution")
         except BadCursor as exc:
             return bad_cursor(request, exc)
-        found = await client.page(status=status, workflow=workflow,
-                                  before=None if before_at is None or before_id is None
-                                  else (before_at, before_id), limit=limit + 1)
+        try:
+            where = typed.filter(status=status, workflow=workflow)
+        except KonduitError as exc:
+            return site.problem(request, 400, "Bad search", str(exc))
+        found = await client.search(where, before=None if before_at is None or before_id is None
+                                    else (before_at, before_id), limit=limit + 1)
         more, found = len(found) > limit, found[:limit]
         results = [result_of(r) for r in found]
         marks = await client.marked_steps(r.id for r in results)
@@ -98,8 +108,10 @@ def register(web: FastAPI, site: Site) -> None:
             by_execution.setdefault(m.execution_id, []).append(m)
         unserved = await client.unserved(r.id for r in results if not r.finished)
         now = datetime.now(UTC)
+        tags = {r.id: r.tags for r in found}
         rows = [{"r": r, "took": views.between(r.created_at, r.finished_at or now),
                  "unserved": r.id in unserved,
+                 "tags": tags.get(r.id),
                  "degraded": sorted(m.step for m in by_execution.get(r.id, [])
                                     if m.status == "degraded"),
                  "failed": sorted(m.step for m in by_execution.get(r.id, [])
@@ -108,10 +120,14 @@ def register(web: FastAPI, site: Site) -> None:
         following = None
         if more and found:
             following = query_string(status=status, workflow=workflow, limit=limit if limit != 50 else None,
-                                     cursor=encode_cursor(found[-1].created_at, found[-1].id))
+                                     cursor=encode_cursor(found[-1].created_at, found[-1].id)) \
+                + typed.more_args()
         first = query_string(status=status, workflow=workflow, limit=limit if limit != 50 else None)
+        more_args = typed.more_args()
+        first = first + more_args if first else "?" + more_args[1:] if more_args else ""
         return site.page(request, "executions.html", rows=rows, workflows=names, status=status,
-                         workflow=workflow, statuses=views.FINISHED | {"pending", "running"},
+                         search=typed, searched=bool(typed.more_args()),
+                         workflow=workflow, statuses=views.FINISHED | {"pending", "scheduled", "running"},
                          strip=await load_strip(client), next_page=following,
                          first_page=first if cursor else None, poll_ms=POLL_MS,
                          # The same page of the API (same filters, same keyset cursor) keeps
@@ -119,7 +135,7 @@ def register(web: FastAPI, site: Site) -> None:
                          live="/api/v1/executions" + query_string(
                              status=status, workflow=workflow, limit=limit,
                              cursor=None if before_at is None or before_id is None
-                             else api_cursor(before_at, before_id)),
+                             else api_cursor(before_at, before_id)) + typed.more_args(),
                          live_strip="/strip.json")
 
     @web.get("/executions/{execution_id}", response_class=HTMLResponse)
@@ -158,7 +174,7 @@ def register(web: FastAPI, site: Site) -> None:
                 "met": d.result.finished_at <= deadline if d.result.finished_at else None},
             repairable=d.result.status in ("succeeded", "failed", "timed_out")
             and any(s["status"] in views.REPAIRABLE for s in d.steps),
-            cancellable=d.result.status == "running",
+            cancellable=d.result.status in ("running", "scheduled"),
             failures=d.failures, logs_of={entry["key"]: entry for entry in d.logs},
             more_failures={s: n - shown_in[s] for s, n in failed_in.items()
                                                 if n > shown_in[s]},

@@ -30,8 +30,9 @@ class WorkerConfig:
         default_factory=lambda: _env_float("KONDUIT_MAINTENANCE_INTERVAL", 2.0)
     )
     """Seconds between full maintenance passes: expired leases, deadlines, due timers and waits,
-    timed-out executions, due repairs (every worker runs one; they are idempotent). Deadlines,
-    timers and repairs that come due in between are acted on at their moment (wakeups.py)."""
+    timed-out executions, due repairs, scheduled starts due (every worker runs one; they are
+    idempotent). Deadlines, timers and repairs that come due in between are acted on at their
+    moment (wakeups.py); a scheduled start waits for the next pass."""
     stall_grace: float = field(default_factory=lambda: _env_float("KONDUIT_STALL_GRACE", 60.0))
     """Seconds a running execution in which nothing can run (no ready, running or waiting task)
     is left before the maintenance pass re-runs its fan-in decision and raises

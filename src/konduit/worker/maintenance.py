@@ -33,7 +33,7 @@ from konduit.core.model import (
 from konduit.core.outcome import Ending, Final, decide
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
-from konduit.engine import transitions, waits
+from konduit.engine import later, transitions, waits
 from konduit.engine.advancer import Advanced
 from konduit.engine.completer import record
 from konduit.engine.finish import ChildEnded, end_timed_out_executions
@@ -269,6 +269,10 @@ class Maintenance:
         for stall in done.stalls:
             self.woke(stall.advanced)
         return len(done.stalls)
+
+    async def start_due(self) -> int:
+        """Start the scheduled executions whose time came (:mod:`konduit.engine.later`)."""
+        return len(await later.start_due(self.db))
 
     async def end_timed_out(self, *, limit: int = 100) -> int:
         """:func:`end_timed_out_executions`, waking at once the parents of the children among

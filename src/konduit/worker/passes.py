@@ -17,6 +17,7 @@ SERVICES: tuple[str, ...] = (
     "rescue",       # tasks whose worker is gone (and hedges whose lease ran out)
     "deadlines",    # tasks past their deadline
     "waits",        # waiting tasks that are due (timers, events, ended children)
+    "starts",       # scheduled executions (start(run_at=, delay=)) whose time came
     "timeouts",     # executions past their timeout
     "stalls",       # the stall watchdog
     "repair",       # automatic repairs that are due

@@ -12,7 +12,7 @@ FOR NO KEY UPDATE;
 -- One execution, whole.
 SELECT id, workflow_name, workflow_version, status, input, output, error, idempotency_key,
        steps_pending, deadline_at, timeout_at, generation, output_version, created_at,
-       finished_at
+       finished_at, tags, run_at, priority
 FROM konduit_executions
 WHERE id = %(id)s;
 
@@ -38,7 +38,8 @@ SET status = %(status)s,
     steps_pending = %(steps_pending)s,
     output_version = output_version + 1,
     finished_at = clock_timestamp()
-WHERE id = %(id)s AND status = 'running'
+-- A scheduled execution (migration 0024) ends only stopped (cancelled) before its time.
+WHERE id = %(id)s AND status IN ('running', 'scheduled')
 RETURNING id, output_version, finish_waited, idempotency_key,
           EXISTS (SELECT FROM konduit_webhook_subscriptions) AS webhooks;
 
@@ -47,7 +48,7 @@ RETURNING id, output_version, finish_waited, idempotency_key,
 -- Under the row lock, so a finish in flight is waited for and then seen as finished.
 UPDATE konduit_executions
 SET finish_waited = true
-WHERE id = %(id)s AND status IN ('pending', 'running') AND NOT finish_waited;
+WHERE id = %(id)s AND status IN ('pending', 'scheduled', 'running') AND NOT finish_waited;
 
 -- name: execution_notify_finished
 -- Wake clients waiting on this execution (only sent when one said it waits); delivered when the

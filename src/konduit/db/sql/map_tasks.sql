@@ -9,7 +9,8 @@ INSERT INTO konduit_tasks
      deadline_seconds, limited, deadline_uncut_seconds, deadline_reserve_seconds, deadline_at,
      fair_turn, policy_revision)
 SELECT e.id, %(workflow)s::text, %(generation)s::int, %(step)s::text,
-       %(first_index)s::int + u.ord::int - 1, u.item::jsonb, %(queue)s::text, %(priority)s::int,
+       %(first_index)s::int + u.ord::int - 1, u.item::jsonb, %(queue)s::text,
+       %(priority)s::int + e.priority,  -- the step's plus its execution's (migration 0024)
        %(max_attempts)s::int, %(deadline_seconds)s::float8, COALESCE(%(limited)s::bool, false),
        %(deadline_uncut)s::float8, %(deadline_reserve)s::float8,
        -- A budget the window cut is a moment (see task_insert_many), the same for every item

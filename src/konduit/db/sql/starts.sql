@@ -3,6 +3,10 @@
 -- steps' ready tasks (from the step rows of its workflow, the `template_*` arrays), and one
 -- wake-up per queue that got tasks. A request whose idempotency key its workflow already used
 -- inserts nothing. Returns the ids of the executions created.
+-- An execution whose start (run_at, or now + delay) is in the future is created `scheduled`
+-- with its root tasks ready from that moment: the claim takes tasks of running executions only,
+-- and the maintenance pass starts it then (execution_start_many_if_due, migration 0024). Each
+-- task's priority is its step's plus its execution's.
 WITH request AS (
     SELECT *
     FROM unnest(%(ids)s::uuid[], %(workflow_names)s::text[], %(workflow_versions)s::int[],
@@ -12,10 +16,19 @@ WITH request AS (
                 %(idempotency_keys)s::text[], %(steps_pendings)s::int[],
                 %(deadline_ats)s::timestamptz[], %(timeout_seconds)s::float8[],
                 -- NULL (no element) when tracing is off: unnest pads a shorter array with NULLs.
-                %(traceparents)s::text[], %(tracestates)s::text[])
+                %(traceparents)s::text[], %(tracestates)s::text[],
+                -- NULL when no start of the batch has tags.
+                %(tags)s::text[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
+                %(priorities)s::int[])
          WITH ORDINALITY AS r(id, workflow_name, workflow_version, input, input_hash,
                               idempotency_key, steps_pending, deadline_at, timeout_seconds,
-                              traceparent, tracestate, ord)
+                              traceparent, tracestate, tags, run_at, delay, priority, ord)
+), timed AS MATERIALIZED (
+    -- One reading of the clock per execution: its start decides its status and its tasks' run_at.
+    SELECT r.*, s.start_at, s.start_at > clock_timestamp() AS later
+    FROM request r
+    CROSS JOIN LATERAL (SELECT COALESCE(r.run_at, clock_timestamp()
+                                        + make_interval(secs => r.delay)) AS start_at) AS s
 ), template AS (
     -- Array literals the client builds once per workflow and reuses.
     SELECT *
@@ -47,11 +60,14 @@ WITH request AS (
 ), created AS (
     INSERT INTO konduit_executions
         (id, workflow_name, workflow_version, input, input_hash, idempotency_key, steps_pending,
-         deadline_at, timeout_at, traceparent, tracestate)
+         deadline_at, timeout_at, traceparent, tracestate, tags, run_at, priority, status)
     SELECT id, workflow_name, workflow_version, input::jsonb, input_hash, idempotency_key,
-           steps_pending, deadline_at, clock_timestamp() + make_interval(secs => timeout_seconds),
-           traceparent, tracestate
-    FROM request
+           steps_pending, deadline_at,
+           -- A hard limit counts from the start (greatest ignores a NULL start_at).
+           greatest(start_at, clock_timestamp()) + make_interval(secs => timeout_seconds),
+           traceparent, tracestate, tags::jsonb, start_at, COALESCE(priority, 0),
+           CASE WHEN later THEN 'scheduled' ELSE 'running' END
+    FROM timed
     -- Keys are taken in one order by every batch: two batches that share keys wait for each
     -- other instead of deadlocking.
     ORDER BY workflow_name, idempotency_key, id
@@ -68,13 +84,14 @@ WITH request AS (
     -- rows here would spill to disk for a big batch.
     INSERT INTO konduit_tasks
         (execution_id, workflow, generation, step, map_index, queue, priority, max_attempts,
-         deadline_seconds, limited, fair_turn, policy_revision)
-    SELECT c.id, t.workflow, 1, t.step, 0, t.queue, t.priority, t.max_attempts,
+        deadline_seconds, limited, fair_turn, run_at, policy_revision)
+    SELECT c.id, t.workflow, 1, t.step, 0, t.queue, t.priority + COALESCE(r.priority, 0),
+           t.max_attempts,
            t.deadline_seconds, COALESCE(t.limited, false),
            konduit_task_turn(t.clock, (%(first_ordinal)s::bigint + r.ord - 1) * t.width + t.nth),
-           t.policy_revision
+           greatest(r.start_at, now()), t.policy_revision
     FROM created c
-    JOIN request r ON r.id = c.id
+    JOIN timed r ON r.id = c.id
     JOIN roots t ON t.name = c.workflow_name AND t.version = c.workflow_version
 ), woken AS (
     -- NOTIFY takes a global lock at commit: once per queue, and only when tasks were made.

@@ -83,11 +83,14 @@ reached AS (
 -- Create the ready tasks of steps whose join fired; a task that exists already is never made twice.
 -- A budget the execution's window cut (deadline_uncut set) is a moment: its deadline starts now.
 -- They take their fair turns from their queue's clock on, 8 a turn (migration 0019).
+-- A task's priority is its step's plus its execution's (start(priority=), migration 0024).
 INSERT INTO konduit_tasks
     (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
      deadline_seconds, limited, deadline_uncut_seconds, deadline_reserve_seconds, deadline_at,
      fair_turn, policy_revision)
-SELECT %(execution_id)s, %(workflow)s, %(generation)s, u.step, u.map_index, u.item, u.queue, u.priority,
+SELECT %(execution_id)s, %(workflow)s, %(generation)s, u.step, u.map_index, u.item, u.queue,
+       u.priority + COALESCE((SELECT e.priority FROM konduit_executions e
+                              WHERE e.id = %(execution_id)s), 0),
        u.max_attempts, u.deadline_seconds, COALESCE(u.limited, false), u.uncut, u.reserve,
        CASE WHEN u.uncut IS NOT NULL
             THEN clock_timestamp() + make_interval(secs => u.deadline_seconds) END,

@@ -1,4 +1,4 @@
--- Konduit schema, version 24: a workflow's declared input type, stored at registration.
+-- Konduit schema, version 23: a workflow's declared input type, stored at registration.
 --
 -- Workflow(..., input=Model) keeps the JSON Schema of its input (Model.model_json_schema(), or
 -- the schema dict given) beside the spec, so that a process without the workflow's code (the

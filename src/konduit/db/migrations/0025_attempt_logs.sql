@@ -1,4 +1,4 @@
--- Konduit schema, version 26: what a handler logged during an attempt, kept with the attempt.
+-- Konduit schema, version 25: what a handler logged during an attempt, kept with the attempt.
 --
 -- One row per attempt that logged anything (most log nothing and have none), written in the
 -- transaction that records the attempt's end. Bounded by the worker (200 records, 64 KiB of

@@ -1,0 +1,27 @@
+"""Find any execution: one statement (``execution_search``) for every face's search."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID
+
+from konduit.core.search import MAX_LIMIT, ExecutionFilter, SearchError
+from konduit.db.database import Database
+from konduit.records import ExecutionFound
+
+
+async def search_executions(db: Database, where: ExecutionFilter, *,
+                            before: tuple[datetime, UUID] | None = None,
+                            limit: int = 50) -> list[ExecutionFound]:
+    """The executions ``where`` matches, newest first, a keyset page of at most ``limit``."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise SearchError(f"limit {limit!r}: a whole number from 1 to {MAX_LIMIT}")
+    before_at, before_id = before if before is not None else (None, None)
+    p = where.params()
+    rows = await db.all(
+        "execution_search", id_low=p["id_low"], id_high=p["id_high"], id_tail=p["id_tail"],
+        idempotency_key=p["idempotency_key"], tags=p["tags"], input=p["input"],
+        status=p["status"], workflow_name=p["workflow_name"],
+        workflow_version=p["workflow_version"], since=p["since"], until=p["until"],
+        before_at=before_at, before_id=before_id, limit=limit)
+    return [ExecutionFound.from_row(r) for r in rows]
