@@ -31,7 +31,8 @@ pytestmark = pytest.mark.storage
 ENTITIES = ("alert", "attempt", "event", "execution", "flow_limit", "output", "schedule",
             "schema_version", "step", "task", "webhook_delivery", "webhook_subscription", "worker",
             "workflow")
-NOT_PREPARABLE = {"schema_version_table_create_if_absent"}  # DDL: PREPARE takes DML only
+NOT_PREPARABLE = {  # DDL and a DO block: PREPARE takes DML only
+    "schema_version_table_create_if_absent", "schema_version_drop_everything"}
 EXECUTION = uuid.UUID("00000000-0000-4000-8000-000000000001")
 
 

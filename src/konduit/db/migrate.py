@@ -66,7 +66,7 @@ async def reset(db: Database) -> list[Migration]:
     development database's ``konduit db reset``): all executions and history are gone."""
     async with db.transaction() as tx:
         await tx.one("schema_version_lock")
-        await tx.run("schema_drop_all")
+        await tx.run("schema_version_drop_everything")
     return await migrate(db)
 
 

@@ -22,7 +22,7 @@ SELECT to_regclass('konduit_schema_version') IS NOT NULL AS present;
 -- Record one applied migration.
 INSERT INTO konduit_schema_version (version, name) VALUES (%(version)s, %(name)s);
 
--- name: schema_drop_all
+-- name: schema_version_drop_everything
 -- `konduit db reset`: every konduit table (with its rows, indexes and sequences) and function
 -- in the current schema, the migrations' record included, so that migrating starts afresh.
 -- Only names konduit gives its objects are touched; the caller holds schema_version_lock.
