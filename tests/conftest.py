@@ -33,6 +33,18 @@ _pools: list[konduit.testing.DatabasePool] = []
 _fixture_seconds: list[float] = []
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """A test whose handlers log hostile text (a lone surrogate) has it in its captured output:
+    an xdist worker cannot send such a report (it must be UTF-8) and dies with the whole run.
+    The report keeps the text, escaped, before xdist sends it."""
+    report.sections = [(title, _utf8(content)) for title, content in report.sections]
+
+
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fresh_database: db_url is a new database, not a reset one from the pool"
