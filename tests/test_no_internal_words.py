@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,3 +65,32 @@ def test_no_pointer_to_a_design_document_that_is_not_shipped() -> None:
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     found = findings(re.compile(r"DESIGN\.md"), docs)
     assert not found, "DESIGN.md is not in the repository:\n" + "\n".join(found)
+
+
+def test_no_project_internal_words_in_the_cli_help() -> None:
+    """The help of every command as the user sees it (rendered, so text from any source
+    counts: docstrings, option help, choices)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from konduit.cli import cli
+
+    def paths(command: Any, path: list[str], parent: Any) -> list[list[str]]:
+        found = [path]
+        if hasattr(command, "list_commands"):  # a group (Typer carries its own Click)
+            ctx = typer.Context(command, info_name=path[-1] if path else "konduit", parent=parent)
+            for name in command.list_commands(ctx):
+                found += paths(command.get_command(ctx, name), [*path, name], ctx)
+        return found
+
+    runner = CliRunner()
+    commands = paths(typer.main.get_command(cli), [], None)
+    assert len(commands) >= 20
+    bad = []
+    for path in commands:
+        done = runner.invoke(cli, [*path, "--help"], env={"COLUMNS": "200"})
+        assert done.exit_code == 0, (path, done.output)
+        found = INTERNAL.search(done.output)
+        if found:
+            bad.append(f"konduit {' '.join(path)} --help: {found.group(0)}")
+    assert not bad, bad
