@@ -8,7 +8,8 @@ to a plain cover (its ``fallback``), so ``publish`` still makes the window. Wait
 branch instead would have missed it. The deadline is ``Deadline.adaptive()``, computed from the
 step's own history, clamped here to seconds so the example ends quickly.
 
-The first night the image service is fast; the second it hangs (30 s) and the branch degrades.
+The first night the image service is fast; the second it hangs (two minutes, past the window)
+and the branch degrades.
 
 Run it: ``python examples/content_pipeline.py`` (the embedded PostgreSQL, or ``KONDUIT_DATABASE_URL``).
 """
@@ -68,12 +69,12 @@ app = konduit.App([wf])
 def main() -> None:
     nights = []
     with konduit.testing.worker_thread(app, concurrency=8):
-        for episode, image_service_seconds in ((1, 0.2), (2, 30.0)):
-            window = datetime.now(UTC) + timedelta(seconds=20)  # the publication window's end
+        for episode, image_service_seconds in ((1, 0.2), (2, 120.0)):
+            window = datetime.now(UTC) + timedelta(seconds=45)  # the publication window's end
             handle = app.start("example-nightly-episode",
                                input={"episode": episode, "image_service_seconds": image_service_seconds},
                                deadline_at=window)
-            result = handle.wait(timeout=60)
+            result = handle.wait(timeout=120)
             published = datetime.fromisoformat(result.output["published_at"])
             print(f"episode {episode}: {result.status}, cover {result.outcomes['cover_image']} "
                   f"({result.output['cover']}), published {'inside' if published <= window else 'AFTER'} "

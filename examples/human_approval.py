@@ -30,7 +30,7 @@ def machine_translate(ctx: konduit.Context) -> dict[str, str]:
 review = wf.wait_for_event(
     "translation-approved", name="review", after=[machine_translate],
     key=lambda ctx: f"episode-{ctx.input['episode']}",  # which event this execution waits for
-    deadline="3s",  # hours in real life ("3h"); seconds here so the example ends quickly
+    deadline="5s",  # hours in real life ("3h"); seconds here so the example ends quickly
     fallback=lambda ctx: ctx.upstream["machine_translate"],  # no answer in time: the machine's
 )
 
