@@ -7,7 +7,8 @@ order. Workers claim and complete map items in batches, so the cost per item is 
 millisecond of database time.
 
 Run it: ``python examples/fan_out_100k.py`` (the embedded PostgreSQL, or ``KONDUIT_DATABASE_URL``).
-``KONDUIT_EXAMPLE_ITEMS=10000`` runs a smaller catalogue.
+``KONDUIT_EXAMPLE_ITEMS=10000`` runs a smaller catalogue. Measured: 100,000 items in 440 s on the
+embedded PostgreSQL 18 of a loaded, shared 2-core machine (227 items/s); a quiet machine is faster.
 """
 
 from __future__ import annotations
