@@ -1,26 +1,26 @@
-"""``konduit demo``: the nightly content pipeline of seed 004, with simulated work, and its incident.
+"""``konduit demo``: a nightly content pipeline, with simulated work, and an incident.
 
 transcribe fans out to five branches that run in parallel (summarise, translate, cover_image,
 captions, schedule); publish joins them. Each step sleeps 50-400 ms; translate fails its first
 attempt with a transient error on every other execution, so retries show up.
 
 Every execution has a window (``deadline_at`` = its start + ``window`` seconds, the 6 am
-publication of the seed). The demo runs the seed's night at one twentieth of its pace
-(:data:`SEED_SCALE`: one seed second is 50 ms here), and takes every number from the seed at that
+publication of a production night). The demo runs that night at one twentieth of its pace
+(:data:`SEED_SCALE`: one production second is 50 ms here), and takes every number from it at that
 scale: the image-resize call behind cover_image normally takes 3-5 s (0.15-0.25 s here), and
-cover_image carries the seed's rule 1, a deadline of its own, *adaptive*: 1.5 x its p99 over the
+cover_image carries the default rule, a deadline of its own, *adaptive*: 1.5 x its p99 over the
 last 7 days, clamped between 10 s and 45 s (0.5 s and 2.25 s here), 16 s (0.8 s here) while it
 has fewer than 20 successful runs of history. Its normal runs make that budget the 10 s floor on
-a database that ran the demo before. In the last execution(s) the resize slows down as in the
-seed; the seed's 38 s would be 1.9 s here, shorter than the demo's window, so the incident is
-stretched to 10 s (200 seed seconds) to make waiting for it visibly miss the window. Past the
+a database that ran the demo before. In the last execution(s) the resize slows down as it did
+in production; its 38 s would be 1.9 s here, shorter than the demo's window, so the incident is
+stretched to 10 s (200 production seconds) to make waiting for it visibly miss the window. Past the
 deadline the engine cancels the handler and the branch ends ``degraded`` with its fallback
 image; cover_image is an optional branch of publish's ``Join.required()``, so publish goes out
 inside the window instead of waiting 10 s for the resize.
 
 The summary shows per execution whether publish made the window, the fan-in wait of publish
 (first branch finished -> publish ready), the straggler that set it, and which branch degraded
-and why; per branch (seed 004: instrument the branches, not the pipeline) its p50, max, how often
+and why; per branch (instrument the branches, not the pipeline) its p50, max, how often
 it straggled or degraded and its retries; and the plan for the next run (``konduit plan``).
 """
 
@@ -58,27 +58,27 @@ from konduit.engine.deadlines import MAX_SAMPLES, MIN_SAMPLES, adaptive_budget
 
 # Bump the version whenever a step's options change: a database that already ran the demo keeps
 # the old definition under the old version number. (2: cover_image's deadline and fallback;
-# 3: its clamp follows the seed's 10-45 s.)
+# 3: its clamp follows the default 10-45 s.)
 pipeline = konduit.Workflow("nightly-content", version=3)
 BRANCHES = ("summarise", "translate", "cover_image", "captions", "schedule")
 CHANNELS = ("web", "podcast", "youtube", "newsletter", "instagram", "linkedin")
 
 SEED_SCALE = 0.05
-"""Demo seconds per seed-004 second: the seed's night, twenty times faster."""
+"""Demo seconds per production second: a production night, twenty times faster."""
 
 
 def seed(seconds: float) -> float:
-    """A duration of seed 004 at the demo's pace."""
+    """A production duration at the demo's pace."""
     return seconds * SEED_SCALE
 
 
 RESIZE_SECONDS = (seed(3), seed(5))
-"""How long the image-resize call normally takes (seed: 4 s)."""
+"""How long the image-resize call normally takes (in production: 4 s)."""
 INCIDENT_RESIZE_SECONDS = 10.0
-"""... and during the incident: the seed's 38 s would be 1.9 s, inside the demo's window, so it is
-stretched to 10 s (200 seed seconds) to make waiting for it miss the window."""
+"""... and during the incident: production's 38 s would be 1.9 s, inside the demo's window, so it
+is stretched to 10 s (200 production seconds) to make waiting for it miss the window."""
 COVER_DEADLINE = konduit.Deadline.adaptive(
-    # Seed 004, rule 1: "1.5x the p99 from the last 7 days, clamped between 10s and 45s".
+    # The default rule: "1.5x the p99 from the last 7 days, clamped between 10s and 45s".
     factor=1.5, quantile=0.99, window="7d", floor=seed(10), ceiling=seed(45), default=seed(16)
 )
 FALLBACK_COVER = {"image": "fallback.png", "degraded": True}
@@ -224,7 +224,7 @@ def _reason(error: str | None) -> str:
 
 def _summary(app: konduit.App, ids: list[UUID], results: dict[UUID, ExecutionResult],
              windows: dict[UUID, datetime], slow: set[UUID]) -> Summary:
-    """One table per execution, one per branch (seed 004: instrument the branches, not the
+    """One table per execution, one per branch (instrument the branches, not the
     pipeline), and the branches that degraded."""
     runs = Table(title="executions (* = the slow image resize)", title_justify="left",
                  box=box.SIMPLE_HEAD, collapse_padding=True, show_edge=False)
@@ -327,7 +327,7 @@ def _cover_deadline(database_url: str) -> str:
     samples = 0 if row is None else int(row["samples"])
     budget = adaptive_budget(d, p99, samples)
     rule = (f"{d.factor:g} x its p99 over 7 days, clamped to [{d.floor:g} s, {d.ceiling:g} s] "
-            f"(the seed's {d.floor / SEED_SCALE:g}-{d.ceiling / SEED_SCALE:g} s at the demo's pace)")
+            f"(production's {d.floor / SEED_SCALE:g}-{d.ceiling / SEED_SCALE:g} s at the demo's pace)")
     if p99 is None or samples < MIN_SAMPLES:
         return (f"{budget:g} s, the default while its history is thin ({samples} successful "
                 f"run(s), fewer than {MIN_SAMPLES}); then {rule}")

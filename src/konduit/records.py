@@ -27,7 +27,7 @@ class Record:
         """The record of a row read by the statement it belongs to (extra columns ignored)."""
         record = object.__new__(cls)
         # row[...] rather than row.get: a query that lost a column must fail here, loudly,
-        # not hand out a silent None (issue 17 found that bug class in the claim projection).
+        # not hand out a silent None (that bug class was once found in the claim projection).
         # Straight into __dict__: a frozen dataclass's __init__ sets each field through
         # object.__setattr__, which made a 300-task read 1.7x slower than the dict rows.
         record.__dict__.update({name: row[name] for name in _field_names(cls)})

@@ -148,3 +148,16 @@ def eventually(driver: WebDriver, check: Callable[[WebDriver], object], timeout:
             "var m = document.querySelector('main'); return m ? m.outerHTML.slice(0, 200) : null;")
         raise AssertionError(f"timed out after {timeout} s on {driver.current_url}: console "
                              f"{console}, main {main}") from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "browser: drives a real Chromium (the browser fixture); -m 'not browser' skips")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that uses the ``browser`` fixture is marked ``browser``, so that
+    ``pytest -m "not browser"`` leaves them all out without listing them."""
+    for item in items:
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)

@@ -41,7 +41,7 @@ async def _count(ctx: konduit.Context) -> int:
 
 
 def roots_workflow(width: int) -> konduit.Workflow:
-    """``width`` root branches, all ready at start, and one join: the shape of issue 8's
+    """``width`` root branches, all ready at start, and one join: the shape of the headline
     comparison (executions x no-op branches + a join) and of a many-root start."""
     wf = konduit.Workflow(f"bench-roots-{width}", version=1)
     branches = [wf.step(name=f"b{i}")(_returning(1)) for i in range(width)]

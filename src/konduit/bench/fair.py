@@ -1,4 +1,4 @@
-"""The fair-share benchmark (issue 16): lone executions beside a big map and after a big batch.
+"""The fair-share benchmark: lone executions beside a big map and after a big batch.
 
 One worker process x 8 slots (``konduit.bench.apps:fair_app``). In one fresh database a map of
 ``map_items`` items (1,000,000 in a full run) runs; a second after its items are being claimed,

@@ -1,4 +1,4 @@
-"""The benchmarks of issue 8: real worker processes, measured from the database.
+"""The fleet benchmarks: real worker processes, measured from the database.
 
 Each scenario runs in its own scratch database (see :class:`konduit.bench.suite.Server`). Worker
 processes are ``python -m konduit.cli worker konduit.bench.apps:app`` — the same command a user
@@ -399,7 +399,7 @@ def median_run(runs: list[Json], key: str) -> Json:
 
 def throughput(fresh: Callable[[], Any], *, executions: int, repeats: int,
                probe: float, idle: float = 2.0) -> Json:
-    """Issue 8's headline: ≥ 50 executions x 20 no-op branches + a join, one worker process
+    """The headline: ≥ 50 executions x 20 no-op branches + a join, one worker process
     x 8 slots, started with ``start_many``; the median of ``repeats`` runs, each in its own
     database."""
     runs = []

@@ -4,7 +4,7 @@ the join that reads them all (``konduit bench --only wide_map``, ``--only map_1m
 The worker first runs small maps, so its statements are prepared while the tables are tiny (the
 shape that once made a 10,000-item join take minutes), then the wide one. Measured: the map's
 items per second beside the static branches per second of a throughput run in the same
-benchmark (issue 16: map items at least as fast), the join's own duration and its dispatch
+benchmark (the target: map items at least as fast), the join's own duration and its dispatch
 (last item finished -> join claimed), and the worker's peak memory while it reads the items."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``konduit bench --only soak``: steady load for a long while, with retention on (issue 16).
+"""``konduit bench --only soak``: steady load for a long while, with retention on.
 
 One worker process (``python -m konduit.cli worker konduit.bench.apps:soak_app_<s>``, the App of
 ``bench-soak`` with ``retention=<s>`` seconds, its retention round every few seconds) serves an

@@ -1,6 +1,6 @@
-"""``konduit bench``: measure what the fan-in protocol costs (DESIGN.md, seed 000).
+"""``konduit bench``: measure what the fan-in protocol costs.
 
-Seed 000 says the execution-row lock was never measured; these benchmarks measure it. Each one
+The execution-row lock is the price of an exactly-once join; these benchmarks measure it. Each one
 runs in its own fresh database (created, migrated and dropped here) on the embedded server or on
 the server of ``--database-url``, so user data is never touched. Machines are noisy: compare the
 ratios, which are taken within one run, rather than absolute numbers across machines.
@@ -602,7 +602,7 @@ def headline(b: Json) -> Json:
         "search_worst_p95_ms": target(_get(b, "search", "ratios", "worst_p95_ms"), 100, False),
         "history_over_empty": target(_get(b, "history", "ratios", "history_over_empty"), 0.8,
                                      True),
-        # Issue 16: the soak's last minutes against its first (no worse than 10 %).
+        # The soak's last minutes against its first (no worse than 10 %).
         "soak_tasks_per_second_last_over_first": target(
             _get(b, "soak", "ratios", "tasks_per_second_last_over_first"), 0.9, True),
         "soak_join_dispatch_p99_last_over_first": target(

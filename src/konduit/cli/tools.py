@@ -30,7 +30,7 @@ def demo(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Run the nightly content pipeline: transcribe, five parallel branches, publish; the last
-    execution hits the seed-004 incident (a slow image resize) and degrades to a fallback."""
+    execution hits an incident (the image resize slows down) and degrades to a fallback."""
     from konduit.core.durations import parse_duration
     from konduit.demo import run_demo
 

@@ -1,7 +1,7 @@
 """Definitions that are valid but can misbehave at run time, found when the step is added.
 
 ``Join.required()`` fires once every branch has *ended*: required ones succeeded, optional ones
-any way at all (seed 004's rule 1). An optional branch with no deadline may never end: a call
+any way at all. An optional branch with no deadline may never end: a call
 that hangs while its worker keeps heartbeating holds the lease forever, and with it the join.
 The deadline belongs on the branch, not on the join; without one, "optional" only means "may
 fail", not "may be late".
@@ -52,7 +52,7 @@ def unbounded_branch_message(workflow: str, join: str, branch: str) -> str:
     return (
         f"workflow {workflow!r}: step {join!r} waits with Join.required() for every branch to "
         f"end, and its optional branch {branch!r} has no deadline, so a hung {branch!r} holds "
-        f"{join!r} forever. Give {branch!r} a deadline (seed 004: deadline="
+        f"{join!r} forever. Give {branch!r} a deadline (e.g. deadline="
         f"konduit.Deadline.adaptive(), 1.5 x p99 clamped to [10 s, 45 s], "
         f"with a fallback=) or make it required."
     )

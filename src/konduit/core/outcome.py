@@ -4,7 +4,7 @@ final outcome.
 One pure function that the executor (a handler returned or raised), the reclaimer (a worker
 died) and the deadline sweep (a worker hung) all ask, so a reclaimed task gets the same backoff
 and fallback as one that failed in place. The deadline is the task's, not the attempt's: a
-retry whose backoff would end past it is not waited for (seed 004's "retry amplification").
+retry whose backoff would end past it is not waited for (no "retry amplification").
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ class Join:
 
 
 ADAPTIVE_FLOOR = 10.0
-"""Seconds: ``Deadline.adaptive()``'s default floor (seed 004: "clamped between 10s and 45s")."""
+"""Seconds: ``Deadline.adaptive()``'s default floor ("clamped between 10s and 45s")."""
 ADAPTIVE_CEILING = 45.0
 """Seconds: ``Deadline.adaptive()``'s default ceiling, and its budget while history is thin."""
 
@@ -186,7 +186,7 @@ class Deadline:
         ceiling: Duration | None = ADAPTIVE_CEILING,
         default: Duration | None = None,
     ) -> Deadline:
-        """Seed 004's rule by default: 1.5 x the p99 of the step's successful runs over the last
+        """By default: 1.5 x the p99 of the step's successful runs over the last
         7 days, clamped to [10 s, 45 s]; 45 s (``default``, else the ceiling) while the history
         is thin (fewer than ``konduit.engine.deadlines.MIN_SAMPLES`` runs in the window).
 

@@ -1,5 +1,5 @@
 """Repair: re-run only the degraded or failed branches of a finished execution, and what
-depends on them (seed 004: "retry the full pipeline once within 24 hours to replace the degraded
+depends on them ("retry the full pipeline once within 24 hours to replace the degraded
 version"), as a pure plan the client applies under the execution lock."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The 24-hour repair contract of seed 004 as pure decisions: "we agreed that a degraded output is
+"""The 24-hour repair contract as pure decisions: "we agreed that a degraded output is
 acceptable ... and that we would retry the full pipeline once within 24 hours to replace the
 degraded version."
 

@@ -1,4 +1,4 @@
-"""Shares (``"2%"``) and the degraded budget of seed 004: "we accept slightly worse outputs in
+"""Shares (``"2%"``) and the degraded budget: "we accept slightly worse outputs in
 roughly 2% of runs in exchange for never missing the window".
 
 ``Workflow(..., degraded_budget="2%")``: the share of a workflow's finished executions over the

@@ -1,7 +1,7 @@
 """Why a stalled execution cannot move, and which fan-in decisions would move it (pure).
 
 A running execution is *stalled* when none of its tasks is ready, running or waiting, yet not
-every step ended: nothing will ever call the fan-in decision again (seed 000's symptom, whatever
+every step ended: nothing will ever call the fan-in decision again (a silent stall, whatever
 its cause: a lost decision, a manual edit, a restored backup). The watchdog
 (:mod:`konduit.engine.stalls`) then reads the execution's join state and the tasks of its
 current generation under the execution lock, and :func:`diagnose` compares the two:

@@ -161,7 +161,7 @@ class Workflow(WaitSteps):
     >>> @wf.step()
     ... def transcribe(ctx): ...
 
-    ``repair_within="24h"`` (seed 004's contract): an execution that succeeded with a degraded
+    ``repair_within="24h"`` (the 24-hour repair contract): an execution that succeeded with a degraded
     output is repaired automatically, once, by a worker, ``repair_delay`` (default 5 minutes, or
     half of ``repair_within`` when that is shorter) to ``repair_within`` after it finished; see
     docs/retention.md.
@@ -172,7 +172,7 @@ class Workflow(WaitSteps):
     :class:`konduit.InputValidationError` naming each field, before anything is written.
     Handlers then get ``ctx.input`` as the model instance.
 
-    ``degraded_budget="2%"`` (seed 004's "roughly 2% of runs"): a ``degraded_budget`` alert opens
+    ``degraded_budget="2%"`` ("roughly 2% of runs"): a ``degraded_budget`` alert opens
     while more than that share of the workflow's executions finished in the last day went out
     degraded, and resolves when the share falls back; see docs/alerts.md.
     """

@@ -1,4 +1,4 @@
-"""The automatic repair of seed 004's contract (``Workflow(..., repair_within="24h")``).
+"""The automatic repair of the 24-hour repair contract (``Workflow(..., repair_within="24h")``).
 
 The repair is armed like a timer: the transaction that finishes an execution degraded sets when
 its repair is due (``auto_repair_due_at``: ``repair_delay`` after the finish), and a worker's

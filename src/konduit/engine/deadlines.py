@@ -1,4 +1,4 @@
-"""A task's time budget: static, or adaptive from its step's own latency history (seed 004:
+"""A task's time budget: static, or adaptive from its step's own latency history (by default
 "1.5x the p99 from the last 7 days, clamped between 10s and 45s"), cut by its execution's
 window when the steps after it would not fit otherwise (:mod:`konduit.core.budgets`).
 

@@ -7,7 +7,7 @@ calls them:
 
 1. :meth:`~Round.lock_executions` — the execution rows, in id order, before any sibling state is
    read (without the lock, siblings finishing together each read join state that misses the
-   others' uncommitted writes, and none fires the join: seed 000);
+   others' uncommitted writes, and none fires the join);
 2. :meth:`~Round.fence` — each task ends only while its attempt's lease still holds it;
 3. :meth:`~Round.store_outputs` — payloads, content-addressed;
 4. :meth:`~Round.close_attempts` — the attempts that ended, and what their handlers logged;

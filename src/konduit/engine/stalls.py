@@ -1,4 +1,4 @@
-"""The stall watchdog: running executions in which nothing can run (seed 000, never silent).
+"""The stall watchdog: running executions in which nothing can run (never silent).
 
 Every worker's maintenance pass calls :meth:`Watchdog.run`. One pass:
 

@@ -5,7 +5,7 @@ Four rules, each turning facts into :class:`Finding`\\ s (an alert that should b
 - :func:`window_at_risk` — a running execution with a window (``deadline_at``) whose p95
   forecast (:mod:`konduit.observe.forecast`) finishes after the window. ``warning`` while its p50
   forecast still makes it, ``critical`` once not even that does (or the window has passed).
-- :func:`fan_in_findings` — seed 004's page: a join whose fan-in wait exceeded a threshold in
+- :func:`fan_in_findings` — the page to send: a join whose fan-in wait exceeded a threshold in
   each of its last N executions (the rule of ``konduit stats``, :func:`konduit.observe.stats.fan_in_alert`).
 - :func:`no_success` — a workflow without a successful execution for longer than its
   ``Workflow(..., alert_after_no_success=...)``.
@@ -15,7 +15,7 @@ Four rules, each turning facts into :class:`Finding`\\ s (an alert that should b
 - :func:`version_unserved` — a workflow version with running executions and no live worker
   serving it for longer than a grace (docs/changing-workflows.md).
 - :func:`degraded_budget` — a workflow whose executions went out degraded more often over the
-  last day than its ``Workflow(..., degraded_budget="2%")`` (seed 004: "roughly 2% of runs").
+  last day than its ``Workflow(..., degraded_budget="2%")`` (e.g. "roughly 2% of runs").
 
 A finding that is no longer found resolves its alert. The service that stores them is
 :mod:`konduit.engine.alerting`; :class:`AlertRecord` is a stored alert as the API returns it.

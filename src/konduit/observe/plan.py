@@ -1,4 +1,4 @@
-"""Plans: the latency composition of a workflow, made explicit (seed 004).
+"""Plans: the latency composition of a workflow, made explicit.
 
 "Fan-in barriers look like coordination but behave like latency": a join fires after its slowest
 branch, so an execution takes as long as its slowest chain of steps. A plan answers, from the

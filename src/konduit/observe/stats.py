@@ -1,10 +1,10 @@
-"""Stats: instrument the slowest branch, not the pipeline (seed 004, rule 3).
+"""Stats: instrument the slowest branch, not the pipeline.
 
 Per step (branch) of recent executions: p50/p95/p99 of its successful attempts (``finished_at -
 started_at``), its attempts, retries and lost attempts, how its executions ended and the time since
 its last success. Per join (a step with two upstreams or more): the **fan-in wait** (first branch
 ended → join fired), the join's dispatch latency (last branch ended → join fired) and which branch
-was the straggler how often. And the seed's page: a join whose fan-in wait exceeded a threshold
+was the straggler how often. And the page to send: a join whose fan-in wait exceeded a threshold
 (20 s) in each of its last N (2) executions raises an :class:`Alert`.
 
 The rule is :func:`fan_in_alert`, pure; a join still waiting past the threshold in a running

@@ -1,6 +1,6 @@
 """The dashboard's pictures, without I/O: the DAG laid out in columns by topological depth, and the
 Gantt timeline of attempts with each join's fan-in wait (first branch ended -> join fired) and
-its straggler, which is what makes the latency composition of an execution visible (seed 004).
+its straggler, which is what makes the latency composition of an execution visible.
 
 Everything here turns rows into coordinates and labels; the templates only draw them.
 """

@@ -1,7 +1,7 @@
 """When a worker's maintenance loop wakes: at the next moment that has work, not at the next poll.
 
 The loop runs its full pass (rescue, deadlines, waits, timeouts, housekeeping) every
-``maintenance_interval``. Between two, it wakes for what is due sooner (issue 16: a dead worker's
+``maintenance_interval``. Between two, it wakes for what is due sooner (a dead worker's
 branch used to end up to interval + grace after its deadline; a 20 s repair window could fall
 between two 30 s looks), each read from the database after every pass by one statement
 (``task_get_next_due``: a first-row scan of a partial index per kind):

@@ -1,6 +1,6 @@
 -- Konduit schema, version 5: retention (prune) and the 24-hour repair contract (repair_within).
 
--- The one automatic repair an execution gets (seed 004: "retry once within 24 hours to replace the
+-- The one automatic repair an execution gets ("retry once within 24 hours to replace the
 -- degraded version"). A worker takes it by setting auto_repair_at from NULL in the same statement
 -- that checks the execution is still due (konduit.engine.auto_repair), so however many workers
 -- race, one takes it and it is never taken twice. auto_repair_error says why a taken repair could

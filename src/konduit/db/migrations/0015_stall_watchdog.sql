@@ -1,5 +1,5 @@
 -- Konduit schema, version 15: the stall watchdog (docs/alerts.md, "execution_stalled").
--- Seed 000's failure is an execution left `running` with nothing that can move it: every task
+-- The silent failure is an execution left `running` with nothing that can move it: every task
 -- ended, the fan-in decision that should have followed never ran. The maintenance pass of every
 -- worker looks for such executions, re-runs the decision under the execution lock, and records
 -- each stall as an alert of its own kind.

@@ -1,4 +1,4 @@
--- Konduit schema, version 17: deadlines and automatic repairs to the moment (issue 16).
+-- Konduit schema, version 17: deadlines and automatic repairs to the moment.
 
 -- The backend pid of a worker's own session (its heartbeat connection, straight to PostgreSQL),
 -- recorded at every beat. When the worker process dies its socket closes and PostgreSQL ends
@@ -60,7 +60,7 @@ WHERE w.name = e.workflow_name AND w.version = e.workflow_version AND w.spec ? '
   AND e.status = 'succeeded' AND e.auto_repair_at IS NULL AND e.finished_at IS NOT NULL;
 
 -- The degraded_budget alert (Workflow(degraded_budget="2%")). The list names every kind of the
--- third round's contract (DESIGN.md: execution_stalled, version_unserved, degraded_budget), so
+-- alert kinds added together (execution_stalled, version_unserved, degraded_budget), so
 -- that whichever migration rewrites this constraint last keeps the others' kinds.
 ALTER TABLE konduit_alerts DROP CONSTRAINT konduit_alerts_kind_check;
 ALTER TABLE konduit_alerts ADD CONSTRAINT konduit_alerts_kind_check
