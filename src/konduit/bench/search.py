@@ -1,4 +1,4 @@
-"""The search benchmark (issue 18, item 6): find one execution among 1,000,000.
+"""The search benchmark: find one execution among 1,000,000.
 
 A fresh database is filled with ``executions`` finished executions in a few set-based statements
 (``INSERT ... SELECT generate_series``, not through ``start``: the search reads rows, however

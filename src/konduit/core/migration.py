@@ -1,6 +1,6 @@
 """Migrating a running execution to another version of its workflow, as a pure plan.
 
-The rule (issue 18): a migration is allowed when every step of the execution's past (a step
+The rule: a migration is allowed when every step of the execution's past (a step
 that started or ended: any task row exists for it, or its step row left ``waiting``) exists in
 the target version with the same upstreams and of the same kind. The past then stays valid
 under the new DAG: the counters of those steps were counted from the same upstreams. The rest of

@@ -1,5 +1,5 @@
 -- Konduit schema, version 24: find any execution (tags, index-backed search) and start later,
--- start first (issue 18, items 6 and 7).
+-- start first.
 --
 -- Migrations run in one transaction (konduit.db.migrate), so CREATE INDEX CONCURRENTLY is not
 -- possible here: each index below is built while the table's writes wait (a SHARE lock, reads go
