@@ -554,6 +554,9 @@ class MigrationRecord(Record):
     skipped: tuple[str, ...] = ()  # steps every upstream routed away from: ended skipped
     reason: str | None = None
     step: str | None = None
+
+
+@dataclass(frozen=True)
 class VersionState(Record):
     """One registered workflow version as it runs now (``konduit versions``): its running
     executions, the live workers serving it, and since when its running executions have had no
