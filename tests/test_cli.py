@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import konduit
+from konduit.core.ids import short_id
 from tests.support.workers import running_worker
 
 pytestmark = pytest.mark.storage
@@ -150,8 +151,9 @@ def test_list_and_status_of_running_and_finished_executions(make_app, db_url: st
 
     proc = konduit_cli("list", "--database-url", db_url)
     assert proc.returncode == 0, proc.stderr
-    assert str(first) in proc.stdout and str(second) in proc.stdout
-    assert proc.stdout.index(str(second)) < proc.stdout.index(str(first))  # newest first
+    # The table shows each id's random tail (--json the whole id).
+    assert short_id(first) in proc.stdout and short_id(second) in proc.stdout
+    assert proc.stdout.index(short_id(second)) < proc.stdout.index(short_id(first))  # newest first
     assert "running" in proc.stdout
 
     proc = konduit_cli("status", str(first), "--database-url", db_url)
@@ -181,7 +183,7 @@ def test_list_and_status_of_running_and_finished_executions(make_app, db_url: st
 
     proc = konduit_cli("list", "--status", "succeeded", "--limit", "1", "--database-url", db_url)
     assert proc.returncode == 0, proc.stderr
-    assert str(second) in proc.stdout and str(first) not in proc.stdout
+    assert short_id(second) in proc.stdout and short_id(first) not in proc.stdout
     proc = konduit_cli("list", "--workflow", "no-such-workflow", "--database-url", db_url)
     assert proc.returncode == 0
     assert "no executions" in proc.stdout
@@ -293,7 +295,7 @@ def test_dead_letters(make_app, db_url: str) -> None:
         app.wait(eid, timeout=5)  # a working engine ends it in well under a second
     proc = konduit_cli("dead-letters", "--database-url", db_url)
     assert proc.returncode == 0, proc.stderr
-    assert str(eid) in proc.stdout
+    assert short_id(eid) in proc.stdout
     assert "doomed" in proc.stdout
     assert "the source file is corrupt" in proc.stdout
 

@@ -21,7 +21,7 @@ from konduit.db.queries import q
 from konduit.engine.client import Client
 
 # App methods with no client twin on purpose: the worker, the schema, the App's own plumbing.
-SYNC_ONLY = {"add", "close", "handle", "migrate", "run_worker", "run_worker_async",
+SYNC_ONLY = {"add", "close", "handle", "migrate", "migrate_schema", "run_worker", "run_worker_async",
              "client_async", "database_url"}
 RENAMED = {"status": "get"}  # App.status reads what Client.get does
 

@@ -68,8 +68,8 @@ def changed(draw: st.DrawFn, graph: Graph) -> Graph:
         if draw(st.integers(0, 5)) == 0 and new:
             kept = tuple(draw(st.lists(st.sampled_from(list(new)), max_size=3, unique=True)))
         new[name] = (kept, join, required)
-    if not new:
-        new = {"n0": ((), 0, True)}
+    if not new:  # a name graphs() below never gives a step it adds (it would replace this one)
+        new = {"root": ((), 0, True)}
     return draw(graphs("n", new))
 
 

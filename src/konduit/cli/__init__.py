@@ -115,8 +115,9 @@ def _name_values(node: Any) -> None:
         takes_value = param.param_type_name == "option" and not getattr(param, "is_flag", False)
         if takes_value and param.metavar is None and not choice and param.name:
             param.metavar = param.name.upper()
-        if param.param_type_name == "argument" and not choice and param.metavar:
+        if param.param_type_name == "argument" and not choice:
             # `APP  module:attribute of a konduit.App`, not `APP <str>  ...`.
+            param.metavar = param.metavar or (param.name or "value").upper()
             param.display_type_rich = lambda ctx: None
     for child in getattr(node, "commands", {}).values():
         _name_values(child)

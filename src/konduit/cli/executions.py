@@ -33,6 +33,7 @@ from konduit.cli.common import (
     styled,
 )
 from konduit.cli.waits import print_waiting, waiting_json
+from konduit.core.ids import short_id
 from konduit.core.search import parse_tags
 from konduit.core.words import step_word
 from konduit.records import StepRecord, TaskRecord
@@ -319,7 +320,7 @@ def dead_letters(
     for r in rows:
         step = r.step + (f"[{r.map_index}]" if r.map_index else "")
         table.add_row(
-            str(r.id), str(r.execution_id), escape(r.workflow_name), escape(step),
+            str(r.id), short_id(r.execution_id), escape(r.workflow_name), escape(step),
             str(r.attempt), stamp(r.finished_at),
             escape(last_line(r.error))[:80],
         )

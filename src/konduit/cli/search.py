@@ -22,6 +22,7 @@ from konduit.cli.common import (
     seconds,
     styled,
 )
+from konduit.core.ids import short_id
 from konduit.core.model import ExecutionStatus
 from konduit.core.search import search_filter
 
@@ -69,7 +70,9 @@ def list_executions(
         console.print("no executions")
         return
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
-    table.add_column("id", no_wrap=True, min_width=36)
+    # The random tail of each id (a UUIDv7 starts with its time): unique enough to tell rows
+    # apart and to paste back into `konduit status`; --json has the whole ids.
+    table.add_column("id", no_wrap=True)
     table.add_column("status", no_wrap=True)
     table.add_column("started", no_wrap=True)
     table.add_column("took", justify="right")
@@ -79,7 +82,7 @@ def list_executions(
     for r in results:
         started = (r.run_at or r.created_at).astimezone()
         table.add_row(
-            str(r.id), styled(r.status),
+            short_id(r.id), styled(r.status),
             started.strftime("%H:%M:%S" if started.date() == today else "%Y-%m-%d %H:%M"),
             seconds(between(r.created_at, r.finished_at)),
             f"{escape(r.workflow_name)} v{r.workflow_version}",
@@ -88,4 +91,4 @@ def list_executions(
     console.print(table)
     for r in results:
         if r.error:
-            console.print(f"[red]{r.id}[/red]: {escape(last_line(r.error))}")
+            console.print(f"[red]{short_id(r.id)}[/red]: {escape(last_line(r.error))}")
