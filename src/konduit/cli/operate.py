@@ -121,6 +121,13 @@ def worker(
     alert_interval: Annotated[float | None, typer.Option(
         min=0, help="Seconds between evaluations of the alert rules; 0 turns them off in this "
         "worker (default: $KONDUIT_ALERT_INTERVAL or 5).", show_default=False)] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", metavar="PORT", min=0, max=65535, envvar="KONDUIT_WORKER_METRICS_PORT",
+        help="Serve this worker's histograms (attempt durations) on http://HOST:PORT/metrics "
+        "($KONDUIT_WORKER_METRICS_PORT; default: none).", show_default=False)] = None,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", metavar="HOST", help="The address --metrics-port listens on.")
+    ] = "0.0.0.0",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     log_format: Annotated[str, typer.Option(
         "--log-format", envvar="KONDUIT_LOG_FORMAT",
@@ -161,6 +168,8 @@ def worker(
             "max_abandoned": max_abandoned,
             "fallback_timeout": fallback_timeout,
             "alert_interval": alert_interval,
+            "metrics_port": metrics_port,
+            "metrics_host": metrics_host if metrics_port is not None else None,
         }.items()
         if value is not None
     }

@@ -70,6 +70,11 @@ class WorkerConfig:
         default_factory=lambda: _env_float("KONDUIT_ALERT_VERSION_UNSERVED", 300.0))
     """Seconds a workflow version's running executions may go without a live worker serving it
     before a ``version_unserved`` alert (docs/changing-workflows.md)."""
+    metrics_port: int | None = None
+    """Serve this worker's histograms (attempt durations) on ``/metrics`` at this port (0: a free
+    one); None serves nothing and measures nothing (:mod:`konduit.worker.metrics`)."""
+    metrics_host: str = "0.0.0.0"
+    """The address the metrics endpoint listens on."""
     worker_id: str = field(default_factory=lambda: new_worker_id())
 
     def __post_init__(self) -> None:

@@ -37,6 +37,7 @@ from konduit.errors import DatabaseError, NonRetryableError, PayloadError
 from konduit.logs import attempt_scope
 from konduit.tracing import AttemptTracer
 from konduit.worker.created_with import CreatedWith
+from konduit.worker.metrics import WorkerMetrics
 from konduit.worker.threads import HandlerThreads
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class Executor:
         # The policy each task was created with, when its creator applied another revision.
         self.created_with = CreatedWith(db)
         self.threads = HandlerThreads()
+        # The worker's histograms (konduit worker --metrics-port); None measures nothing.
+        self.metrics: WorkerMetrics | None = None
         self.isolation = isolation
         self.fallback_timeout = fallback_timeout
         self.max_payload_bytes = max_payload_bytes
@@ -304,6 +307,8 @@ class Executor:
         began = time.monotonic()
         ending, error, result = await self._attempt(step, task, ctx, budget, started)
         ended = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.attempt(spec.name, task.step, ending.value, ended - began)
         if ending is Ending.RETURNED:
             if step.wait is not None and isinstance(result, Armed):
                 # A wait step's arming attempt: the task waits (docs/durable-waits.md).

@@ -68,6 +68,7 @@ from konduit.worker.heartbeat import BeatRequest, beat
 from konduit.worker.hedging import Hedger
 from konduit.worker.listener import listen
 from konduit.worker.maintenance import Maintenance
+from konduit.worker.metrics import WorkerMetrics
 from konduit.worker.passes import Passes
 from konduit.worker.starter import Jobs, Starter, cancel_job
 from konduit.worker.wakeups import SweepClock
@@ -98,6 +99,7 @@ class Worker:
         self.config = config or WorkerConfig()
         # Each background service counts its passes, so tests wait for one instead of sleeping.
         self.passes = Passes()
+        self.metrics_port: int | None = None  # where its histograms are served, once it runs
         self.executor = Executor(
             db, max_payload_bytes=max_payload_bytes, isolation=self.config.isolation,
             fallback_timeout=self.config.fallback_timeout,
@@ -189,6 +191,13 @@ class Worker:
         )
         log.info("worker %s up: concurrency %s, queues %s", cfg.worker_id, cfg.concurrency,
                  ",".join(cfg.queues))
+        metrics = None
+        if cfg.metrics_port is not None:
+            metrics = WorkerMetrics(running=lambda: len(self.running))
+            self.metrics_port = metrics.serve(cfg.metrics_port, cfg.metrics_host)
+            self.executor.metrics = metrics
+            log.info("worker %s metrics on http://%s:%s/metrics", cfg.worker_id,
+                     cfg.metrics_host, self.metrics_port)
         helpers = [
             asyncio.create_task(listen(
                 self.db, queues=cfg.queues, hedged=self.hedger.enabled, ready=self._wake.set,
@@ -220,6 +229,8 @@ class Worker:
                 h.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             await self.maintenance.drain(timeout=self.config.fallback_timeout)
+            if metrics is not None:
+                metrics.close()
             try:
                 await self.db.run("worker_stop", id=cfg.worker_id)
             except DatabaseError:
