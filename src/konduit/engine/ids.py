@@ -11,6 +11,7 @@ from __future__ import annotations
 from uuid import UUID
 
 from konduit.core.ids import id_pattern, matches, prefix_range, short_id
+from konduit.core.search import id_bounds
 from konduit.db.database import Database
 from konduit.errors import AmbiguousExecutionId, ExecutionNotFound
 
@@ -33,7 +34,7 @@ async def resolve_execution_id(db: Database, execution_id: object) -> UUID:
         return pattern.full  # a whole id is taken as it is: the caller reads it (404 if absent)
     low, high = prefix_range(pattern)
     rows = await db.all("execution_list_ids_by_prefix_or_tail", low=low, high=high,
-                        tail=pattern.hex, tail_length=len(pattern.hex), limit=CANDIDATES + 1)
+                        tail_reversed=id_bounds(pattern.hex)[2], limit=CANDIDATES + 1)
     found = [UUID(str(r["id"])) for r in rows]
     found = [f for f in found if matches(pattern, f)]
     if not found:

@@ -20,7 +20,8 @@ so they go down as old executions leave it, which a counter must never do (``rat
 read that as a reset); read them as they are, or ``delta()`` them. Step durations and fan-in
 waits are quantiles of that window (a ``quantile`` label); a Prometheus histogram's buckets are
 counters, which a window that forgets cannot give: the histograms are each worker's own
-(``konduit worker --metrics-port``, :mod:`konduit.worker.metrics`), observed as attempts end. Durations are in seconds; a value that does
+(``konduit worker --metrics-port``, :mod:`konduit.worker.metrics`), observed as attempts end.
+Durations are in seconds; a value that does
 not exist yet (no successful attempt, a join that never fired) is left out rather than reported
 as 0. The metrics to scale workers on are per queue (:mod:`konduit.observe.queue_metrics`).
 
