@@ -152,5 +152,5 @@ def search(url: str, *, executions: int = 1_000_000, repeats: int = 200) -> Json
         "server": server_ms(url, filters),
     }
     worst = max(r["p95_ms"] for r in results["searches"].values())
-    return {"params": {"executions": executions, "repeats": repeats, "limit": 50},
+    return {"parameters": {"executions": executions, "repeats": repeats, "limit": 50},
             "results": results, "ratios": {"worst_p95_ms": worst}}
