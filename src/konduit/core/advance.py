@@ -44,6 +44,18 @@ class StepState:
     tasks_degraded: int = 0
     tasks_failed: int = 0
 
+    def counted(self, edge: str, required: bool) -> StepState:
+        """These counters with one more upstream edge that ended ``edge`` (already the edge's
+        outcome: skipped where the upstream routed elsewhere); ``required`` is the upstream's.
+        ``up_pending`` is the caller's: the decision lowers it, a rebuild never raised it."""
+        return replace(
+            self,
+            up_ok=self.up_ok + (edge in OK_OUTCOMES),
+            up_failed=self.up_failed + (edge in FAILURE_OUTCOMES),
+            up_required_failed=self.up_required_failed + (edge in FAILURE_OUTCOMES and required),
+            up_skipped=self.up_skipped + (edge == Outcome.SKIPPED),
+        )
+
 
 @dataclass(frozen=True)
 class ExecutionState:
@@ -197,15 +209,7 @@ def advance(
             # The edge's outcome: a step that routed elsewhere skipped this downstream.
             edge = Outcome.SKIPPED \
                 if routes is not None and outcome in OK_OUTCOMES and d not in routes else outcome
-            ds = replace(
-                ds,
-                up_pending=ds.up_pending - 1,
-                up_ok=ds.up_ok + (edge in OK_OUTCOMES),
-                up_failed=ds.up_failed + (edge in FAILURE_OUTCOMES),
-                up_required_failed=ds.up_required_failed
-                + (edge in FAILURE_OUTCOMES and step.required),
-                up_skipped=ds.up_skipped + (edge == Outcome.SKIPPED),
-            )
+            ds = replace(ds.counted(edge, step.required), up_pending=ds.up_pending - 1)
             put(d, ds)
             if ds.status != StepStatus.WAITING:
                 continue  # already fired (quorum) or ended: a late branch never fires it again

@@ -205,15 +205,7 @@ def plan_migration(
             if outcome not in OUTCOMES:
                 state = replace(state, up_pending=state.up_pending + 1)
                 continue
-            edge = _edge(outcome, routes.get(up), name)
-            state = replace(
-                state,
-                up_ok=state.up_ok + (edge in OK_OUTCOMES),
-                up_failed=state.up_failed + (edge in FAILURE_OUTCOMES),
-                up_required_failed=state.up_required_failed
-                + (edge in FAILURE_OUTCOMES and new[up].required),
-                up_skipped=state.up_skipped + (edge == Outcome.SKIPPED),
-            )
+            state = state.counted(_edge(outcome, routes.get(up), name), new[up].required)
         verdict = "fire" if not step.after else join_verdict(spec, name, state)
         if verdict == "fire":
             if step.is_map:

@@ -51,14 +51,7 @@ def plan_repair(
             chosen = routes.get(up)
             if chosen is not None and outcome in OK_OUTCOMES and name not in chosen:
                 outcome = Outcome.SKIPPED
-            state = replace(
-                state,
-                up_ok=state.up_ok + (outcome in OK_OUTCOMES),
-                up_failed=state.up_failed + (outcome in FAILURE_OUTCOMES),
-                up_required_failed=state.up_required_failed
-                + (outcome in FAILURE_OUTCOMES and spec[up].required),
-                up_skipped=state.up_skipped + (outcome == Outcome.SKIPPED),
-            )
+            state = state.counted(outcome, spec[up].required)
         if state.up_pending == 0:
             verdict = "fire" if not step.after else join_verdict(spec, name, state)
             if verdict != "fire":
