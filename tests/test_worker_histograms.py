@@ -62,13 +62,14 @@ def test_each_attempt_is_observed_in_its_bucket_by_how_it_ended(db_url: str) -> 
     assert sample(text, count, workflow="histogram", step="quick", ending="returned") == 3
     assert sample(text, count, workflow="histogram", step="slow", ending="returned") == 3
     assert sample(text, count, workflow="histogram", step="slow", ending="raised") == 3
-    # 0.3 s of sleep: above the 0.25 s bucket, within the 0.5 s one (and every wider one).
+    # 0.3 s of sleep is never under the 0.25 s bucket; the upper buckets leave a loaded machine
+    # seconds of slack (a sleep overshoots, a thread waits for a core).
     assert sample(text, bucket, step="slow", ending="returned", le="0.25") == 0
-    assert sample(text, bucket, step="slow", ending="returned", le="0.5") == 3
-    assert sample(text, bucket, step="quick", ending="returned", le="0.25") == 3
+    assert sample(text, bucket, step="slow", ending="returned", le="10.0") == 3
+    assert sample(text, bucket, step="quick", ending="returned", le="10.0") == 3
     assert sample(text, bucket, step="slow", ending="returned", le="+Inf") == 3
     total = sample(text, "konduit_attempt_duration_seconds_sum", step="slow", ending="returned")
-    assert 0.9 <= total < 5
+    assert 0.9 <= total < 30
     assert "# TYPE konduit_attempt_duration_seconds histogram" in text
     assert "konduit_worker_attempts_running" in text
 
