@@ -32,8 +32,8 @@ QUERY_METHODS = {"one", "all", "run", "send", "later", "stream"}
 NOT_PARAMETERS = {"page_rows"}
 QUERY_NAME = re.compile(r"^[a-z]+(?:_[a-z]+)+$")
 PARAMETER = re.compile(r"%\(([a-z_0-9]+)\)s")
-# A receiver that holds a connection: tx, db, self.tx, self._db, main.db ...
-DATABASE_RECEIVER = re.compile(r"(?:^|\.)_?(?:tx|db)$")
+# A receiver that holds a connection: tx, db, self.tx, self._db, main.db, self.reads ...
+DATABASE_RECEIVER = re.compile(r"(?:^|\.)_?(?:tx|db|reads)$")
 
 # Helpers whose dict a call spreads (``**cut_columns(found)``): the keys they produce, read
 # from the helpers themselves so this list cannot drift from them.

@@ -25,6 +25,7 @@ from konduit.core.workflow import Workflow
 from konduit.db.connect import open_database
 from konduit.db.database import Database, resolve_url
 from konduit.db.migrate import migrate
+from konduit.db.replica import Reads, read_settings
 from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
 from konduit.engine.retention import BATCH_SIZE, Prunable, retention_seconds
@@ -110,6 +111,11 @@ class App:
     ``webhooks=[konduit.Webhook(url, events=..., secret=...)]``: signed POSTs of execution and
     alert events, written to an outbox with the event and sent by this App's workers (see
     :class:`konduit.Webhook` and docs/webhooks.md).
+
+    ``read_database_url`` (else ``KONDUIT_READ_DATABASE_URL``): a streaming replica of the
+    database for the reads that may be a little stale (lists, searches, details and stats;
+    never :meth:`status` or :meth:`wait`), as long as it is at most ``read_max_lag`` seconds
+    (else ``KONDUIT_READ_MAX_LAG``, else 10) behind; see docs/read-replicas.md.
     """
 
     def __init__(
@@ -122,8 +128,12 @@ class App:
         retention: Duration | None = None,
         tracing: Tracing = None,
         webhooks: Iterable[Webhook] = (),
+        read_database_url: str | None = None,
+        read_max_lag: float | None = None,
     ):
         self.registry = Registry(workflows)
+        self.read_database_url, self.read_max_lag = read_settings(read_database_url,
+                                                                  read_max_lag)
         self.tracing = check_tracing(tracing)
         self.webhooks = check_unique(webhooks)
         self.retention = None if retention is None else retention_seconds(retention)
@@ -189,7 +199,8 @@ class App:
         if self._client is None:
             db = await self._open_database(self.pool_size)
             client = Client(db, self.registry, max_payload_bytes=self.max_payload_bytes,
-                            tracing=self.tracing)
+                            tracing=self.tracing,
+                            reads=Reads(db, self.read_database_url, max_lag=self.read_max_lag))
             # Before the first finish this App's process may commit (a cancel): the outbox
             # statement reads the registered webhooks.
             await client.register_webhooks(self.webhooks)

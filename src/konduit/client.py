@@ -22,6 +22,7 @@ from konduit.core.durations import Duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.results import ExecutionResult
 from konduit.db.connect import open_database
+from konduit.db.replica import Reads, read_settings
 from konduit.engine import client as engine
 from konduit.engine.registry import Registry
 from konduit.engine.starts import StartRequest, requests_of
@@ -70,11 +71,18 @@ class AsyncClient:
     version unless ``version=`` says which), and an unknown name raises
     :class:`~konduit.WorkflowNotFound` naming the registered workflows. The connections open on
     first use, in the caller's event loop; :meth:`close` (or ``async with``) closes them.
+
+    ``read_database_url`` (else ``KONDUIT_READ_DATABASE_URL``) and ``read_max_lag`` send
+    :meth:`list` to a streaming replica while it trails by at most that many seconds (see
+    docs/read-replicas.md); :meth:`status`, :meth:`wait` and every command use the primary.
     """
 
     def __init__(self, database_url: str | None = None, *, pool_size: int = 4,
-                 max_payload_bytes: int = DEFAULT_MAX_BYTES, tracing: Tracing = None):
+                 max_payload_bytes: int = DEFAULT_MAX_BYTES, tracing: Tracing = None,
+                 read_database_url: str | None = None, read_max_lag: float | None = None):
         self._database_url = database_url
+        self.read_database_url, self.read_max_lag = read_settings(read_database_url,
+                                                                  read_max_lag)
         self.pool_size = pool_size
         self.max_payload_bytes = max_payload_bytes
         self.tracing = check_tracing(tracing)
@@ -91,9 +99,11 @@ class AsyncClient:
                     db = await open_database(self._database_url, max_size=self.pool_size,
                                              name="konduit-client")
                     # No code: an empty registry, every definition read from the database.
+                    reads = Reads(db, self.read_database_url, max_lag=self.read_max_lag,
+                                  pool_size=self.pool_size)
                     self._core = engine.Client(db, Registry(),
                                                max_payload_bytes=self.max_payload_bytes,
-                                               tracing=self.tracing)
+                                               tracing=self.tracing, reads=reads)
         return self._core
 
     async def start(self, workflow: str, input: Any = None, *,
@@ -182,9 +192,12 @@ class Client:
     """
 
     def __init__(self, database_url: str | None = None, *, pool_size: int = 4,
-                 max_payload_bytes: int = DEFAULT_MAX_BYTES, tracing: Tracing = None):
+                 max_payload_bytes: int = DEFAULT_MAX_BYTES, tracing: Tracing = None,
+                 read_database_url: str | None = None, read_max_lag: float | None = None):
         self._async = AsyncClient(database_url, pool_size=pool_size,
-                                  max_payload_bytes=max_payload_bytes, tracing=tracing)
+                                  max_payload_bytes=max_payload_bytes, tracing=tracing,
+                                  read_database_url=read_database_url,
+                                  read_max_lag=read_max_lag)
         self._loop: LoopThread | None = None
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -46,6 +46,15 @@ def dashboard(
         "client. None by default: the throttles of wrong tokens count per peer address.",
         show_default=False)] = None,
     database_url: DatabaseUrl = None,
+    read_database_url: Annotated[str | None, typer.Option(
+        "--read-database-url", envvar="KONDUIT_READ_DATABASE_URL",
+        help="A streaming replica for the pages' and the API's lists, details and stats "
+        "(docs/read-replicas.md); writes and waits stay on the primary.",
+        show_default=False)] = None,
+    read_max_lag: Annotated[float | None, typer.Option(
+        "--read-max-lag", min=0, envvar="KONDUIT_READ_MAX_LAG",
+        help="Seconds the replica may trail the primary before reads go to the primary "
+        "(default 10).", show_default=False)] = None,
 ) -> None:
     """Serve the web dashboard until SIGINT/SIGTERM: executions (paged, with a strip of queue
     depth and the oldest waiting task per queue), each one's input, DAG with live step states, a
@@ -55,6 +64,7 @@ def dashboard(
     stats; /metrics and a JSON API under /api/v1 (docs at /api/v1/docs, OpenAPI at
     /openapi.json). See docs/dashboard.md. While the database is down its pages answer 503.
     With tokens, the API needs Authorization: Bearer and the pages a login (docs/api.md)."""
+    from konduit.db.replica import DEFAULT_MAX_LAG
     from konduit.web.app import serve
     from konduit.web.security import check_bind, parse_tokens, tokens_from_env
 
@@ -66,7 +76,11 @@ def dashboard(
                          or os.environ.get("KONDUIT_DATABASE_URL"))
     guard = (f", {len(tokens)} token(s) required" if tokens else ", no token (loopback only)")
     proxies = [p.strip() for v in trusted_proxy or [] for p in v.split(",") if p.strip()]
+    if read_database_url:
+        bound = DEFAULT_MAX_LAG if read_max_lag is None else read_max_lag
+        guard += f", reads from {describe_url(read_database_url)} within {bound:g} s"
     serve(database_url, app, host=host, port=port, tokens=tokens, trusted_proxies=proxies,
+          read_database_url=read_database_url, read_max_lag=read_max_lag,
           announce=lambda url: err_console.print(
         f"konduit dashboard: serving {url} from {where}"
         + (f", repairs with {app_spec}" if app_spec

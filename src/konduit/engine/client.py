@@ -24,6 +24,7 @@ from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
+from konduit.db.replica import Reads
 from konduit.engine import migration, retention, waits, webhooks
 from konduit.engine.advancer import Advancer
 from konduit.engine.alerting import list_alerts
@@ -106,11 +107,19 @@ def coerce_execution_id(execution_id: UUID | str) -> UUID:
 
 
 class Client(VersionReads):
-    """Everything an application does with executions, as coroutines."""
+    """Everything an application does with executions, as coroutines.
+
+    Two ways to the database, chosen here and nowhere else: ``db``, the primary, for every
+    write, every read inside a write's transaction and every read a caller acts on (the status
+    :meth:`get` and :meth:`wait` read, the answer of a start, what a command checks first);
+    ``reads`` for the lists, details and stats the pages and the API show, which may trail the
+    primary by at most the read replica's lag bound (:mod:`konduit.db.replica`; without a
+    replica ``reads`` runs on the primary too)."""
 
     def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int = DEFAULT_MAX_BYTES,
-                 tracing: Tracing = None):
+                 tracing: Tracing = None, reads: Reads | None = None):
         self.db = db
+        self.reads = reads if reads is not None else Reads(db)
         self.registry = registry
         self.max_payload_bytes = max_payload_bytes
         self.tracing = tracing  # see konduit.tracing: None follows the tracer provider
@@ -289,6 +298,20 @@ class Client(VersionReads):
         steps = await self.db.all("step_get_all", execution_id=eid)
         return self._result(row, {s["step"]: s["status"] for s in steps})
 
+    async def view(self, execution_id: UUID | str) -> ExecutionResult:
+        """What :meth:`get` answers, read where the pages' and the API's reads go (a read
+        replica within its lag bound): for showing, not for acting on."""
+        eid = await self.resolve(execution_id)
+
+        async def read(db: Database) -> ExecutionResult:
+            row = await db.one("execution_get", id=eid)
+            if row is None:
+                raise ExecutionNotFound(f"no execution with id {eid}")
+            steps = await db.all("step_get_all", execution_id=eid)
+            return self._result(row, {s["step"]: s["status"] for s in steps})
+
+        return await self.reads.call(read)
+
     @staticmethod
     def _result(row: Row, outcomes: dict[str, str]) -> ExecutionResult:
         return ExecutionResult(
@@ -382,14 +405,14 @@ class Client(VersionReads):
 
     async def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
         """Every output version of an execution (repairs add versions), oldest first."""
-        rows = await self.db.all("execution_output_list", id=await self.resolve(execution_id))
+        rows = await self.reads.all("execution_output_list", id=await self.resolve(execution_id))
         return [OutputVersion.from_row(r) for r in rows]
 
     async def payloads(self, execution_id: UUID | str) -> builtins.list[Payload]:
         """Every payload an execution's tasks produced: the handler's, the fallback's, and late
         results that arrived after a deadline ended their attempt (``source``), each marked
         ``current`` when it is the one downstream steps consumed."""
-        rows = await self.db.all("output_list_by_execution",
+        rows = await self.reads.all("output_list_by_execution",
                                  execution_id=await self.resolve(execution_id))
         return [Payload.from_row(r) for r in rows]
 
@@ -400,8 +423,8 @@ class Client(VersionReads):
         start or end, idempotency key, tags, input fields, status, workflow@version, time
         range), newest first, older than ``before`` (the (created_at, id) of the previous
         page's last one). Every part is answered by an index (migration 0024)."""
-        return await search_executions(self.db, where or ExecutionFilter(), before=before,
-                                        limit=limit)
+        return await self.reads.call(lambda db: search_executions(
+            db, where or ExecutionFilter(), before=before, limit=limit))
 
     async def list(
         self, *, status: str | None = None, workflow: str | None = None, limit: int = 50,
@@ -411,7 +434,7 @@ class Client(VersionReads):
         ``idempotency_key``, ``input``, ``since``, ``until``, ``id_prefix``, ``version``: see
         :class:`~konduit.core.search.ExecutionFilter`) the ones :meth:`search` finds."""
         if not search:
-            rows = await self.db.all("execution_list", status=status, workflow_name=workflow,
+            rows = await self.reads.all("execution_list", status=status, workflow_name=workflow,
                                      limit=limit)
             return [self._result(r, {}) for r in rows]
         try:
@@ -425,36 +448,37 @@ class Client(VersionReads):
 
     async def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
         """Every task of an execution (all generations), with attempts and errors."""
-        rows = await self.db.all("task_list_by_execution",
+        rows = await self.reads.all("task_list_by_execution",
                                  execution_id=await self.resolve(execution_id))
         return [TaskRecord.from_row(r) for r in rows]
 
     async def steps(self, execution_id: UUID | str) -> builtins.list[StepRecord]:
         """Every step of an execution with its join counters and timings (fan-in wait)."""
-        rows = await self.db.all("step_get_all", execution_id=await self.resolve(execution_id))
+        rows = await self.reads.all("step_get_all", execution_id=await self.resolve(execution_id))
         return [StepRecord.from_row(r) for r in rows]
 
     async def dead_letters(self, limit: int = 50) -> builtins.list[DeadLetter]:
         """Tasks that failed for good (retries exhausted or non-retryable), newest first."""
-        return [DeadLetter.from_row(r) for r in await self.db.all("task_list_dead", limit=limit)]
+        return [DeadLetter.from_row(r) for r in await self.reads.all("task_list_dead", limit=limit)]
 
     async def workers(self, stale_seconds: float | None = None) -> builtins.list[WorkerRecord]:
         """Live workers (not stopped, heard from within ``stale_seconds``, else within their own
         lease): host, pid, queues, workflows served, isolation, slots, running tasks, abandoned
         threads and ``heartbeat_age`` in seconds."""
-        rows = await self.db.all("worker_list_live", stale_seconds=stale_seconds)
+        rows = await self.reads.all("worker_list_live", stale_seconds=stale_seconds)
         return [WorkerRecord.from_row(r) for r in rows]
 
     async def alerts(self, *, include_resolved: bool = False, kind: str | None = None,
                      workflow: str | None = None, limit: int = 100) -> builtins.list[AlertRecord]:
         """Stored alerts, newest first: open ones, or resolved ones too (docs/alerts.md)."""
-        return await list_alerts(self.db, include_resolved=include_resolved, kind=kind,
-                                 workflow=workflow, limit=limit)
+        return await self.reads.call(lambda db: list_alerts(
+            db, include_resolved=include_resolved, kind=kind, workflow=workflow, limit=limit))
 
     async def stall(self, execution_id: UUID | str) -> AlertRecord | None:
         """The open ``execution_stalled`` alert of an execution (nothing of it can run, and the
         watchdog's fan-in decision could not move it), or None."""
-        return await open_stall(self.db, await self.resolve(execution_id))
+        eid = await self.resolve(execution_id)
+        return await self.reads.call(lambda db: open_stall(db, eid))
 
     async def webhook_deliveries(self, *, status: str | None = None,
                                  execution_id: UUID | str | None = None,
@@ -462,7 +486,8 @@ class Client(VersionReads):
         """Webhook deliveries, newest first (docs/webhooks.md), optionally of one status
         (pending, delivered, failed, refused) or of one execution."""
         eid = None if execution_id is None else await self.resolve(execution_id)
-        rows = await webhooks.deliveries(self.db, status=status, execution_id=eid, limit=limit)
+        rows = await self.reads.call(lambda db: webhooks.deliveries(
+            db, status=status, execution_id=eid, limit=limit))
         return [WebhookDelivery.from_row(r) for r in rows]
 
     async def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
@@ -547,7 +572,7 @@ class Client(VersionReads):
         """One execution whole (input, output, window, limits); raises
         :class:`ExecutionNotFound`."""
         eid = await self.resolve(execution_id)
-        row = await self.db.one("execution_get", id=eid)
+        row = await self.reads.one("execution_get", id=eid)
         if row is None:
             raise ExecutionNotFound(f"no execution with id {eid}")
         return ExecutionRecord.from_row(row)
@@ -558,7 +583,7 @@ class Client(VersionReads):
         """Executions newest first, older than ``before`` (the (created_at, id) of the previous
         page's last one): keyset pages, stable while executions start."""
         before_at, before_id = before if before is not None else (None, None)
-        rows = await self.db.all("execution_list_older_than_cursor", status=status,
+        rows = await self.reads.all("execution_list_older_than_cursor", status=status,
                                  workflow_name=workflow, before_at=before_at,
                                  before_id=before_id, limit=limit)
         return [ExecutionSummary.from_row(r) for r in rows]
@@ -568,7 +593,7 @@ class Client(VersionReads):
         wanted = builtins.list(ids)
         if not wanted:
             return []
-        rows = await self.db.all("execution_status_many", ids=wanted)
+        rows = await self.reads.all("execution_status_many", ids=wanted)
         return [ExecutionProgress.from_row(r) for r in rows]
 
     async def marked_steps(self, ids: Iterable[UUID]) -> builtins.list[StepMark]:
@@ -576,16 +601,16 @@ class Client(VersionReads):
         wanted = builtins.list(ids)
         if not wanted:
             return []
-        rows = await self.db.all("step_list_degraded_or_failed_for_executions", ids=wanted)
+        rows = await self.reads.all("step_list_degraded_or_failed_for_executions", ids=wanted)
         return [StepMark.from_row(r) for r in rows]
 
     async def workflows(self) -> builtins.list[WorkflowRecord]:
         """Every registered workflow version with its stored definition."""
-        return [WorkflowRecord.from_row(r) for r in await self.db.all("workflow_list_with_spec")]
+        return [WorkflowRecord.from_row(r) for r in await self.reads.all("workflow_list_with_spec")]
 
     async def workflow(self, name: str, version: int) -> WorkflowRecord | None:
         """One registered workflow version, or None."""
-        row = await self.db.one("workflow_get", name=name, version=version)
+        row = await self.reads.one("workflow_get", name=name, version=version)
         return None if row is None else WorkflowRecord.from_row(row)
 
     async def attempts(self, execution_id: UUID | str, *,
@@ -595,24 +620,24 @@ class Client(VersionReads):
         eid = await self.resolve(execution_id)
         skipped = builtins.list(except_steps)
         if skipped:
-            rows = await self.db.all("attempt_list_by_execution_except_steps",
+            rows = await self.reads.all("attempt_list_by_execution_except_steps",
                                      execution_id=eid, steps=skipped)
         else:
-            rows = await self.db.all("attempt_list_by_execution", execution_id=eid)
+            rows = await self.reads.all("attempt_list_by_execution", execution_id=eid)
         return [AttemptRecord.from_row(r) for r in rows]
 
     async def attempt_logs(self, execution_id: UUID | str, *,
                            limit: int | None = None) -> builtins.list[AttemptLog]:
         """What the handlers of an execution logged, attempt by attempt, oldest first (only
         attempts that logged anything, at most ``limit`` of them; see ``Context.log``)."""
-        rows = await self.db.all("attempt_log_list_by_execution",
+        rows = await self.reads.all("attempt_log_list_by_execution",
                                  execution_id=coerce_execution_id(execution_id), limit=limit)
         return [AttemptLog.from_row(r) for r in rows]
 
     async def failed_attempts(self, execution_id: UUID | str,
                               per_step: int) -> builtins.list[FailedAttempt]:
         """The attempts that ended with an error, at most ``per_step`` of each step."""
-        rows = await self.db.all("attempt_list_failed_by_execution",
+        rows = await self.reads.all("attempt_list_failed_by_execution",
                                  execution_id=await self.resolve(execution_id),
                                  per_step=per_step)
         return [FailedAttempt.from_row(r) for r in rows]
@@ -623,7 +648,7 @@ class Client(VersionReads):
         wanted = builtins.list(steps)
         if not wanted:
             return []
-        rows = await self.db.all("task_summarize_by_step",
+        rows = await self.reads.all("task_summarize_by_step",
                                  execution_id=await self.resolve(execution_id), steps=wanted)
         return [MapStepCounts.from_row(r) for r in rows]
 
@@ -631,7 +656,7 @@ class Client(VersionReads):
                         from_index: int = 0, limit: int = 100) -> builtins.list[MapItem]:
         """A page of one step's tasks of its latest generation, in item order, from
         ``from_index`` on, optionally of one status."""
-        rows = await self.db.all("task_list_by_step_page",
+        rows = await self.reads.all("task_list_by_step_page",
                                  execution_id=await self.resolve(execution_id), step=step,
                                  status=status, from_index=from_index, limit=limit)
         return [MapItem.from_row(r) for r in rows]
@@ -641,25 +666,25 @@ class Client(VersionReads):
         """Dead letters newest first, older than ``before`` (the (finished_at, id) of the
         previous page's last one), each with its execution's status."""
         before_at, before_id = before if before is not None else (None, None)
-        rows = await self.db.all("task_list_dead_older_than_cursor", before_at=before_at,
+        rows = await self.reads.all("task_list_dead_older_than_cursor", before_at=before_at,
                                  before_id=before_id, limit=limit)
         return [DeadLetterWithStatus.from_row(r) for r in rows]
 
     async def parent(self, execution_id: UUID | str) -> ParentLink | None:
         """The execution whose child-workflow step started this one, or None."""
-        row = await self.db.one("execution_parent_of",
+        row = await self.reads.one("execution_parent_of",
                                 execution_id=await self.resolve(execution_id))
         return None if row is None else ParentLink.from_row(row)
 
     async def children(self, execution_id: UUID | str) -> builtins.list[ChildExecution]:
         """The executions this one's child-workflow steps started."""
-        rows = await self.db.all("execution_children_list",
+        rows = await self.reads.all("execution_children_list",
                                  execution_id=await self.resolve(execution_id))
         return [ChildExecution.from_row(r) for r in rows]
 
     async def budgets(self, execution_id: UUID | str) -> builtins.list[StepBudget]:
         """Each step's time budget in the latest generation (a window may have cut it)."""
-        rows = await self.db.all("task_list_budgets_by_execution",
+        rows = await self.reads.all("task_list_budgets_by_execution",
                                  execution_id=await self.resolve(execution_id))
         return [StepBudget.from_row(r) for r in rows]
 
@@ -668,7 +693,7 @@ class Client(VersionReads):
         """Why an execution is where it is: its unfinished tasks (ready, in backoff, running
         with their worker's heartbeat age, waiting for an event, a timer or a child) and the
         tasks that made a durable wait, at most ``limit``."""
-        rows = await self.db.all("task_list_open_or_waited_by_execution",
+        rows = await self.reads.all("task_list_open_or_waited_by_execution",
                                  execution_id=await self.resolve(execution_id), limit=limit)
         return [OpenTask.from_row(r) for r in rows]
 
@@ -686,33 +711,33 @@ class Client(VersionReads):
     async def queue_loads(self) -> builtins.list[QueueLoad]:
         """Per queue and workflow version: ready depth, due, running, waiting, oldest-ready
         age (the queue page)."""
-        rows = await self.db.all("task_count_open_by_queue_and_workflow")
+        rows = await self.reads.all("task_count_open_by_queue_and_workflow")
         return [QueueLoad.from_row(r) for r in rows]
 
     async def running_count(self) -> int:
         """How many executions are running now."""
-        row = await self.db.one("execution_count_running")
+        row = await self.reads.one("execution_count_running")
         return int(row["running"]) if row else 0
 
     async def queues(self) -> builtins.list[QueueDepth]:
         """Ready tasks per queue and workflow, how many are due and the oldest due one's age."""
-        return [QueueDepth.from_row(r) for r in await self.db.all("task_count_ready_by_queue")]
+        return [QueueDepth.from_row(r) for r in await self.reads.all("task_count_ready_by_queue")]
 
     async def recent_workers(self, since_seconds: float) -> builtins.list[WorkerState]:
         """Every worker heard from within ``since_seconds``: alive, stopped or dead."""
-        rows = await self.db.all("worker_list_recent_with_liveness", since_seconds=since_seconds)
+        rows = await self.reads.all("worker_list_recent_with_liveness", since_seconds=since_seconds)
         return [WorkerState.from_row(r) for r in rows]
 
     async def running_attempts(self, limit: int) -> builtins.list[OpenAttempt]:
         """The attempts running now (hedges too), with their worker, at most ``limit``."""
-        rows = await self.db.all("attempt_list_open_with_worker", limit=limit)
+        rows = await self.reads.all("attempt_list_open_with_worker", limit=limit)
         return [OpenAttempt.from_row(r) for r in rows]
 
     async def stats(self, workflow: str | None = None, *, history: Duration = "24h",
                     fan_in_alert: Duration = "20s", consecutive: int = 2) -> Stats:
         """``konduit stats``: per branch and join over ``history``, with the fan-in alerts."""
-        return await load_stats(self.db, workflow, history=history, fan_in_alert=fan_in_alert,
-                                consecutive=consecutive)
+        return await self.reads.call(lambda db: load_stats(
+            db, workflow, history=history, fan_in_alert=fan_in_alert, consecutive=consecutive))
 
     async def plan(self, spec: WorkflowSpec, *, history: Duration = "7d",
                    start: datetime | None = None, window: datetime | None = None) -> Plan:
@@ -727,14 +752,21 @@ class Client(VersionReads):
         """A client on the same connections that runs another registry's workflow code (the
         dashboard's API and repair, given the App's)."""
         return Client(self.db, registry, max_payload_bytes=max_payload_bytes,
-                      tracing=self.tracing)
+                      tracing=self.tracing, reads=self.reads)
+
+    def on_primary(self) -> Client:
+        """This client with every read on the primary: for what a command answers right after
+        writing (the status of executions just started), which a replica may not have yet."""
+        return Client(self.db, self.registry, max_payload_bytes=self.max_payload_bytes,
+                      tracing=self.tracing, reads=Reads(self.db))
 
     @property
     def database_url(self) -> str:
         return self.db.url
 
     async def close(self) -> None:
-        """Close the client's connections."""
+        """Close the client's connections (the read replica's too)."""
+        await self.reads.close()
         await self.db.close()
 
 async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_bytes: int) -> list[str]:

@@ -155,7 +155,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         return client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes)
 
     async def statuses(client: Client, ids: list[UUID]) -> dict[UUID, str]:
-        return {r.id: r.status for r in await client.progress(ids)}
+        # A start's answer: read where it was written (a replica may not have it yet).
+        return {r.id: r.status for r in await client.on_primary().progress(ids)}
 
     @router.post("/executions", status_code=201, response_model=m.Started, tags=["executions"],
                  responses=problem_responses(409))
@@ -244,7 +245,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     async def execution(execution_id: str) -> m.ExecutionDetail:
         """One execution whole: input, output, each step, every attempt with its full error."""
         client = await clients.get()
-        result = await client.get(execution_id)
+        result = await client.view(execution_id)
         row = await client.execution(result.id)
         steps = await client.steps(result.id)
         attempts = await client.attempts(result.id)
@@ -270,7 +271,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         """What the execution's handlers logged (``logging`` and ``ctx.log``), attempt by
         attempt, oldest first; attempts that logged nothing are left out."""
         client = await clients.get()
-        result = await client.get(execution_id)  # 404 before anything else
+        result = await client.view(execution_id)  # 404 before anything else
         return [m.AttemptLog.model_validate(a.to_dict())
                 for a in await client.attempt_logs(result.id)]
 

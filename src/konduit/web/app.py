@@ -47,6 +47,7 @@ from konduit.web import actions, operate, ops, pages, problems, wiring
 from konduit.web.clients import ClientFactory as ClientFactory
 from konduit.web.clients import Clients as Clients
 from konduit.web.detail import Detail as Detail
+from konduit.web.reads import ReadSourceHeaders, footer_line
 from konduit.web.security import Security, Token, check_bind
 from konduit.web.site import Site
 from konduit.web.templating import env as env
@@ -56,15 +57,21 @@ REFRESH_SECONDS = 2
 
 
 
-def database_client(database_url: str | None = None, app: App | None = None) -> ClientFactory:
+def database_client(database_url: str | None = None, app: App | None = None, *,
+                    read_database_url: str | None = None,
+                    read_max_lag: float | None = None) -> ClientFactory:
     """Make a fresh client (with ``app``'s workflows, for repair) on each call, in the caller's
-    event loop; the URL is ``database_url``, else ``app``'s, else the usual fallbacks."""
+    event loop; the URL is ``database_url``, else ``app``'s, else the usual fallbacks. The
+    pages' and the API's reads go to ``read_database_url`` (else ``app``'s, else
+    ``KONDUIT_READ_DATABASE_URL``) within ``read_max_lag`` (docs/read-replicas.md)."""
 
     async def make() -> Client:
         url = database_url
         if url is None and app is not None:
             url = await asyncio.to_thread(lambda: app.database_url)
-        fresh = App([], database_url=url)
+        read_url = read_database_url or (app.read_database_url if app is not None else None)
+        lag = read_max_lag if read_max_lag is not None or app is None else app.read_max_lag
+        fresh = App([], database_url=url, read_database_url=read_url, read_max_lag=lag)
         if app is not None:
             fresh.registry = app.registry
         return await fresh.client_async()  # a down server answers now (open_database)
@@ -95,6 +102,7 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
 
     def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
         context.setdefault("flash", request.query_params.get("flash"))
+        context.setdefault("reads", footer_line(clients.reads()))
         context.setdefault("error", request.query_params.get("error"))
         session = request.scope.get("state", {}).get("session")
         return templates.TemplateResponse(request, name, {
@@ -108,6 +116,7 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
 
     # The API (/api/v1, /openapi.json), the login form, tokens, CSRF and security headers.
     wiring.install(web, clients, app, security, problem)
+    web.add_middleware(ReadSourceHeaders, reads=clients.reads)  # X-Konduit-Read-From
 
     @web.exception_handler(ExecutionNotFound)
     async def not_found(request: Request, exc: ExecutionNotFound) -> Response:
@@ -196,7 +205,8 @@ def server_config(web: ASGIApp, *, trusted_proxies: Sequence[str] = ()) -> uvico
 
 def serve(database_url: str | None = None, app: App | None = None, *, host: str = "127.0.0.1",
           port: int = 8090, announce: Callable[[str], None] = print,
-          tokens: tuple[Token, ...] = (), trusted_proxies: Sequence[str] = ()) -> None:
+          tokens: tuple[Token, ...] = (), trusted_proxies: Sequence[str] = (),
+          read_database_url: str | None = None, read_max_lag: float | None = None) -> None:
     """Serve the dashboard on ``host:port`` until SIGINT/SIGTERM (port 0: any free one).
 
     ``tokens`` (see :mod:`konduit.web.security`) are required on the API and for the pages;
@@ -213,7 +223,8 @@ def serve(database_url: str | None = None, app: App | None = None, *, host: str 
         raise DashboardError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound = sock.getsockname()[1]
     announce(f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{bound}/")
-    config = server_config(create_app(database_client(database_url, app), app,
-                                      security=Security(tokens)),
+    factory = database_client(database_url, app, read_database_url=read_database_url,
+                              read_max_lag=read_max_lag)
+    config = server_config(create_app(factory, app, security=Security(tokens)),
                            trusted_proxies=trusted_proxies)
     uvicorn.Server(config).run(sockets=[sock])

@@ -10,8 +10,10 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client.registry import CollectorRegistry
 
+from konduit.db.replica import Reads
 from konduit.engine.client import Client
 from konduit.observe.metrics import KonduitCollector
+from konduit.web.reads import ReadsCollector
 
 ClientFactory = Callable[[], Awaitable[Client]]
 
@@ -31,6 +33,10 @@ class Clients:
                 self.client = await self.factory()
             return self.client
 
+    def reads(self) -> Reads | None:
+        """Where the client's reads go (None before the first request made the client)."""
+        return None if self.client is None else self.client.reads
+
     async def drop(self) -> None:
         async with self.lock:
             client, self.client = self.client, None
@@ -45,6 +51,8 @@ class Clients:
                 self.collector = await asyncio.to_thread(KonduitCollector, url)
                 self.metrics = CollectorRegistry()
                 self.metrics.register(self.collector)
+                self.metrics.register(ReadsCollector(self.reads))
+            await (await self.get()).reads.current()  # the replica's lag as of this scrape
             return self.metrics
 
     async def close(self) -> None:

@@ -54,7 +54,7 @@ class Detail:
 async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool = False) -> Detail:
     """One execution with its steps, attempts, output versions and late results; with
     ``collapse_maps`` (the page) map steps are summarised and failed attempts listed."""
-    result = await client.get(execution_id)
+    result = await client.view(execution_id)
     row = (await client.execution(result.id)).to_dict()
     workflow = await client.workflow(result.workflow, result.version)
     spec_steps = list(workflow.spec["steps"]) if workflow else []

@@ -186,7 +186,7 @@ def register(web: FastAPI, site: Site) -> None:
     async def execution_live(execution_id: str) -> Response:
         """Status, step states and map counts of one execution, for its page's script."""
         client = await site.clients.get()
-        result = await client.get(execution_id)
+        result = await client.view(execution_id)
         workflow = await client.workflow(result.workflow, result.version)
         spec_steps = list(workflow.spec["steps"]) if workflow else []
         steps = [s.to_dict() for s in await client.steps(result.id)]
@@ -204,7 +204,7 @@ def register(web: FastAPI, site: Site) -> None:
                     start: int = 0, limit: int = ITEMS_PAGE) -> Response:
         """A map step's items (or a plain step's one task), a page at a time."""
         client = await site.clients.get()
-        result = await client.get(execution_id)
+        result = await client.view(execution_id)
         status, start, limit = status or None, max(0, start), max(1, min(limit, 1000))
         found = [t.to_dict() for t in await client.map_items(
             result.id, step, status=status, from_index=start, limit=limit + 1)]
