@@ -34,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg
@@ -57,14 +57,24 @@ MEASURE_TIMEOUT = 2.0
 
 PRIMARY, REPLICA = "primary", "replica"
 
-# The databases that served the reads of the current request (see :func:`recording`).
-_served: ContextVar[list[str] | None] = ContextVar("konduit_reads_served", default=None)
+@dataclass
+class Served:
+    """The reads of one HTTP request (see :func:`recording`)."""
+
+    sources: list[str] = field(default_factory=list)
+    """Which database served each read."""
+    pinned: bool = False
+    """Set once the replica did not have an execution the primary had: the rest of the
+    request reads the primary, so one page or answer is not half of each."""
+
+
+_served: ContextVar[Served | None] = ContextVar("konduit_reads_served", default=None)
 
 
 @contextmanager
-def recording() -> Iterator[list[str]]:
+def recording() -> Iterator[Served]:
     """Collect, for the block (one HTTP request), which database served each read."""
-    seen: list[str] = []
+    seen = Served()
     token = _served.set(seen)
     try:
         yield seen
@@ -147,14 +157,17 @@ class Reads:
     async def call(self, body: Callable[[Database], Awaitable[T]]) -> T:
         """``body`` on the replica when it may serve (see the module docstring), else, or when
         the replica fails it or does not find the execution, on the primary."""
-        if await self._use_replica():
+        seen = _served.get()
+        if (seen is None or not seen.pinned) and await self._use_replica():
             assert self._replica is not None
             try:
                 result = await body(self._replica)
             except DatabaseUnavailable as exc:
                 await self._down(f"replica unreachable: {exc}")
             except ExecutionNotFound:
-                pass  # maybe started a moment ago: the primary has it if anyone has
+                # Maybe started a moment ago: the primary has it if anyone has.
+                if seen is not None:
+                    seen.pinned = True
             else:
                 self._count(REPLICA)
                 return result
@@ -176,7 +189,7 @@ class Reads:
         self.served[source] += 1
         seen = _served.get()
         if seen is not None:
-            seen.append(source)
+            seen.sources.append(source)
 
     async def _use_replica(self) -> bool:
         if self.replica_url is None:

@@ -572,10 +572,14 @@ class Client(VersionReads):
         """One execution whole (input, output, window, limits); raises
         :class:`ExecutionNotFound`."""
         eid = await self.resolve(execution_id)
-        row = await self.reads.one("execution_get", id=eid)
-        if row is None:
-            raise ExecutionNotFound(f"no execution with id {eid}")
-        return ExecutionRecord.from_row(row)
+
+        async def read(db: Database) -> ExecutionRecord:
+            row = await db.one("execution_get", id=eid)
+            if row is None:  # raised inside: a replica that lacks it hands over to the primary
+                raise ExecutionNotFound(f"no execution with id {eid}")
+            return ExecutionRecord.from_row(row)
+
+        return await self.reads.call(read)
 
     async def page(self, *, status: str | None = None, workflow: str | None = None,
                    before: tuple[datetime, UUID] | None = None,

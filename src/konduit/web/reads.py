@@ -35,9 +35,9 @@ class ReadSourceHeaders:
         with recording() as seen:
 
             async def send_with_source(message: Message) -> None:
-                if message["type"] == "http.response.start" and seen:
+                if message["type"] == "http.response.start" and seen.sources:
                     headers = list(message.get("headers", []))
-                    headers.append((READ_FROM, ", ".join(sorted(set(seen))).encode()))
+                    headers.append((READ_FROM, ", ".join(sorted(set(seen.sources))).encode()))
                     reads = self.reads()
                     if reads is not None and reads.configured and reads.state.lag is not None:
                         headers.append((REPLICA_LAG, f"{reads.state.lag:.3f}".encode()))

@@ -1,0 +1,184 @@
+"""Reads from a real streaming standby (docs/read-replicas.md).
+
+One primary and one hot standby made with ``pg_basebackup -R`` (tests/support/standby.py) serve
+the module. Which server answered is proven with the standby's replay paused: what the
+primary has and the standby has not replayed is missing from the dashboard's and the API's
+lists, while the answers that must be fresh (a start's, an idempotent start's, a wait for a
+finish) have it. Past the lag bound, and with the standby stopped, the primary serves, and the
+lag is shown in the footer, the response headers and the metrics.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+import konduit
+from konduit.web import create_app, database_client
+from tests.support import standby
+from tests.support.browser import serving
+from tests.support.waiting import until
+
+pytestmark = [pytest.mark.storage, pytest.mark.slow]  # making the two servers takes ~20 s here
+
+flow = konduit.Workflow("replica-flow", version=1)
+
+
+@flow.step()
+def only(ctx: konduit.Context) -> str:
+    return "done"
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[standby.Pair]:
+    why = standby.missing()
+    if why is not None:
+        pytest.skip(f"no primary and standby to test reads from a replica: {why}")
+    with standby.primary_and_standby() as made:
+        yield made
+
+
+def dashboard(pair: standby.Pair, max_lag: float) -> tuple[konduit.App, Any]:
+    app = konduit.App([flow], database_url=pair.primary.url,
+                      read_database_url=pair.standby.url, read_max_lag=max_lag)
+    web = create_app(database_client(pair.primary.url, app), app)
+    return app, web
+
+
+def listed(http: httpx.Client) -> tuple[set[str], str]:
+    """The ids the API's list shows, and which database served it."""
+    answer = http.get("/api/v1/executions", params={"workflow": "replica-flow", "limit": 500})
+    assert answer.status_code == 200, answer.text
+    return {e["id"] for e in answer.json()["items"]}, answer.headers["x-konduit-read-from"]
+
+
+def footer(http: httpx.Client) -> str:
+    page = http.get("/")
+    assert page.status_code == 200, page.text
+    found = re.search(r'<footer class="reads" id="reads">([^<]*)</footer>', page.text)
+    assert found, page.text[-500:]
+    return found.group(1)
+
+
+def metric(http: httpx.Client, name: str) -> float:
+    text = http.get("/metrics").text
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert found, f"{name} not in /metrics"
+    return float(found.group(1))
+
+
+def test_lists_and_details_come_from_the_replica_and_fresh_answers_from_the_primary(
+        pair: standby.Pair) -> None:
+    app, web = dashboard(pair, max_lag=3600)  # paused replay stays within the bound here
+    try:
+        with serving(web) as base, httpx.Client(base_url=base, timeout=30) as http:
+            old = app.start("replica-flow", idempotency_key="old").id
+            pair.wait_replayed()
+            ids, source = until(lambda: (found := listed(http))[0] >= {str(old)} and found,
+                                what="the replayed execution listed")
+            assert source == "replica"
+            assert footer(http).startswith("reads: replica, ")
+            detail = http.get(f"/api/v1/executions/{old}")
+            assert detail.status_code == 200 and detail.headers["x-konduit-read-from"] == "replica"
+            assert float(detail.headers["x-konduit-replica-lag"]) >= 0
+
+            with pair.replay_paused():
+                # Written on the primary, received by the standby, not replayed there.
+                started = http.post("/api/v1/executions", json={
+                    "workflow": "replica-flow", "idempotency_key": "new"})
+                assert started.status_code == 201, started.text
+                new = started.json()["id"]
+                # The start's answer is the primary's: the status it has there.
+                assert started.json()["status"] == app.status(new).status
+                again = http.post("/api/v1/executions", json={
+                    "workflow": "replica-flow", "idempotency_key": "new"})
+                assert again.json()["id"] == new  # the idempotent answer: from the primary
+                assert app.start("replica-flow", idempotency_key="new").id.hex == new.replace("-", "")
+                assert app.cancel(old)
+                # A wait for the finish reads the primary: the cancel is seen at once ...
+                with pytest.raises(konduit.ExecutionFailed) as failed:
+                    app.wait(old, timeout=10)
+                assert failed.value.result.status == "cancelled"
+                # ... while the lists read the replica, which has neither the new execution
+                # nor the cancel: it answers, and with what it has.
+                ids, source = listed(http)
+                assert source == "replica" and new not in ids and str(old) in ids
+                row = http.get(f"/api/v1/executions/{old}").json()
+                assert row["status"] == "running"
+                assert {e.id for e in app.list(limit=500)} >= {old}
+                assert new not in {str(e.id) for e in app.list(limit=500)}
+                # The detail of an execution the replica does not have yet is the primary's.
+                fresh = http.get(f"/api/v1/executions/{new}")
+                assert fresh.status_code == 200, fresh.text
+                assert fresh.headers["x-konduit-read-from"] == "primary"
+            ids, source = until(lambda: (found := listed(http))[0] >= {new} and found,
+                                what="the new execution listed once replay resumed")
+            assert source == "replica"
+            assert http.get(f"/api/v1/executions/{old}").json()["status"] == "cancelled"
+    finally:
+        app.close()
+
+
+def test_past_the_lag_bound_the_primary_serves_and_the_lag_is_shown(pair: standby.Pair) -> None:
+    app, web = dashboard(pair, max_lag=1.0)
+    try:
+        with serving(web) as base, httpx.Client(base_url=base, timeout=30) as http:
+            until(lambda: listed(http)[1] == "replica", what="reads from the replica")
+            assert metric(http, "konduit_read_replica_serving") == 1.0
+            fallbacks = metric(http, "konduit_read_fallbacks_total")
+            with pair.replay_paused():
+                late = str(app.start("replica-flow", idempotency_key="late").id)
+                # The replica falls behind by the time since its last replayed transaction:
+                # past 1 s the lists are the primary's, fresh.
+                ids, _ = until(lambda: (found := listed(http))[1] == "primary" and found,
+                                    what="reads falling back to the primary")
+                assert late in ids
+                line = footer(http)
+                assert re.fullmatch(r"reads: primary \(replica \d+\.\d s behind, limit 1 s\)",
+                                    line), line
+                assert metric(http, "konduit_read_replica_lag_seconds") > 1.0
+                assert metric(http, "konduit_read_replica_serving") == 0.0
+                assert metric(http, "konduit_read_fallbacks_total") >= fallbacks + 1
+                assert http.get("/").headers["x-konduit-read-from"] == "primary"
+            until(lambda: listed(http)[1] == "replica", what="reads back on the replica")
+            assert footer(http).startswith("reads: replica, ")
+    finally:
+        app.close()
+
+
+def test_with_the_replica_down_the_primary_serves(pair: standby.Pair) -> None:
+    app, web = dashboard(pair, max_lag=3600)
+    try:
+        with serving(web) as base, httpx.Client(base_url=base, timeout=30) as http:
+            until(lambda: listed(http)[1] == "replica", what="reads from the replica")
+            with pair.standby_stopped():
+                gone = str(app.start("replica-flow", idempotency_key="while-down").id)
+                ids, source = listed(http)  # the first read after the stop already answers
+                assert source == "primary" and gone in ids
+                assert "replica unreachable" in footer(http)
+                assert metric(http, "konduit_read_replica_serving") == 0.0
+                detail = http.get(f"/api/v1/executions/{gone}")
+                assert detail.status_code == 200
+                assert detail.headers["x-konduit-read-from"] == "primary"
+                assert "x-konduit-replica-lag" not in detail.headers
+            # Back up: asked again after a few seconds, it serves again.
+            until(lambda: listed(http)[1] == "replica", what="reads back on the replica")
+    finally:
+        app.close()
+
+
+def test_without_a_replica_every_read_is_the_primarys(pair: standby.Pair) -> None:
+    app = konduit.App([flow], database_url=pair.primary.url, read_database_url=None)
+    app.read_database_url = None  # whatever KONDUIT_READ_DATABASE_URL says
+    web = create_app(database_client(pair.primary.url, app), app)
+    try:
+        with serving(web) as base, httpx.Client(base_url=base, timeout=30) as http:
+            assert listed(http)[1] == "primary"
+            assert 'id="reads"' not in http.get("/").text
+            assert "konduit_read_replica" not in http.get("/metrics").text
+    finally:
+        app.close()
