@@ -20,8 +20,9 @@ Which calls may read here is decided in one place, :class:`konduit.engine.client
 write, every read inside a write's transaction and every read whose answer a caller acts on
 (waiting for a finish, the answer of a start, the status a handle reads).
 
-A replica read that fails because the replica went away, or that does not find an execution
-(one started a moment ago may not be replayed yet), is run again on the primary.
+A replica read that fails because the replica went away or because replay kept cancelling it
+(a conflict with recovery), or that does not find an execution (one started a moment ago may
+not be replayed yet), is run again on the primary.
 """
 
 from __future__ import annotations
@@ -41,7 +42,12 @@ import psycopg
 from psycopg.rows import dict_row
 
 from konduit.db.database import Database, Row, Tx
-from konduit.errors import DatabaseError, DatabaseUnavailable, ExecutionNotFound
+from konduit.errors import (
+    DatabaseConflict,
+    DatabaseError,
+    DatabaseUnavailable,
+    ExecutionNotFound,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -150,10 +156,6 @@ class Reads:
     def configured(self) -> bool:
         return self.replica_url is not None
 
-    def sharing(self, primary: Database) -> Reads:
-        """These reads for a client on the same primary (``Client.with_registry``)."""
-        return self if primary is self.primary else Reads(primary)
-
     async def call(self, body: Callable[[Database], Awaitable[T]]) -> T:
         """``body`` on the replica when it may serve (see the module docstring), else, or when
         the replica fails it or does not find the execution, on the primary."""
@@ -164,6 +166,8 @@ class Reads:
                 result = await body(self._replica)
             except DatabaseUnavailable as exc:
                 await self._down(f"replica unreachable: {exc}")
+            except DatabaseConflict:
+                pass  # cancelled by a replay conflict, again and again: the primary has none
             except ExecutionNotFound:
                 # Maybe started a moment ago: the primary has it if anyone has.
                 if seen is not None:
@@ -201,8 +205,14 @@ class Reads:
         return self.state.source == REPLICA
 
     async def _check(self) -> None:
+        # The primary first: an error there is the read's own (the primary would serve it).
+        db = self.primary
+        position = await db.one("replica_get_primary_wal_position")
+        assert position is not None
         try:
-            lag = await asyncio.wait_for(self._measure(), MEASURE_TIMEOUT)
+            lag = await asyncio.wait_for(self._measure(str(position["lsn"])), MEASURE_TIMEOUT)
+            if lag is not None and lag <= self.max_lag and self._replica is None:
+                self._replica = await self._open_pool()
         except (TimeoutError, DatabaseError, psycopg.Error, OSError) as exc:
             why = "no answer" if isinstance(exc, TimeoutError) else str(exc).splitlines()[0]
             await self._down(f"replica unreachable: {why}")
@@ -212,15 +222,11 @@ class Reads:
             shown = "behind by an unknown time" if lag is None else f"{lag:.1f} s behind"
             self._decide(ReadState(PRIMARY, lag, f"replica {shown}, limit {self.max_lag:g} s"))
             return
-        if self._replica is None:
-            self._replica = await self._open_pool()
         self._decide(ReadState(REPLICA, lag))
 
-    async def _measure(self) -> float | None:
-        """The replica's lag in seconds (None: it has replayed nothing it could date)."""
-        db = self.primary
-        position = await db.one("replica_get_primary_wal_position")
-        assert position is not None
+    async def _measure(self, primary_lsn: str) -> float | None:
+        """The replica's lag in seconds behind the primary's WAL position ``primary_lsn``
+        (None: it has replayed nothing it could date)."""
         if self._probe is None or self._probe.closed:
             assert self.replica_url is not None
             self._probe = await psycopg.AsyncConnection.connect(
@@ -228,7 +234,7 @@ class Reads:
                 connect_timeout=max(1, round(MEASURE_TIMEOUT)),
                 application_name="konduit-replica-lag", prepare_threshold=None)
         tx = Tx(self._probe)
-        row = await tx.one("replica_get_replay_state", primary_lsn=position["lsn"])
+        row = await tx.one("replica_get_replay_state", primary_lsn=primary_lsn)
         assert row is not None
         if not row["in_recovery"]:
             return 0.0  # promoted (or the primary itself): nothing to replay
