@@ -111,6 +111,10 @@ def test_lists_and_details_come_from_the_replica_and_fresh_answers_from_the_prim
                 assert row["status"] == "running"
                 assert {e.id for e in app.list(limit=500)} >= {old}
                 assert new not in {str(e.id) for e in app.list(limit=500)}
+                with konduit.Client(pair.primary.url, read_database_url=pair.standby.url,
+                                    read_max_lag=3600) as client:
+                    assert new not in {str(e.id) for e in client.list(limit=500)}
+                    assert client.status(new).status == app.status(new).status
                 # The detail of an execution the replica does not have yet is the primary's.
                 fresh = http.get(f"/api/v1/executions/{new}")
                 assert fresh.status_code == 200, fresh.text
@@ -182,3 +186,18 @@ def test_without_a_replica_every_read_is_the_primarys(pair: standby.Pair) -> Non
             assert "konduit_read_replica" not in http.get("/metrics").text
     finally:
         app.close()
+
+
+def test_the_replica_and_its_bound_come_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KONDUIT_READ_DATABASE_URL", "postgresql://reader@replica/app")
+    monkeypatch.setenv("KONDUIT_READ_MAX_LAG", "2.5")
+    app = konduit.App([])
+    assert (app.read_database_url, app.read_max_lag) == ("postgresql://reader@replica/app", 2.5)
+    explicit = konduit.App([], read_database_url="postgresql://other/app", read_max_lag=0)
+    assert (explicit.read_database_url, explicit.read_max_lag) == ("postgresql://other/app", 0)
+    monkeypatch.setenv("KONDUIT_READ_MAX_LAG", "soon")
+    with pytest.raises(konduit.KonduitError, match="KONDUIT_READ_MAX_LAG must be a number"):
+        konduit.App([])
+    with pytest.raises(konduit.KonduitError, match="read_max_lag must be"):
+        konduit.Client(read_max_lag=-1)

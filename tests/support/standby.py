@@ -150,7 +150,8 @@ max_connections = 60
 def primary_and_standby() -> Iterator[Pair]:
     """A migrated primary and a streaming hot standby of it, stopped and removed afterwards."""
     run_as = "postgres" if os.geteuid() == 0 else None
-    root = Path(tempfile.mkdtemp(prefix="konduit-replica-"))
+    # As root, under /tmp: a TMPDIR inside root's home would be closed to the postgres user.
+    root = Path(tempfile.mkdtemp(prefix="konduit-replica-", dir="/tmp" if run_as else None))
     if run_as is not None:
         entry = pwd.getpwnam(run_as)
         os.chown(root, entry.pw_uid, entry.pw_gid)
