@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 
 from prometheus_client.registry import CollectorRegistry
 
 from konduit.db.replica import Reads
 from konduit.engine.client import Client
+from konduit.errors import DatabaseError
 from konduit.observe.metrics import KonduitCollector
 from konduit.web.reads import ReadsCollector
 
@@ -52,7 +54,10 @@ class Clients:
                 self.metrics = CollectorRegistry()
                 self.metrics.register(self.collector)
                 self.metrics.register(ReadsCollector(self.reads))
-            await (await self.get()).reads.current()  # the replica's lag as of this scrape
+            reads = self.reads()
+            if reads is not None and reads.configured:
+                with suppress(DatabaseError):  # the primary down: the collector says so
+                    await reads.current()  # the replica's lag as of this scrape
             return self.metrics
 
     async def close(self) -> None:
