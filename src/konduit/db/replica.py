@@ -63,6 +63,7 @@ MEASURE_TIMEOUT = 2.0
 
 PRIMARY, REPLICA = "primary", "replica"
 
+
 @dataclass
 class Served:
     """The reads of one HTTP request (see :func:`recording`)."""
@@ -247,7 +248,11 @@ class Reads:
         assert self.replica_url is not None
         db = Database(self.replica_url, min_size=0, max_size=self.pool_size,
                       name="konduit-reads", pool_timeout=MEASURE_TIMEOUT)
-        await db.open(timeout=MEASURE_TIMEOUT)
+        try:
+            await db.open(timeout=MEASURE_TIMEOUT)
+        except BaseException:
+            await db.close()
+            raise
         return db
 
     async def _down(self, reason: str) -> None:
@@ -268,7 +273,7 @@ class Reads:
             self.fallbacks += 1
             log.warning("reads fall back to the primary: %s", state.reason)
         elif not first:
-            log.warning("reads go to the replica again (%.1f s behind)", state.lag or 0.0)
+            log.info("reads go to the replica again (%.1f s behind)", state.lag or 0.0)
 
     async def close(self) -> None:
         replica, self._replica = self._replica, None
