@@ -109,10 +109,13 @@ class Client(VersionReads):
     """Everything an application does with executions, as coroutines."""
 
     def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int = DEFAULT_MAX_BYTES,
-                 tracing: Tracing = None):
+                 tracing: Tracing = None, event_retention: float | None = None):
         self.db = db
         self.registry = registry
         self.max_payload_bytes = max_payload_bytes
+        # How long a stored event is kept when its step declares no retention= (None: the
+        # KONDUIT_EVENT_RETENTION variable, else 24 h).
+        self.event_retention = waits.event_retention(event_retention)
         self.tracing = tracing  # see konduit.tracing: None follows the tracer provider
         self._registered: set[str] = set()
         # The workflows a start or repair may name: the registry's code, else the definitions
@@ -488,7 +491,8 @@ class Client(VersionReads):
         :meth:`konduit.App.send_event` and docs/durable-waits.md)."""
         eid = None if execution_id is None else await self.resolve(execution_id)
         return await waits.send_event(self.db, self.registry, name, key=key, execution_id=eid,
-                                      payload=payload, max_payload_bytes=self.max_payload_bytes)
+                                      payload=payload, max_payload_bytes=self.max_payload_bytes,
+                                      retention=self.event_retention)
 
     # -- schedules ------------------------------------------------------------------------------
 
@@ -723,11 +727,13 @@ class Client(VersionReads):
         """The budget each step with a deadline would get now, before any window."""
         return await own_budgets(self.db, spec)
 
-    def with_registry(self, registry: Registry, *, max_payload_bytes: int) -> Client:
+    def with_registry(self, registry: Registry, *, max_payload_bytes: int,
+                      event_retention: float | None = None) -> Client:
         """A client on the same connections that runs another registry's workflow code (the
         dashboard's API and repair, given the App's)."""
         return Client(self.db, registry, max_payload_bytes=max_payload_bytes,
-                      tracing=self.tracing)
+                      tracing=self.tracing,
+                      event_retention=event_retention or self.event_retention)
 
     @property
     def database_url(self) -> str:

@@ -76,8 +76,9 @@ async def prune(
     returns how many were deleted.
     Workers not heard from for that long (and at least an hour) are forgotten too, alerts
     resolved that long ago (open alerts are never deleted), webhook deliveries created that
-    long ago that ended (pending ones are never deleted), and events sent that long ago, whether
-    a task took them or not (see docs/durable-waits.md)."""
+    long ago that ended (pending ones are never deleted), stored events past their own
+    retention, and events sent that long ago, whether a task took them or not (see
+    docs/durable-waits.md)."""
     seconds = parse_duration(older_than, what="older_than")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise KonduitError(f"batch_size: must be a positive integer, got {batch_size!r}")
@@ -109,7 +110,10 @@ async def prune(
     # Webhook deliveries that ended (delivered, failed, refused) that long ago; pending ones
     # are still owed to their receiver.
     await webhooks.prune(db, seconds, batch_size=batch_size)
-    # Events sent that long ago, taken or not (one whose task has yet to be woken with it stays).
+    # Stored events past their own retention (the workers' waits pass deletes them too), then
+    # events sent that long ago, taken or not (one whose task has yet to be woken with it stays).
+    while await db.run("event_delete_expired", limit=batch_size) == batch_size:
+        pass
     while await db.run("event_delete_before", older_than_seconds=seconds,
                        limit=batch_size) == batch_size:
         pass
