@@ -490,6 +490,9 @@ class Client(VersionReads):
         or both: ``"woke"``, ``"stored"`` or ``"no match"`` (see
         :meth:`konduit.App.send_event` and docs/durable-waits.md)."""
         eid = None if execution_id is None else await self.resolve(execution_id)
+        # This process's workflows are known to the database before it decides: an event sent
+        # by key for one of them is kept even when no worker or start registered it yet.
+        await self.register_all()
         return await waits.send_event(self.db, self.registry, name, key=key, execution_id=eid,
                                       payload=payload, max_payload_bytes=self.max_payload_bytes,
                                       retention=self.event_retention)
