@@ -205,7 +205,9 @@ def test_send_event_refuses_bad_input(make_app):
 def test_cli_status_shows_what_a_step_waits_for_and_send_event_wakes_it(make_app, db_url):
     from tests.test_cli import assert_clean_error, konduit_cli
 
-    app = make_app(review_workflow())
+    # A deadline far off: four CLI processes can take 30 s on a loaded machine, and a send past
+    # the deadline is (rightly) not taken by the step.
+    app = make_app(review_workflow(deadline="10m"))
     with running_worker(app, **FAST):
         handle = app.start("review-flow", input={"episode": 11})
         wait_status(db_url, handle.id, "review", "waiting")
