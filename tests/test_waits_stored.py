@@ -4,6 +4,7 @@ with real workers, and racing armings forced together by a barrier."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -221,3 +222,35 @@ def test_two_armings_and_a_sender_racing_each_event_taken_once(arming_threads, d
                                     ids) == 2, what="both executions to finish")
         assert value(db_url, "SELECT count(*) FROM konduit_events WHERE key = %s "
                              "AND consumed_by IS NULL", f"r{trial}") == 0
+
+
+def test_stored_events_are_counted_in_stats_the_metrics_and_the_dashboard(make_app, db_url):
+    import httpx
+
+    from konduit.observe.metrics import KonduitCollector
+    from konduit.web import create_app, database_client
+    from tests.support.browser import serving
+    from tests.test_cli import konduit_cli
+
+    app = make_app(approval_workflow(retention="2h"))
+    for key in ("a", "b"):
+        assert app.send_event("approved", key=key) == "stored"
+    shown = konduit_cli("stats", "--json", "--database-url", db_url)
+    assert shown.returncode == 0, shown.stderr
+    [stored] = json.loads(shown.stdout)["stored_events"]
+    assert (stored["name"], stored["events"]) == ("approved", 2)
+    assert stored["next_expiry"] is not None
+    collector = KonduitCollector(db_url)
+    try:
+        families = {f.name: f for f in collector.collect()}
+    finally:
+        collector.close()
+    assert [(s.labels, s.value) for s in families["konduit_events_stored"].samples] \
+        == [({"event": "approved"}, 2.0)]
+    with serving(create_app(database_client(db_url))) as base, \
+            httpx.Client(base_url=base) as http:
+        page = http.get("/stats")
+        assert page.status_code == 200
+        assert '<table class="stored-events">' in page.text
+        assert "<td>approved</td><td class=\"num\">2</td>" in page.text
+        assert http.get("/api/v1/stats").json()["stored_events"][0]["events"] == 2
