@@ -8,8 +8,10 @@ cutoff, measured on ``finished_at``, with their steps, tasks, attempts, payloads
 versions (``ON DELETE CASCADE`` from the execution row). What stays: pending and running
 executions, whatever their age (a repair reopens an execution: it is running again and stays),
 and executions that hold a **dead letter** — a task that failed for good and that no repair has
-superseded since — unless ``include_dead_letters`` is set. Once a repair re-ran the failed step,
-the old failed task no longer holds its execution.
+re-run since (the dashboard's definition, one SQL fragment: ``task_dead_letter``) — unless
+``include_dead_letters`` is set. Once a repair re-ran the failed step (a newer generation of it
+started), the old failed task no longer holds its execution; a repair created but cancelled
+before it started re-ran nothing.
 
 Each batch is one statement in its own short transaction: it locks at most ``batch_size``
 execution rows with SKIP LOCKED (so two prunes, or a prune and a repair, never wait for each
