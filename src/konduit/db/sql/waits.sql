@@ -206,13 +206,15 @@ WHERE ev.id IN (
 
 -- name: event_delete_expired
 -- A batch of stored events past their retention, never consumed (nor ever to be: a consume
--- re-checks expires_at). SKIP LOCKED passes over one an arming holds; the outer WHERE re-checks
+-- re-checks expires_at). The batch is read on konduit_events_expiring with statement_timestamp()
+-- as its index condition (a volatile clock_timestamp() would filter every pending event, each
+-- worker's waits pass); SKIP LOCKED passes over one an arming holds; the outer WHERE re-checks
 -- in this statement what the batch was chosen by.
 DELETE FROM konduit_events ev
 WHERE ev.id IN (
     SELECT e.id FROM konduit_events e
     WHERE e.consumed_at IS NULL AND e.expires_at IS NOT NULL
-      AND e.expires_at <= clock_timestamp()
+      AND e.expires_at <= statement_timestamp()
     ORDER BY e.expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
