@@ -143,7 +143,7 @@ def test_bad_retentions_are_refused_naming_the_setting(make_app, monkeypatch):
         == 7200
 
 
-TRIALS = 15
+TRIALS = 30
 
 
 def racing_arms(app: konduit.App, threads: list[LoopThread], trial: int,
