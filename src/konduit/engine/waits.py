@@ -339,12 +339,6 @@ async def delete_expired(db: Database, *, limit: int = 500, max_batches: int = 2
     return deleted
 
 
-async def count_stored(db: Database) -> list[Row]:
-    """Stored events waiting for a task (not consumed, not expired), by name: ``name``,
-    ``events``, ``next_expiry``."""
-    return await db.all("event_count_stored")
-
-
 async def list_due(db: Database, *, limit: int = 100) -> list[Row]:
     """Waiting tasks to wake now: timers due, events accepted, children ended."""
     return await db.all("task_list_waits_due", limit=limit)
