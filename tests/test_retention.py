@@ -21,7 +21,7 @@ import pytest
 import konduit
 from konduit.db.connect import open_database
 from konduit.db.database import Database
-from konduit.engine.retention import prune
+from konduit.engine.retention import Prunable, prune
 from tests.support.workers import running_worker
 from tests.test_cli import konduit_cli
 
@@ -458,3 +458,34 @@ def test_prune_deletes_old_events_but_not_one_a_waiting_task_has_yet_to_be_woken
     with psycopg.connect(db_url) as conn:
         left = [r[0] for r in conn.execute("SELECT key FROM konduit_events ORDER BY key")]
     assert left == ["old-accepted", "recent-pending"]
+
+
+def test_a_repair_cancelled_before_it_started_leaves_a_dead_letter_to_prune_and_dashboard_alike(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    """One definition of a dead letter (the task_dead_letter fragment): a failed task whose
+    repair was created but never started (cancelled first) re-ran nothing. The dashboard lists
+    it, and so retention counts it and keeps its execution."""
+    wf = konduit.Workflow("prune-cancelled-repair", version=1)
+
+    @wf.step(retry=konduit.Retry(max_attempts=1))
+    def breaks(ctx: konduit.Context) -> None:
+        raise konduit.NonRetryableError("broken")
+
+    app = make_app(wf)
+    with running_worker(app, poll_interval=0.05):
+        handle = app.start(wf.name)
+        with pytest.raises(konduit.ExecutionFailed):
+            handle.wait(timeout=30)
+    assert app.repair(handle.id) == ["breaks"]  # no worker runs: its new task never starts
+    assert app.cancel(handle.id)
+    with psycopg.connect(db_url) as conn:
+        tasks = conn.execute("SELECT generation, status, started_at IS NOT NULL FROM konduit_tasks"
+                             " WHERE execution_id = %s ORDER BY generation",
+                             (handle.id,)).fetchall()
+    assert [(s, started) for _, s, started in tasks] == [("failed", True), ("cancelled", False)]
+    assert [d.execution_id for d in app.dead_letters()] == [handle.id]
+    age(db_url, [handle.id])
+    assert app.count_prunable("1d") == Prunable(finished=1, dead_letters=1)
+    assert app.prune(older_than="1d") == 0
+    assert app.status(handle.id).status == "cancelled"
+    assert app.prune(older_than="1d", include_dead_letters=True) == 1

@@ -73,10 +73,13 @@ def test_an_approval_at_one_second_wakes_the_join(make_app, db_url):
         result = handle.wait(timeout=20)
     assert result.status == "succeeded"
     assert result.output == {"text": {"de": "menschlich", "by": "ana"}, "outcome": "succeeded"}
-    # Consumed once: a second approval for the ended step matches nothing and changes nothing.
+    # Consumed once: a second approval changes nothing for the ended step. Sent by key it is
+    # kept for an execution yet to come (one more may wait for that key); sent to this
+    # execution, nothing could take it.
     assert app.send_event("translation-approved", key="episode-42", payload={"by": "bo"}) \
-        == "no match"
+        == "stored"
     assert app.send_event("translation-approved", execution_id=handle.id) == "no match"
+    assert app.status(handle.id).output["text"] == {"de": "menschlich", "by": "ana"}
 
 
 def test_an_approval_after_the_deadline_is_refused_and_the_fallback_stands(make_app, db_url):
@@ -85,21 +88,25 @@ def test_an_approval_after_the_deadline_is_refused_and_the_fallback_stands(make_
         handle = app.start("review-flow", input={"episode": 7})
         wait_status(db_url, handle.id, "review", "degraded")
         result = handle.wait(timeout=20)
-        assert app.send_event("translation-approved", key="episode-7",
-                              payload={"by": "late"}) == "no match"
+        # Sent to this execution: refused. Sent by key: kept for an execution yet to come,
+        # never for this one's ended step.
         assert app.send_event("translation-approved", execution_id=handle.id,
                               payload={"by": "late"}) == "no match"
+        assert app.send_event("translation-approved", key="episode-7",
+                              payload={"by": "late"}) == "stored"
     assert result.status == "succeeded"
     assert result.output == {"text": {"de": "maschinell", "by": "machine"}, "outcome": "degraded"}
     assert app.status(handle.id).output == result.output
     with psycopg.connect(db_url) as conn:
-        assert conn.execute("SELECT count(*) FROM konduit_events").fetchone() == (0,)
+        assert conn.execute("SELECT count(*), count(consumed_by) FROM konduit_events"
+                            ).fetchone() == (1, 0)
 
 
 def test_an_event_late_before_the_sweep_ended_the_task_changes_nothing(make_app, db_url):
     """Past the deadline but before any sweep ended the task (no worker runs: a waiting task
-    gets no grace, a running sweep ends it at its deadline): still refused, since the deadline
-    is checked in the statement that would accept it; the next worker's sweep degrades it."""
+    gets no grace, a running sweep ends it at its deadline): not taken by it, since the deadline
+    is checked in the statement that would accept it (sent by key it is kept for an execution
+    yet to come, never for a task that already waits); the next worker's sweep degrades it."""
     app = make_app(review_workflow(deadline="1s"))
     with running_worker(app, **FAST):
         handle = app.start("review-flow", input={"episode": 8})
@@ -107,7 +114,7 @@ def test_an_event_late_before_the_sweep_ended_the_task_changes_nothing(make_app,
     time.sleep(1.3)
     assert task_row(db_url, handle.id, "review")[0] == "waiting"
     outcome = app.send_event("translation-approved", key="episode-8", payload={"by": "x"})
-    assert outcome == "no match"
+    assert outcome == "stored"
     assert task_row(db_url, handle.id, "review")[0] == "waiting"
     with running_worker(app, **FAST):
         result = handle.wait(timeout=20)
@@ -149,11 +156,13 @@ def test_two_racing_events_wake_the_task_exactly_once(make_app, db_url):
         for t in threads:
             t.join()
         result = handle.wait(timeout=20)
-    # The loser finds the step ended: refused, nothing kept.
-    assert sorted(answers) == ["no match", "woke"]
+    # The loser finds the step ended: it is kept for an execution yet to come, never taken by
+    # this one.
+    assert sorted(answers) == ["stored", "woke"]
     assert result.output["text"]["by"] in ("ana", "bo")
     with psycopg.connect(db_url) as conn:
-        assert conn.execute("SELECT count(*) FROM konduit_events").fetchone() == (1,)
+        assert conn.execute("SELECT count(*), count(consumed_by) FROM konduit_events"
+                            ).fetchone() == (2, 1)
         assert conn.execute("SELECT count(*) FROM konduit_outputs o JOIN konduit_tasks t "
                             "ON t.execution_id = o.execution_id AND t.step = o.step "
                             "WHERE t.step = 'review'").fetchone() == (1,)
@@ -196,7 +205,9 @@ def test_send_event_refuses_bad_input(make_app):
 def test_cli_status_shows_what_a_step_waits_for_and_send_event_wakes_it(make_app, db_url):
     from tests.test_cli import assert_clean_error, konduit_cli
 
-    app = make_app(review_workflow())
+    # A deadline far off: four CLI processes can take 30 s on a loaded machine, and a send past
+    # the deadline is (rightly) not taken by the step.
+    app = make_app(review_workflow(deadline="10m"))
     with running_worker(app, **FAST):
         handle = app.start("review-flow", input={"episode": 11})
         wait_status(db_url, handle.id, "review", "waiting")
@@ -211,7 +222,7 @@ def test_cli_status_shows_what_a_step_waits_for_and_send_event_wakes_it(make_app
                            "--payload", '{"by": "cli"}', "--database-url", db_url)
         assert (sent.returncode, sent.stdout.strip()) == (0, "woke"), sent.stderr
         assert handle.wait(timeout=20).output == {"text": {"by": "cli"}, "outcome": "succeeded"}
-    again = konduit_cli("send-event", "translation-approved", "--key", "episode-11",
+    again = konduit_cli("send-event", "translation-approved", "--execution-id", str(handle.id),
                         "--database-url", db_url)
     assert (again.returncode, again.stdout.strip()) == (3, "no match")
     assert_clean_error(konduit_cli("send-event", "translation-approved", "--payload", "{",

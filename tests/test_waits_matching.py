@@ -47,7 +47,8 @@ def test_sql_says_the_same(admin_url, e_name, e_key, e_exec, t_name, t_key, t_ex
     sql = all_queries()["event_find_pending_for_task"].sql
     where = sql.split("WHERE", 1)[1].split("ORDER BY", 1)[0]
     check = (f"SELECT EXISTS (SELECT 1 FROM (SELECT %(e_name)s::text AS name, %(e_key)s::text "
-             f"AS key, %(e_exec)s::uuid AS execution_id, NULL::timestamptz AS consumed_at) ev "
+             f"AS key, %(e_exec)s::uuid AS execution_id, NULL::timestamptz AS consumed_at, "
+             f"NULL::timestamptz AS expires_at) ev "  # not expiring: the rule is the match
              f"WHERE {where})")
     params = {"e_name": e_name, "e_key": e_key, "e_exec": e_exec, "name": t_name,
               "key": t_key, "execution_id": t_exec}

@@ -30,6 +30,7 @@ from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
 from konduit.engine.retention import BATCH_SIZE, Prunable, retention_seconds
 from konduit.engine.starts import StartRequest, requests_of
+from konduit.engine.waits import event_retention as event_retention_seconds
 from konduit.errors import KonduitError, WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.loop_thread import LoopThread
@@ -102,6 +103,10 @@ class App:
     ``retention="30d"``: every worker of this App prunes executions that finished more than that
     long ago, every few minutes (see :meth:`prune`); None (the default) keeps everything.
 
+    ``event_retention="24h"``: how long :meth:`send_event` keeps an event no step waits for yet
+    when the step that may take it declares no ``retention=`` (None: ``KONDUIT_EVENT_RETENTION``,
+    else 24 h); see docs/durable-waits.md.
+
     ``tracing``: OpenTelemetry traces, one per execution with a span per attempt, parented by
     the span that called :meth:`start` (needs ``pip install 'konduit-pg[otel]'``). ``None``
     (the default) traces once the application set a global tracer provider, ``True`` always,
@@ -130,6 +135,7 @@ class App:
         webhooks: Iterable[Webhook] = (),
         read_database_url: str | None = None,
         read_max_lag: float | None = None,
+        event_retention: Duration | None = None,
     ):
         self.registry = Registry(workflows)
         self.read_database_url, self.read_max_lag = read_settings(read_database_url,
@@ -137,6 +143,7 @@ class App:
         self.tracing = check_tracing(tracing)
         self.webhooks = check_unique(webhooks)
         self.retention = None if retention is None else retention_seconds(retention)
+        self.event_retention = event_retention_seconds(event_retention)
         self._check_retention()
         self.max_payload_bytes = max_payload_bytes
         self._database_url = database_url
@@ -199,6 +206,7 @@ class App:
         if self._client is None:
             db = await self._open_database(self.pool_size)
             client = Client(db, self.registry, max_payload_bytes=self.max_payload_bytes,
+                            event_retention=self.event_retention,
                             tracing=self.tracing,
                             reads=Reads(db, self.read_database_url, max_lag=self.read_max_lag))
             # Before the first finish this App's process may commit (a cancel): the outbox
@@ -280,10 +288,13 @@ class App:
         """Send the event ``name`` to the step that waits for it (``wf.wait_for_event``), by
         ``key`` (what the step's ``key=`` computed), by ``execution_id``, or both. Returns
         ``"woke"`` (a waiting task took it before its deadline and succeeds with ``payload``),
-        ``"stored"`` (no task waits yet, but a running execution's event step may still start
-        waiting: the first that does consumes it) or ``"no match"`` (no step could ever take
-        it: the execution is unknown or finished, or its step already ended, e.g. past its
-        deadline; nothing is kept). An event is consumed at most once (docs/durable-waits.md)."""
+        ``"stored"`` (no task waits yet, but one may: a registered workflow's keyed step waits
+        for this event, in an execution running or not started yet, or the named execution has
+        not reached its step; it is kept for the step's ``retention=``, else ``event_retention``,
+        and the first matching task that waits before then consumes it) or ``"no match"`` (no
+        step could ever take it: no workflow waits for this event by key, the named execution
+        is unknown or finished, or its step already ended; nothing is kept). An event is
+        consumed at most once (docs/durable-waits.md)."""
         return self._do(lambda c: c.send_event(name, key=key, execution_id=execution_id,
                                                payload=payload))
 

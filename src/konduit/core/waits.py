@@ -46,11 +46,14 @@ class WaitSpec:
     until: Callable[[Any], Any] | None = None
     workflow: str | None = None
     input: Callable[[Any], Any] | None = None
+    retention: float | None = None  # events: how long one sent before the step waits is kept
 
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"kind": self.kind}
         if self.kind == WaitKind.EVENT:
             spec.update(event=self.event, keyed=self.key is not None)
+            if self.retention is not None:  # only when declared: older specs hash the same
+                spec.update(retention=self.retention)
         elif self.kind == WaitKind.TIMER:
             spec.update(duration=self.duration, until=self.until is not None)
         else:
@@ -122,6 +125,19 @@ def check_event_name(name: object, what: str = "event name") -> str:
     return name
 
 
+DEFAULT_EVENT_RETENTION = 24 * 3600.0
+"""Seconds a stored event is kept when neither its step's ``retention=`` nor the App's
+``event_retention`` (or ``KONDUIT_EVENT_RETENTION``) says otherwise."""
+
+
+def positive_duration(value: Duration, what: str) -> float:
+    """A duration in seconds, longer than zero; else an error naming ``what``."""
+    seconds = parse_duration(value, what=what)
+    if seconds <= 0:
+        raise KonduitError(f"{what}: must be longer than zero, got {value!r}")
+    return seconds
+
+
 def check_key(key: object) -> str:
     """Keys are strings (an int is accepted and turned into one); anything else is refused."""
     if isinstance(key, bool) or not isinstance(key, str | int):
@@ -182,20 +198,23 @@ class WaitSteps:
         self, event: str, *, name: str | None = None, after: Sequence[StepRef] = (),
         key: Callable[[Any], Any] | None = None, deadline: Deadline | Duration | None = None,
         fallback: Callable[[Any], Any] | None = None, required: bool = True,
-        queue: str = "default", retry: Retry | None = None,
+        queue: str = "default", retry: Retry | None = None, retention: Duration | None = None,
     ) -> str:
         """A step that waits, holding no worker slot, for the event ``event`` sent by
         :meth:`konduit.App.send_event`; it succeeds with the event's payload. ``key(ctx)``
         (run on a worker, may read ``ctx.upstream``) names which event of that name this
         execution waits for; without it only ``send_event(..., execution_id=...)`` reaches it.
-        An event sent before the step waits is kept and consumed when it does. Past
-        ``deadline`` the step degrades to ``fallback(ctx)``'s payload (else times out); a later
-        event changes nothing. Returns the step's name, for ``after=``."""
+        An event sent before the step waits (even before its execution exists, when sent by
+        key) is kept for ``retention`` (``"2h"``; default: the App's ``event_retention``, 24 h)
+        and the oldest one not expired is consumed when the step waits. Past ``deadline`` the
+        step degrades to ``fallback(ctx)``'s payload (else times out); a later event changes
+        nothing for it. Returns the step's name, for ``after=``."""
         try:
             check_event_name(event)
+            kept = None if retention is None else positive_duration(retention, "retention")
         except KonduitError as exc:
             raise WorkflowDefinitionError(str(exc), workflow=self.name, step=name) from exc
-        spec = WaitSpec(WaitKind.EVENT, event=event, key=key)
+        spec = WaitSpec(WaitKind.EVENT, event=event, key=key, retention=kept)
         return self._add_wait(spec, _arm_event(spec), name=name or event.replace("-", "_"),
                               after=after, deadline=deadline, fallback=fallback,
                               required=required, fallback_on_failure=False, queue=queue,

@@ -117,11 +117,15 @@ class Client(VersionReads):
     replica ``reads`` runs on the primary too)."""
 
     def __init__(self, db: Database, registry: Registry, *, max_payload_bytes: int = DEFAULT_MAX_BYTES,
-                 tracing: Tracing = None, reads: Reads | None = None):
+                 tracing: Tracing = None, reads: Reads | None = None,
+                 event_retention: float | None = None):
         self.db = db
         self.reads = reads if reads is not None else Reads(db)
         self.registry = registry
         self.max_payload_bytes = max_payload_bytes
+        # How long a stored event is kept when its step declares no retention= (None: the
+        # KONDUIT_EVENT_RETENTION variable, else 24 h).
+        self.event_retention = waits.event_retention(event_retention)
         self.tracing = tracing  # see konduit.tracing: None follows the tracer provider
         self._registered: set[str] = set()
         # The workflows a start or repair may name: the registry's code, else the definitions
@@ -512,8 +516,12 @@ class Client(VersionReads):
         or both: ``"woke"``, ``"stored"`` or ``"no match"`` (see
         :meth:`konduit.App.send_event` and docs/durable-waits.md)."""
         eid = None if execution_id is None else await self.resolve(execution_id)
+        # This process's workflows are known to the database before it decides: an event sent
+        # by key for one of them is kept even when no worker or start registered it yet.
+        await self.register_all()
         return await waits.send_event(self.db, self.registry, name, key=key, execution_id=eid,
-                                      payload=payload, max_payload_bytes=self.max_payload_bytes)
+                                      payload=payload, max_payload_bytes=self.max_payload_bytes,
+                                      retention=self.event_retention)
 
     # -- schedules ------------------------------------------------------------------------------
 
@@ -752,17 +760,20 @@ class Client(VersionReads):
         """The budget each step with a deadline would get now, before any window."""
         return await own_budgets(self.db, spec)
 
-    def with_registry(self, registry: Registry, *, max_payload_bytes: int) -> Client:
+    def with_registry(self, registry: Registry, *, max_payload_bytes: int,
+                      event_retention: float | None = None) -> Client:
         """A client on the same connections that runs another registry's workflow code (the
         dashboard's API and repair, given the App's)."""
         return Client(self.db, registry, max_payload_bytes=max_payload_bytes,
-                      tracing=self.tracing, reads=self.reads)
+                      tracing=self.tracing, reads=self.reads,
+                      event_retention=event_retention or self.event_retention)
 
     def on_primary(self) -> Client:
         """This client with every read on the primary: for what a command answers right after
         writing (the status of executions just started), which a replica may not have yet."""
         return Client(self.db, self.registry, max_payload_bytes=self.max_payload_bytes,
-                      tracing=self.tracing, reads=Reads(self.db))
+                      tracing=self.tracing, reads=Reads(self.db),
+                      event_retention=self.event_retention)
 
     @property
     def database_url(self) -> str:

@@ -8,8 +8,10 @@ cutoff, measured on ``finished_at``, with their steps, tasks, attempts, payloads
 versions (``ON DELETE CASCADE`` from the execution row). What stays: pending and running
 executions, whatever their age (a repair reopens an execution: it is running again and stays),
 and executions that hold a **dead letter** — a task that failed for good and that no repair has
-superseded since — unless ``include_dead_letters`` is set. Once a repair re-ran the failed step,
-the old failed task no longer holds its execution.
+re-run since (the dashboard's definition, one SQL fragment: ``task_dead_letter``) — unless
+``include_dead_letters`` is set. Once a repair re-ran the failed step (a newer generation of it
+started), the old failed task no longer holds its execution; a repair created but cancelled
+before it started re-ran nothing.
 
 Each batch is one statement in its own short transaction: it locks at most ``batch_size``
 execution rows with SKIP LOCKED (so two prunes, or a prune and a repair, never wait for each
@@ -76,8 +78,9 @@ async def prune(
     returns how many were deleted.
     Workers not heard from for that long (and at least an hour) are forgotten too, alerts
     resolved that long ago (open alerts are never deleted), webhook deliveries created that
-    long ago that ended (pending ones are never deleted), and events sent that long ago, whether
-    a task took them or not (see docs/durable-waits.md)."""
+    long ago that ended (pending ones are never deleted), stored events past their own
+    retention, and events sent that long ago, whether a task took them or not (see
+    docs/durable-waits.md)."""
     seconds = parse_duration(older_than, what="older_than")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise KonduitError(f"batch_size: must be a positive integer, got {batch_size!r}")
@@ -109,7 +112,10 @@ async def prune(
     # Webhook deliveries that ended (delivered, failed, refused) that long ago; pending ones
     # are still owed to their receiver.
     await webhooks.prune(db, seconds, batch_size=batch_size)
-    # Events sent that long ago, taken or not (one whose task has yet to be woken with it stays).
+    # Stored events past their own retention (the workers' waits pass deletes them too), then
+    # events sent that long ago, taken or not (one whose task has yet to be woken with it stays).
+    while await db.run("event_delete_expired", limit=batch_size) == batch_size:
+        pass
     while await db.run("event_delete_before", older_than_seconds=seconds,
                        limit=batch_size) == batch_size:
         pass

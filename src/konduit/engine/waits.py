@@ -2,12 +2,15 @@
 
 * **Arm** (:func:`arm`): the arming attempt's :class:`~konduit.core.waits.Armed` moves its task
   running -> ``waiting`` under its lease (``task_wait_if_leased``), storing what it waits for. An
-  event step takes, in the same transaction, a stored event that matches (consumed at most once)
-  and marks itself due; a child step starts its child execution in the same transaction (one
-  child per task by construction, and its idempotency key ``konduit-child:<task id>`` besides).
+  event step takes, in the same transaction, the oldest stored event that matches and has not
+  expired (consumed at most once) and marks itself due; a child step starts its child
+  execution in the same transaction (one child per task by construction, and its idempotency
+  key ``konduit-child:<task id>`` besides).
 * **Send** (:func:`send_event`): under the same advisory lock as an arming of that event,
   accept it for the oldest matching waiting task (``task_mark_due_if_waiting``: only before
-  the task's deadline), else keep it for a task that may still wait for it, else refuse it.
+  the task's deadline), else keep it, until its retention ends, for a task that may still
+  wait for it (in an execution not started yet, when sent by key), else refuse it. Expired
+  stored events are deleted by the workers' waits pass (:func:`delete_expired`).
 * **Wake** (:func:`wake`): a due task (event accepted, timer due, child ended) is ended in the
   fan-in transaction (:func:`konduit.engine.completer.record_many`, transition ``wake``), fenced
   on ``status = 'waiting'``. The sender wakes the task it accepted at once; the workers'
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from konduit.core.durations import Duration
 from konduit.core.model import (
     AttemptOutcome,
     Command,
@@ -41,7 +46,13 @@ from konduit.core.model import (
 )
 from konduit.core.outcome import Ending, Final, decide, policy_of
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
-from konduit.core.waits import Armed, check_event_name, child_idempotency_key
+from konduit.core.waits import (
+    DEFAULT_EVENT_RETENTION,
+    Armed,
+    check_event_name,
+    child_idempotency_key,
+    positive_duration,
+)
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine import transitions
@@ -55,6 +66,19 @@ from konduit.errors import KonduitError
 log = logging.getLogger(__name__)
 
 SendResult = Literal["woke", "stored", "no match"]
+
+EVENT_RETENTION_ENV = "KONDUIT_EVENT_RETENTION"
+
+
+def event_retention(value: Duration | None = None) -> float:
+    """Seconds a stored event is kept when its step declares no ``retention=``: ``value``
+    (``App(event_retention=...)``), else ``KONDUIT_EVENT_RETENTION``, else 24 h."""
+    if value is not None:
+        return positive_duration(value, "event_retention")
+    configured = os.environ.get(EVENT_RETENTION_ENV)
+    if configured:
+        return positive_duration(configured, EVENT_RETENTION_ENV)
+    return DEFAULT_EVENT_RETENTION
 
 ChildFallback = Callable[[WorkflowSpec, Row, Final, str], Awaitable[Completion]]
 """Runs a child-workflow step's fallback (user code, with its time limit) and returns the
@@ -141,13 +165,16 @@ class _LeaseLost(Exception):
 
 async def send_event(db: Database, registry: Registry, name: str, *, key: str | None = None,
                      execution_id: UUID | None = None, payload: Any = None,
-                     max_payload_bytes: int = DEFAULT_MAX_BYTES) -> SendResult:
+                     max_payload_bytes: int = DEFAULT_MAX_BYTES,
+                     retention: float = DEFAULT_EVENT_RETENTION) -> SendResult:
     """Deliver an event. ``"woke"``: a task waiting for it (before its deadline) took it and is
-    woken; ``"stored"``: no task waits for it yet, but a running execution may still start
-    waiting for it (its event step has not started waiting nor ended): it is kept and consumed
-    by the first such task; ``"no match"``: nothing could ever take it (no such step in a
-    running execution, the named execution is unknown or finished, or its step already
-    ended or timed out): nothing is kept and nothing changes."""
+    woken; ``"stored"``: no task waits for it yet, but a task may still start waiting for it (a
+    registered workflow has a keyed event step of that name and the event names a key; or the
+    named execution has not reached its step yet): it is kept until now + the retention (the
+    longest its steps declare, else ``retention`` seconds) and consumed by the first such task
+    that waits before then; ``"no match"``: nothing could ever take it (no such step, the named
+    execution is unknown or finished, or its step already ended or timed out): nothing is kept
+    and nothing changes."""
     check_event_name(name)
     if key is None and execution_id is None:
         raise KonduitError("send_event needs key= or execution_id= (or both)")
@@ -166,11 +193,12 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
             await tx.one("event_insert", name=name, key=key, execution_id=execution_id,
                          payload=stored_payload, consumed_by=task["id"])
             return "woke", task
-        possible = await tx.one("event_may_be_awaited", name=name, execution_id=execution_id)
+        possible = await tx.one("event_may_be_awaited", name=name, key=key,
+                                execution_id=execution_id, default_retention_seconds=retention)
         if possible is None or not possible["possible"]:
             return "no match", None
-        await tx.one("event_insert", name=name, key=key, execution_id=execution_id,
-                     payload=stored_payload, consumed_by=None)
+        await tx.one("event_store_pending", name=name, key=key, execution_id=execution_id,
+                     payload=stored_payload, retention_seconds=possible["retention_seconds"])
         return "stored", None
 
     result, task = await db.atomic(decide)
@@ -297,6 +325,18 @@ async def wake_parents(db: Database, registry: Registry, ended: ChildEnded | Non
                      "maintenance will): %s", ended.parent_task_id, ended.child_id, exc)
             return
         ended = woken.child_ended if woken is not None else None
+
+
+async def delete_expired(db: Database, *, limit: int = 500, max_batches: int = 20) -> int:
+    """Delete stored events past their retention, never consumed, ``limit`` per transaction (at
+    most ``max_batches`` of them: the next pass goes on); returns how many went."""
+    deleted = 0
+    for _ in range(max_batches):
+        batch = await db.run("event_delete_expired", limit=limit)
+        deleted += batch
+        if batch < limit:
+            break
+    return deleted
 
 
 async def list_due(db: Database, *, limit: int = 100) -> list[Row]:

@@ -240,6 +240,14 @@ def waiting_family(rows: Sequence[Row]) -> Metric:
                   [((kind,), found.get(kind, 0.0)) for kind in WAIT_KINDS])
 
 
+def stored_events_family(stats: Stats) -> Metric:
+    """Events sent before any step waited for them, kept for one to come, by event name (the
+    names steps wait for: bounded by the workflows, not by the keys)."""
+    return _gauge("konduit_events_stored", "Events kept for a step that has yet to wait for "
+                  "them (not consumed, not expired), by event name.", ("event",),
+                  [((e.name,), float(e.events)) for e in stats.stored_events])
+
+
 def flow_families(stats: Stats) -> list[Metric]:
     """Flow limits (``step(concurrency=, rate=)``): running and ready tasks of each limited
     step, and the time and claims in which its limit held ready tasks back."""
@@ -339,6 +347,7 @@ class KonduitCollector(Collector):
             self._failing, families = None, [
                 *metric_families(stats, rows, workers, alerts, counts),
                 webhook_family(deliveries), waiting_family(self._waiting),
+                stored_events_family(stats),
                 stall_family(self._stalls),
                 *degraded_families(self._degraded),
                 *self._queue_series.families(self._queues)]

@@ -174,6 +174,19 @@ class FlowStats:
 
 
 @dataclass(frozen=True)
+class StoredEvents:
+    """Events of one name sent before any task waited for them, kept for a task to come (not
+    consumed, not expired): how many, and when the first of them expires (None: never)."""
+
+    name: str
+    events: int
+    next_expiry: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(self)
+
+
+@dataclass(frozen=True)
 class Stats:
     workflow: str | None  # None: every workflow
     history_seconds: float
@@ -183,6 +196,7 @@ class Stats:
     joins: list[JoinStats]
     alerts: list[Alert]
     flow: list[FlowStats] = field(default_factory=list)
+    stored_events: list[StoredEvents] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -198,7 +212,8 @@ class Stats:
                 "branches": [b.to_json() for b in self.branches],
                 "joins": [j.to_json() for j in self.joins],
                 "alerts": [a.to_json() for a in self.alerts],
-                "flow": [f.to_json() for f in self.flow]}
+                "flow": [f.to_json() for f in self.flow],
+                "stored_events": [e.to_json() for e in self.stored_events]}
 
 
 def _plain(obj: Any) -> dict[str, Any]:
@@ -215,10 +230,10 @@ def _float(value: Any) -> float | None:
 def build_stats(
     step_rows: Sequence[Row], join_rows: Sequence[Row], wait_rows: Sequence[Row], *,
     workflow: str | None, history_seconds: float, threshold: float, consecutive: int,
-    flow_rows: Sequence[Row] = (),
+    flow_rows: Sequence[Row] = (), stored_rows: Sequence[Row] = (),
 ) -> Stats:
-    """Stats from the rows of the three queries (``wait_rows`` oldest first per join) and of
-    ``flow_limit_list``."""
+    """Stats from the rows of the three queries (``wait_rows`` oldest first per join), of
+    ``flow_limit_list`` and of ``event_count_stored``."""
     branches = [BranchStats(
         workflow=r["workflow_name"], step=r["step"], p50=_float(r["p50"]), p95=_float(r["p95"]),
         p99=_float(r["p99"]), attempts=int(r["attempts"]), retries=int(r["retries"]),
@@ -241,7 +256,9 @@ def build_stats(
     alerts = fan_in_alerts(recent, threshold=threshold, consecutive=consecutive)
     flow = [flow_stats(r) for r in flow_rows]
     flow = [f for f in flow if workflow is None or f.workflow == workflow]
-    return Stats(workflow, history_seconds, threshold, consecutive, branches, joins, alerts, flow)
+    stored = [StoredEvents(r["name"], int(r["events"]), r["next_expiry"]) for r in stored_rows]
+    return Stats(workflow, history_seconds, threshold, consecutive, branches, joins, alerts, flow,
+                 stored)
 
 
 def flow_stats(r: Row) -> FlowStats:
@@ -285,8 +302,10 @@ async def load_stats(
     waits = await db.all("step_join_waits_recent", threshold_seconds=threshold,
                          per_join=consecutive, **params)
     flow = await db.all("flow_limit_list")
+    stored = await db.all("event_count_stored")
     return build_stats(steps, joins, waits, workflow=workflow, history_seconds=history_s,
-                       threshold=threshold, consecutive=consecutive, flow_rows=flow)
+                       threshold=threshold, consecutive=consecutive, flow_rows=flow,
+                       stored_rows=stored)
 
 
 # -- presentation --------------------------------------------------------------------------------
@@ -365,6 +384,12 @@ def stats_renderables(stats: Stats) -> list[Any]:
             t.add_row(escape(f"{f.workflow}@{f.version}/{f.step}"),
                       "—" if f.concurrency is None else str(f.concurrency), f.rate or "—",
                       str(f.running), str(f.ready), throttled, str(f.throttled_claims))
+        out.append(t)
+    if stats.stored_events:
+        t = table("stored event", "kept", "next expiry")
+        for e in stats.stored_events:
+            t.add_row(escape(e.name), str(e.events),
+                      "never" if e.next_expiry is None else e.next_expiry.isoformat(" ", "seconds"))
         out.append(t)
     out.append("[dim]branch durations: succeeded attempts (started → finished); fan-in wait: first "
                "branch ended → join fired; dispatch: last branch ended → join fired[/dim]")

@@ -363,3 +363,6 @@ class StatsOut(BaseModel):
     joins: list[dict[str, Any]]
     alerts: list[dict[str, Any]]
     flow: list[dict[str, Any]]
+    stored_events: list[dict[str, Any]] = Field(
+        default_factory=list, description="Events sent before any step waited for them, kept "
+        "for one to come, by name: events, next_expiry")

@@ -342,7 +342,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             raise Refused(422, "an event needs key or execution_id (or both)", field="body.key")
         client = await clients.get()
         if app is not None:  # the App's workflows: its code completes the task at once
-            client = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes)
+            client = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes,
+                                          event_retention=app.event_retention)
         try:
             result = await client.send_event(body.name, key=body.key,
                                              execution_id=body.execution_id, payload=body.payload)

@@ -50,7 +50,8 @@ def register(web: FastAPI, site: Site) -> None:
         client = await site.clients.get()
         if site.app is None:
             return client
-        return client.with_registry(site.app.registry, max_payload_bytes=site.app.max_payload_bytes)
+        return client.with_registry(site.app.registry, max_payload_bytes=site.app.max_payload_bytes,
+                                    event_retention=site.app.event_retention)
 
     # -- schedules ------------------------------------------------------------------------------
 

@@ -210,7 +210,9 @@ class Maintenance:
         """Start waking every waiting task that is due: a timer whose time came, an event
         accepted but not yet applied (its sender died), a child execution that ended. Returns
         how many jobs started; each wake is fenced on ``status = 'waiting'``, so two workers
-        waking one task change it once."""
+        waking one task change it once. Stored events past their retention are deleted here
+        too (a cheap index probe when there are none), retention= on the App or not."""
+        await waits.delete_expired(self.db)
         rows = await waits.list_due(self.db, limit=limit)
         return sum(self._spawn(row["id"], functools.partial(self._wake, row)) for row in rows)
 

@@ -1,6 +1,7 @@
 -- name: execution_delete_finished_batch_if_still_finished
 -- Delete the next batch of executions that finished before the cutoff (oldest first, after the
--- last one deleted), never a pending or running one, nor one holding a dead letter unless asked.
+-- last one deleted), never a pending or running one, nor one holding a dead letter
+-- (task_dead_letter, as the dashboard lists them) unless asked.
 -- Every row hanging off an execution (steps, tasks, attempts, outputs, output versions) goes
 -- with it by ON DELETE CASCADE. The batch is locked SKIP LOCKED, so a concurrent prune takes
 -- other rows and a repair that holds an execution is not waited for; the DELETE re-checks the
@@ -14,10 +15,7 @@ WITH doomed AS (
            OR (e.finished_at, e.id) > (%(after_finished_at)s::timestamptz, %(after_id)s::uuid))
       AND (%(include_dead_letters)s::boolean OR NOT EXISTS (
             SELECT 1 FROM konduit_tasks t
-            WHERE t.execution_id = e.id AND t.status = 'failed'
-              AND NOT EXISTS (SELECT 1 FROM konduit_tasks n
-                              WHERE n.execution_id = t.execution_id AND n.step = t.step
-                                AND n.generation > t.generation)))
+            WHERE t.execution_id = e.id AND ({{task_dead_letter}})))
     ORDER BY e.finished_at, e.id
     LIMIT %(batch_size)s
     FOR UPDATE OF e SKIP LOCKED
@@ -29,22 +27,17 @@ WHERE e.id = d.id
   AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
   AND (%(include_dead_letters)s::boolean OR NOT EXISTS (
         SELECT 1 FROM konduit_tasks t
-        WHERE t.execution_id = e.id AND t.status = 'failed'
-          AND NOT EXISTS (SELECT 1 FROM konduit_tasks n
-                          WHERE n.execution_id = t.execution_id AND n.step = t.step
-                            AND n.generation > t.generation)))
+        WHERE t.execution_id = e.id AND ({{task_dead_letter}})))
 RETURNING e.id, e.finished_at;
 
 -- name: execution_count_prunable
 -- How many executions finished before the cutoff, and how many of them hold a dead letter (a
--- failed task no repair has superseded), which prune keeps unless told otherwise.
+-- failed task no repair has re-run: task_dead_letter, the dashboard's definition), which prune
+-- keeps unless told otherwise.
 SELECT count(*) AS finished,
        count(*) FILTER (WHERE EXISTS (
             SELECT 1 FROM konduit_tasks t
-            WHERE t.execution_id = e.id AND t.status = 'failed'
-              AND NOT EXISTS (SELECT 1 FROM konduit_tasks n
-                              WHERE n.execution_id = t.execution_id AND n.step = t.step
-                                AND n.generation > t.generation))) AS dead_letters
+            WHERE t.execution_id = e.id AND ({{task_dead_letter}}))) AS dead_letters
 FROM konduit_executions e
 WHERE e.finished_at < now() - make_interval(secs => %(older_than_seconds)s)
   AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled');

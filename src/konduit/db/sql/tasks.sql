@@ -18,7 +18,9 @@ e.workflow_name, e.workflow_version, e.input, e.scheduled_at
 -- fragment: task_dead_letter
 -- The task `t` is a dead letter: it failed (retries exhausted or non-retryable) and no repair
 -- re-ran its step, i.e. no newer generation of the step started (the failed task stays in the
--- execution's history). The dead letters' list and the dashboard's page of them share it.
+-- execution's history). A repair created but never started (cancelled first) re-ran nothing.
+-- The dead letters' list, the dashboard's page of them and retention (which keeps an execution
+-- holding one) share it.
 t.status = 'failed'
 AND NOT EXISTS (SELECT 1 FROM konduit_tasks n
                 WHERE n.execution_id = t.execution_id AND n.step = t.step

@@ -31,21 +31,25 @@ ORDER BY t.id
 LIMIT 1;
 
 -- name: event_find_pending_for_task
--- The oldest stored event a task that starts waiting consumes (core.waits.event_matches).
+-- The oldest stored event a task that starts waiting consumes (core.waits.event_matches), not
+-- yet expired. FOR UPDATE: the retention's DELETE (SKIP LOCKED) passes over it meanwhile.
 SELECT id, payload
 FROM konduit_events
 WHERE name = %(name)s AND consumed_at IS NULL
   AND (key IS NULL OR key = %(key)s::text)
   AND (execution_id IS NULL OR execution_id = %(execution_id)s::uuid)
+  AND (expires_at IS NULL OR expires_at > clock_timestamp())
 ORDER BY id
 LIMIT 1
 FOR UPDATE;
 
 -- name: event_consume_if_pending
--- An event is consumed at most once: by this task, if no one took it first.
+-- An event is consumed at most once: by this task, if no one took it first and it has not
+-- expired meanwhile.
 UPDATE konduit_events
 SET consumed_by = %(task_id)s, consumed_at = clock_timestamp()
 WHERE id = %(id)s AND consumed_at IS NULL
+  AND (expires_at IS NULL OR expires_at > clock_timestamp())
 RETURNING id;
 
 -- name: event_insert
@@ -55,27 +59,51 @@ VALUES (%(name)s, %(key)s, %(execution_id)s, %(payload)s, %(consumed_by)s,
         CASE WHEN %(consumed_by)s::bigint IS NULL THEN NULL ELSE clock_timestamp() END)
 RETURNING id;
 
+-- name: event_store_pending
+-- Keep an event no task waits for yet, until now + its retention (event_may_be_awaited says
+-- which): the first matching task that starts waiting before then consumes it.
+INSERT INTO konduit_events (name, key, execution_id, payload, expires_at)
+VALUES (%(name)s, %(key)s, %(execution_id)s, %(payload)s,
+        clock_timestamp() + make_interval(secs => %(retention_seconds)s))
+RETURNING id, expires_at;
+
 -- name: event_payload_consumed_by
 -- The payload of the event a task consumed (a due event step woken by maintenance).
 SELECT payload FROM konduit_events WHERE consumed_by = %(task_id)s;
 
 -- name: event_may_be_awaited
--- Could a task still start waiting for this event? A running execution (the one named, if any)
--- of a registered workflow with an event step of this name whose task has not started waiting
--- nor ended. Otherwise send_event answers "no match" and keeps nothing.
-SELECT EXISTS (
-    SELECT 1
+-- Could a task still start waiting for this event, and for how long is it kept? A step that may
+-- take it: an event step of this name in a registered workflow version (keyed, when the event
+-- names a key: a step without key= is reached by execution id only). Named by execution id, it
+-- must be the step of that pending, scheduled or running execution, not yet waiting nor ended;
+-- named by key only, a step of any registered version may take it, in an execution running or
+-- not started yet. Kept for the longest retention= those steps declare (one declaring none
+-- counts the sender's default). Nothing possible: "no match", and nothing is kept.
+WITH steps AS (
+    SELECT w.name, w.version, s.step ->> 'name' AS step,
+           coalesce((s.step -> 'wait' ->> 'retention')::float8,
+                    %(default_retention_seconds)s::float8) AS retention
     FROM konduit_workflows w
     CROSS JOIN LATERAL jsonb_array_elements(w.spec -> 'steps') AS s(step)
-    JOIN konduit_executions e
-      ON e.workflow_name = w.name AND e.workflow_version = w.version AND e.status = 'running'
     WHERE s.step -> 'wait' ->> 'kind' = 'event' AND s.step -> 'wait' ->> 'event' = %(name)s
-      AND (%(execution_id)s::uuid IS NULL OR e.id = %(execution_id)s::uuid)
+      AND (%(key)s::text IS NULL OR (s.step -> 'wait' ->> 'keyed')::boolean)
+), takers AS (
+    SELECT st.retention
+    FROM steps st
+    WHERE %(execution_id)s::uuid IS NULL
+    UNION ALL
+    SELECT st.retention
+    FROM steps st
+    JOIN konduit_executions e
+      ON e.workflow_name = st.name AND e.workflow_version = st.version
+     AND e.status IN ('pending', 'scheduled', 'running')
+    WHERE e.id = %(execution_id)s::uuid
       AND NOT EXISTS (
           SELECT 1 FROM konduit_tasks t
-          WHERE t.execution_id = e.id AND t.step = s.step ->> 'name'
+          WHERE t.execution_id = e.id AND t.step = st.step
             AND t.generation = e.generation AND t.status NOT IN ('ready', 'running'))
-) AS possible;
+)
+SELECT count(*) > 0 AS possible, max(retention) AS retention_seconds FROM takers;
 
 -- name: task_list_waits_due
 -- Waiting tasks the engine should wake now: timers due and events accepted (wait_until passed),
@@ -175,3 +203,28 @@ WHERE ev.id IN (
   AND ev.created_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
   AND NOT EXISTS (SELECT 1 FROM konduit_tasks t
                   WHERE t.id = ev.consumed_by AND t.status = 'waiting');
+
+-- name: event_delete_expired
+-- A batch of stored events past their retention, never consumed (nor ever to be: a consume
+-- re-checks expires_at). The batch is read on konduit_events_expiring with statement_timestamp()
+-- as its index condition (a volatile clock_timestamp() would filter every pending event, each
+-- worker's waits pass); SKIP LOCKED passes over one an arming holds; the outer WHERE re-checks
+-- in this statement what the batch was chosen by.
+DELETE FROM konduit_events ev
+WHERE ev.id IN (
+    SELECT e.id FROM konduit_events e
+    WHERE e.consumed_at IS NULL AND e.expires_at IS NOT NULL
+      AND e.expires_at <= statement_timestamp()
+    ORDER BY e.expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+  AND ev.consumed_at IS NULL AND ev.expires_at <= clock_timestamp();
+
+-- name: event_count_stored
+-- Stored events not yet consumed nor expired, by name (konduit stats, the metrics).
+SELECT name, count(*)::bigint AS events, min(expires_at) AS next_expiry
+FROM konduit_events
+WHERE consumed_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp())
+GROUP BY name
+ORDER BY name;
