@@ -17,6 +17,7 @@ from uuid import UUID
 
 from konduit.core.advance import initial_states
 from konduit.core.durations import Duration, parse_duration
+from konduit.core.fair import fair_key
 from konduit.core.ids import uuid7
 from konduit.core.payloads import canonical_json, content_hash
 from konduit.core.search import check_tags
@@ -99,6 +100,7 @@ class Prepared:
     run_at: datetime | None = None
     delay_seconds: float | None = None
     priority: int = 0
+    fair_key: str | None = None  # Workflow(fair_by=)'s key of the input (docs/fairness.md)
 
 
 def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
@@ -111,9 +113,13 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
     run_at, delay_seconds = start_time(request.run_at, request.delay)
     priority = check_priority(request.priority)
     spec = registry.get(request.workflow, request.version)
+    checked = spec.check_input(request.input)
     encoded = canonical_json(
-        spec.check_input(request.input), what=f"input of workflow {request.workflow!r}", max_bytes=max_bytes
+        checked, what=f"input of workflow {request.workflow!r}", max_bytes=max_bytes
     )
+    # The key from the input as stored (fair_by is code: a definition read from the database
+    # has none, and its starts take turns as unkeyed ones).
+    key = None if spec.fair_by is None else fair_key(spec.fair_by, checked, workflow=spec.name)
     return Prepared(
         id=uuid7(),
         spec=spec,
@@ -127,6 +133,7 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
         run_at=run_at,
         delay_seconds=delay_seconds,
         priority=priority,
+        fair_key=key,
     )
 
 
@@ -262,6 +269,8 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
             run_ats=[p.run_at for p in chunk],
             delays=[p.delay_seconds for p in chunk],
             priorities=[p.priority for p in chunk],
+            fair_keys=(None if all(p.fair_key is None for p in chunk)
+                       else [p.fair_key for p in chunk]),
             **template,
         )
         assert row is not None

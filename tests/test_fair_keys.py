@@ -1,0 +1,175 @@
+"""Fair shares between keys (``Workflow(fair_by=...)``, migration 0028): one customer's backlog
+of executions, started one by one or in one ``start_many``, does not hold back another
+customer's execution started after it by more than a round of the claim.
+
+The order is checked against the claim statement itself (direct ``transitions.claim`` calls),
+each next to a control: the same starts without ``fair_by`` put the later customer behind the
+whole backlog. Then the key's row and its cleanup, the key on the execution, and a bad key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+import konduit
+from konduit.core.fair import FairKeyError
+from konduit.db.database import Database
+from konduit.engine import retention, transitions
+from konduit.engine.client import Client
+from konduit.engine.registry import Registry
+from konduit.worker.executor import Claimed
+from tests.support.scenario import run_scenario
+
+pytestmark = [pytest.mark.storage]
+WORKER = "worker-fair-keys"
+BACKLOG = 400
+
+
+def customer_workflow(name: str, *, fair: bool = True, roots: int = 1) -> konduit.Workflow:
+    wf = konduit.Workflow(name, version=1,
+                          fair_by=(lambda input: input["customer"]) if fair else None)
+    for i in range(roots):
+        wf.step(name=f"r{i}")(lambda ctx: 1)
+    return wf
+
+
+async def claim(db: Database, registry: Registry, limit: int) -> list[Claimed]:
+    rows = await transitions.claim(db, queues=["default"], workflows=registry.keys(),
+                                   limit=limit, lease_seconds=15.0, worker_id=WORKER)
+    return [Claimed.from_row(r) for r in rows]
+
+
+def run(url: str, workflows: list[konduit.Workflow], scenario: Any) -> Any:
+    return run_scenario(url, workflows, scenario, worker_id=WORKER)
+
+
+async def claims_before(db: Database, registry: Registry, wanted: Any) -> int:
+    """How many tasks are claimed (8 a claim) before the execution ``wanted``'s first."""
+    taken = 0
+    while True:
+        got = await claim(db, registry, limit=8)
+        assert got, "the execution was never claimed"
+        for task in got:
+            if task.execution_id == wanted:
+                return taken
+            taken += 1
+
+
+async def start_backlog(client: Client, workflow: str, shape: str) -> None:
+    if shape == "one by one":
+        for _ in range(BACKLOG):
+            await client.start(workflow, {"customer": "a"})
+    else:
+        await client.start_many([{"workflow": workflow, "input": {"customer": "a"}}] * BACKLOG)
+
+
+@pytest.mark.parametrize("shape", ["one by one", "start_many"])
+def test_a_later_customer_is_claimed_within_a_round_of_a_backlog(db_url, shape):
+    async def scenario(db: Database, registry: Registry, client: Client) -> list[int]:
+        waited = []
+        for workflow in ("fair", "plain"):
+            await start_backlog(client, workflow, shape)
+            assert len(await claim(db, registry, limit=16)) == 16  # the backlog is being claimed
+            b = await client.start(workflow, {"customer": "b"})
+            waited.append(await claims_before(db, registry, b))
+            while await claim(db, registry, limit=500):
+                pass  # the rest of the backlog, out of the control's way
+        return waited
+
+    fair, plain = run(db_url, [customer_workflow("fair"), customer_workflow("plain", fair=False)],
+                      scenario)
+    # Customer b is claimed with the turn being claimed: after at most that turn's and the
+    # next's tasks of customer a (8 each).
+    assert fair <= 8 * 2, f"{fair} tasks were claimed before customer b's execution"
+    # Control: the same starts without fair_by. One by one, every execution of the backlog took
+    # the clock's turn at its start, so b waited for all of it; a start_many is one flow already
+    # (migration 0019), so b waits a turn there too.
+    if shape == "one by one":
+        assert plain >= BACKLOG - 16, f"without fair_by b waited for {plain} tasks only"
+    else:
+        assert plain <= 8 * 2
+
+
+def test_a_key_takes_eight_tasks_a_turn_and_its_row_moves_on(db_url):
+    async def scenario(db: Database, registry: Registry, client: Client) -> None:
+        for _ in range(20):
+            await client.start("wide", {"customer": "a"})  # 3 roots each
+        await client.start_many([{"workflow": "wide", "input": {"customer": "a"}}] * 20)
+        async with db.transaction() as tx:
+            cur = await tx.conn.execute(
+                "SELECT t.fair_turn, count(*) FROM konduit_tasks t"
+                " GROUP BY t.fair_turn ORDER BY t.fair_turn")
+            turns = await cur.fetchall()
+            cur = await tx.conn.execute("SELECT queue, fair_key, next_slot FROM konduit_fair_keys")
+            keys = await cur.fetchall()
+        # 40 executions x 3 roots = 120 slots, 8 a turn: turns 0..14, 8 tasks each.
+        assert [(r["fair_turn"], r["count"]) for r in turns] == [(t, 8) for t in range(15)]
+        assert [(r["queue"], r["fair_key"], r["next_slot"]) for r in keys] == [
+            ("default", "a", 120)]
+
+    run(db_url, [customer_workflow("wide", roots=3)], scenario)
+
+
+def test_the_key_is_on_the_execution_and_a_stale_key_row_is_pruned(db_url):
+    async def scenario(db: Database, registry: Registry, client: Client) -> None:
+        a = await client.start("fair", {"customer": "acme"})
+        b = await client.start("fair", {"customer": "globex"})
+        async with db.transaction() as tx:
+            cur = await tx.conn.execute(
+                "SELECT fair_key FROM konduit_executions WHERE id = ANY(%s) ORDER BY id",
+                ([a, b],))
+            assert [r["fair_key"] for r in await cur.fetchall()] == ["acme", "globex"]
+        # Both keys' rows are one slot ahead of the clock's turn 0: kept.
+        await retention.prune(db, "1h")
+        assert await _key_rows(db) == ["acme", "globex"]
+        # The queue's clock passes acme's next slot but not globex's: acme's row goes.
+        async with db.transaction() as tx:
+            await tx.conn.execute(
+                "UPDATE konduit_fair_keys SET next_slot = 100 WHERE fair_key = 'globex'")
+            await tx.conn.execute("UPDATE konduit_queue_clocks SET fair_turn = 5")
+        await retention.prune(db, "1h")
+        assert await _key_rows(db) == ["globex"]
+        # A start after the prune takes the clock's turn, as a fresh key does.
+        c = await client.start("fair", {"customer": "acme"})
+        async with db.transaction() as tx:
+            cur = await tx.conn.execute(
+                "SELECT fair_turn FROM konduit_tasks WHERE execution_id = %s", (c,))
+            assert [r["fair_turn"] for r in await cur.fetchall()] == [5]
+
+    run(db_url, [customer_workflow("fair")], scenario)
+
+
+async def _key_rows(db: Database) -> list[str]:
+    async with db.transaction() as tx:
+        cur = await tx.conn.execute("SELECT fair_key FROM konduit_fair_keys ORDER BY fair_key")
+        return [r["fair_key"] for r in await cur.fetchall()]
+
+
+@pytest.mark.parametrize("fair_by, fault", [
+    (lambda input: input["customer"], "KeyError"),
+    (lambda input: 42, "returned int"),
+    (lambda input: "", "1 to 200"),
+    (lambda input: (_ for _ in ()).throw(SystemExit(3)), "SystemExit"),
+])
+def test_a_bad_key_is_refused_at_start_naming_the_workflow_and_nothing_is_stored(
+        make_app, fair_by, fault):
+    wf = konduit.Workflow("keyed", version=1, fair_by=fair_by)
+    wf.step(name="work")(lambda ctx: 1)
+    other = konduit.Workflow("other", version=1)
+    other.step(name="work")(lambda ctx: 1)
+    app = make_app(wf, other)
+    with pytest.raises(FairKeyError, match=f"fair_by of workflow 'keyed'.*{fault}"):
+        app.start("keyed", {"other": 1})
+    with pytest.raises(FairKeyError, match="start request 1: fair_by of workflow 'keyed'"):
+        app.start_many([{"workflow": "other", "input": {}}, {"workflow": "keyed", "input": {}}])
+    with psycopg.connect(app.database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM konduit_executions").fetchone()
+        assert row is not None and row[0] == 0
+
+
+def test_fair_by_must_be_a_function():
+    with pytest.raises(konduit.WorkflowDefinitionError, match="fair_by must be a function"):
+        konduit.Workflow("keyed", version=1, fair_by="customer")  # type: ignore[arg-type]
