@@ -9,8 +9,9 @@ time comes from the database's clock. Then, in another fresh database, one ``sta
 map (over 90 s) or the whole batch.
 
 Then fairness between keys (``Workflow(fair_by=)``, migration 0028): in a fresh database a backlog
-of ``keyed_backlog`` executions (10,000) of customer "a", started by separate calls (each a flow
-of its own without a key: the shape migration 0019 alone does not help), and, in another, by
+of ``keyed_backlog`` executions (10,000) of customer "a", started by separate calls from 8 threads
+(each a flow of its own without a key: the shape migration 0019 alone does not help), and, in
+another, by
 ``start_many`` calls of 100; then ``lone`` executions of customer "b", one at a time, each timed
 start -> finish, and the tasks of "a" made ready before it that were claimed after its start and
 before it (a round is 8).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any
 from uuid import UUID
@@ -133,9 +135,10 @@ def _keyed_backlog(url: str, backlog: int, shape: str, lone: int, interval: floa
     try:
         with konduit.App([apps.fair_key_workflow()], database_url=url) as app:
             began = time.perf_counter()
-            if shape == "separate starts":
-                for _ in range(backlog):
-                    app.start(KEYED, {"customer": "a"})
+            if shape == "separate starts":  # from 8 threads, as many callers would
+                with ThreadPoolExecutor(8) as pool:
+                    list(pool.map(lambda _: app.start(KEYED, {"customer": "a"}),
+                                  range(backlog)))
             else:
                 for first in range(0, backlog, 100):
                     app.start_many([{"workflow": KEYED, "input": {"customer": "a"}}]
