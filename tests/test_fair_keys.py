@@ -16,6 +16,7 @@ import pytest
 
 import konduit
 from konduit.core.fair import FairKeyError
+from konduit.core.search import ExecutionFilter
 from konduit.db.database import Database
 from konduit.engine import retention, transitions
 from konduit.engine.client import Client
@@ -24,6 +25,7 @@ from konduit.engine.registry import Registry
 from konduit.worker.executor import Claimed
 from tests.support.scenario import run_scenario
 from tests.support.waiting import until
+from tests.test_api_v1 import api
 from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
@@ -251,3 +253,25 @@ def _count(app: konduit.App, sql_text: str) -> int:
         row = conn.execute(sql_text.encode()).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def test_the_key_is_seen_and_searched_through_every_face(make_app, db_url):
+    app = make_app(customer_workflow("keyed"))
+    acme = app.start("keyed", {"customer": "acme"}).id
+    app.start("keyed", {"customer": "globex"})
+    assert [(r.id, r.fair_key) for r in app.search(ExecutionFilter(fair_key="acme"))] == [
+        (acme, "acme")]
+    assert [r.id for r in app.list(fair_key="acme")] == [acme]
+    with api(app, db_url) as http:
+        # A start through the API of a process with the workflow's code takes its key too.
+        response = http.post("/api/v1/executions", json={"workflow": "keyed",
+                                                          "input": {"customer": "acme"}})
+        assert response.status_code == 201, response.text
+        second = response.json()["id"]
+        assert http.get(f"/api/v1/executions/{second}").json()["fair_key"] == "acme"
+        items = http.get("/api/v1/executions", params={"fair_key": "acme"}).json()["items"]
+        assert [i["id"] for i in items] == [second, str(acme)]
+        page = http.get(f"/executions/{acme}").text
+        assert 'id="fair-key"' in page and "acme" in page
+        listed = http.get("/", params={"fair_key": "globex"}).text
+        assert "globex" in listed and str(acme) not in listed

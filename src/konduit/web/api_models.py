@@ -187,6 +187,8 @@ class ExecutionDetail(BaseModel):
     run_at: datetime | None = Field(None, description="When it starts (None: it started at "
                                     "once); status scheduled until then")
     priority: int = Field(0, description="Added to its steps' priorities")
+    fair_key: str | None = Field(None, description="Its workflow's fair_by key of its input: "
+                                 "ready work is claimed round-robin across keys")
     steps: list[StepState]
     attempts: list[Attempt]
     output_versions: list[OutputVersion]

@@ -216,14 +216,18 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                              "or an ISO 8601 date-time")] = None,
                          until: Annotated[str | None, Query(
                              max_length=64, description="Created before: a duration ago (1h) "
-                             "or an ISO 8601 date-time")] = None) -> m.ExecutionPage:
+                             "or an ISO 8601 date-time")] = None,
+                         fair_key: Annotated[str | None, Query(
+                             max_length=200, description="Started with this fair key "
+                             "(its workflow's fair_by)")] = None) -> m.ExecutionPage:
         """Executions, newest first, a page at a time: pass ``next_cursor`` back as ``cursor``
         (with the same filters). Pages are stable while executions are started: none is repeated
         or skipped. Each filter is answered by an index; the ones given must all hold."""
         before_at, before_id = decode_cursor(cursor) if cursor else (None, None)
         try:
             where = search_filter(id=id, key=key, tags=tag, inputs=input, status=status,
-                                  workflow=workflow, since=since, until=until)
+                                  workflow=workflow, since=since, until=until,
+                                  fair_key=fair_key)
         except KonduitError as exc:
             raise Refused(422, str(exc), "query") from None
         client = await clients.get()
@@ -256,7 +260,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             created_at=row.created_at, finished_at=row.finished_at,
             deadline_at=row.deadline_at, timeout_at=row.timeout_at,
             output_version=row.output_version, tags=row.tags or {}, run_at=row.run_at,
-            priority=row.priority,
+            priority=row.priority, fair_key=row.fair_key,
             steps=[m.StepState.model_validate(s.to_dict()) for s in steps],
             attempts=[m.Attempt.model_validate(a.to_dict()) for a in attempts],
             output_versions=[m.OutputVersion.model_validate(v.to_dict())
