@@ -25,8 +25,8 @@ from konduit.engine.registry import Registry
 from konduit.worker.executor import Claimed
 from tests.support.scenario import run_scenario
 from tests.support.waiting import until
-from tests.test_api_v1 import api
 from tests.support.workers import running_worker
+from tests.test_api_v1 import api
 
 pytestmark = [pytest.mark.storage]
 WORKER = "worker-fair-keys"
