@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 import konduit
-from konduit.core.fair import FairKeyError
+from konduit import FairKeyError
 from konduit.core.search import ExecutionFilter
 from konduit.db.database import Database
 from konduit.engine import retention, transitions

@@ -136,9 +136,10 @@ def _keyed_backlog(url: str, backlog: int, shape: str, lone: int, interval: floa
         with konduit.App([apps.fair_key_workflow()], database_url=url) as app:
             began = time.perf_counter()
             if shape == "separate starts":  # from 8 threads, as many callers would
+                app.start(KEYED, {"customer": "a"})  # the App's pool, opened once
                 with ThreadPoolExecutor(8) as pool:
                     list(pool.map(lambda _: app.start(KEYED, {"customer": "a"}),
-                                  range(backlog)))
+                                  range(backlog - 1)))
             else:
                 for first in range(0, backlog, 100):
                     app.start_many([{"workflow": KEYED, "input": {"customer": "a"}}]
