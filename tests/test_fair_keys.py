@@ -9,6 +9,7 @@ whole backlog. Then the key's row and its cleanup, the key on the execution, and
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
@@ -275,3 +276,52 @@ def test_the_key_is_seen_and_searched_through_every_face(make_app, db_url):
         assert 'id="fair-key"' in page and "acme" in page
         listed = http.get("/", params={"fair_key": "globex"}).text
         assert "globex" in listed and str(acme) not in listed
+
+
+# -- racing starts of one key --------------------------------------------------------------------
+
+
+def test_racing_starts_of_one_key_take_distinct_slots_and_never_deadlock(make_app):
+    """8 threads start executions of one key at once (a barrier before each round), half of
+    them with idempotency keys another thread uses too: every start took its own slot (no turn
+    holds more than 8 of the key's tasks; the key's row counts every execution made), and the
+    starts that share keys never deadlocked with the key row's lock."""
+    app = make_app(customer_workflow("keyed"))
+    app.start("keyed", {"customer": "warm"})  # the App's pool, opened once
+    threads, rounds = 8, 12
+    barrier = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def starter(n: int) -> None:
+        try:
+            for r in range(rounds):
+                barrier.wait(timeout=30)
+                shared = f"round-{r}-{n % 4}" if n % 2 else None  # pairs of threads collide
+                app.start("keyed", {"customer": "a"}, idempotency_key=shared)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=starter, args=(n,)) for n in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert not errors, errors
+    with psycopg.connect(app.database_url) as conn:
+        made = _one(conn, "SELECT count(*) FROM konduit_executions WHERE fair_key = 'a'")
+        per_turn = conn.execute(
+            "SELECT t.fair_turn, count(*) FROM konduit_tasks t JOIN konduit_executions e"
+            " ON e.id = t.execution_id WHERE e.fair_key = 'a' GROUP BY t.fair_turn").fetchall()
+        next_slot = _one(conn, "SELECT next_slot FROM konduit_fair_keys WHERE fair_key = 'a'")
+    # 4 threads without keys, and 4 that share 2 keys a round: 6 executions a round.
+    assert made == rounds * 6
+    assert max(n for _, n in per_turn) <= 8
+    # Every start took its slot under the row's lock (a start whose key was taken still took
+    # one: a gap, never an overlap).
+    assert made <= next_slot <= rounds * threads
+
+
+def _one(conn: psycopg.Connection[Any], sql_text: str) -> int:
+    row = conn.execute(sql_text.encode()).fetchone()
+    assert row is not None
+    return int(row[0])
