@@ -325,3 +325,20 @@ def _one(conn: psycopg.Connection[Any], sql_text: str) -> int:
     row = conn.execute(sql_text.encode()).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def test_a_start_later_takes_no_share_of_its_key(db_url):
+    """Executions of a key started for later take turns as unkeyed ones do: they neither move
+    the key's row (its starts now would wait behind turns nobody claims yet) nor use it."""
+    async def scenario(db: Database, registry: Registry, client: Client) -> None:
+        await client.start_many([{"workflow": "fair", "input": {"customer": "a"},
+                                  "delay": "1h"}] * 80)
+        now = await client.start("fair", {"customer": "a"})
+        async with db.transaction() as tx:
+            cur = await tx.conn.execute(
+                "SELECT fair_turn FROM konduit_tasks WHERE execution_id = %s", (now,))
+            assert [r["fair_turn"] for r in await cur.fetchall()] == [0]
+            cur = await tx.conn.execute("SELECT next_slot FROM konduit_fair_keys")
+            assert [r["next_slot"] for r in await cur.fetchall()] == [1]
+
+    run(db_url, [customer_workflow("fair")], scenario)

@@ -65,12 +65,13 @@ WITH request AS (
 ), key_costs AS (
     -- Fair keys (migration 0028): the executions of a key in this statement, in batch order,
     -- take `width` slots each (an eighth of a turn a root) from the key's next slot on, in each
-    -- queue their roots are in.
+    -- queue their roots are in. A start later takes turns as an unkeyed one does: its turn,
+    -- long past when it is due, is no share of its key's now.
     SELECT q.queue, r.fair_key, q.clock, q.width, count(*) * q.width AS cost
     FROM timed r
     JOIN (SELECT DISTINCT name, version, queue, clock, width FROM roots) AS q
         ON q.name = r.workflow_name AND q.version = r.workflow_version
-    WHERE r.fair_key IS NOT NULL
+    WHERE r.fair_key IS NOT NULL AND r.later IS NOT TRUE  -- NULL: no start time given
     GROUP BY q.queue, r.fair_key, q.clock, q.width
 ), keyed AS (
     -- The key takes them from greatest(its next slot, the clock's first): a key with a backlog
@@ -99,7 +100,7 @@ WITH request AS (
     FROM timed r
     JOIN key_costs c ON c.fair_key = r.fair_key
     JOIN keyed k ON k.queue = c.queue AND k.fair_key = c.fair_key
-    WHERE EXISTS (SELECT 1 FROM roots t
+    WHERE r.later IS NOT TRUE AND EXISTS (SELECT 1 FROM roots t
                   WHERE t.name = r.workflow_name AND t.version = r.workflow_version
                     AND t.queue = c.queue)
 ), created AS (
