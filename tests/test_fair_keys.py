@@ -27,7 +27,7 @@ from konduit.worker.executor import Claimed
 from tests.support.scenario import run_scenario
 from tests.support.waiting import until
 from tests.support.workers import running_worker
-from tests.test_api_v1 import api
+from tests.test_api_v1 import api, refused
 
 pytestmark = [pytest.mark.storage]
 WORKER = "worker-fair-keys"
@@ -342,3 +342,34 @@ def test_a_start_later_takes_no_share_of_its_key(db_url):
             assert [r["next_slot"] for r in await cur.fetchall()] == [1]
 
     run(db_url, [customer_workflow("fair")], scenario)
+
+
+def test_a_process_without_the_code_gives_the_key_itself(make_app, db_url):
+    """A start by name (konduit.Client, an API server without the App) cannot run fair_by: it
+    passes fair_key (a start request's field, the API body's), checked like fair_by's."""
+    app = make_app(customer_workflow("keyed"))
+    app.start("keyed", {"customer": "warm"})  # registers the workflow
+    with konduit.Client(db_url) as client:
+        [given, none] = client.start_many([
+            {"workflow": "keyed", "input": {"customer": "x"}, "fair_key": "acme"},
+            {"workflow": "keyed", "input": {"customer": "x"}}])
+        with pytest.raises(FairKeyError, match="start request 0: fair_key of a start of 'keyed'"):
+            client.start_many([{"workflow": "keyed", "fair_key": ""}])
+    found = {r.id: r.fair_key for r in app.search(workflow="keyed")}
+    assert found[given.id] == "acme" and found[none.id] is None  # no code: no key
+    # With the code, a given key wins over fair_by's.
+    assert app.search(fair_key="globex") == []
+    mine = app.start("keyed", {"customer": "acme"}, fair_key="globex").id
+    assert [r.id for r in app.search(fair_key="globex")] == [mine]
+    with api(None, db_url) as http:
+        response = http.post("/api/v1/executions", json={
+            "workflow": "keyed", "input": {}, "fair_key": "initech"})
+        assert response.status_code == 201, response.text
+        assert http.get(f"/api/v1/executions/{response.json()['id']}").json()["fair_key"] == \
+            "initech"
+        refused(http.post("/api/v1/executions", json={"workflow": "keyed", "fair_key": ""}),
+                422, "body.fair_key")
+    with api(app, db_url) as http:  # fair_by raising on the input: the input is at fault
+        body = refused(http.post("/api/v1/executions", json={"workflow": "keyed", "input": {}}),
+                       422, "body.input")
+        assert "fair_by of workflow 'keyed' raised KeyError" in body["detail"]

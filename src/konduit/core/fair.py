@@ -54,12 +54,17 @@ def fair_key(fair_by: FairBy, value: Any, *, workflow: str) -> str:
     except BaseException as exc:  # user code: SystemExit too ends this start only
         raise FairKeyError(f"fair_by of workflow {workflow!r} raised "
                            f"{type(exc).__name__}: {exc}") from exc
+    return check_key(key, what=f"fair_by of workflow {workflow!r} returned")
+
+
+def check_key(key: Any, *, what: str) -> str:
+    """``key`` if it is a fair key (text of 1 to 200 characters), else a
+    :class:`FairKeyError` saying ``what`` gave it."""
     if not isinstance(key, str):
-        raise FairKeyError(f"fair_by of workflow {workflow!r} returned "
-                           f"{type(key).__name__} {key!r:.80}; it must return a string")
-    if not key or len(key) > MAX_KEY_LENGTH:
-        raise FairKeyError(f"fair_by of workflow {workflow!r} returned a key of {len(key)} "
-                           f"characters; a key has 1 to {MAX_KEY_LENGTH}")
+        raise FairKeyError(f"{what} {type(key).__name__} {key!r:.80}; a fair key is a string")
+    if not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+        raise FairKeyError(f"{what} a key of {len(key)} characters; a fair key has 1 to "
+                           f"{MAX_KEY_LENGTH} (and no NUL)")
     return key
 
 

@@ -17,7 +17,7 @@ from uuid import UUID
 
 from konduit.core.advance import initial_states
 from konduit.core.durations import Duration, parse_duration
-from konduit.core.fair import fair_key
+from konduit.core.fair import check_key, fair_key
 from konduit.core.ids import uuid7
 from konduit.core.payloads import canonical_json, content_hash
 from konduit.core.search import check_tags
@@ -49,7 +49,9 @@ class StartRequest:
     ends ``timed_out``. ``tags`` (text to text) are what the execution can be searched by.
     ``run_at`` (an aware datetime) or ``delay`` (``"10m"``) start it later: it waits as
     ``scheduled`` until then. ``priority`` is added to each step's priority in the claim order
-    (lower first). A plain ``dict`` with these keys is accepted in its place.
+    (lower first). ``fair_key`` is the key its workflow's ``fair_by`` would give (for a
+    process without the workflow's code; given, it is used instead of ``fair_by``: see
+    docs/fairness.md). A plain ``dict`` with these keys is accepted in its place.
     """
 
     workflow: str
@@ -62,6 +64,7 @@ class StartRequest:
     run_at: datetime | None = None
     delay: Duration | None = None
     priority: int = 0
+    fair_key: str | None = None
 
     @classmethod
     def of(cls, request: StartRequest | Mapping[str, Any]) -> StartRequest:
@@ -119,7 +122,12 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
     )
     # The key from the input as stored (fair_by is code: a definition read from the database
     # has none, and its starts take turns as unkeyed ones).
-    key = None if spec.fair_by is None else fair_key(spec.fair_by, checked, workflow=spec.name)
+    if request.fair_key is not None:
+        key: str | None = check_key(request.fair_key,
+                                    what=f"fair_key of a start of {spec.name!r}:")
+    else:
+        key = None if spec.fair_by is None else fair_key(spec.fair_by, checked,
+                                                         workflow=spec.name)
     return Prepared(
         id=uuid7(),
         spec=spec,

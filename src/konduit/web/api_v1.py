@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from konduit import tracing
 from konduit.app import App
 from konduit.core.durations import parse_duration
+from konduit.core.fair import FairKeyError
 from konduit.core.search import check_tags, search_filter
 from konduit.engine.client import Client
 from konduit.engine.later import start_time
@@ -103,7 +104,7 @@ def check_start(body: m.StartBody, where: str) -> StartRequest:
         raise Refused(422, str(exc), f"{where}delay") from None
     return StartRequest(body.workflow, body.input, body.idempotency_key, body.version,
                         body.deadline_at, body.timeout, tags=body.tags, run_at=body.run_at,
-                        delay=body.delay, priority=body.priority)
+                        delay=body.delay, priority=body.priority, fair_key=body.fair_key)
 
 
 _AT_REQUEST = re.compile(r"^start request (?P<index>\d+): ")
@@ -124,6 +125,8 @@ def start_refusal(exc: KonduitError, requests: list[StartRequest], batch: bool) 
                        errors=errors or None)
     if isinstance(exc, PayloadError):
         return Refused(422, text, f"{where}input")
+    if isinstance(exc, FairKeyError):  # the key given, or the one fair_by made of the input
+        return Refused(422, text, f"{where}fair_key" if "fair_key of" in text else f"{where}input")
     if isinstance(exc, WorkflowNotFound):
         return Refused(422, text, f"{where}version" if " has no version " in text
                        else f"{where}workflow")
@@ -172,8 +175,10 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                                      timeout=request.timeout,
                                      trace_context=tracing.incoming(traceparent, tracestate),
                                      tags=request.tags, run_at=request.run_at,
-                                     delay=request.delay, priority=request.priority)
-        except (WorkflowNotFound, IdempotencyConflict, PayloadError, InputValidationError) as exc:
+                                     delay=request.delay, priority=request.priority,
+                                     fair_key=request.fair_key)
+        except (WorkflowNotFound, IdempotencyConflict, PayloadError, InputValidationError,
+                FairKeyError) as exc:
             raise start_refusal(exc, [request], batch=False) from None
         return m.Started(id=eid, status=(await statuses(client, [eid])).get(eid, "pending"))  # type: ignore[arg-type]
 
@@ -188,7 +193,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         try:
             ids = await client.start_many(
                 requests, trace_context=tracing.incoming(traceparent, tracestate))
-        except (WorkflowNotFound, IdempotencyConflict, PayloadError, InputValidationError) as exc:
+        except (WorkflowNotFound, IdempotencyConflict, PayloadError, InputValidationError,
+                FairKeyError) as exc:
             raise start_refusal(exc, requests, batch=True) from None
         found = await statuses(client, ids) if ids else {}
         return m.StartedMany(executions=[m.Started(id=i, status=found.get(i, "pending"))  # type: ignore[arg-type]
