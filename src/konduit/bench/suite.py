@@ -508,7 +508,7 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
         ("map_10k", in_fresh(lambda u: map_fan_out(u, 1_000 if quick else 10_000))),
         ("fair_share", lambda: fair.fair_share(
             server.fresh_database, map_items=20_000 if quick else 1_000_000,
-            batch=5_000 if quick else 100_000, keyed_backlog=5_000 if quick else 10_000,
+            batch=5_000 if quick else 100_000, keyed_backlog=3_000 if quick else 10_000,
             keyed_lone=10 if quick else 20)),
         ("wide_map", lambda: maps.wide_map(
             server.fresh_database, items=5_000 if quick else 100_000, executions=executions)),
