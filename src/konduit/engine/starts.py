@@ -257,6 +257,8 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
     specs = {workflow_key(p.spec.name, p.spec.version): p.spec for p in batch}
     template = await template_for(tx, specs.values())
     created: list[bool] = []
+    if len(batch) > BATCH_ROWS:
+        await _lock_fair_keys(tx, batch)
     for first in range(0, len(batch), BATCH_ROWS):
         chunk = batch[first : first + BATCH_ROWS]
         row = await tx.one(
@@ -295,6 +297,16 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
     for i, eid in zip(taken, existing, strict=True):
         ids[i] = eid
     return ids
+
+
+async def _lock_fair_keys(tx: Tx, batch: list[Prepared]) -> None:
+    """Lock the fair key rows of a batch of several statements up front, in one order
+    (``fair_key_lock_many``): no two batches then wait for each other's keys crosswise."""
+    pairs = sorted({(p.spec[root].queue, p.fair_key) for p in batch if p.fair_key is not None
+                    for root in p.spec.roots})
+    if pairs:
+        await tx.run("fair_key_lock_many", queues=[q for q, _ in pairs],
+                     fair_keys=[k for _, k in pairs])
 
 
 async def _cut_root_budgets(tx: Tx, windowed: list[Prepared]) -> None:

@@ -188,3 +188,14 @@ FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[], %(seconds)s::float8[],
 WHERE t.execution_id = u.execution_id AND t.step = u.step
   AND t.generation = 1 AND t.map_index = 0
   AND t.status = 'ready' AND t.attempt = 0 AND t.deadline_at IS NULL;
+
+-- name: fair_key_lock_many
+-- Lock the fair key rows (migration 0028) a start_many of several statements will take, in one
+-- order (queue, key), before its first statement: each statement locks its own keys in that
+-- order, but two batches whose later statements take keys the other's earlier ones took would
+-- wait for each other the other way round. A row made here (slot 0) means what no row means.
+INSERT INTO konduit_fair_keys AS k (queue, fair_key, next_slot)
+SELECT u.queue, u.fair_key, 0
+FROM unnest(%(queues)s::text[], %(fair_keys)s::text[]) AS u(queue, fair_key)
+ORDER BY u.queue, u.fair_key
+ON CONFLICT (queue, fair_key) DO UPDATE SET next_slot = k.next_slot;
