@@ -131,6 +131,11 @@ def test_quick_bench_reports_sane_numbers_and_cleans_up(admin_url, tmp_path):
     assert fair["beside_map"]["lone_start_to_finish"]["n"] == 20
     assert fair["after_batch"]["lone_start_to_finish"]["n"] == 20
     assert fair["beside_map"]["map_items_still_ready"] > 0  # the map was still running
+    # Customer b after customer a's backlog of 3,000 (separate starts, then start_many calls):
+    # claimed within a round or so of a's tasks each time, a's backlog still running.
+    for keyed in fair["keyed_backlog"]:
+        assert keyed["b_start_to_finish"]["n"] == 10 and keyed["a_still_running"] > 0
+        assert keyed["a_tasks_claimed_ahead_max"] <= 8 * 3, keyed
     wide_map = b["wide_map"]["results"]
     assert (wide_map["items"], wide_map["item_attempts"], wide_map["join_attempts"]) == \
         (5_000, 5_000, 1)

@@ -3,6 +3,7 @@
 from konduit.app import App, ExecutionHandle
 from konduit.client import AsyncClient, AsyncExecutionHandle, Client
 from konduit.core.context import Context
+from konduit.core.fair import FairKeyError
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair import NothingToRepair
 from konduit.core.results import Route
@@ -54,6 +55,7 @@ __all__ = [
     "ExecutionHandle",
     "ExecutionNotFound",
     "ExecutionResult",
+    "FairKeyError",
     "IdempotencyConflict",
     "InputValidationError",
     "Join",

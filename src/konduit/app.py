@@ -239,18 +239,20 @@ class App:
         run_at: datetime | None = None,
         delay: Duration | None = None,
         priority: int = 0,
+        fair_key: str | None = None,
     ) -> ExecutionHandle:
         """Start an execution of the latest registered version (or ``version``); see
         :meth:`konduit.engine.client.Client.start`. ``tags`` are searched by
         (:meth:`search`); ``run_at``/``delay`` start it later (status ``scheduled`` until
-        then); ``priority`` is added to its steps' priorities (lower is claimed first)."""
+        then); ``priority`` is added to its steps' priorities (lower is claimed first);
+        ``fair_key`` is used instead of the workflow's ``fair_by`` (docs/fairness.md)."""
         # The caller's span is in this thread's context, not in the App's loop thread.
         trace_context = capture_trace(self.tracing, workflow)
         eid = self._do(
             lambda c: c.start(workflow, input, idempotency_key=idempotency_key, version=version,
                               deadline_at=deadline_at, timeout=timeout,
                               trace_context=trace_context, tags=tags, run_at=run_at,
-                              delay=delay, priority=priority)
+                              delay=delay, priority=priority, fair_key=fair_key)
         )
         return ExecutionHandle(self, eid)
 

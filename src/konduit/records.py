@@ -317,6 +317,7 @@ class ExecutionFound(ExecutionSummary):
     tags: dict[str, str] | None
     run_at: datetime | None
     priority: int
+    fair_key: str | None = None  # Workflow(fair_by=)'s key of its input (docs/fairness.md)
 
 
 @dataclass(frozen=True)
@@ -342,6 +343,7 @@ class ExecutionRecord(Record):
     tags: dict[str, str] | None = None
     run_at: datetime | None = None
     priority: int = 0
+    fair_key: str | None = None  # Workflow(fair_by=)'s key of its input (docs/fairness.md)
 
 
 @dataclass(frozen=True)

@@ -106,8 +106,21 @@ def fair_map_workflow() -> konduit.Workflow:
     return wf
 
 
-#: The small workflows and the big map (only the fair-share benchmark's worker serves it).
-fair_app = konduit.App([*small_workflows(), fair_map_workflow()])
+def _customer(value: Any) -> str:
+    return str(value["customer"])
+
+
+def fair_key_workflow() -> konduit.Workflow:
+    """One no-op step, fair by ``input["customer"]``: a customer's backlog beside which
+    another customer's execution must still get its share (docs/fairness.md)."""
+    wf = konduit.Workflow("bench-fair-key", version=1, fair_by=_customer)
+    wf.step(name="only")(_returning(1))
+    return wf
+
+
+#: The small workflows, the big map and the keyed workflow (only the fair-share benchmark's
+#: worker serves them).
+fair_app = konduit.App([*small_workflows(), fair_map_workflow(), fair_key_workflow()])
 
 
 def soak_workflow() -> konduit.Workflow:

@@ -8,6 +8,14 @@ time comes from the database's clock. Then, in another fresh database, one ``sta
 0019 the claim was first in, first out by execution: the lone executions waited for the whole
 map (over 90 s) or the whole batch.
 
+Then fairness between keys (``Workflow(fair_by=)``, migration 0028): in a fresh database a backlog
+of ``keyed_backlog`` executions (10,000) of customer "a", started by separate calls from 8 threads
+(each a flow of its own without a key: the shape migration 0019 alone does not help), and, in
+another, by
+``start_many`` calls of 100; then ``lone`` executions of customer "b", one at a time, each timed
+start -> finish, and the tasks of "a" made ready before it that were claimed after its start and
+before it (a round is 8).
+
 Not part of the API.
 """
 
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any
 from uuid import UUID
@@ -95,18 +104,86 @@ def _after_batch(url: str, batch: int, lone: int, interval: float) -> Json:
             "lone_start_to_finish": dist_ms(seconds), "batch_still_running": left}
 
 
+KEYED = "bench-fair-key"
+
+
+def _customer_b(app: konduit.App, obs: Observer, count: int, interval: float) -> Json:
+    """``count`` executions of customer b, one at a time: each one's start -> finish seconds,
+    and how many of customer a's tasks ready before its start were claimed ahead of it."""
+    seconds: list[float] = []
+    ahead: list[int] = []
+    for _ in range(count):
+        b = app.start(KEYED, {"customer": "b"}).id
+        result = app.wait(b, timeout=120)
+        _check(result.status == "succeeded", "an execution of customer b did not succeed")
+        took, overtaken = obs.rows(
+            "SELECT extract(epoch FROM e.finished_at - e.created_at)::float8,"
+            " (SELECT count(*) FROM konduit_tasks a JOIN konduit_executions x"
+            "   ON x.id = a.execution_id"
+            "  WHERE x.fair_key = 'a' AND a.created_at < e.created_at"
+            "    AND a.started_at >= e.created_at AND a.started_at < t.started_at)"
+            " FROM konduit_executions e JOIN konduit_tasks t ON t.execution_id = e.id"
+            " WHERE e.id = %s", (b,))[0]
+        seconds.append(float(took))
+        ahead.append(int(overtaken))
+        time.sleep(interval)
+    return {"b_start_to_finish": dist_ms(seconds), "a_tasks_claimed_ahead_max": max(ahead)}
+
+
+def _keyed_backlog(url: str, backlog: int, shape: str, lone: int, interval: float) -> Json:
+    obs = Observer(url)
+    try:
+        with konduit.App([apps.fair_key_workflow()], database_url=url) as app:
+            began = time.perf_counter()
+            if shape == "separate starts":  # from 8 threads, as many callers would
+                app.start(KEYED, {"customer": "a"})  # the App's pool, opened once
+                with ThreadPoolExecutor(8) as pool:
+                    list(pool.map(lambda _: app.start(KEYED, {"customer": "a"}),
+                                  range(backlog - 1)))
+            else:
+                for first in range(0, backlog, 100):
+                    app.start_many([{"workflow": KEYED, "input": {"customer": "a"}}]
+                                   * min(100, backlog - first))
+            starting = time.perf_counter() - began
+            with worker_processes(url, obs, 1, app_spec=FAIR_APP, label="fair-key"):
+                deadline = time.monotonic() + 120
+                while int(obs.one("SELECT count(*) FROM konduit_executions"
+                                  " WHERE status = 'succeeded'")) < 200:
+                    _check(time.monotonic() < deadline, "customer a's backlog did not run")
+                    time.sleep(0.1)
+                b = _customer_b(app, obs, lone, interval)
+                left = int(obs.one("SELECT count(*) FROM konduit_executions"
+                                   " WHERE status = 'running'"))
+    finally:
+        obs.close()
+    _check(left > 0, "customer a's backlog ended before customer b's executions: make it bigger")
+    return {"backlog": backlog, "started_by": shape, "start_seconds": _r(starting), **b,
+            "a_still_running": left}
+
+
 def fair_share(fresh: Callable[[], AbstractContextManager[str]], *, map_items: int, batch: int,
-               lone: int = 20, lone_interval: float = 0.05) -> Json:
+               keyed_backlog: int = 10_000, keyed_lone: int = 20, lone: int = 20,
+               lone_interval: float = 0.05) -> Json:
     """Lone executions beside a running ``map_items``-item map, then after a ``batch``-execution
-    ``start_many``, through one worker process x 8 slots, each in a fresh database."""
+    ``start_many``, then customer b's executions after customer a's ``keyed_backlog``
+    (separate starts, then start_many calls of 100), through one worker process x 8 slots, each
+    in a fresh database."""
     with fresh() as url:
         beside = _beside_map(url, map_items, lone, lone_interval)
     with fresh() as url:
         after = _after_batch(url, batch, lone, lone_interval)
+    keyed: list[Json] = []
+    for shape in ("separate starts", "start_many of 100"):
+        with fresh() as url:
+            keyed.append(_keyed_backlog(url, keyed_backlog, shape, keyed_lone, 0.1))
     worst: Any = max(beside["lone_start_to_finish"]["max_ms"], after["lone_start_to_finish"]["max_ms"])
     return {"parameters": {"map_items": map_items, "batch": batch, "lone_executions": lone,
                            "lone_interval_s": lone_interval, "processes": 1,
-                           "concurrency": 8, "lone_workflow": "bench-one (one step)"},
+                           "concurrency": 8, "lone_workflow": "bench-one (one step)",
+                           "keyed_backlog": keyed_backlog, "customer_b_executions": keyed_lone,
+                           "keyed_workflow": f"{KEYED} (one step, fair_by customer)"},
             "results": {"beside_map": beside, "after_batch": after,
-                        "lone_worst_ms": worst},
+                        "lone_worst_ms": worst, "keyed_backlog": keyed,
+                        "customer_b_worst_ms": max(k["b_start_to_finish"]["max_ms"]
+                                                   for k in keyed)},
             "ratios": {}}

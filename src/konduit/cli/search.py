@@ -45,6 +45,8 @@ def list_executions(
         help="Created since: a duration ago (1h) or a date-time.")] = None,
     until: Annotated[str | None, typer.Option(
         help="Created before: a duration ago (1h) or a date-time.")] = None,
+    fair_key: Annotated[str | None, typer.Option(
+        "--fair-key", help="Started with this fair key (Workflow(fair_by=)).")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000,
                                        help="At most this many, newest first.")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print the executions as JSON.")] = False,
@@ -52,7 +54,7 @@ def list_executions(
 ) -> None:
     """List executions, newest first: recent ones, or those a search finds."""
     where = search_filter(id=id, key=key, tags=tag, inputs=input, status=status,
-                          workflow=workflow, since=since, until=until)
+                          workflow=workflow, since=since, until=until, fair_key=fair_key)
     with opened(plain_app(database_url)) as app:
         results = app.search(where, limit=limit)
     if as_json:
@@ -63,7 +65,7 @@ def list_executions(
             "took_seconds": (None if (took := between(r.created_at, r.finished_at)) is None
                              else took.total_seconds()),
             "idempotency_key": r.idempotency_key, "tags": r.tags or {}, "run_at": r.run_at,
-            "priority": r.priority,
+            "priority": r.priority, "fair_key": r.fair_key,
         } for r in results]))
         return
     if not results:

@@ -66,7 +66,8 @@ class ExecutionFilter:
     ``tags``: each of these tags (``{"customer": "acme"}``). ``input``: the input contains this
     JSON (``{"episode": 42}``: a field; nested objects for nested fields). ``status``: one
     execution status. ``workflow`` and ``version``: of this workflow (and version).
-    ``since``/``until``: created at or after / before these moments.
+    ``since``/``until``: created at or after / before these moments. ``fair_key``: started
+    with this key of its workflow's ``fair_by`` (docs/fairness.md).
     """
 
     id_prefix: str | None = None
@@ -78,6 +79,7 @@ class ExecutionFilter:
     version: int | None = None
     since: datetime | None = None
     until: datetime | None = None
+    fair_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.status is not None and self.status not in set(ExecutionStatus):
@@ -102,7 +104,7 @@ class ExecutionFilter:
                 raise SearchError(f"{name} {moment}: give a time zone (an aware datetime)")
         if self.id_prefix is not None:
             id_bounds(self.id_prefix)
-        for name in ("idempotency_key", "workflow"):
+        for name in ("idempotency_key", "workflow", "fair_key"):
             text = getattr(self, name)
             if text is not None and (not isinstance(text, str) or not _storable(text)):
                 raise SearchError(f"{name} {text!r:.60}: text without NUL characters or lone "
@@ -131,6 +133,7 @@ class ExecutionFilter:
             "workflow_version": self.version,
             "since": self.since,
             "until": self.until,
+            "fair_key": self.fair_key,
         }
 
     def query_args(self) -> list[tuple[str, str]]:
@@ -151,6 +154,8 @@ class ExecutionFilter:
             args.append(("since", self.since.isoformat()))
         if self.until:
             args.append(("until", self.until.isoformat()))
+        if self.fair_key is not None:
+            args.append(("fair_key", self.fair_key))
         return args
 
 
@@ -288,7 +293,8 @@ def parse_moment(text: str, *, what: str, now: datetime | None = None) -> dateti
 def search_filter(*, id: str | None = None, key: str | None = None,
                   tags: list[str] | None = None, inputs: list[str] | None = None,
                   status: str | None = None, workflow: str | None = None,
-                  since: str | None = None, until: str | None = None) -> ExecutionFilter:
+                  since: str | None = None, until: str | None = None,
+                  fair_key: str | None = None) -> ExecutionFilter:
     """The filter the text forms of the CLI and the API's query stand for."""
     name, version = parse_workflow(workflow) if workflow else (None, None)
     return ExecutionFilter(
@@ -296,4 +302,5 @@ def search_filter(*, id: str | None = None, key: str | None = None,
         input=parse_input(inputs or []), status=status or None, workflow=name, version=version,
         since=None if not since else parse_moment(since, what="since"),
         until=None if not until else parse_moment(until, what="until"),
+        fair_key=fair_key,
     )

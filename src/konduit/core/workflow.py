@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
-from konduit.core import shape
+from konduit.core import fair, shape
 from konduit.core.definition_warnings import unbounded_branch_message, unbounded_optional_branches
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.flow import FlowLimit, parse_flow_limit
@@ -175,12 +175,17 @@ class Workflow(WaitSteps):
     ``degraded_budget="2%"`` ("roughly 2% of runs"): a ``degraded_budget`` alert opens
     while more than that share of the workflow's executions finished in the last day went out
     degraded, and resolves when the share falls back; see docs/alerts.md.
+
+    ``fair_by=lambda input: input["customer"]``: ready work is claimed round-robin across the
+    keys it returns (a string, from the input, at each start), so one customer's backlog does
+    not hold another's execution back; see docs/fairness.md.
     """
 
     def __init__(self, name: str, version: int = 1, *, repair_within: Duration | None = None,
                  repair_delay: Duration | None = None,
                  alert_after_no_success: Duration | None = None,
-                 degraded_budget: str | float | None = None, input: Any = None):
+                 degraded_budget: str | float | None = None, input: Any = None,
+                 fair_by: Callable[[Any], str] | None = None):
         if not isinstance(name, str) or not _NAME.match(name):
             raise WorkflowDefinitionError(
                 f"workflow name {name!r} must be 1-100 letters, digits, '_', '-' or '.'"
@@ -211,6 +216,7 @@ class Workflow(WaitSteps):
                 raise WorkflowDefinitionError(str(exc), workflow=name) from exc
         # The declared input (None: any JSON); checked at every start (konduit.core.inputs).
         self.input_type = None if input is None else InputType(input, workflow=name)
+        self.fair_by = fair.check_fair_by(fair_by, workflow=name)  # docs/fairness.md
         self._steps: dict[str, StepSpec] = {}
         self._by_handler: dict[int, str] = {}
         self._frozen_spec: WorkflowSpec | None = None
@@ -559,6 +565,7 @@ class Workflow(WaitSteps):
                                              alert_after_no_success=self.alert_after_no_success,
                                              degraded_budget=self.degraded_budget,
                                              input_type=self.input_type)
+            self._frozen_spec.fair_by = self.fair_by
         return self._frozen_spec
 
     @property
@@ -587,6 +594,9 @@ class WorkflowSpec:
         # An operating setting, not part of the DAG: kept out of spec_json and spec_hash.
         self.alert_after_no_success = alert_after_no_success
         self.degraded_budget = degraded_budget  # likewise (a fraction; docs/alerts.md)
+        # The start's fair key from its input (docs/fairness.md): code, so never stored; a
+        # definition read back from the database has none.
+        self.fair_by: fair.FairBy | None = None
         # The revision of this version's policy that this definition is, once registered
         # (engine.client.Client.register): stamped on the tasks this process creates.
         self.policy_revision: int | None = None

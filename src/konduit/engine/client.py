@@ -205,6 +205,7 @@ class Client(VersionReads):
         run_at: datetime | None = None,
         delay: Duration | None = None,
         priority: int = 0,
+        fair_key: str | None = None,
     ) -> UUID:
         """Start an execution and return its id; the same idempotency key returns the same id.
 
@@ -226,7 +227,8 @@ class Client(VersionReads):
         does not match the workflow's ``input=`` raises :class:`~konduit.InputValidationError`
         naming each field; nothing is written then."""
         request = StartRequest(workflow, input, idempotency_key, version, deadline_at, timeout,
-                               tags=tags, run_at=run_at, delay=delay, priority=priority)
+                               tags=tags, run_at=run_at, delay=delay, priority=priority,
+                               fair_key=fair_key)
         if trace_context is None:
             trace_context = capture(self.tracing, workflow)
         await self.specs.load(self.db, workflow, version)

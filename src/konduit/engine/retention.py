@@ -79,8 +79,9 @@ async def prune(
     Workers not heard from for that long (and at least an hour) are forgotten too, alerts
     resolved that long ago (open alerts are never deleted), webhook deliveries created that
     long ago that ended (pending ones are never deleted), stored events past their own
-    retention, and events sent that long ago, whether a task took them or not (see
-    docs/durable-waits.md)."""
+    retention, events sent that long ago, whether a task took them or not (see
+    docs/durable-waits.md), and fair keys with nothing ahead of their queue's turn
+    (docs/fairness.md)."""
     seconds = parse_duration(older_than, what="older_than")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise KonduitError(f"batch_size: must be a positive integer, got {batch_size!r}")
@@ -118,6 +119,10 @@ async def prune(
         pass
     while await db.run("event_delete_before", older_than_seconds=seconds,
                        limit=batch_size) == batch_size:
+        pass
+    # Fair keys (docs/fairness.md) whose next turn the queue's clock passed: whatever their
+    # age, such a row means what no row means.
+    while await db.run("fair_key_delete_stale", limit=batch_size) == batch_size:
         pass
     if deleted:
         log.info("pruned %s execution(s) finished more than %s ago in %s batch(es), %.1f s",

@@ -23,5 +23,5 @@ async def search_executions(db: Database, where: ExecutionFilter, *,
         idempotency_key=p["idempotency_key"], tags=p["tags"], input=p["input"],
         status=p["status"], workflow_name=p["workflow_name"],
         workflow_version=p["workflow_version"], since=p["since"], until=p["until"],
-        before_at=before_at, before_id=before_id, limit=limit)
+        fair_key=p["fair_key"], before_at=before_at, before_id=before_id, limit=limit)
     return [ExecutionFound.from_row(r) for r in rows]

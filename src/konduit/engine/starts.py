@@ -17,6 +17,7 @@ from uuid import UUID
 
 from konduit.core.advance import initial_states
 from konduit.core.durations import Duration, parse_duration
+from konduit.core.fair import check_key, fair_key
 from konduit.core.ids import uuid7
 from konduit.core.payloads import canonical_json, content_hash
 from konduit.core.search import check_tags
@@ -48,7 +49,9 @@ class StartRequest:
     ends ``timed_out``. ``tags`` (text to text) are what the execution can be searched by.
     ``run_at`` (an aware datetime) or ``delay`` (``"10m"``) start it later: it waits as
     ``scheduled`` until then. ``priority`` is added to each step's priority in the claim order
-    (lower first). A plain ``dict`` with these keys is accepted in its place.
+    (lower first). ``fair_key`` is the key its workflow's ``fair_by`` would give (for a
+    process without the workflow's code; given, it is used instead of ``fair_by``: see
+    docs/fairness.md). A plain ``dict`` with these keys is accepted in its place.
     """
 
     workflow: str
@@ -61,6 +64,7 @@ class StartRequest:
     run_at: datetime | None = None
     delay: Duration | None = None
     priority: int = 0
+    fair_key: str | None = None
 
     @classmethod
     def of(cls, request: StartRequest | Mapping[str, Any]) -> StartRequest:
@@ -99,6 +103,7 @@ class Prepared:
     run_at: datetime | None = None
     delay_seconds: float | None = None
     priority: int = 0
+    fair_key: str | None = None  # Workflow(fair_by=)'s key of the input (docs/fairness.md)
 
 
 def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
@@ -111,9 +116,18 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
     run_at, delay_seconds = start_time(request.run_at, request.delay)
     priority = check_priority(request.priority)
     spec = registry.get(request.workflow, request.version)
+    checked = spec.check_input(request.input)
     encoded = canonical_json(
-        spec.check_input(request.input), what=f"input of workflow {request.workflow!r}", max_bytes=max_bytes
+        checked, what=f"input of workflow {request.workflow!r}", max_bytes=max_bytes
     )
+    # The key from the input as stored (fair_by is code: a definition read from the database
+    # has none, and its starts take turns as unkeyed ones).
+    if request.fair_key is not None:
+        key: str | None = check_key(request.fair_key,
+                                    what=f"fair_key of a start of {spec.name!r}:")
+    else:
+        key = None if spec.fair_by is None else fair_key(spec.fair_by, checked,
+                                                         workflow=spec.name)
     return Prepared(
         id=uuid7(),
         spec=spec,
@@ -127,6 +141,7 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
         run_at=run_at,
         delay_seconds=delay_seconds,
         priority=priority,
+        fair_key=key,
     )
 
 
@@ -242,6 +257,8 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
     specs = {workflow_key(p.spec.name, p.spec.version): p.spec for p in batch}
     template = await template_for(tx, specs.values())
     created: list[bool] = []
+    if len(batch) > BATCH_ROWS:
+        await _lock_fair_keys(tx, batch)
     for first in range(0, len(batch), BATCH_ROWS):
         chunk = batch[first : first + BATCH_ROWS]
         row = await tx.one(
@@ -262,6 +279,8 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
             run_ats=[p.run_at for p in chunk],
             delays=[p.delay_seconds for p in chunk],
             priorities=[p.priority for p in chunk],
+            fair_keys=(None if all(p.fair_key is None for p in chunk)
+                       else [p.fair_key for p in chunk]),
             **template,
         )
         assert row is not None
@@ -278,6 +297,16 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
     for i, eid in zip(taken, existing, strict=True):
         ids[i] = eid
     return ids
+
+
+async def _lock_fair_keys(tx: Tx, batch: list[Prepared]) -> None:
+    """Lock the fair key rows of a batch of several statements up front, in one order
+    (``fair_key_lock_many``): no two batches then wait for each other's keys crosswise."""
+    pairs = sorted({(p.spec[root].queue, p.fair_key) for p in batch if p.fair_key is not None
+                    for root in p.spec.roots})
+    if pairs:
+        await tx.run("fair_key_lock_many", queues=[q for q, _ in pairs],
+                     fair_keys=[k for _, k in pairs])
 
 
 async def _cut_root_budgets(tx: Tx, windowed: list[Prepared]) -> None:

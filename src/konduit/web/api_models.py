@@ -46,6 +46,10 @@ class StartBody(BaseModel):
         "run_at)")
     priority: int = Field(0, ge=-1_000_000, le=1_000_000,
                           description="Added to each step's priority: lower is claimed first")
+    fair_key: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="Its fair key (the workflow's fair_by of the input, given here where the "
+        "server has no workflow code): ready work is claimed round-robin across keys")
 
     @field_validator("timeout")
     @classmethod
@@ -187,6 +191,8 @@ class ExecutionDetail(BaseModel):
     run_at: datetime | None = Field(None, description="When it starts (None: it started at "
                                     "once); status scheduled until then")
     priority: int = Field(0, description="Added to its steps' priorities")
+    fair_key: str | None = Field(None, description="Its workflow's fair_by key of its input: "
+                                 "ready work is claimed round-robin across keys")
     steps: list[StepState]
     attempts: list[Attempt]
     output_versions: list[OutputVersion]

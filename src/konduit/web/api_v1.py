@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from konduit import tracing
 from konduit.app import App
 from konduit.core.durations import parse_duration
+from konduit.core.fair import FairKeyError
 from konduit.core.search import check_tags, search_filter
 from konduit.engine.client import Client
 from konduit.engine.later import start_time
@@ -103,7 +104,7 @@ def check_start(body: m.StartBody, where: str) -> StartRequest:
         raise Refused(422, str(exc), f"{where}delay") from None
     return StartRequest(body.workflow, body.input, body.idempotency_key, body.version,
                         body.deadline_at, body.timeout, tags=body.tags, run_at=body.run_at,
-                        delay=body.delay, priority=body.priority)
+                        delay=body.delay, priority=body.priority, fair_key=body.fair_key)
 
 
 _AT_REQUEST = re.compile(r"^start request (?P<index>\d+): ")
@@ -124,6 +125,8 @@ def start_refusal(exc: KonduitError, requests: list[StartRequest], batch: bool) 
                        errors=errors or None)
     if isinstance(exc, PayloadError):
         return Refused(422, text, f"{where}input")
+    if isinstance(exc, FairKeyError):  # the key given, or the one fair_by made of the input
+        return Refused(422, text, f"{where}fair_key" if "fair_key of" in text else f"{where}input")
     if isinstance(exc, WorkflowNotFound):
         return Refused(422, text, f"{where}version" if " has no version " in text
                        else f"{where}workflow")
@@ -173,8 +176,10 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                                      timeout=request.timeout,
                                      trace_context=tracing.incoming(traceparent, tracestate),
                                      tags=request.tags, run_at=request.run_at,
-                                     delay=request.delay, priority=request.priority)
-        except (WorkflowNotFound, IdempotencyConflict, PayloadError, InputValidationError) as exc:
+                                     delay=request.delay, priority=request.priority,
+                                     fair_key=request.fair_key)
+        except (WorkflowNotFound, IdempotencyConflict, PayloadError, InputValidationError,
+                FairKeyError) as exc:
             raise start_refusal(exc, [request], batch=False) from None
         return m.Started(id=eid, status=(await statuses(client, [eid])).get(eid, "pending"))  # type: ignore[arg-type]
 
@@ -189,7 +194,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         try:
             ids = await client.start_many(
                 requests, trace_context=tracing.incoming(traceparent, tracestate))
-        except (WorkflowNotFound, IdempotencyConflict, PayloadError, InputValidationError) as exc:
+        except (WorkflowNotFound, IdempotencyConflict, PayloadError, InputValidationError,
+                FairKeyError) as exc:
             raise start_refusal(exc, requests, batch=True) from None
         found = await statuses(client, ids) if ids else {}
         return m.StartedMany(executions=[m.Started(id=i, status=found.get(i, "pending"))  # type: ignore[arg-type]
@@ -217,14 +223,18 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                              "or an ISO 8601 date-time")] = None,
                          until: Annotated[str | None, Query(
                              max_length=64, description="Created before: a duration ago (1h) "
-                             "or an ISO 8601 date-time")] = None) -> m.ExecutionPage:
+                             "or an ISO 8601 date-time")] = None,
+                         fair_key: Annotated[str | None, Query(
+                             max_length=200, description="Started with this fair key "
+                             "(its workflow's fair_by)")] = None) -> m.ExecutionPage:
         """Executions, newest first, a page at a time: pass ``next_cursor`` back as ``cursor``
         (with the same filters). Pages are stable while executions are started: none is repeated
         or skipped. Each filter is answered by an index; the ones given must all hold."""
         before_at, before_id = decode_cursor(cursor) if cursor else (None, None)
         try:
             where = search_filter(id=id, key=key, tags=tag, inputs=input, status=status,
-                                  workflow=workflow, since=since, until=until)
+                                  workflow=workflow, since=since, until=until,
+                                  fair_key=fair_key)
         except KonduitError as exc:
             raise Refused(422, str(exc), "query") from None
         client = await clients.get()
@@ -257,7 +267,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             created_at=row.created_at, finished_at=row.finished_at,
             deadline_at=row.deadline_at, timeout_at=row.timeout_at,
             output_version=row.output_version, tags=row.tags or {}, run_at=row.run_at,
-            priority=row.priority,
+            priority=row.priority, fair_key=row.fair_key,
             steps=[m.StepState.model_validate(s.to_dict()) for s in steps],
             attempts=[m.Attempt.model_validate(a.to_dict()) for a in attempts],
             output_versions=[m.OutputVersion.model_validate(v.to_dict())

@@ -85,11 +85,13 @@ def register(web: FastAPI, site: Site) -> None:
                          limit: int = 50, cursor: str | None = None, id: str | None = None,
                          key: str | None = None, tag: Annotated[list[str] | None, Query()] = None,
                          input: Annotated[list[str] | None, Query()] = None,
-                         since: str | None = None, until: str | None = None) -> Response:
+                         since: str | None = None, until: str | None = None,
+                         fair_key: str | None = None) -> Response:
         client = await site.clients.get()
         status, workflow, limit = status or None, workflow or None, max(1, min(limit, 500))
         # The search as typed: what the form shows again and every link (pages, live) keeps.
-        typed = SearchText.of(id=id, key=key, tag=tag, input=input, since=since, until=until)
+        typed = SearchText.of(id=id, key=key, tag=tag, input=input, since=since, until=until,
+                              fair_key=fair_key)
         try:
             before_at, before_id = page_key(cursor, UUID, "an execution")
         except BadCursor as exc:

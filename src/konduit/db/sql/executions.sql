@@ -12,7 +12,7 @@ FOR NO KEY UPDATE;
 -- One execution, whole.
 SELECT id, workflow_name, workflow_version, status, input, output, error, idempotency_key,
        steps_pending, deadline_at, timeout_at, generation, output_version, created_at,
-       finished_at, tags, run_at, priority
+       finished_at, tags, run_at, priority, fair_key
 FROM konduit_executions
 WHERE id = %(id)s;
 

@@ -48,3 +48,22 @@ WHERE e.finished_at < now() - make_interval(secs => %(older_than_seconds)s)
 DELETE FROM konduit_workers
 WHERE last_heartbeat_at < now() - greatest(make_interval(secs => %(older_than_seconds)s),
                                            interval '1 hour');
+
+-- name: fair_key_delete_stale
+-- Forget up to `limit` fair key rows (migration 0028) whose next slot is not ahead of their
+-- queue's clock: a start of such a key takes the clock's turn either way. Rows a start holds
+-- are skipped; the DELETE re-checks the clock (it only moves on).
+WITH stale AS (
+    SELECT k.queue, k.fair_key
+    FROM konduit_queue_clocks c
+    CROSS JOIN LATERAL (
+        SELECT k.queue, k.fair_key FROM konduit_fair_keys k
+        WHERE k.queue = c.queue AND k.next_slot <= c.fair_turn * 8
+        LIMIT %(limit)s
+        FOR UPDATE OF k SKIP LOCKED) AS k
+    LIMIT %(limit)s
+)
+DELETE FROM konduit_fair_keys k
+USING stale s
+WHERE k.queue = s.queue AND k.fair_key = s.fair_key
+  AND k.next_slot <= (SELECT c.fair_turn * 8 FROM konduit_queue_clocks c WHERE c.queue = k.queue);

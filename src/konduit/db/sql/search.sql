@@ -3,11 +3,11 @@
 -- the cursor (created_at, id) of the previous page's last row. Each given part is one index of
 -- migration 0024: the start of an id a range of the primary key, its end a prefix of the
 -- reversed text, tags and input a containment on their GIN indexes, the key a btree, the time
--- range created_at. A part not given is NULL and folds away when the statement is planned.
+-- range created_at, the fair key its partial btree (migration 0028). A part not given is NULL and folds away when the statement is planned.
 -- plan: custom, a part left NULL must fold away for its neighbours' indexes to be chosen, and
 -- how many rows a tag or an input field matches decides between its index and created_at's.
 SELECT id, workflow_name, workflow_version, status, error, idempotency_key, created_at,
-       finished_at, tags, run_at, priority
+       finished_at, tags, run_at, priority, fair_key
 FROM konduit_executions
 WHERE (%(id_low)s::uuid IS NULL
        OR id BETWEEN %(id_low)s::uuid AND %(id_high)s::uuid
@@ -20,6 +20,7 @@ WHERE (%(id_low)s::uuid IS NULL
   AND (%(workflow_version)s::int IS NULL OR workflow_version = %(workflow_version)s::int)
   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
+  AND (%(fair_key)s::text IS NULL OR fair_key = %(fair_key)s::text)
   AND (%(before_at)s::timestamptz IS NULL
        OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
 ORDER BY created_at DESC, id DESC

@@ -7,6 +7,8 @@
 -- with its root tasks ready from that moment: the claim takes tasks of running executions only,
 -- and the maintenance pass starts it then (execution_start_many_if_due, migration 0024). Each
 -- task's priority is its step's plus its execution's.
+-- An execution with a fair key (Workflow(fair_by=), migration 0028) takes its root tasks' turns
+-- from its key's slots instead of the batch's: see `keyed`.
 WITH request AS (
     SELECT *
     FROM unnest(%(ids)s::uuid[], %(workflow_names)s::text[], %(workflow_versions)s::int[],
@@ -19,10 +21,13 @@ WITH request AS (
                 %(traceparents)s::text[], %(tracestates)s::text[],
                 -- NULL when no start of the batch has tags.
                 %(tags)s::text[], %(run_ats)s::timestamptz[], %(delays)s::float8[],
-                %(priorities)s::int[])
+                %(priorities)s::int[],
+                -- NULL when no start of the batch has a fair key.
+                %(fair_keys)s::text[])
          WITH ORDINALITY AS r(id, workflow_name, workflow_version, input, input_hash,
                               idempotency_key, steps_pending, deadline_at, timeout_seconds,
-                              traceparent, tracestate, tags, run_at, delay, priority, ord)
+                              traceparent, tracestate, tags, run_at, delay, priority, fair_key,
+                              ord)
 ), timed AS MATERIALIZED (
     -- One reading of the clock per execution: its start decides its status and its tasks' run_at.
     SELECT r.*, s.start_at, s.start_at > clock_timestamp() AS later
@@ -57,17 +62,61 @@ WITH request AS (
                            WHERE k.queue = t.queue), 0) AS clock
           FROM template t
           WHERE t.root) AS r
+), key_costs AS (
+    -- Fair keys (migration 0028): the executions of a key in this statement, in batch order,
+    -- take `width` slots each (an eighth of a turn a root) from the key's next slot on, in each
+    -- queue their roots are in. A start later takes turns as an unkeyed one does: its turn,
+    -- long past when it is due, is no share of its key's now.
+    SELECT q.queue, r.fair_key, q.clock, q.width, count(*) * q.width AS cost
+    FROM timed r
+    JOIN (SELECT DISTINCT name, version, queue, clock, width FROM roots) AS q
+        ON q.name = r.workflow_name AND q.version = r.workflow_version
+    WHERE r.fair_key IS NOT NULL AND r.later IS NOT TRUE  -- NULL: no start time given
+    GROUP BY q.queue, r.fair_key, q.clock, q.width
+), keyed AS (
+    -- The key takes them from greatest(its next slot, the clock's first): a key with a backlog
+    -- goes on after it, a key with none at the turn being claimed. Its row stays locked until
+    -- commit, so the starts of one key take its slots one after the other; rows are taken in
+    -- one order (queue, key), and before any idempotency key (see `created`), so two starts
+    -- never wait for each other the other way round.
+    INSERT INTO konduit_fair_keys AS k (queue, fair_key, next_slot)
+    SELECT c.queue, c.fair_key, c.clock * 8 + c.cost
+    FROM key_costs c
+    ORDER BY c.queue, c.fair_key
+    ON CONFLICT (queue, fair_key) DO UPDATE
+        -- = greatest(next slot, clock x 8) + cost
+        SET next_slot = greatest(k.next_slot + (SELECT c.cost FROM key_costs c
+                                                WHERE c.queue = k.queue
+                                                  AND c.fair_key = k.fair_key),
+                                 excluded.next_slot)
+    RETURNING k.queue, k.fair_key, k.next_slot
+), key_slots AS (
+    -- Where each keyed execution's roots begin: its key's first slot plus its rank among the
+    -- key's executions of the statement times the width.
+    SELECT r.id, k.queue,
+           k.next_slot - c.cost
+           + (row_number() OVER (PARTITION BY k.queue, r.fair_key ORDER BY r.ord) - 1)
+             * c.width AS first_slot
+    FROM timed r
+    JOIN key_costs c ON c.fair_key = r.fair_key
+    JOIN keyed k ON k.queue = c.queue AND k.fair_key = c.fair_key
+    WHERE r.later IS NOT TRUE AND EXISTS (SELECT 1 FROM roots t
+                  WHERE t.name = r.workflow_name AND t.version = r.workflow_version
+                    AND t.queue = c.queue)
 ), created AS (
     INSERT INTO konduit_executions
         (id, workflow_name, workflow_version, input, input_hash, idempotency_key, steps_pending,
-         deadline_at, timeout_at, traceparent, tracestate, tags, run_at, priority, status)
+         deadline_at, timeout_at, traceparent, tracestate, tags, run_at, priority, status,
+         fair_key)
     SELECT id, workflow_name, workflow_version, input::jsonb, input_hash, idempotency_key,
            steps_pending, deadline_at,
            -- A hard limit counts from the start (greatest ignores a NULL start_at).
            greatest(start_at, clock_timestamp()) + make_interval(secs => timeout_seconds),
            traceparent, tracestate, tags::jsonb, start_at, COALESCE(priority, 0),
-           CASE WHEN later THEN 'scheduled' ELSE 'running' END
+           CASE WHEN later THEN 'scheduled' ELSE 'running' END, fair_key
     FROM timed
+    -- The fair keys first (an InitPlan runs before the first row): see `keyed`.
+    WHERE (SELECT count(*) FROM keyed) >= 0
     -- Keys are taken in one order by every batch: two batches that share keys wait for each
     -- other instead of deadlocking.
     ORDER BY workflow_name, idempotency_key, id
@@ -88,11 +137,15 @@ WITH request AS (
     SELECT c.id, t.workflow, 1, t.step, 0, t.queue, t.priority + COALESCE(r.priority, 0),
            t.max_attempts,
            t.deadline_seconds, COALESCE(t.limited, false),
-           konduit_task_turn(t.clock, (%(first_ordinal)s::bigint + r.ord - 1) * t.width + t.nth),
+           CASE WHEN s.first_slot IS NULL
+                THEN konduit_task_turn(t.clock,
+                                       (%(first_ordinal)s::bigint + r.ord - 1) * t.width + t.nth)
+                ELSE konduit_slot_turn(s.first_slot + t.nth) END,
            greatest(r.start_at, now()), t.policy_revision
     FROM created c
     JOIN timed r ON r.id = c.id
     JOIN roots t ON t.name = c.workflow_name AND t.version = c.workflow_version
+    LEFT JOIN key_slots s ON s.id = c.id AND s.queue = t.queue
 ), woken AS (
     -- NOTIFY takes a global lock at commit: once per queue, and only when tasks were made.
     SELECT count(pg_notify('konduit_ready', q.queue)) AS queues
@@ -135,3 +188,14 @@ FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[], %(seconds)s::float8[],
 WHERE t.execution_id = u.execution_id AND t.step = u.step
   AND t.generation = 1 AND t.map_index = 0
   AND t.status = 'ready' AND t.attempt = 0 AND t.deadline_at IS NULL;
+
+-- name: fair_key_lock_many
+-- Lock the fair key rows (migration 0028) a start_many of several statements will take, in one
+-- order (queue, key), before its first statement: each statement locks its own keys in that
+-- order, but two batches whose later statements take keys the other's earlier ones took would
+-- wait for each other the other way round. A row made here (slot 0) means what no row means.
+INSERT INTO konduit_fair_keys AS k (queue, fair_key, next_slot)
+SELECT u.queue, u.fair_key, 0
+FROM unnest(%(queues)s::text[], %(fair_keys)s::text[]) AS u(queue, fair_key)
+ORDER BY u.queue, u.fair_key
+ON CONFLICT (queue, fair_key) DO UPDATE SET next_slot = k.next_slot;

@@ -1,0 +1,89 @@
+"""Fair shares between keys (``Workflow(fair_by=...)``): the key of a start, and the turns its
+root tasks take.
+
+The claim takes ready tasks by (priority, fair turn, execution): start-time fair queueing, with a
+queue's *clock* the latest turn claimed (migration 0019). Without a key each execution (a batch
+start as one) is its own flow and starts at the clock. With a key the flow is the key: it keeps
+a *next slot* per queue, in eighths of a turn, and each start of the key takes its roots' slots
+from ``max(next slot, clock x 8)`` on. A customer with 10,000 executions waiting thus holds the
+next 1,250 turns, 8 tasks each, while another customer's first execution takes the clock's turn
+and is claimed within a round. The statement that does this is
+``execution_insert_many_with_roots`` (starts.sql); these functions are its arithmetic, for tests
+and for reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from konduit.errors import KonduitError, WorkflowDefinitionError
+
+SLOTS_PER_TURN = 8
+"""Tasks of one flow per turn: konduit_task_turn's share (migration 0019)."""
+
+MAX_KEY_LENGTH = 200
+"""The longest fair key: it is stored on each execution and in a key row per queue."""
+
+FairBy = Callable[[Any], Any]
+
+
+class FairKeyError(KonduitError):
+    """A workflow's ``fair_by`` raised or returned something other than a short non-empty
+    string for a start's input; nothing was stored."""
+
+
+def check_fair_by(fair_by: Any, *, workflow: str) -> FairBy | None:
+    """``fair_by`` as given to a workflow: None or a callable of one argument (the input)."""
+    if fair_by is None or callable(fair_by):
+        return fair_by  # type: ignore[no-any-return]
+    raise WorkflowDefinitionError(
+        f"fair_by must be a function of the input returning its key, e.g. "
+        f"fair_by=lambda input: input['customer'], not {type(fair_by).__name__}",
+        workflow=workflow)
+
+
+def fair_key(fair_by: FairBy, value: Any, *, workflow: str) -> str:
+    """The key of a start of ``workflow`` with input ``value``. Whatever ``fair_by`` raises
+    (``BaseException`` included, but KeyboardInterrupt) or a result that is no short string
+    becomes a :class:`FairKeyError` naming the workflow and fair_by."""
+    try:
+        key = fair_by(value)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # user code: SystemExit too ends this start only
+        raise FairKeyError(f"fair_by of workflow {workflow!r} raised "
+                           f"{type(exc).__name__}: {exc}") from exc
+    return check_key(key, what=f"fair_by of workflow {workflow!r} returned")
+
+
+def check_key(key: Any, *, what: str) -> str:
+    """``key`` if it is a fair key (text of 1 to 200 characters), else a
+    :class:`FairKeyError` saying ``what`` gave it."""
+    if not isinstance(key, str):
+        raise FairKeyError(f"{what} {type(key).__name__} {key!r:.80}; a fair key is a string")
+    if not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+        raise FairKeyError(f"{what} a key of {len(key)} characters; a fair key has 1 to "
+                           f"{MAX_KEY_LENGTH} (and no NUL)")
+    return key
+
+
+def take_slots(next_slot: int | None, clock: int, executions: int,
+               width: int) -> tuple[list[int], int]:
+    """A start of ``executions`` executions of one key, ``width`` roots each, in a queue at turn
+    ``clock`` whose key row says ``next_slot`` (None: no row): each execution's first slot, and
+    the key's next slot after them."""
+    first = clock * SLOTS_PER_TURN if next_slot is None else max(next_slot,
+                                                                 clock * SLOTS_PER_TURN)
+    return [first + i * width for i in range(executions)], first + executions * width
+
+
+def slot_turn(slot: int) -> int:
+    """The turn of the task in ``slot`` (konduit_slot_turn, migration 0028)."""
+    return slot // SLOTS_PER_TURN
+
+
+def stale(next_slot: int, clock: int) -> bool:
+    """A key row that means the same as no row: its next slot is not ahead of the clock, so
+    retention may delete it (take_slots gives the same slots either way)."""
+    return next_slot <= clock * SLOTS_PER_TURN
