@@ -3,6 +3,7 @@
 from konduit.app import App, ExecutionHandle
 from konduit.client import AsyncClient, AsyncExecutionHandle, Client
 from konduit.core.context import Context
+from konduit.core.flow import KeyContext, Limit, Rate
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair import NothingToRepair
 from konduit.core.results import Route
@@ -23,6 +24,7 @@ from konduit.errors import (
     IdempotencyConflict,
     InputValidationError,
     KonduitError,
+    LimitKeyError,
     MigrationRefused,
     NonRetryableError,
     PayloadError,
@@ -57,12 +59,16 @@ __all__ = [
     "IdempotencyConflict",
     "InputValidationError",
     "Join",
+    "KeyContext",
     "KonduitError",
+    "Limit",
+    "LimitKeyError",
     "MigrationRefused",
     "NonRetryableError",
     "NothingToRepair",
     "OutputInvalid",
     "PayloadError",
+    "Rate",
     "Retry",
     "Route",
     "Schedule",
