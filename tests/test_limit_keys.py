@@ -329,10 +329,10 @@ def test_a_million_keys_cost_storage_not_claim_time(db_url):
         params = {"queues": ["default"], "workflows": ["many-keys@1"], "cursor_workflows": [],
                   "cursor_steps": [], "cursor_keys": [], "keys_per_step": 32}
         with conn.transaction(force_rollback=True):  # warm: the function's plan, the catalog
-            conn.execute(q("flow_key_lock_if_ready"), params)
+            conn.execute(q("flow_limit_lock_keys_if_ready"), params)
         with conn.transaction(force_rollback=True):
             row = conn.execute(
-                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {q('flow_key_lock_if_ready')}".encode(),
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {q('flow_limit_lock_keys_if_ready')}".encode(),
                 params).fetchone()
         assert row is not None
         plan = row[0][0]["Plan"]
@@ -341,7 +341,7 @@ def test_a_million_keys_cost_storage_not_claim_time(db_url):
         # A few index pages per key found; the idle keys' rows and tasks (pages) are not read.
         assert touched < 150 and pages > 4000, (touched, pages)
         # The claim takes one task of each key (Limit(1)).
-        locked = conn.execute(q("flow_key_lock_if_ready"), params).fetchall()
+        locked = conn.execute(q("flow_limit_lock_keys_if_ready"), params).fetchall()
         assert sorted(r[2] for r in locked) == ["a", "b", "c"]
     # The retention pass retires idle rows, never those of keys with work.
     async def retire() -> int:

@@ -44,7 +44,7 @@ async def store_and_admit(tx: Tx, starts: Sequence[KeyedStart]) -> list[UUID]:
     runs = [s for s in starts if s.run_key is not None and s.max_running is not None]
     if not runs:
         return []
-    await tx.run("run_slot_lock_many", workflow_names=[s.workflow_name for s in runs],
+    await tx.run("execution_lock_run_slots_many", workflow_names=[s.workflow_name for s in runs],
                  keys=[s.run_key for s in runs], max_runnings=[s.max_running for s in runs])
     row = await tx.one("execution_hold_many_over_max_running", ids=[s.id for s in runs],
                        workflow_names=[s.workflow_name for s in runs],
@@ -55,13 +55,13 @@ async def store_and_admit(tx: Tx, starts: Sequence[KeyedStart]) -> list[UUID]:
 async def fill_after_finish(tx: Tx, workflow_name: str, key: str) -> list[UUID]:
     """An execution of ``key`` ended in ``tx``: lock the key's row and start its oldest
     pending executions into the freed slots (committed with the finish)."""
-    if await tx.one("run_slot_lock", workflow_name=workflow_name, key=key) is None:
+    if await tx.one("execution_lock_run_slot", workflow_name=workflow_name, key=key) is None:
         return []
     return await _fill(tx, [workflow_name], [key])
 
 
 async def _fill(tx: Tx, names: list[str], keys: list[str]) -> list[UUID]:
-    row = await tx.one("run_slot_fill", workflow_names=names, keys=keys)
+    row = await tx.one("execution_start_pending_in_run_slots", workflow_names=names, keys=keys)
     return [] if row is None else [UUID(str(i)) for i in row["started"]]
 
 
@@ -79,13 +79,13 @@ async def maintain(db: Database, *, limit: int = 100, idle_seconds: float = 60.0
     they have work."""
 
     async def fill(tx: Tx) -> int:
-        locked = await tx.all("run_slot_lock_pending", limit=limit)
+        locked = await tx.all("execution_lock_run_slots_pending", limit=limit)
         if not locked:
             return 0
         return len(await _fill(tx, [r["workflow_name"] for r in locked],
                                [r["key"] for r in locked]))
 
     started = await db.atomic(fill)
-    flows = await db.one("flow_key_delete_idle", idle_seconds=idle_seconds, limit=limit * 10)
-    slots = await db.all("run_slot_delete_idle", idle_seconds=idle_seconds, limit=limit * 10)
+    flows = await db.one("flow_limit_delete_idle_keys", idle_seconds=idle_seconds, limit=limit * 10)
+    slots = await db.all("execution_delete_idle_run_slots", idle_seconds=idle_seconds, limit=limit * 10)
     return KeysKept(started, (0 if flows is None else int(flows["deleted"])) + len(slots))

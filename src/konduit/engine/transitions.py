@@ -110,10 +110,10 @@ class KeyCursors(dict[tuple[str, str], str]):
 
 
 async def _lock_keys(tx: Tx, params: dict[str, Any], cursors: KeyCursors) -> list[Row]:
-    """Lock the rows of keys with ready tasks (flow_key_lock_if_ready), moving the cursors."""
+    """Lock the rows of keys with ready tasks (flow_limit_lock_keys_if_ready), moving the cursors."""
     steps = sorted(cursors)
     locked = await tx.all(
-        "flow_key_lock_if_ready", queues=params["queues"], workflows=params["workflows"],
+        "flow_limit_lock_keys_if_ready", queues=params["queues"], workflows=params["workflows"],
         cursor_workflows=[w for w, _ in steps], cursor_steps=[s for _, s in steps],
         cursor_keys=[cursors[k] for k in steps],
         keys_per_step=max(cursors.keys_per_step, params["limit"]),

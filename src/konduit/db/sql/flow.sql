@@ -39,7 +39,7 @@ WHERE (konduit_flow_limits.concurrency, konduit_flow_limits.rate_count,
 -- claimer holds is skipped (that claimer serves the step). The claim that follows in the same
 -- transaction takes a fresh snapshot, so the running tasks and starts it counts include every
 -- claim committed before these locks were granted.
--- A step limited per key is not locked here (flow_key_lock_if_ready locks its keys).
+-- A step limited per key is not locked here (flow_limit_lock_keys_if_ready locks its keys).
 SELECT f.workflow, f.step
 FROM konduit_flow_limits f
 WHERE f.workflow = ANY(%(workflows)s::text[]) AND NOT f.keyed
@@ -69,7 +69,7 @@ FROM konduit_flow_limits f
 WHERE f.concurrency IS NOT NULL OR f.rate_count IS NOT NULL
 ORDER BY f.workflow, f.step;
 
--- name: flow_key_lock_if_ready
+-- name: flow_limit_lock_keys_if_ready
 -- First statement of a flow claim, for the steps limited per key: up to `keys_per_step` keys of
 -- each with ready tasks in these queues, in key order after the caller's cursor (the last key
 -- it served: keys take turns), found by a skip scan that reads no key without ready tasks

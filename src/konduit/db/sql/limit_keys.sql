@@ -18,7 +18,7 @@ SET limit_key = k.limit_keys ->> t.step
 FROM keyed k
 WHERE t.execution_id = k.id AND t.limited AND k.limit_keys IS NOT NULL;
 
--- name: run_slot_lock_many
+-- name: execution_lock_run_slots_many
 -- Create (on demand) and lock the rows of these max_running keys, in one order (two starts
 -- sharing keys queue, never deadlock); the caller counts their running executions in its next
 -- statement, whose snapshot is taken after the locks were granted.
@@ -30,7 +30,7 @@ ORDER BY u.workflow_name, u.key
 ON CONFLICT (workflow_name, key) DO UPDATE
 SET max_running = EXCLUDED.max_running, updated_at = clock_timestamp();
 
--- name: run_slot_lock
+-- name: execution_lock_run_slot
 -- Lock one max_running key's row (a finish of one of its executions); no row: nothing to fill.
 SELECT workflow_name, key
 FROM konduit_run_slots
@@ -41,7 +41,7 @@ FOR UPDATE;
 -- Under the keys' row locks: the new executions past their key's max_running wait `pending`
 -- (the newest first), as does every new one of a key with older executions still pending
 -- (they start first). A held execution's ready tasks are set aside from every claim (limited,
--- with no key: no claim reads them) until run_slot_fill starts it.
+-- with no key: no claim reads them) until execution_start_pending_in_run_slots starts it.
 WITH mine AS (
     SELECT u.id, u.workflow_name, u.run_key
     FROM unnest(%(ids)s::uuid[], %(workflow_names)s::text[], %(run_keys)s::text[])
@@ -79,7 +79,7 @@ WITH mine AS (
 )
 SELECT coalesce(array_agg(id), '{}') AS held FROM held;
 
--- name: run_slot_fill
+-- name: execution_start_pending_in_run_slots
 -- Under the caller's lock of these keys' rows: start the oldest pending executions of each
 -- while it has fewer running than its max_running, skipping one another transaction holds (a
 -- cancel: never waited for, so a cancel and a fill cannot deadlock). Their tasks get their
@@ -125,9 +125,9 @@ WITH slots AS (
 SELECT coalesce(array_agg(id), '{}') AS started, (SELECT queues FROM woken) AS woken
 FROM started;
 
--- name: run_slot_lock_pending
+-- name: execution_lock_run_slots_pending
 -- The maintenance pass's share: lock the rows of up to `limit` keys with pending executions
--- (skipping those another transaction holds), for run_slot_fill.
+-- (skipping those another transaction holds), for execution_start_pending_in_run_slots.
 SELECT s.workflow_name, s.key
 FROM (SELECT DISTINCT e.workflow_name, e.run_key
       FROM konduit_executions e
@@ -136,7 +136,7 @@ FROM (SELECT DISTINCT e.workflow_name, e.run_key
 JOIN konduit_run_slots s ON s.workflow_name = p.workflow_name AND s.key = p.run_key
 FOR UPDATE OF s SKIP LOCKED;
 
--- name: run_slot_delete_idle
+-- name: execution_delete_idle_run_slots
 -- Retire the rows of max_running keys with no pending or running execution, idle for
 -- `idle_seconds` (a start creates its key's row again). Up to `limit`, skipping held rows.
 DELETE FROM konduit_run_slots s
@@ -151,7 +151,7 @@ USING (SELECT workflow_name, key
 WHERE s.workflow_name = idle.workflow_name AND s.key = idle.key
 RETURNING s.key;
 
--- name: flow_key_delete_idle
+-- name: flow_limit_delete_idle_keys
 -- Retire the rows of keys no ready or running task refers to, untouched for `idle_seconds`
 -- and with no start left in their rate window (a claim creates the row again when the key has
 -- work); their throttled time moves to their step's row, so the step's total stays whole. Up

@@ -170,7 +170,7 @@ CROSS JOIN LATERAL (SELECT {{claimed_execution}}
 -- name: task_claim_batch_flow_limited
 -- The claim of task_claim_batch, plus the ready tasks of the limited steps whose rows the caller
 -- locked (flow_limit_lock_if_ready) and of the keys of per-key limited steps whose rows it
--- locked (flow_key_lock_if_ready), each step or key at most its allowance: its concurrency
+-- locked (flow_limit_lock_keys_if_ready), each step or key at most its allowance: its concurrency
 -- minus its running tasks, and its rate's count minus its starts in the window; records the
 -- starts and the throttled time in those rows. One clock reading serves the window, the
 -- attempts' start times and the window's new entries, so the starts stored are the starts decided.
