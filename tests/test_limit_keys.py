@@ -20,6 +20,7 @@ Checked here, on real PostgreSQL:
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -32,6 +33,8 @@ from konduit.db.database import Database
 from konduit.db.queries import q
 from konduit.engine import limit_keys, transitions
 from konduit.errors import LimitKeyError, WorkflowDefinitionError
+from konduit.observe.metrics import metric_families
+from konduit.observe.stats import load_stats, stats_renderables
 from tests.support.workers import running_worker, spawn_worker, stop_workers
 
 pytestmark = pytest.mark.storage
@@ -356,11 +359,56 @@ def test_a_million_keys_cost_storage_not_claim_time(db_url):
         finally:
             await db.close()
 
-    import asyncio
-
     assert asyncio.run(retire()) == 1000
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT count(*) FROM konduit_flow_keys WHERE key IN ('a', 'b', 'c')"
                             ).fetchone() == (3,)
         assert conn.execute("SELECT count(*) FROM konduit_flow_keys").fetchone() == (
             IDLE_KEYS + 3 - 1000,)
+
+
+# -- visible ---------------------------------------------------------------------------------
+
+
+def test_per_key_running_and_throttled_time_are_visible(db_url):
+    wf = konduit.Workflow("keys-seen", version=1)
+    wf.step(name="call", concurrency=konduit.Limit(1, key=_customer))(lambda ctx: 1)
+    app = konduit.App([wf], database_url=db_url)
+    try:
+        app.start_many([{"workflow": "keys-seen", "input": {"customer": c}}
+                        for c in ("hot", "hot", "hot", "cold")])
+    finally:
+        app.close()
+
+    async def main() -> Any:
+        db = Database(db_url, max_size=2)
+        await db.open()
+        try:
+            cursors = transitions.KeyCursors()
+            for expected in (2, 0):  # one of each key, then the hot key is held back
+                claimed = await transitions.claim(
+                    db, queues=["default"], workflows=["keys-seen@1"], limit=8,
+                    lease_seconds=30, worker_id="w", limited=True, key_cursors=cursors)
+                assert len(claimed) == expected
+            return await load_stats(db)
+        finally:
+            await db.close()
+
+    stats = asyncio.run(main())
+    [flow] = stats.flow
+    assert (flow.keyed, flow.concurrency, flow.running, flow.ready) == (True, 1, 2, 2)
+    assert (flow.keys, flow.keys_throttled, flow.throttled_now) == (2, 1, True)
+    top = {k.key: k for k in flow.top_keys}
+    assert top["hot"].running == 1 and top["hot"].throttled_now
+    assert top["cold"].running == 1 and not top["cold"].throttled_now
+    assert flow.to_json()["top_keys"][0]["key"] in {"hot", "cold"}
+    lines = [r for r in stats_renderables(stats) if isinstance(r, str)]
+    assert any("keys-seen@1/call: 2 key(s), 1 throttled now" in line and "hot 1 running" in line
+               for line in lines), lines
+    # Metrics are labelled by the limit (its step), never by key.
+    families = {m.name: m for m in metric_families(stats, [], [])}
+    [keys] = families["konduit_step_flow_keys"].samples
+    assert keys.labels == {"workflow": "keys-seen", "version": "1", "step": "call"}
+    assert keys.value == 2
+    assert families["konduit_step_flow_keys_throttled"].samples[0].value == 1
+    assert not any("key" in s.labels for m in families.values() for s in m.samples)

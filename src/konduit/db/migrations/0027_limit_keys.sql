@@ -48,6 +48,9 @@ CREATE TABLE konduit_flow_keys (
     PRIMARY KEY (workflow, step, key)
 );
 CREATE INDEX konduit_flow_keys_idle ON konduit_flow_keys (updated_at);
+-- The keys throttled now, for stats (flow_limit_list_top_keys).
+CREATE INDEX konduit_flow_keys_throttled ON konduit_flow_keys (workflow, step)
+    WHERE throttled_since IS NOT NULL;
 
 -- Up to `n` keys of a keyed step with ready tasks in the given queues, in key order after
 -- `after` (wrapping around to the first key): a skip scan on konduit_tasks_key_ready, one index

@@ -52,8 +52,11 @@ FOR UPDATE OF f SKIP LOCKED;
 
 -- name: flow_limit_list
 -- Every limited step with its limits, running tasks, ready tasks and throttled time (a stretch
--- still open counts up to now), for stats and metrics.
-SELECT f.workflow, f.step, f.concurrency, f.rate_count, f.rate_seconds,
+-- still open counts up to now), for stats and metrics. A step limited per key (`keyed`) adds
+-- its keys' rows: their throttled time and claims (retired keys' are in the step's row), how
+-- many keys have a row (`keys`) and how many are throttled now (`keys_throttled`); that sum
+-- reads the step's key rows, which the retention pass keeps to keys with recent work.
+SELECT f.workflow, f.step, f.concurrency, f.rate_count, f.rate_seconds, f.keyed,
        (SELECT count(*) FROM konduit_tasks t
         WHERE t.limited AND t.workflow = f.workflow AND t.step = f.step
           AND t.status = 'running')::int AS running,
@@ -62,12 +65,55 @@ SELECT f.workflow, f.step, f.concurrency, f.rate_count, f.rate_seconds,
           AND t.status = 'ready')::int AS ready,
        f.throttled_seconds
            + COALESCE(extract(epoch FROM clock_timestamp() - f.throttled_since), 0)::float8
-           AS throttled_seconds,
-       f.throttled_since IS NOT NULL AS throttled_now,
-       f.throttled_claims
+           + COALESCE(k.throttled_seconds, 0) AS throttled_seconds,
+       f.throttled_since IS NOT NULL OR COALESCE(k.throttled_now, 0) > 0 AS throttled_now,
+       f.throttled_claims + COALESCE(k.throttled_claims, 0) AS throttled_claims,
+       COALESCE(k.keys, 0) AS keys, COALESCE(k.throttled_now, 0) AS keys_throttled
 FROM konduit_flow_limits f
+LEFT JOIN LATERAL (
+    SELECT count(*)::int AS keys,
+           (count(*) FILTER (WHERE fk.throttled_since IS NOT NULL))::int AS throttled_now,
+           sum(fk.throttled_seconds + COALESCE(extract(epoch FROM clock_timestamp()
+                                                       - fk.throttled_since), 0))::float8
+               AS throttled_seconds,
+           sum(fk.throttled_claims)::bigint AS throttled_claims
+    FROM konduit_flow_keys fk
+    WHERE f.keyed AND fk.workflow = f.workflow AND fk.step = f.step
+) AS k ON true
 WHERE f.concurrency IS NOT NULL OR f.rate_count IS NOT NULL
 ORDER BY f.workflow, f.step;
+
+-- name: flow_limit_list_top_keys
+-- The busiest keys of each step limited per key, at most `per_step` of each: the keys with
+-- running tasks (most first) and those throttled now. Reads the running tasks and the keys
+-- throttled now (konduit_flow_keys_throttled), never every key.
+SELECT f.workflow, f.step, k.key, k.running, k.throttled_seconds, k.throttled_now
+FROM konduit_flow_limits f
+CROSS JOIN LATERAL (
+    SELECT c.key, max(c.running)::int AS running,
+           COALESCE(max(fk.throttled_seconds
+                        + COALESCE(extract(epoch FROM clock_timestamp() - fk.throttled_since),
+                                   0)), 0)::float8 AS throttled_seconds,
+           bool_or(fk.throttled_since IS NOT NULL) IS TRUE AS throttled_now
+    FROM (SELECT t.limit_key AS key, count(*) AS running
+          FROM konduit_tasks t
+          WHERE t.workflow = f.workflow AND t.step = f.step AND t.limit_key IS NOT NULL
+            AND t.status = 'running'
+          GROUP BY t.limit_key
+          UNION ALL
+          SELECT fk.key, 0
+          FROM konduit_flow_keys fk
+          WHERE fk.workflow = f.workflow AND fk.step = f.step
+            AND fk.throttled_since IS NOT NULL) AS c
+    LEFT JOIN konduit_flow_keys fk
+           ON fk.workflow = f.workflow AND fk.step = f.step AND fk.key = c.key
+    GROUP BY c.key
+    ORDER BY running DESC, throttled_now DESC, throttled_seconds DESC, c.key
+    LIMIT %(per_step)s
+) AS k
+WHERE f.keyed AND (f.concurrency IS NOT NULL OR f.rate_count IS NOT NULL)
+ORDER BY f.workflow, f.step, k.running DESC, k.throttled_now DESC, k.throttled_seconds DESC,
+         k.key;
 
 -- name: flow_limit_lock_keys_if_ready
 -- First statement of a flow claim, for the steps limited per key: up to `keys_per_step` keys of
