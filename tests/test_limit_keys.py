@@ -24,6 +24,7 @@ import asyncio
 import threading
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
@@ -35,6 +36,8 @@ from konduit.engine import limit_keys, transitions
 from konduit.errors import LimitKeyError, WorkflowDefinitionError
 from konduit.observe.metrics import metric_families
 from konduit.observe.stats import load_stats, stats_renderables
+from konduit.web import create_app, database_client
+from tests.support.browser import serving
 from tests.support.workers import running_worker, spawn_worker, stop_workers
 
 pytestmark = pytest.mark.storage
@@ -412,3 +415,12 @@ def test_per_key_running_and_throttled_time_are_visible(db_url):
     assert keys.value == 2
     assert families["konduit_step_flow_keys_throttled"].samples[0].value == 1
     assert not any("key" in s.labels for m in families.values() for s in m.samples)
+    # The dashboard's stats page: the flow limits table, with the busiest keys.
+    with serving(create_app(database_client(db_url))) as base, \
+            httpx.Client(base_url=base) as http:
+        page = http.get("/stats")
+        metrics = http.get("/metrics").text
+    assert page.status_code == 200
+    assert "Flow limits" in page.text and "1 per key" in page.text
+    assert "2 key(s), 1 throttled now" in page.text and '<span class="key">hot</span>' in page.text
+    assert 'konduit_step_flow_keys{step="call",version="1",workflow="keys-seen"} 2.0' in metrics
