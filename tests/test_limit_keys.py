@@ -148,10 +148,16 @@ def test_keys_are_stored_on_every_task_of_a_keyed_step(db_url):
         with psycopg.connect(db_url) as conn:
             rows = conn.execute("SELECT step, limit_key, limited FROM konduit_tasks "
                                 "ORDER BY step, map_index").fetchall()
+            # An execution with no key for a keyed step (migrated from a version where it was
+            # not keyed) gets the shared key '': never a keyed task out of every claim's reach.
+            fallback = conn.execute(
+                "SELECT konduit_limit_key(NULL, 'keys-stored@1', 'first'),"
+                "       konduit_limit_key('{}', 'keys-stored@1', 'plain')").fetchone()
     finally:
         app.close()
     assert rows == [("each", "acme", True)] * 3 + [("first", "acme", True),
                                                     ("plain", None, False)]
+    assert fallback == ("", None)
 
 
 # -- across worker processes -----------------------------------------------------------------

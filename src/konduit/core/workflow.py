@@ -180,6 +180,10 @@ class Workflow(WaitSteps):
     ``degraded_budget="2%"`` ("roughly 2% of runs"): a ``degraded_budget`` alert opens
     while more than that share of the workflow's executions finished in the last day went out
     degraded, and resolves when the share falls back; see docs/alerts.md.
+
+    ``max_running=N`` (with ``key=lambda input: ...``, optional): at most N running executions
+    per key (without ``key``: of the workflow in all); a start past it leaves the execution
+    ``pending`` until a slot frees, oldest first; see docs/many-customers.md.
     """
 
     def __init__(self, name: str, version: int = 1, *, repair_within: Duration | None = None,

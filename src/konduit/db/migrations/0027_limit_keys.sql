@@ -19,11 +19,22 @@ CREATE INDEX konduit_tasks_key_ready ON konduit_tasks
 CREATE INDEX konduit_tasks_key_running ON konduit_tasks (workflow, step, limit_key)
     WHERE limit_key IS NOT NULL AND status = 'running';
 
+-- The key of a limited task: its execution's key for the step; '' (one key shared by all such
+-- tasks) when the step is limited per key but the execution has no key for it (an execution
+-- migrated from a version where the step was not), so that no task of a keyed step is left
+-- without a key, out of every claim's reach.
+CREATE FUNCTION konduit_limit_key(p_keys jsonb, p_workflow text, p_step text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE(p_keys ->> p_step,
+                    (SELECT '' FROM konduit_flow_limits f
+                     WHERE f.workflow = p_workflow AND f.step = p_step AND f.keyed))
+$$;
+
 CREATE FUNCTION konduit_task_limit_key() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    NEW.limit_key := (SELECT e.limit_keys ->> NEW.step FROM konduit_executions e
-                      WHERE e.id = NEW.execution_id);
+    NEW.limit_key := konduit_limit_key((SELECT e.limit_keys FROM konduit_executions e
+                                        WHERE e.id = NEW.execution_id), NEW.workflow, NEW.step);
     RETURN NEW;
 END $$;
 

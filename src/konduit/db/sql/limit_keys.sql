@@ -14,7 +14,7 @@ WITH keyed AS (
     RETURNING e.id, e.limit_keys
 )
 UPDATE konduit_tasks t
-SET limit_key = k.limit_keys ->> t.step
+SET limit_key = konduit_limit_key(k.limit_keys, t.workflow, t.step)
 FROM keyed k
 WHERE t.execution_id = k.id AND t.limited AND k.limit_keys IS NOT NULL;
 
@@ -110,8 +110,8 @@ WITH slots AS (
     RETURNING e.id, e.limit_keys
 ), released AS (
     UPDATE konduit_tasks t
-    SET limit_key = s.limit_keys ->> t.step,
-        limited = COALESCE(s.limit_keys ? t.step, false) OR EXISTS (
+    SET limit_key = konduit_limit_key(s.limit_keys, t.workflow, t.step),
+        limited = konduit_limit_key(s.limit_keys, t.workflow, t.step) IS NOT NULL OR EXISTS (
             SELECT 1 FROM konduit_flow_limits f
             WHERE f.workflow = t.workflow AND f.step = t.step
               AND (f.concurrency IS NOT NULL OR f.rate_count IS NOT NULL))
