@@ -212,7 +212,9 @@ def test_per_key_limits_hold_across_two_worker_processes(db_url):
     assert {k: len(s) for k, s in by_key.items()} == count
     most = {key: _most_at_once(s) for key, s in by_key.items()}
     assert max(most.values()) == 2 == most["hot"], most  # never 3 of a key; the limit was used
-    assert _most_at_once([(b, e) for _, b, e in spans]) >= 5  # keys side by side
+    # Keys side by side: more at once than one key may run (a loaded machine leaves fewer
+    # than the 8 slots busy).
+    assert _most_at_once([(b, e) for _, b, e in spans]) >= 3
     assert claimers == (2,)  # both processes claimed keyed tasks
     rate_starts: dict[str, list[Any]] = {}
     for key, at in starts:
@@ -305,6 +307,37 @@ def test_pending_executions_start_in_order_when_slots_free(db_url):
         assert done == [2, 3]  # in start order, one at a time
     finally:
         app.close()
+
+
+def test_the_maintenance_pass_fills_free_slots(db_url):
+    wf = konduit.Workflow("mr-fill", version=1, max_running=1)  # no key: 1 running in all
+    wf.step(name="only")(lambda ctx: 1)
+    app = konduit.App([wf], database_url=db_url)
+    try:
+        ids = [app.start("mr-fill", input=n).id for n in range(3)]
+    finally:
+        app.close()
+    assert _statuses(db_url, "mr-fill") == {"": ["running", "pending", "pending"]}
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        # A slot freed without the finish that fills it (say a raised max_running).
+        conn.execute("UPDATE konduit_run_slots SET max_running = 2")
+
+    async def maintain() -> int:
+        db = Database(db_url, max_size=2)
+        await db.open()
+        try:
+            return (await limit_keys.maintain(db)).started
+        finally:
+            await db.close()
+
+    assert asyncio.run(maintain()) == 1
+    assert _statuses(db_url, "mr-fill") == {"": ["running", "running", "pending"]}
+    with psycopg.connect(db_url) as conn:
+        started = conn.execute("SELECT status FROM konduit_executions WHERE id = %s",
+                               (ids[1],)).fetchone()
+        released = conn.execute("SELECT count(*) FROM konduit_tasks WHERE execution_id = %s "
+                                "AND status = 'ready' AND NOT limited", (ids[1],)).fetchone()
+    assert started == ("running",) and released == (1,)  # the oldest, its task claimable
 
 
 # -- many keys -------------------------------------------------------------------------------
