@@ -172,6 +172,45 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
     return most
 
 
+def test_claimers_released_together_never_run_two_of_a_key_limited_to_one(db_url):
+    wf = konduit.Workflow("keys-collide", version=1)
+    wf.step(name="call", concurrency=konduit.Limit(1, key=_customer))(lambda ctx: 1)
+    app = konduit.App([wf], database_url=db_url)
+    claimers, trials = 6, 8
+    try:
+        app.start_many([{"workflow": "keys-collide", "input": {"customer": f"t{trial}"}}
+                         for trial in range(trials) for _ in range(claimers)])
+    finally:
+        app.close()
+
+    async def main() -> None:
+        db = Database(db_url, max_size=claimers + 1)
+        await db.open()
+        try:
+            for _ in range(trials):
+                barrier = asyncio.Barrier(claimers)
+
+                async def one(barrier: asyncio.Barrier = barrier) -> None:
+                    async def body(tx: Any) -> None:
+                        await barrier.wait()  # every claimer in its transaction, then all at once
+                        await transitions.claim(
+                            tx, queues=["default"], workflows=["keys-collide@1"], limit=4,
+                            lease_seconds=30, worker_id="w", limited=True,
+                            key_cursors=transitions.KeyCursors())
+                    await db.atomic(body)
+
+                await asyncio.gather(*(one() for _ in range(claimers)))
+        finally:
+            await db.close()
+
+    asyncio.run(main())
+    with psycopg.connect(db_url) as conn:
+        running = dict(conn.execute("SELECT limit_key, count(*) FROM konduit_tasks "
+                                    "WHERE status = 'running' GROUP BY 1").fetchall())
+    # Each key had 6 ready tasks and 6 claimers racing: exactly one of them ran per key.
+    assert running == {f"t{trial}": 1 for trial in range(trials)}, running
+
+
 @pytest.mark.slow
 def test_per_key_limits_hold_across_two_worker_processes(db_url):
     from tests.apps import key_limits_app
