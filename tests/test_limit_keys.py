@@ -7,6 +7,8 @@ Checked here, on real PostgreSQL:
   refuses that start, naming the workflow, the step and the function; nothing is written and a
   running worker is unaffected;
 - keys are stored on every task of a keyed step (roots, later steps, map items);
+- claimers released together by a barrier on a key limited to 1 never run two of it (the test
+  fails with the key row lock removed);
 - two real worker processes: a per-key concurrency of 2 is never exceeded for any of 20 keys
   (handler start/end times written to a table) while the keys run side by side; a per-key rate
   of 2/s never has 3 starts within a second for any key (attempt start times);
