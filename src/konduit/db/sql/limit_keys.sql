@@ -72,10 +72,12 @@ WITH mine AS (
     WHERE e.id = over.id AND e.status = 'running'
     RETURNING e.id
 ), set_aside AS (
+    -- A budget cut by the execution's window (a moment from now) waits too: it runs from the
+    -- first claim, as an uncut one does, so no deadline passes while the execution is pending.
     UPDATE konduit_tasks t
-    SET limited = true, limit_key = NULL
+    SET limited = true, limit_key = NULL, deadline_at = NULL
     FROM held h
-    WHERE t.execution_id = h.id AND t.status = 'ready'
+    WHERE t.execution_id = h.id AND t.status = 'ready' AND t.attempt = 0
 )
 SELECT coalesce(array_agg(id), '{}') AS held FROM held;
 
