@@ -211,7 +211,8 @@ def test_claimers_released_together_never_run_two_of_a_concurrency_one_step(db_u
                 async with db.transaction() as tx:
                     await tx.all(
                         "task_claim_batch_flow_limited", flow_workflows=["flow-collide@1"],
-                        flow_steps=["a"], queues=["default"], workflows=registry.keys(), limit=4,
+                        flow_steps=["a"], key_workflows=[], key_steps=[], key_keys=[],
+                        queues=["default"], workflows=registry.keys(), limit=4,
                         lease_seconds=30.0, worker_id=WORKER)
 
             control = 0

@@ -4,6 +4,7 @@ from konduit.app import App, ExecutionHandle
 from konduit.client import AsyncClient, AsyncExecutionHandle, Client
 from konduit.core.context import Context
 from konduit.core.fair import FairKeyError
+from konduit.core.flow import KeyContext, Limit, Rate
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair import NothingToRepair
 from konduit.core.results import Route
@@ -24,6 +25,7 @@ from konduit.errors import (
     IdempotencyConflict,
     InputValidationError,
     KonduitError,
+    LimitKeyError,
     MigrationRefused,
     NonRetryableError,
     PayloadError,
@@ -59,12 +61,16 @@ __all__ = [
     "IdempotencyConflict",
     "InputValidationError",
     "Join",
+    "KeyContext",
     "KonduitError",
+    "Limit",
+    "LimitKeyError",
     "MigrationRefused",
     "NonRetryableError",
     "NothingToRepair",
     "OutputInvalid",
     "PayloadError",
+    "Rate",
     "Retry",
     "Route",
     "Schedule",

@@ -177,3 +177,9 @@ class BenchError(KonduitError):
 
 class AlertError(KonduitError):
     """Bad alert options (``konduit alerts``, ``app.alerts()``), such as an unknown kind."""
+
+
+class LimitKeyError(KonduitError):
+    """A limit's key function (``konduit.Limit(key=)``, ``konduit.Rate(key=)``,
+    ``Workflow(key=)``) raised or returned something other than a string: the start is refused,
+    and the message names the workflow, the step and the function."""

@@ -1,4 +1,5 @@
-"""Flow control of a step across all workers: ``concurrency=N`` and ``rate="N/s"``.
+"""Flow control of a step across all workers: ``concurrency=N`` and ``rate="N/s"``, for the
+whole step or per key (``concurrency=Limit(2, key=...)``, ``rate=Rate("10/s", key=...)``).
 
 Pure parts only: reading and checking the options at definition time, and the sliding-window
 rule the claim applies (``task_claim_batch_flow_limited`` does it in SQL, under the step's row
@@ -8,8 +9,9 @@ lock; :func:`rate_allowance` states the same rule for tests and readers).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(s|m|h)\s*$")
 _PERIOD = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -21,13 +23,55 @@ step's row, rewritten by every claim of the step (use a longer interval's smalle
 
 
 @dataclass(frozen=True)
+class KeyContext:
+    """What a step's limit key function sees: the execution's ``input`` (as handlers see it,
+    the declared model's instance when the workflow declares one), and the ``workflow`` and
+    ``step`` names. The key is computed once, when the execution starts, for every step with
+    per-key limits (so a key cannot depend on an upstream's output)."""
+
+    input: Any
+    workflow: str
+    step: str
+
+
+KeyFunction = Callable[[KeyContext], str]
+
+
+@dataclass(frozen=True)
+class Limit:
+    """``step(concurrency=Limit(2, key=lambda ctx: ctx.input["customer"]))``: at most ``count``
+    running tasks of the step per key, across every worker. Without ``key`` it is the step's
+    fleet-wide ``concurrency=count``."""
+
+    count: int
+    key: KeyFunction | None = None
+
+
+@dataclass(frozen=True)
+class Rate:
+    """``step(rate=Rate("10/s", key=lambda ctx: ctx.input["api_key"]))``: at most that many
+    starts of the step per key in any interval, across every worker. Without ``key`` it is the
+    step's fleet-wide ``rate=``."""
+
+    rate: str
+    key: KeyFunction | None = None
+
+
+@dataclass(frozen=True)
 class FlowLimit:
     """A step's fleet-wide limits: at most ``concurrency`` running tasks, and at most
-    ``rate_count`` starts (claims, retries included) in any ``rate_seconds``."""
+    ``rate_count`` starts (claims, retries included) in any ``rate_seconds``; with ``key``,
+    these apply to each key the function returns, not to the whole step."""
 
     concurrency: int | None = None
     rate_count: int | None = None
     rate_seconds: float | None = None
+    key: KeyFunction | None = field(default=None, compare=False)
+
+    @property
+    def keyed(self) -> bool:
+        """The limits apply per key."""
+        return self.key is not None
 
     @property
     def rate(self) -> str | None:
@@ -42,6 +86,21 @@ def parse_flow_limit(concurrency: object, rate: object) -> FlowLimit | None:
     """Check ``step(concurrency=, rate=)``; None when neither is set.
 
     Raises ValueError with a message meant to follow "step 'x': "."""
+    keys: list[KeyFunction] = []
+    if isinstance(concurrency, Limit):
+        if concurrency.key is not None:
+            keys.append(concurrency.key)
+        concurrency = concurrency.count
+    if isinstance(rate, Rate):
+        if rate.key is not None:
+            keys.append(rate.key)
+        rate = rate.rate
+    for key in keys:
+        if not callable(key):
+            raise ValueError(f"a limit's key must be a function of the step's context, got {key!r}")
+    if len(keys) == 2 and keys[0] is not keys[1]:
+        raise ValueError("concurrency= and rate= per key must use the same key function (one "
+                         "key per task)")
     if concurrency is not None and (
         not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
     ):
@@ -59,7 +118,10 @@ def parse_flow_limit(concurrency: object, rate: object) -> FlowLimit | None:
             )
     if concurrency is None and rate_count is None:
         return None
-    return FlowLimit(concurrency, rate_count, rate_seconds)
+    if len(keys) == 1 and concurrency is not None and rate_count is not None:
+        raise ValueError("a step's limits are all per key or all for the whole step: give both "
+                         "as konduit.Limit/konduit.Rate with the same key")
+    return FlowLimit(concurrency, rate_count, rate_seconds, keys[0] if keys else None)
 
 
 def rate_allowance(starts: Sequence[float], now: float, count: int, seconds: float) -> int:

@@ -17,9 +17,10 @@ from typing import Any, TypeVar
 from konduit.core import fair, shape
 from konduit.core.definition_warnings import unbounded_branch_message, unbounded_optional_branches
 from konduit.core.durations import Duration, parse_duration
-from konduit.core.flow import FlowLimit, parse_flow_limit
+from konduit.core.flow import FlowLimit, KeyContext, Limit, Rate, parse_flow_limit
 from konduit.core.hedging import Hedge, parse_hedge
 from konduit.core.inputs import InputType
+from konduit.core.limit_keys import check_max_running
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair_contract import RepairContract
 from konduit.core.schedules import Schedule
@@ -92,6 +93,10 @@ class StepSpec:
             spec["hedge"] = self.hedge.to_spec()
         if self.wait is not None:
             spec["wait"] = self.wait.to_spec()
+        if self.flow is not None and self.flow.keyed:
+            # Per-key or per-step limits decide which claim takes the step's tasks: a change
+            # between them is a change of shape (the limits' values stay out of the hash).
+            spec["limit_key"] = True
         return spec
 
 
@@ -179,13 +184,18 @@ class Workflow(WaitSteps):
     ``fair_by=lambda input: input["customer"]``: ready work is claimed round-robin across the
     keys it returns (a string, from the input, at each start), so one customer's backlog does
     not hold another's execution back; see docs/fairness.md.
+
+    ``max_running=N`` (with ``key=lambda input: ...``, optional): at most N running executions
+    per key (without ``key``: of the workflow in all); a start past it leaves the execution
+    ``pending`` until a slot frees, oldest first; see docs/many-customers.md.
     """
 
     def __init__(self, name: str, version: int = 1, *, repair_within: Duration | None = None,
                  repair_delay: Duration | None = None,
                  alert_after_no_success: Duration | None = None,
                  degraded_budget: str | float | None = None, input: Any = None,
-                 fair_by: Callable[[Any], str] | None = None):
+                 fair_by: Callable[[Any], str] | None = None,
+                 max_running: int | None = None, key: Callable[[Any], Any] | None = None):
         if not isinstance(name, str) or not _NAME.match(name):
             raise WorkflowDefinitionError(
                 f"workflow name {name!r} must be 1-100 letters, digits, '_', '-' or '.'"
@@ -221,6 +231,8 @@ class Workflow(WaitSteps):
         self._by_handler: dict[int, str] = {}
         self._frozen_spec: WorkflowSpec | None = None
         self._schedules: dict[str, Schedule] = {}
+        # At most max_running running executions per key(input) (docs/many-customers.md).
+        self.max_running, self.run_key = check_max_running(max_running, key, workflow=name)
 
     # -- definition ---------------------------------------------------------------------------
 
@@ -238,8 +250,8 @@ class Workflow(WaitSteps):
         priority: int = 0,
         output: Any = None,
         fallback_on_failure: bool = False,
-        concurrency: int | None = None,
-        rate: str | None = None,
+        concurrency: int | Limit | None = None,
+        rate: str | Rate | None = None,
         hedge: Duration | None = None,
     ) -> Callable[[F], F]:
         """Register the decorated function as a step running after the steps in ``after``.
@@ -250,7 +262,9 @@ class Workflow(WaitSteps):
         ``required=False`` makes this step an optional branch for ``Join.required()``.
         ``output`` declares the payload's type (Pydantic model or JSON Schema dict).
         ``concurrency=N`` runs at most N tasks of this step at once and ``rate="N/s"`` (or
-        ``/m``, ``/h``) starts at most N in any such interval, across all workers.
+        ``/m``, ``/h``) starts at most N in any such interval, across all workers;
+        ``konduit.Limit(N, key=...)`` and ``konduit.Rate("N/s", key=...)`` apply them to each
+        key instead (docs/many-customers.md).
         ``hedge`` (``"2s"``, or ``"p95"`` of the step's own history) starts a second attempt of a
         task whose attempt has run that long; the first to finish counts (docs/hedging.md)."""
 
@@ -292,8 +306,8 @@ class Workflow(WaitSteps):
         output: Any = None,
         fallback_on_failure: bool = False,
         max_items: int = DEFAULT_MAX_MAP_ITEMS,
-        concurrency: int | None = None,
-        rate: str | None = None,
+        concurrency: int | Limit | None = None,
+        rate: str | Rate | None = None,
         hedge: Duration | None = None,
     ) -> Callable[[F], F]:
         """Register a run-time fan-out: one task per item of ``over(upstream_output)``.
@@ -440,8 +454,8 @@ class Workflow(WaitSteps):
         output: Any = None,
         fallback_on_failure: bool = False,
         max_items: int | None = None,
-        concurrency: int | None = None,
-        rate: str | None = None,
+        concurrency: int | Limit | None = None,
+        rate: str | Rate | None = None,
         hedge: Duration | None = None,
         wait: WaitSpec | None = None,
     ) -> str:
@@ -566,6 +580,8 @@ class Workflow(WaitSteps):
                                              degraded_budget=self.degraded_budget,
                                              input_type=self.input_type)
             self._frozen_spec.fair_by = self.fair_by
+            self._frozen_spec.max_running = self.max_running
+            self._frozen_spec.run_key = self.run_key
         return self._frozen_spec
 
     @property
@@ -600,6 +616,9 @@ class WorkflowSpec:
         # The revision of this version's policy that this definition is, once registered
         # (engine.client.Client.register): stamped on the tasks this process creates.
         self.policy_revision: int | None = None
+        # Workflow(max_running=, key=): an operating setting, out of the spec hash like the above.
+        self.max_running: int | None = None
+        self.run_key: Callable[[Any], Any] | None = None
         if not steps:
             raise WorkflowDefinitionError("a workflow needs at least one step", workflow=name)
         for s in steps.values():
@@ -659,6 +678,11 @@ class WorkflowSpec:
     def flow_limits(self) -> dict[str, FlowLimit]:
         """The steps with fleet-wide limits (``concurrency=``/``rate=``), by name."""
         return {n: s.flow for n, s in self.steps.items() if s.flow is not None}
+
+    @cached_property
+    def flow_keys(self) -> dict[str, Callable[[KeyContext], str]]:
+        """The key functions of the steps with per-key limits, by step name."""
+        return {n: f.key for n, f in self.flow_limits.items() if f.key is not None}
 
     @cached_property
     def spec_json(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from konduit.core.model import ExecutionStatus
 from konduit.core.waits import parent_task_of
 from konduit.db.database import Database, Tx
-from konduit.engine import transitions
+from konduit.engine import limit_keys, transitions
 from konduit.errors import ExecutionNotFound
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,8 @@ async def finish_execution(
         await tx.run("step_cancel_unfinished", execution_id=execution_id)
     if row["finish_waited"]:
         await tx.one("execution_notify_finished", id=str(execution_id))
+    if row["run_key"] is not None:  # Workflow(max_running=): its slot goes to the next pending
+        await limit_keys.fill_after_finish(tx, row["workflow_name"], row["run_key"])
     parent_task = parent_task_of(row["idempotency_key"])
     return Finished(None if parent_task is None else ChildEnded(execution_id, parent_task))
 
@@ -79,8 +81,10 @@ async def stop_execution(tx: Tx, execution_id: UUID, status: ExecutionStatus,
     row = await tx.one("execution_lock", id=execution_id)
     if row is None:
         raise ExecutionNotFound(f"no execution with id {execution_id}")
-    # A scheduled execution (start later) is stopped as a running one: its tasks wait unclaimed.
-    if row["status"] not in (ExecutionStatus.RUNNING, ExecutionStatus.SCHEDULED):
+    # A scheduled execution (start later), or one pending a slot (max_running), is stopped as a
+    # running one: its tasks wait unclaimed.
+    if row["status"] not in (ExecutionStatus.RUNNING, ExecutionStatus.SCHEDULED,
+                             ExecutionStatus.PENDING):
         return None
     return await finish_execution(tx, execution_id, status, None, reason, row["steps_pending"])
 

@@ -22,6 +22,7 @@ async def register_flow_limits(tx: Tx, spec: WorkflowSpec) -> None:
         concurrencies=[limits[s].concurrency for s in steps],
         rate_counts=[limits[s].rate_count for s in steps],
         rate_seconds=[limits[s].rate_seconds for s in steps],
+        keyeds=[limits[s].keyed for s in steps],
     )
 
 

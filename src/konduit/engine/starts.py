@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from konduit.core import limit_keys
 from konduit.core.advance import initial_states
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.fair import check_key, fair_key
@@ -25,6 +26,7 @@ from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Tx
 from konduit.engine.deadlines import budgets, task_budgets
 from konduit.engine.later import check_priority, start_time
+from konduit.engine.limit_keys import KeyedStart, store_and_admit
 from konduit.engine.registry import workflow_key
 from konduit.engine.stored import SpecSource
 from konduit.errors import IdempotencyConflict, KonduitError
@@ -104,6 +106,8 @@ class Prepared:
     delay_seconds: float | None = None
     priority: int = 0
     fair_key: str | None = None  # Workflow(fair_by=)'s key of the input (docs/fairness.md)
+    limit_keys: dict[str, str] | None = None  # each per-key limited step's key (migration 0027)
+    run_key: str | None = None  # the key under Workflow(max_running=)
 
 
 def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
@@ -128,6 +132,7 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
     else:
         key = None if spec.fair_by is None else fair_key(spec.fair_by, checked,
                                                          workflow=spec.name)
+    keys, run = _keys(spec, checked)
     return Prepared(
         id=uuid7(),
         spec=spec,
@@ -142,7 +147,19 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
         delay_seconds=delay_seconds,
         priority=priority,
         fair_key=key,
+        limit_keys=keys,
+        run_key=run,
     )
+
+
+def _keys(spec: WorkflowSpec, checked: Any) -> tuple[dict[str, str] | None, str | None]:
+    """The keys of a start's per-key limits (the user's key functions run here, before anything
+    is written: one that fails refuses this start only, naming the step and the function)."""
+    if not spec.flow_keys and spec.max_running is None:
+        return None, None
+    value = spec.handler_input(checked)
+    return (limit_keys.step_keys(spec.name, spec.flow_keys, value),
+            limit_keys.run_key(spec.name, spec.max_running, spec.run_key, value))
 
 
 def at_request(index: int, exc: KonduitError) -> KonduitError:
@@ -291,6 +308,10 @@ async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
     await _cut_root_budgets(tx, [p for p, is_new in zip(batch, created, strict=True)
                                  if is_new and p.deadline_at is not None
                                  and p.run_at is None and p.delay_seconds is None])
+    await store_and_admit(tx, [
+        KeyedStart(p.id, p.spec.name, p.limit_keys, p.run_key, p.spec.max_running)
+        for p, is_new in zip(batch, created, strict=True)
+        if is_new and (p.limit_keys is not None or p.run_key is not None)])
     taken = [i for i, is_new in enumerate(created) if not is_new]
     existing = await _existing(tx, [batch[i] for i in taken]) if taken else []
     ids = [p.id for p in batch]

@@ -73,6 +73,7 @@ async def claim(
     worker_id: str,
     turn: int = 0,
     limited: bool = False,
+    key_cursors: KeyCursors | None = None,
 ) -> Claim:
     """Lease up to ``limit`` ready tasks of running executions (ready -> running).
 
@@ -82,7 +83,9 @@ async def claim(
     freed slot at a time) still serve every queue in turn.
 
     ``limited``: some of ``workflows`` have steps with flow limits (``concurrency=``,
-    ``rate=``). Their tasks are claimed only by :func:`_claim_flow`; the plain claim skips them."""
+    ``rate=``). Their tasks are claimed only by :func:`_claim_flow`; the plain claim skips them.
+    ``key_cursors``: some of those limits are per key; the worker's turns among their keys,
+    kept from one claim to the next."""
     first = turn % len(queues) if queues else 0
     params: dict[str, Any] = {
         "queues": [*queues[first:], *queues[:first]],
@@ -94,11 +97,38 @@ async def claim(
     if not limited:
         return Claim(await db.all("task_claim_batch", **params))
     if isinstance(db, Tx):
-        return await _claim_flow(db, params)
-    return await db.atomic(lambda tx: _claim_flow(tx, params))
+        return await _claim_flow(db, params, key_cursors)
+    return await db.atomic(lambda tx: _claim_flow(tx, params, key_cursors))
 
 
-async def _claim_flow(tx: Tx, params: dict[str, Any]) -> Claim:
+class KeyCursors(dict[tuple[str, str], str]):
+    """Per step limited per key, the last key a worker's claim looked at: the next claim looks
+    at the keys after it first (wrapping around), so every key with ready tasks gets its turn
+    however many there are, and a claim reads a bounded number of them."""
+
+    keys_per_step: int = 32
+
+
+async def _lock_keys(tx: Tx, params: dict[str, Any], cursors: KeyCursors) -> list[Row]:
+    """Lock the rows of keys with ready tasks (flow_limit_lock_keys_if_ready), moving the cursors."""
+    steps = sorted(cursors)
+    locked = await tx.all(
+        "flow_limit_lock_keys_if_ready", queues=params["queues"], workflows=params["workflows"],
+        cursor_workflows=[w for w, _ in steps], cursor_steps=[s for _, s in steps],
+        cursor_keys=[cursors[k] for k in steps],
+        keys_per_step=max(cursors.keys_per_step, params["limit"]),
+    )
+    last: dict[tuple[str, str], tuple[int, str]] = {}
+    for r in locked:
+        at = (r["workflow"], r["step"])
+        if at not in last or r["ord"] > last[at][0]:
+            last[at] = (r["ord"], r["key"])
+    cursors.update({at: key for at, (_, key) in last.items()})
+    return locked
+
+
+async def _claim_flow(tx: Tx, params: dict[str, Any],
+                      key_cursors: KeyCursors | None = None) -> Claim:
     """Lock the rows of the limited steps with ready tasks (skipping those another claimer
     holds), then claim in a second statement, whose snapshot is taken after the locks were
     granted: two claimers of one step can never both count the same free slot. (One statement
@@ -106,12 +136,16 @@ async def _claim_flow(tx: Tx, params: dict[str, Any]) -> Claim:
     such step, the plain claim runs; it skips limited tasks."""
     locked = await tx.all("flow_limit_lock_if_ready", queues=params["queues"],
                           workflows=params["workflows"])
-    if not locked:
+    keys = [] if key_cursors is None else await _lock_keys(tx, params, key_cursors)
+    if not locked and not keys:
         return Claim(await tx.all("task_claim_batch", **params))
     rows = Claim(await tx.all(
         "task_claim_batch_flow_limited",
         flow_workflows=[r["workflow"] for r in locked],
         flow_steps=[r["step"] for r in locked],
+        key_workflows=[r["workflow"] for r in keys],
+        key_steps=[r["step"] for r in keys],
+        key_keys=[r["key"] for r in keys],
         **params,
     ))
     rows.limited_ready = True

@@ -265,6 +265,13 @@ def flow_families(stats: Stats) -> list[Metric]:
                labels, ((k, float(f.throttled_now)) for k, f in rows)),
         _counter("konduit_step_throttled_claims_total", "Claims that left ready tasks of the step "
                "for its limit.", labels, ((k, f.throttled_claims) for k, f in rows)),
+        # Limits per key: labelled by the limit (its step), never by key (a million keys would
+        # be a million series); the keys themselves are in `konduit stats` and the dashboard.
+        _gauge("konduit_step_flow_keys", "Keys with recent work of a step limited per key.",
+               labels, ((k, f.keys) for k, f in rows if f.keyed)),
+        _gauge("konduit_step_flow_keys_throttled", "Keys of a step limited per key whose limit "
+               "holds ready tasks back now.", labels,
+               ((k, f.keys_throttled) for k, f in rows if f.keyed)),
     ]
 
 

@@ -151,6 +151,20 @@ class JoinStats:
         return _plain(self) | {"usual_straggler": self.usual_straggler}
 
 
+TOP_KEYS = 10
+"""Keys shown per step limited per key (``konduit stats``, the dashboard): the busiest ones."""
+
+
+@dataclass(frozen=True)
+class KeyStats:
+    """One key of a step limited per key, now: its running tasks and throttled time."""
+
+    key: str
+    running: int
+    throttled_seconds: float
+    throttled_now: bool
+
+
 @dataclass(frozen=True)
 class FlowStats:
     """A step with fleet-wide limits (``concurrency=``, ``rate=``), now. ``throttled_seconds``:
@@ -168,9 +182,16 @@ class FlowStats:
     throttled_seconds: float
     throttled_now: bool
     throttled_claims: int
+    # Limits per key (konduit.Limit/Rate(key=)): the limits apply to each key; the counts and
+    # times above are the step's in all; `keys`: keys with a row (recent work), `top_keys`: the
+    # busiest (at most TOP_KEYS).
+    keyed: bool = False
+    keys: int = 0
+    keys_throttled: int = 0
+    top_keys: tuple[KeyStats, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return _plain(self)
+        return _plain(self) | {"top_keys": [_plain(k) for k in self.top_keys]}
 
 
 @dataclass(frozen=True)
@@ -230,10 +251,11 @@ def _float(value: Any) -> float | None:
 def build_stats(
     step_rows: Sequence[Row], join_rows: Sequence[Row], wait_rows: Sequence[Row], *,
     workflow: str | None, history_seconds: float, threshold: float, consecutive: int,
-    flow_rows: Sequence[Row] = (), stored_rows: Sequence[Row] = (),
+    flow_rows: Sequence[Row] = (), key_rows: Sequence[Row] = (),
+    stored_rows: Sequence[Row] = (),
 ) -> Stats:
     """Stats from the rows of the three queries (``wait_rows`` oldest first per join), of
-    ``flow_limit_list`` and of ``event_count_stored``."""
+    ``flow_limit_list`` (and ``flow_limit_list_top_keys``) and of ``event_count_stored``."""
     branches = [BranchStats(
         workflow=r["workflow_name"], step=r["step"], p50=_float(r["p50"]), p95=_float(r["p95"]),
         p99=_float(r["p99"]), attempts=int(r["attempts"]), retries=int(r["retries"]),
@@ -254,14 +276,19 @@ def build_stats(
         recent.setdefault((r["workflow_name"], r["step"]), []).append(Wait(
             float(r["wait"]), r["straggler"], bool(r["waiting"]), str(r["execution_id"])))
     alerts = fan_in_alerts(recent, threshold=threshold, consecutive=consecutive)
-    flow = [flow_stats(r) for r in flow_rows]
+    top: dict[tuple[str, str], list[KeyStats]] = {}
+    for r in key_rows:
+        top.setdefault((r["workflow"], r["step"]), []).append(KeyStats(
+            str(r["key"]), int(r["running"]), float(r["throttled_seconds"]),
+            bool(r["throttled_now"])))
+    flow = [flow_stats(r, top.get((r["workflow"], r["step"]), [])) for r in flow_rows]
     flow = [f for f in flow if workflow is None or f.workflow == workflow]
     stored = [StoredEvents(r["name"], int(r["events"]), r["next_expiry"]) for r in stored_rows]
     return Stats(workflow, history_seconds, threshold, consecutive, branches, joins, alerts, flow,
                  stored)
 
 
-def flow_stats(r: Row) -> FlowStats:
+def flow_stats(r: Row, top_keys: Sequence[KeyStats] = ()) -> FlowStats:
     """One row of ``flow_limit_list`` (its workflow is ``name@version``)."""
     from konduit.core.flow import FlowLimit
 
@@ -271,7 +298,9 @@ def flow_stats(r: Row) -> FlowStats:
                      concurrency=r["concurrency"], rate=limit.rate, running=int(r["running"]),
                      ready=int(r["ready"]), throttled_seconds=float(r["throttled_seconds"]),
                      throttled_now=bool(r["throttled_now"]),
-                     throttled_claims=int(r["throttled_claims"]))
+                     throttled_claims=int(r["throttled_claims"]),
+                     keyed=bool(r.get("keyed", False)), keys=int(r.get("keys") or 0),
+                     keys_throttled=int(r.get("keys_throttled") or 0), top_keys=tuple(top_keys))
 
 
 def seconds_option(value: Duration, what: str) -> float:
@@ -302,16 +331,31 @@ async def load_stats(
     waits = await db.all("step_join_waits_recent", threshold_seconds=threshold,
                          per_join=consecutive, **params)
     flow = await db.all("flow_limit_list")
+    keys = (await db.all("flow_limit_list_top_keys", per_step=TOP_KEYS)
+            if any(r["keyed"] for r in flow) else [])
     stored = await db.all("event_count_stored")
     return build_stats(steps, joins, waits, workflow=workflow, history_seconds=history_s,
                        threshold=threshold, consecutive=consecutive, flow_rows=flow,
-                       stored_rows=stored)
+                       key_rows=keys, stored_rows=stored)
 
 
 # -- presentation --------------------------------------------------------------------------------
 
 _STYLES = {"succeeded": "green", "degraded": "yellow", "failed": "red", "timed_out": "red",
            "skipped": "dim", "cancelled": "magenta"}
+
+
+def key_line(f: FlowStats) -> str:
+    """The busiest keys of a step limited per key, on one line (rich markup)."""
+    from rich.markup import escape
+
+    shown = ", ".join(
+        f"{escape(k.key)} {k.running} running"
+        + (f" throttled {format_elapsed(k.throttled_seconds)}" if k.throttled_seconds else "")
+        + (" [yellow](now)[/yellow]" if k.throttled_now else "")
+        for k in f.top_keys) or "none running"
+    return (f"{escape(f'{f.workflow}@{f.version}/{f.step}')}: {f.keys} key(s), "
+            f"{f.keys_throttled} throttled now; busiest: {shown}")
 
 
 def stats_renderables(stats: Stats) -> list[Any]:
@@ -381,10 +425,15 @@ def stats_renderables(stats: Stats) -> list[Any]:
         for f in stats.flow:
             throttled = format_elapsed(f.throttled_seconds) + (" [yellow](now)[/yellow]"
                                                                if f.throttled_now else "")
+            per_key = " per key" if f.keyed else ""
             t.add_row(escape(f"{f.workflow}@{f.version}/{f.step}"),
-                      "—" if f.concurrency is None else str(f.concurrency), f.rate or "—",
+                      "—" if f.concurrency is None else f"{f.concurrency}{per_key}",
+                      f"{f.rate}{per_key}" if f.rate else "—",
                       str(f.running), str(f.ready), throttled, str(f.throttled_claims))
         out.append(t)
+        for f in stats.flow:
+            if f.keyed:
+                out.append(key_line(f))
     if stats.stored_events:
         t = table("stored event", "kept", "next expiry")
         for e in stats.stored_events:

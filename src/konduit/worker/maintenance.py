@@ -33,7 +33,7 @@ from konduit.core.model import (
 from konduit.core.outcome import Ending, Final, decide
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
-from konduit.engine import later, transitions, waits
+from konduit.engine import later, limit_keys, transitions, waits
 from konduit.engine.advancer import Advanced
 from konduit.engine.completer import record
 from konduit.engine.finish import ChildEnded, end_timed_out_executions
@@ -273,8 +273,11 @@ class Maintenance:
         return len(done.stalls)
 
     async def start_due(self) -> int:
-        """Start the scheduled executions whose time came (:mod:`konduit.engine.later`)."""
-        return len(await later.start_due(self.db))
+        """Start the scheduled executions whose time came (:mod:`konduit.engine.later`), and
+        pending ones of keys with a free slot under ``max_running`` (retiring idle key rows:
+        :mod:`konduit.engine.limit_keys`)."""
+        kept = await limit_keys.maintain(self.db)
+        return len(await later.start_due(self.db)) + kept.started
 
     async def end_timed_out(self, *, limit: int = 100) -> int:
         """:func:`end_timed_out_executions`, waking at once the parents of the children among

@@ -138,6 +138,9 @@ class Worker:
         self._turn = 0  # which of the queues a claim serves first: they take turns
         # Whether some step this worker runs has flow limits: only then does a claim lock them.
         self._limited = any(spec.flow_limits for spec in registry)
+        # Steps limited per key: the claim's turns among their keys (None: no such step).
+        self._key_cursors = (transitions.KeyCursors()
+                             if any(spec.flow_keys for spec in registry) else None)
         # While limited steps have ready tasks, claim again this often: a rate's window frees
         # a start every interval/count (a running task that ends notifies instead).
         self._flow_poll = min((max(0.05, f.rate_seconds / f.rate_count)
@@ -292,6 +295,7 @@ class Worker:
             worker_id=cfg.worker_id,
             turn=self._turn,
             limited=self._limited,
+            key_cursors=self._key_cursors,
         )
         self._turn += 1
         self._limited_ready = rows.limited_ready

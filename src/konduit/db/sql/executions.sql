@@ -38,9 +38,10 @@ SET status = %(status)s,
     steps_pending = %(steps_pending)s,
     output_version = output_version + 1,
     finished_at = clock_timestamp()
--- A scheduled execution (migration 0024) ends only stopped (cancelled) before its time.
-WHERE id = %(id)s AND status IN ('running', 'scheduled')
-RETURNING id, output_version, finish_waited, idempotency_key,
+-- A scheduled execution (migration 0024) ends only stopped (cancelled) before its time, as does
+-- one pending a slot under max_running (migration 0027). `run_key`: the caller fills its slot.
+WHERE id = %(id)s AND status IN ('running', 'scheduled', 'pending')
+RETURNING id, output_version, finish_waited, idempotency_key, workflow_name, run_key,
           EXISTS (SELECT FROM konduit_webhook_subscriptions) AS webhooks;
 
 -- name: execution_mark_waited_if_unfinished

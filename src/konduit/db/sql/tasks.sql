@@ -171,16 +171,17 @@ CROSS JOIN LATERAL (SELECT {{claimed_execution}}
 
 -- name: task_claim_batch_flow_limited
 -- The claim of task_claim_batch, plus the ready tasks of the limited steps whose rows the caller
--- locked (flow_limit_lock_if_ready), each step at most its allowance: its concurrency minus its
--- running tasks, and its rate's count minus its starts in the window; records the starts and
--- the throttled time in those rows. One clock reading serves the window, the attempts' start
--- times and the window's new entries, so the starts stored are the starts decided.
+-- locked (flow_limit_lock_if_ready) and of the keys of per-key limited steps whose rows it
+-- locked (flow_limit_lock_keys_if_ready), each step or key at most its allowance: its concurrency
+-- minus its running tasks, and its rate's count minus its starts in the window; records the
+-- starts and the throttled time in those rows. One clock reading serves the window, the
+-- attempts' start times and the window's new entries, so the starts stored are the starts decided.
 -- plan: custom, the ready backlog of the limited steps grows from nothing to a map's width.
 WITH clock AS MATERIALIZED (
     SELECT clock_timestamp() AS at
 ), room AS MATERIALIZED (
     -- What the limits allow now (NULL: no limit left on the step).
-    SELECT f.workflow, f.step,
+    SELECT f.workflow, f.step, NULL::text AS key,
            CASE WHEN f.concurrency IS NOT NULL OR f.rate_count IS NOT NULL THEN
                greatest(0, least(  -- least() skips a NULL (absent) limit
                    f.concurrency - (SELECT count(*) FROM konduit_tasks r
@@ -193,28 +194,45 @@ WITH clock AS MATERIALIZED (
     FROM unnest(%(flow_workflows)s::text[], %(flow_steps)s::text[]) AS l(workflow, step)
     JOIN konduit_flow_limits f ON f.workflow = l.workflow AND f.step = l.step
     CROSS JOIN clock k
+    UNION ALL
+    -- The same per key, for the keys locked: the step's limits, the key's tasks and window.
+    SELECT f.workflow, f.step, fk.key,
+           CASE WHEN f.concurrency IS NOT NULL OR f.rate_count IS NOT NULL THEN
+               greatest(0, least(
+                   f.concurrency - (SELECT count(*) FROM konduit_tasks r
+                                    WHERE r.limit_key = fk.key AND r.workflow = f.workflow
+                                      AND r.step = f.step AND r.status = 'running'),
+                   f.rate_count - (SELECT count(*) FROM unnest(fk.starts) AS s(at)
+                                   WHERE s.at > k.at - make_interval(secs => f.rate_seconds))
+               ))
+           END::int AS room
+    FROM unnest(%(key_workflows)s::text[], %(key_steps)s::text[], %(key_keys)s::text[])
+         AS l(workflow, step, key)
+    JOIN konduit_flow_limits f ON f.workflow = l.workflow AND f.step = l.step
+    JOIN konduit_flow_keys fk ON fk.workflow = l.workflow AND fk.step = l.step AND fk.key = l.key
+    CROSS JOIN clock k
 ), allowance AS MATERIALIZED (
     -- ... and what this claim may take of it.
-    SELECT r.workflow, r.step, r.room, least(r.room, %(limit)s)::int AS n FROM room r
+    SELECT r.workflow, r.step, r.key, r.room, least(r.room, %(limit)s)::int AS n FROM room r
 ), picked AS (
-    SELECT c.id, c.workflow, c.step, c.limited, c.turn, q.pos
+    SELECT c.id, c.workflow, c.step, c.key, c.limited, c.turn, q.pos
     FROM (SELECT name, min(pos) AS pos
           FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS u(name, pos)
           GROUP BY name) AS q
     CROSS JOIN LATERAL (
         -- Turns as in task_claim_batch; a limited step's tasks take their place in the order.
-        SELECT l.id, l.workflow, l.step, l.limited,
+        SELECT l.id, l.workflow, l.step, l.key, l.limited,
                row_number() OVER (ORDER BY l.priority, l.fair_turn, l.execution_id, l.id) AS turn
         FROM (
             -- As in task_claim_batch.
-            SELECT u.*
+            SELECT u.*, NULL::text AS key
             FROM (SELECT DISTINCT name FROM unnest(%(workflows)s::text[]) AS w(name)) AS w
             CROSS JOIN LATERAL (
                 {{ready_tasks_of_queue_and_workflow}}
             ) AS u
             UNION ALL
             -- Per locked step with room: its first ready tasks, no more than it may start.
-            SELECT s.*
+            SELECT s.*, NULL::text AS key
             FROM allowance a
             CROSS JOIN LATERAL (
                 SELECT t.id, t.priority, t.fair_turn, t.execution_id, t.workflow, t.step,
@@ -228,18 +246,36 @@ WITH clock AS MATERIALIZED (
                 LIMIT a.n
                 FOR UPDATE OF t SKIP LOCKED
             ) AS s
-            WHERE a.n > 0
+            WHERE a.n > 0 AND a.key IS NULL
+            UNION ALL
+            -- Per locked key with room: its first ready tasks (konduit_tasks_key_ready).
+            SELECT s.*, a.key
+            FROM allowance a
+            CROSS JOIN LATERAL (
+                SELECT t.id, t.priority, t.fair_turn, t.execution_id, t.workflow, t.step,
+                       true AS limited
+                FROM konduit_tasks t
+                WHERE t.limit_key = a.key AND t.workflow = a.workflow AND t.step = a.step
+                  AND t.status = 'ready' AND t.queue = q.name
+                  AND t.run_at <= clock_timestamp()
+                  AND {{execution_running}}
+                ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
+                LIMIT a.n
+                FOR UPDATE OF t SKIP LOCKED
+            ) AS s
+            WHERE a.n > 0 AND a.key IS NOT NULL
         ) AS l
     ) AS c
     ORDER BY c.turn, q.pos
     LIMIT %(limit)s
 ), chosen AS (
-    -- A step whose tasks sit in several queues got its allowance from each: keep it once.
+    -- A step (or key) whose tasks sit in several queues got its allowance from each: keep it once.
     SELECT p.id
-    FROM (SELECT p.*, row_number() OVER (PARTITION BY p.workflow, p.step
+    FROM (SELECT p.*, row_number() OVER (PARTITION BY p.workflow, p.step, p.key
                                          ORDER BY p.turn, p.pos) AS nth
           FROM picked p) AS p
     LEFT JOIN allowance a ON a.workflow = p.workflow AND a.step = p.step
+                         AND a.key IS NOT DISTINCT FROM p.key
     WHERE NOT p.limited OR p.nth <= a.n
 ), claimed AS (
     UPDATE konduit_tasks t
@@ -254,27 +290,40 @@ WITH clock AS MATERIALIZED (
     WHERE t.id = chosen.id
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
               t.lease_token, t.queue, t.deadline_at, t.generation, t.workflow, t.limited,
-              t.fair_turn, t.policy_revision
+              t.limit_key, t.fair_turn, t.policy_revision
 ), attempts AS (
     INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, started_at)
     SELECT c.id, c.attempt, %(worker_id)s, c.lease_token, k.at FROM claimed c, clock k
 ),
 {{queue_clocks_moved}}, started AS (
-    SELECT a.workflow, a.step, a.room,
+    SELECT a.workflow, a.step, a.key, a.room,
            (SELECT count(*) FROM claimed c
-            WHERE c.limited AND c.workflow = a.workflow AND c.step = a.step)::int AS took,
-           -- Ready tasks of the step beyond those this claim takes (its snapshot predates them).
-           (SELECT count(*) FROM (
-                SELECT 1 FROM konduit_tasks t
-                WHERE t.limited AND t.workflow = a.workflow AND t.step = a.step
-                  AND t.status = 'ready' AND t.queue = ANY(%(queues)s::text[])
-                  AND t.run_at <= k.at
-                LIMIT a.n + 1) AS r)::int AS ready
+            WHERE c.limited AND c.workflow = a.workflow AND c.step = a.step
+              AND (a.key IS NULL OR c.limit_key = a.key))::int AS took,
+           -- Ready tasks of the step (or key) beyond those this claim takes (its snapshot
+           -- predates them).
+           CASE WHEN a.key IS NULL THEN
+               (SELECT count(*) FROM (
+                    SELECT 1 FROM konduit_tasks t
+                    WHERE t.limited AND t.workflow = a.workflow AND t.step = a.step
+                      AND t.status = 'ready' AND t.queue = ANY(%(queues)s::text[])
+                      AND t.run_at <= k.at
+                    LIMIT a.n + 1) AS r)
+           ELSE
+               (SELECT count(*) FROM (
+                    SELECT 1 FROM konduit_tasks t
+                    WHERE t.limit_key = a.key AND t.workflow = a.workflow AND t.step = a.step
+                      AND t.status = 'ready' AND t.queue = ANY(%(queues)s::text[])
+                      AND t.run_at <= k.at
+                    LIMIT a.n + 1) AS r)
+           END::int AS ready
     FROM allowance a, clock k
+), throttle AS (
+    -- Throttled: the step (key) had more ready tasks than its limits allow and this claim took
+    -- all they allow (a claim that took less was short of free slots or found the rest locked:
+    -- the limit held nothing back). A stretch of throttled claims is throttled time.
+    SELECT s.*, COALESCE(s.ready > s.room AND s.took >= s.room, false) AS throttled FROM started s
 ), recorded AS (
-    -- Throttled: the step had more ready tasks than its limits allow and this claim took all
-    -- they allow (a claim that took less was short of free slots or found the rest locked: the
-    -- limit held nothing back). A stretch of throttled claims is throttled time.
     UPDATE konduit_flow_limits f
     SET starts = CASE WHEN f.rate_count IS NULL OR s.took = 0 THEN f.starts
                       ELSE (f.starts || array_fill(k.at, ARRAY[s.took]))[
@@ -285,9 +334,24 @@ WITH clock AS MATERIALIZED (
             + CASE WHEN f.throttled_since IS NOT NULL AND NOT s.throttled
                    THEN greatest(0, extract(epoch FROM k.at - f.throttled_since)) ELSE 0 END,
         throttled_claims = f.throttled_claims + s.throttled::int
-    FROM (SELECT s.*, COALESCE(s.ready > s.room AND s.took >= s.room, false) AS throttled
-          FROM started s) AS s, clock k
-    WHERE f.workflow = s.workflow AND f.step = s.step
+    FROM throttle s, clock k
+    WHERE f.workflow = s.workflow AND f.step = s.step AND s.key IS NULL
+), recorded_keys AS (
+    -- The same in the keys' rows (the step's rate applies to each key).
+    UPDATE konduit_flow_keys fk
+    SET starts = CASE WHEN f.rate_count IS NULL OR s.took = 0 THEN fk.starts
+                      ELSE (fk.starts || array_fill(k.at, ARRAY[s.took]))[
+                          greatest(1, cardinality(fk.starts) + s.took - f.rate_count + 1):]
+                 END,
+        throttled_since = CASE WHEN s.throttled THEN COALESCE(fk.throttled_since, k.at) END,
+        throttled_seconds = fk.throttled_seconds
+            + CASE WHEN fk.throttled_since IS NOT NULL AND NOT s.throttled
+                   THEN greatest(0, extract(epoch FROM k.at - fk.throttled_since)) ELSE 0 END,
+        throttled_claims = fk.throttled_claims + s.throttled::int,
+        updated_at = k.at
+    FROM throttle s
+    JOIN konduit_flow_limits f ON f.workflow = s.workflow AND f.step = s.step, clock k
+    WHERE fk.workflow = s.workflow AND fk.step = s.step AND fk.key = s.key
 )
 SELECT {{claimed_row}},
        extract(epoch FROM t.deadline_at - k.at)::float8 AS deadline_remaining,
