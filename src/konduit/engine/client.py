@@ -24,7 +24,7 @@ from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
-from konduit.engine import migration, retention, waits, webhooks
+from konduit.engine import migration, retention, triggers, waits, webhooks
 from konduit.engine.advancer import Advancer
 from konduit.engine.alerting import list_alerts
 from konduit.engine.finish import stop_execution
@@ -170,6 +170,9 @@ class Client(VersionReads):
             # hash); a version new here has none to lift.
             if spec.flow_limits or not inserted:
                 await register_flow_limits(tx, spec)
+            # Its event triggers (wf.on_event): policy too, replaced on re-registration.
+            if spec.triggers or not inserted:
+                await triggers.register(tx, spec)
         # The tasks this process creates carry the revision of the policy it applies.
         spec.policy_revision = revision
         self._registered.add(key)
@@ -484,9 +487,11 @@ class Client(VersionReads):
     async def send_event(self, name: str, *, key: str | None = None,
                          execution_id: UUID | str | None = None, payload: Any = None) -> SendResult:
         """Send the event ``name`` to the step waiting for it, by ``key``, by ``execution_id``
-        or both: ``"woke"``, ``"stored"`` or ``"no match"`` (see
+        or both: ``"woke"``, ``"started"``, ``"stored"`` or ``"no match"`` (see
         :meth:`konduit.App.send_event` and docs/durable-waits.md)."""
         eid = None if execution_id is None else await self.resolve(execution_id)
+        if any(spec.triggers for spec in self.registry):
+            await self.register_all()  # its triggers are known to every sender from then on
         return await waits.send_event(self.db, self.registry, name, key=key, execution_id=eid,
                                       payload=payload, max_payload_bytes=self.max_payload_bytes)
 

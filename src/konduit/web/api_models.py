@@ -211,8 +211,9 @@ class EventBody(BaseModel):
 
 
 class EventSent(BaseModel):
-    result: Literal["woke", "stored", "no match"] = Field(
-        description="woke: a waiting task took it; stored: kept for a step that may still wait "
+    result: Literal["woke", "started", "stored", "no match"] = Field(
+        description="woke: a waiting task took it; started: a workflow's on_event trigger took "
+                    "it (docs/events.md); stored: kept for a step that may still wait "
                     "for it; no match: nothing could take it (nothing kept; docs/durable-waits.md)")
 
 
