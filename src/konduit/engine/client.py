@@ -21,6 +21,7 @@ from konduit.core.repair_contract import AutoRepairState, RepairContract
 from konduit.core.repair_contract import describe as describe_auto_repair
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.search import ExecutionFilter
+from konduit.core.triggers import describe as describe_trigger
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
@@ -84,6 +85,7 @@ from konduit.records import (
     StepMark,
     StepRecord,
     TaskRecord,
+    TriggerRecord,
     WebhookDelivery,
     WorkerRecord,
     WorkerState,
@@ -494,6 +496,13 @@ class Client(VersionReads):
             await self.register_all()  # its triggers are known to every sender from then on
         return await waits.send_event(self.db, self.registry, name, key=key, execution_id=eid,
                                       payload=payload, max_payload_bytes=self.max_payload_bytes)
+
+    async def triggers(self, workflow: str | None = None) -> builtins.list[TriggerRecord]:
+        """The stored event triggers (of ``workflow``) with their open bursts or batches,
+        pending events and last event (docs/events.md)."""
+        return [TriggerRecord.from_row({**r, "mode": r["spec"].get("mode", "start"),
+                                        "description": describe_trigger(r["spec"])})
+                for r in await triggers.list_triggers(self.db, workflow)]
 
     # -- schedules ------------------------------------------------------------------------------
 
