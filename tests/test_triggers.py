@@ -338,3 +338,27 @@ def test_triggers_are_stored_with_the_registration_and_listed(make_app, db_url):
         ("thing.happened", "debounce", 1, 0)
     assert "debounced 5s" in listed.description
     assert listed.last_event_at is not None
+
+
+def test_the_dashboard_and_the_api_show_a_workflows_triggers(make_app, db_url):
+    import httpx
+
+    from konduit.web import create_app, database_client
+    from tests.support.browser import serving
+
+    wf = echo("shown-flow", "shown.event", batch=konduit.Batch(max=50, window="1m"))
+    app = make_app(wf)
+    app.send_event("shown.event", payload={"n": 1})
+    app.start("shown-flow", input=[])  # the stats page shows workflows that ran
+    with serving(create_app(database_client(db_url))) as base, httpx.Client(base_url=base) as http:
+        assert http.post("/api/v1/events", json={"name": "shown.event", "payload": {"n": 2}}
+                         ).json() == {"result": "started"}
+        page = http.get("/schedules").text
+        assert 'data-event="shown.event"' in page and "shown-flow v1" in page
+        assert "batched (at most 50 events, window 1m)" in page
+        stats = http.get("/stats").text
+        assert "Event triggers" in stats and 'data-event="shown.event"' in stats
+        [listed] = [w for w in http.get("/api/v1/workflows").json() if w["name"] == wf.name]
+        [trigger] = listed["triggers"]
+        assert (trigger["event"], trigger["mode"], trigger["open_groups"], trigger["pending"]) \
+            == ("shown.event", "batch", 1, 1)

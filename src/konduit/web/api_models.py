@@ -291,6 +291,16 @@ class Join(BaseModel):
     policy: JoinPolicy
 
 
+class TriggerOut(BaseModel):
+    event: str
+    mode: Literal["start", "debounce", "batch"] = Field(
+        description="start: one execution per event; debounce: one per burst; batch: one per batch")
+    description: str = Field(description="Its settings in words")
+    open_groups: int = Field(description="Bursts or batches gathering events now")
+    pending: int = Field(description="Events waiting for a worker with the workflow's code")
+    last_event_at: datetime | None
+
+
 class WorkflowOut(BaseModel):
     name: str
     version: int
@@ -308,6 +318,8 @@ class WorkflowOut(BaseModel):
     unserved: bool = Field(default=False, description="Running executions and no live worker serving it")
     unserved_since: datetime | None = Field(
         default=None, description="Since when its running executions have had no live worker")
+    triggers: list[TriggerOut] = Field(
+        default_factory=list, description="The events that start it (wf.on_event; docs/events.md)")
 
 
 # The fields of the record the Client returns, declared once there (the columns are NOT NULL:

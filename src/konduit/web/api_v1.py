@@ -368,6 +368,11 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         rows = await client.workflows()
         states = {(v.name, v.version): v for v in await client.versions()}
         known = set(app.registry.keys()) if app is not None else set()
+        started_by: dict[tuple[str, int], list[m.TriggerOut]] = {}
+        for t in await client.triggers():
+            started_by.setdefault((t.workflow_name, t.workflow_version), []).append(m.TriggerOut(
+                event=t.event, mode=t.mode, description=t.description,  # type: ignore[arg-type]
+                open_groups=t.open_groups, pending=t.pending, last_event_at=t.last_event_at))
         out = []
         for r in rows:
             steps, edges, joins = spec_view(r.spec or {})
@@ -381,7 +386,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                 running=0 if state is None else state.running,
                 workers=[] if state is None else state.workers,
                 unserved=state is not None and state.unserved,
-                unserved_since=None if state is None else state.unserved_since))
+                unserved_since=None if state is None else state.unserved_since,
+                triggers=started_by.get((r.name, r.version), [])))
         return out
 
     @router.get("/workers", response_model=list[m.WorkerOut], tags=["operations"])
