@@ -362,3 +362,16 @@ def test_the_dashboard_and_the_api_show_a_workflows_triggers(make_app, db_url):
         [trigger] = listed["triggers"]
         assert (trigger["event"], trigger["mode"], trigger["open_groups"], trigger["pending"]) \
             == ("shown.event", "batch", 1, 1)
+
+
+def test_konduit_send_event_without_the_code_starts_a_workflow(make_app, db_url):
+    from tests.test_cli import konduit_cli
+
+    app = make_app(echo("cli-started", "cli.thing", key=lambda e: e["id"]))
+    app.send_event("cli.thing", payload={"id": "warm"})  # registers it
+    sent = konduit_cli("send-event", "cli.thing", "--payload", '{"id": "c1"}', "--json",
+                       "--database-url", db_url)
+    assert sent.returncode == 0, sent.stderr
+    assert '"result": "started"' in sent.stdout
+    with running_worker(app, **FAST):
+        until(lambda: len(executions(db_url, "cli-started")) == 2, what="the CLI's event started")

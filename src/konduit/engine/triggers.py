@@ -222,8 +222,3 @@ async def list_triggers(db: Database, workflow: str | None = None) -> list[Row]:
     """Every registered trigger (of ``workflow``), with its open groups, pending events and
     last event (``trigger_list_all``)."""
     return await db.all("trigger_list_all", workflow=workflow)
-
-
-async def recent_events(db: Database, workflow: str, *, limit: int = 20) -> list[Row]:
-    """The latest events the triggers of ``workflow`` took, newest first."""
-    return await db.all("trigger_event_list_recent", workflow=workflow, limit=limit)

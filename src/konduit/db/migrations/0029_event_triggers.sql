@@ -19,8 +19,9 @@ CREATE INDEX konduit_event_triggers_event ON konduit_event_triggers (event);
 -- what the event started. 'pending' waits for a process with the workflow's code (input= and
 -- key= are code): the sender's own when it has it (then it never stays pending), else a
 -- worker's maintenance. 'started': its execution was created (or an earlier event of its key
--- had); 'gathered': it joined a debounce burst or a batch (group_id), 'started' with the
--- group's execution_id once the group starts; 'failed': its code raised or its input was refused (error).
+-- had); 'gathered': it joined a debounce burst or a batch (group_id), then 'started' with
+-- the group's execution_id once the group starts; 'failed': its code raised or its input was
+-- refused (error).
 CREATE TABLE konduit_trigger_events (
     id               bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     workflow_name    text        NOT NULL,
@@ -38,7 +39,11 @@ CREATE TABLE konduit_trigger_events (
 );
 CREATE INDEX konduit_trigger_events_pending ON konduit_trigger_events (id)
     WHERE status = 'pending';
-CREATE INDEX konduit_trigger_events_workflow ON konduit_trigger_events (workflow_name, id DESC);
+-- A trigger's last event (the dashboard), and the records that retention may delete.
+CREATE INDEX konduit_trigger_events_trigger
+    ON konduit_trigger_events (workflow_name, event, id DESC);
+CREATE INDEX konduit_trigger_events_done ON konduit_trigger_events (created_at)
+    WHERE status IN ('started', 'failed');
 CREATE INDEX konduit_trigger_events_group ON konduit_trigger_events (group_id)
     WHERE group_id IS NOT NULL;
 

@@ -118,30 +118,24 @@ SELECT t.workflow_name, t.workflow_version, t.event, t.spec,
        (SELECT count(*) FROM konduit_trigger_events e
         WHERE e.status = 'pending' AND e.workflow_name = t.workflow_name
           AND e.event = t.event)::bigint AS pending,
-       (SELECT max(e.created_at) FROM konduit_trigger_events e
-        WHERE e.workflow_name = t.workflow_name AND e.workflow_version = t.workflow_version
-          AND e.event = t.event) AS last_event_at
+       (SELECT e.created_at FROM konduit_trigger_events e
+        WHERE e.workflow_name = t.workflow_name AND e.event = t.event
+        ORDER BY e.id DESC LIMIT 1) AS last_event_at
 FROM konduit_event_triggers t
 WHERE %(workflow)s::text IS NULL OR t.workflow_name = %(workflow)s::text
 ORDER BY t.workflow_name, t.workflow_version DESC, t.event;
 
--- name: trigger_event_list_recent
--- The latest events the triggers of a workflow took, newest first, with what they came to.
-SELECT id, workflow_version, event, key, status, execution_id, error, created_at
-FROM konduit_trigger_events
-WHERE workflow_name = %(workflow)s
-ORDER BY id DESC
-LIMIT %(limit)s;
-
 -- name: trigger_event_delete_done_before
 -- Retention: events that came to an end (started, alone or in their group; failed) before
--- the cutoff; a pending one, or one whose group is still open, stays.
+-- the cutoff; a pending one, or one whose group is still open, stays. The bound is
+-- statement_timestamp() (stable): an index condition on konduit_trigger_events_done, so a pass
+-- with nothing to delete reads nothing.
 DELETE FROM konduit_trigger_events ev
 WHERE ev.id IN (
     SELECT e.id FROM konduit_trigger_events e
-    WHERE e.created_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
+    WHERE e.created_at < statement_timestamp() - make_interval(secs => %(older_than_seconds)s)
       AND e.status IN ('started', 'failed')
-    ORDER BY e.id
+    ORDER BY e.created_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
