@@ -375,3 +375,42 @@ def test_konduit_send_event_without_the_code_starts_a_workflow(make_app, db_url)
     assert '"result": "started"' in sent.stdout
     with running_worker(app, **FAST):
         until(lambda: len(executions(db_url, "cli-started")) == 2, what="the CLI's event started")
+
+
+def test_an_event_that_moves_a_due_burst_while_it_starts_keeps_it_open(make_app, db_url):
+    """A burst is due and a worker starts it while an event of its key holds the burst's row
+    (moving its due time): the start waits for the event, re-checks the due time in its own
+    statement, and leaves the burst open; nothing starts early and nothing twice."""
+    wf = echo("moved-burst", "doc.moved", debounce="0.1s")
+    app = make_app(wf)
+    app.send_event("doc.moved", payload={"v": 1})
+    until(lambda: value(db_url, "SELECT due_at < now() FROM konduit_trigger_groups"),
+          what="the burst is due")
+    group = value(db_url, "SELECT id FROM konduit_trigger_groups")
+    outcome: list[Any] = []
+
+    def start() -> None:
+        async def go() -> Any:
+            db = Database(db_url, min_size=1, max_size=1)
+            await db.open()
+            try:
+                return await db.atomic(
+                    lambda tx: triggers.start_group(tx, Registry([wf]), group))
+            finally:
+                await db.close()
+        outcome.append(asyncio.run(go()))
+
+    with psycopg.connect(db_url) as event:
+        event.execute("UPDATE konduit_trigger_groups SET due_at = now() + interval '1 hour', "
+                      "size = size + 1 WHERE id = %s", (group,))
+        starter = threading.Thread(target=start)
+        starter.start()
+        until(lambda: value(db_url, "SELECT count(*) FROM pg_stat_activity "
+                                    "WHERE %s = ANY(pg_blocking_pids(pid))",
+                            event.info.backend_pid) > 0,
+              what="the start waits for the event's row lock")
+        event.commit()
+    starter.join()
+    assert outcome[-1] is None
+    assert value(db_url, "SELECT size FROM konduit_trigger_groups WHERE id = %s", group) == 2
+    assert executions(db_url, "moved-burst") == []
