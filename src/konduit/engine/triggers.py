@@ -71,7 +71,7 @@ def trigger_of(registry: Registry, workflow: str, version: int, event: str) -> E
     if not any(s.name == workflow and s.version == version for s in registry):
         return None
     spec = registry.get(workflow, version)
-    return next((t for t in getattr(spec, "triggers", ()) if t.event == event), None)
+    return next((t for t in spec.triggers if t.event == event), None)
 
 
 async def take(tx: Tx, registry: Registry, event: str, key: str | None, payload_json: str, *,
