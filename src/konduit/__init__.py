@@ -10,6 +10,7 @@ from konduit.core.repair import NothingToRepair
 from konduit.core.results import Route
 from konduit.core.schedules import Schedule
 from konduit.core.search import ExecutionFilter, SearchError
+from konduit.core.triggers import Batch, TriggerCodeFailed
 from konduit.core.validation import OutputInvalid
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import Workflow, parallel, step
@@ -46,6 +47,7 @@ __all__ = [
     "App",
     "AsyncClient",
     "AsyncExecutionHandle",
+    "Batch",
     "Client",
     "Context",
     "DatabaseError",
@@ -78,6 +80,7 @@ __all__ = [
     "SchemaOutdated",
     "SearchError",
     "StartRequest",
+    "TriggerCodeFailed",
     "Webhook",
     "WorkerUnhealthy",
     "Workflow",

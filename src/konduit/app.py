@@ -45,6 +45,7 @@ from konduit.records import (
     ScheduleRecord,
     StepRecord,
     TaskRecord,
+    TriggerRecord,
     VersionState,
     WebhookDelivery,
     WorkerRecord,
@@ -423,6 +424,11 @@ class App:
         :meth:`konduit.engine.schedules.Schedules.list`. Schedules are stored when a worker of
         the App that defines them starts."""
         return self._do(lambda c: c.schedules())
+
+    def triggers(self, workflow: str | None = None) -> builtins.list[TriggerRecord]:
+        """The stored event triggers (``wf.on_event``, of ``workflow``) with their open bursts
+        or batches, pending events and last event; docs/events.md."""
+        return self._do(lambda c: c.triggers(workflow))
 
     def pause_schedule(self, name: str) -> bool:
         """Stop starting ``name``'s ticks (in every worker) until :meth:`resume_schedule`;

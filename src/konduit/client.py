@@ -28,7 +28,7 @@ from konduit.engine.registry import Registry
 from konduit.engine.starts import StartRequest, requests_of
 from konduit.engine.waits import SendResult
 from konduit.loop_thread import LoopThread
-from konduit.records import WorkflowRecord
+from konduit.records import TriggerRecord, WorkflowRecord
 from konduit.tracing import TraceContext, Tracing, capture
 from konduit.tracing import check_mode as check_tracing
 
@@ -157,6 +157,10 @@ class AsyncClient:
         return await (await self.core()).send_event(name, key=key, execution_id=execution_id,
                                                     payload=payload)
 
+    async def triggers(self, workflow: str | None = None) -> builtins.list[TriggerRecord]:
+        """The stored event triggers (``wf.on_event``); see :meth:`konduit.App.triggers`."""
+        return await (await self.core()).triggers(workflow)
+
     async def list(self, *, status: str | None = None, workflow: str | None = None,
                    limit: int = 100) -> builtins.list[ExecutionResult]:
         """Recent executions, newest first, optionally of one status and workflow."""
@@ -250,6 +254,10 @@ class Client:
         """Send an event to the step waiting for it; see :meth:`konduit.App.send_event`."""
         return self._call(self._async.send_event(name, key=key, execution_id=execution_id,
                                                  payload=payload))
+
+    def triggers(self, workflow: str | None = None) -> builtins.list[TriggerRecord]:
+        """The stored event triggers (``wf.on_event``); see :meth:`konduit.App.triggers`."""
+        return self._call(self._async.triggers(workflow))
 
     def list(self, *, status: str | None = None, workflow: str | None = None,
              limit: int = 100) -> builtins.list[ExecutionResult]:

@@ -274,6 +274,24 @@ class ScheduleRecord(Record):
 
 
 @dataclass(frozen=True)
+class TriggerRecord(Record):
+    """A stored event trigger (``wf.on_event``) and what it is doing now."""
+
+    workflow_name: str
+    workflow_version: int
+    event: str
+    mode: str
+    """``start`` (one execution per event), ``debounce`` or ``batch``."""
+    description: str
+    """Its settings in words (``debounced 5s; keyed``)."""
+    open_groups: int
+    """Bursts or batches gathering events now."""
+    pending: int
+    """Events waiting for a worker with the workflow's code to apply them."""
+    last_event_at: datetime | None
+
+
+@dataclass(frozen=True)
 class WebhookDelivery(Record):
     """One webhook delivery of the outbox; ``next_attempt_at`` only while pending."""
 

@@ -81,7 +81,7 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
     ("", "status", executions.status, "Show an execution, its steps and what it waits for."),
     ("", "list", search.list_executions, "Find executions: id, key, tag, input, status."),
     ("", "cancel", executions.cancel, "Cancel a running execution."),
-    ("", "send-event", waits.send_event, "Send an event to the step waiting for it."),
+    ("", "send-event", waits.send_event, "Send an event to waiting steps and on_event workflows."),
     ("", "repair", executions.repair, "Re-run a finished execution's degraded branches."),
     ("", "migrate", migrating.migrate, "Move running executions to another version."),
     ("", "dead-letters", executions.dead_letters, "List dead-lettered tasks."),

@@ -42,11 +42,11 @@ def send_event(
         "--json", help='Print {"event", "key", "result"} as JSON.')] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Send an event to the step waiting for it (wf.wait_for_event); prints woke, stored or
-    no match.
+    """Send an event to the step waiting for it (wf.wait_for_event) and to the workflows it
+    starts (wf.on_event); prints woke, started, stored or no match.
 
-    Exit codes: 0 woke or stored, 3 no match (nothing could ever take it; nothing was kept),
-    1 any error.
+    Exit codes: 0 woke, started or stored, 3 no match (nothing could ever take it; nothing was
+    kept), 1 any error.
     """
     value = read_json_argument(payload, "--payload")
     eid = execution_id  # the client resolves a unique prefix or tail too

@@ -26,6 +26,8 @@ from konduit.core.repair_contract import RepairContract
 from konduit.core.schedules import Schedule
 from konduit.core.schedules import define as define_schedule
 from konduit.core.shares import parse_share
+from konduit.core.triggers import Batch, EventTrigger
+from konduit.core.triggers import define as define_trigger
 from konduit.core.validation import OutputValidator
 from konduit.core.waits import StepRef as StepRef
 from konduit.core.waits import WaitSpec, WaitSteps
@@ -233,6 +235,7 @@ class Workflow(WaitSteps):
         self._schedules: dict[str, Schedule] = {}
         # At most max_running running executions per key(input) (docs/many-customers.md).
         self.max_running, self.run_key = check_max_running(max_running, key, workflow=name)
+        self._triggers: dict[str, EventTrigger] = {}
 
     # -- definition ---------------------------------------------------------------------------
 
@@ -390,6 +393,37 @@ class Workflow(WaitSteps):
     def schedules(self) -> tuple[Schedule, ...]:
         """The schedules defined with :meth:`schedule`, in definition order."""
         return tuple(self._schedules.values())
+
+    def on_event(self, event: str, *, input: Callable[[Any], Any] | None = None,
+                 key: Callable[[Any], Any] | None = None, debounce: Duration | None = None,
+                 batch: Batch | None = None) -> EventTrigger:
+        """Start an execution of this workflow when the event ``event`` is sent
+        (``app.send_event``, ``POST /api/v1/events``, ``konduit send-event``); docs/events.md.
+
+        ``input(payload)`` makes the execution's input (default: the payload). ``key(payload)``
+        (default: the key the event was sent with) names the event: one key starts one
+        execution, so an event sent again starts nothing new. ``debounce="5s"``: a burst of
+        events of one key starts one execution, with the burst's last event, once no event of
+        that key came for 5 s. ``batch=konduit.Batch(max=100, window="2s")``: the events (of one
+        key) are gathered into one execution whose input is their list. ``input=`` and ``key=``
+        run where the workflow's code is: in the sender when it has it, else in a worker."""
+        if self._frozen_spec is not None:
+            raise WorkflowDefinitionError(
+                "cannot add an event trigger after the workflow was compiled (by wf.spec, "
+                "wf.compile() or an App): call on_event before creating the App",
+                workflow=self.name)
+        made = define_trigger(self.name, self.version, event, input=input, key=key,
+                              debounce=debounce, batch=batch)
+        if event in self._triggers:
+            raise WorkflowDefinitionError(f"on_event({event!r}) is declared twice",
+                                          workflow=self.name)
+        self._triggers[event] = made
+        return made
+
+    @property
+    def triggers(self) -> tuple[EventTrigger, ...]:
+        """The event triggers declared with :meth:`on_event`, in definition order."""
+        return tuple(self._triggers.values())
 
     def sequence(self, *items: Any, after: Sequence[StepRef] = ()) -> list[str]:
         """Add steps that run one after another; a :func:`parallel` item fans out and the
@@ -578,7 +612,8 @@ class Workflow(WaitSteps):
                                              repair=self.repair,
                                              alert_after_no_success=self.alert_after_no_success,
                                              degraded_budget=self.degraded_budget,
-                                             input_type=self.input_type)
+                                             input_type=self.input_type,
+                                             triggers=self.triggers)
             self._frozen_spec.fair_by = self.fair_by
             self._frozen_spec.max_running = self.max_running
             self._frozen_spec.run_key = self.run_key
@@ -599,8 +634,12 @@ class WorkflowSpec:
                  repair: RepairContract | None = None,
                  alert_after_no_success: float | None = None,
                  degraded_budget: float | None = None,
-                 input_type: InputType | None = None):
+                 input_type: InputType | None = None,
+                 triggers: tuple[EventTrigger, ...] = ()):
         self.name = name
+        # Events that start it (wf.on_event): stored in their own table at registration, out
+        # of spec_json and spec_hash like the settings below.
+        self.triggers = triggers
         self.version = version
         self.steps = steps
         # The declared input: policy, like the settings below, so out of spec_json and spec_hash

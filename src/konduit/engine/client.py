@@ -21,11 +21,12 @@ from konduit.core.repair_contract import AutoRepairState, RepairContract
 from konduit.core.repair_contract import describe as describe_auto_repair
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.search import ExecutionFilter
+from konduit.core.triggers import describe as describe_trigger
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx, translate_errors
 from konduit.db.replica import Reads
-from konduit.engine import migration, retention, waits, webhooks
+from konduit.engine import migration, retention, triggers, waits, webhooks
 from konduit.engine.advancer import Advancer
 from konduit.engine.alerting import list_alerts
 from konduit.engine.finish import stop_execution
@@ -85,6 +86,7 @@ from konduit.records import (
     StepMark,
     StepRecord,
     TaskRecord,
+    TriggerRecord,
     WebhookDelivery,
     WorkerRecord,
     WorkerState,
@@ -183,6 +185,9 @@ class Client(VersionReads):
             # hash); a version new here has none to lift.
             if spec.flow_limits or not inserted:
                 await register_flow_limits(tx, spec)
+            # Its event triggers (wf.on_event): policy too, replaced on re-registration.
+            if spec.triggers or not inserted:
+                await triggers.register(tx, spec)
         # The tasks this process creates carry the revision of the policy it applies.
         spec.policy_revision = revision
         self._registered.add(key)
@@ -515,7 +520,7 @@ class Client(VersionReads):
     async def send_event(self, name: str, *, key: str | None = None,
                          execution_id: UUID | str | None = None, payload: Any = None) -> SendResult:
         """Send the event ``name`` to the step waiting for it, by ``key``, by ``execution_id``
-        or both: ``"woke"``, ``"stored"`` or ``"no match"`` (see
+        or both: ``"woke"``, ``"started"``, ``"stored"`` or ``"no match"`` (see
         :meth:`konduit.App.send_event` and docs/durable-waits.md)."""
         eid = None if execution_id is None else await self.resolve(execution_id)
         # This process's workflows are known to the database before it decides: an event sent
@@ -524,6 +529,13 @@ class Client(VersionReads):
         return await waits.send_event(self.db, self.registry, name, key=key, execution_id=eid,
                                       payload=payload, max_payload_bytes=self.max_payload_bytes,
                                       retention=self.event_retention)
+
+    async def triggers(self, workflow: str | None = None) -> builtins.list[TriggerRecord]:
+        """The stored event triggers (of ``workflow``) with their open bursts or batches,
+        pending events and last event (docs/events.md)."""
+        return [TriggerRecord.from_row({**r, "mode": r["spec"].get("mode", "start"),
+                                        "description": describe_trigger(r["spec"])})
+                for r in await triggers.list_triggers(self.db, workflow)]
 
     # -- schedules ------------------------------------------------------------------------------
 

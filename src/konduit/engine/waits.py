@@ -55,7 +55,7 @@ from konduit.core.waits import (
 )
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
-from konduit.engine import transitions
+from konduit.engine import transitions, triggers
 from konduit.engine.advancer import Advanced
 from konduit.engine.completer import record_many
 from konduit.engine.finish import ChildEnded
@@ -65,7 +65,7 @@ from konduit.errors import KonduitError
 
 log = logging.getLogger(__name__)
 
-SendResult = Literal["woke", "stored", "no match"]
+SendResult = Literal["woke", "started", "stored", "no match"]
 
 EVENT_RETENTION_ENV = "KONDUIT_EVENT_RETENTION"
 
@@ -174,10 +174,12 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
     longest its steps declare, else ``retention`` seconds) and consumed by the first such task
     that waits before then; ``"no match"``: nothing could ever take it (no such step, the named
     execution is unknown or finished, or its step already ended or timed out): nothing is kept
-    and nothing changes."""
+    and nothing changes.
+
+    ``"started"`` (unless a task woke): a workflow's ``on_event`` trigger took it, in this same
+    transaction: it started an execution, or joined a burst or batch
+    (:mod:`konduit.engine.triggers`); then ``key`` and ``execution_id`` may both be None."""
     check_event_name(name)
-    if key is None and execution_id is None:
-        raise KonduitError("send_event needs key= or execution_id= (or both)")
     if key is not None and (not isinstance(key, str) or not key or "\x00" in key):
         raise KonduitError(f"the event key must be a non-empty string without NUL characters, "
                            f"got {key!r}")
@@ -185,7 +187,22 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
                                   max_bytes=max_payload_bytes)
     stored_payload = Jsonb(json.loads(payload_json))
 
-    async def decide(tx: Tx) -> tuple[SendResult, Row | None]:
+    async def decide(tx: Tx) -> tuple[SendResult, Row | None, triggers.Taken]:
+        # Events that start work (wf.on_event) first: the event and what it starts commit
+        # together, and its answer "started" ranks below "woke" only (docs/events.md).
+        taken = await triggers.take(tx, registry, name, key, payload_json,
+                                    max_payload_bytes=max_payload_bytes)
+        if key is None and execution_id is None:
+            if not taken.started and not taken.failures:
+                raise KonduitError("send_event needs key= or execution_id= (or both), unless "
+                                   "a workflow's on_event trigger takes the event")
+            return ("started" if taken.started else "no match"), None, taken
+        result, task = await wake_or_keep(tx)
+        if taken.started and result != "woke":
+            result = "started"
+        return result, task, taken
+
+    async def wake_or_keep(tx: Tx) -> tuple[SendResult, Row | None]:
         await tx.one("event_lock_keys", keys=_lock_keys(name, key, execution_id))
         task = await tx.one("task_find_waiting_for_event", name=name, key=key,
                             execution_id=execution_id)
@@ -201,7 +218,8 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
                      payload=stored_payload, retention_seconds=possible["retention_seconds"])
         return "stored", None
 
-    result, task = await db.atomic(decide)
+    result, task, taken = await db.atomic(decide)
+    taken.raise_failures()
     if task is not None:
         try:
             registry.get(task["workflow_name"], task["workflow_version"])

@@ -217,8 +217,9 @@ class EventBody(BaseModel):
 
 
 class EventSent(BaseModel):
-    result: Literal["woke", "stored", "no match"] = Field(
-        description="woke: a waiting task took it; stored: kept for a step that may still wait "
+    result: Literal["woke", "started", "stored", "no match"] = Field(
+        description="woke: a waiting task took it; started: a workflow's on_event trigger took "
+                    "it (docs/events.md); stored: kept for a step that may still wait "
                     "for it; no match: nothing could take it (nothing kept; docs/durable-waits.md)")
 
 
@@ -296,6 +297,16 @@ class Join(BaseModel):
     policy: JoinPolicy
 
 
+class TriggerOut(BaseModel):
+    event: str
+    mode: Literal["start", "debounce", "batch"] = Field(
+        description="start: one execution per event; debounce: one per burst; batch: one per batch")
+    description: str = Field(description="Its settings in words")
+    open_groups: int = Field(description="Bursts or batches gathering events now")
+    pending: int = Field(description="Events waiting for a worker with the workflow's code")
+    last_event_at: datetime | None
+
+
 class WorkflowOut(BaseModel):
     name: str
     version: int
@@ -313,6 +324,8 @@ class WorkflowOut(BaseModel):
     unserved: bool = Field(default=False, description="Running executions and no live worker serving it")
     unserved_since: datetime | None = Field(
         default=None, description="Since when its running executions have had no live worker")
+    triggers: list[TriggerOut] = Field(
+        default_factory=list, description="The events that start it (wf.on_event; docs/events.md)")
 
 
 # The fields of the record the Client returns, declared once there (the columns are NOT NULL:

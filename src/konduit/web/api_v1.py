@@ -24,6 +24,7 @@ from konduit.app import App
 from konduit.core.durations import parse_duration
 from konduit.core.fair import FairKeyError
 from konduit.core.search import check_tags, search_filter
+from konduit.core.triggers import TriggerCodeFailed
 from konduit.engine.client import Client
 from konduit.engine.later import start_time
 from konduit.engine.registry import workflow_key
@@ -347,9 +348,9 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     @router.post("/events", response_model=m.EventSent, tags=["executions"])
     async def send_event(body: m.EventBody) -> m.EventSent:
         """Send an event to the step waiting for it, by ``key`` and/or ``execution_id``
-        (docs/durable-waits.md). Without workflow code here, a worker completes the task."""
-        if body.key is None and body.execution_id is None:
-            raise Refused(422, "an event needs key or execution_id (or both)", field="body.key")
+        (docs/durable-waits.md), and to the workflows whose ``on_event`` takes it (``started``;
+        docs/events.md; then ``key`` and ``execution_id`` may both be left out). Without
+        workflow code here, a worker completes the task, or applies the trigger's code."""
         client = await clients.get()
         if app is not None:  # the App's workflows: its code completes the task at once
             client = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes,
@@ -357,7 +358,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         try:
             result = await client.send_event(body.name, key=body.key,
                                              execution_id=body.execution_id, payload=body.payload)
-        except PayloadError as exc:
+        except (PayloadError, TriggerCodeFailed) as exc:  # recorded failed (docs/events.md)
             raise Refused(422, str(exc), field="body.payload") from None
         except KonduitError as exc:  # a key PostgreSQL cannot store (NUL)
             raise Refused(422, str(exc), field="body.key") from None
@@ -379,6 +380,11 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         rows = await client.workflows()
         states = {(v.name, v.version): v for v in await client.versions()}
         known = set(app.registry.keys()) if app is not None else set()
+        started_by: dict[tuple[str, int], list[m.TriggerOut]] = {}
+        for t in await client.triggers():
+            started_by.setdefault((t.workflow_name, t.workflow_version), []).append(m.TriggerOut(
+                event=t.event, mode=t.mode, description=t.description,  # type: ignore[arg-type]
+                open_groups=t.open_groups, pending=t.pending, last_event_at=t.last_event_at))
         out = []
         for r in rows:
             steps, edges, joins = spec_view(r.spec or {})
@@ -392,7 +398,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                 running=0 if state is None else state.running,
                 workers=[] if state is None else state.workers,
                 unserved=state is not None and state.unserved,
-                unserved_since=None if state is None else state.unserved_since))
+                unserved_since=None if state is None else state.unserved_since,
+                triggers=started_by.get((r.name, r.version), [])))
         return out
 
     @router.get("/workers", response_model=list[m.WorkerOut], tags=["operations"])

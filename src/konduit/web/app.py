@@ -43,6 +43,7 @@ from konduit.errors import (
     SchemaOutdated,
     StatsError,
 )
+from konduit.records import TriggerRecord
 from konduit.web import actions, operate, ops, pages, problems, wiring
 from konduit.web.clients import ClientFactory as ClientFactory
 from konduit.web.clients import Clients as Clients
@@ -163,7 +164,11 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
         except StatsError as exc:
             return page(request, "stats.html", 400, stats=None, options=options, error=str(exc))
         alerting = {(a.workflow, a.join) for a in result.alerts}
-        return page(request, "stats.html", stats=result, options=options, alerting=alerting)
+        triggers_of: dict[str, list[TriggerRecord]] = {}
+        for t in await client.triggers(workflow or None):
+            triggers_of.setdefault(t.workflow_name, []).append(t)
+        return page(request, "stats.html", stats=result, options=options, alerting=alerting,
+                    triggers_of=triggers_of)
 
     @web.get("/alerts", response_class=HTMLResponse)
     async def alerts(request: Request, limit: int = 100) -> Response:

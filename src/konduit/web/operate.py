@@ -57,8 +57,10 @@ def register(web: FastAPI, site: Site) -> None:
 
     @web.get("/schedules", response_class=HTMLResponse)
     async def schedules(request: Request) -> Response:
-        found = await (await site.clients.get()).schedules()
-        return site.page(request, "schedules.html", schedules=found)
+        client = await site.clients.get()
+        found = await client.schedules()
+        return site.page(request, "schedules.html", schedules=found,
+                         triggers=await client.triggers())
 
     async def set_paused(request: Request, name: str, paused: bool) -> Response:
         verb = "pause" if paused else "resume"

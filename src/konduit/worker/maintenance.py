@@ -33,7 +33,7 @@ from konduit.core.model import (
 from konduit.core.outcome import Ending, Final, decide
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
-from konduit.engine import later, limit_keys, transitions, waits
+from konduit.engine import later, limit_keys, transitions, triggers, waits
 from konduit.engine.advancer import Advanced
 from konduit.engine.completer import record
 from konduit.engine.finish import ChildEnded, end_timed_out_executions
@@ -278,6 +278,12 @@ class Maintenance:
         :mod:`konduit.engine.limit_keys`)."""
         kept = await limit_keys.maintain(self.db)
         return len(await later.start_due(self.db)) + kept.started
+
+    async def start_triggered(self) -> int:
+        """Apply the events whose trigger needs this worker's code, and start the bursts and
+        batches that are due (:mod:`konduit.engine.triggers`)."""
+        return await triggers.run_pass(self.db, self.registry,
+                                       max_payload_bytes=self.executor.max_payload_bytes)
 
     async def end_timed_out(self, *, limit: int = 100) -> int:
         """:func:`end_timed_out_executions`, waking at once the parents of the children among

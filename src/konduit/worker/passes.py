@@ -18,6 +18,7 @@ SERVICES: tuple[str, ...] = (
     "deadlines",    # tasks past their deadline
     "waits",        # waiting tasks that are due (timers, events, ended children)
     "starts",       # scheduled executions (start(run_at=, delay=)) whose time came
+    "triggers",     # events that start work (wf.on_event): pending ones, bursts and batches due
     "timeouts",     # executions past their timeout
     "stalls",       # the stall watchdog
     "repair",       # automatic repairs that are due

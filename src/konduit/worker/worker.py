@@ -599,6 +599,7 @@ class Worker:
                     await step("waits", self.maintenance.wake_waits())
                 if full:
                     await step("starts", self.maintenance.start_due())
+                    await step("triggers", self.maintenance.start_triggered())
                     await step("timeouts", self.maintenance.end_timed_out())
                     await step("stalls", self.maintenance.watch_stalls())
                 if (full or "repair" in due) and self.config.auto_repair:
