@@ -266,6 +266,13 @@ def formation() -> Iterator[Formation]:
             f._run(name)
             if name == "node1":
                 f.wait_for({"node1": ("single", "single")})
+                # The tests kill processes, not the machine: the operating system keeps what
+                # was written, so commits need not wait for fsync (the secondary, copied from
+                # this node, inherits it). A commit still waits for the secondary to have it.
+                _wait_connectable(f.node_url(name), f)
+                with psycopg.connect(f.node_url(name), autocommit=True) as conn:
+                    conn.execute("ALTER SYSTEM SET fsync = off")
+                    conn.execute("SELECT pg_reload_conf()")
         f.wait_for({"node1": ("primary", "primary"), "node2": ("secondary", "secondary")})
         with psycopg.connect(f.node_url("node1"), autocommit=True) as conn:
             sync = conn.execute("SHOW synchronous_standby_names").fetchone()
@@ -284,5 +291,6 @@ def _wait_connectable(url: str, f: Formation, timeout: float = 30) -> None:
             return
         except psycopg.Error:
             if time.monotonic() > deadline:
-                raise AssertionError(f"{url} never answered\n{f.tail('monitor')}") from None
+                logs = "\n".join(f"--- {n}\n{f.tail(n)}" for n in f.procs)
+                raise AssertionError(f"{url} never answered\n{logs}") from None
             time.sleep(0.2)
