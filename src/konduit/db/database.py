@@ -341,7 +341,11 @@ class Database:
                 and not _has_input(conn)):
             return
         self.checks += 1
-        await AsyncConnectionPool.check_connection(conn)
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except Exception:
+            self._lost()  # the others idle beside it likely share its fate: check them all now
+            raise
 
     async def open(self, timeout: float = 10.0) -> None:
         try:
