@@ -75,6 +75,7 @@ class Formation:
     ports: dict[str, int]
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     database: str = "konduit"
+    synchronous: bool = True
 
     # -- running commands as the postgres user ---------------------------------------------
     def _command(self, *args: str) -> list[str]:
@@ -235,16 +236,17 @@ def _reap_postmaster(pgdata: Path) -> None:
 
 
 @contextlib.contextmanager
-def formation() -> Iterator[Formation]:
-    """Start a monitor, a primary and a synchronous secondary; yield the formation with a
-    ``konduit`` database created on its primary; kill and remove everything on exit, however
-    the block ends."""
+def formation(synchronous: bool = True) -> Iterator[Formation]:
+    """Start a monitor, a primary and a synchronous secondary (asynchronous when
+    ``synchronous`` is false: out of the write quorum); yield the formation with a ``konduit``
+    database created on its primary; kill and remove everything on exit, however the block
+    ends."""
     root = Path(tempfile.mkdtemp(prefix="konduit-ha-", dir="/tmp"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
     root.chmod(0o700)
     monitor_port, p1, p2 = free_ports(3)
-    f = Formation(root, monitor_port, {"node1": p1, "node2": p2})
+    f = Formation(root, monitor_port, {"node1": p1, "node2": p2}, synchronous=synchronous)
     common = ("--auth", "trust", "--no-ssl", "--ssl-mode", "disable", "--hostname", "127.0.0.1",
               "--pgctl", str(PGBIN / "pg_ctl"))
     try:
@@ -274,9 +276,18 @@ def formation() -> Iterator[Formation]:
                     conn.execute("ALTER SYSTEM SET fsync = off")
                     conn.execute("SELECT pg_reload_conf()")
         f.wait_for({"node1": ("primary", "primary"), "node2": ("secondary", "secondary")})
+        if not synchronous:
+            f._create("node2", "set", "node", "replication-quorum", "false",
+                      "--pgdata", str(root / "node2"))
         with psycopg.connect(f.node_url("node1"), autocommit=True) as conn:
-            sync = conn.execute("SHOW synchronous_standby_names").fetchone()
-            assert sync and sync[0], "the primary does not replicate synchronously"
+            def sync_names() -> str:
+                row = conn.execute("SHOW synchronous_standby_names").fetchone()
+                return str(row[0]) if row else ""
+            deadline = time.monotonic() + 30
+            while bool(sync_names()) != synchronous and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert bool(sync_names()) == synchronous, (
+                f"synchronous_standby_names is {sync_names()!r} on the primary")
             conn.execute(f"CREATE DATABASE {f.database}".encode())
         yield f
     finally:
