@@ -365,6 +365,7 @@ class Database:
     async def close(self) -> None:
         if self._sweep is not None and not self._sweep.done():
             self._sweep.cancel()
+            await asyncio.gather(self._sweep, return_exceptions=True)
         await self.pool.close()
 
     def _lost(self) -> None:
