@@ -186,6 +186,10 @@ def wait_finished(url: str, count: int, timeout: float = 90) -> None:
 def report(label: str, f: Formation, killed_at: float, promotion: tuple[str, Any, Any],
            first: dt.datetime, stats: dict[str, int], extra: str = "") -> float:
     name, assigned, reported = promotion
+    # Read again now: a task that finished earlier may have committed after the one the wait
+    # saw first.
+    first = rows(f.url(), "SELECT min(finished_at) FROM konduit_attempts"
+                          " WHERE outcome = 'succeeded' AND finished_at > %s", assigned)[0][0]
     recovery = (first - assigned).total_seconds()
     print(f"\n{label}: primary killed, {name} assigned wait_primary "
           f"{assigned.timestamp() - killed_at:.1f} s later (reported it "
