@@ -28,6 +28,7 @@ a connection straight to PostgreSQL, when one is configured.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import random
@@ -39,8 +40,10 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 from konduit.db.arrays import with_array_literals
 from konduit.db.queries import prepare_flag, q
@@ -63,6 +66,56 @@ IDLE_CHECK_AFTER = 2.0
 reuses its connections within milliseconds and pays no check round trip; one idle longer (and
 any whose socket has something to read, such as the FATAL a stopping server sends) is checked
 with an empty query first, so a server restart is noticed before the connection is used."""
+
+RECONNECT_MAX_DELAY = 1.0
+"""Longest pause, in seconds, between the pool's attempts to replace a lost connection. The
+driver's pool doubles its pause after each failure (1, 2, 4, 8 s...): after a failover that
+took 5 s it would come back up to 3 s after the new primary, after one of 8 s up to 7 s. A
+refused connection costs next to nothing, so trying every second is cheap."""
+
+TCP_DEFAULTS = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+"""TCP settings of every connection, unless the URL sets them: a primary whose machine vanished
+(no RST, no FIN) is noticed within about 30 s instead of the operating system's ~15 minutes of
+retransmissions, so a query waiting on it fails and the worker reconnects to the new primary."""
+
+
+def tcp_options(url: str) -> dict[str, Any]:
+    """The :data:`TCP_DEFAULTS` that ``url`` does not set itself."""
+    try:
+        given = conninfo_to_dict(url)
+    except psycopg.Error:
+        given = {}
+    return {key: value for key, value in TCP_DEFAULTS.items() if key not in given}
+
+
+class _CappedBackoff(AttemptWithBackoff):
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, RECONNECT_MAX_DELAY)
+
+
+class _Pool(AsyncConnectionPool[psycopg.AsyncConnection[Row]]):
+    """The driver's pool, reconnecting at most :data:`RECONNECT_MAX_DELAY` apart. The pool
+    takes no option for its backoff, so the first attempt of each reconnection is given a
+    capped one (the pool passes the same object on to the later attempts)."""
+
+    async def _add_connection(self, attempt: AttemptWithBackoff | None,
+                              growing: bool = False) -> None:
+        await super()._add_connection(
+            attempt or _CappedBackoff(timeout=self.reconnect_timeout), growing=growing)
+
+
+# The override relies on the pool's private method as psycopg-pool 3.2 and 3.3 have it; a pool
+# that changed it is used as it is (slower to reconnect, never broken).
+_POOL: type[AsyncConnectionPool[psycopg.AsyncConnection[Row]]] = (
+    _Pool if list(inspect.signature(AsyncConnectionPool._add_connection).parameters)
+    == ["self", "attempt", "growing"] else AsyncConnectionPool)
 
 # SQLSTATEs of transient conflicts: PostgreSQL aborted this transaction so another could go on.
 _CONFLICTS = {
@@ -263,10 +316,12 @@ class Database:
             "application_name": name,
             "autocommit": False,
             "connect_timeout": 5,
+            **tcp_options(url),
         }
         if pooled:
             kwargs["prepare_threshold"] = None
-        self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = AsyncConnectionPool(
+        self._sweep: asyncio.Future[None] | None = None
+        self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Row]] = _POOL(
             url,
             min_size=min_size,
             max_size=max_size,
@@ -286,7 +341,11 @@ class Database:
                 and not _has_input(conn)):
             return
         self.checks += 1
-        await AsyncConnectionPool.check_connection(conn)
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        except Exception:
+            self._lost()  # the others idle beside it likely share its fate: check them all now
+            raise
 
     async def open(self, timeout: float = 10.0) -> None:
         try:
@@ -304,7 +363,24 @@ class Database:
             raise DatabaseUnavailable(f"cannot connect to the database: {exc}") from exc
 
     async def close(self) -> None:
+        if self._sweep is not None and not self._sweep.done():
+            self._sweep.cancel()
+            await asyncio.gather(self._sweep, return_exceptions=True)
         await self.pool.close()
+
+    def _lost(self) -> None:
+        """A connection was lost: check the idle ones now, in the background, so that those the
+        same outage broke are replaced at once. Left in the pool, each would fail its check at
+        checkout, and the pool pauses longer after each failed check (1, 2, 4 s...) before
+        handing out the next: after a failover, the first caller would wait out the lot."""
+        if self._sweep is None or self._sweep.done():
+            self._sweep = asyncio.ensure_future(self._check_idle())
+
+    async def _check_idle(self) -> None:
+        try:
+            await self.pool.check()
+        except Exception as exc:  # the pool closing meanwhile: nothing to keep
+            log.debug("checking idle connections failed: %s", exc)
 
     async def _probe(self) -> str | None:
         """Whether the server answers a fresh connection now: None if so, else why not. Callers
@@ -364,6 +440,9 @@ class Database:
             with translate_errors():
                 async with conn:  # what the pool's own connection() does: commit or roll back
                     yield conn
+        except DatabaseUnavailable:
+            self._lost()
+            raise
         finally:
             self._idle_since[conn] = time.monotonic()
             await self.pool.putconn(conn)
@@ -434,5 +513,6 @@ class Database:
                 row_factory=dict_row,
                 application_name="konduit-listen",
                 connect_timeout=5,
+                **tcp_options(self.direct_url or self.url),
                 prepare_threshold=None if self.pooled and not direct else 5,
             )

@@ -23,6 +23,12 @@ from konduit.errors import DatabaseConflict, DatabaseUnavailable, PoolExhausted
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+RETRY_MAX_DELAY = 1.0
+"""Longest pause between a worker's retries of a database call (and of its claim). A failover
+is over the moment the new primary takes writes; a worker that had backed off for 5 or 10 s
+would sit idle most of that after it. A failed call is cheap (a refused connection, or a wait
+in the pool that is already reconnecting), so retrying every second costs next to nothing."""
+
 
 class Connectivity:
     """When this worker last (re)gained the database, as its calls see it."""
@@ -64,4 +70,4 @@ async def retrying(make: Callable[[], Awaitable[T]], connectivity: Connectivity)
                 connectivity.disconnected()
             log.warning("%s; retrying in %.1f s", exc, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, RETRY_MAX_DELAY)

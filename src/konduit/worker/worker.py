@@ -62,7 +62,7 @@ from konduit.logs import log_recorded
 from konduit.worker.arming import Arming
 from konduit.worker.batcher import BatcherStopped, CompletionBatcher
 from konduit.worker.config import WorkerConfig
-from konduit.worker.connectivity import Connectivity, retrying
+from konduit.worker.connectivity import RETRY_MAX_DELAY, Connectivity, retrying
 from konduit.worker.executor import Executor
 from konduit.worker.heartbeat import BeatRequest, beat
 from konduit.worker.hedging import Hedger
@@ -270,7 +270,7 @@ class Worker:
                     self.connectivity.disconnected()
                     log.warning("claim failed (%s); retrying in %.1f s", exc, backoff)
                     await self._sleep(backoff)
-                    backoff = min(backoff * 2, 10.0)
+                    backoff = min(backoff * 2, RETRY_MAX_DELAY)
                     continue
                 finally:
                     self._reserved -= free
