@@ -10,7 +10,10 @@ calls them:
    others' uncommitted writes, and none fires the join);
 2. :meth:`~Round.fence` — each task ends only while its attempt's lease still holds it;
 3. :meth:`~Round.store_outputs` — payloads, content-addressed;
-4. :meth:`~Round.close_attempts` — the attempts that ended, and what their handlers logged;
+4. :meth:`~Round.close_attempts` — the attempts that ended, and what their handlers logged
+   (in the usual round the fence's own statement stored the outputs and closed the attempts
+   of the tasks it ended, joined to its RETURNING: these two then only write what other
+   transitions ended, and the logs);
 5. :meth:`~Round.read_join_state` — the counters of every step the round touches, one read;
 6. :meth:`~Round.decide` — :func:`konduit.core.advance.advance`, through each execution's
    :class:`~konduit.engine.advancer.Advancer`;
@@ -153,7 +156,8 @@ class Round:
 
     async def store_outputs(self, tx: Tx) -> None:
         """Store the payloads of the tasks that ended, keyed by (execution, step, map_index,
-        content hash): the same outcome recorded twice stores nothing new."""
+        content hash): the same outcome recorded twice stores nothing new. Those the fence's
+        statement stored already (:attr:`stored`) are left out."""
         stored = [c for c in self.kept
                   if self.hashes[c.task_id] is not None and c.task_id not in self.stored]
         if not stored:
@@ -172,7 +176,8 @@ class Round:
 
     async def close_attempts(self, tx: Tx) -> None:
         """Close the open attempts of the tasks that ended (wakes and ready-task sweeps have
-        no lease, so no attempt to close)."""
+        no lease, so no attempt to close; those the fence's statement closed are left out),
+        and keep what the handlers of all of them logged."""
         closed = [c for c in self.kept if c.lease_token is not None]
         closing = [c for c in closed if c.task_id not in self.stored]
         if not closing:
