@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 import konduit
-from konduit.bench import fair, fleet, maps, search
+from konduit.bench import fair, fleet, maps, search, shapes
 from konduit.bench.harness import (
     LoopThread,
     completion_for,
@@ -446,7 +446,7 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
 
 BENCHMARKS = ("commit_probe", "throughput", "workers", "latency", "start", "wide", "collide",
               "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish", "batching",
-              "map_10k", "fair_share", "wide_map", "search", "map_1m", "soak")
+              "map_10k", "fair_share", "wide_map", "search", "shapes", "map_1m", "soak")
 """Every benchmark, in the order they run (``history`` only in a full run; ``map_1m`` and
 ``soak``, half an hour each, only when named with ``--only``)."""
 
@@ -514,6 +514,9 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
             server.fresh_database, items=5_000 if quick else 100_000, executions=executions)),
         ("search", in_fresh(lambda u: search.search(
             u, executions=20_000 if quick else 1_000_000, repeats=50 if quick else 200))),
+        ("shapes", lambda: shapes.shapes(
+            server.fresh_database, executions=20 if quick else executions,
+            map_items=500 if quick else 20_000)),
         ("map_1m", lambda: maps.wide_map(
             server.fresh_database, items=1_000_000, executions=executions)),
         ("soak", in_fresh(lambda u: run_soak(u, soak, progress=progress))),
@@ -606,6 +609,15 @@ def headline(b: Json) -> Json:
         "search_worst_p95_ms": target(_get(b, "search", "ratios", "worst_p95_ms"), 100, False),
         "history_over_empty": target(_get(b, "history", "ratios", "history_over_empty"), 0.8,
                                      True),
+        # Branch tasks/s by worker shape, map items/s beside them, CPU per task.
+        "shapes_1x8_branch_tasks_per_second": target(
+            _get(b, "shapes", "results", "runs", 0, "branch_tasks_per_second"), 1500, True),
+        "shapes_peak_branch_tasks_per_second": target(
+            _get(b, "shapes", "results", "peak_branch_tasks_per_second"), 2000, True),
+        "shapes_map_items_over_1x8_branches": target(
+            _get(b, "shapes", "ratios", "map_items_over_one_by_eight_branches"), 1.0, True),
+        "shapes_1x8_cpu_ms_per_task": target(
+            _get(b, "shapes", "results", "runs", 0, "cpu_ms_per_task"), 0.4, False),
         # The soak's last minutes against its first (no worse than 10 %).
         "soak_tasks_per_second_last_over_first": target(
             _get(b, "soak", "ratios", "tasks_per_second_last_over_first"), 0.9, True),

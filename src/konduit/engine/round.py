@@ -10,7 +10,10 @@ calls them:
    others' uncommitted writes, and none fires the join);
 2. :meth:`~Round.fence` — each task ends only while its attempt's lease still holds it;
 3. :meth:`~Round.store_outputs` — payloads, content-addressed;
-4. :meth:`~Round.close_attempts` — the attempts that ended, and what their handlers logged;
+4. :meth:`~Round.close_attempts` — the attempts that ended, and what their handlers logged
+   (in the usual round the fence's own statement stored the outputs and closed the attempts
+   of the tasks it ended, joined to its RETURNING: these two then only write what other
+   transitions ended, and the logs);
 5. :meth:`~Round.read_join_state` — the counters of every step the round touches, one read;
 6. :meth:`~Round.decide` — :func:`konduit.core.advance.advance`, through each execution's
    :class:`~konduit.engine.advancer.Advancer`;
@@ -88,6 +91,7 @@ class Round:
         self.locked: dict[UUID, Row] = {}
         self.dropped: dict[int, Recorded] = {}
         self.ended: dict[int, datetime] = {}
+        self.stored: set[int] = set()  # ended tasks whose outputs and attempts are written
         self.kept: list[Completion] = []  # completions whose task ended in this round
         self.deciding: list[tuple[Advancer, list[Completion]]] = []
         self.advanced: dict[UUID, Advanced] = {}
@@ -130,7 +134,7 @@ class Round:
                     if c.transition == Transition.COMPLETE and c.outcome != Outcome.SUCCEEDED
                     and c.lease_token is not None]
         ending = None if may_drop else await transitions.end_later(
-            tx, self.ending, [self.hashes[c.task_id] for c in self.ending])
+            tx, self.ending, [self.hashes[c.task_id] for c in self.ending], store=True)
         self.locked = {row["id"]: row for row in await locks()}
         mine = [c for c in self.ending if c.execution_id in self.locked]
         for c in sorted((c for c in may_drop if c.execution_id in self.locked),
@@ -142,14 +146,20 @@ class Round:
         if ending is not None:
             own = {c.task_id for c in mine}
             self.ended = {t: at for t, at in (await ending()).items() if t in own}
+            # Those of live workers had their outputs and attempts written by the same
+            # statement that ended them.
+            self.stored = {c.task_id for c in mine
+                           if c.transition is Transition.COMPLETE and c.task_id in self.ended}
         elif mine:
             self.ended = await transitions.end(tx, mine, [self.hashes[c.task_id] for c in mine])
         self.kept = [c for c in mine if c.task_id in self.ended]
 
     async def store_outputs(self, tx: Tx) -> None:
         """Store the payloads of the tasks that ended, keyed by (execution, step, map_index,
-        content hash): the same outcome recorded twice stores nothing new."""
-        stored = [c for c in self.kept if self.hashes[c.task_id] is not None]
+        content hash): the same outcome recorded twice stores nothing new. Those the fence's
+        statement stored already (:attr:`stored`) are left out."""
+        stored = [c for c in self.kept
+                  if self.hashes[c.task_id] is not None and c.task_id not in self.stored]
         if not stored:
             return
         await tx.send(
@@ -166,9 +176,12 @@ class Round:
 
     async def close_attempts(self, tx: Tx) -> None:
         """Close the open attempts of the tasks that ended (wakes and ready-task sweeps have
-        no lease, so no attempt to close)."""
-        closing = [c for c in self.kept if c.lease_token is not None]
+        no lease, so no attempt to close; those the fence's statement closed are left out),
+        and keep what the handlers of all of them logged."""
+        closed = [c for c in self.kept if c.lease_token is not None]
+        closing = [c for c in closed if c.task_id not in self.stored]
         if not closing:
+            await store_logs(tx, closed)
             return
         await tx.send(
             "attempt_finish_many_if_open",
@@ -178,7 +191,7 @@ class Round:
             errors=[c.error for c in closing],
             ages=[c.age_seconds for c in closing],
         )
-        await store_logs(tx, closing)
+        await store_logs(tx, closed)
 
     async def read_join_state(self, tx: Tx) -> None:
         """Read, in one statement, the join state of every step the round touches (each ended
@@ -224,9 +237,9 @@ class Round:
         return events
 
     async def write_decisions(self, tx: Tx) -> None:
-        """Write what the deferred decisions changed: the step rows of every execution in one
-        statement, in (execution, step) order, and the changed step counts in another; and
-        remember which queues got tasks (:meth:`notify`)."""
+        """Write what the deferred decisions changed: the step rows of every execution, in
+        (execution, step) order, and the changed step counts, in one statement; and remember
+        which queues got tasks (:meth:`notify`)."""
         self.waking.extend(await write_deferred(tx, [a for a, _ in self.deciding]))
 
     async def return_to_ready(self, tx: Tx) -> None:
@@ -264,19 +277,14 @@ class Round:
 
 async def write_deferred(tx: Tx, advancers: list[Advancer]) -> list[Waking]:
     """Write what the deferred decisions of several executions changed: the step rows of every
-    execution in one statement, in (execution, step) order, and the changed step counts in
-    another. Returns the tasks they made ready (:data:`Waking`)."""
+    execution, in (execution, step) order, and the changed step counts, in one statement.
+    Returns the tasks they made ready (:data:`Waking`)."""
     deferred = sorted((a for a in advancers if a.deferred), key=lambda a: a.execution_id)
-    await step_rows.write(tx, [(a.execution_id, *w) for a in deferred for w in a.step_writes()])
     changed = [a for a in deferred if a.execution.steps_pending != a.stored_steps_pending]
-    if changed:
-        await tx.send(
-            "execution_set_steps_pending_many_if_running_and_changed",
-            ids=[a.execution_id for a in changed],
-            steps_pendings=[a.execution.steps_pending for a in changed],
-        )
-        for a in changed:
-            a.stored_steps_pending = a.execution.steps_pending
+    await step_rows.write(tx, [(a.execution_id, *w) for a in deferred for w in a.step_writes()],
+                          [(a.execution_id, a.execution.steps_pending) for a in changed])
+    for a in changed:
+        a.stored_steps_pending = a.execution.steps_pending
     made: list[Waking] = []
     for a in deferred:
         for step in a.result.fired:

@@ -50,10 +50,32 @@ async def read(tx: Tx, keys: Sequence[tuple[UUID, str]]) -> list[Row]:
                         execution_ids=[e for e, _ in keys], steps=[s for _, s in keys])
 
 
-async def write(tx: Tx, rows: Sequence[StepWrite]) -> None:
+async def write(tx: Tx, rows: Sequence[StepWrite],
+                steps_pending: Sequence[tuple[UUID, int]] = ()) -> None:
     """Apply decisions to the step rows they changed (give them in (execution, step) order,
-    the lock order); sent without waiting in a pipelined transaction."""
+    the lock order), and with them each (execution, count) of ``steps_pending`` (how many
+    steps of a locked, running execution have not ended: written where it changed), in one
+    statement; sent without waiting in a pipelined transaction."""
     if not rows:
+        if steps_pending:
+            await tx.send("execution_set_steps_pending_many_if_running_and_changed",
+                          ids=[e for e, _ in steps_pending],
+                          steps_pendings=[n for _, n in steps_pending])
+        return
+    if steps_pending:
+        await tx.send(
+            "step_update_many_across_executions_with_steps_pending",
+            execution_ids=[r[0] for r in rows],
+            steps=[r[1] for r in rows],
+            **state_columns([r[2] for r in rows]),
+            first_upstream_ats=[r[3] for r in rows],
+            last_upstream_ats=[r[4] for r in rows],
+            stragglers=[r[5] for r in rows],
+            fireds=[r[6] for r in rows],
+            endeds=[r[7] for r in rows],
+            ids=[e for e, _ in steps_pending],
+            steps_pendings=[n for _, n in steps_pending],
+        )
         return
     await tx.send(
         "step_update_many_across_executions",

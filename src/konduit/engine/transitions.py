@@ -244,23 +244,38 @@ async def end(tx: Tx, completions: Sequence[Completion], hashes: Sequence[str | 
     return await (await end_later(tx, completions, hashes))()
 
 
-async def end_later(tx: Tx, completions: Sequence[Completion], hashes: Sequence[str | None]
-                    ) -> Callable[[], Awaitable[dict[int, datetime]]]:
+async def end_later(tx: Tx, completions: Sequence[Completion], hashes: Sequence[str | None],
+                    *, store: bool = False) -> Callable[[], Awaitable[dict[int, datetime]]]:
     """:func:`end`, with the live workers' statement sent now (queued behind what the caller
     sent before it, such as the execution locks, in a pipelined transaction) and its answer
-    read, and the one-at-a-time transitions run, when the returned function is awaited."""
+    read, and the one-at-a-time transitions run, when the returned function is awaited.
+
+    With ``store``, the live workers' statement also stores the outputs and closes the
+    attempts of the tasks it ended (a completion round's three writes in one
+    statement); the other transitions leave both to the caller."""
     leased = [(c, h) for c, h in zip(completions, hashes, strict=True) if c.transition is Transition.COMPLETE]
     leased.sort(key=lambda pair: pair[0].task_id)
-    fetch = await tx.later(
-        "task_complete_many_if_leased",
-        ids=[c.task_id for c, _ in leased],
-        lease_tokens=[c.lease_token for c, _ in leased],
-        outcomes=[c.outcome for c, _ in leased],
-        output_hashes=[h for _, h in leased],
-        errors=[c.error for c, _ in leased],
-        routes=[Jsonb(list(c.routes)) if c.routes is not None else None for c, _ in leased],
-        ages=[c.age_seconds for c, _ in leased],
-    ) if leased else None
+    ended_params: dict[str, Any] = {
+        "ids": [c.task_id for c, _ in leased],
+        "lease_tokens": [c.lease_token for c, _ in leased],
+        "outcomes": [c.outcome for c, _ in leased],
+        "output_hashes": [h for _, h in leased],
+        "errors": [c.error for c, _ in leased],
+        "routes": [Jsonb(list(c.routes)) if c.routes is not None else None for c, _ in leased],
+        "ages": [c.age_seconds for c, _ in leased],
+    }
+    fetch: Callable[[], Awaitable[list[Row]]] | None = None
+    if leased and store:
+        fetch = await tx.later(
+            "task_complete_many_if_leased_storing_outputs_and_attempts",
+            **ended_params,
+            attempt_outcomes=[c.attempt_outcome or c.outcome for c, _ in leased],
+            # The canonical JSON the hash was taken of: the server parses it.
+            payloads=[c.payload_json if h is not None else None for c, h in leased],
+            sources=[c.source for c, _ in leased],
+        )
+    elif leased:
+        fetch = await tx.later("task_complete_many_if_leased", **ended_params)
 
     async def finish() -> dict[int, datetime]:
         ended: dict[int, datetime] = {}

@@ -385,6 +385,67 @@ WHERE t.id = u.id
   AND CASE WHEN t.hedge_token IS NULL THEN true ELSE u.outcome = 'succeeded' END
 RETURNING t.id, t.finished_at;
 
+-- name: task_complete_many_if_leased_storing_outputs_and_attempts
+-- task_complete_many_if_leased, attempt_finish_many_if_open and
+-- output_insert_many_across_executions_if_absent in one statement (a completion round's
+-- writes: one statement for the server to run and the worker to send instead of three). The
+-- output and the attempt are written only for the tasks whose fenced end this same statement
+-- made (they join its RETURNING), so each still rests on the lease check of its own statement.
+-- Outputs go in (execution, step, map_index) order, the order of every multi-row output write.
+WITH ended AS (
+    UPDATE konduit_tasks t
+    SET status = u.outcome,
+        output_hash = u.output_hash,
+        error = u.error,
+        routes = CASE WHEN u.routes IS NULL THEN NULL
+                      ELSE ARRAY(SELECT jsonb_array_elements_text(u.routes)) END,
+        {{lease_cleared}},
+        {{hedge_cleared}},
+        finished_at = clock_timestamp() - make_interval(secs => u.age)
+    FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
+                %(output_hashes)s::text[], %(errors)s::text[], %(routes)s::jsonb[],
+                %(ages)s::float8[], %(attempt_outcomes)s::text[], %(payloads)s::text[],
+                %(sources)s::text[])
+         AS u(id, lease_token, outcome, output_hash, error, routes, age, attempt_outcome,
+              payload, source)
+    WHERE t.id = u.id
+      AND konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token, u.lease_token)
+      AND CASE WHEN t.hedge_token IS NULL THEN true ELSE u.outcome = 'succeeded' END
+    RETURNING t.id, t.execution_id, t.step, t.map_index, t.finished_at, u.lease_token,
+              u.output_hash, u.error, u.age, u.attempt_outcome, u.payload, u.source
+), stored AS (
+    INSERT INTO konduit_outputs (execution_id, step, map_index, content_hash, payload, source)
+    SELECT e.execution_id, e.step, e.map_index, e.output_hash, e.payload::jsonb, e.source
+    FROM ended e
+    WHERE e.output_hash IS NOT NULL
+    ORDER BY e.execution_id, e.step, e.map_index
+    ON CONFLICT DO NOTHING
+), closed AS (
+    -- As attempt_finish_many_if_open (the comments there say why the lookup is LATERAL and
+    -- why the open attempt is re-checked as outcome IS NULL).
+    UPDATE konduit_attempts a
+    SET finished_at = clock_timestamp()
+                      - make_interval(secs => CASE WHEN a.lease_token = e.lease_token
+                                                   THEN e.age ELSE 0 END),
+        outcome = CASE WHEN a.lease_token = e.lease_token THEN e.attempt_outcome
+                       ELSE 'outrun' END,
+        error = CASE WHEN a.lease_token = e.lease_token THEN e.error
+                     ELSE 'another attempt of the task finished first' END
+    FROM ended e
+    CROSS JOIN LATERAL (SELECT o.id FROM konduit_attempts o
+                        WHERE o.task_id = e.id AND o.finished_at IS NULL
+                        LIMIT 2) AS open_attempt
+    WHERE e.lease_token IS NOT NULL
+      AND a.id = open_attempt.id AND a.task_id = e.id AND a.outcome IS NULL
+    RETURNING a.lease_token, a.outcome
+), outrun AS (
+    -- The other attempt of a hedged task is told at commit that it was outrun.
+    SELECT count(*) AS told
+    FROM (SELECT pg_notify('konduit_outrun', lease_token::text) FROM closed
+          WHERE outcome = 'outrun') AS n
+)
+SELECT e.id, e.finished_at FROM ended e CROSS JOIN outrun;
+
 -- name: task_hold_if_leased
 -- Before a handler starts: is the task still ours (its lease or its hedge's)? FOR SHARE holds off
 -- a cancel until it started.
