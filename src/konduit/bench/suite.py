@@ -512,7 +512,7 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
         ("wide_map", lambda: maps.wide_map(
             server.fresh_database, items=5_000 if quick else 100_000, executions=executions)),
         ("search", in_fresh(lambda u: search.search(
-            u, executions=20_000 if quick else 1_000_000, repeats=50 if quick else 200))),
+            u, executions=20_000 if quick else 1_000_000, repeats=10 if quick else 200))),
         ("map_1m", lambda: maps.wide_map(
             server.fresh_database, items=1_000_000, executions=executions)),
         ("soak", in_fresh(lambda u: run_soak(u, soak, progress=progress))),
