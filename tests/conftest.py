@@ -59,6 +59,15 @@ def _utf8(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first (the order is otherwise kept): under ``--dist loadgroup`` each
+    worker takes tests as it finishes others, so a 60-90 s test begun last would run alone
+    at the end while the other workers idle; begun first, the short tests fill in around it.
+    Every worker sorts the same collection the same way, as xdist requires."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fresh_database: db_url is a new database, not a reset one from the pool"
