@@ -99,3 +99,13 @@ def test_a_fresh_database_is_new_and_dropped_after(pool) -> None:
         assert again != reused
     assert (pool.reused, pool.created) == (1, 2)
 
+
+
+def test_a_fresh_database_asked_first_is_not_the_one_the_pool_reads_its_image_from(pool) -> None:
+    """The pool reads what a reset restores from a clone of its own, kept for the next block:
+    no backend touched the fresh database (a test counting its commits relies on that)."""
+    with pool.database(fresh=True):
+        assert pool.created == 2
+    with pool.database():
+        pass
+    assert (pool.created, pool.reused, pool.not_reset) == (2, 1, [])

@@ -231,6 +231,16 @@ class DatabasePool:
     def _acquire(self, fresh: bool) -> str:
         import psycopg
 
+        if fresh and self._pristine is None:
+            # The first image is read from a clone of its own (then kept for reuse): a fresh
+            # database is one no backend used before, whose statistics count from zero.
+            spare = f"konduit_test_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+            self._admin(f'CREATE DATABASE "{spare}" TEMPLATE "{_template(self.admin_url)}"')
+            self.created += 1
+            with self._lock:
+                if self._pristine is None:
+                    self._pristine = _Pristine.read(self._url(spare))
+                self._free.append(spare)
         name = f"konduit_test_{os.getpid()}_{uuid.uuid4().hex[:12]}"
         with self._lock:
             reused = None if fresh or not self._free else self._free.pop()
