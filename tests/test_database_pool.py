@@ -44,6 +44,23 @@ def test_a_reused_database_is_empty_but_for_the_migrations_rows(pool) -> None:
     assert (pool.reused, pool.created, pool.not_reset) == (1, 1, [])
 
 
+FILE = "SELECT relfilenode FROM pg_class WHERE relname = %s"
+
+
+def test_a_reset_truncates_the_tables_written_and_no_other(pool) -> None:
+    """A deleted row still counts as written (its dead version is in the table's file); a
+    table no one wrote keeps its file (truncating every table cost 800 ms a test)."""
+    with pool.database() as first:
+        assert value(first, EVENT) == 1
+        rows(first, "DELETE FROM konduit_events")
+        files = {t: value(first, FILE, t) for t in ("konduit_events", "konduit_steps")}
+    with pool.database() as second:
+        assert value(second, FILE, "konduit_events") != files["konduit_events"]
+        assert value(second, "SELECT pg_relation_size('konduit_events')") == 0
+        assert value(second, FILE, "konduit_steps") == files["konduit_steps"]
+    assert (pool.reused, pool.not_reset) == (1, [])
+
+
 def test_a_database_whose_schema_changed_is_dropped_not_reused(pool) -> None:
     with pool.database() as changed:
         rows(changed, "CREATE INDEX konduit_events_payload ON konduit_events (name, key)")
@@ -82,3 +99,13 @@ def test_a_fresh_database_is_new_and_dropped_after(pool) -> None:
         assert again != reused
     assert (pool.reused, pool.created) == (1, 2)
 
+
+
+def test_a_fresh_database_asked_first_is_not_the_one_the_pool_reads_its_image_from(pool) -> None:
+    """The pool reads what a reset restores from a clone of its own, kept for the next block:
+    no backend touched the fresh database (a test counting its commits relies on that)."""
+    with pool.database(fresh=True):
+        assert pool.created == 2
+    with pool.database():
+        pass
+    assert (pool.created, pool.reused, pool.not_reset) == (2, 1, [])

@@ -1,4 +1,4 @@
-"""Fair shares between keys (``Workflow(fair_by=...)``, migration 0028): one customer's backlog
+"""Fair shares between keys (``Workflow(fair_by=...)``, migration 0027): one customer's backlog
 of executions, started one by one or in one ``start_many``, does not hold back another
 customer's execution started after it by more than a round of the claim.
 

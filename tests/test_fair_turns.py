@@ -1,4 +1,4 @@
-"""The arithmetic of fair keys (konduit.core.fair, migration 0028), as properties over any
+"""The arithmetic of fair keys (konduit.core.fair, migration 0027), as properties over any
 sequence of starts of any keys at any moving clock: a key's tasks never share a slot, so no
 turn holds more than 8 of one key's tasks; a key with nothing ahead of the clock starts at the
 clock's turn, however long another key's backlog; a stale row means what no row means. Then

@@ -19,7 +19,8 @@ import pytest
 import konduit.testing
 from konduit.db.queries import all_queries, q
 
-pytestmark = [pytest.mark.storage]
+# One worker fills the million-row history once (a module fixture), under --dist loadgroup.
+pytestmark = [pytest.mark.storage, pytest.mark.xdist_group("history")]
 
 FINISHED = int(os.environ.get("KONDUIT_TEST_HISTORY_TASKS", "1000000"))
 TASKS_PER_EXECUTION = 10

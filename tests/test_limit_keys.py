@@ -1,5 +1,5 @@
 """Limits per key: ``step(concurrency=konduit.Limit(2, key=...))``, ``rate=konduit.Rate(...,
-key=...)`` and ``Workflow(max_running=N, key=...)`` (migration 0027, docs/many-customers.md).
+key=...)`` and ``Workflow(max_running=N, key=...)`` (migration 0026, docs/many-customers.md).
 
 Checked here, on real PostgreSQL:
 

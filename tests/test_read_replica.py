@@ -23,7 +23,8 @@ from tests.support import standby
 from tests.support.browser import serving
 from tests.support.waiting import until
 
-pytestmark = [pytest.mark.storage, pytest.mark.slow]  # making the two servers takes ~20 s here
+pytestmark = [pytest.mark.storage, pytest.mark.slow,  # making the two servers takes ~20 s here
+              pytest.mark.xdist_group("read_replica")]  # ... once, on one test worker
 
 flow = konduit.Workflow("replica-flow", version=1)
 

@@ -25,7 +25,8 @@ from konduit.worker.worker import Worker
 from tests.apps import wait_app
 from tests.support.workers import spawn_worker
 
-pytestmark = [pytest.mark.storage]
+# One worker starts the private server once (a module fixture), under --dist loadgroup.
+pytestmark = [pytest.mark.storage, pytest.mark.xdist_group("worker_wait")]
 
 ROOT = Path(__file__).resolve().parent.parent
 UNREACHABLE = "postgresql://nobody:hunter2@127.0.0.1:1/nothing"

@@ -8,7 +8,7 @@ time comes from the database's clock. Then, in another fresh database, one ``sta
 0019 the claim was first in, first out by execution: the lone executions waited for the whole
 map (over 90 s) or the whole batch.
 
-Then fairness between keys (``Workflow(fair_by=)``, migration 0028): in a fresh database a backlog
+Then fairness between keys (``Workflow(fair_by=)``, migration 0027): in a fresh database a backlog
 of ``keyed_backlog`` executions (10,000) of customer "a", started by separate calls from 8 threads
 (each a flow of its own without a key: the shape migration 0019 alone does not help), and, in
 another, by

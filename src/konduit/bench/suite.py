@@ -513,7 +513,7 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
         ("wide_map", lambda: maps.wide_map(
             server.fresh_database, items=5_000 if quick else 100_000, executions=executions)),
         ("search", in_fresh(lambda u: search.search(
-            u, executions=20_000 if quick else 1_000_000, repeats=50 if quick else 200))),
+            u, executions=20_000 if quick else 1_000_000, repeats=10 if quick else 200))),
         ("shapes", lambda: shapes.shapes(
             server.fresh_database, executions=20 if quick else executions,
             map_items=500 if quick else 20_000)),

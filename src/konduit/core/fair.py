@@ -79,7 +79,7 @@ def take_slots(next_slot: int | None, clock: int, executions: int,
 
 
 def slot_turn(slot: int) -> int:
-    """The turn of the task in ``slot`` (konduit_slot_turn, migration 0028)."""
+    """The turn of the task in ``slot`` (konduit_slot_turn, migration 0027)."""
     return slot // SLOTS_PER_TURN
 
 

@@ -1,4 +1,4 @@
-"""Per-key limits in the database (migration 0027): the keys of new executions, admission under
+"""Per-key limits in the database (migration 0026): the keys of new executions, admission under
 ``Workflow(max_running=N, key=...)``, and the maintenance of key rows.
 
 Admission is race-free by one lock per (workflow, key): a start creates and locks its key's row,

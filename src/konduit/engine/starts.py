@@ -106,7 +106,7 @@ class Prepared:
     delay_seconds: float | None = None
     priority: int = 0
     fair_key: str | None = None  # Workflow(fair_by=)'s key of the input (docs/fairness.md)
-    limit_keys: dict[str, str] | None = None  # each per-key limited step's key (migration 0027)
+    limit_keys: dict[str, str] | None = None  # each per-key limited step's key (migration 0026)
     run_key: str | None = None  # the key under Workflow(max_running=)
 
 

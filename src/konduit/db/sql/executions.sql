@@ -39,7 +39,7 @@ SET status = %(status)s,
     output_version = output_version + 1,
     finished_at = clock_timestamp()
 -- A scheduled execution (migration 0024) ends only stopped (cancelled) before its time, as does
--- one pending a slot under max_running (migration 0027). `run_key`: the caller fills its slot.
+-- one pending a slot under max_running (migration 0026). `run_key`: the caller fills its slot.
 WHERE id = %(id)s AND status IN ('running', 'scheduled', 'pending')
 RETURNING id, output_version, finish_waited, idempotency_key, workflow_name, run_key,
           EXISTS (SELECT FROM konduit_webhook_subscriptions) AS webhooks;

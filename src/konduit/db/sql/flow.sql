@@ -119,7 +119,7 @@ ORDER BY f.workflow, f.step, k.running DESC, k.throttled_now DESC, k.throttled_s
 -- First statement of a flow claim, for the steps limited per key: up to `keys_per_step` keys of
 -- each with ready tasks in these queues, in key order after the caller's cursor (the last key
 -- it served: keys take turns), found by a skip scan that reads no key without ready tasks
--- (konduit_ready_limit_keys, migration 0027). Each key's row is created on demand and locked;
+-- (konduit_ready_limit_keys, migration 0026). Each key's row is created on demand and locked;
 -- a row another claimer holds is skipped (that claimer serves the key). A row created here is
 -- this transaction's alone until it commits; one another claimer created and has not committed
 -- is waited for by the insert, then skipped (this statement's snapshot predates it). `ord`:

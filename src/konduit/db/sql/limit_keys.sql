@@ -1,4 +1,4 @@
--- Keys of per-key limits (migration 0027): storing them when executions start, admitting
+-- Keys of per-key limits (migration 0026): storing them when executions start, admitting
 -- executions under Workflow(max_running=, key=), and retiring the rows of idle keys.
 
 -- name: execution_set_limit_keys_many

@@ -50,7 +50,7 @@ WHERE last_heartbeat_at < now() - greatest(make_interval(secs => %(older_than_se
                                            interval '1 hour');
 
 -- name: fair_key_delete_stale
--- Forget up to `limit` fair key rows (migration 0028) whose next slot is not ahead of their
+-- Forget up to `limit` fair key rows (migration 0027) whose next slot is not ahead of their
 -- queue's clock: a start of such a key takes the clock's turn either way. Rows a start holds
 -- are skipped; the DELETE re-checks the clock (it only moves on).
 WITH stale AS (

@@ -3,7 +3,7 @@
 -- the cursor (created_at, id) of the previous page's last row. Each given part is one index of
 -- migration 0024: the start of an id a range of the primary key, its end a prefix of the
 -- reversed text, tags and input a containment on their GIN indexes, the key a btree, the time
--- range created_at, the fair key its partial btree (migration 0028). A part not given is NULL and folds away when the statement is planned.
+-- range created_at, the fair key its partial btree (migration 0027). A part not given is NULL and folds away when the statement is planned.
 -- plan: custom, a part left NULL must fold away for its neighbours' indexes to be chosen, and
 -- how many rows a tag or an input field matches decides between its index and created_at's.
 SELECT id, workflow_name, workflow_version, status, error, idempotency_key, created_at,

@@ -7,7 +7,7 @@
 -- with its root tasks ready from that moment: the claim takes tasks of running executions only,
 -- and the maintenance pass starts it then (execution_start_many_if_due, migration 0024). Each
 -- task's priority is its step's plus its execution's.
--- An execution with a fair key (Workflow(fair_by=), migration 0028) takes its root tasks' turns
+-- An execution with a fair key (Workflow(fair_by=), migration 0027) takes its root tasks' turns
 -- from its key's slots instead of the batch's: see `keyed`.
 WITH request AS (
     SELECT *
@@ -63,7 +63,7 @@ WITH request AS (
           FROM template t
           WHERE t.root) AS r
 ), key_costs AS (
-    -- Fair keys (migration 0028): the executions of a key in this statement, in batch order,
+    -- Fair keys (migration 0027): the executions of a key in this statement, in batch order,
     -- take `width` slots each (an eighth of a turn a root) from the key's next slot on, in each
     -- queue their roots are in. A start later takes turns as an unkeyed one does: its turn,
     -- long past when it is due, is no share of its key's now.
@@ -190,7 +190,7 @@ WHERE t.execution_id = u.execution_id AND t.step = u.step
   AND t.status = 'ready' AND t.attempt = 0 AND t.deadline_at IS NULL;
 
 -- name: fair_key_lock_many
--- Lock the fair key rows (migration 0028) a start_many of several statements will take, in one
+-- Lock the fair key rows (migration 0027) a start_many of several statements will take, in one
 -- order (queue, key), before its first statement: each statement locks its own keys in that
 -- order, but two batches whose later statements take keys the other's earlier ones took would
 -- wait for each other the other way round. A row made here (slot 0) means what no row means.

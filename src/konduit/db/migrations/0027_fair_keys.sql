@@ -1,4 +1,4 @@
--- Konduit schema, version 28: fair shares between keys (Workflow(fair_by=...)).
+-- Konduit schema, version 27: fair shares between keys (Workflow(fair_by=...)).
 --
 -- Migration 0019 gives each execution (a batch start as one) its share of a queue: its tasks
 -- take turns from the queue's clock. But 10,000 executions of one customer started one by one

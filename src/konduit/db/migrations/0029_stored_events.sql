@@ -1,4 +1,4 @@
--- Konduit schema, version 30: stored events expire.
+-- Konduit schema, version 29: stored events expire.
 --
 -- An event no task waits for yet is kept for a retention (the waiting step's `retention=`, else
 -- the App's `event_retention`, 24 h by default) and consumed, oldest first, by the first task of

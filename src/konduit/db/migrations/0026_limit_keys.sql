@@ -1,4 +1,4 @@
--- Konduit schema, version 27: limits per key (step(concurrency=konduit.Limit(2, key=...)),
+-- Konduit schema, version 26: limits per key (step(concurrency=konduit.Limit(2, key=...)),
 -- rate=konduit.Rate("10/s", key=...)) and Workflow(max_running=N, key=...).
 --
 -- Per-key flow limits. A step whose limits are per key is `keyed` in its konduit_flow_limits

@@ -1,4 +1,4 @@
--- Konduit schema, version 29: events that start work (wf.on_event; docs/events.md).
+-- Konduit schema, version 28: events that start work (wf.on_event; docs/events.md).
 --
 -- konduit_event_triggers: what each registered workflow version declared (its spec: mode,
 -- whether input=/key= are code, timings), so that a process without the workflow's code still
