@@ -214,7 +214,9 @@ def test_embedded_status_of_the_running_server() -> None:
 
     if os.environ.get("KONDUIT_TEST_DATABASE_URL"):
         pytest.skip("the tests use another server; the embedded one may not run")
-    server_url("postgres")  # started, as the test session's database fixtures do
+    # Started with its default database, whose URL the status gives (a new machine has only
+    # `postgres` until something asks for the default one).
+    server_url()
     found = json.loads(run("embedded", "status", "--json").stdout)
     assert found["running"] is True and isinstance(found["port"], int)
     with psycopg.connect(found["url"], connect_timeout=5) as conn:
