@@ -47,6 +47,33 @@ JOIN konduit_steps s ON s.execution_id = k.execution_id AND s.step = k.step;
 -- name: step_update_many_across_executions
 -- Apply the fan-in decisions of a round to the steps they changed, of several executions, in
 -- (execution, step) order; fired and ended steps get their timestamps.
+{{steps_updated_from_decisions}};
+
+-- name: step_update_many_across_executions_with_steps_pending
+-- step_update_many_across_executions and
+-- execution_set_steps_pending_many_if_running_and_changed in one statement: a round whose
+-- decisions ended steps writes its step rows and its executions' counts of steps not ended
+-- together. The execution rows are the round's own (locked first); the count is written only
+-- while the execution runs, and only where it changed.
+WITH written AS (
+    {{steps_updated_from_decisions}}
+)
+UPDATE konduit_executions e
+SET steps_pending = c.steps_pending
+FROM unnest(%(ids)s::uuid[], %(steps_pendings)s::int[]) AS c(id, steps_pending)
+WHERE e.id = c.id AND e.status = 'running' AND e.steps_pending IS DISTINCT FROM c.steps_pending;
+
+-- name: execution_set_steps_pending_many_if_running_and_changed
+-- Record how many steps of running executions (one, or a round's several) have not ended; an
+-- unchanged count writes no new row version (the execution row is the hottest of a fan-out).
+UPDATE konduit_executions e
+SET steps_pending = u.steps_pending
+FROM unnest(%(ids)s::uuid[], %(steps_pendings)s::int[]) AS u(id, steps_pending)
+WHERE e.id = u.id AND e.status = 'running' AND e.steps_pending IS DISTINCT FROM u.steps_pending;
+
+-- fragment: steps_updated_from_decisions
+-- The round's fan-in decisions written to the steps they changed, of several executions, in
+-- (execution, step) order; fired and ended steps get their timestamps.
 UPDATE konduit_steps s
 SET {{step_counters_set}},
     first_upstream_at = u.first_upstream_at,
@@ -64,43 +91,4 @@ FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[], %(statuses)s::text[],
      AS u(execution_id, step, status, up_pending, up_ok, up_failed, up_required_failed,
           up_skipped, tasks_total, tasks_pending, tasks_ok, tasks_degraded, tasks_failed,
           first_upstream_at, last_upstream_at, straggler, fired, ended)
-WHERE s.execution_id = u.execution_id AND s.step = u.step;
-
--- name: step_update_many_across_executions_with_steps_pending
--- step_update_many_across_executions and
--- execution_set_steps_pending_many_if_running_and_changed in one statement: a round whose
--- decisions ended steps writes its step rows and its executions' counts of steps not ended
--- together. The execution rows are the round's own (locked first); the count is written only
--- while the execution runs, and only where it changed.
-WITH written AS (
-    UPDATE konduit_steps s
-    SET {{step_counters_set}},
-        first_upstream_at = u.first_upstream_at,
-        last_upstream_at = COALESCE(u.last_upstream_at, s.last_upstream_at),
-        straggler = COALESCE(u.straggler, s.straggler),
-        fired_at = CASE WHEN u.fired THEN clock_timestamp() ELSE s.fired_at END,
-        ended_at = CASE WHEN u.ended THEN clock_timestamp() ELSE s.ended_at END
-    FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[], %(statuses)s::text[],
-                %(up_pendings)s::int[], %(up_oks)s::int[], %(up_faileds)s::int[],
-                %(up_required_faileds)s::int[], %(up_skippeds)s::int[], %(tasks_totals)s::int[],
-                %(tasks_pendings)s::int[], %(tasks_oks)s::int[], %(tasks_degradeds)s::int[],
-                %(tasks_faileds)s::int[], %(first_upstream_ats)s::timestamptz[],
-                %(last_upstream_ats)s::timestamptz[], %(stragglers)s::text[], %(fireds)s::bool[],
-                %(endeds)s::bool[])
-         AS u(execution_id, step, status, up_pending, up_ok, up_failed, up_required_failed,
-              up_skipped, tasks_total, tasks_pending, tasks_ok, tasks_degraded, tasks_failed,
-              first_upstream_at, last_upstream_at, straggler, fired, ended)
-    WHERE s.execution_id = u.execution_id AND s.step = u.step
-)
-UPDATE konduit_executions e
-SET steps_pending = c.steps_pending
-FROM unnest(%(ids)s::uuid[], %(steps_pendings)s::int[]) AS c(id, steps_pending)
-WHERE e.id = c.id AND e.status = 'running' AND e.steps_pending IS DISTINCT FROM c.steps_pending;
-
--- name: execution_set_steps_pending_many_if_running_and_changed
--- Record how many steps of running executions (one, or a round's several) have not ended; an
--- unchanged count writes no new row version (the execution row is the hottest of a fan-out).
-UPDATE konduit_executions e
-SET steps_pending = u.steps_pending
-FROM unnest(%(ids)s::uuid[], %(steps_pendings)s::int[]) AS u(id, steps_pending)
-WHERE e.id = u.id AND e.status = 'running' AND e.steps_pending IS DISTINCT FROM u.steps_pending;
+WHERE s.execution_id = u.execution_id AND s.step = u.step
