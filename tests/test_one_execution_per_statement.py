@@ -68,7 +68,7 @@ KEY_COLUMNS: dict[str, set[str]] = {
     "konduit_tasks": {"execution_id", "id"},
     "konduit_outputs": {"execution_id"},
     "konduit_execution_outputs": {"execution_id"},
-    "konduit_attempts": {"task_id", "lease_token"},
+    "konduit_attempts": {"task_id", "lease_token", "id"},  # an attempt is one task's
 }
 
 CROSS_EXECUTION_BATCH = {
@@ -83,6 +83,10 @@ CROSS_EXECUTION_BATCH = {
     "step_get_many_across_executions",
     "step_update_many_across_executions",
     "execution_set_steps_pending_many_if_running_and_changed",
+    # The same writes folded into fewer statements (issue 20): ends + outputs + attempts, and
+    # step rows + the executions' counts of steps pending.
+    "task_complete_many_if_leased_storing_outputs_and_attempts",
+    "step_update_many_across_executions_with_steps_pending",
 }
 HISTORY_READS = {
     # Adaptive deadline: a quantile of the step's successful durations over all executions.

@@ -143,8 +143,10 @@ def test_past_the_lag_bound_the_primary_serves_and_the_lag_is_shown(pair: standb
                                     what="reads falling back to the primary")
                 assert late in ids
                 line = footer(http)
-                assert re.fullmatch(r"reads: primary \(replica \d+\.\d s behind, limit 1 s\)",
-                                    line), line
+                # A lag measurement that times out (a loaded machine) reads "unknown": the
+                # primary serves then too.
+                shown = r"(\d+\.\d s behind|behind by an unknown time)"
+                assert re.fullmatch(rf"reads: primary \(replica {shown}, limit 1 s\)", line), line
                 assert metric(http, "konduit_read_replica_lag_seconds") > 1.0
                 assert metric(http, "konduit_read_replica_serving") == 0.0
                 assert metric(http, "konduit_read_fallbacks_total") == fallbacks + 1  # once, not per read
