@@ -20,6 +20,7 @@ from konduit.bench.harness import claim
 from konduit.core.model import Command, Completion, Outcome, Recorded, TaskAttempt
 from konduit.core.payloads import content_hash
 from konduit.db.database import Database, Tx
+from konduit.engine import transitions
 from konduit.engine.client import Client
 from konduit.engine.registry import Registry
 from konduit.engine.round import Round
@@ -296,5 +297,89 @@ def test_run_answers_in_batch_order_and_decides_afresh_after_a_rollback(db_url: 
             statuses = dict(conn.execute("SELECT step, status FROM konduit_tasks"
                                          " WHERE execution_id = %s", (eid,)).fetchall())
         assert statuses == {"b0": "succeeded", "b1": "ready"}
+
+    scenario(db_url, body)
+
+
+def test_a_claim_sent_with_the_commit_wakes_others_only_for_what_it_left_ready(db_url: str) -> None:
+    """A worker's round sends its claim without waiting for the rows (they come back with the
+    COMMIT), so it cannot say what it took: the wake-up asks the server, after the claim, whether
+    a task the round made ready is still ready."""
+    async def body(w: World) -> None:
+        leased = await w.leased(2)
+        async with await psycopg.AsyncConnection.connect(w.url, autocommit=True) as listener:
+            await listener.execute("LISTEN konduit_ready")
+
+            async def next_note() -> str:
+                async for note in listener.notifies(timeout=BOUND, stop_after=1):
+                    return note.payload
+                raise AssertionError("no notification")
+
+            async def last_round(eid: uuid.UUID, limit: int) -> list[dict[str, Any]]:
+                r = w.round([done(t) for t in leased[eid].values()])
+                sent: list[Callable[[], Awaitable[transitions.Claim]]] = []
+
+                async def claims(tx: Tx) -> None:
+                    sent.clear()
+                    if limit:
+                        sent.append(await transitions.claim_later(
+                            tx, queues=["default"], workflows=w.registry.keys(), limit=limit,
+                            lease_seconds=30.0, worker_id="round-test"))
+
+                await w.db.atomic(lambda tx: r.run(tx, claims), pipeline=True)
+                assert r.advanced[eid].fired == ["join"]
+                return list(await sent[-1]()) if sent else []
+
+            first, second = sorted(leased)
+            # The claim took the join the round made ready (its rows read after the commit):
+            # nobody else needs waking, so the marker sent after the round arrives first.
+            (join,) = await last_round(first, 1)
+            assert (join["execution_id"], join["step"]) == (first, "join")
+            await listener.execute("SELECT pg_notify('konduit_ready', 'marker')")
+            assert await next_note() == "marker"
+            # Nothing claimed: the join is still ready after the round, so its queue is woken.
+            assert await last_round(second, 0) == []
+            assert await next_note() == "default"
+
+    scenario(db_url, body)
+
+
+def test_the_join_state_read_ahead_sees_a_sibling_that_committed_while_it_waited_for_the_lock(
+        db_url: str) -> None:
+    """The round reads the join state it needs in its first round trip, behind the lock; the
+    server runs that read only once the lock is granted, as a statement of its own, so it sees
+    the sibling that held the lock: the join fires once, in the second round."""
+    async def body(w: World) -> None:
+        ((eid, steps),) = (await w.leased(1)).items()
+        first, second = w.round([done(steps["b0"])]), w.round([done(steps["b1"])])
+        async with await psycopg.AsyncConnection.connect(w.url, autocommit=True) as observer:
+            async with pipelined(w.db) as tx:
+                await first.run(tx)
+                assert first.advanced[eid].fired == []
+                late = asyncio.create_task(w.db.atomic(lambda tx: second.run(tx), pipeline=True))
+                while not (await (await observer.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database()")).fetchone())[0]:
+                    assert not late.done()
+                    await asyncio.sleep(0.01)
+            await late
+        assert second.ahead is not None and {(eid, "b1"), (eid, "join")} <= second.ahead[0]
+        assert second.advanced[eid].fired == ["join"]
+
+    scenario(db_url, body)
+
+
+def test_a_completion_that_names_no_known_workflow_reads_its_join_state_after_the_locks(
+        db_url: str) -> None:
+    """Sweeps and wakes name no workflow, and a task's version may be one this process does not
+    run: the round then reads the join state once the locked rows name the workflow."""
+    async def body(w: World) -> None:
+        ((eid, steps),) = (await w.leased(1)).items()
+        b0 = dataclasses.replace(done(steps["b0"]), workflow=None)
+        b1 = dataclasses.replace(done(steps["b1"]), workflow=("round", 99))
+        r = w.round([b0, b1])
+        await w.db.atomic(lambda tx: r.run(tx), pipeline=True)
+        assert r.ahead is None
+        assert r.advanced[eid].fired == ["join"]
 
     scenario(db_url, body)

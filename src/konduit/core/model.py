@@ -187,6 +187,10 @@ class Completion:
     # What the handler logged during the attempt (konduit.core.attempt_logs): None, or empty,
     # when it logged nothing; stored with the attempt's end in the same transaction.
     logs: AttemptLogs | None = None
+    # The (name, version) of the workflow the task was claimed under, when the completion comes
+    # from an attempt (TaskAttempt.completion): a round reads the join state it will need in its
+    # first round trip, before the execution row says which workflow it runs.
+    workflow: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         if (self.command == Command.END) != (self.outcome is not None):
@@ -271,6 +275,7 @@ class TaskAttempt:
             attempt=self.attempt,
             command=command,
             outcome=outcome,
+            workflow=(self.workflow_name, self.workflow_version),
             **fields,
         )
 

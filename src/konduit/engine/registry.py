@@ -49,6 +49,10 @@ class Registry:
     def keys(self) -> list[str]:
         return [workflow_key(n, v) for (n, v) in self._specs]
 
+    def has(self, name: str, version: int) -> bool:
+        """Whether this version of the workflow is registered."""
+        return (name, version) in self._specs
+
     def get(self, name: str, version: int | None = None) -> WorkflowSpec:
         if version is None:
             versions = [v for (n, v) in self._specs if n == name]

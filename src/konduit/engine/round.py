@@ -55,9 +55,10 @@ from konduit.engine.registry import Registry
 Fetch = Callable[[], Awaitable[list[Row]]]
 """The rows of a statement already sent (:meth:`konduit.db.database.Tx.later`)."""
 
-Claim = Callable[[Tx], Awaitable[set[tuple[UUID, str]]]]
+Claim = Callable[[Tx], Awaitable[set[tuple[UUID, str]] | None]]
 """What runs after the round in its transaction (a worker claims its freed slots) and returns
-the (execution, step) pairs it claimed."""
+the (execution, step) pairs it claimed, or None when its claim is only sent (its rows come back
+with the COMMIT): the round's wake-ups then ask the server what is still ready."""
 
 Waking = tuple[str, tuple[UUID, str] | None]
 """A queue that got a task, with the task's (execution, step); None for a map step's items, whose
@@ -97,6 +98,8 @@ class Round:
         self.advanced: dict[UUID, Advanced] = {}
         self.moved: dict[int, Recorded] = {}
         self.waking: list[Waking] = []
+        # The join state read ahead in the fence's round trip, and the pairs it covers.
+        self.ahead: tuple[frozenset[tuple[UUID, str]], Fetch] | None = None
 
     async def run(self, tx: Tx, then: Claim | None = None) -> None:
         """The round, in the protocol's order, in ``tx`` (pipelined)."""
@@ -111,7 +114,9 @@ class Round:
                 await self.decide()
                 await self.write_decisions(tx)
         await self.return_to_ready(tx)
-        taken = await then(tx) if then is not None else set()
+        taken: set[tuple[UUID, str]] | None = set()
+        if then is not None:
+            taken = await then(tx)
         await self.notify(tx, taken)
 
     async def lock_executions(self, tx: Tx) -> Fetch:
@@ -135,6 +140,8 @@ class Round:
                     and c.lease_token is not None]
         ending = None if may_drop else await transitions.end_later(
             tx, self.ending, [self.hashes[c.task_id] for c in self.ending], store=True)
+        if ending is not None:
+            await self.read_ahead(tx)
         self.locked = {row["id"]: row for row in await locks()}
         mine = [c for c in self.ending if c.execution_id in self.locked]
         for c in sorted((c for c in may_drop if c.execution_id in self.locked),
@@ -153,6 +160,25 @@ class Round:
         elif mine:
             self.ended = await transitions.end(tx, mine, [self.hashes[c.task_id] for c in mine])
         self.kept = [c for c in mine if c.task_id in self.ended]
+
+    async def read_ahead(self, tx: Tx) -> None:
+        """Send the read of the join state the round will need behind the locks and the ends,
+        so it comes back in their round trip instead of one of its own. The server runs it
+        after the locks are granted, a statement of its own, so it sees what
+        :meth:`read_join_state` would. Only when every completion names the workflow it was
+        claimed under (the worker's rounds); :meth:`read_join_state` uses it only if it covers
+        every pair the locked rows call for (an execution migrated to another version while
+        its task ran may need other steps)."""
+        pairs: set[tuple[UUID, str]] = set()
+        for c in self.ending:
+            if c.workflow is None or not self.registry.has(*c.workflow):
+                return
+            downstream = self.registry.get(*c.workflow).downstream.get(c.step)
+            if downstream is None:
+                return
+            pairs.update((c.execution_id, step) for step in (c.step, *downstream))
+        keys = sorted(pairs)
+        self.ahead = (frozenset(keys), await step_rows.read_later(tx, keys))
 
     async def store_outputs(self, tx: Tx) -> None:
         """Store the payloads of the tasks that ended, keyed by (execution, step, map_index,
@@ -212,7 +238,11 @@ class Round:
                  for step in sorted({s for c in completions
                                      for s in (c.step, *a.spec.downstream[c.step])})]
         state: dict[UUID, list[Row]] = {}
-        for row in await step_rows.read(tx, pairs):
+        if self.ahead is not None and self.ahead[0].issuperset(pairs):
+            rows = await self.ahead[1]()
+        else:
+            rows = await step_rows.read(tx, pairs)
+        for row in rows:
             state.setdefault(row["execution_id"], []).append(row)
         for a, _ in self.deciding:
             a.preload(state.get(a.execution_id, []))
@@ -247,12 +277,29 @@ class Round:
         after every execution lock and every terminal write (the global lock order)."""
         self.moved = {c.task_id: await move(tx, c) for c in self.moving}
 
-    async def notify(self, tx: Tx, taken: set[tuple[UUID, str]]) -> None:
+    async def notify(self, tx: Tx, taken: set[tuple[UUID, str]] | None) -> None:
         """Wake each queue that got tasks in this round other than those the caller claimed
-        (``taken``): NOTIFY takes a global lock at commit and costs every listener a
+        (``taken``; None: the claim was only sent, so the server checks what is still ready
+        after it): NOTIFY takes a global lock at commit and costs every listener a
         transaction."""
-        for queue_name in sorted({queue for queue, key in self.waking if key not in taken}):
-            await tx.send("task_notify_ready", queue=queue_name)
+        if taken is not None:
+            for queue_name in sorted({queue for queue, key in self.waking if key not in taken}):
+                await tx.send("task_notify_ready", queue=queue_name)
+            return
+        by_queue: dict[str, set[tuple[UUID, str]] | None] = {}
+        for queue, key in self.waking:
+            keys = by_queue.setdefault(queue, set())
+            if key is None or keys is None:
+                by_queue[queue] = None  # a map's items: always woken
+            else:
+                keys.add(key)
+        for queue_name, keys in sorted(by_queue.items()):
+            if keys is None:
+                await tx.send("task_notify_ready", queue=queue_name)
+            else:
+                ordered = sorted(keys)
+                await tx.send("task_notify_ready_if_unclaimed", queue=queue_name,
+                              execution_ids=[e for e, _ in ordered], steps=[s for _, s in ordered])
 
     def results(self) -> list[tuple[Recorded, Advanced | None]]:
         """What happened to each completion, in batch order: a task whose lease no longer held

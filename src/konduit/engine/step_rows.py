@@ -4,7 +4,7 @@ of them (:class:`konduit.engine.round.Round`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -48,6 +48,13 @@ async def read(tx: Tx, keys: Sequence[tuple[UUID, str]]) -> list[Row]:
         return []
     return await tx.all("step_get_many_across_executions",
                         execution_ids=[e for e, _ in keys], steps=[s for _, s in keys])
+
+
+async def read_later(tx: Tx, keys: Sequence[tuple[UUID, str]]
+                     ) -> Callable[[], Awaitable[list[Row]]]:
+    """:func:`read`, sent now (queued in a pipelined transaction) and answered when awaited."""
+    return await tx.later("step_get_many_across_executions",
+                          execution_ids=[e for e, _ in keys], steps=[s for _, s in keys])
 
 
 async def write(tx: Tx, rows: Sequence[StepWrite],

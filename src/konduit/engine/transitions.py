@@ -101,6 +101,30 @@ async def claim(
     return await db.atomic(lambda tx: _claim_flow(tx, params, key_cursors))
 
 
+async def claim_later(
+    tx: Tx,
+    *,
+    queues: Sequence[str],
+    workflows: Sequence[str],
+    limit: int,
+    lease_seconds: float,
+    worker_id: str,
+    turn: int = 0,
+) -> Callable[[], Awaitable[Claim]]:
+    """The plain claim of :func:`claim` (no flow limits), sent now in ``tx`` (queued, in a
+    pipelined transaction) and answered when the returned function is awaited: a completion
+    round sends it with its COMMIT and reads the claimed rows once it has committed."""
+    first = turn % len(queues) if queues else 0
+    rows = await tx.later("task_claim_batch", queues=[*queues[first:], *queues[:first]],
+                          workflows=list(workflows), limit=limit, lease_seconds=lease_seconds,
+                          worker_id=worker_id)
+
+    async def claimed() -> Claim:
+        return Claim(await rows())
+
+    return claimed
+
+
 class KeyCursors(dict[tuple[str, str], str]):
     """Per step limited per key, the last key a worker's claim looked at: the next claim looks
     at the keys after it first (wrapping around), so every key with ready tasks gets its turn

@@ -77,7 +77,11 @@ class Starter:
             return jobs
         started_any = False
         try:
-            async with self.db.transaction() as tx:
+            # Pipelined when no handler reads upstream (root steps): BEGIN goes out with the
+            # check instead of in a round trip of its own. A join's read may stream a wide map's
+            # outputs through a cursor, which a pipelined transaction cannot hold.
+            pipeline = not any(spec[task.step].after for spec, task in leased)
+            async with self.db.transaction(pipeline=pipeline) as tx:
                 rows = await tx.all(
                     "task_hold_many_if_leased",
                     ids=[task.id for _, task in leased],

@@ -298,6 +298,9 @@ class Worker:
             key_cursors=self._key_cursors,
         )
         self._turn += 1
+        return self._claimed(rows)
+
+    def _claimed(self, rows: transitions.Claim) -> list[TaskAttempt]:
         self._limited_ready = rows.limited_ready
         return [TaskAttempt.from_row(r) for r in rows]
 
@@ -320,26 +323,53 @@ class Worker:
             return await record_many(self.db, self.registry, group,
                                      max_payload_bytes=self.executor.max_payload_bytes)
         claimed: list[TaskAttempt] = []
+        # The claim sent with the round's COMMIT (the last run's, if a conflict reran it).
+        sent: list[Callable[[], Awaitable[transitions.Claim]]] = []
         free = self._free_slots()
         self._reserved += max(free, 0)
         try:
-            return await record_many(
+            results = await record_many(
                 self.db, self.registry, group,
                 max_payload_bytes=self.executor.max_payload_bytes,
-                then=lambda tx: self._claim_in_round(tx, free, claimed))
+                then=lambda tx: self._claim_in_round(tx, free, claimed, sent))
+            if sent:  # committed: the claimed rows came back with the COMMIT
+                claimed.extend(self._claimed(await sent[-1]()))
+                self.claims["in_rounds"] += bool(claimed)
+            return results
+        except BaseException as exc:
+            if sent and not isinstance(exc, asyncio.CancelledError | DatabaseConflict
+                                       | DatabaseUnavailable):
+                # The claim went out with the round, so it may be what failed it: the outcomes
+                # are recorded again without one, and the claim loop claims alone for a while.
+                log.warning("a completion round that claimed failed (%s); the claim loop claims "
+                            "alone for a while", exc)
+                self._claim_in_rounds_after = time.monotonic() + 30.0
+            raise
         finally:
             self._reserved -= max(free, 0)
             # Whether or not the round committed: a lease that did not is refused by the check
             # that starts the handlers.
             self._launch(claimed)
 
-    async def _claim_in_round(self, tx: Tx, limit: int, claimed: list[TaskAttempt]
-                              ) -> set[tuple[UUID, str]]:
-        """Claim in the round's transaction; returns the (execution, step) pairs claimed, so the
-        round wakes other workers only for the tasks it made ready and did not take itself."""
+    async def _claim_in_round(self, tx: Tx, limit: int, claimed: list[TaskAttempt],
+                              sent: list[Callable[[], Awaitable[transitions.Claim]]]
+                              ) -> set[tuple[UUID, str]] | None:
+        """Claim in the round's transaction. The plain claim is only sent (``sent``): its rows
+        come back with the COMMIT, one round trip for both, and the round's wake-ups ask the
+        server what it left ready (returns None). A claim under flow limits locks before it
+        claims, so it waits for its rows here and returns the (execution, step) pairs claimed,
+        so the round wakes other workers only for the tasks it made ready and did not take."""
         claimed.clear()  # a rerun of the round (after a conflict) claims afresh
+        sent.clear()
         if limit <= 0:
             return set()
+        if not self._limited:
+            cfg = self.config
+            sent.append(await transitions.claim_later(
+                tx, queues=cfg.queues, workflows=self.registry.keys(), limit=limit,
+                lease_seconds=cfg.lease_seconds, worker_id=cfg.worker_id, turn=self._turn))
+            self._turn += 1
+            return None
         try:
             claimed.extend(await self._claim(tx, limit))
             self.claims["in_rounds"] += bool(claimed)

@@ -111,6 +111,19 @@ ON CONFLICT (execution_id, step, map_index, generation) DO NOTHING;
 -- Wake idle workers of a queue; delivered when the transaction commits.
 SELECT pg_notify('konduit_ready', %(queue)s);
 
+-- name: task_notify_ready_if_unclaimed
+-- Wake idle workers of a queue only if a task a completion round made ready there (its
+-- (execution, step) pairs; not map items) is still ready after the round's own claim: it runs
+-- after that claim in the same transaction, so it sees what the claim took, and the claim's
+-- rows need not come back before it is sent (they come back with the COMMIT).
+SELECT pg_notify('konduit_ready', %(queue)s)
+WHERE EXISTS (
+    SELECT 1
+    FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[]) AS u(execution_id, step)
+    JOIN konduit_tasks t ON t.execution_id = u.execution_id AND t.step = u.step
+    WHERE t.status = 'ready'
+);
+
 -- name: task_claim_batch
 -- Lease up to `limit` ready tasks of the given queues and workflow versions, skipping rows other
 -- workers hold: within a priority by fair turn (an execution's share: migration 0019), then the
