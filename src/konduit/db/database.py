@@ -281,6 +281,34 @@ class Tx:
             await self.conn.execute(sql.encode())
 
 
+@asynccontextmanager
+async def _pipelined(conn: psycopg.AsyncConnection[Row],
+                     queued: psycopg.AsyncPipeline) -> AsyncIterator[None]:
+    """BEGIN ... COMMIT on an autocommit connection in pipeline mode, sent as plain statements:
+    BEGIN goes out with the first statement and COMMIT with the last ones, in ONE round trip.
+    (psycopg's own transaction block, in a pipeline, syncs the statements before it queues the
+    COMMIT and syncs again: a round trip more per transaction.) On any error the statements
+    queued so far are synced (an aborted pipeline must be before it takes more) and the
+    transaction is rolled back; the error is raised as it was."""
+    await conn.execute(b"BEGIN")
+    try:
+        yield
+    except BaseException:
+        try:
+            try:
+                await queued.sync()
+            except psycopg.Error:
+                pass  # the error being raised, or one the failed transaction makes of it
+            await conn.execute(b"ROLLBACK")
+            await queued.sync()
+        except psycopg.Error as exc:
+            # A broken connection: the pool discards it (or rolls it back when it comes back).
+            log.debug("rolling back a pipelined transaction failed: %s", exc)
+        raise
+    await conn.execute(b"COMMIT")
+    await queued.sync()
+
+
 class Database:
     """A pool of connections to one PostgreSQL database.
 
@@ -459,7 +487,7 @@ class Database:
         async with self.connection() as conn:
             with translate_errors():
                 if pipeline:
-                    async with conn.pipeline() as queued, conn.transaction():
+                    async with conn.pipeline() as queued, _pipelined(conn, queued):
                         yield Tx(conn, queued)
                 else:
                     async with conn.transaction():
