@@ -204,6 +204,27 @@ def _pause(attempt: int) -> float:
     return random.uniform(0.5, 1.0) * min(0.5, 0.02 * 2.0 ** (attempt - 1))
 
 
+async def _rerun_on_conflict(run: Callable[[], Awaitable[T]], attempts: int, what: str) -> T:
+    """``run()``, run again after a jittered pause while PostgreSQL aborts it for a conflict
+    (deadlock, serialization failure, lock not available), up to ``attempts`` times in all;
+    then the DatabaseConflict, saying how many attempts met it."""
+    attempt = 1
+    while True:
+        try:
+            return await run()
+        except DatabaseConflict as exc:
+            if attempt >= attempts:
+                if attempts > 1:
+                    raise DatabaseConflict(
+                        f"{exc} (still conflicting after {attempts} attempts)"
+                    ) from exc.__cause__
+                raise
+            pause = _pause(attempt)
+            log.debug("%s; running %s again in %.0f ms", exc, what, pause * 1000)
+            attempt += 1
+            await asyncio.sleep(pause)
+
+
 class Tx:
     """Named-query calls inside one transaction.
 
@@ -502,44 +523,22 @@ class Database:
         The body must be safe to rerun: it does only database work through its ``Tx`` (whatever
         it wrote was rolled back with the conflict), and no side effects outside the database.
         """
-        attempt = 1
-        while True:
-            try:
-                async with self.transaction(pipeline=pipeline) as tx:
-                    return await body(tx)
-            except DatabaseConflict as exc:
-                if attempt >= attempts:
-                    if attempts > 1:
-                        raise DatabaseConflict(
-                            f"{exc} (still conflicting after {attempts} attempts)"
-                        ) from exc.__cause__
-                    raise
-                pause = _pause(attempt)
-                log.debug("%s; running the transaction again in %.0f ms", exc, pause * 1000)
-                attempt += 1
-                await asyncio.sleep(pause)
+        async def run() -> T:
+            async with self.transaction(pipeline=pipeline) as tx:
+                return await body(tx)
+
+        return await _rerun_on_conflict(run, attempts, "the transaction")
 
     async def single(self, body: Callable[[Tx], Awaitable[T]], *,
                      attempts: int = CONFLICT_ATTEMPTS) -> T:
         """Run ``body``, which runs ONE statement, in autocommit: the statement is its own
         transaction (as atomic as BEGIN + statement + COMMIT, in one round trip instead of
         three). Rerun on a conflict as :meth:`atomic` does."""
-        attempt = 1
-        while True:
-            try:
-                async with self.connection() as conn:
-                    return await body(Tx(conn))
-            except DatabaseConflict as exc:
-                if attempt >= attempts:
-                    if attempts > 1:
-                        raise DatabaseConflict(
-                            f"{exc} (still conflicting after {attempts} attempts)"
-                        ) from exc.__cause__
-                    raise
-                pause = _pause(attempt)
-                log.debug("%s; running the statement again in %.0f ms", exc, pause * 1000)
-                attempt += 1
-                await asyncio.sleep(pause)
+        async def run() -> T:
+            async with self.connection() as conn:
+                return await body(Tx(conn))
+
+        return await _rerun_on_conflict(run, attempts, "the statement")
 
     async def one(self, query: str, /, **params: Any) -> Row | None:
         """Run one named query as its own transaction (rerun on a conflict): its first row."""
