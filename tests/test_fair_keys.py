@@ -10,6 +10,7 @@ whole backlog. Then the key's row and its cleanup, the key on the execution, and
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -367,8 +368,21 @@ def test_a_process_without_the_code_gives_the_key_itself(make_app, db_url):
             {"workflow": "keyed", "input": {"customer": "x"}}])
         with pytest.raises(FairKeyError, match="start request 0: fair_key of a start of 'keyed'"):
             client.start_many([{"workflow": "keyed", "fair_key": ""}])
+        # One start by name takes the same options as the App's start.
+        later = datetime.now(UTC) + timedelta(hours=1)
+        one = client.start("keyed", {"customer": "x"}, fair_key="umbrella",
+                           tags={"team": "billing"}, run_at=later, priority=-3)
+        delayed = client.start("keyed", {"customer": "x"}, delay="1h")
     found = {r.id: r.fair_key for r in app.search(workflow="keyed")}
     assert found[given.id] == "acme" and found[none.id] is None  # no code: no key
+    with psycopg.connect(db_url) as conn:
+        stored = {eid: rest for eid, *rest in conn.execute(
+            "SELECT id, fair_key, tags, status, run_at, priority FROM konduit_executions"
+            " WHERE id = ANY(%s)", ([one.id, delayed.id],))}
+    fair_key, tags, status, run_at, priority = stored[one.id]
+    assert (fair_key, tags, status, priority) == ("umbrella", {"team": "billing"}, "scheduled", -3)
+    assert abs((run_at - later).total_seconds()) < 1
+    assert stored[delayed.id][2] == "scheduled"
     # With the code, a given key wins over fair_by's.
     assert app.search(fair_key="globex") == []
     mine = app.start("keyed", {"customer": "acme"}, fair_key="globex").id

@@ -109,15 +109,21 @@ class AsyncClient:
     async def start(self, workflow: str, input: Any = None, *,
                     idempotency_key: str | None = None, version: int | None = None,
                     deadline_at: datetime | None = None, timeout: Duration | None = None,
-                    trace_context: TraceContext | None = None) -> AsyncExecutionHandle:
+                    trace_context: TraceContext | None = None,
+                    tags: Mapping[str, str] | None = None, run_at: datetime | None = None,
+                    delay: Duration | None = None, priority: int = 0,
+                    fair_key: str | None = None) -> AsyncExecutionHandle:
         """Start an execution of ``workflow`` (its newest registered version unless
-        ``version``); the arguments mean what they mean to :meth:`konduit.App.start`. An input
-        that does not match the workflow's ``input=`` raises
-        :class:`~konduit.InputValidationError` naming each field, and nothing is written."""
+        ``version``); the arguments mean what they mean to :meth:`konduit.App.start` (``tags``,
+        ``run_at``/``delay``, ``priority``, and ``fair_key``, which a code-less starter gives
+        for a workflow with ``fair_by=``). An input that does not match the workflow's
+        ``input=`` raises :class:`~konduit.InputValidationError` naming each field, and nothing
+        is written."""
         core = await self.core()
         eid = await core.start(workflow, input, idempotency_key=idempotency_key,
                                version=version, deadline_at=deadline_at, timeout=timeout,
-                               trace_context=trace_context)
+                               trace_context=trace_context, tags=tags, run_at=run_at,
+                               delay=delay, priority=priority, fair_key=fair_key)
         return AsyncExecutionHandle(self, eid)
 
     async def start_many(self, requests: Iterable[StartRequest | Mapping[str, Any]], *,
@@ -211,13 +217,16 @@ class Client:
 
     def start(self, workflow: str, input: Any = None, *, idempotency_key: str | None = None,
               version: int | None = None, deadline_at: datetime | None = None,
-              timeout: Duration | None = None) -> ExecutionHandle:
+              timeout: Duration | None = None, tags: Mapping[str, str] | None = None,
+              run_at: datetime | None = None, delay: Duration | None = None,
+              priority: int = 0, fair_key: str | None = None) -> ExecutionHandle:
         """Start an execution by name; see :meth:`AsyncClient.start`."""
         # The caller's span is in this thread's context, not in the loop thread.
         trace = capture(self._async.tracing, workflow)
         handle = self._call(self._async.start(
             workflow, input, idempotency_key=idempotency_key, version=version,
-            deadline_at=deadline_at, timeout=timeout, trace_context=trace))
+            deadline_at=deadline_at, timeout=timeout, trace_context=trace, tags=tags,
+            run_at=run_at, delay=delay, priority=priority, fair_key=fair_key))
         return ExecutionHandle(self, handle.id)
 
     def start_many(self, requests: Iterable[StartRequest | Mapping[str, Any]],
