@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -34,7 +35,7 @@ import konduit
 from konduit.core.flow import FlowLimit, KeyContext, parse_flow_limit
 from konduit.db.database import Database
 from konduit.db.queries import q
-from konduit.engine import limit_keys, transitions
+from konduit.engine import later, limit_keys, transitions
 from konduit.errors import LimitKeyError, WorkflowDefinitionError
 from konduit.observe.metrics import metric_families
 from konduit.observe.stats import load_stats, stats_renderables
@@ -346,6 +347,48 @@ def test_pending_executions_start_in_order_when_slots_free(db_url):
                 "SELECT (input->>'n')::int FROM konduit_executions WHERE status = 'succeeded' "
                 "AND run_key = 'a' ORDER BY finished_at").fetchall()]
         assert done == [2, 3]  # in start order, one at a time
+    finally:
+        app.close()
+
+
+def test_a_start_later_waits_for_its_keys_slot_when_its_time_comes(db_url):
+    """run_at=/delay= starts count under max_running too: when due, an execution of a key whose
+    slots are taken becomes pending (its tasks set aside), and starts when a slot frees; the
+    key's row is kept while only a scheduled execution names it."""
+    wf = konduit.Workflow("mr-later", version=1, max_running=1, key=lambda i: i["k"])
+    wf.step(name="only")(lambda ctx: 1)
+    app = konduit.App([wf], database_url=db_url)
+
+    async def maintenance_pass(idle_seconds: float = 60.0) -> None:
+        db = Database(db_url, min_size=1, max_size=2)
+        await db.open()
+        try:
+            await later.start_due(db)
+            await limit_keys.maintain(db, idle_seconds=idle_seconds)
+        finally:
+            await db.close()
+
+    try:
+        lone = app.start("mr-later", input={"k": "lone"}, delay="0.2s").id
+        # Only a scheduled execution names key "lone": its row stays, however idle.
+        asyncio.run(maintenance_pass(idle_seconds=0.0))
+        with psycopg.connect(db_url) as conn:
+            assert conn.execute("SELECT count(*) FROM konduit_run_slots WHERE key = 'lone'"
+                                ).fetchone() == (1,)
+        now = app.start("mr-later", input={"k": "a"}).id
+        due = [app.start("mr-later", input={"k": "a"}, delay="0.2s").id for _ in range(2)]
+        assert _statuses(db_url, "mr-later")["a"] == ["running", "scheduled", "scheduled"]
+        time.sleep(0.3)
+        asyncio.run(maintenance_pass())
+        # Key "a" has its one slot taken: both due ones wait; "lone" has a free slot: it runs.
+        assert _statuses(db_url, "mr-later") == {"lone": ["running"],
+                                                 "a": ["running", "pending", "pending"]}
+        with psycopg.connect(db_url) as conn:
+            assert conn.execute("SELECT count(*) FROM konduit_tasks WHERE execution_id = ANY(%s)"
+                                " AND NOT limited", (due,)).fetchone() == (0,)
+        assert app.cancel(now)  # frees the slot: the oldest pending one starts
+        assert _statuses(db_url, "mr-later")["a"] == ["cancelled", "running", "pending"]
+        assert app.status(due[0]).status == "running" and app.status(lone).status == "running"
     finally:
         app.close()
 

@@ -276,8 +276,10 @@ class Maintenance:
         """Start the scheduled executions whose time came (:mod:`konduit.engine.later`), and
         pending ones of keys with a free slot under ``max_running`` (retiring idle key rows:
         :mod:`konduit.engine.limit_keys`)."""
-        kept = await limit_keys.maintain(self.db)
-        return len(await later.start_due(self.db)) + kept.started
+        # Due executions under max_running become pending first, so this pass's fill starts
+        # them when their key has a free slot.
+        started = len(await later.start_due(self.db))
+        return started + (await limit_keys.maintain(self.db)).started
 
     async def start_triggered(self) -> int:
         """Apply the events whose trigger needs this worker's code, and start the bursts and

@@ -139,15 +139,16 @@ JOIN konduit_run_slots s ON s.workflow_name = p.workflow_name AND s.key = p.run_
 FOR UPDATE OF s SKIP LOCKED;
 
 -- name: execution_delete_idle_run_slots
--- Retire the rows of max_running keys with no pending or running execution, idle for
--- `idle_seconds` (a start creates its key's row again). Up to `limit`, skipping held rows.
+-- Retire the rows of max_running keys with no scheduled, pending or running execution, idle
+-- for `idle_seconds` (a start creates its key's row again; a scheduled one, when due, needs it).
+-- Up to `limit`, skipping held rows.
 DELETE FROM konduit_run_slots s
 USING (SELECT workflow_name, key
        FROM konduit_run_slots r
        WHERE r.updated_at < clock_timestamp() - make_interval(secs => %(idle_seconds)s)
          AND NOT EXISTS (SELECT 1 FROM konduit_executions e
                          WHERE e.workflow_name = r.workflow_name AND e.run_key = r.key
-                           AND e.status IN ('pending', 'running'))
+                           AND e.status IN ('scheduled', 'pending', 'running'))
        LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED) AS idle
 WHERE s.workflow_name = idle.workflow_name AND s.key = idle.key
