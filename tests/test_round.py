@@ -100,6 +100,13 @@ async def rows(tx: Tx, sql: str, *params: Any) -> list[tuple[Any, ...]]:
     return [tuple(r.values()) if isinstance(r, dict) else tuple(r) for r in await cur.fetchall()]
 
 
+async def next_note(listener: psycopg.AsyncConnection[Any]) -> str:
+    """The payload of the next notification ``listener`` (LISTENing) receives."""
+    async for note in listener.notifies(timeout=BOUND, stop_after=1):
+        return note.payload
+    raise AssertionError("no notification")
+
+
 async def fenced(world: World, tx: Tx, batch: list[Completion]) -> Round:
     r = world.round(batch)
     await r.fence(tx, await r.lock_executions(tx))
@@ -246,11 +253,6 @@ def test_notify_wakes_only_queues_the_caller_did_not_claim_from(db_url: str) -> 
         async with await psycopg.AsyncConnection.connect(w.url, autocommit=True) as listener:
             await listener.execute("LISTEN konduit_ready")
 
-            async def next_note() -> str:
-                async for note in listener.notifies(timeout=BOUND, stop_after=1):
-                    return note.payload
-                raise AssertionError("no notification")
-
             async def last_round(eid: uuid.UUID, taken: set[tuple[uuid.UUID, str]]) -> None:
                 r = w.round([done(t) for t in leased[eid].values()])
 
@@ -262,12 +264,12 @@ def test_notify_wakes_only_queues_the_caller_did_not_claim_from(db_url: str) -> 
 
             first, second = sorted(leased)
             await last_round(first, set())
-            assert await next_note() == "default"
+            assert await next_note(listener) == "default"
             # The caller claimed the join it made ready: nobody else needs waking. A marker
             # sent after the round commits arrives first, so the round sent nothing.
             await last_round(second, {(second, "join")})
             await listener.execute("SELECT pg_notify('konduit_ready', 'marker')")
-            assert await next_note() == "marker"
+            assert await next_note(listener) == "marker"
 
     scenario(db_url, body)
 
@@ -310,11 +312,6 @@ def test_a_claim_sent_with_the_commit_wakes_others_only_for_what_it_left_ready(d
         async with await psycopg.AsyncConnection.connect(w.url, autocommit=True) as listener:
             await listener.execute("LISTEN konduit_ready")
 
-            async def next_note() -> str:
-                async for note in listener.notifies(timeout=BOUND, stop_after=1):
-                    return note.payload
-                raise AssertionError("no notification")
-
             async def last_round(eid: uuid.UUID, limit: int) -> list[dict[str, Any]]:
                 r = w.round([done(t) for t in leased[eid].values()])
                 sent: list[Callable[[], Awaitable[transitions.Claim]]] = []
@@ -322,9 +319,8 @@ def test_a_claim_sent_with_the_commit_wakes_others_only_for_what_it_left_ready(d
                 async def claims(tx: Tx) -> None:
                     sent.clear()
                     if limit:
-                        sent.append(await transitions.claim_later(
-                            tx, queues=["default"], workflows=w.registry.keys(), limit=limit,
-                            lease_seconds=30.0, worker_id="round-test"))
+                        sent.append(await transitions.claim_later(tx, transitions.claim_params(
+                            ["default"], w.registry.keys(), limit, 30.0, "round-test")))
 
                 await w.db.atomic(lambda tx: r.run(tx, claims), pipeline=True)
                 assert r.advanced[eid].fired == ["join"]
@@ -336,10 +332,10 @@ def test_a_claim_sent_with_the_commit_wakes_others_only_for_what_it_left_ready(d
             (join,) = await last_round(first, 1)
             assert (join["execution_id"], join["step"]) == (first, "join")
             await listener.execute("SELECT pg_notify('konduit_ready', 'marker')")
-            assert await next_note() == "marker"
+            assert await next_note(listener) == "marker"
             # Nothing claimed: the join is still ready after the round, so its queue is woken.
             assert await last_round(second, 0) == []
-            assert await next_note() == "default"
+            assert await next_note(listener) == "default"
 
     scenario(db_url, body)
 

@@ -86,14 +86,7 @@ async def claim(
     ``rate=``). Their tasks are claimed only by :func:`_claim_flow`; the plain claim skips them.
     ``key_cursors``: some of those limits are per key; the worker's turns among their keys,
     kept from one claim to the next."""
-    first = turn % len(queues) if queues else 0
-    params: dict[str, Any] = {
-        "queues": [*queues[first:], *queues[:first]],
-        "workflows": list(workflows),
-        "limit": limit,
-        "lease_seconds": lease_seconds,
-        "worker_id": worker_id,
-    }
+    params = claim_params(queues, workflows, limit, lease_seconds, worker_id, turn)
     if not limited:
         return Claim(await db.all("task_claim_batch", **params))
     if isinstance(db, Tx):
@@ -101,23 +94,20 @@ async def claim(
     return await db.atomic(lambda tx: _claim_flow(tx, params, key_cursors))
 
 
-async def claim_later(
-    tx: Tx,
-    *,
-    queues: Sequence[str],
-    workflows: Sequence[str],
-    limit: int,
-    lease_seconds: float,
-    worker_id: str,
-    turn: int = 0,
-) -> Callable[[], Awaitable[Claim]]:
-    """The plain claim of :func:`claim` (no flow limits), sent now in ``tx`` (queued, in a
-    pipelined transaction) and answered when the returned function is awaited: a completion
-    round sends it with its COMMIT and reads the claimed rows once it has committed."""
+def claim_params(queues: Sequence[str], workflows: Sequence[str], limit: int,
+                 lease_seconds: float, worker_id: str, turn: int = 0) -> dict[str, Any]:
+    """The parameters of a claim (see :func:`claim`): the queues rotated by ``turn``."""
     first = turn % len(queues) if queues else 0
-    rows = await tx.later("task_claim_batch", queues=[*queues[first:], *queues[:first]],
-                          workflows=list(workflows), limit=limit, lease_seconds=lease_seconds,
-                          worker_id=worker_id)
+    return {"queues": [*queues[first:], *queues[:first]], "workflows": list(workflows),
+            "limit": limit, "lease_seconds": lease_seconds, "worker_id": worker_id}
+
+
+async def claim_later(tx: Tx, params: dict[str, Any]) -> Callable[[], Awaitable[Claim]]:
+    """The plain claim of :func:`claim` (no flow limits; ``params`` from
+    :func:`claim_params`), sent now in ``tx`` (queued, in a pipelined transaction) and
+    answered when the returned function is awaited: a completion round sends it with its
+    COMMIT and reads the claimed rows once it has committed."""
+    rows = await tx.later("task_claim_batch", **params)
 
     async def claimed() -> Claim:
         return Claim(await rows())
