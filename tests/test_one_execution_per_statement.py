@@ -87,6 +87,9 @@ CROSS_EXECUTION_BATCH = {
     # step rows + the executions' counts of steps pending.
     "task_complete_many_if_leased_storing_outputs_and_attempts",
     "step_update_many_across_executions_with_steps_pending",
+    # The round's wake-up when its claim went out with the COMMIT: whether a task it made ready
+    # is still ready, each read by its (execution id, step) key.
+    "task_notify_ready_if_unclaimed",
 }
 HISTORY_READS = {
     # Adaptive deadline: a quantile of the step's successful durations over all executions.
