@@ -179,22 +179,26 @@ def advance(
     """Apply one event. ``states`` must hold the event's step and its downstream steps; when a
     cascade needs more, a :class:`NeedStates` says which (the call is deterministic, so the
     caller loads them and calls again with the larger mapping)."""
-    work = dict(states)
     decision = Decision()
     if execution.status != ExecutionStatus.RUNNING:
         return decision
     pending = execution.steps_pending
     missing: set[str] = set()
+    # The states as this decision left them: the ones it changed (decision.states) over the
+    # ones it was given, never copied (a copy of every loaded step per event grew with the
+    # workflow's width).
+    changed = decision.states
 
     def get(name: str) -> StepState | None:
-        st = work.get(name)
+        st = changed.get(name)
         if st is None:
-            missing.add(name)
+            st = states.get(name)
+            if st is None:
+                missing.add(name)
         return st
 
     def put(name: str, st: StepState) -> None:
-        work[name] = st
-        decision.states[name] = st
+        changed[name] = st
 
     def fail(reason: str) -> None:
         decision.fire.clear()  # nothing starts in an execution that just failed
