@@ -3,6 +3,7 @@ the server's own array input, as exactly the lists they were made of."""
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from konduit.core.model import Outcome, StepStatus
 from konduit.db.arrays import array_literal, with_array_literals
 
 pytestmark = pytest.mark.storage
@@ -65,3 +67,28 @@ def test_mixed_or_unknown_lists_are_left_to_the_driver() -> None:
     params = with_array_literals({"ids": [1, 2], "nested": [[1]], "one": 3, "u": [uuid.uuid4()]})
     assert params["ids"] == "{1,2}" and params["nested"] == [[1]] and params["one"] == 3
     assert isinstance(params["u"], str)
+
+
+def test_status_members_and_plain_strings_read_back_as_their_values(
+        conn: psycopg.Connection[Any]) -> None:
+    # A step row's status read as a plain string beside members that advance() set, and an
+    # enum whose own __str__ is not its value: each element is written as its value.
+    class Odd(enum.StrEnum):
+        A = "a,b"
+
+        def __str__(self) -> str:
+            return "not the value"
+
+    values: list[Any] = [StepStatus.ACTIVE, "waiting", None, Outcome.FAILED, Odd.A, '"q"']
+    literal = array_literal(values)
+    assert literal is not None
+    row = conn.execute("SELECT %s::text[]", (literal,)).fetchone()
+    assert row is not None and row[0] == ["active", "waiting", None, "failed", "a,b", '"q"']
+    assert array_literal([Outcome.FAILED, 1]) is None  # a string beside a number: the driver's
+
+
+def test_uuids_met_again_are_written_alike() -> None:
+    ids = [uuid.uuid4() for _ in range(3)]
+    first = array_literal(ids + ids)
+    assert first == "{" + ",".join(str(u) for u in ids + ids) + "}"
+    assert array_literal(ids) == "{" + ",".join(str(u) for u in ids) + "}"

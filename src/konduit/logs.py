@@ -53,11 +53,22 @@ def attempt_fields(task: TaskAttempt) -> dict[str, Any]:
 @contextlib.contextmanager
 def attempt_scope(task: TaskAttempt) -> Iterator[None]:
     """Lines logged inside carry the attempt's fields."""
-    token = _attempt.set(attempt_fields(task))
+    token = enter_attempt(task)
     try:
         yield
     finally:
-        _attempt.reset(token)
+        leave_attempt(token)
+
+
+def enter_attempt(task: TaskAttempt) -> contextvars.Token[dict[str, Any] | None]:
+    """:func:`attempt_scope` as a pair of calls (the executor's, once per attempt: a ``with``
+    of a generator costs several times as much); end it with :func:`leave_attempt`."""
+    return _attempt.set(attempt_fields(task))
+
+
+def leave_attempt(token: contextvars.Token[dict[str, Any] | None]) -> None:
+    """End what :func:`enter_attempt` began."""
+    _attempt.reset(token)
 
 
 def current_fields() -> dict[str, Any]:

@@ -14,8 +14,8 @@ never re-read to decide.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from konduit.core.model import ExecutionStatus, Outcome, StepStatus
 from konduit.core.workflow import WorkflowSpec
@@ -44,16 +44,29 @@ class StepState:
     tasks_degraded: int = 0
     tasks_failed: int = 0
 
-    def counted(self, edge: str, required: bool) -> StepState:
+    def but(self, **changes: Any) -> StepState:
+        """These counters with ``changes`` (field names only): ``dataclasses.replace`` without
+        its cost. That one runs the generated ``__init__`` (a frozen field set at a time); this
+        copies the instance's dict, a handful of times per completion on the worker's hot
+        path. The class has no ``__post_init__`` and no derived field to recompute."""
+        copy = object.__new__(StepState)
+        values = copy.__dict__
+        values.update(self.__dict__)
+        values.update(changes)
+        return copy
+
+    def counted(self, edge: str, required: bool, **changes: Any) -> StepState:
         """These counters with one more upstream edge that ended ``edge`` (already the edge's
         outcome: skipped where the upstream routed elsewhere); ``required`` is the upstream's.
-        ``up_pending`` is the caller's: the decision lowers it, a rebuild never raised it."""
-        return replace(
-            self,
+        ``up_pending`` is the caller's: the decision lowers it, a rebuild never raised it.
+        ``changes`` are applied with the counts (the caller's ``up_pending``)."""
+        failed = edge in FAILURE_OUTCOMES
+        return self.but(
             up_ok=self.up_ok + (edge in OK_OUTCOMES),
-            up_failed=self.up_failed + (edge in FAILURE_OUTCOMES),
-            up_required_failed=self.up_required_failed + (edge in FAILURE_OUTCOMES and required),
+            up_failed=self.up_failed + failed,
+            up_required_failed=self.up_required_failed + (failed and required),
             up_skipped=self.up_skipped + (edge == Outcome.SKIPPED),
+            **changes,
         )
 
 
@@ -166,22 +179,26 @@ def advance(
     """Apply one event. ``states`` must hold the event's step and its downstream steps; when a
     cascade needs more, a :class:`NeedStates` says which (the call is deterministic, so the
     caller loads them and calls again with the larger mapping)."""
-    work = dict(states)
     decision = Decision()
     if execution.status != ExecutionStatus.RUNNING:
         return decision
     pending = execution.steps_pending
     missing: set[str] = set()
+    # The states as this decision left them: the ones it changed (decision.states) over the
+    # ones it was given, never copied (a copy of every loaded step per event grew with the
+    # workflow's width).
+    changed = decision.states
 
     def get(name: str) -> StepState | None:
-        st = work.get(name)
+        st = changed.get(name)
         if st is None:
-            missing.add(name)
+            st = states.get(name)
+            if st is None:
+                missing.add(name)
         return st
 
     def put(name: str, st: StepState) -> None:
-        work[name] = st
-        decision.states[name] = st
+        changed[name] = st
 
     def fail(reason: str) -> None:
         decision.fire.clear()  # nothing starts in an execution that just failed
@@ -194,7 +211,7 @@ def advance(
         st = get(name)
         if st is None:
             return False
-        put(name, replace(st, status=StepStatus(outcome)))
+        put(name, st.but(status=StepStatus(outcome)))
         decision.ended.append((name, outcome))
         pending -= 1
         step = spec[name]
@@ -209,16 +226,16 @@ def advance(
             # The edge's outcome: a step that routed elsewhere skipped this downstream.
             edge = Outcome.SKIPPED \
                 if routes is not None and outcome in OK_OUTCOMES and d not in routes else outcome
-            ds = replace(ds.counted(edge, step.required), up_pending=ds.up_pending - 1)
+            ds = ds.counted(edge, step.required, up_pending=ds.up_pending - 1)
             put(d, ds)
             if ds.status != StepStatus.WAITING:
                 continue  # already fired (quorum) or ended: a late branch never fires it again
             verdict = join_verdict(spec, d, ds)
             if verdict == "fire":
                 if spec[d].is_map:
-                    put(d, replace(ds, status=StepStatus.ACTIVE))
+                    put(d, ds.but(status=StepStatus.ACTIVE))
                 else:
-                    put(d, replace(ds, status=StepStatus.ACTIVE, tasks_total=1, tasks_pending=1))
+                    put(d, ds.but(status=StepStatus.ACTIVE, tasks_total=1, tasks_pending=1))
                 decision.fire.append(d)
             elif verdict == "skip":
                 if not end_step(d, Outcome.SKIPPED):
@@ -242,15 +259,14 @@ def advance(
     if isinstance(event, MapExpanded):
         if st.status != StepStatus.ACTIVE or st.tasks_total is not None:
             return Decision()
-        st = replace(st, tasks_total=event.count, tasks_pending=event.count)
+        st = st.but(tasks_total=event.count, tasks_pending=event.count)
         put(event.step, st)
         if event.count == 0:
             end_step(event.step, Outcome.SUCCEEDED)
     else:
         if st.status != StepStatus.ACTIVE or st.tasks_pending <= 0 or event.outcome not in OUTCOMES:
             return Decision()  # late or duplicate: the step already ended
-        st = replace(
-            st,
+        st = st.but(
             tasks_pending=st.tasks_pending - 1,
             tasks_ok=st.tasks_ok + (event.outcome in OK_OUTCOMES),
             tasks_degraded=st.tasks_degraded + (event.outcome == Outcome.DEGRADED),

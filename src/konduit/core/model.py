@@ -262,7 +262,9 @@ class TaskAttempt:
     def completion(self, what: Outcome | Command, **fields: Any) -> Completion:
         """This attempt's end: the task ends as ``what`` (an :class:`Outcome`), or ``what`` is
         the :class:`Command` that moves it instead."""
-        if isinstance(what, Command):
+        if type(what) is Outcome:  # the usual case, without the enum's lookup
+            command, outcome = Command.END, what
+        elif isinstance(what, Command):
             command, outcome = what, None
         else:
             command, outcome = Command.END, Outcome(what)

@@ -85,6 +85,12 @@ def _lone_surrogate(text: str) -> bool:
     return pending_high >= 0
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+"""What ``json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)`` builds on
+every call (an encoder with those options), built once: every output is encoded here. It keeps
+no state between calls."""
+
+
 def canonical_json(
     value: Any, *, what: str, max_bytes: int = DEFAULT_MAX_BYTES, max_depth: int = MAX_DEPTH
 ) -> str:
@@ -92,7 +98,7 @@ def canonical_json(
     (not JSON, a NUL character, an unpaired surrogate, deeper than ``max_depth`` levels of
     arrays and objects, or over ``max_bytes``)."""
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        text = _CANONICAL.encode(value)
     except RecursionError:
         raise PayloadError(
             f"{what} is nested deeper than the limit of {max_depth} levels of arrays and objects"

@@ -46,7 +46,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from konduit.db.arrays import with_array_literals
-from konduit.db.queries import prepare_flag, q
+from konduit.db.queries import q, statement
 from konduit.errors import DatabaseConflict, DatabaseError, DatabaseUnavailable, PoolExhausted
 
 log = logging.getLogger(__name__)
@@ -228,6 +228,10 @@ async def _rerun_on_conflict(run: Callable[[], Awaitable[T]], attempts: int, wha
 class Tx:
     """Named-query calls inside one transaction.
 
+    Each call translates driver errors as :func:`translate_errors` does, written out (a
+    generator-based ``with`` per statement is several calls on the hot path), and looks its
+    statement up once (:func:`~konduit.db.queries.statement`).
+
     In a pipelined transaction (``Database.transaction(pipeline=True)``) statements go to the
     server without waiting for each other's answers: :meth:`send` (a write whose result nobody
     reads) and :meth:`later` (rows fetched when awaited) queue a statement, and the next call that
@@ -242,41 +246,53 @@ class Tx:
         self.pipeline = pipeline
 
     async def one(self, query: str, /, **params: Any) -> Row | None:
-        with translate_errors():
-            cur = await self.conn.execute(q(query), with_array_literals(params),
-                                          prepare=prepare_flag(query))
+        sql, prepare = statement(query)
+        try:
+            cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
             return await cur.fetchone()
+        except psycopg.Error as exc:
+            raise translated(exc) from exc
 
     async def all(self, query: str, /, **params: Any) -> list[Row]:
-        with translate_errors():
-            cur = await self.conn.execute(q(query), with_array_literals(params),
-                                          prepare=prepare_flag(query))
+        sql, prepare = statement(query)
+        try:
+            cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
             return await cur.fetchall()
+        except psycopg.Error as exc:
+            raise translated(exc) from exc
 
     async def run(self, query: str, /, **params: Any) -> int:
-        with translate_errors():
-            cur = await self.conn.execute(q(query), with_array_literals(params),
-                                          prepare=prepare_flag(query))
+        sql, prepare = statement(query)
+        try:
+            cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
             if self.pipeline is not None:
                 await self.pipeline.sync()  # the count is only known once the answer is in
             return cur.rowcount
+        except psycopg.Error as exc:
+            raise translated(exc) from exc
 
     async def send(self, query: str, /, **params: Any) -> None:
         """Run a statement whose result nobody reads (queued in a pipelined transaction)."""
-        with translate_errors():
-            await self.conn.execute(q(query), with_array_literals(params),
-                                          prepare=prepare_flag(query))
+        sql, prepare = statement(query)
+        try:
+            await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
+        except psycopg.Error as exc:
+            raise translated(exc) from exc
 
     async def later(self, query: str, /, **params: Any) -> Callable[[], Awaitable[list[Row]]]:
         """Send a statement now and return what fetches its rows (in a pipelined transaction
         the statement is queued, and awaiting the fetch sends it with whatever else is)."""
-        with translate_errors():
-            cur = await self.conn.execute(q(query), with_array_literals(params),
-                                          prepare=prepare_flag(query))
+        sql, prepare = statement(query)
+        try:
+            cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
+        except psycopg.Error as exc:
+            raise translated(exc) from exc
 
         async def rows() -> list[Row]:
-            with translate_errors():
+            try:
                 return await cur.fetchall()
+            except psycopg.Error as exc:
+                raise translated(exc) from exc
 
         return rows
 

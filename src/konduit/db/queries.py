@@ -164,6 +164,19 @@ def prepare_flag(name: str) -> bool | None:
     return False if all_queries()[name].custom_plan else None
 
 
+_STATEMENTS: dict[str, tuple[str, bool | None]] = {}
+
+
+def statement(name: str) -> tuple[str, bool | None]:
+    """The SQL text of the query called ``name`` and its :func:`prepare_flag`, looked up once:
+    every statement a worker runs asks for both."""
+    try:
+        return _STATEMENTS[name]
+    except KeyError:
+        found = _STATEMENTS[name] = (q(name), prepare_flag(name))
+        return found
+
+
 def q(name: str) -> str:
     """The SQL text of the query called ``name``."""
     try:

@@ -8,7 +8,7 @@ completion that committed before us, and no other completion of this execution c
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
@@ -92,6 +92,9 @@ class Advancer:
         self.max_payload_bytes = max_payload_bytes
         self.generation = generation  # repairs re-run steps as a new generation of their tasks
         self.loaded: dict[str, _Loaded] = {}
+        # The state of each loaded step, as advance() reads it: kept beside ``loaded`` rather
+        # than rebuilt from it for every event (advance never changes the mapping it is given).
+        self.states: dict[str, StepState] = {}
         self.writes: dict[str, _StepWrite] = {}
         self.result = Advanced()
         self.reason: str | None = None
@@ -104,10 +107,13 @@ class Advancer:
         self.preload(await step_rows.read(self.tx, [(self.execution_id, s) for s in wanted]))
 
     async def _decide(self, event: Event) -> Decision:
-        await self._load({event.step, *self.spec.downstream[event.step]})
+        # Usually all loaded already (run_events and Round.read_join_state read ahead): no
+        # await then.
+        if event.step not in self.loaded \
+                or any(d not in self.loaded for d in self.spec.downstream[event.step]):
+            await self._load({event.step, *self.spec.downstream[event.step]})
         while True:
-            states = {name: item.state for name, item in self.loaded.items()}
-            decision = advance(self.spec, self.execution, states, event)
+            decision = advance(self.spec, self.execution, self.states, event)
             if isinstance(decision, NeedStates):
                 await self._load(set(decision.steps))
                 continue
@@ -168,12 +174,18 @@ class Advancer:
     def preload(self, rows: Iterable[Row]) -> None:
         """Join state the caller read for several executions at once (Round.read_join_state)."""
         for row in rows:
-            self.loaded[row["step"]] = _Loaded(step_rows.state_of(row), row["first_upstream_at"])
+            state = step_rows.state_of(row)
+            self.loaded[row["step"]] = _Loaded(state, row["first_upstream_at"])
+            self.states[row["step"]] = state
 
     def _remember(self, event: Event, decision: Decision, at: datetime | None) -> None:
         for name, state in decision.states.items():
-            self.loaded[name] = replace(self.loaded[name], state=state)
-            self.writes.setdefault(name, _StepWrite())
+            # In place: nothing else holds a _Loaded (a copy per changed step cost a
+            # dataclasses.replace on every completion).
+            self.loaded[name].state = state
+            self.states[name] = state
+            if name not in self.writes:
+                self.writes[name] = _StepWrite()
         ended_step = next((s for s, _ in decision.ended if s == event.step), None)
         if ended_step is not None and at is not None:
             for d in self.spec.downstream[ended_step]:

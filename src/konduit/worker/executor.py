@@ -34,7 +34,7 @@ from konduit.db.database import Database, Tx
 from konduit.engine.completer import record_late_result
 from konduit.engine.outputs import Upstream, load_upstream
 from konduit.errors import DatabaseError, NonRetryableError, PayloadError
-from konduit.logs import attempt_scope
+from konduit.logs import enter_attempt, leave_attempt
 from konduit.tracing import AttemptTracer
 from konduit.worker.created_with import CreatedWith
 from konduit.worker.metrics import WorkerMetrics
@@ -78,6 +78,21 @@ def _captured(
         return True, fn(ctx)
     except BaseException as exc:
         return False, exc
+
+
+_ASYNC: dict[Any, bool] = {}
+"""Whether each handler (or fallback) called so far is a coroutine function: asked once per
+callable instead of through ``inspect`` on every attempt."""
+
+
+def _is_async(fn: Callable[[Context], Any]) -> bool:
+    try:
+        return _ASYNC[fn]
+    except KeyError:
+        found = _ASYNC[fn] = inspect.iscoroutinefunction(fn)
+        return found
+    except TypeError:  # an unhashable callable: asked each time
+        return inspect.iscoroutinefunction(fn)
 
 
 def _being_cancelled() -> bool:
@@ -183,7 +198,7 @@ class Executor:
         child process). A sync thread cannot be interrupted: when the await is abandoned
         (deadline, cancel) the thread is counted as abandoned and, when ``late`` is given, its
         eventual result is kept as a late result of that attempt."""
-        if inspect.iscoroutinefunction(fn):
+        if _is_async(fn):
             if started is not None:
                 started.set()
             return await fn(ctx)
@@ -287,13 +302,18 @@ class Executor:
         logs = ctx._logs = AttemptLogs()
         token = attempt_logs.enter(logs)
         try:
-            with attempt_scope(task):
+            # enter/leave rather than ``with attempt_scope(task)``: a generator-based context
+            # manager costs several calls, once per attempt on the worker's loop.
+            scope = enter_attempt(task)
+            try:
                 if self.tracer is None:
                     completion = await self._run(spec, task, ctx, started)
                 else:
                     with self.tracer.attempt(spec.name, task) as span:
                         completion = await self._run(spec, task, ctx, started)
                         self.tracer.ended(span, completion)
+            finally:
+                leave_attempt(scope)
         finally:
             attempt_logs.leave(token)
         # Most attempts log nothing: their completion carries no logs, and the round no rows.
@@ -345,10 +365,15 @@ class Executor:
             if started is not None:
                 started.set()
             return Ending.DEADLINE_PASSED, None, None
-        deadline = asyncio.timeout(budget)
+        # No deadline, no timeout context: entering and leaving one costs two coroutines and
+        # a task lookup per attempt, for a limit that never expires.
+        deadline = None if budget is None else asyncio.timeout(budget)
         try:
-            async with deadline:
+            if deadline is None:
                 result = await self._call(step.handler, ctx, late=task, started=started)
+            else:
+                async with deadline:
+                    result = await self._call(step.handler, ctx, late=task, started=started)
             return Ending.RETURNED, None, result
         except asyncio.CancelledError as exc:
             if _being_cancelled():
@@ -356,7 +381,7 @@ class Executor:
             # The handler raised CancelledError of its own: an error like any other.
             return Ending.RAISED, _describe(exc), None
         except TimeoutError as exc:
-            if deadline.expired():
+            if deadline is not None and deadline.expired():
                 return Ending.DEADLINE_PASSED, None, None
             return Ending.RAISED, _describe(exc), None
         except (PayloadError, OutputInvalid) as exc:

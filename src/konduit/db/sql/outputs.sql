@@ -34,6 +34,30 @@ LEFT JOIN konduit_outputs o
 WHERE t.execution_id = %(execution_id)s AND t.step = ANY(%(steps)s::text[])
 ORDER BY t.step, t.generation DESC;
 
+-- name: output_get_for_steps_with_outcomes
+-- A task's upstream in one statement, none of its steps a map: how each step ended (its step
+-- row, as step_get_outcomes reads it) beside the outcome and current payload of its task's
+-- latest generation (as output_get_for_steps reads them). A row a step that has a step row or a
+-- task, the other side's columns NULL where it has none; a few rows a step under any plan.
+WITH outcomes AS (
+    SELECT step, status
+    FROM konduit_steps
+    WHERE execution_id = %(execution_id)s AND step = ANY(%(steps)s::text[])
+), latest AS (
+    SELECT DISTINCT ON (t.step) t.step, t.map_index, t.status, o.payload::text AS payload
+    FROM konduit_tasks t
+    LEFT JOIN konduit_outputs o
+        ON o.execution_id = t.execution_id AND o.step = t.step AND o.map_index = t.map_index
+       AND o.content_hash = t.output_hash
+    WHERE t.execution_id = %(execution_id)s AND t.step = ANY(%(steps)s::text[])
+    ORDER BY t.step, t.generation DESC
+)
+SELECT coalesce(l.step, s.step) AS step, s.status AS step_status, l.map_index, l.status,
+       l.payload
+FROM outcomes s
+FULL JOIN latest l ON l.step = s.step
+ORDER BY 1;
+
 -- name: output_get_for_steps_wide
 -- Outcome and current payload of each task of some steps, one of them a map or more (latest
 -- generation), in item order; payloads as JSON text, decoded off the event loop.
