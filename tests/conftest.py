@@ -33,6 +33,7 @@ if sys.dont_write_bytecode:
 import pytest  # after the bytecode settings: the imports below use them
 
 import konduit
+import konduit.db.embedded
 import konduit.testing
 from konduit.db.embedded import server_url
 
@@ -73,6 +74,30 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "fresh_database: db_url is a new database, not a reset one from the pool"
     )
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The test processes (``-n`` in pyproject) need more than PostgreSQL's default 100
+    connections: an embedded server started before Konduit raised its setting runs with the
+    old one until it restarts. Said up front, so "too many clients" has its explanation."""
+    if os.environ.get("KONDUIT_TEST_DATABASE_URL") or konduit.db.embedded.MAX_CONNECTIONS is None:
+        return []
+    status = konduit.db.embedded.server_status()
+    if not status["running"] or not status["url"]:
+        return []
+    import psycopg
+
+    try:
+        with psycopg.connect(str(status["url"]), connect_timeout=5) as conn:
+            row = conn.execute("SELECT setting::int FROM pg_settings"
+                               " WHERE name = 'max_connections'").fetchone()
+    except psycopg.Error:
+        return []
+    if row is None or int(row[0]) >= konduit.db.embedded.MAX_CONNECTIONS:
+        return []
+    return [f"the embedded PostgreSQL server runs with max_connections = {row[0]}, fewer than "
+            f"the test processes may need: it takes {konduit.db.embedded.MAX_CONNECTIONS} from "
+            f"its next start (`konduit embedded stop` when nothing else uses it)"]
 
 
 @pytest.fixture(scope="session")

@@ -138,7 +138,7 @@ def test_quick_bench_reports_sane_numbers_and_cleans_up(admin_url, tmp_path):
         assert keyed["a_tasks_claimed_ahead_max"] <= 8 * 3, keyed
     wide_map = b["wide_map"]["results"]
     assert (wide_map["items"], wide_map["item_attempts"], wide_map["join_attempts"]) == \
-        (5_000, 5_000, 1)
+        (2_000, 2_000, 1)
     assert b["wide_map"]["ratios"]["map_items_over_static_branches"] > 0
     # Worker CPU per task, read from /proc: a real figure, and the ratio of both runs' figures.
     assert wide_map["worker_cpu_ms_per_task"] > 0 and wide_map["static_worker_cpu_ms_per_task"] > 0

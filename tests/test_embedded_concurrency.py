@@ -191,6 +191,25 @@ def test_a_stopped_server_is_started_again(fresh_home: Path) -> None:
     assert answers(embedded.server_url())
 
 
+@pytest.mark.skipif(embedded.MAX_CONNECTIONS is None, reason="the server's default here")
+def test_a_new_server_takes_more_connections_than_the_default_and_keeps_them(
+    fresh_home: Path,
+) -> None:
+    """initdb writes max_connections = 100: the first start restarts the server once with more
+    (the test suite's processes need them), and a later start has them from the first."""
+    def max_connections(url: str) -> int:
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT setting::int FROM pg_settings"
+                               " WHERE name = 'max_connections'").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert embedded.MAX_CONNECTIONS is not None and embedded.MAX_CONNECTIONS > 100
+    assert max_connections(embedded.server_url()) == embedded.MAX_CONNECTIONS
+    assert embedded.stop_server() is True
+    assert max_connections(embedded.server_url()) == embedded.MAX_CONNECTIONS
+
+
 def test_processes_using_konduit_testing_on_a_fresh_server_at_once(fresh_home: Path) -> None:
     """``pytest -n 3`` on a machine that never ran konduit: each process starts the server or
     waits for it, builds the test template or waits for it, and runs a workflow."""

@@ -158,10 +158,17 @@ def test_registrations_racing_on_one_version_take_turns(
             t.start()
         barrier.wait()
         # Each registration is past its insert and waits on the row lock before any goes on.
-        wait_for(lambda: holder.execute(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-            "WHERE NOT l.granted AND a.datname = current_database()").fetchone()[0] >= 3,
-            timeout=30, what="the three registrations to wait on the lock")
+        # pg_stat_activity is read once per transaction and kept (the holder's transaction
+        # stays open): cleared before each look, or backends that connected after the first
+        # look are never seen (it timed out on a loaded machine).
+        def waiting() -> bool:
+            holder.execute("SELECT pg_stat_clear_snapshot()")
+            row = holder.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                "WHERE NOT l.granted AND a.datname = current_database()").fetchone()
+            return row is not None and row[0] >= 3
+
+        wait_for(waiting, timeout=30, what="the three registrations to wait on the lock")
         holder.rollback()
     for t in threads:
         t.join(timeout=60)

@@ -511,12 +511,12 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
             batch=5_000 if quick else 100_000, keyed_backlog=3_000 if quick else 10_000,
             keyed_lone=10 if quick else 20)),
         ("wide_map", lambda: maps.wide_map(
-            server.fresh_database, items=5_000 if quick else 100_000, executions=executions)),
+            server.fresh_database, items=2_000 if quick else 100_000, executions=executions)),
         ("search", in_fresh(lambda u: search.search(
             u, executions=20_000 if quick else 1_000_000, repeats=10 if quick else 200))),
         ("shapes", lambda: shapes.shapes(
-            server.fresh_database, executions=20 if quick else executions,
-            map_items=500 if quick else 20_000)),
+            server.fresh_database, executions=10 if quick else executions,
+            map_items=200 if quick else 20_000)),
         ("map_1m", lambda: maps.wide_map(
             server.fresh_database, items=1_000_000, executions=executions)),
         ("soak", in_fresh(lambda u: run_soak(u, soak, progress=progress))),

@@ -34,6 +34,15 @@ DEFAULT_DATABASE = "konduit"
 # become ready before we give up; initdb plus a first start takes a few seconds.
 _READY_TIMEOUT = 60.0
 
+# PostgreSQL's default of 100 connections is what a production server should keep (behind
+# PgBouncer), but the embedded server is one per user shared by the CLI, the dashboard, workers
+# and test runs: the test suite's processes alone (a pool per test worker, a 50-wide race, worker
+# processes each holding a pool and two direct connections) came close to 100 and ran out when
+# two modules' peaks met. Each slot costs the server about 20 kB of shared memory, so 300 costs
+# a few MB. Linux only: on macOS PostgreSQL takes System V semaphores per slot and the system's
+# default limits may not hold 300; there the server keeps its default.
+MAX_CONNECTIONS = 300 if sys.platform.startswith("linux") else None
+
 _process_lock = threading.Lock()
 _admin_urls: dict[Path, str] = {}
 _databases: set[tuple[Path, str]] = set()
@@ -70,7 +79,13 @@ def server_url(database: str = DEFAULT_DATABASE) -> str:
             return cached
         pgdata.parent.mkdir(parents=True, exist_ok=True)
         with _file_lock(pgdata.parent / f".{pgdata.name}.start.lock"):
-            admin = _answering(pgdata) or _start(pgdata)
+            running = _answering(pgdata)
+            admin = running or _start(pgdata)
+            # A server started here with fewer connections (a new data directory: initdb wrote
+            # 100) restarts once with more; one already running is only told for its next start
+            # (restarting it would end other processes' sessions).
+            if _configure(admin) and running is None:
+                admin = _restart(pgdata)
             _admin_urls[pgdata] = admin
             _create_database(pgdata, admin, database)
             _databases.add((pgdata, database))
@@ -243,6 +258,53 @@ def _start(pgdata: Path) -> str:
         raise DatabaseUnavailable(
             f"the embedded PostgreSQL server in {pgdata} was started but does not answer; "
             f"see {pgdata / 'log'}"
+        )
+    return url
+
+
+def _configure(admin: str) -> bool:
+    """Write :data:`MAX_CONNECTIONS` into the server's configuration when it runs with fewer;
+    True when it does (the setting applies from the server's next start)."""
+    if MAX_CONNECTIONS is None:
+        return False
+    import psycopg
+
+    try:
+        with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute(
+                "SELECT setting::int, pending_restart FROM pg_settings"
+                " WHERE name = 'max_connections'"
+            ).fetchone()
+            if row is None or int(row[0]) >= MAX_CONNECTIONS:
+                return False
+            if not row[1]:  # not written already (a server running since then)
+                conn.execute(f"ALTER SYSTEM SET max_connections = {int(MAX_CONNECTIONS)}")
+            return True
+    except psycopg.Error:
+        return False  # a server that will not say keeps what it has; the caller goes on
+
+
+def _restart(pgdata: Path) -> str:
+    """Restart a server this process just started (nobody else has a session on it yet), with
+    the options it was started with (``pg_ctl restart`` reads them from postmaster.opts)."""
+    import tempfile
+
+    # Output to a file, not a pipe: the new postmaster could inherit a pipe and keep it open,
+    # and reading it to its end would wait for the server to stop (the wheel does the same).
+    with tempfile.TemporaryFile("w+") as output:
+        result = subprocess.run(
+            [str(_bin_dir() / "pg_ctl"), "-D", str(pgdata), "-w", "-m", "fast", "-l",
+             str(pgdata / "log"), "restart"],
+            stdout=output, stderr=subprocess.STDOUT, text=True, timeout=60,
+            user=_server_user(),
+        )
+        output.seek(0)
+        said = output.read().strip()
+    url = _answering(pgdata)
+    if result.returncode != 0 or url is None:
+        raise DatabaseUnavailable(
+            f"could not restart the embedded PostgreSQL server in {pgdata}: {said} "
+            f"(server log: {pgdata / 'log'})"
         )
     return url
 
