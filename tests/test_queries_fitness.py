@@ -24,6 +24,7 @@ from konduit.db.queries import all_fragments, all_queries, parse_queries
 from konduit.engine.deadlines import cut_columns
 from konduit.engine.starts import TEMPLATE_COLUMNS, _traces
 from konduit.engine.step_rows import state_columns
+from konduit.engine.transitions import claim_params
 from tests.test_storage import _positional
 
 # The Tx / Database methods whose first argument is a query name.
@@ -42,6 +43,7 @@ SPREAD_KEYS: dict[str, Callable[[], set[str]]] = {
     "state_columns": lambda: set(state_columns([])),
     "_traces": lambda: set(_traces([])),
     "template_for": lambda: {f"template_{c}" for c in TEMPLATE_COLUMNS},
+    "claim_params": lambda: set(claim_params([], [], 0, 0.0, "")),
 }
 
 

@@ -319,8 +319,8 @@ def test_a_claim_sent_with_the_commit_wakes_others_only_for_what_it_left_ready(d
                 async def claims(tx: Tx) -> None:
                     sent.clear()
                     if limit:
-                        sent.append(await transitions.claim_later(tx, transitions.claim_params(
-                            ["default"], w.registry.keys(), limit, 30.0, "round-test")))
+                        sent.append(await transitions.claim_later(
+                            tx, ["default"], w.registry.keys(), limit, 30.0, "round-test"))
 
                 await w.db.atomic(lambda tx: r.run(tx, claims), pipeline=True)
                 assert r.advanced[eid].fired == ["join"]

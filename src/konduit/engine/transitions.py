@@ -102,12 +102,14 @@ def claim_params(queues: Sequence[str], workflows: Sequence[str], limit: int,
             "limit": limit, "lease_seconds": lease_seconds, "worker_id": worker_id}
 
 
-async def claim_later(tx: Tx, params: dict[str, Any]) -> Callable[[], Awaitable[Claim]]:
-    """The plain claim of :func:`claim` (no flow limits; ``params`` from
-    :func:`claim_params`), sent now in ``tx`` (queued, in a pipelined transaction) and
-    answered when the returned function is awaited: a completion round sends it with its
-    COMMIT and reads the claimed rows once it has committed."""
-    rows = await tx.later("task_claim_batch", **params)
+async def claim_later(tx: Tx, queues: Sequence[str], workflows: Sequence[str], limit: int,
+                      lease_seconds: float, worker_id: str, turn: int = 0,
+                      ) -> Callable[[], Awaitable[Claim]]:
+    """The plain claim of :func:`claim` (no flow limits), sent now in ``tx`` (queued, in a
+    pipelined transaction) and answered when the returned function is awaited: a completion
+    round sends it with its COMMIT and reads the claimed rows once it has committed."""
+    rows = await tx.later("task_claim_batch", **claim_params(
+        queues, workflows, limit, lease_seconds, worker_id, turn))
 
     async def claimed() -> Claim:
         return Claim(await rows())

@@ -365,9 +365,9 @@ class Worker:
             return set()
         if not self._limited:
             cfg = self.config
-            sent.append(await transitions.claim_later(tx, transitions.claim_params(
-                cfg.queues, self.registry.keys(), limit, cfg.lease_seconds, cfg.worker_id,
-                self._turn)))
+            sent.append(await transitions.claim_later(
+                tx, cfg.queues, self.registry.keys(), limit, cfg.lease_seconds, cfg.worker_id,
+                self._turn))
             self._turn += 1
             return None
         try:

@@ -1,3 +1,15 @@
+-- fragment: latest_task_output_of_steps
+-- The outcome and current payload of the task of each of some steps of one execution, none a
+-- map: its latest generation (a repair adds one), its payload as JSON text (a big one, what a
+-- map fans out over, is decoded off the loop).
+SELECT DISTINCT ON (t.step) t.step, t.map_index, t.status, o.payload::text AS payload
+FROM konduit_tasks t
+LEFT JOIN konduit_outputs o
+    ON o.execution_id = t.execution_id AND o.step = t.step AND o.map_index = t.map_index
+   AND o.content_hash = t.output_hash
+WHERE t.execution_id = %(execution_id)s AND t.step = ANY(%(steps)s::text[])
+ORDER BY t.step, t.generation DESC
+
 -- name: output_insert_late_if_attempt_ended_by_deadline
 -- Keep a result that arrived after its attempt was ended by the deadline or by a reclaim, for
 -- inspection only: it never replaces what the join consumed.
@@ -26,13 +38,7 @@ ORDER BY o.step, o.map_index, o.created_at;
 -- Outcome and current payload of the task of each of some steps none of which is a map: its
 -- latest generation (a repair adds one). One task a generation, so a few rows a step under any
 -- plan. Payloads as JSON text, so a big one (what a map fans out over) is decoded off the loop.
-SELECT DISTINCT ON (t.step) t.step, t.map_index, t.status, o.payload::text AS payload
-FROM konduit_tasks t
-LEFT JOIN konduit_outputs o
-    ON o.execution_id = t.execution_id AND o.step = t.step AND o.map_index = t.map_index
-   AND o.content_hash = t.output_hash
-WHERE t.execution_id = %(execution_id)s AND t.step = ANY(%(steps)s::text[])
-ORDER BY t.step, t.generation DESC;
+{{latest_task_output_of_steps}};
 
 -- name: output_get_for_steps_with_outcomes
 -- A task's upstream in one statement, none of its steps a map: how each step ended (its step
@@ -44,13 +50,7 @@ WITH outcomes AS (
     FROM konduit_steps
     WHERE execution_id = %(execution_id)s AND step = ANY(%(steps)s::text[])
 ), latest AS (
-    SELECT DISTINCT ON (t.step) t.step, t.map_index, t.status, o.payload::text AS payload
-    FROM konduit_tasks t
-    LEFT JOIN konduit_outputs o
-        ON o.execution_id = t.execution_id AND o.step = t.step AND o.map_index = t.map_index
-       AND o.content_hash = t.output_hash
-    WHERE t.execution_id = %(execution_id)s AND t.step = ANY(%(steps)s::text[])
-    ORDER BY t.step, t.generation DESC
+    {{latest_task_output_of_steps}}
 )
 SELECT coalesce(l.step, s.step) AS step, s.status AS step_status, l.map_index, l.status,
        l.payload
