@@ -23,7 +23,7 @@ from konduit.core.model import TaskAttempt
 from konduit.db.queries import all_fragments, all_queries, parse_queries
 from konduit.engine.deadlines import cut_columns
 from konduit.engine.starts import TEMPLATE_COLUMNS, _traces
-from konduit.engine.step_rows import state_columns
+from konduit.engine.step_rows import state_columns, step_write_columns
 from konduit.engine.transitions import claim_params
 from tests.test_storage import _positional
 
@@ -44,6 +44,7 @@ SPREAD_KEYS: dict[str, Callable[[], set[str]]] = {
     "_traces": lambda: set(_traces([])),
     "template_for": lambda: {f"template_{c}" for c in TEMPLATE_COLUMNS},
     "claim_params": lambda: set(claim_params([], [], 0, 0.0, "")),
+    "step_write_columns": lambda: set(step_write_columns([])),
 }
 
 

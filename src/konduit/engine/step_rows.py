@@ -57,6 +57,20 @@ async def read_later(tx: Tx, keys: Sequence[tuple[UUID, str]]
                           execution_ids=[e for e, _ in keys], steps=[s for _, s in keys])
 
 
+def step_write_columns(rows: Sequence[StepWrite]) -> dict[str, list[Any]]:
+    """Step writes as the parallel arrays the ``step_update_many_*`` queries unnest."""
+    return {
+        "execution_ids": [r[0] for r in rows],
+        "steps": [r[1] for r in rows],
+        **state_columns([r[2] for r in rows]),
+        "first_upstream_ats": [r[3] for r in rows],
+        "last_upstream_ats": [r[4] for r in rows],
+        "stragglers": [r[5] for r in rows],
+        "fireds": [r[6] for r in rows],
+        "endeds": [r[7] for r in rows],
+    }
+
+
 async def write(tx: Tx, rows: Sequence[StepWrite],
                 steps_pending: Sequence[tuple[UUID, int]] = ()) -> None:
     """Apply decisions to the step rows they changed (give them in (execution, step) order,
@@ -72,26 +86,12 @@ async def write(tx: Tx, rows: Sequence[StepWrite],
     if steps_pending:
         await tx.send(
             "step_update_many_across_executions_with_steps_pending",
-            execution_ids=[r[0] for r in rows],
-            steps=[r[1] for r in rows],
-            **state_columns([r[2] for r in rows]),
-            first_upstream_ats=[r[3] for r in rows],
-            last_upstream_ats=[r[4] for r in rows],
-            stragglers=[r[5] for r in rows],
-            fireds=[r[6] for r in rows],
-            endeds=[r[7] for r in rows],
+            **step_write_columns(rows),
             ids=[e for e, _ in steps_pending],
             steps_pendings=[n for _, n in steps_pending],
         )
         return
     await tx.send(
         "step_update_many_across_executions",
-        execution_ids=[r[0] for r in rows],
-        steps=[r[1] for r in rows],
-        **state_columns([r[2] for r in rows]),
-        first_upstream_ats=[r[3] for r in rows],
-        last_upstream_ats=[r[4] for r in rows],
-        stragglers=[r[5] for r in rows],
-        fireds=[r[6] for r in rows],
-        endeds=[r[7] for r in rows],
+        **step_write_columns(rows),
     )
