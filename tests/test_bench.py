@@ -38,20 +38,31 @@ def ratios(report: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.fresh_database
 def test_commit_count_is_exactly_what_others_committed(db_url):
     """The transactions-per-task figure rests on this: others' commits, none of the bench's."""
-    obs = Observer(db_url)
-    try:
-        before = obs.commits()
-        with psycopg.connect(db_url, autocommit=True) as other:
-            other.execute("CREATE TABLE t (n int)")
-            for i in range(25):
-                other.execute("INSERT INTO t VALUES (%s)", (i,))
-        obs.one("SELECT 1")  # the observer's own statements in between are not counted
-        after = obs.commits()
-    finally:
-        obs.close()
+
+    def one_count(table: str) -> int:
+        obs = Observer(db_url)
+        try:
+            before = obs.commits()
+            with psycopg.connect(db_url, autocommit=True) as other:
+                other.execute(f"CREATE TABLE {table} (n int)")
+                for i in range(25):
+                    other.execute(f"INSERT INTO {table} VALUES (%s)", (i,))
+            obs.one("SELECT 1")  # the observer's own statements in between are not counted
+            after = obs.commits()
+        finally:
+            obs.close()
+        return commits_between(before, after)
+
     # The 26 statements, and the other session's own start-up (PostgreSQL counts a transaction
-    # or two for a new backend) — not the observer's dozen polls and reads.
-    assert 26 <= commits_between(before, after) <= 28
+    # or two for a new backend) — not the observer's dozen polls and reads. An autovacuum worker
+    # that visits the database mid-count adds its own transactions (a CI run counted 30), so the
+    # fewest of a few counts is checked: noise only ever adds, a miscount adds every time.
+    counts = []
+    for trial in range(4):
+        counts.append(one_count(f"t{trial}"))
+        if counts[-1] <= 28:
+            break
+    assert 26 <= min(counts) <= 28, counts
 
 
 @pytest.mark.slow
