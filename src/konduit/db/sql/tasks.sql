@@ -336,35 +336,46 @@ WITH clock AS MATERIALIZED (
     -- all they allow (a claim that took less was short of free slots or found the rest locked:
     -- the limit held nothing back). A stretch of throttled claims is throttled time.
     SELECT s.*, COALESCE(s.ready > s.room AND s.took >= s.room, false) AS throttled FROM started s
+), window_after AS (
+    -- What the claim leaves in the row of each step (or key): the starts it made, in the rate's
+    -- window, and its throttled time. Computed once here over the row it updates (the step's,
+    -- or the key's: the step's rate applies to each key).
+    SELECT s.workflow, s.step, s.key,
+           CASE WHEN f.rate_count IS NULL OR s.took = 0 THEN w.starts
+                ELSE (w.starts || array_fill(k.at, ARRAY[s.took]))[
+                    greatest(1, cardinality(w.starts) + s.took - f.rate_count + 1):]
+           END AS starts,
+           CASE WHEN s.throttled THEN COALESCE(w.throttled_since, k.at) END AS throttled_since,
+           w.throttled_seconds
+               + CASE WHEN w.throttled_since IS NOT NULL AND NOT s.throttled
+                      THEN greatest(0, extract(epoch FROM k.at - w.throttled_since)) ELSE 0 END
+               AS throttled_seconds,
+           w.throttled_claims + s.throttled::int AS throttled_claims
+    FROM throttle s
+    JOIN konduit_flow_limits f ON f.workflow = s.workflow AND f.step = s.step
+    LEFT JOIN konduit_flow_keys fk ON fk.workflow = s.workflow AND fk.step = s.step
+                                  AND fk.key = s.key
+    CROSS JOIN LATERAL (
+        SELECT f.starts, f.throttled_since, f.throttled_seconds, f.throttled_claims
+        WHERE s.key IS NULL
+        UNION ALL
+        SELECT fk.starts, fk.throttled_since, fk.throttled_seconds, fk.throttled_claims
+        WHERE s.key IS NOT NULL
+    ) AS w
+    CROSS JOIN clock k
 ), recorded AS (
     UPDATE konduit_flow_limits f
-    SET starts = CASE WHEN f.rate_count IS NULL OR s.took = 0 THEN f.starts
-                      ELSE (f.starts || array_fill(k.at, ARRAY[s.took]))[
-                          greatest(1, cardinality(f.starts) + s.took - f.rate_count + 1):]
-                 END,
-        throttled_since = CASE WHEN s.throttled THEN COALESCE(f.throttled_since, k.at) END,
-        throttled_seconds = f.throttled_seconds
-            + CASE WHEN f.throttled_since IS NOT NULL AND NOT s.throttled
-                   THEN greatest(0, extract(epoch FROM k.at - f.throttled_since)) ELSE 0 END,
-        throttled_claims = f.throttled_claims + s.throttled::int
-    FROM throttle s, clock k
-    WHERE f.workflow = s.workflow AND f.step = s.step AND s.key IS NULL
+    SET starts = w.starts, throttled_since = w.throttled_since,
+        throttled_seconds = w.throttled_seconds, throttled_claims = w.throttled_claims
+    FROM window_after w
+    WHERE f.workflow = w.workflow AND f.step = w.step AND w.key IS NULL
 ), recorded_keys AS (
-    -- The same in the keys' rows (the step's rate applies to each key).
     UPDATE konduit_flow_keys fk
-    SET starts = CASE WHEN f.rate_count IS NULL OR s.took = 0 THEN fk.starts
-                      ELSE (fk.starts || array_fill(k.at, ARRAY[s.took]))[
-                          greatest(1, cardinality(fk.starts) + s.took - f.rate_count + 1):]
-                 END,
-        throttled_since = CASE WHEN s.throttled THEN COALESCE(fk.throttled_since, k.at) END,
-        throttled_seconds = fk.throttled_seconds
-            + CASE WHEN fk.throttled_since IS NOT NULL AND NOT s.throttled
-                   THEN greatest(0, extract(epoch FROM k.at - fk.throttled_since)) ELSE 0 END,
-        throttled_claims = fk.throttled_claims + s.throttled::int,
+    SET starts = w.starts, throttled_since = w.throttled_since,
+        throttled_seconds = w.throttled_seconds, throttled_claims = w.throttled_claims,
         updated_at = k.at
-    FROM throttle s
-    JOIN konduit_flow_limits f ON f.workflow = s.workflow AND f.step = s.step, clock k
-    WHERE fk.workflow = s.workflow AND fk.step = s.step AND fk.key = s.key
+    FROM window_after w, clock k
+    WHERE fk.workflow = w.workflow AND fk.step = w.step AND fk.key = w.key
 )
 SELECT {{claimed_row}},
        extract(epoch FROM t.deadline_at - k.at)::float8 AS deadline_remaining,
