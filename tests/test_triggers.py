@@ -190,6 +190,42 @@ def test_hostile_trigger_code_fails_its_event_only(make_app, db_url):
     assert executions(db_url, "hostile-flow") == [{"bad": False}, {"bad": False, "n": 2}]
 
 
+def test_trigger_code_that_never_returns_fails_its_event_and_the_worker_runs_on(
+        make_app, db_url, monkeypatch):
+    monkeypatch.setattr(triggers, "TRIGGER_CODE_SECONDS", 0.5)
+    release = threading.Event()
+
+    def stuck_key(e: dict[str, Any]) -> str:
+        if e.get("stuck"):
+            release.wait(120)  # far beyond the test: only the time limit ends the wait here
+        return str(e["id"])
+
+    wf = echo("stuck-flow", "slow.thing", key=stuck_key)
+    other = echo("other-flow", "unused.event")
+    app = make_app(wf, other)
+    try:
+        # A sender with the code is told, after the limit, not after the code returns.
+        with pytest.raises(konduit.TriggerCodeFailed, match=r"key= did not return within 0.5 s"):
+            app.send_event("slow.thing", payload={"id": "a", "stuck": True})
+        # Through a worker (a sender without the code): the stuck event fails, the next one
+        # starts, and the worker's loop keeps running other work while the code still blocks.
+        with konduit.Client(db_url) as client:
+            assert client.send_event("slow.thing", payload={"id": "b", "stuck": True}) == "started"
+            assert client.send_event("slow.thing", payload={"id": "c"}) == "started"
+        with running_worker(app, **FAST) as w:
+            w.wait_for_passes("triggers")
+            handle = app.start("other-flow", {"n": 1})
+            assert handle.wait(timeout=30).status == "succeeded"
+            until(lambda: [s for s, *_ in trigger_events(db_url, "stuck-flow")]
+                  == ["failed", "failed", "started"], timeout=30)
+        assert not release.is_set()  # both stuck calls were still blocked: nothing waited for them
+        errors = [e for *_, e in trigger_events(db_url, "stuck-flow")]
+        assert "key= did not return within 0.5 s" in str(errors[1])
+        assert executions(db_url, "stuck-flow") == [{"id": "c"}]
+    finally:
+        release.set()
+
+
 def test_an_input_the_workflow_refuses_fails_the_event_with_its_error(make_app, db_url):
     wf = konduit.Workflow("typed-flow", version=1, input={
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})

@@ -15,14 +15,18 @@
   that creates the execution, by a statement that re-checks the due time (or the batch being
   full), so racing workers and senders start it once; a crash rolls both back.
 
-User code raising anything fails its own event (recorded ``failed`` with the error), never the
-worker; a sender is told with :class:`~konduit.core.triggers.TriggerCodeFailed` once the
-transaction committed. Lock order: a trigger's group row after the event's, groups in workflow
-order (the order :func:`take` visits triggers in).
+User code raising anything, or not returning within :data:`TRIGGER_CODE_SECONDS`, fails its own
+event (recorded ``failed`` with the error), never the worker: it runs on a thread of its own
+(:func:`run_code`), so a call that blocks holds neither the worker's loop (its leases'
+heartbeats, its claims) nor a sender for longer than that. A sender is told with
+:class:`~konduit.core.triggers.TriggerCodeFailed` once the transaction committed. Lock order: a
+trigger's group row after the event's, groups in workflow order (the order :func:`take` visits
+triggers in).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
@@ -36,8 +40,16 @@ from konduit.db.database import Database, Row, Tx
 from konduit.engine.registry import Registry
 from konduit.engine.starts import StartRequest, insert_executions, prepare
 from konduit.errors import DatabaseError, IdempotencyConflict, KonduitError
+from konduit.threads import HandlerThreads
 
 log = logging.getLogger(__name__)
+
+TRIGGER_CODE_SECONDS = 10.0
+"""How long an ``on_event``'s ``input=`` and ``key=`` together may take on one event. Past it the
+event fails with an error that says so, and the call's thread is abandoned (a thread cannot be
+killed: it ends when the code returns)."""
+
+_code_threads = HandlerThreads(name="konduit-trigger-code")
 
 RETAIN_SECONDS = 7 * 86400.0
 """How long the record of an event that came to an end (started or failed) is kept."""
@@ -101,7 +113,7 @@ async def apply(tx: Tx, registry: Registry, trigger: EventTrigger, ev: Row, *,
     trigger's code: start its execution or add it to its group. Returns None, or the error
     recorded when its code or its input failed."""
     try:
-        mapped, key = apply_code(trigger, ev["payload"], ev["key"])
+        mapped, key = await run_code(trigger, ev["payload"], ev["key"])
         if trigger.mode == "start":
             eid = await _start(tx, registry, trigger.workflow, trigger.version, mapped,
                                None if key is None else f"event:{trigger.event}:{key}",
@@ -129,6 +141,24 @@ async def apply(tx: Tx, registry: Registry, trigger: EventTrigger, ev: Row, *,
         await start_group(tx, registry, group["id"], full=trigger.batch.max,
                           max_payload_bytes=max_payload_bytes)
     return None
+
+
+async def run_code(trigger: EventTrigger, payload: Any,
+                   sent_key: str | None) -> tuple[Any, str | None]:
+    """:func:`~konduit.core.triggers.apply_code` on a thread, for at most
+    :data:`TRIGGER_CODE_SECONDS`: user code that blocks fails its event, not the loop that
+    called it (a worker's heartbeats and claims run on that loop)."""
+    future = _code_threads.submit(apply_code, trigger, payload, sent_key)
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), TRIGGER_CODE_SECONDS)
+    except TimeoutError:
+        _code_threads.abandon(future)
+        log.warning("on_event(%r) of workflow %r: input=/key= still running after %g s "
+                    "(%d such calls abandoned)", trigger.event, trigger.workflow,
+                    TRIGGER_CODE_SECONDS, _code_threads.abandoned)
+        raise TriggerCodeFailed(
+            f"on_event({trigger.event!r}) of workflow {trigger.workflow!r}: input=/key= did "
+            f"not return within {TRIGGER_CODE_SECONDS:g} s") from None
 
 
 async def _finish(tx: Tx, event_id: int, status: str, *, execution_id: UUID | None = None,

@@ -35,10 +35,10 @@ from konduit.engine.completer import record_late_result
 from konduit.engine.outputs import Upstream, load_upstream
 from konduit.errors import DatabaseError, NonRetryableError, PayloadError
 from konduit.logs import enter_attempt, leave_attempt
+from konduit.threads import HandlerThreads
 from konduit.tracing import AttemptTracer
 from konduit.worker.created_with import CreatedWith
 from konduit.worker.metrics import WorkerMetrics
-from konduit.worker.threads import HandlerThreads
 
 log = logging.getLogger(__name__)
 
