@@ -202,7 +202,12 @@ def test_trigger_code_that_never_returns_fails_its_event_and_the_worker_runs_on(
 
     wf = echo("stuck-flow", "slow.thing", key=stuck_key)
     other = echo("other-flow", "unused.event")
-    app = make_app(wf, other)
+    # The start an event makes runs the workflow's own code too (here its fair_by=).
+    fair = konduit.Workflow("stuck-fair", version=1,
+                            fair_by=lambda i: str(stuck_key(i)))
+    fair.step(name="only")(lambda ctx: ctx.input)
+    fair.on_event("fair.thing")
+    app = make_app(wf, other, fair)
     try:
         # A sender with the code is told, after the limit, not after the code returns.
         with pytest.raises(konduit.TriggerCodeFailed, match=r"key= did not return within 0.5 s"):
@@ -212,16 +217,24 @@ def test_trigger_code_that_never_returns_fails_its_event_and_the_worker_runs_on(
         with konduit.Client(db_url) as client:
             assert client.send_event("slow.thing", payload={"id": "b", "stuck": True}) == "started"
             assert client.send_event("slow.thing", payload={"id": "c"}) == "started"
+            assert client.send_event("fair.thing", payload={"id": "d", "stuck": True}) \
+                == "started"
         with running_worker(app, **FAST) as w:
             w.wait_for_passes("triggers")
             handle = app.start("other-flow", {"n": 1})
             assert handle.wait(timeout=30).status == "succeeded"
             until(lambda: [s for s, *_ in trigger_events(db_url, "stuck-flow")]
                   == ["failed", "failed", "started"], timeout=30)
+            until(lambda: [s for s, *_ in trigger_events(db_url, "stuck-fair")] == ["failed"],
+                  timeout=30)
         assert not release.is_set()  # both stuck calls were still blocked: nothing waited for them
         errors = [e for *_, e in trigger_events(db_url, "stuck-flow")]
         assert "key= did not return within 0.5 s" in str(errors[1])
         assert executions(db_url, "stuck-flow") == [{"id": "c"}]
+        [(*_, fair_error)] = trigger_events(db_url, "stuck-fair")
+        assert "the start of workflow 'stuck-fair' by event" in fair_error
+        assert "did not return within 0.5 s" in fair_error
+        assert executions(db_url, "stuck-fair") == []
     finally:
         release.set()
 

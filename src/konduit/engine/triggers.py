@@ -29,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 from uuid import UUID
 
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
@@ -43,6 +45,8 @@ from konduit.errors import DatabaseError, IdempotencyConflict, KonduitError
 from konduit.threads import HandlerThreads
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 TRIGGER_CODE_SECONDS = 10.0
 """How long an ``on_event``'s ``input=`` and ``key=`` together may take on one event. Past it the
@@ -145,20 +149,26 @@ async def apply(tx: Tx, registry: Registry, trigger: EventTrigger, ev: Row, *,
 
 async def run_code(trigger: EventTrigger, payload: Any,
                    sent_key: str | None) -> tuple[Any, str | None]:
-    """:func:`~konduit.core.triggers.apply_code` on a thread, for at most
-    :data:`TRIGGER_CODE_SECONDS`: user code that blocks fails its event, not the loop that
-    called it (a worker's heartbeats and claims run on that loop)."""
-    future = _code_threads.submit(apply_code, trigger, payload, sent_key)
+    """:func:`~konduit.core.triggers.apply_code` off the caller's loop (:func:`_user_code`)."""
+    return await _user_code(
+        f"on_event({trigger.event!r}) of workflow {trigger.workflow!r}: input=/key=",
+        partial(apply_code, trigger, payload, sent_key))
+
+
+async def _user_code(what: str, call: Callable[[], T]) -> T:
+    """``call`` (user code: a trigger's ``input=``/``key=``, or the input checks and key
+    functions of the start it makes) on a thread, for at most :data:`TRIGGER_CODE_SECONDS`:
+    code that blocks fails its event, not the loop that called it (a worker's heartbeats and
+    claims run on that loop)."""
+    future = _code_threads.submit(call)
     try:
         return await asyncio.wait_for(asyncio.wrap_future(future), TRIGGER_CODE_SECONDS)
     except TimeoutError:
         _code_threads.abandon(future)
-        log.warning("on_event(%r) of workflow %r: input=/key= still running after %g s "
-                    "(%d such calls abandoned)", trigger.event, trigger.workflow,
+        log.warning("%s still running after %g s (%d such calls abandoned)", what,
                     TRIGGER_CODE_SECONDS, _code_threads.abandoned)
         raise TriggerCodeFailed(
-            f"on_event({trigger.event!r}) of workflow {trigger.workflow!r}: input=/key= did "
-            f"not return within {TRIGGER_CODE_SECONDS:g} s") from None
+            f"{what} did not return within {TRIGGER_CODE_SECONDS:g} s") from None
 
 
 async def _finish(tx: Tx, event_id: int, status: str, *, execution_id: UUID | None = None,
@@ -172,8 +182,11 @@ async def _start(tx: Tx, registry: Registry, workflow: str, version: int, input:
                  idempotency_key: str | None, *, max_payload_bytes: int) -> UUID:
     """Create one execution in ``tx``; a key already used gives its execution, whatever its
     input (an event sent again starts nothing new, even with another payload)."""
-    prepared = prepare(registry, StartRequest(workflow, input, idempotency_key=idempotency_key,
-                                              version=version), max_bytes=max_payload_bytes)
+    # The workflow's input checks and key functions (fair_by=, per-key limits) are user code too.
+    prepared = await _user_code(
+        f"the start of workflow {workflow!r} by event: its input checks and key functions",
+        partial(prepare, registry, StartRequest(workflow, input, idempotency_key=idempotency_key,
+                                                version=version), max_bytes=max_payload_bytes))
     try:
         [eid] = await insert_executions(tx, [prepared])
     except IdempotencyConflict:
