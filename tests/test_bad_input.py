@@ -6,6 +6,7 @@ keys, conflicting definitions, and a database that was never migrated.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -13,6 +14,7 @@ import psycopg
 import pytest
 
 import konduit
+from konduit.engine import maps
 from tests.support.workers import running_worker
 
 pytestmark = pytest.mark.storage
@@ -162,6 +164,42 @@ def test_map_over_that_fails_fails_the_execution_naming_the_map_step(make_app):
     # JSON-able items of any kind are fine: the items themselves are only stored, not typed.
     assert mixed_items.status().status == "succeeded"
     assert mixed_items.status().output == [1, "x", 3.5]
+
+
+def test_map_over_that_never_returns_fails_its_execution_and_the_worker_runs_on(
+        make_app, monkeypatch):
+    """over() runs inside a completion round: unbounded, it held every later outcome of the
+    worker (another execution's map did not finish in 50 s)."""
+    monkeypatch.setattr(maps, "MAP_OVER_SECONDS", 0.5)
+    release = threading.Event()
+    wf = konduit.Workflow("stuck-map", version=1)
+
+    @wf.step()
+    def source(ctx):
+        return ctx.input
+
+    def over(out):
+        if out.get("stuck"):
+            release.wait(120)  # far beyond the test: only the time limit ends the wait here
+        return out["items"]
+
+    @wf.map(after=[source], over=over)
+    def each(ctx):
+        return ctx.item
+
+    app = make_app(wf)
+    try:
+        stuck = app.start("stuck-map", input={"stuck": True, "items": [1]})
+        with running_worker(app, concurrency=2):
+            with pytest.raises(konduit.ExecutionFailed) as info:
+                stuck.wait(timeout=WAIT)
+            good = app.start("stuck-map", input={"items": [1, 2]})
+            assert good.wait(timeout=WAIT).output == [1, 2]
+        assert not release.is_set()  # the stuck call still blocked: nothing waited for it
+        assert "map step 'each'" in info.value.result.error
+        assert "did not return within 0.5 s" in info.value.result.error
+    finally:
+        release.set()
 
 
 def test_map_items_that_are_not_json_fail_the_execution(make_app):

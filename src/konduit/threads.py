@@ -9,13 +9,16 @@ threads is reported (``konduit workers``, metrics) and bounded by the worker.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +102,16 @@ class HandlerThreads:
                         self._threads -= 1
                         return None
                 # every idle thread is promised a job, this one included: it is on its way
+
+
+async def call_within(threads: HandlerThreads, call: Callable[[], T], seconds: float) -> T:
+    """``call`` (user code) on one of ``threads``, awaited for at most ``seconds``: past them
+    the call is abandoned and :class:`TimeoutError` raised, so code that never returns holds
+    neither the awaiting loop nor a thread the rest of the process needs (the loop's default
+    executor is a small fixed pool)."""
+    future = threads.submit(call)
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), seconds)
+    except TimeoutError:
+        threads.abandon(future)
+        raise

@@ -317,7 +317,10 @@ class Workflow(WaitSteps):
 
         With one upstream, ``over`` receives its payload; with several, a dict of step -> payload.
         Each task sees its item as ``ctx.item``; downstream steps receive the results as a list in
-        item order. ``over`` producing more than ``max_items`` items fails the execution.
+        item order. ``over`` producing more than ``max_items`` items fails the execution, and
+        so does ``over`` (with the encoding of its items) taking more than 60 seconds
+        (``konduit.engine.maps.MAP_OVER_SECONDS``): it runs when the map's join fires, inside
+        the worker's completion round, so keep it to shaping what upstream returned.
         """
         if not callable(over):
             raise WorkflowDefinitionError("map(over=...) must be callable", workflow=self.name)

@@ -6,8 +6,8 @@ fan-out commits with the decision that caused it or not at all.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 from uuid import UUID
@@ -19,6 +19,18 @@ from konduit.engine.deadlines import cut_columns, task_budgets
 from konduit.engine.outputs import group_payloads, outputs_query
 from konduit.engine.registry import workflow_key
 from konduit.errors import PayloadError
+from konduit.threads import HandlerThreads, call_within
+
+log = logging.getLogger(__name__)
+
+MAP_OVER_SECONDS = 60.0
+"""How long a map step's ``over()`` and the encoding of its items may take (a million small items
+take about 4 s on a 2-core machine). Past it the execution fails naming the map step, and the
+call's thread is abandoned: the expansion runs inside a completion round, which must end, or
+every outcome of the worker behind it waits (a thread cannot be killed; it ends when the code
+returns)."""
+
+_over_threads = HandlerThreads(name="konduit-map-over")
 
 MAP_CHUNK_ROWS = 5_000
 """Map tasks created per statement: each chunk's parameters are built on the event loop, so a
@@ -73,9 +85,10 @@ async def create_map_tasks(
     max_payload_bytes: int = DEFAULT_MAX_BYTES,
 ) -> int:
     """Expand a map step into one task per item; returns how many. The user's ``over()`` and
-    the encoding of every item run on a thread, and the tasks are inserted in chunks: a map of
-    a million items must not stall the event loop that also runs this worker's heartbeats and
-    other tasks. Raises :class:`CannotFanOut` when the items cannot be made."""
+    the encoding of every item run on a thread, for at most :data:`MAP_OVER_SECONDS`, and the
+    tasks are inserted in chunks: a map of a million items must not stall the event loop that
+    also runs this worker's heartbeats and other tasks. Raises :class:`CannotFanOut` when the
+    items cannot be made (in time)."""
     step = spec.name
     # The upstream payload may be the big list the map fans out over: it is decoded on the
     # thread too, not by the driver on this loop.
@@ -89,7 +102,12 @@ async def create_map_tasks(
         return expand_map(over, source, max_items=spec.max_items, max_bytes=max_payload_bytes)
 
     try:
-        items = await asyncio.to_thread(expand)
+        items = await call_within(_over_threads, expand, MAP_OVER_SECONDS)
+    except TimeoutError:
+        log.warning("map step %r: over() still running after %g s (%d such calls abandoned)",
+                    step, MAP_OVER_SECONDS, _over_threads.abandoned)
+        raise CannotFanOut(f"map step {step!r}: over() and its items' encoding did not return "
+                           f"within {MAP_OVER_SECONDS:g} s") from None
     except (MapTooLarge, PayloadError) as exc:
         raise CannotFanOut(f"map step {step!r} cannot fan out: {exc}") from exc
     except Exception as exc:

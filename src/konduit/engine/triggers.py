@@ -26,7 +26,6 @@ triggers in).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from konduit.db.database import Database, Row, Tx
 from konduit.engine.registry import Registry
 from konduit.engine.starts import StartRequest, insert_executions, prepare
 from konduit.errors import DatabaseError, IdempotencyConflict, KonduitError
-from konduit.threads import HandlerThreads
+from konduit.threads import HandlerThreads, call_within
 
 log = logging.getLogger(__name__)
 
@@ -160,11 +159,9 @@ async def _user_code(what: str, call: Callable[[], T]) -> T:
     functions of the start it makes) on a thread, for at most :data:`TRIGGER_CODE_SECONDS`:
     code that blocks fails its event, not the loop that called it (a worker's heartbeats and
     claims run on that loop)."""
-    future = _code_threads.submit(call)
     try:
-        return await asyncio.wait_for(asyncio.wrap_future(future), TRIGGER_CODE_SECONDS)
+        return await call_within(_code_threads, call, TRIGGER_CODE_SECONDS)
     except TimeoutError:
-        _code_threads.abandon(future)
         log.warning("%s still running after %g s (%d such calls abandoned)", what,
                     TRIGGER_CODE_SECONDS, _code_threads.abandoned)
         raise TriggerCodeFailed(
