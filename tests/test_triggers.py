@@ -14,7 +14,7 @@ import pytest
 
 import konduit
 from konduit.db.database import Database
-from konduit.engine import triggers
+from konduit.engine import starts, triggers
 from konduit.engine.registry import Registry
 from tests.support.db import rows, value
 from tests.support.waiting import until
@@ -193,6 +193,7 @@ def test_hostile_trigger_code_fails_its_event_only(make_app, db_url):
 def test_trigger_code_that_never_returns_fails_its_event_and_the_worker_runs_on(
         make_app, db_url, monkeypatch):
     monkeypatch.setattr(triggers, "TRIGGER_CODE_SECONDS", 0.5)
+    monkeypatch.setattr(starts, "START_CODE_SECONDS", 0.5)
     release = threading.Event()
 
     def stuck_key(e: dict[str, Any]) -> str:
@@ -232,8 +233,8 @@ def test_trigger_code_that_never_returns_fails_its_event_and_the_worker_runs_on(
         assert "key= did not return within 0.5 s" in str(errors[1])
         assert executions(db_url, "stuck-flow") == [{"id": "c"}]
         [(*_, fair_error)] = trigger_events(db_url, "stuck-fair")
-        assert "the start of workflow 'stuck-fair' by event" in fair_error
-        assert "did not return within 0.5 s" in fair_error
+        assert "the start of workflow 'stuck-fair': its input checks and key functions did " \
+               "not return within 0.5 s" in fair_error
         assert executions(db_url, "stuck-fair") == []
     finally:
         release.set()

@@ -6,6 +6,7 @@ stays exactly-once when the prompt wake and maintenance passes race for one pare
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from uuid import UUID
 
@@ -13,7 +14,7 @@ import pytest
 
 import konduit
 from konduit.db.database import Database
-from konduit.engine import waits
+from konduit.engine import starts, waits
 from konduit.engine.finish import ChildEnded
 from konduit.engine.registry import Registry
 from tests.support.db import rows
@@ -265,3 +266,34 @@ def test_the_prompt_wake_and_racing_maintenance_passes_end_the_step_once(make_ap
     assert rows(db_url, "SELECT count(*), count(DISTINCT execution_id) FROM konduit_outputs "
                  "WHERE step = 'inner'") == [(trials, trials)]
     assert rows(db_url, "SELECT count(*) FROM konduit_tasks WHERE step = 'wrap'") == [(trials,)]
+
+
+def test_a_child_whose_key_function_never_returns_fails_the_step_and_the_worker_runs_on(
+        make_app, monkeypatch):
+    """The child's start runs the child workflow's fair_by= (user code) when the parent's step
+    arms: on the worker's loop, one that never returned held the worker for good."""
+    monkeypatch.setattr(starts, "START_CODE_SECONDS", 0.5)
+    release = threading.Event()
+
+    def stuck_fair(value: dict[str, object]) -> str:
+        if value.get("stuck"):
+            release.wait(120)  # far beyond the test: only the time limit ends the wait here
+        return "k"
+
+    child = konduit.Workflow("stuck-child", version=1, fair_by=stuck_fair)
+    child.step(name="work")(lambda ctx: ctx.input)
+    parent = konduit.Workflow("stuck-parent", version=1)
+    parent.subworkflow(name="sub", workflow="stuck-child", input=lambda ctx: ctx.input)
+    app = make_app(child, parent)
+    try:
+        with running_worker(app, poll_interval=0.1):
+            stuck = app.start("stuck-parent", input={"stuck": True})
+            with pytest.raises(konduit.ExecutionFailed) as info:
+                stuck.wait(timeout=30)
+            good = app.start("stuck-parent", input={"n": 1})
+            assert good.wait(timeout=30).status == "succeeded"
+        assert not release.is_set()  # the stuck call still blocked: nothing waited for it
+        assert "could not start child workflow 'stuck-child'" in info.value.result.error
+        assert "did not return within 0.5 s" in info.value.result.error
+    finally:
+        release.set()

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -30,7 +31,15 @@ from konduit.engine.limit_keys import KeyedStart, store_and_admit
 from konduit.engine.registry import workflow_key
 from konduit.engine.stored import SpecSource
 from konduit.errors import IdempotencyConflict, KonduitError
+from konduit.threads import HandlerThreads, call_within
 from konduit.tracing import TraceContext
+
+START_CODE_SECONDS = 10.0
+"""How long the user code of a start a worker makes (an event's, a wait's child) may take: the
+workflow's input checks and key functions (``fair_by=``, per-key limits). Past it that start
+fails with an error that says so (see :func:`prepare_off_loop`)."""
+
+_start_threads = HandlerThreads(name="konduit-start-code")
 
 BATCH_ROWS = 2_000
 """Executions per statement: a bigger batch is split into statements of this many, all in one
@@ -150,6 +159,22 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
         limit_keys=keys,
         run_key=run,
     )
+
+
+async def prepare_off_loop(registry: SpecSource, request: StartRequest, *,
+                           max_bytes: int) -> Prepared:
+    """:func:`prepare` on a thread, for at most :data:`START_CODE_SECONDS`, for the starts a
+    worker makes on its own loop (an event's, a wait's child): the workflow's input checks and
+    key functions are user code, and one that never returns must fail that start, not hold the
+    loop that keeps the worker's leases alive. The thread is abandoned past the limit."""
+    try:
+        return await call_within(_start_threads,
+                                 partial(prepare, registry, request, max_bytes=max_bytes),
+                                 START_CODE_SECONDS)
+    except TimeoutError:
+        raise KonduitError(
+            f"the start of workflow {request.workflow!r}: its input checks and key functions "
+            f"did not return within {START_CODE_SECONDS:g} s") from None
 
 
 def _keys(spec: WorkflowSpec, checked: Any) -> tuple[dict[str, str] | None, str | None]:

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
@@ -39,13 +38,11 @@ from konduit.core.triggers import EventTrigger, TriggerCodeFailed, apply_code
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine.registry import Registry
-from konduit.engine.starts import StartRequest, insert_executions, prepare
+from konduit.engine.starts import StartRequest, insert_executions, prepare_off_loop
 from konduit.errors import DatabaseError, IdempotencyConflict, KonduitError
 from konduit.threads import HandlerThreads, call_within
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 TRIGGER_CODE_SECONDS = 10.0
 """How long an ``on_event``'s ``input=`` and ``key=`` together may take on one event. Past it the
@@ -148,20 +145,14 @@ async def apply(tx: Tx, registry: Registry, trigger: EventTrigger, ev: Row, *,
 
 async def run_code(trigger: EventTrigger, payload: Any,
                    sent_key: str | None) -> tuple[Any, str | None]:
-    """:func:`~konduit.core.triggers.apply_code` off the caller's loop (:func:`_user_code`)."""
-    return await _user_code(
-        f"on_event({trigger.event!r}) of workflow {trigger.workflow!r}: input=/key=",
-        partial(apply_code, trigger, payload, sent_key))
-
-
-async def _user_code(what: str, call: Callable[[], T]) -> T:
-    """``call`` (user code: a trigger's ``input=``/``key=``, or the input checks and key
-    functions of the start it makes) on a thread, for at most :data:`TRIGGER_CODE_SECONDS`:
-    code that blocks fails its event, not the loop that called it (a worker's heartbeats and
-    claims run on that loop)."""
+    """:func:`~konduit.core.triggers.apply_code` on a thread, for at most
+    :data:`TRIGGER_CODE_SECONDS`: code that blocks fails its event, not the loop that called it
+    (a worker's heartbeats and claims run on that loop)."""
     try:
-        return await call_within(_code_threads, call, TRIGGER_CODE_SECONDS)
+        return await call_within(_code_threads, partial(apply_code, trigger, payload, sent_key),
+                                 TRIGGER_CODE_SECONDS)
     except TimeoutError:
+        what = f"on_event({trigger.event!r}) of workflow {trigger.workflow!r}: input=/key="
         log.warning("%s still running after %g s (%d such calls abandoned)", what,
                     TRIGGER_CODE_SECONDS, _code_threads.abandoned)
         raise TriggerCodeFailed(
@@ -180,10 +171,9 @@ async def _start(tx: Tx, registry: Registry, workflow: str, version: int, input:
     """Create one execution in ``tx``; a key already used gives its execution, whatever its
     input (an event sent again starts nothing new, even with another payload)."""
     # The workflow's input checks and key functions (fair_by=, per-key limits) are user code too.
-    prepared = await _user_code(
-        f"the start of workflow {workflow!r} by event: its input checks and key functions",
-        partial(prepare, registry, StartRequest(workflow, input, idempotency_key=idempotency_key,
-                                                version=version), max_bytes=max_payload_bytes))
+    prepared = await prepare_off_loop(
+        registry, StartRequest(workflow, input, idempotency_key=idempotency_key, version=version),
+        max_bytes=max_payload_bytes)
     try:
         [eid] = await insert_executions(tx, [prepared])
     except IdempotencyConflict:

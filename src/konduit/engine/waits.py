@@ -60,7 +60,7 @@ from konduit.engine.advancer import Advanced
 from konduit.engine.completer import record_many
 from konduit.engine.finish import ChildEnded
 from konduit.engine.registry import Registry
-from konduit.engine.starts import StartRequest, insert_executions, prepare
+from konduit.engine.starts import StartRequest, insert_executions, prepare_off_loop
 from konduit.errors import KonduitError
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ async def arm(db: Database, registry: Registry, c: Completion, *,
     if armed.kind == WaitKind.CHILD:
         try:
             assert armed.workflow is not None
-            prepared = prepare(registry, StartRequest(
+            prepared = await prepare_off_loop(registry, StartRequest(
                 armed.workflow, armed.input, idempotency_key=child_idempotency_key(c.task_id)),
                 max_bytes=max_payload_bytes)
         except KonduitError as exc:
