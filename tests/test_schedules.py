@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -20,6 +21,7 @@ import pytest
 import konduit
 from konduit.core.schedules import tick_key
 from konduit.db.database import Database
+from konduit.engine import starts
 from konduit.engine.client import Client
 from konduit.engine.registry import Registry
 from konduit.engine.schedules import Schedules
@@ -354,3 +356,32 @@ def test_cli_lists_pauses_and_resumes(db_url: str) -> None:
     assert unknown.returncode == 1 and "no schedule named 'nighty'" in unknown.stderr
     both = konduit_cli("schedules", "--database-url", db_url, "--pause", "a", "--resume", "b")
     assert both.returncode == 1 and "not both" in both.stderr
+
+
+def test_a_key_function_that_never_returns_holds_no_worker(make_app, monkeypatch) -> None:
+    """A tick's start runs the workflow's fair_by= (user code) on the worker's loop; one that
+    never returned held every lease and claim of the worker. Now the tick's start fails (the
+    next round tries again) and the worker runs on."""
+    monkeypatch.setattr(starts, "START_CODE_SECONDS", 0.5)
+    release = threading.Event()
+
+    def stuck_fair(value: Any) -> str:
+        release.wait(120)  # far beyond the test: only the time limit ends the wait here
+        return "k"
+
+    wf = konduit.Workflow("stuck-schedule", version=1, fair_by=stuck_fair)
+    wf.step(name="publish")(lambda ctx: ctx.input)
+    wf.schedule(every="1s", name="stuck", input={"n": 1})
+    other = konduit.Workflow("other-work", version=1)
+    other.step(name="only")(lambda ctx: ctx.input)
+    app = make_app(wf, other)
+    try:
+        with running_worker(app, concurrency=2):
+            time.sleep(1.5)  # a tick or two came due and their starts hang
+            for n in range(3):
+                assert app.start("other-work", input={"n": n}).wait(timeout=30).status \
+                    == "succeeded"
+        assert not release.is_set()
+        assert app.list(workflow="stuck-schedule") == []
+    finally:
+        release.set()

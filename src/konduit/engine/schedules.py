@@ -31,7 +31,7 @@ from konduit.core.schedules import LATE_AFTER, MAX_CATCH_UP, Timing, plan_ticks,
 from konduit.core.search import MAX_TAG_VALUE
 from konduit.db.database import Database, Row, Tx
 from konduit.engine.registry import Registry
-from konduit.engine.starts import Prepared, StartRequest, insert_executions, prepare
+from konduit.engine.starts import Prepared, StartRequest, insert_executions, prepare_off_loop
 from konduit.errors import DatabaseError, IdempotencyConflict, KonduitError, ScheduleNotFound
 
 log = logging.getLogger(__name__)
@@ -170,8 +170,10 @@ class Schedules:
         again), marked with its tick."""
         name = row["name"]
         window = row["window_seconds"]
+        # The workflow's input checks and key functions are user code: off this loop, which
+        # is the worker's (prepare_off_loop).
         batch = [
-            prepare(self.registry, StartRequest(
+            await prepare_off_loop(self.registry, StartRequest(
                 row["workflow_name"], row["input"], idempotency_key=tick_key(name, tick),
                 version=row["workflow_version"],
                 deadline_at=None if window is None else tick + timedelta(seconds=window),
