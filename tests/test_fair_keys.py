@@ -209,6 +209,49 @@ def test_a_bad_key_is_refused_at_start_naming_the_workflow_and_nothing_is_stored
         assert row is not None and row[0] == 0
 
 
+def test_a_key_function_that_never_returns_fails_its_start_and_holds_no_other(
+        make_app, monkeypatch):
+    """A start runs fair_by= (user code) off the App's loop, which every thread of the process
+    shares: one that never returns fails its own start after the limit, and the other threads'
+    starts go through meanwhile."""
+    monkeypatch.setattr(starts, "START_CODE_SECONDS", 5.0)
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(value: Any) -> str:
+        entered.set()
+        release.wait(120)  # far beyond the test: only the time limit ends the wait here
+        return "k"
+
+    wf = konduit.Workflow("stuck-key", version=1, fair_by=stuck)
+    wf.step(name="work")(lambda ctx: 1)
+    other = konduit.Workflow("other", version=1)
+    other.step(name="work")(lambda ctx: 1)
+    app = make_app(wf, other)
+    failed: list[BaseException] = []
+
+    def start_stuck() -> None:
+        try:
+            app.start("stuck-key", {"n": 1})
+        except konduit.KonduitError as exc:
+            failed.append(exc)
+
+    stuck_start = threading.Thread(target=start_stuck)
+    try:
+        stuck_start.start()
+        assert entered.wait(30)
+        app.start("other", {"n": 2})
+        # Returned while the stuck start still waits for its limit: the loop was free.
+        assert stuck_start.is_alive()
+        stuck_start.join(30)
+        assert len(failed) == 1
+        assert "the start of workflow 'stuck-key': its input checks and key functions did " \
+               "not return within 5 s" in str(failed[0])
+        assert [r.workflow for r in app.list()] == ["other"]
+    finally:
+        release.set()
+        stuck_start.join(30)
+
+
 def test_fair_by_must_be_a_function():
     with pytest.raises(konduit.WorkflowDefinitionError, match="fair_by must be a function"):
         konduit.Workflow("keyed", version=1, fair_by="customer")  # type: ignore[arg-type]

@@ -38,12 +38,12 @@ from konduit.engine.schedules import Schedules
 from konduit.engine.search import search_executions
 from konduit.engine.stalls import open_stall
 from konduit.engine.starts import (
-    Prepared,
     StartRequest,
     at_request,
     collapse_repeated_keys,
     insert_executions,
-    prepare,
+    prepare_many_off_loop,
+    prepare_off_loop,
     requests_of,
 )
 from konduit.engine.step_rows import state_columns
@@ -237,8 +237,8 @@ class Client(VersionReads):
         if trace_context is None:
             trace_context = capture(self.tracing, workflow)
         await self.specs.load(self.db, workflow, version)
-        prepared = prepare(self.specs, request, max_bytes=self.max_payload_bytes,
-                           trace=trace_context)
+        prepared = await prepare_off_loop(self.specs, request, max_bytes=self.max_payload_bytes,
+                                          trace=trace_context)
         await self._register_unless_stored(prepared.spec)
         [eid] = await self.db.atomic(lambda tx: insert_executions(tx, [prepared]))
         return eid
@@ -267,17 +267,16 @@ class Client(VersionReads):
         checked = requests_of(requests)
         if trace_context is None and checked:
             trace_context = capture(self.tracing, checked[0].workflow)
-        batch: builtins.list[Prepared] = []
         loaded: set[tuple[str, int | None]] = set()
         for i, request in enumerate(checked):
             try:
                 if (request.workflow, request.version) not in loaded:
                     await self.specs.load(self.db, request.workflow, request.version)
                     loaded.add((request.workflow, request.version))
-                batch.append(prepare(self.specs, request, max_bytes=self.max_payload_bytes,
-                                     trace=trace_context))
             except KonduitError as exc:
                 raise at_request(i, exc) from exc
+        batch = await prepare_many_off_loop(self.specs, checked,
+                                            max_bytes=self.max_payload_bytes, trace=trace_context)
         if not batch:
             return []
         owner = collapse_repeated_keys(batch)
