@@ -1,4 +1,6 @@
-"""Threads for sync handlers that never let a hung handler hold a slot.
+"""Threads for user code that never let a hung call hold a slot or a loop: sync handlers, and
+the code the engine calls on its own loops (a trigger's ``input=``/``key=``, a map's ``over()``,
+a start's key functions: :func:`call_within`).
 
 A thread cannot be killed. When the worker gives up on a sync call (its deadline passed, its
 execution was cancelled, its lease was lost) the thread is *abandoned*: it keeps running until the

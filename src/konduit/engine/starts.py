@@ -34,9 +34,9 @@ from konduit.threads import HandlerThreads, call_within
 from konduit.tracing import TraceContext
 
 START_CODE_SECONDS = 10.0
-"""How long the user code of a start a worker makes (an event's, a wait's child) may take: the
-workflow's input checks and key functions (``fair_by=``, per-key limits). Past it that start
-fails with an error that says so (see :func:`prepare_off_loop`)."""
+"""How long the user code of a start may take: the workflow's input checks and key functions
+(``fair_by=``, per-key limits). Past it that start fails with an error that says so (see
+:func:`prepare_off_loop`)."""
 
 _start_threads = HandlerThreads(name="konduit-start-code")
 
