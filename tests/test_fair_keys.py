@@ -252,9 +252,12 @@ def test_a_key_function_that_never_returns_fails_its_start_and_holds_no_other(
         stuck_start.join(30)
 
 
-def test_fair_by_must_be_a_function():
-    with pytest.raises(konduit.WorkflowDefinitionError, match="fair_by must be a function"):
-        konduit.Workflow("keyed", version=1, fair_by="customer")  # type: ignore[arg-type]
+def test_fair_by_is_a_path_into_the_input_or_a_function():
+    with pytest.raises(konduit.WorkflowDefinitionError, match="a key path looks like"):
+        konduit.Workflow("keyed", version=1, fair_by="customer")
+    with pytest.raises(konduit.WorkflowDefinitionError, match="fair_by is a path"):
+        konduit.Workflow("keyed", version=1, fair_by=3)  # type: ignore[arg-type]
+    konduit.Workflow("keyed", version=1, fair_by="input.customer")
 
 
 # -- end to end, one worker of 8 slots -----------------------------------------------------------
@@ -401,14 +404,18 @@ def test_a_start_later_takes_no_share_of_its_key(db_url):
 
 
 def test_a_process_without_the_code_gives_the_key_itself(make_app, db_url):
-    """A start by name (konduit.Client, an API server without the App) cannot run fair_by: it
-    passes fair_key (a start request's field, the API body's), checked like fair_by's."""
+    """A start by name (konduit.Client, an API server without the App) cannot run a fair_by
+    function: it passes fair_key (a start request's field, the API body's), checked like
+    fair_by's; without one the start is refused naming the fix, never started keyless."""
     app = make_app(customer_workflow("keyed"))
     app.start("keyed", {"customer": "warm"})  # registers the workflow
     with konduit.Client(db_url) as client:
-        [given, none] = client.start_many([
-            {"workflow": "keyed", "input": {"customer": "x"}, "fair_key": "acme"},
-            {"workflow": "keyed", "input": {"customer": "x"}}])
+        [given] = client.start_many([
+            {"workflow": "keyed", "input": {"customer": "x"}, "fair_key": "acme"}])
+        with pytest.raises(konduit.KeyNeedsCode, match=r"start request 1: workflow 'keyed' "
+                           r"computes its fair_by key with the function .*fair_by='input\.cus"):
+            client.start_many([{"workflow": "keyed", "input": {"customer": "x"}, "fair_key": "a"},
+                               {"workflow": "keyed", "input": {"customer": "x"}}])
         with pytest.raises(FairKeyError, match="start request 0: fair_key of a start of 'keyed'"):
             client.start_many([{"workflow": "keyed", "fair_key": ""}])
         # One start by name takes the same options as the App's start.
@@ -417,7 +424,7 @@ def test_a_process_without_the_code_gives_the_key_itself(make_app, db_url):
                            tags={"team": "billing"}, run_at=later, priority=-3)
         delayed = client.start("keyed", {"customer": "x"}, delay="1h")
     found = {r.id: r.fair_key for r in app.search(workflow="keyed")}
-    assert found[given.id] == "acme" and found[none.id] is None  # no code: no key
+    assert found[given.id] == "acme"
     with psycopg.connect(db_url) as conn:
         stored = {eid: rest for eid, *rest in conn.execute(
             "SELECT id, fair_key, tags, status, run_at, priority FROM konduit_executions"

@@ -60,15 +60,19 @@ def test_limits_per_key_are_read_at_definition():
     assert both is not None and (both.concurrency, both.rate, both.keyed) == (2, "5/s", True)
     plain = parse_flow_limit(konduit.Limit(3), konduit.Rate("1/m"))
     assert plain == FlowLimit(3, 1, 60.0) and plain is not None and not plain.keyed
-    with pytest.raises(ValueError, match="same key function"):
+    with pytest.raises(ValueError, match="must use the same key"):
         parse_flow_limit(konduit.Limit(2, key=_customer), konduit.Rate("5/s", key=lambda c: "x"))
     with pytest.raises(ValueError, match="all per key or all for the whole step"):
         parse_flow_limit(konduit.Limit(2, key=_customer), "5/s")
     with pytest.raises(ValueError, match="concurrency must be a positive integer"):
         parse_flow_limit(konduit.Limit(0, key=_customer), None)
     wf = konduit.Workflow("keys-def", version=1)
-    with pytest.raises(WorkflowDefinitionError, match=r"step 'x'.*key must be a function"):
-        wf.step(name="x", concurrency=konduit.Limit(2, key="customer"))(lambda ctx: 1)  # type: ignore[arg-type]
+    with pytest.raises(WorkflowDefinitionError, match=r"step 'x'.*a key path looks like"):
+        wf.step(name="x", concurrency=konduit.Limit(2, key="customer"))(lambda ctx: 1)
+    with pytest.raises(WorkflowDefinitionError, match=r"step 'x'.*a limit's key is a path"):
+        wf.step(name="x", concurrency=konduit.Limit(2, key=7))(lambda ctx: 1)  # type: ignore[arg-type]
+    same = parse_flow_limit(konduit.Limit(2, key="input.c"), konduit.Rate("5/s", key="input.c"))
+    assert same is not None and same.keyed
     with pytest.raises(WorkflowDefinitionError, match="max_running must be a positive integer"):
         konduit.Workflow("keys-def", max_running=0)
     with pytest.raises(WorkflowDefinitionError, match="key= needs max_running="):

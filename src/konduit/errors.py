@@ -183,3 +183,20 @@ class LimitKeyError(KonduitError):
     """A limit's key function (``konduit.Limit(key=)``, ``konduit.Rate(key=)``,
     ``Workflow(key=)``) raised or returned something other than a string: the start is refused,
     and the message names the workflow, the step and the function."""
+
+
+class KeyNeedsCode(LimitKeyError):
+    """A start-time key of the workflow (a step's per-key limit, ``max_running``'s ``key=``,
+    ``fair_by=``) is a function, and this process started it by name without the workflow's
+    code: it is refused rather than started without its key (which made a per-customer limit
+    one limit for everybody). The fix is a key declared as a path into the input
+    (``key="input.customer"``), or a start from a process with the code. Carries ``workflow``,
+    ``step`` (None for the workflow's own keys), ``function`` and ``role``."""
+
+    def __init__(self, message: str, *, workflow: str | None = None, step: str | None = None,
+                 function: str | None = None, role: str | None = None):
+        super().__init__(message)
+        self.workflow = workflow
+        self.step = step
+        self.function = function
+        self.role = role

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from konduit.errors import KonduitError, WorkflowDefinitionError
+from konduit.core.key_paths import KeyPath, key_of
+from konduit.errors import KonduitError, LimitKeyError, WorkflowDefinitionError
 
 SLOTS_PER_TURN = 8
 """Tasks of one flow per turn: konduit_task_turn's share (migration 0019)."""
@@ -25,7 +26,7 @@ SLOTS_PER_TURN = 8
 MAX_KEY_LENGTH = 200
 """The longest fair key: it is stored on each execution and in a key row per queue."""
 
-FairBy = Callable[[Any], Any]
+FairBy = Callable[[Any], Any] | KeyPath
 
 
 class FairKeyError(KonduitError):
@@ -34,22 +35,31 @@ class FairKeyError(KonduitError):
 
 
 def check_fair_by(fair_by: Any, *, workflow: str) -> FairBy | None:
-    """``fair_by`` as given to a workflow: None or a callable of one argument (the input)."""
-    if fair_by is None or callable(fair_by):
-        return fair_by  # type: ignore[no-any-return]
-    raise WorkflowDefinitionError(
-        f"fair_by must be a function of the input returning its key, e.g. "
-        f"fair_by=lambda input: input['customer'], not {type(fair_by).__name__}",
-        workflow=workflow)
+    """``fair_by`` as given to a workflow: None, a path into the input (``"input.customer"``,
+    which every door computes) or a callable of one argument (the input; code)."""
+    try:
+        return key_of(fair_by, what="fair_by")
+    except ValueError as exc:
+        raise WorkflowDefinitionError(
+            f"{exc} (e.g. fair_by='input.customer', or fair_by=lambda input: "
+            f"input['customer'])", workflow=workflow) from None
 
 
 def fair_key(fair_by: FairBy, value: Any, *, workflow: str) -> str:
-    """The key of a start of ``workflow`` with input ``value``. Whatever ``fair_by`` raises
-    (``BaseException`` included, but KeyboardInterrupt) or a result that is no short string
-    becomes a :class:`FairKeyError` naming the workflow and fair_by."""
+    """The key of a start of ``workflow`` with input ``value`` (as stored). A path reads it;
+    whatever a function raises (``BaseException`` included, but KeyboardInterrupt) or a result
+    that is no short string becomes a :class:`FairKeyError` naming the workflow and fair_by."""
+    if isinstance(fair_by, KeyPath):
+        try:
+            found = fair_by.of(value, where=f"fair_by of workflow {workflow!r}")
+        except LimitKeyError as exc:
+            raise FairKeyError(str(exc)) from None
+        return check_key(found, what=f"fair_by of workflow {workflow!r} found")
     try:
         key = fair_by(value)
     except KeyboardInterrupt:
+        raise
+    except LimitKeyError:  # a stand-in's refusal (KeyNeedsCode) says what it means itself
         raise
     except BaseException as exc:  # user code: SystemExit too ends this start only
         raise FairKeyError(f"fair_by of workflow {workflow!r} raised "

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from konduit.core.key_paths import KeyPath, key_of
+
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(s|m|h)\s*$")
 _PERIOD = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -35,26 +37,31 @@ class KeyContext:
 
 
 KeyFunction = Callable[[KeyContext], str]
+"""A step's limit key as code. A key declared as data instead is text: ``key="input.customer"``
+(a :class:`~konduit.core.key_paths.KeyPath`), which every door can compute without the code."""
 
 
 @dataclass(frozen=True)
 class Limit:
-    """``step(concurrency=Limit(2, key=lambda ctx: ctx.input["customer"]))``: at most ``count``
-    running tasks of the step per key, across every worker. Without ``key`` it is the step's
-    fleet-wide ``concurrency=count``."""
+    """``step(concurrency=Limit(2, key="input.customer"))``: at most ``count`` running tasks of
+    the step per key, across every worker. ``key`` is a path into the execution's input
+    (``"input.customer"``: data, so a start from any door computes it, with or without the
+    workflow's code) or a function of a :class:`KeyContext` (code: only a process with the
+    workflow's code can start it). Without ``key`` it is the step's fleet-wide
+    ``concurrency=count``."""
 
     count: int
-    key: KeyFunction | None = None
+    key: KeyFunction | str | None = None
 
 
 @dataclass(frozen=True)
 class Rate:
-    """``step(rate=Rate("10/s", key=lambda ctx: ctx.input["api_key"]))``: at most that many
-    starts of the step per key in any interval, across every worker. Without ``key`` it is the
-    step's fleet-wide ``rate=``."""
+    """``step(rate=Rate("10/s", key="input.api_key"))``: at most that many starts of the step
+    per key in any interval, across every worker. ``key`` is a path into the input or a
+    function, as for :class:`Limit`. Without ``key`` it is the step's fleet-wide ``rate=``."""
 
     rate: str
-    key: KeyFunction | None = None
+    key: KeyFunction | str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class FlowLimit:
     concurrency: int | None = None
     rate_count: int | None = None
     rate_seconds: float | None = None
-    key: KeyFunction | None = field(default=None, compare=False)
+    key: KeyFunction | KeyPath | None = field(default=None, compare=False)
 
     @property
     def keyed(self) -> bool:
@@ -86,21 +93,19 @@ def parse_flow_limit(concurrency: object, rate: object) -> FlowLimit | None:
     """Check ``step(concurrency=, rate=)``; None when neither is set.
 
     Raises ValueError with a message meant to follow "step 'x': "."""
-    keys: list[KeyFunction] = []
+    keys: list[KeyFunction | KeyPath] = []
     if isinstance(concurrency, Limit):
         if concurrency.key is not None:
-            keys.append(concurrency.key)
+            keys.append(_key(concurrency.key))
         concurrency = concurrency.count
     if isinstance(rate, Rate):
         if rate.key is not None:
-            keys.append(rate.key)
+            keys.append(_key(rate.key))
         rate = rate.rate
-    for key in keys:
-        if not callable(key):
-            raise ValueError(f"a limit's key must be a function of the step's context, got {key!r}")
-    if len(keys) == 2 and keys[0] is not keys[1]:
-        raise ValueError("concurrency= and rate= per key must use the same key function (one "
-                         "key per task)")
+    if len(keys) == 2 and not (keys[0] is keys[1] or (isinstance(keys[0], KeyPath)
+                                                      and keys[0] == keys[1])):
+        raise ValueError("concurrency= and rate= per key must use the same key (one key per "
+                         "task)")
     if concurrency is not None and (
         not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
     ):
@@ -122,6 +127,12 @@ def parse_flow_limit(concurrency: object, rate: object) -> FlowLimit | None:
         raise ValueError("a step's limits are all per key or all for the whole step: give both "
                          "as konduit.Limit/konduit.Rate with the same key")
     return FlowLimit(concurrency, rate_count, rate_seconds, keys[0] if keys else None)
+
+
+def _key(key: object) -> KeyFunction | KeyPath:
+    found = key_of(key, what="a limit's key")
+    assert found is not None
+    return found
 
 
 def rate_allowance(starts: Sequence[float], now: float, count: int, seconds: float) -> int:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
-from konduit.core import fair, shape
+from konduit.core import fair, key_paths, shape
 from konduit.core.definition_warnings import unbounded_branch_message, unbounded_optional_branches
 from konduit.core.durations import Duration, parse_duration
-from konduit.core.flow import FlowLimit, KeyContext, Limit, Rate, parse_flow_limit
+from konduit.core.flow import FlowLimit, Limit, Rate, parse_flow_limit
 from konduit.core.hedging import Hedge, parse_hedge
 from konduit.core.inputs import InputType
-from konduit.core.limit_keys import check_max_running
+from konduit.core.limit_keys import AnyKey, check_max_running
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair_contract import RepairContract
 from konduit.core.schedules import Schedule
@@ -183,11 +183,15 @@ class Workflow(WaitSteps):
     while more than that share of the workflow's executions finished in the last day went out
     degraded, and resolves when the share falls back; see docs/alerts.md.
 
-    ``fair_by=lambda input: input["customer"]``: ready work is claimed round-robin across the
-    keys it returns (a string, from the input, at each start), so one customer's backlog does
-    not hold another's execution back; see docs/fairness.md.
+    ``fair_by="input.customer"``: ready work is claimed round-robin across the keys it gives
+    (a string, from the input, at each start), so one customer's backlog does not hold
+    another's execution back; see docs/fairness.md. A path into the input (text) is data that
+    every door computes, from the App or by name without the code; a function
+    (``lambda input: input["customer"]``) is code, and a start by name without the code then
+    needs ``fair_key=``.
 
-    ``max_running=N`` (with ``key=lambda input: ...``, optional): at most N running executions
+    ``max_running=N`` (with ``key="input.customer"``, optional; a function of the input is
+    code, as for ``fair_by``): at most N running executions
     per key (without ``key``: of the workflow in all); a start past it leaves the execution
     ``pending`` until a slot frees, oldest first; see docs/many-customers.md.
     """
@@ -196,8 +200,9 @@ class Workflow(WaitSteps):
                  repair_delay: Duration | None = None,
                  alert_after_no_success: Duration | None = None,
                  degraded_budget: str | float | None = None, input: Any = None,
-                 fair_by: Callable[[Any], str] | None = None,
-                 max_running: int | None = None, key: Callable[[Any], Any] | None = None):
+                 fair_by: Callable[[Any], str] | str | None = None,
+                 max_running: int | None = None,
+                 key: Callable[[Any], Any] | str | None = None):
         if not isinstance(name, str) or not _NAME.match(name):
             raise WorkflowDefinitionError(
                 f"workflow name {name!r} must be 1-100 letters, digits, '_', '-' or '.'"
@@ -660,7 +665,7 @@ class WorkflowSpec:
         self.policy_revision: int | None = None
         # Workflow(max_running=, key=): an operating setting, out of the spec hash like the above.
         self.max_running: int | None = None
-        self.run_key: Callable[[Any], Any] | None = None
+        self.run_key: AnyKey | None = None
         if not steps:
             raise WorkflowDefinitionError("a workflow needs at least one step", workflow=name)
         for s in steps.values():
@@ -722,9 +727,26 @@ class WorkflowSpec:
         return {n: s.flow for n, s in self.steps.items() if s.flow is not None}
 
     @cached_property
-    def flow_keys(self) -> dict[str, Callable[[KeyContext], str]]:
-        """The key functions of the steps with per-key limits, by step name."""
+    def flow_keys(self) -> dict[str, AnyKey]:
+        """The keys (paths or functions) of the steps with per-key limits, by step name."""
         return {n: f.key for n, f in self.flow_limits.items() if f.key is not None}
+
+    @property
+    def start_keys(self) -> dict[str, Any] | None:
+        """How each start-time key is computed, as registered (``konduit_workflows.start_keys``,
+        migration 0030): a path any door can read, or the name of a function only the code
+        has; and ``max_running``, which a start by name must hold to as well. None when the
+        workflow has none of them."""
+        keys: dict[str, Any] = {}
+        steps = {n: key_paths.describe(k) for n, k in self.flow_keys.items()}
+        if steps:
+            keys["steps"] = steps
+        if self.max_running is not None:
+            keys["max_running"] = {"count": self.max_running,
+                                   "key": key_paths.describe(self.run_key)}
+        if self.fair_by is not None:
+            keys["fair_by"] = key_paths.describe(self.fair_by)
+        return keys or None
 
     @cached_property
     def spec_json(self) -> dict[str, Any]:

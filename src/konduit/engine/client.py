@@ -173,14 +173,16 @@ class Client(VersionReads):
                         f"workflow {spec.name!r} version {spec.version} is registered with "
                         f"a different shape; a shape change needs a new version number")
                 revision = int(updated["revision"])
-            # The declared input's schema (migration 0023): what code-less starts check. A new
+            # The declared input's schema (migration 0023) and how its start-time keys are
+            # computed (0030): what code-less starts check and compute. A new
             # row without one has nothing to set (a start's statements stay as they were). After
             # a policy update above, the stored hash is this definition's.
-            schema = spec.input_schema
-            if schema is not None or not inserted:
+            schema, keys = spec.input_schema, spec.start_keys
+            if schema is not None or keys is not None or not inserted:
                 await tx.run("workflow_set_input_schema_if_same_hash", name=spec.name,
                              version=spec.version, spec_hash=spec.spec_hash,
-                             input_schema=None if schema is None else Jsonb(schema))
+                             input_schema=None if schema is None else Jsonb(schema),
+                             start_keys=None if keys is None else Jsonb(keys))
             # Limits of a version registered before may have changed (they are not in its
             # hash); a version new here has none to lift.
             if spec.flow_limits or not inserted:

@@ -132,8 +132,8 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
     encoded = canonical_json(
         checked, what=f"input of workflow {request.workflow!r}", max_bytes=max_bytes
     )
-    # The key from the input as stored (fair_by is code: a definition read from the database
-    # has none, and its starts take turns as unkeyed ones).
+    # The key from the input as stored: a path reads it; a function is code, and a definition
+    # read from the database has only its name (a start without fair_key= is refused then).
     if request.fair_key is not None:
         key: str | None = check_key(request.fair_key,
                                     what=f"fair_key of a start of {spec.name!r}:")
@@ -206,9 +206,15 @@ def _keys(spec: WorkflowSpec, checked: Any) -> tuple[dict[str, str] | None, str 
     is written: one that fails refuses this start only, naming the step and the function)."""
     if not spec.flow_keys and spec.max_running is None:
         return None, None
-    value = spec.handler_input(checked)
-    return (limit_keys.step_keys(spec.name, spec.flow_keys, value),
-            limit_keys.run_key(spec.name, spec.max_running, spec.run_key, value))
+    made: list[Any] = []
+
+    def value() -> Any:  # the handler's view of the input, made once if a key function needs it
+        if not made:
+            made.append(spec.handler_input(checked))
+        return made[0]
+
+    return (limit_keys.step_keys(spec.name, spec.flow_keys, checked, value),
+            limit_keys.run_key(spec.name, spec.max_running, spec.run_key, checked, value))
 
 
 def at_request(index: int, exc: KonduitError) -> KonduitError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from konduit.core import key_paths
 from konduit.core.flow import FlowLimit
 from konduit.core.hedging import Hedge
 from konduit.core.inputs import InputType
@@ -98,7 +99,10 @@ def spec_from_rows(row: Row, limits: list[list[Any]]) -> WorkflowSpec:
 
 def _rebuild(row: Row, limits: list[list[Any]]) -> WorkflowSpec:
     name, stored = row["name"], row["spec"] or {}
-    flows = {step: FlowLimit(concurrency, rate_count, rate_seconds)
+    keys = row.get("start_keys") or {}
+    step_keys = keys.get("steps") or {}
+    flows = {step: FlowLimit(concurrency, rate_count, rate_seconds,
+                             key_paths.from_stored(step_keys.get(step), workflow=name, step=step))
              for step, concurrency, rate_count, rate_seconds in limits}
     steps: dict[str, StepSpec] = {}
     for s in stored.get("steps", []):
@@ -120,9 +124,18 @@ def _rebuild(row: Row, limits: list[list[Any]]) -> WorkflowSpec:
     schema = row.get("input_schema")
     spec = WorkflowSpec(name, row["version"], steps, repair=RepairContract.from_spec(stored),
                         input_type=None if schema is None else InputType(schema, workflow=name))
+    # The start-time keys (migration 0030): a path computes here as in the code; a function
+    # is a stand-in that refuses the start (KeyNeedsCode) rather than leave the key out.
+    running = keys.get("max_running")
+    if isinstance(running, dict):
+        spec.max_running = int(running["count"])
+        spec.run_key = key_paths.from_stored(running.get("key"), workflow=name,
+                                             role="max_running")
+    spec.fair_by = key_paths.from_stored(keys.get("fair_by"), workflow=name, role="fair_by")
     # What was registered, not a re-encoding of the rebuilt steps (which leaves out what only
     # code has): the template cache and registration compare these.
     spec.__dict__["spec_json"] = stored
+    spec.__dict__["stored_definition"] = True
     spec.__dict__["spec_hash"] = row["spec_hash"]
     return spec
 
@@ -158,8 +171,11 @@ class StoredSpecs:
         return self.registry.get(name, version)  # raises WorkflowNotFound naming the known ones
 
     def is_stored(self, spec: WorkflowSpec) -> bool:
-        """Whether ``spec`` was read from the database (it is registered already)."""
-        return self._loaded.get((spec.name, spec.version)) is spec
+        """Whether ``spec`` was read from the database (it is registered already). Marked on
+        the spec itself: concurrent starts each load the definition, and one start's spec may
+        no longer be the one kept; registering it as if it were code replaced the stored
+        event triggers with none."""
+        return bool(spec.__dict__.get("stored_definition"))
 
     async def load(self, db: Database, name: str, version: int | None) -> None:
         """Read the registered definition of ``name`` (``version``, else the newest) unless

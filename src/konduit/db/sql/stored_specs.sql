@@ -26,7 +26,7 @@ WHERE w.name = %(name)s AND w.version = %(version)s;
 -- name: workflow_get_with_input_schema
 -- One registered workflow version whole: the spec a code-less client starts it from, and the
 -- JSON Schema its input is checked against.
-SELECT name, version, spec_hash, spec, input_schema
+SELECT name, version, spec_hash, spec, input_schema, start_keys
 FROM konduit_workflows
 WHERE name = %(name)s AND version = %(version)s;
 
@@ -37,10 +37,13 @@ FROM konduit_workflows
 ORDER BY name;
 
 -- name: workflow_set_input_schema_if_same_hash
--- Store (or clear) the declared input's JSON Schema of a workflow version at registration: the
--- latest registration of the same definition sets it, as it sets flow limits; a different
--- definition under the version is refused by the caller and left as it is.
+-- Store (or clear) the declared input's JSON Schema and the start-time keys (migration 0030)
+-- of a workflow version at registration: the latest registration of the same definition sets
+-- them, as it sets flow limits; a different definition under the version is refused by the
+-- caller and left as it is. A row already so is not rewritten (its xmin, which code-less
+-- clients compare, stays).
 UPDATE konduit_workflows
-SET input_schema = %(input_schema)s
+SET input_schema = %(input_schema)s, start_keys = %(start_keys)s
 WHERE name = %(name)s AND version = %(version)s AND spec_hash = %(spec_hash)s
-  AND input_schema IS DISTINCT FROM %(input_schema)s;
+  AND (input_schema IS DISTINCT FROM %(input_schema)s
+       OR start_keys IS DISTINCT FROM %(start_keys)s);

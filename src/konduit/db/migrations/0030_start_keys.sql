@@ -1,0 +1,12 @@
+-- Konduit schema, version 30: how a workflow's start-time keys are computed, registered.
+--
+-- A step's per-key limit, `Workflow(max_running=, key=)` and `fair_by=` give each start keys
+-- computed from its input. Until now only a process with the workflow's code knew them: a
+-- start by name (konduit.Client, the CLI or the HTTP API without --app) left every key NULL,
+-- so a per-customer limit became one limit for all customers, and max_running did not hold.
+-- Registration now stores, beside the input schema: each keyed step's key, max_running's
+-- count and key, and fair_by, each as {"path": "input.customer"} (data: any door reads it from
+-- the input) or {"code": "module.function"} (a start without the code is refused). NULL: a
+-- workflow with none of them, or one registered before this version (registered again by the
+-- next worker or App that starts with its code).
+ALTER TABLE konduit_workflows ADD COLUMN start_keys jsonb;
