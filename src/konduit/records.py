@@ -1,4 +1,5 @@
-"""The typed records :class:`konduit.engine.client.Client` (and so :class:`konduit.App`) returns.
+"""The typed records the methods of :class:`konduit.App`, :class:`konduit.Client` and
+:class:`konduit.AsyncClient` return.
 
 Each is a frozen dataclass whose fields carry the names the dict rows of earlier releases had,
 so JSON built from them keeps its shape. A record is read by attribute (``task.status``).
