@@ -7,6 +7,7 @@ from konduit.core.fair import FairKeyError
 from konduit.core.flow import KeyContext, Limit, Rate
 from konduit.core.policies import Deadline, Join, Retry
 from konduit.core.repair import NothingToRepair
+from konduit.core.requests import StartRequest
 from konduit.core.results import Route
 from konduit.core.schedules import Schedule
 from konduit.core.search import ExecutionFilter, SearchError
@@ -15,7 +16,6 @@ from konduit.core.validation import OutputInvalid
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import Workflow, parallel, step
 from konduit.engine.client import ExecutionResult
-from konduit.engine.starts import StartRequest
 from konduit.errors import (
     AlertError,
     DatabaseError,

@@ -19,6 +19,7 @@ from uuid import UUID
 
 from konduit.core.durations import Duration, format_duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
+from konduit.core.requests import StartRequest
 from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook, check_unique
 from konduit.core.workflow import Workflow
@@ -29,7 +30,7 @@ from konduit.db.replica import Reads, read_settings
 from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
 from konduit.engine.registry import Registry
 from konduit.engine.retention import BATCH_SIZE, Prunable, retention_seconds
-from konduit.engine.starts import StartRequest, requests_of
+from konduit.engine.starts import requests_of
 from konduit.engine.waits import event_retention as event_retention_seconds
 from konduit.errors import KonduitError, WorkflowDefinitionError
 from konduit.logs import bind_worker

@@ -20,12 +20,13 @@ from uuid import UUID
 from konduit.app import ExecutionHandle
 from konduit.core.durations import Duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
+from konduit.core.requests import StartRequest
 from konduit.core.results import ExecutionResult
 from konduit.db.connect import open_database
 from konduit.db.replica import Reads, read_settings
 from konduit.engine import client as engine
 from konduit.engine.registry import Registry
-from konduit.engine.starts import StartRequest, requests_of
+from konduit.engine.starts import requests_of
 from konduit.engine.waits import SendResult
 from konduit.loop_thread import LoopThread
 from konduit.records import TriggerRecord, WorkflowRecord

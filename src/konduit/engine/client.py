@@ -19,6 +19,7 @@ from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.repair import plan_repair
 from konduit.core.repair_contract import AutoRepairState, RepairContract
 from konduit.core.repair_contract import describe as describe_auto_repair
+from konduit.core.requests import StartRequest
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.search import ExecutionFilter
 from konduit.core.triggers import describe as describe_trigger
@@ -38,7 +39,6 @@ from konduit.engine.schedules import Schedules
 from konduit.engine.search import search_executions
 from konduit.engine.stalls import open_stall
 from konduit.engine.starts import (
-    StartRequest,
     at_request,
     collapse_repeated_keys,
     insert_executions,

@@ -27,11 +27,12 @@ from typing import Any
 from uuid import UUID
 
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
+from konduit.core.requests import StartRequest
 from konduit.core.schedules import LATE_AFTER, MAX_CATCH_UP, Timing, plan_ticks, tick_key
 from konduit.core.search import MAX_TAG_VALUE
 from konduit.db.database import Database, Row, Tx
 from konduit.engine.registry import Registry
-from konduit.engine.starts import Prepared, StartRequest, insert_executions, prepare_off_loop
+from konduit.engine.starts import Prepared, insert_executions, prepare_off_loop
 from konduit.errors import DatabaseError, IdempotencyConflict, KonduitError, ScheduleNotFound
 
 log = logging.getLogger(__name__)

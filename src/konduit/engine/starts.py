@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from konduit.core import limit_keys
 from konduit.core.advance import initial_states
-from konduit.core.durations import Duration, parse_duration
+from konduit.core.durations import parse_duration
 from konduit.core.fair import check_key, fair_key
 from konduit.core.ids import uuid7
 from konduit.core.payloads import canonical_json, content_hash
+from konduit.core.requests import StartRequest
 from konduit.core.search import check_tags
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Tx
@@ -44,57 +45,6 @@ BATCH_ROWS = 2_000
 """Executions per statement: a bigger batch is split into statements of this many, all in one
 transaction (still atomic), so each statement's rows and their key checks stay a bounded chunk
 of memory on both sides."""
-
-
-@dataclass(frozen=True)
-class StartRequest:
-    """One execution for :meth:`konduit.App.start_many`: the same arguments as
-    :meth:`konduit.App.start`.
-
-    ``workflow`` is the workflow's name, started at its latest registered version unless
-    ``version`` says which. ``input`` is any JSON value. ``idempotency_key``: a key the workflow
-    already used returns that execution's id instead of starting another (with a different
-    input it raises :class:`~konduit.IdempotencyConflict`). ``deadline_at`` is the window the
-    execution should finish in; ``timeout`` (seconds or ``"10m"``) a hard limit past which it
-    ends ``timed_out``. ``tags`` (text to text) are what the execution can be searched by.
-    ``run_at`` (an aware datetime) or ``delay`` (``"10m"``) start it later: it waits as
-    ``scheduled`` until then. ``priority`` is added to each step's priority in the claim order
-    (lower first). ``fair_key`` is the key its workflow's ``fair_by`` would give (for a
-    process without the workflow's code; given, it is used instead of ``fair_by``: see
-    docs/fairness.md). A plain ``dict`` with these keys is accepted in its place.
-    """
-
-    workflow: str
-    input: Any = None
-    idempotency_key: str | None = None
-    version: int | None = None
-    deadline_at: datetime | None = None
-    timeout: Duration | None = None
-    tags: Mapping[str, str] | None = None
-    run_at: datetime | None = None
-    delay: Duration | None = None
-    priority: int = 0
-    fair_key: str | None = None
-
-    @classmethod
-    def of(cls, request: StartRequest | Mapping[str, Any]) -> StartRequest:
-        """The request itself, or one made from a dict of the same fields."""
-        if isinstance(request, StartRequest):
-            return request
-        if isinstance(request, Mapping):
-            known = {f.name for f in fields(cls)}
-            unknown = sorted(str(k) for k in request if k not in known)
-            if unknown:
-                raise KonduitError(
-                    f"unknown field(s) {', '.join(unknown)}; a start request has "
-                    f"{', '.join(sorted(known))}"
-                )
-            if "workflow" not in request:
-                raise KonduitError("a start request needs a 'workflow'")
-            return cls(**request)
-        raise KonduitError(
-            f"a start request is a konduit.StartRequest or a dict, not {type(request).__name__}"
-        )
 
 
 @dataclass

@@ -34,11 +34,12 @@ from typing import Any
 from uuid import UUID
 
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
+from konduit.core.requests import StartRequest
 from konduit.core.triggers import EventTrigger, TriggerCodeFailed, apply_code
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine.registry import Registry
-from konduit.engine.starts import StartRequest, insert_executions, prepare_off_loop
+from konduit.engine.starts import insert_executions, prepare_off_loop
 from konduit.errors import DatabaseError, IdempotencyConflict, KonduitError
 from konduit.threads import HandlerThreads, call_within
 

@@ -46,6 +46,7 @@ from konduit.core.model import (
 )
 from konduit.core.outcome import Ending, Final, decide, policy_of
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
+from konduit.core.requests import StartRequest
 from konduit.core.waits import (
     DEFAULT_EVENT_RETENTION,
     Armed,
@@ -60,7 +61,7 @@ from konduit.engine.advancer import Advanced
 from konduit.engine.completer import record_many
 from konduit.engine.finish import ChildEnded
 from konduit.engine.registry import Registry
-from konduit.engine.starts import StartRequest, insert_executions, prepare_off_loop
+from konduit.engine.starts import insert_executions, prepare_off_loop
 from konduit.errors import KonduitError
 
 log = logging.getLogger(__name__)

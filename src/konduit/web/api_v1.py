@@ -23,12 +23,12 @@ from konduit import tracing
 from konduit.app import App
 from konduit.core.durations import parse_duration
 from konduit.core.fair import FairKeyError
+from konduit.core.requests import StartRequest
 from konduit.core.search import check_tags, search_filter
 from konduit.core.triggers import TriggerCodeFailed
 from konduit.engine.client import Client
 from konduit.engine.later import start_time
 from konduit.engine.registry import workflow_key
-from konduit.engine.starts import StartRequest
 from konduit.engine.stored import NoCode
 from konduit.errors import (
     AlertError,
