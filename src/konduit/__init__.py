@@ -1,6 +1,7 @@
 """Konduit: durable DAG workflows on PostgreSQL with an exactly-once join."""
 
-from konduit.app import App, ExecutionHandle
+from konduit._blocking import ExecutionHandle
+from konduit.app import App
 from konduit.client import AsyncClient, AsyncExecutionHandle, Client
 from konduit.core.context import Context
 from konduit.core.fair import FairKeyError

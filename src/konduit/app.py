@@ -1,7 +1,9 @@
 """``konduit.App``: the registry of workflows plus a synchronous face over the async core.
 
-Sync calls run on a private event-loop thread (one per App), so there is one implementation of
-every operation, in :mod:`konduit.engine.client`, and no hand-written sync twin.
+Every operation is defined once, in :class:`konduit.operations.AsyncOperations`; the App's
+blocking methods are generated from it (:class:`konduit._blocking.Operations`) and run on a
+private event-loop thread (one per App), so there is no hand-written sync twin. What is the
+App's own is here: its workflows, the schema's migrations, and running a worker.
 """
 
 from __future__ import annotations
@@ -12,48 +14,32 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping
-from datetime import datetime
-from typing import Any, Protocol, TypeVar, overload
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, TypeVar, overload
 from uuid import UUID
 
+from konduit._blocking import ExecutionHandle, Operations
 from konduit.core.durations import Duration, format_duration
 from konduit.core.payloads import DEFAULT_MAX_BYTES
-from konduit.core.requests import StartRequest
-from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook, check_unique
 from konduit.core.workflow import Workflow
 from konduit.db.connect import open_database
 from konduit.db.database import Database, resolve_url
 from konduit.db.migrate import migrate
 from konduit.db.replica import Reads, read_settings
-from konduit.engine.client import Client, ExecutionResult, coerce_execution_id
+from konduit.engine.client import Client, coerce_execution_id
 from konduit.engine.registry import Registry
-from konduit.engine.retention import BATCH_SIZE, Prunable, retention_seconds
-from konduit.engine.starts import requests_of
+from konduit.engine.retention import retention_seconds
 from konduit.engine.waits import event_retention as event_retention_seconds
 from konduit.errors import KonduitError, WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.loop_thread import LoopThread
-from konduit.observe.alerts import AlertRecord
+from konduit.operations import AsyncOperations
 from konduit.records import (
-    AttemptLog,
-    DeadLetter,
-    ExecutionFound,
     MigrationRecord,
-    OutputVersion,
-    Payload,
-    ScheduleRecord,
-    StepRecord,
-    TaskRecord,
-    TriggerRecord,
-    VersionState,
-    WebhookDelivery,
-    WorkerRecord,
 )
 from konduit.tracing import AttemptTracer, Tracing
 from konduit.tracing import active as tracing_active
-from konduit.tracing import capture as capture_trace
 from konduit.tracing import check_mode as check_tracing
 from konduit.worker.config import WorkerConfig
 from konduit.worker.worker import Worker
@@ -62,41 +48,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class Operates(Protocol):
-    """What a handle calls: :class:`App` or :class:`konduit.Client`."""
-
-    def wait(self, execution_id: UUID | str, timeout: float | None = None) -> ExecutionResult: ...
-
-    def status(self, execution_id: UUID | str) -> ExecutionResult: ...
-
-    def cancel(self, execution_id: UUID | str) -> bool: ...
-
-
-class ExecutionHandle:
-    """A started execution (of an :class:`App` or a :class:`konduit.Client`)."""
-
-    def __init__(self, app: Operates, execution_id: UUID):
-        self.app = app
-        self.id = execution_id
-
-    def wait(self, timeout: float | None = None) -> ExecutionResult:
-        """Block until it finishes: the result if it succeeded; raises ``ExecutionFailed`` if it
-        failed, timed out or was cancelled, ``TimeoutError`` if still running after ``timeout``."""
-        return self.app.wait(self.id, timeout)
-
-    def status(self) -> ExecutionResult:
-        """How the execution stands now."""
-        return self.app.status(self.id)
-
-    def cancel(self) -> bool:
-        """Cancel it; False when it had already finished."""
-        return self.app.cancel(self.id)
-
-    def __repr__(self) -> str:
-        return f"ExecutionHandle({self.id})"
-
-
-class App:
+class App(Operations):
     """The workflows an application knows and the database they run on.
 
     ``database_url`` falls back to ``KONDUIT_DATABASE_URL``, then to the embedded server (which
@@ -154,6 +106,7 @@ class App:
         self._loop: LoopThread | None = None
         self._client: Client | None = None
         self._lock = threading.Lock()
+        self._operations = _AppOperations(self)
 
     def add(self, workflow: Workflow) -> None:
         """Register one more workflow (before the first start or worker)."""
@@ -187,8 +140,12 @@ class App:
                 self._loop = LoopThread("konduit-app")
             return self._loop
 
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the App's loop thread (made on first use, by one thread however many
+        ask at once) and wait for it: the one hop of every blocking operation."""
         return self._portal().run(coro)
+
+    _call = _run
 
     async def _open_database(self, max_size: int, *, name: str = "konduit",
                              check_schema: bool = True, wait: float | None = 0.0) -> Database:
@@ -211,235 +168,24 @@ class App:
                             event_retention=self.event_retention,
                             tracing=self.tracing,
                             reads=Reads(db, self.read_database_url, max_lag=self.read_max_lag))
-            # Before the first finish this App's process may commit (a cancel): the outbox
-            # statement reads the registered webhooks.
-            await client.register_webhooks(self.webhooks)
-            self._client = client
+            try:
+                # Before the first finish this App's process may commit (a cancel): the outbox
+                # statement reads the registered webhooks.
+                await client.register_webhooks(self.webhooks)
+            except BaseException:
+                await client.close()
+                raise
+            if self._client is not None:  # another first call made one meanwhile: keep that
+                await client.close()
+            else:
+                self._client = client
         return self._client
 
-    def _do(self, call: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
-        """Run one Client coroutine on the App's loop thread: the whole sync face is this, so
-        each method is one hop to the loop (the client is made there on first use)."""
-
-        async def through_client() -> T:
-            return await call(await self.client_async())
-
-        return self._call(through_client())
-
-    # -- the API --------------------------------------------------------------------------------
-
-    def start(
-        self,
-        workflow: str,
-        input: Any = None,
-        *,
-        idempotency_key: str | None = None,
-        version: int | None = None,
-        deadline_at: datetime | None = None,
-        timeout: Duration | None = None,
-        tags: Mapping[str, str] | None = None,
-        run_at: datetime | None = None,
-        delay: Duration | None = None,
-        priority: int = 0,
-        fair_key: str | None = None,
-    ) -> ExecutionHandle:
-        """Start an execution of the latest registered version (or ``version``); see
-        :meth:`konduit.engine.client.Client.start`. ``tags`` are searched by
-        (:meth:`search`); ``run_at``/``delay`` start it later (status ``scheduled`` until
-        then); ``priority`` is added to its steps' priorities (lower is claimed first);
-        ``fair_key`` is used instead of the workflow's ``fair_by`` (docs/fairness.md)."""
-        # The caller's span is in this thread's context, not in the App's loop thread.
-        trace_context = capture_trace(self.tracing, workflow)
-        eid = self._do(
-            lambda c: c.start(workflow, input, idempotency_key=idempotency_key, version=version,
-                              deadline_at=deadline_at, timeout=timeout,
-                              trace_context=trace_context, tags=tags, run_at=run_at,
-                              delay=delay, priority=priority, fair_key=fair_key)
-        )
-        return ExecutionHandle(self, eid)
-
-    def start_many(
-        self, requests: Iterable[StartRequest | Mapping[str, Any]]
-    ) -> builtins.list[ExecutionHandle]:
-        """Start many executions in one transaction and a few statements; handles come back in
-        request order. Each request is a :class:`konduit.StartRequest` or a dict of its fields
-        (``workflow``, ``input``, ``idempotency_key``, ``version``, ``deadline_at``,
-        ``timeout``, ``tags``, ``run_at``, ``delay``, ``priority``); all start or none does. See
-        :meth:`konduit.engine.client.Client.start_many`."""
-        checked = requests_of(requests)
-        trace_context = capture_trace(self.tracing, checked[0].workflow) if checked else None
-        ids = self._do(lambda c: c.start_many(checked, trace_context=trace_context))
-        return [ExecutionHandle(self, eid) for eid in ids]
+    # -- the API: every operation of AsyncOperations (generated), and the App's own ----------
 
     def handle(self, execution_id: UUID | str) -> ExecutionHandle:
         """A handle on an execution started elsewhere (by id)."""
         return ExecutionHandle(self, coerce_execution_id(execution_id))
-
-    def wait(self, execution_id: UUID | str, timeout: float | None = None) -> ExecutionResult:
-        """Block until the execution finishes; see :meth:`ExecutionHandle.wait`."""
-        return self._do(lambda c: c.wait(execution_id, timeout))
-
-    def status(self, execution_id: UUID | str) -> ExecutionResult:
-        """How an execution stands now: status, output, error, each step's outcome."""
-        return self._do(lambda c: c.get(execution_id))
-
-    def cancel(self, execution_id: UUID | str) -> bool:
-        """Cancel a running execution; False when it had already finished."""
-        return self._do(lambda c: c.cancel(execution_id))
-
-    def send_event(self, name: str, *, key: str | None = None,
-                   execution_id: UUID | str | None = None, payload: Any = None) -> str:
-        """Send the event ``name`` to the step that waits for it (``wf.wait_for_event``), by
-        ``key`` (what the step's ``key=`` computed), by ``execution_id``, or both. Returns
-        ``"woke"`` (a waiting task took it before its deadline and succeeds with ``payload``),
-        ``"stored"`` (no task waits yet, but one may: a registered workflow's keyed step waits
-        for this event, in an execution running or not started yet, or the named execution has
-        not reached its step; it is kept for the step's ``retention=``, else ``event_retention``,
-        and the first matching task that waits before then consumes it) or ``"no match"`` (no
-        step could ever take it: no workflow waits for this event by key, the named execution
-        is unknown or finished, or its step already ended; nothing is kept). An event is
-        consumed at most once (docs/durable-waits.md)."""
-        return self._do(lambda c: c.send_event(name, key=key, execution_id=execution_id,
-                                               payload=payload))
-
-    def repair(self, execution_id: UUID | str) -> builtins.list[str]:
-        """Re-run the degraded/failed branches of a finished execution and what depends on
-        them; returns the steps that run again. See :meth:`konduit.engine.client.Client.repair`."""
-        return self._do(lambda c: c.repair(execution_id))
-
-    def prune(self, older_than: Duration, *, include_dead_letters: bool = False,
-              batch_size: int = BATCH_SIZE) -> int:
-        """Delete executions that finished more than ``older_than`` ago (``"7d"``, or seconds)
-        with every row of theirs, ``batch_size`` executions per transaction; returns how many
-        executions were deleted. Pending and running executions are never touched; executions
-        holding a dead letter that no repair superseded are kept unless
-        ``include_dead_letters``. See :mod:`konduit.engine.retention`."""
-        return self._do(lambda c: c.prune(older_than, include_dead_letters=include_dead_letters,
-                                          batch_size=batch_size))
-
-    def count_prunable(self, older_than: Duration) -> Prunable:
-        """What :meth:`prune` with the same ``older_than`` would consider, deleting nothing:
-        ``finished`` executions, ``dead_letters`` of them held by a dead letter."""
-        return self._do(lambda c: c.count_prunable(older_than))
-
-    def auto_repair_status(self, execution_id: UUID | str) -> str | None:
-        """How the automatic repair (``repair_within``) of an execution stands, as one line
-        (``auto-repaired at ... (repair_within=24h)``, ``auto-repair pending: ...``), or None
-        when its workflow has no repair contract or the execution is not covered by it."""
-        return self._do(lambda c: c.auto_repair_status(execution_id))
-
-    def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
-        """Every output version of an execution, oldest first (repairs add versions)."""
-        return self._do(lambda c: c.outputs(execution_id))
-
-    def payloads(self, execution_id: UUID | str) -> builtins.list[Payload]:
-        """Every payload of an execution's tasks, late results included; see
-        :meth:`konduit.engine.client.Client.payloads`."""
-        return self._do(lambda c: c.payloads(execution_id))
-
-    def list(self, *, status: str | None = None, workflow: str | None = None,
-             limit: int = 50, **search: Any) -> builtins.list[ExecutionResult]:
-        """Recent executions, newest first (without outputs: use :meth:`status`); given any
-        part of a search (``tags``, ``idempotency_key``, ``input``, ``since``, ``until``,
-        ``id_prefix``, ``version``), the ones it finds (:meth:`search` returns them with
-        their tags)."""
-        return self._do(lambda c: c.list(status=status, workflow=workflow, limit=limit,
-                                         **search))
-
-    def search(self, where: ExecutionFilter | None = None, *,
-               limit: int = 50, **parts: Any) -> builtins.list[ExecutionFound]:
-        """Find executions, newest first: by ``where`` (a :class:`konduit.ExecutionFilter`) or
-        its parts as keywords (``id_prefix``, ``idempotency_key``, ``tags``, ``input``,
-        ``status``, ``workflow``, ``version``, ``since``, ``until``). Index-backed."""
-        if where is not None and parts:
-            raise KonduitError("give a filter or its parts as keywords, not both")
-        try:
-            found = where if where is not None else ExecutionFilter(**parts)
-        except TypeError as exc:
-            raise KonduitError(f"search: {exc}") from None
-        return self._do(lambda c: c.search(found, limit=limit))
-
-    def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
-        """Every task of an execution (all generations), with attempts and errors."""
-        return self._do(lambda c: c.tasks(execution_id))
-
-    def steps(self, execution_id: UUID | str) -> builtins.list[StepRecord]:
-        """Every step of an execution with its join counters and timings (fan-in wait)."""
-        return self._do(lambda c: c.steps(execution_id))
-
-    def attempt_logs(self, execution_id: UUID | str) -> builtins.list[AttemptLog]:
-        """What the execution's handlers logged (``logging`` and ``ctx.log``), attempt by
-        attempt, oldest first; attempts that logged nothing are left out."""
-        return self._do(lambda c: c.attempt_logs(execution_id))
-
-    def dead_letters(self, limit: int = 50) -> builtins.list[DeadLetter]:
-        """Tasks that failed for good (retries exhausted or non-retryable), newest first."""
-        return self._do(lambda c: c.dead_letters(limit))
-
-    def workers(self, stale_seconds: float | None = None) -> builtins.list[WorkerRecord]:
-        """Live workers; see :meth:`konduit.engine.client.Client.workers`."""
-        return self._do(lambda c: c.workers(stale_seconds))
-
-    def alerts(self, *, include_resolved: bool = False, kind: str | None = None,
-               workflow: str | None = None, limit: int = 100) -> builtins.list[AlertRecord]:
-        """Stored alerts (window at risk, fan-in wait, no recent success, execution stalled),
-        newest first: the open ones, or resolved ones too; see docs/alerts.md."""
-        return self._do(lambda c: c.alerts(include_resolved=include_resolved, kind=kind,
-                                           workflow=workflow, limit=limit))
-
-    def stall(self, execution_id: UUID | str) -> AlertRecord | None:
-        """The open ``execution_stalled`` alert of an execution (nothing of it can run and the
-        stall watchdog could not move it), or None; see docs/alerts.md."""
-        return self._do(lambda c: c.stall(execution_id))
-
-    def webhook_deliveries(self, *, status: str | None = None,
-                           execution_id: UUID | str | None = None,
-                           limit: int = 100) -> builtins.list[WebhookDelivery]:
-        """Webhook deliveries, newest first (optionally of one status: pending, delivered,
-        failed, refused; or of one execution): id, event, url, status, attempts, last_error,
-        last_status_code, execution_id, alert_id, created_at, last_attempt_at, delivered_at,
-        next_attempt_at. See docs/webhooks.md."""
-        return self._do(lambda c: c.webhook_deliveries(status=status, execution_id=execution_id,
-                                                       limit=limit))
-
-    def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
-        """Send a failed or refused delivery again now; False when it is not one."""
-        return self._do(lambda c: c.retry_webhook_delivery(delivery_id))
-
-    def unregister_webhooks(self, webhooks: Iterable[Webhook]) -> int:
-        """Stop writing deliveries for webhooks an App no longer has (the database keeps the
-        webhooks Apps registered until told otherwise); returns how many were registered."""
-        return self._do(lambda c: c.unregister_webhooks(webhooks))
-
-    def workflow_served(self, name: str, version: int) -> bool:
-        """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
-        return self._do(lambda c: c.workflow_served(name, version))
-
-    def versions(self, workflow: str | None = None) -> builtins.list[VersionState]:
-        """Per registered workflow version (or those of ``workflow``): running executions and the
-        live workers serving it (``unserved`` when none does); see docs/changing-workflows.md."""
-        return self._do(lambda c: c.versions(workflow))
-
-    def schedules(self) -> builtins.list[ScheduleRecord]:
-        """Every stored schedule with its next tick and the execution of its latest tick; see
-        :meth:`konduit.engine.schedules.Schedules.list`. Schedules are stored when a worker of
-        the App that defines them starts."""
-        return self._do(lambda c: c.schedules())
-
-    def triggers(self, workflow: str | None = None) -> builtins.list[TriggerRecord]:
-        """The stored event triggers (``wf.on_event``, of ``workflow``) with their open bursts
-        or batches, pending events and last event; docs/events.md."""
-        return self._do(lambda c: c.triggers(workflow))
-
-    def pause_schedule(self, name: str) -> bool:
-        """Stop starting ``name``'s ticks (in every worker) until :meth:`resume_schedule`;
-        False when it was paused already. Raises :class:`konduit.ScheduleNotFound`."""
-        return self._do(lambda c: c.pause_schedule(name))
-
-    def resume_schedule(self, name: str) -> bool:
-        """Start ``name``'s ticks again; its ``missed`` policy decides what becomes of the
-        ticks that passed while it was paused. False when it was not paused."""
-        return self._do(lambda c: c.resume_schedule(name))
 
     @overload
     def migrate(self) -> builtins.list[str]: ...
@@ -456,21 +202,13 @@ class App:
         its workflow (docs/migrating-executions.md). Allowed when every step that started or
         ended exists in version ``N`` with the same upstreams; the rest then follows version
         ``N``'s DAG. Raises :class:`konduit.MigrationRefused` (``.step`` names the step at
-        fault) otherwise. See :meth:`konduit.engine.client.Client.migrate`."""
+        fault) otherwise."""
         if execution_id is not None or to_version is not None:
             if execution_id is None or to_version is None:
                 raise KonduitError("migrate(execution_id, to_version=N) needs both: the "
                                    "execution and the version to move it to")
-            eid, target = execution_id, to_version
-            return self._do(lambda c: c.migrate(eid, target))
+            return self._run(self._operations.migrate(execution_id, to_version=to_version))
         return self.migrate_schema()
-
-    def migrate_workflow(self, workflow: str, from_version: int,
-                         to_version: int) -> builtins.list[MigrationRecord]:
-        """Migrate every running execution of ``workflow`` at ``from_version`` to
-        ``to_version``, each on its own; refused ones come back with ``migrated=False`` and
-        the reason. See :meth:`konduit.engine.client.Client.migrate_workflow`."""
-        return self._do(lambda c: c.migrate_workflow(workflow, from_version, to_version))
 
     def migrate_schema(self) -> builtins.list[str]:
         """Apply the schema migrations this konduit needs; returns the ones applied."""
@@ -555,6 +293,17 @@ class App:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _AppOperations(AsyncOperations):
+    """The App's operations as coroutines: on its engine client (its workflows' code first,
+    else the definitions registered in the database), made on the App's loop."""
+
+    def __init__(self, app: App):
+        self.app = app
+
+    async def _engine(self) -> Client:
+        return await self.app.client_async()
 
 
 class _WorkerRun:

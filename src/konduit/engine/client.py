@@ -200,19 +200,11 @@ class Client(VersionReads):
 
     async def start(
         self,
-        workflow: str,
+        workflow: StartRequest | str,
         input: Any = None,
         *,
-        idempotency_key: str | None = None,
-        version: int | None = None,
-        deadline_at: datetime | None = None,
-        timeout: Duration | None = None,
         trace_context: TraceContext | None = None,
-        tags: Mapping[str, str] | None = None,
-        run_at: datetime | None = None,
-        delay: Duration | None = None,
-        priority: int = 0,
-        fair_key: str | None = None,
+        **options: Any,
     ) -> UUID:
         """Start an execution and return its id; the same idempotency key returns the same id.
 
@@ -232,13 +224,15 @@ class Client(VersionReads):
         the database (its newest version unless ``version`` says which); an unknown name
         raises :class:`~konduit.WorkflowNotFound` naming the registered ones. An input that
         does not match the workflow's ``input=`` raises :class:`~konduit.InputValidationError`
-        naming each field; nothing is written then."""
-        request = StartRequest(workflow, input, idempotency_key, version, deadline_at, timeout,
-                               tags=tags, run_at=run_at, delay=delay, priority=priority,
-                               fair_key=fair_key)
+        naming each field; nothing is written then.
+
+        The start is a :class:`~konduit.StartRequest`, passed unchanged by every face; the
+        workflow's name, ``input`` and the request's other fields as keywords build one."""
+        request = (workflow if isinstance(workflow, StartRequest)
+                   else StartRequest(workflow, input, **options))
         if trace_context is None:
-            trace_context = capture(self.tracing, workflow)
-        await self.specs.load(self.db, workflow, version)
+            trace_context = capture(self.tracing, request.workflow)
+        await self.specs.load(self.db, request.workflow, request.version)
         prepared = await prepare_off_loop(self.specs, request, max_bytes=self.max_payload_bytes,
                                           trace=trace_context)
         await self._register_unless_stored(prepared.spec)
