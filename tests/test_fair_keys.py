@@ -422,7 +422,7 @@ def test_a_process_without_the_code_gives_the_key_itself(make_app, db_url):
         later = datetime.now(UTC) + timedelta(hours=1)
         one = client.start("keyed", {"customer": "x"}, fair_key="umbrella",
                            tags={"team": "billing"}, run_at=later, priority=-3)
-        delayed = client.start("keyed", {"customer": "x"}, delay="1h")
+        delayed = client.start("keyed", {"customer": "x"}, delay="1h", fair_key="x")
     found = {r.id: r.fair_key for r in app.search(workflow="keyed")}
     assert found[given.id] == "acme"
     with psycopg.connect(db_url) as conn:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from konduit.core.masking import mask_password
 
@@ -11,7 +14,45 @@ if TYPE_CHECKING:
 
 
 class KonduitError(Exception):
-    """Base class of every error raised by konduit."""
+    """Base class of every error raised by konduit.
+
+    An error carries its facts as attributes, for programs (the HTTP API reads them; no face
+    parses a message): ``code``, the error's kind as text (``"input_validation_error"``: its
+    class's name, in snake case); ``field``, the field of the request at fault when one is
+    (``"input"``, ``"fair_key"``, ``"timeout"``), else None; ``index``, the position of the
+    request at fault in a batch (``start_many``), else None."""
+
+    code: str = "konduit_error"
+    field: str | None = None
+    index: int | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" not in cls.__dict__:
+            cls.code = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+
+
+E = TypeVar("E", bound=KonduitError)
+
+
+def blamed(exc: E, field: str, *, index: int | None = None) -> E:
+    """``exc`` with ``field`` (unless it names one already) and ``index`` set: who is at fault
+    is decided where the fault is found, not read back from its message."""
+    if exc.field is None:
+        exc.field = field
+    if index is not None:
+        exc.index = index
+    return exc
+
+
+@contextmanager
+def blame(field: str) -> Iterator[None]:
+    """Whatever :class:`KonduitError` the block raises names ``field`` (unless it names one
+    already)."""
+    try:
+        yield
+    except KonduitError as exc:
+        raise blamed(exc, field) from exc.__cause__
 
 
 class WorkflowDefinitionError(KonduitError):
@@ -57,6 +98,8 @@ class MigrationRefused(KonduitError):
 
 class IdempotencyConflict(KonduitError):
     """An idempotency key was reused with a different input."""
+
+    field = "idempotency_key"
 
 
 class ExecutionNotFound(KonduitError):

@@ -16,7 +16,7 @@ from uuid import UUID
 
 from konduit.core.durations import Duration, parse_duration
 from konduit.db.database import Database
-from konduit.errors import KonduitError
+from konduit.errors import KonduitError, blame, blamed
 
 MAX_PRIORITY = 1_000_000
 """The bound of ``priority=``: it is added to each step's priority in a 32-bit column."""
@@ -27,27 +27,32 @@ def start_time(run_at: datetime | None, delay: Duration | None) -> tuple[datetim
     """``run_at`` and ``delay`` of a start, checked: at most one, an aware datetime or a
     duration of zero or more. (The delay is counted from the database's clock, at insert.)"""
     if run_at is not None and delay is not None:
-        raise KonduitError("give run_at or delay, not both")
+        raise blamed(KonduitError("give run_at or delay, not both"), "delay")
     if run_at is not None:
         if not isinstance(run_at, datetime):
-            raise KonduitError(f"run_at is a datetime, not {type(run_at).__name__}")
+            raise blamed(KonduitError(f"run_at is a datetime, not {type(run_at).__name__}"),
+                         "run_at")
         if run_at.tzinfo is None:
-            raise KonduitError(f"run_at {run_at}: give a time zone (an aware datetime)")
+            raise blamed(KonduitError(f"run_at {run_at}: give a time zone (an aware datetime)"),
+                         "run_at")
         return run_at, None
     if delay is None:
         return None, None
-    seconds = parse_duration(delay, what="delay")
+    with blame("delay"):
+        seconds = parse_duration(delay, what="delay")
     if seconds < 0:
-        raise KonduitError(f"delay {delay!r}: not negative")
+        raise blamed(KonduitError(f"delay {delay!r}: not negative"), "delay")
     return None, seconds
 
 
 def check_priority(priority: Any) -> int:
     """An execution's priority: a whole number; lower is claimed first, as a step's."""
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise KonduitError(f"priority is a whole number, not {type(priority).__name__}")
+        raise blamed(KonduitError(f"priority is a whole number, not {type(priority).__name__}"),
+                     "priority")
     if abs(priority) > MAX_PRIORITY:
-        raise KonduitError(f"priority {priority}: between -{MAX_PRIORITY} and {MAX_PRIORITY}")
+        raise blamed(KonduitError(f"priority {priority}: between -{MAX_PRIORITY} and "
+                                  f"{MAX_PRIORITY}"), "priority")
     return priority
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from konduit.core.schedules import Schedule
 from konduit.core.workflow import Workflow, WorkflowSpec
-from konduit.errors import KonduitError, WorkflowDefinitionError, WorkflowNotFound
+from konduit.errors import KonduitError, WorkflowDefinitionError, WorkflowNotFound, blamed
 
 
 def workflow_key(name: str, version: int) -> str:
@@ -62,4 +62,7 @@ class Registry:
             return self._specs[(name, version)]
         known = ", ".join(sorted({n for n, _ in self._specs})) or "none"
         what = f"{name!r}" + (f" version {version}" if version is not None else "")
-        raise WorkflowNotFound(f"unknown workflow {what}; registered workflows: {known}")
+        field = "version" if version is not None and any(n == name for n, _ in self._specs) \
+            else "workflow"
+        raise blamed(WorkflowNotFound(f"unknown workflow {what}; registered workflows: {known}"),
+                     field)

@@ -30,7 +30,7 @@ from konduit.engine.later import check_priority, start_time
 from konduit.engine.limit_keys import KeyedStart, store_and_admit
 from konduit.engine.registry import workflow_key
 from konduit.engine.stored import SpecSource
-from konduit.errors import IdempotencyConflict, KonduitError
+from konduit.errors import IdempotencyConflict, KeyNeedsCode, KonduitError, blame, blamed
 from konduit.threads import HandlerThreads, call_within
 from konduit.tracing import TraceContext
 
@@ -71,25 +71,31 @@ class Prepared:
 def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
             trace: TraceContext | None = None) -> Prepared:
     """Check one request before anything is written: its timeout, workflow and input."""
-    timeout_seconds = (
-        None if request.timeout is None else parse_duration(request.timeout, what="timeout")
-    )
-    tags = check_tags(request.tags)
+    with blame("timeout"):
+        timeout_seconds = (
+            None if request.timeout is None else parse_duration(request.timeout, what="timeout")
+        )
+    with blame("tags"):
+        tags = check_tags(request.tags)
     run_at, delay_seconds = start_time(request.run_at, request.delay)
     priority = check_priority(request.priority)
-    spec = registry.get(request.workflow, request.version)
-    checked = spec.check_input(request.input)
-    encoded = canonical_json(
-        checked, what=f"input of workflow {request.workflow!r}", max_bytes=max_bytes
-    )
+    with blame("version" if request.version is not None else "workflow"):
+        spec = registry.get(request.workflow, request.version)
+    with blame("input"):
+        checked = spec.check_input(request.input)
+        encoded = canonical_json(
+            checked, what=f"input of workflow {request.workflow!r}", max_bytes=max_bytes
+        )
     # The key from the input as stored: a path reads it; a function is code, and a definition
     # read from the database has only its name (a start without fair_key= is refused then).
     if request.fair_key is not None:
-        key: str | None = check_key(request.fair_key,
-                                    what=f"fair_key of a start of {spec.name!r}:")
+        with blame("fair_key"):
+            key: str | None = check_key(request.fair_key,
+                                        what=f"fair_key of a start of {spec.name!r}:")
     else:
-        key = None if spec.fair_by is None else fair_key(spec.fair_by, checked,
-                                                         workflow=spec.name)
+        with blame("input"):
+            key = None if spec.fair_by is None else fair_key(spec.fair_by, checked,
+                                                             workflow=spec.name)
     keys, run = _keys(spec, checked)
     return Prepared(
         id=uuid7(),
@@ -152,6 +158,16 @@ async def prepare_many_off_loop(registry: SpecSource, requests: list[StartReques
 
 
 def _keys(spec: WorkflowSpec, checked: Any) -> tuple[dict[str, str] | None, str | None]:
+    try:
+        return _computed_keys(spec, checked)
+    except KeyNeedsCode:
+        raise  # no field of the request is at fault: the process lacks the code
+    except KonduitError as exc:
+        raise blamed(exc, "input") from exc.__cause__
+
+
+def _computed_keys(spec: WorkflowSpec,
+                   checked: Any) -> tuple[dict[str, str] | None, str | None]:
     """The keys of a start's per-key limits (the user's key functions run here, before anything
     is written: one that fails refuses this start only, naming the step and the function)."""
     if not spec.flow_keys and spec.max_running is None:
@@ -173,8 +189,9 @@ def at_request(index: int, exc: KonduitError) -> KonduitError:
     try:
         again = type(exc)(message)
     except TypeError:  # an error class whose constructor wants more than a message
-        return KonduitError(message)
+        again = KonduitError(message)
     again.__dict__.update(exc.__dict__)  # what it carries besides (InputValidationError.errors)
+    again.index = index
     return again
 
 
@@ -190,10 +207,10 @@ def collapse_repeated_keys(batch: list[Prepared]) -> list[int]:
             continue
         j = first.setdefault((p.spec.name, p.idempotency_key), i)
         if batch[j].input_hash != p.input_hash:
-            raise IdempotencyConflict(
+            raise blamed(IdempotencyConflict(
                 f"idempotency key {p.idempotency_key!r} is used by start requests {j} and {i} "
                 f"of {p.spec.name!r} with different inputs"
-            )
+            ), "idempotency_key", index=i)
         owner.append(j)
     return owner
 

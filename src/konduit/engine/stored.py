@@ -23,7 +23,7 @@ from konduit.core.waits import WaitSpec
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Database, Row
 from konduit.engine.registry import Registry
-from konduit.errors import KonduitError, WorkflowNotFound
+from konduit.errors import KonduitError, WorkflowNotFound, blamed
 
 
 class SpecSource(Protocol):
@@ -210,10 +210,12 @@ class StoredSpecs:
         names = sorted({r["name"] for r in await db.all("workflow_list_names")}
                        | {spec.name for spec in self.registry})
         if version is not None and name in names:
-            raise WorkflowNotFound(f"workflow {name!r} has no version {version} registered")
-        raise WorkflowNotFound(
+            raise blamed(WorkflowNotFound(f"workflow {name!r} has no version {version} "
+                                          "registered"), "version")
+        raise blamed(WorkflowNotFound(
             f"unknown workflow {name!r}; registered workflows: {', '.join(names) or 'none'} "
-            "(a workflow is registered when a worker or App that has its code starts)")
+            "(a workflow is registered when a worker or App that has its code starts)"),
+            "workflow")
 
 
 def refuse_map_repair_without_code(specs: StoredSpecs, name: str, version: int) -> None:

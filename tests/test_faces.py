@@ -1,0 +1,293 @@
+"""The faces of one operation agree: ``App``, ``konduit.Client`` and ``konduit.AsyncClient``
+have every operation of :class:`konduit.operations.AsyncOperations` with the same parameters
+and docstring (the blocking ones are generated: ``scripts/async_to_sync.py``, whose output
+must be checked in), the HTTP API's OpenAPI document and the command line take the same
+parameters (under the names listed below), and what is missing from a door is declared here
+with the reason. A parameter removed from any one face fails this module (shown in
+``test_the_parity_check_fails_when_a_face_drops_a_parameter``).
+
+Also the promises of the code-less Client that broke at its edges: any number of threads may
+make its first calls at once, and it finds executions by tag, key, input and time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+import konduit
+from konduit.cli import cli as cli_app
+from konduit.operations import AsyncOperations
+from konduit.web import create_app, database_client
+
+ROOT = Path(__file__).resolve().parents[1]
+
+OPERATIONS = sorted(name for name, member in inspect.getmembers(AsyncOperations)
+                    if inspect.iscoroutinefunction(member) and not name.startswith("_"))
+
+FACES: dict[str, type] = {"App": konduit.App, "Client": konduit.Client,
+                          "AsyncClient": konduit.AsyncClient}
+
+# A face whose method takes more than the operation, on purpose.
+FACE_EXCEPTIONS = {
+    ("App", "migrate"): "without arguments it migrates the schema (konduit db migrate)",
+}
+
+
+def _parameters(fn: Callable[..., Any]) -> list[tuple[str, Any, Any]]:
+    """(name, kind, default) of each parameter but ``self``; annotations are compared apart
+    (a blocking face returns blocking handles)."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()
+            if p.name != "self"]
+
+
+def face_drift(faces: dict[str, type]) -> list[str]:
+    """What differs between each face's operations and the async definition."""
+    drift = []
+    for face, cls in faces.items():
+        for op in OPERATIONS:
+            if (face, op) in FACE_EXCEPTIONS:
+                continue
+            mine = getattr(cls, op, None)
+            if mine is None:
+                drift.append(f"{face} has no {op}")
+                continue
+            want = getattr(AsyncOperations, op)
+            if _parameters(mine) != _parameters(want):
+                drift.append(f"{face}.{op}{inspect.signature(mine)} is not "
+                             f"{op}{inspect.signature(want)}")
+            if inspect.getdoc(mine) != inspect.getdoc(want):
+                drift.append(f"{face}.{op} has another docstring")
+    return drift
+
+
+def test_the_generated_blocking_face_is_up_to_date() -> None:
+    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "async_to_sync.py"),
+                            "--check"], capture_output=True, text=True, cwd=ROOT)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_every_face_has_every_operation_with_the_same_signature_and_docstring() -> None:
+    assert len(OPERATIONS) >= 30
+    assert face_drift(FACES) == []
+
+
+def test_the_parity_check_fails_when_a_face_drops_a_parameter() -> None:
+    """The check can fail: a face whose cancel lost ``reason`` (the App's before) is drift."""
+
+    class Dropped(konduit.Client):
+        def cancel(self, execution_id: Any) -> bool:  # type: ignore[override]
+            return False
+
+    drift = face_drift({"Dropped": Dropped})
+    assert drift and all(d.startswith("Dropped.cancel") for d in drift), drift
+
+
+# -- the HTTP API and the command line --------------------------------------------------------
+
+# operation -> (HTTP method and path, or None; CLI command, or None). A None is declared
+# below with its reason.
+DOORS: dict[str, tuple[tuple[str, str] | None, str | None]] = {
+    "start": (("post", "/api/v1/executions"), "start"),
+    "start_many": (("post", "/api/v1/executions:batch"), None),
+    "status": (("get", "/api/v1/executions/{execution_id}"), "status"),
+    "cancel": (("post", "/api/v1/executions/{execution_id}/cancel"), "cancel"),
+    "repair": (("post", "/api/v1/executions/{execution_id}/repair"), "repair"),
+    "migrate": (("post", "/api/v1/executions/{execution_id}/migrate"), None),
+    "send_event": (("post", "/api/v1/events"), "send-event"),
+    "search": (("get", "/api/v1/executions"), "list"),
+    "dead_letters": (("get", "/api/v1/dead-letters"), "dead-letters"),
+    "workflows": (("get", "/api/v1/workflows"), None),
+    "workers": (("get", "/api/v1/workers"), "workers"),
+    "schedules": (("get", "/api/v1/schedules"), "schedules"),
+    "alerts": (("get", "/api/v1/alerts"), "alerts"),
+    "attempt_logs": (("get", "/api/v1/executions/{execution_id}/logs"), None),
+    "prune": (None, "prune"),
+    "versions": (None, "versions"),
+}
+
+NOT_AT_DOOR = {
+    ("cli", "start_many"): "a batch is a program's call, not a command line's",
+    ("cli", "migrate"): "konduit migrate moves executions by workflow version (migrate_workflow)",
+    ("cli", "workflows"): "konduit versions lists the registered versions with their workers",
+    ("cli", "attempt_logs"): "konduit status --logs shows them",
+    ("http", "prune"): "deleting history is an operator's command, not an API call",
+    ("http", "versions"): "GET /api/v1/workflows lists the versions",
+}
+
+# The name a door gives a face's parameter, where it differs: (door, operation) -> renames.
+RENAMED: dict[tuple[str, str], dict[str, str]] = {
+    ("http", "start"): {"trace_context": "traceparent"},
+    ("http", "start_many"): {"trace_context": "traceparent"},
+    ("http", "search"): {"id_prefix": "id", "idempotency_key": "key", "tags": "tag",
+                         "before": "cursor"},
+    ("http", "alerts"): {"include_resolved": "all"},
+    ("cli", "start"): {"tags": "tag"},
+    ("cli", "search"): {"id_prefix": "id", "idempotency_key": "key", "tags": "tag"},
+    ("cli", "workers"): {"stale_seconds": "stale"},
+}
+
+# Parameters a door does not take, declared: (door, operation, parameter) -> why.
+NOT_TAKEN = {
+    **{("http", "search", p): "a search's parts are the query; the filter object is Python's"
+       for p in ("where",)},
+    **{("cli", "search", p): "a search's parts are the options; the filter object is Python's"
+       for p in ("where", "before")},
+    ("cli", "start", "trace_context"): "a command line has no caller's span",
+    ("http", "start_many", "requests"): "the body is the batch",
+    ("http", "search", "version"): "workflow=name@version",
+    ("cli", "search", "version"): "--workflow name@version",
+    ("http", "workers", "stale_seconds"): "the live workers as the workers decide",
+    ("cli", "dead_letters", "limit"): "all of them",
+}
+
+
+def _http_parameters(spec: dict[str, Any], method: str, path: str) -> set[str]:
+    operation = spec["paths"][path][method]
+    names = {p["name"] for p in operation.get("parameters", [])}
+    body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+    ref = body.get("schema", {}).get("$ref")
+    if ref is not None:
+        schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
+        names |= set(schema.get("properties", {}))
+    return names - {"tracestate"}
+
+
+def _cli_parameters(command: str) -> set[str]:
+    found = typer.main.get_command(cli_app).commands[command]  # type: ignore[attr-defined]
+    return {p.name for p in found.params if p.name} - {"database_url", "as_json", "app_spec"}
+
+
+def door_drift() -> list[str]:
+    spec = create_app(database_client("postgresql://unused@127.0.0.1:1/none", None),
+                      None).openapi()
+    drift = []
+    for op, (http, cli) in DOORS.items():
+        params = [p for p, *_ in _parameters(getattr(AsyncOperations, op))]
+        for door, found in (("http", None if http is None else _http_parameters(spec, *http)),
+                            ("cli", None if cli is None else _cli_parameters(cli))):
+            if found is None:
+                if (door, op) not in NOT_AT_DOOR:
+                    drift.append(f"{op} has no {door} door and none is declared")
+                continue
+            for p in params:
+                name = RENAMED.get((door, op), {}).get(p, p)
+                if name not in found and (door, op, p) not in NOT_TAKEN:
+                    drift.append(f"{door} {op} does not take {p} (as {name}): {sorted(found)}")
+    return drift
+
+
+def test_the_http_api_and_the_command_line_take_each_operations_parameters() -> None:
+    assert door_drift() == []
+
+
+# -- the code-less Client at its edges ---------------------------------------------------------
+
+
+def _one_step(name: str) -> konduit.Workflow:
+    wf = konduit.Workflow(name, version=1)
+    wf.step(name="only")(lambda ctx: 1)
+    return wf
+
+
+def test_many_threads_make_a_fresh_clients_first_calls_at_once(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    """16 threads released together make a new Client's first calls, 5 times over: every call
+    returns (before, the loop thread was made without a lock: several were, the connections'
+    lock was bound to another loop, and calls hung for good)."""
+    make_app(_one_step("threads")).start("threads", {"n": 0})  # registers it
+    for trial in range(5):
+        client = konduit.Client(db_url)
+        barrier = threading.Barrier(16)
+        answers: list[Any] = []
+        errors: list[BaseException] = []
+
+        def first_call(i: int, client: konduit.Client = client,
+                       barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                if i % 2:
+                    answers.append(client.start("threads", {"n": i}).id)
+                else:
+                    answers.append(client.workflows())
+            except BaseException as exc:  # pragma: no cover - what the test fails with
+                errors.append(exc)
+
+        threads = [threading.Thread(target=first_call, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads), f"trial {trial}: a first call hung"
+        assert errors == [] and len(answers) == 16, (trial, errors)
+        client.close()
+
+
+def test_a_code_less_client_finds_executions_by_tag_key_input_and_time(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    app = make_app(_one_step("found"))
+    tagged = app.start("found", {"episode": 42}, tags={"customer": "acme"},
+                       idempotency_key="nightly-1").id
+    other = app.start("found", {"episode": 7}).id
+    since = datetime.now(UTC) - timedelta(minutes=5)
+    with konduit.Client(db_url) as client:
+        assert [r.id for r in client.list(tags={"customer": "acme"})] == [tagged]
+        assert [r.id for r in client.list(idempotency_key="nightly-1")] == [tagged]
+        assert [r.id for r in client.list(input={"episode": 7})] == [other]
+        assert {r.id for r in client.list(since=since, workflow="found")} == {tagged, other}
+        assert client.list(until=since) == []
+        [found] = client.search(tags={"customer": "acme"}, since=since)
+        assert found.id == tagged and found.tags == {"customer": "acme"}
+        assert [r.id for r in client.search(id_prefix=str(tagged)[-8:])] == [tagged]
+        assert client.cancel(tagged, reason="wrong episode") is True
+        assert "wrong episode" in (client.status(tagged).error or "")
+
+
+def test_errors_carry_the_field_and_the_index_at_fault(make_app: Callable[..., konduit.App],
+                                                      db_url: str) -> None:
+    """A start's error says which field (and, in a batch, which request) is at fault as
+    attributes, so the API needs no message parsing; its kind is ``code``."""
+    wf = konduit.Workflow("blamed", version=1, fair_by="input.customer")
+    wf.step(name="only")(lambda ctx: 1)
+    app = make_app(wf)
+    app.start("blamed", {"customer": "warm"})
+    cases: list[tuple[dict[str, Any], str, str]] = [
+        ({"workflow": "nope"}, "workflow", "workflow_not_found"),
+        ({"workflow": "blamed", "version": 9}, "version", "workflow_not_found"),
+        ({"workflow": "blamed", "input": {"customer": 1.5}}, "input", "fair_key_error"),
+        ({"workflow": "blamed", "input": {"customer": "a"}, "fair_key": ""}, "fair_key",
+         "fair_key_error"),
+        ({"workflow": "blamed", "input": {"customer": "a"}, "timeout": "soon"}, "timeout",
+         "konduit_error"),
+        ({"workflow": "blamed", "input": {"customer": "a"}, "tags": {"k": 1}}, "tags",
+         "search_error"),
+        ({"workflow": "blamed", "input": {"customer": "a"}, "delay": -1}, "delay",
+         "konduit_error"),
+        ({"workflow": "blamed", "input": {"customer": "a"}, "priority": "high"}, "priority",
+         "konduit_error"),
+    ]
+    with konduit.Client(db_url) as client:
+        for request, field, code in cases:
+            for face in (app, client):
+                with pytest.raises(konduit.KonduitError) as one:
+                    face.start(**request)
+                assert (one.value.field, one.value.index, one.value.code) == (field, None, code)
+                with pytest.raises(konduit.KonduitError) as batch:
+                    face.start_many([{"workflow": "blamed", "input": {"customer": "ok"}},
+                                     request])
+                assert (batch.value.field, batch.value.index) == (field, 1), request
+        with pytest.raises(konduit.IdempotencyConflict) as conflict:
+            client.start_many([{"workflow": "blamed", "input": {"customer": "a"},
+                                "idempotency_key": "k"},
+                               {"workflow": "blamed", "input": {"customer": "b"},
+                                "idempotency_key": "k"}])
+        assert (conflict.value.field, conflict.value.index) == ("idempotency_key", 1)
