@@ -181,6 +181,15 @@ class App(Operations):
                 self._client = client
         return self._client
 
+    def _do(self, call: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
+        """Run one coroutine of the engine client on the App's loop thread (for the engine's
+        own reads that no face offers, as tests and tools use them)."""
+
+        async def through_client() -> T:
+            return await call(await self.client_async())
+
+        return self._run(through_client())
+
     # -- the API: every operation of AsyncOperations (generated), and the App's own ----------
 
     def handle(self, execution_id: UUID | str) -> ExecutionHandle:
