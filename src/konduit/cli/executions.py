@@ -16,6 +16,7 @@ import konduit
 from konduit.cli.common import (
     CliError,
     DatabaseUrl,
+    app_option,
     between,
     console,
     dump_json,
@@ -41,10 +42,9 @@ from konduit.records import StepRecord, TaskRecord
 
 def start(
     workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Name of the workflow to start.")],
-    app_spec: Annotated[str | None, typer.Option(
-        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
-        help="module:attribute of the konduit.App that defines the workflow (without it: the "
-        "definition a worker registered).", show_default=False)] = None,
+    app_spec: Annotated[str | None, app_option(
+        "module:attribute of the konduit.App that defines the workflow (without it: the "
+        "definition a worker registered).")] = None,
     input: Annotated[str | None, typer.Option(
         "--input", "-i", metavar="JSON|@FILE|-",
         help="Input as JSON, @file for a file's, - for standard input's.")] = None,
@@ -259,9 +259,8 @@ def cancel(
 def repair(
     execution_id: Annotated[str, typer.Argument(
         metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
-    app_spec: Annotated[str, typer.Option(
-        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
-        help="module:attribute of the konduit.App that defines the workflow.")],
+    app_spec: Annotated[str, app_option(
+        "module:attribute of the konduit.App that defines the workflow.")],
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the repair to finish.")] = False,
     timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
     as_json: Annotated[bool, typer.Option(

@@ -10,6 +10,7 @@ from rich.markup import escape
 from konduit.cli.common import (
     CliError,
     DatabaseUrl,
+    app_option,
     console,
     dump_json,
     load_app,
@@ -51,10 +52,9 @@ def migrate(
     workflow: Annotated[str | None, typer.Option(
         "--workflow", metavar="NAME@VERSION",
         help="Migrate every running execution of this workflow version.")] = None,
-    app_spec: Annotated[str | None, typer.Option(
-        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
-        help="module:attribute of an App that defines version N: needed only when a step "
-             "must start at once.")] = None,
+    app_spec: Annotated[str | None, app_option(
+        "module:attribute of an App that defines version N: needed only when a step "
+        "must start at once.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
