@@ -156,8 +156,9 @@ def stats(
 
 def plan(
     workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Name of the workflow to plan.")],
-    app_spec: Annotated[str, app_option(
-        "module:attribute of the konduit.App (or Workflow) that defines the workflow.")],
+    app_spec: Annotated[str | None, app_option(
+        "module:attribute of the konduit.App (or Workflow) that defines the workflow (without "
+        "it: the definition a worker registered in the database).")] = None,
     window: Annotated[str | None, typer.Option(
         "--window", metavar="HH:MM",
         help="The window to finish in: the next such time of day (local), or a date-time.",
@@ -177,8 +178,9 @@ def plan(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Show the critical path with each step's p50/p95/p99 from history, the predicted finish
-    and whether the window is at risk. Exit code: 0, or 3 when the window is at risk or will be
-    missed (so a nightly check can page on it); 1 on an error."""
+    and whether the window is at risk. The workflow's definition comes from --app, else from
+    the database (as a worker serving it registered it). Exit code: 0, or 3 when the window is
+    at risk or will be missed (so a nightly check can page on it); 1 on an error."""
 
     from konduit.observe.plan import (
         PLAN_AT_RISK_EXIT_CODE,
@@ -191,23 +193,28 @@ def plan(
     )
 
     history_seconds(history)  # a bad --history is reported before connecting
-    app = load_app(app_spec, reachable(database_url))
-    spec = app.registry.get(workflow, version)
+    app = load_app(app_spec, reachable(database_url)) if app_spec else plain_app(database_url)
     began = parse_moment(start, what="--start") if start is not None else \
         datetime.now().astimezone()
     deadline = window_from(began, window=window, within=within)
 
+    from konduit.core.workflow import WorkflowSpec
+    from konduit.engine.stored import StoredSpecs
     from konduit.observe.budgets import budget_renderables, plan_budgets
 
-    async def load() -> tuple[Plan, dict[str, float]]:
+    async def load() -> tuple[WorkflowSpec, Plan, dict[str, float]]:
         client = await app.client_async()
         try:
-            return (await client.plan(spec, history=history, start=began, window=deadline),
+            # The App's own definition, else the one a worker registered (by name, no code).
+            specs = StoredSpecs(app.registry)
+            await specs.load(client.db, workflow, version)
+            spec = specs.get(workflow, version)
+            return (spec, await client.plan(spec, history=history, start=began, window=deadline),
                     await client.own_budgets(spec))
         finally:
             await client.close()
 
-    result, own = asyncio.run(load())
+    spec, result, own = asyncio.run(load())
     found = plan_budgets(spec, result, own)
     if as_json:
         print(dump_json(result.to_json() | {"budgets": {s: b.to_json() for s, b in found.items()}}))
