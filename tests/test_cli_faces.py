@@ -1,5 +1,6 @@
 """What the command line can do that the Python faces can: `konduit start --fair-key
---deadline-at`, `konduit repair` and `konduit plan` by name without --app."""
+--deadline-at`, `konduit repair` and `konduit plan` by name without --app, plain usage lines,
+and `konduit migrate-executions` apart from `konduit db migrate`."""
 
 from __future__ import annotations
 
@@ -179,4 +180,43 @@ def test_plan_without_app_by_the_registered_definition(make_app: Callable[..., k
     assert_clean_error(konduit_cli("plan", "no-such-flow", "--database-url", db_url,
                                    cwd=tmp_path), "unknown workflow 'no-such-flow'",
                        "cli-faces-plan")
+
+
+# -- usage lines, and the two migrates ------------------------------------------------------------
+
+
+def _every_command_path() -> list[list[str]]:
+    from konduit.cli import COMMANDS
+
+    return [[g, n] if g else [n] for g, n, _, _ in COMMANDS] + [[], ["db"], ["embedded"]]
+
+
+def test_usage_lines_have_no_braces() -> None:
+    """Typer writes a required argument as {EXECUTION_ID} in the usage line; konduit writes
+    EXECUTION_ID (and [WORKFLOW] when it may be left out), as git and pip do."""
+    usage = {
+        " ".join(path): konduit_cli(*path, "--help").stdout.splitlines()[0]
+        for path in (["start"], ["repair"], ["plan"], ["stats"], ["migrate"], ["db", "migrate"], [])
+    }
+    assert usage["start"] == "Usage: konduit start [OPTIONS] WORKFLOW"
+    assert usage["repair"] == "Usage: konduit repair [OPTIONS] EXECUTION_ID"
+    assert usage["stats"] == "Usage: konduit stats [OPTIONS] [WORKFLOW]"
+    assert usage["migrate"] == "Usage: konduit migrate [OPTIONS] [EXECUTION_ID]"
+    for line in usage.values():
+        assert "{" not in line and "}" not in line, line
+
+
+def test_every_usage_line_is_plain(capsys: pytest.CaptureFixture[str]) -> None:
+    from konduit.cli import command_tree
+
+    for path in _every_command_path():
+        try:
+            command_tree().main(args=[*path, "--help"], prog_name="konduit",
+                                standalone_mode=False)
+        except SystemExit:
+            pass
+        out = capsys.readouterr().out
+        first = out.splitlines()[0]
+        assert first.startswith("Usage: konduit"), (path, out)
+        assert "{" not in first and "}" not in first, first
 

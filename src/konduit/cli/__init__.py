@@ -7,6 +7,7 @@ Errors konduit knows about (:class:`konduit.KonduitError`) print one red line an
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -102,7 +103,9 @@ for _group, _name, _function, _summary in COMMANDS:
 
 def command_tree() -> Any:
     """The command tree, with each option that takes a value shown as ``--limit LIMIT`` (as
-    argparse, git and pip show them) rather than Typer's ``--limit <int>``."""
+    argparse, git and pip show them) rather than Typer's ``--limit <int>``, and arguments in
+    the usage line as ``EXECUTION_ID`` (``[WORKFLOW]`` when optional) rather than Typer's
+    ``{EXECUTION_ID}``."""
     root = typer.main.get_command(cli)
     _name_values(root)
     return root
@@ -119,8 +122,17 @@ def _name_values(node: Any) -> None:
             # `APP  module:attribute of a konduit.App`, not `APP <str>  ...`.
             param.metavar = param.metavar or (param.name or "value").upper()
             param.display_type_rich = lambda ctx: None
+        if param.param_type_name == "argument":
+            param.get_usage_pieces = functools.partial(_usage_piece, param)
     for child in getattr(node, "commands", {}).values():
         _name_values(child)
+
+
+def _usage_piece(param: Any, ctx: Any) -> list[str]:
+    name = param.metavar or (param.name or "value").upper()
+    if not param.required:
+        name = f"[{name}]"
+    return [name + ("..." if param.nargs != 1 else "")]
 
 
 def _exception_type(name: str) -> type[Exception]:
