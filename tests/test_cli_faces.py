@@ -186,9 +186,10 @@ def test_plan_without_app_by_the_registered_definition(make_app: Callable[..., k
 
 
 def _every_command_path() -> list[list[str]]:
-    from konduit.cli import COMMANDS
+    from konduit.cli import COMMANDS, HIDDEN_ALIASES
 
-    return [[g, n] if g else [n] for g, n, _, _ in COMMANDS] + [[], ["db"], ["embedded"]]
+    return [[g, n] if g else [n] for g, n, _, _ in COMMANDS] + [[a] for a in HIDDEN_ALIASES] \
+        + [[], ["db"], ["embedded"]]
 
 
 def test_usage_lines_have_no_braces() -> None:
@@ -196,12 +197,14 @@ def test_usage_lines_have_no_braces() -> None:
     EXECUTION_ID (and [WORKFLOW] when it may be left out), as git and pip do."""
     usage = {
         " ".join(path): konduit_cli(*path, "--help").stdout.splitlines()[0]
-        for path in (["start"], ["repair"], ["plan"], ["stats"], ["migrate"], ["db", "migrate"], [])
+        for path in (["start"], ["repair"], ["plan"], ["stats"], ["migrate-executions"],
+                     ["db", "migrate"], [])
     }
     assert usage["start"] == "Usage: konduit start [OPTIONS] WORKFLOW"
     assert usage["repair"] == "Usage: konduit repair [OPTIONS] EXECUTION_ID"
     assert usage["stats"] == "Usage: konduit stats [OPTIONS] [WORKFLOW]"
-    assert usage["migrate"] == "Usage: konduit migrate [OPTIONS] [EXECUTION_ID]"
+    assert usage["migrate-executions"] == \
+        "Usage: konduit migrate-executions [OPTIONS] [EXECUTION_ID]"
     for line in usage.values():
         assert "{" not in line and "}" not in line, line
 
@@ -219,4 +222,25 @@ def test_every_usage_line_is_plain(capsys: pytest.CaptureFixture[str]) -> None:
         first = out.splitlines()[0]
         assert first.startswith("Usage: konduit"), (path, out)
         assert "{" not in first and "}" not in first, first
+
+
+def test_the_two_migrates_say_what_the_other_does() -> None:
+    overview = konduit_cli("--help").stdout
+    assert "migrate-executions" in overview
+    assert "\n  migrate " not in overview  # the old name is hidden...
+    executions = konduit_cli("migrate-executions", "--help").stdout
+    schema = konduit_cli("db", "migrate", "--help").stdout
+    assert "konduit db migrate" in " ".join(executions.split())
+    assert "not the database schema" in " ".join(executions.split())
+    assert "konduit migrate-executions" in " ".join(schema.split())
+    assert "not your executions" in " ".join(schema.split())
+    old = konduit_cli("migrate", "--help")  # ... and still works
+    assert old.returncode == 0 and "The old name of `konduit migrate-executions`" in old.stdout
+    assert "--to N" in old.stdout and "--workflow NAME@VERSION" in old.stdout
+
+
+def test_the_old_migrate_spelling_runs_the_same_command() -> None:
+    for name in ("migrate", "migrate-executions"):
+        proc = konduit_cli(name, "--workflow", "x@1")
+        assert_clean_error(proc, "--to N is required")
 

@@ -8,6 +8,7 @@ Errors konduit knows about (:class:`konduit.KonduitError`) print one red line an
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -71,7 +72,7 @@ def root(
 # (the first sentence of a docstring is often too long for 80 columns).
 GROUPS: dict[str, typer.Typer] = {"": cli, "db": db_cli, "embedded": embedded_cli}
 COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
-    ("db", "migrate", operate.db_migrate, "Apply the schema migrations this konduit needs."),
+    ("db", "migrate", operate.db_migrate, "Apply konduit's schema migrations (its tables)."),
     ("db", "reset", operate.db_reset, "Drop every konduit table and migrate afresh (dev)."),
     ("embedded", "status", embedded.status, "Where the embedded server runs, if it does."),
     ("embedded", "stop", embedded.stop, "Stop the embedded server."),
@@ -84,7 +85,8 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
     ("", "cancel", executions.cancel, "Cancel a running execution."),
     ("", "send-event", waits.send_event, "Send an event to waiting steps and on_event workflows."),
     ("", "repair", executions.repair, "Re-run a finished execution's degraded branches."),
-    ("", "migrate", migrating.migrate, "Move running executions to another version."),
+    ("", "migrate-executions", migrating.migrate,
+     "Move running executions to another workflow version."),
     ("", "dead-letters", executions.dead_letters, "List dead-lettered tasks."),
     ("", "prune", retention.prune, "Delete finished executions older than a duration."),
     ("", "dashboard", observe.dashboard, "Serve the web dashboard and the HTTP API."),
@@ -99,6 +101,13 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
 ]
 for _group, _name, _function, _summary in COMMANDS:
     GROUPS[_group].command(_name, short_help=_summary)(_function)
+# Old spellings that keep working, out of the help: `konduit migrate` read too much like
+# `konduit db migrate` (the schema) for a command that moves executions between versions.
+HIDDEN_ALIASES: dict[str, str] = {"migrate": "migrate-executions"}
+for _alias, _target in HIDDEN_ALIASES.items():
+    cli.command(_alias, hidden=True, short_help=f"The old name of {_target}.",
+                help=f"The old name of `konduit {_target}` (the same command).\n\n"
+                + (inspect.getdoc(migrating.migrate) or ""))(migrating.migrate)
 
 
 def command_tree() -> Any:

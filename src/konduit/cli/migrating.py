@@ -1,4 +1,6 @@
-"""``konduit migrate``: move running executions to another version of their workflow."""
+"""``konduit migrate-executions``: move running executions to another version of their
+workflow (``konduit migrate``, its first name, still works, hidden from the help). Not to be
+confused with ``konduit db migrate``, which brings konduit's own tables to this release."""
 
 from __future__ import annotations
 
@@ -59,6 +61,9 @@ def migrate(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Move running executions to version N of their workflow.
+
+    This changes executions, not the database schema: `konduit db migrate` applies konduit's
+    schema migrations.
 
     Allowed when every step that started or ended exists in version N with the same
     upstreams; the rest of the execution then follows version N's DAG. Both versions must be

@@ -44,7 +44,9 @@ WORKER: dict[str, Any] = {f.name: f.default for f in fields(WorkerConfig)
 
 
 def db_migrate(database_url: DatabaseUrl = None) -> None:
-    """Apply the schema migrations this konduit needs (a no-op when the schema is current)."""
+    """Apply the schema migrations this konduit needs to its database's tables (a no-op when
+    the schema is current). This changes konduit's tables, not your executions: moving running
+    executions to a new version of their workflow is `konduit migrate-executions`."""
     with opened(konduit.App([], database_url=reachable(database_url, schema=False))) as app:
         applied = app.migrate()
     if applied:
