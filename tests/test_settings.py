@@ -169,3 +169,12 @@ def test_the_help_of_a_default_reads_the_settings() -> None:
     assert described("poll_interval") == "$KONDUIT_POLL_INTERVAL or 1"
     assert described("lease_seconds") == "$KONDUIT_LEASE_SECONDS or 15"
     assert described("worker_metrics_port") == "$KONDUIT_WORKER_METRICS_PORT or none"
+
+
+def test_the_readmes_configuration_table_lists_every_setting() -> None:
+    readme = (ROOT.parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Configuration"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = {name for line in section.splitlines() if line.startswith("|")
+            for name in VARIABLE.findall(line.split("|")[1])}
+    assert rows == {variable(name) for name in Settings.model_fields}
