@@ -1,4 +1,4 @@
-"""``konduit migrate`` (a real subprocess) and ``POST /api/v1/executions/{id}/migrate`` (real
+"""``konduit migrate-executions`` (a real subprocess) and ``POST /api/v1/executions/{id}/migrate`` (real
 HTTP), on a real database: migrated, refused naming the step, and the token scope."""
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ def loop(db_url: str) -> Iterator[LoopThread]:
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = _env()
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + \
-        (f":{cwd}" if cwd is not None else "")
-    return subprocess.run([sys.executable, "-m", "konduit.cli", "migrate", *args],
+    root = Path(__file__).resolve().parent.parent
+    # This checkout's sources first (not an installed konduit), then its tests, then the app.
+    env["PYTHONPATH"] = f"{root / 'src'}:{root}" + (f":{cwd}" if cwd is not None else "")
+    return subprocess.run([sys.executable, "-m", "konduit.cli", "migrate-executions", *args],
                           capture_output=True, text=True, env=env, timeout=120, cwd=cwd,
                           stdin=subprocess.DEVNULL)
 

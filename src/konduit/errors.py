@@ -194,6 +194,11 @@ class NothingToRepair(KonduitError):
     """The execution has no degraded, failed, timed-out or cancelled step."""
 
 
+class SettingsError(KonduitError, ValueError):
+    """A ``KONDUIT_*`` environment variable holds a value konduit cannot use; the message names
+    it (:mod:`konduit.settings`)."""
+
+
 class CliError(KonduitError):
     """A usage problem the command line reports in one line (bad APP, bad JSON, ...)."""
 

@@ -35,6 +35,7 @@ from typing import Any
 from konduit.app import App
 from konduit.core.workflow import Workflow
 from konduit.errors import KonduitError
+from konduit.settings import settings
 from konduit.worker.worker import Worker
 
 __all__ = ["DatabasePool", "TestWorkerError", "WorkerThread", "fresh_database", "run",
@@ -65,7 +66,7 @@ def fresh_database(url: str | None = None, *, migrate: bool = True) -> Iterator[
 
     from konduit.db.embedded import server_url, with_database
 
-    admin = url or os.environ.get("KONDUIT_TEST_DATABASE_URL") or server_url("postgres")
+    admin = url or settings().test_database_url or server_url("postgres")
     name = f"konduit_test_{os.getpid()}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin, autocommit=True) as conn:
         if not migrate:
@@ -167,7 +168,7 @@ class DatabasePool:
     def __init__(self, url: str | None = None) -> None:
         from konduit.db.embedded import server_url
 
-        self.admin_url = url or os.environ.get("KONDUIT_TEST_DATABASE_URL") or server_url("postgres")
+        self.admin_url = url or settings().test_database_url or server_url("postgres")
         self._free: list[str] = []
         self._lock = threading.Lock()
         self._pristine: _Pristine | None = None

@@ -28,6 +28,7 @@ import psycopg
 import konduit
 from konduit.bench import apps
 from konduit.errors import BenchError
+from konduit.settings import settings
 
 Json = dict[str, Any]
 APP_SPEC = "konduit.bench.apps:app"
@@ -156,7 +157,7 @@ class WorkerProcess:
                  label: str = "worker", log: Path | None = None,
                  env: dict[str, str] | None = None):
         command = [sys.executable]
-        profile_dir = os.environ.get(PROFILE_ENV)
+        profile_dir = settings().bench_profile  # PROFILE_ENV
         self.profile: Path | None = None
         arguments = ["worker", app_spec, "--concurrency", str(concurrency), "--database-url", url,
                      "--log-level", "WARNING", "--shutdown-grace", "10"]

@@ -43,6 +43,7 @@ from konduit.db.migrate import migrate
 from konduit.engine.completer import record, record_ended
 from konduit.engine.registry import Registry
 from konduit.errors import BenchError as BenchError
+from konduit.settings import settings
 
 T = TypeVar("T")
 Json = dict[str, Any]
@@ -133,7 +134,7 @@ class Server:
     """The PostgreSQL server the benchmarks create their databases on."""
 
     def __init__(self, database_url: str | None):
-        url = database_url or os.environ.get("KONDUIT_DATABASE_URL")
+        url = database_url or settings().database_url
         self.embedded = not url
         # Only used to create and drop the benchmark databases.
         self.admin_url = url or server_url("postgres")

@@ -7,6 +7,8 @@ Errors konduit knows about (:class:`konduit.KonduitError`) print one red line an
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -70,7 +72,7 @@ def root(
 # (the first sentence of a docstring is often too long for 80 columns).
 GROUPS: dict[str, typer.Typer] = {"": cli, "db": db_cli, "embedded": embedded_cli}
 COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
-    ("db", "migrate", operate.db_migrate, "Apply the schema migrations this konduit needs."),
+    ("db", "migrate", operate.db_migrate, "Apply konduit's schema migrations (its tables)."),
     ("db", "reset", operate.db_reset, "Drop every konduit table and migrate afresh (dev)."),
     ("embedded", "status", embedded.status, "Where the embedded server runs, if it does."),
     ("embedded", "stop", embedded.stop, "Stop the embedded server."),
@@ -83,7 +85,8 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
     ("", "cancel", executions.cancel, "Cancel a running execution."),
     ("", "send-event", waits.send_event, "Send an event to waiting steps and on_event workflows."),
     ("", "repair", executions.repair, "Re-run a finished execution's degraded branches."),
-    ("", "migrate", migrating.migrate, "Move running executions to another version."),
+    ("", "migrate-executions", migrating.migrate,
+     "Move running executions to another workflow version."),
     ("", "dead-letters", executions.dead_letters, "List dead-lettered tasks."),
     ("", "prune", retention.prune, "Delete finished executions older than a duration."),
     ("", "dashboard", observe.dashboard, "Serve the web dashboard and the HTTP API."),
@@ -98,11 +101,20 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
 ]
 for _group, _name, _function, _summary in COMMANDS:
     GROUPS[_group].command(_name, short_help=_summary)(_function)
+# Old spellings that keep working, out of the help: `konduit migrate` read too much like
+# `konduit db migrate` (the schema) for a command that moves executions between versions.
+HIDDEN_ALIASES: dict[str, str] = {"migrate": "migrate-executions"}
+for _alias, _target in HIDDEN_ALIASES.items():
+    cli.command(_alias, hidden=True, short_help=f"The old name of {_target}.",
+                help=f"The old name of `konduit {_target}` (the same command).\n\n"
+                + (inspect.getdoc(migrating.migrate) or ""))(migrating.migrate)
 
 
 def command_tree() -> Any:
     """The command tree, with each option that takes a value shown as ``--limit LIMIT`` (as
-    argparse, git and pip show them) rather than Typer's ``--limit <int>``."""
+    argparse, git and pip show them) rather than Typer's ``--limit <int>``, and arguments in
+    the usage line as ``EXECUTION_ID`` (``[WORKFLOW]`` when optional) rather than Typer's
+    ``{EXECUTION_ID}``."""
     root = typer.main.get_command(cli)
     _name_values(root)
     return root
@@ -119,8 +131,17 @@ def _name_values(node: Any) -> None:
             # `APP  module:attribute of a konduit.App`, not `APP <str>  ...`.
             param.metavar = param.metavar or (param.name or "value").upper()
             param.display_type_rich = lambda ctx: None
+        if param.param_type_name == "argument":
+            param.get_usage_pieces = functools.partial(_usage_piece, param)
     for child in getattr(node, "commands", {}).values():
         _name_values(child)
+
+
+def _usage_piece(param: Any, ctx: Any) -> list[str]:
+    name = param.metavar or (param.name or "value").upper()
+    if not param.required:
+        name = f"[{name}]"
+    return [name + ("..." if param.nargs != 1 else "")]
 
 
 def _exception_type(name: str) -> type[Exception]:

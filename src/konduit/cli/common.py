@@ -22,6 +22,7 @@ from konduit.core.durations import format_elapsed
 from konduit.db.connect import describe_url, open_database
 from konduit.errors import CliError
 from konduit.records import plain
+from konduit.settings import settings, variable
 
 # Piped (not a terminal, no COLUMNS set), lines are not wrapped at 80 columns: a script reading
 # `konduit list | grep` gets each row on one line.
@@ -37,6 +38,14 @@ DatabaseUrl = Annotated[
         show_default=False,
     ),
 ]
+
+
+def app_option(help: str) -> Any:
+    """The ``--app MODULE:ATTR`` option (or ``$KONDUIT_APP``) with this command's help."""
+    return typer.Option("--app", metavar="MODULE:ATTR", envvar=variable("app"), help=help,
+                        show_default=False)
+
+
 # Options shared by the commands that read history (stats, metrics).
 History = Annotated[str, typer.Option(
     "--history", metavar="DURATION", help="Use the executions started within this long ago.")]
@@ -146,7 +155,7 @@ def reachable(database_url: str | None, *, schema: bool = True) -> str | None:
     ``schema``, has an older schema than this konduit needs (naming the command that fixes it).
     The embedded server is left alone: it is started and migrated on first use. Returns
     ``database_url``."""
-    if not (database_url or os.environ.get("KONDUIT_DATABASE_URL")):
+    if not (database_url or settings().database_url):
         return database_url
     flag = " --database-url URL" if database_url else ""
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)  # the probe says it in one line

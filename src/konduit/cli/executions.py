@@ -16,6 +16,7 @@ import konduit
 from konduit.cli.common import (
     CliError,
     DatabaseUrl,
+    app_option,
     between,
     console,
     dump_json,
@@ -41,10 +42,9 @@ from konduit.records import StepRecord, TaskRecord
 
 def start(
     workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Name of the workflow to start.")],
-    app_spec: Annotated[str | None, typer.Option(
-        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
-        help="module:attribute of the konduit.App that defines the workflow (without it: the "
-        "definition a worker registered).", show_default=False)] = None,
+    app_spec: Annotated[str | None, app_option(
+        "module:attribute of the konduit.App that defines the workflow (without it: the "
+        "definition a worker registered).")] = None,
     input: Annotated[str | None, typer.Option(
         "--input", "-i", metavar="JSON|@FILE|-",
         help="Input as JSON, @file for a file's, - for standard input's.")] = None,
@@ -66,6 +66,15 @@ def start(
         "--run-at", help="Start it at this date-time (ISO 8601; naive means local).")] = None,
     priority: Annotated[int, typer.Option(
         help="Added to each step's priority: lower is claimed first.")] = 0,
+    fair_key: Annotated[str | None, typer.Option(
+        "--fair-key", metavar="KEY",
+        help="The key its fair share is counted under, instead of what the workflow's fair_by "
+        "computes (docs/fairness.md).", show_default=False)] = None,
+    deadline_at: Annotated[str | None, typer.Option(
+        "--deadline-at", metavar="DATE-TIME",
+        help="When it must be finished: an ISO 8601 date-time with its zone "
+        "(2026-11-30T06:00+01:00, or Z for UTC); it times out then.",
+        show_default=False)] = None,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Start an execution and print its id (with --wait: then its output).
@@ -82,10 +91,12 @@ def start(
         except ValueError:
             raise CliError(f"--run-at {run_at!r}: an ISO 8601 date-time (2026-11-30T06:00)") \
                 from None
+    deadline = None if deadline_at is None else zoned_moment(deadline_at, "--deadline-at")
     app = load_app(app_spec, reachable(database_url)) if app_spec else plain_app(database_url)
     with opened(app):
         handle = app.start(workflow, payload, idempotency_key=idempotency_key, version=version,
-                           tags=tags, run_at=when, delay=delay, priority=priority)
+                           tags=tags, run_at=when, delay=delay, priority=priority,
+                           fair_key=fair_key, deadline_at=deadline)
         if not wait:
             print(dump_json({"id": handle.id}) if as_json else str(handle.id))
             return
@@ -106,6 +117,20 @@ def start(
                                   soft_wrap=True)
             raise typer.Exit(EXIT_FAILED)
         console.print(dump_json(result.output), markup=False)
+
+
+def zoned_moment(text: str, option: str) -> datetime:
+    """An ISO 8601 date-time that says its zone (``+01:00``, ``Z``); else a one-line error
+    naming ``option``: a moment without a zone would mean whatever this machine's zone is."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise CliError(f"{option} {text!r}: not an ISO 8601 date-time "
+                       f"(e.g. 2026-11-30T06:00+01:00, or 2026-11-30T05:00Z)") from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise CliError(f"{option} {text!r}: give its zone, e.g. {moment.isoformat()}+01:00 "
+                       f"or {moment.isoformat()}Z for UTC")
+    return moment
 
 
 EXIT_FAILED = 1
@@ -259,9 +284,9 @@ def cancel(
 def repair(
     execution_id: Annotated[str, typer.Argument(
         metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
-    app_spec: Annotated[str, typer.Option(
-        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
-        help="module:attribute of the konduit.App that defines the workflow.")],
+    app_spec: Annotated[str | None, app_option(
+        "module:attribute of the konduit.App that defines the workflow (without it: the "
+        "definition a worker registered; a workflow with map steps needs its code).")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the repair to finish.")] = False,
     timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
     as_json: Annotated[bool, typer.Option(
@@ -271,10 +296,13 @@ def repair(
     """Re-run the degraded or failed branches of a finished execution and what depends on them.
 
     When it finishes, its output becomes a new version that replaces the degraded one; earlier
-    versions stay visible (``status`` lists them). Workers of APP do the re-running. Exit codes
-    with --wait as for ``start --wait``: 0, 1 (not succeeded), 124 (--timeout passed).
+    versions stay visible (``status`` lists them). The workers serving the workflow do the
+    re-running; the definition comes from --app, else from the database (as they registered
+    it). Exit codes with --wait as for ``start --wait``: 0, 1 (not succeeded), 124 (--timeout
+    passed).
     """
-    with opened(load_app(app_spec, database_url)) as app:
+    app = load_app(app_spec, reachable(database_url)) if app_spec else plain_app(database_url)
+    with opened(app) as app:
         eid = app.status(execution_id).id  # a unique prefix or tail names it too
         rerun = app.repair(eid)
         if not as_json:

@@ -1,4 +1,6 @@
-"""``konduit migrate``: move running executions to another version of their workflow."""
+"""``konduit migrate-executions``: move running executions to another version of their
+workflow (``konduit migrate``, its first name, still works, hidden from the help). Not to be
+confused with ``konduit db migrate``, which brings konduit's own tables to this release."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from rich.markup import escape
 from konduit.cli.common import (
     CliError,
     DatabaseUrl,
+    app_option,
     console,
     dump_json,
     load_app,
@@ -51,14 +54,16 @@ def migrate(
     workflow: Annotated[str | None, typer.Option(
         "--workflow", metavar="NAME@VERSION",
         help="Migrate every running execution of this workflow version.")] = None,
-    app_spec: Annotated[str | None, typer.Option(
-        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
-        help="module:attribute of an App that defines version N: needed only when a step "
-             "must start at once.")] = None,
+    app_spec: Annotated[str | None, app_option(
+        "module:attribute of an App that defines version N: needed only when a step "
+        "must start at once.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Move running executions to version N of their workflow.
+
+    This changes executions, not the database schema: `konduit db migrate` applies konduit's
+    schema migrations.
 
     Allowed when every step that started or ended exists in version N with the same
     upstreams; the rest of the execution then follows version N's DAG. Both versions must be

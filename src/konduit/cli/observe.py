@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from datetime import datetime
 from typing import Annotated
 
@@ -15,6 +14,7 @@ from konduit.cli.common import (
     DatabaseUrl,
     FanInAlert,
     History,
+    app_option,
     console,
     describe_url,
     dump_json,
@@ -23,17 +23,17 @@ from konduit.cli.common import (
     plain_app,
     reachable,
 )
+from konduit.settings import default, settings, variable
 
 
 def dashboard(
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve the dashboard on.")] = 8090,
     host: Annotated[str, typer.Option(
         help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
-    app_spec: Annotated[str | None, typer.Option(
-        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
-        help="module:attribute of the konduit.App whose workflows Repair re-runs "
+    app_spec: Annotated[str | None, app_option(
+        "module:attribute of the konduit.App whose workflows Repair re-runs "
         "(without it, the pages' Repair is disabled; the API starts and repairs from the "
-        "definitions workers registered).", show_default=False)] = None,
+        "definitions workers registered).")] = None,
     token: Annotated[list[str] | None, typer.Option(
         "--token", metavar="[ro:|op:]SECRET",
         help="A token the API and the pages accept (repeatable): ro:SECRET reads, op:SECRET (or a "
@@ -41,20 +41,20 @@ def dashboard(
         "(comma-separated). Needed to listen on anything but a loopback address.",
         show_default=False)] = None,
     trusted_proxy: Annotated[list[str] | None, typer.Option(
-        "--trusted-proxy", metavar="ADDRESS", envvar="KONDUIT_TRUSTED_PROXIES",
+        "--trusted-proxy", metavar="ADDRESS", envvar=variable("trusted_proxies"),
         help="A reverse proxy (address or network, repeatable) whose X-Forwarded-For names the "
         "client. None by default: the throttles of wrong tokens count per peer address.",
         show_default=False)] = None,
     database_url: DatabaseUrl = None,
     read_database_url: Annotated[str | None, typer.Option(
-        "--read-database-url", envvar="KONDUIT_READ_DATABASE_URL",
+        "--read-database-url", envvar=variable("read_database_url"),
         help="A streaming replica for the pages' and the API's lists, details and stats "
         "(docs/read-replicas.md); writes and waits stay on the primary.",
         show_default=False)] = None,
     read_max_lag: Annotated[float | None, typer.Option(
-        "--read-max-lag", min=0, envvar="KONDUIT_READ_MAX_LAG",
+        "--read-max-lag", min=0, envvar=variable("read_max_lag"),
         help="Seconds the replica may trail the primary before reads go to the primary "
-        "(default 10).", show_default=False)] = None,
+        f"(default: {default('read_max_lag'):g}).", show_default=False)] = None,
 ) -> None:
     """Serve the web dashboard until SIGINT/SIGTERM: executions (paged, with a strip of queue
     depth and the oldest waiting task per queue), each one's input, DAG with live step states, a
@@ -73,7 +73,7 @@ def dashboard(
     check_bind(host, tokens)  # before loading the App: a refusal should not wait for it
     app = load_app(app_spec, database_url) if app_spec else None
     where = describe_url(database_url or (app.database_url if app else None)
-                         or os.environ.get("KONDUIT_DATABASE_URL"))
+                         or settings().database_url)
     guard = (f", {len(tokens)} token(s) required" if tokens else ", no token (loopback only)")
     proxies = [p.strip() for v in trusted_proxy or [] for p in v.split(",") if p.strip()]
     if read_database_url:
@@ -109,7 +109,7 @@ def metrics(
     with serve(database_url, host=host, port=port, history=history, fan_in_alert=fan_in_alert,
                consecutive=consecutive) as exporter:
         err_console.print(f"konduit metrics: serving {exporter.url} from "
-                          f"{describe_url(database_url or os.environ.get('KONDUIT_DATABASE_URL'))} "
+                          f"{describe_url(database_url or settings().database_url)} "
                           f"(Ctrl-C stops)", soft_wrap=True, markup=False)
         wait_for_signal()
 
@@ -156,9 +156,9 @@ def stats(
 
 def plan(
     workflow: Annotated[str, typer.Argument(metavar="WORKFLOW", help="Name of the workflow to plan.")],
-    app_spec: Annotated[str, typer.Option(
-        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
-        help="module:attribute of the konduit.App (or Workflow) that defines the workflow.")],
+    app_spec: Annotated[str | None, app_option(
+        "module:attribute of the konduit.App (or Workflow) that defines the workflow (without "
+        "it: the definition a worker registered in the database).")] = None,
     window: Annotated[str | None, typer.Option(
         "--window", metavar="HH:MM",
         help="The window to finish in: the next such time of day (local), or a date-time.",
@@ -178,8 +178,9 @@ def plan(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Show the critical path with each step's p50/p95/p99 from history, the predicted finish
-    and whether the window is at risk. Exit code: 0, or 3 when the window is at risk or will be
-    missed (so a nightly check can page on it); 1 on an error."""
+    and whether the window is at risk. The workflow's definition comes from --app, else from
+    the database (as a worker serving it registered it). Exit code: 0, or 3 when the window is
+    at risk or will be missed (so a nightly check can page on it); 1 on an error."""
 
     from konduit.observe.plan import (
         PLAN_AT_RISK_EXIT_CODE,
@@ -192,23 +193,28 @@ def plan(
     )
 
     history_seconds(history)  # a bad --history is reported before connecting
-    app = load_app(app_spec, reachable(database_url))
-    spec = app.registry.get(workflow, version)
+    app = load_app(app_spec, reachable(database_url)) if app_spec else plain_app(database_url)
     began = parse_moment(start, what="--start") if start is not None else \
         datetime.now().astimezone()
     deadline = window_from(began, window=window, within=within)
 
+    from konduit.core.workflow import WorkflowSpec
+    from konduit.engine.stored import StoredSpecs
     from konduit.observe.budgets import budget_renderables, plan_budgets
 
-    async def load() -> tuple[Plan, dict[str, float]]:
+    async def load() -> tuple[WorkflowSpec, Plan, dict[str, float]]:
         client = await app.client_async()
         try:
-            return (await client.plan(spec, history=history, start=began, window=deadline),
+            # The App's own definition, else the one a worker registered (by name, no code).
+            specs = StoredSpecs(app.registry)
+            await specs.load(client.db, workflow, version)
+            spec = specs.get(workflow, version)
+            return (spec, await client.plan(spec, history=history, start=began, window=deadline),
                     await client.own_budgets(spec))
         finally:
             await client.close()
 
-    result, own = asyncio.run(load())
+    spec, result, own = asyncio.run(load())
     found = plan_budgets(spec, result, own)
     if as_json:
         print(dump_json(result.to_json() | {"budgets": {s: b.to_json() for s, b in found.items()}}))

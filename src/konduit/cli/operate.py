@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import sys
+from dataclasses import MISSING, fields
 from typing import Annotated, Any
 
 import typer
@@ -31,13 +32,21 @@ from konduit.db.connect import open_database
 from konduit.db.migrate import latest_version
 from konduit.db.migrate import reset as reset_schema
 from konduit.errors import CliError
-from konduit.worker.config import new_worker_id
+from konduit.settings import default, described, settings, variable
+from konduit.worker.config import WorkerConfig, new_worker_id
 
 log = logging.getLogger(__name__)
 
+# The worker's defaults that no variable sets, as WorkerConfig declares them (those a variable
+# sets are shown from konduit.settings, and left to WorkerConfig when no flag is given).
+WORKER: dict[str, Any] = {f.name: f.default for f in fields(WorkerConfig)
+                          if f.default is not MISSING}
+
 
 def db_migrate(database_url: DatabaseUrl = None) -> None:
-    """Apply the schema migrations this konduit needs (a no-op when the schema is current)."""
+    """Apply the schema migrations this konduit needs to its database's tables (a no-op when
+    the schema is current). This changes konduit's tables, not your executions: moving running
+    executions to a new version of their workflow is `konduit migrate-executions`."""
     with opened(konduit.App([], database_url=reachable(database_url, schema=False))) as app:
         applied = app.migrate()
     if applied:
@@ -57,7 +66,7 @@ def db_reset(
     Everything konduit stored there is deleted: executions, their history, schedules, workers,
     alerts, webhooks and tokens. Without --yes nothing is touched.
     """
-    url = database_url or os.environ.get("KONDUIT_DATABASE_URL") or None
+    url = database_url or settings().database_url or None
     where = describe_url(url)
     if not yes:
         raise CliError(f"konduit db reset deletes everything konduit stored in {where}; "
@@ -79,40 +88,42 @@ def db_reset(
 def worker(
     app_spec: Annotated[str, typer.Argument(metavar="APP", help="module:attribute of a konduit.App")],
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1,
-                                             help="Tasks run at once.")] = 10,
+                                             help="Tasks run at once.")] = WORKER["concurrency"],
     queue: Annotated[list[str] | None, typer.Option(
-        "--queue", "-q", help="Queue to claim from; repeatable (default: default).")] = None,
+        "--queue", "-q",
+        help=f"Queue to claim from; repeatable (default: {', '.join(WORKER['queues'])}).")] = None,
     poll_interval: Annotated[float | None, typer.Option(
-        help="Seconds between claims without a notification (default: $KONDUIT_POLL_INTERVAL or 1).",
+        help=f"Seconds between claims without a notification (default: {described('poll_interval')}).",
         show_default=False)] = None,
     lease_seconds: Annotated[float | None, typer.Option(
         help="Lease length; a dead worker's tasks are retaken after it "
-        "(default: $KONDUIT_LEASE_SECONDS or 15).",
+        f"(default: {described('lease_seconds')}).",
         show_default=False)] = None,
     heartbeat_interval: Annotated[float | None, typer.Option(
-        help="Seconds between lease extensions (default: $KONDUIT_HEARTBEAT_INTERVAL or 3).",
+        help=f"Seconds between lease extensions (default: {described('heartbeat_interval')}).",
         show_default=False)] = None,
     maintenance_interval: Annotated[float | None, typer.Option(
         min=0.05, help="Seconds between maintenance sweeps: expired leases, deadlines, due "
-        "timers and waits (default: $KONDUIT_MAINTENANCE_INTERVAL or 2).",
+        f"timers and waits (default: {described('maintenance_interval')}).",
         show_default=False)] = None,
     stall_grace: Annotated[float | None, typer.Option(
         min=0.05, help="Seconds a running execution in which nothing can run is left before the "
         "maintenance pass re-runs its fan-in decision and raises execution_stalled "
-        "(default: $KONDUIT_STALL_GRACE or 60).", show_default=False)] = None,
+        f"(default: {described('stall_grace')}).", show_default=False)] = None,
     shutdown_grace: Annotated[float | None, typer.Option(
-        help="Seconds running tasks get to finish on SIGINT/SIGTERM (default: 10).",
+        help=f"Seconds running tasks get to finish on SIGINT/SIGTERM "
+        f"(default: {WORKER['shutdown_grace']:g}).",
         show_default=False)] = None,
     isolation: Annotated[str, typer.Option(
         help="How sync handlers run: 'thread' (one that ignores its deadline is abandoned) or "
-        "'process' (a child process each, killed at the deadline).")] = "thread",
+        "'process' (a child process each, killed at the deadline).")] = WORKER["isolation"],
     max_abandoned: Annotated[int | None, typer.Option(
         min=0, help="Abandoned handler threads tolerated before the worker drains and exits "
-        "non-zero for its supervisor to restart it (default: $KONDUIT_MAX_ABANDONED or 20).",
+        f"non-zero for its supervisor to restart it (default: {described('max_abandoned')}).",
         show_default=False)] = None,
     fallback_timeout: Annotated[float | None, typer.Option(
         help="Seconds a fallback may run before its task ends timed_out "
-        "(default: $KONDUIT_FALLBACK_TIMEOUT or 5).", show_default=False)] = None,
+        f"(default: {described('fallback_timeout')}).", show_default=False)] = None,
     connect_wait: Annotated[float | None, typer.Option(
         "--connect-wait", metavar="SECONDS", min=0,
         help="How long to wait for a database that does not answer at start "
@@ -120,20 +131,22 @@ def worker(
         show_default=False)] = None,
     alert_interval: Annotated[float | None, typer.Option(
         min=0, help="Seconds between evaluations of the alert rules; 0 turns them off in this "
-        "worker (default: $KONDUIT_ALERT_INTERVAL or 5).", show_default=False)] = None,
+        f"worker (default: {described('alert_interval')}).", show_default=False)] = None,
     metrics_port: Annotated[int | None, typer.Option(
-        "--metrics-port", metavar="PORT", min=0, max=65535, envvar="KONDUIT_WORKER_METRICS_PORT",
+        "--metrics-port", metavar="PORT", min=0, max=65535,
+        envvar=variable("worker_metrics_port"),
         help="Serve this worker's histograms (attempt durations) on http://HOST:PORT/metrics "
-        "($KONDUIT_WORKER_METRICS_PORT; default: none).", show_default=False)] = None,
+        f"(default: {described('worker_metrics_port')}).", show_default=False)
+    ] = default("worker_metrics_port"),
     metrics_host: Annotated[str, typer.Option(
         "--metrics-host", metavar="HOST", help="The address --metrics-port listens on.")
-    ] = "0.0.0.0",
+    ] = WORKER["metrics_host"],
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     log_format: Annotated[str, typer.Option(
-        "--log-format", envvar="KONDUIT_LOG_FORMAT",
+        "--log-format", envvar=variable("log_format"),
         help="'text' or 'json': one JSON object per line on stderr with time, level, logger, "
         "message, worker, and execution_id, step, map_index, attempt on lines logged inside "
-        "an attempt ($KONDUIT_LOG_FORMAT).")] = "text",
+        "an attempt.")] = default("log_format"),
     database_url: DatabaseUrl = None,
 ) -> None:
     """Run a worker for the workflows of APP until SIGINT/SIGTERM (a graceful stop). A database
@@ -176,8 +189,8 @@ def worker(
     # Chosen here so that the lines logged before the worker runs carry it too.
     options["worker_id"] = logs_worker = new_worker_id()
     logs.bind_worker(logs_worker)
-    queues = tuple(queue or ("default",))
-    url = database_url or os.environ.get("KONDUIT_DATABASE_URL")
+    queues = tuple(queue or WORKER["queues"])
+    url = database_url or settings().database_url
     where = describe_url(url) if url else "the App's database (embedded server by default)"
     say(f"konduit worker: {', '.join(names)} on {where}, "
         f"queues {', '.join(queues)}, concurrency {concurrency} (Ctrl-C stops gracefully)")

@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from konduit.cli.common import (
     DatabaseUrl,
+    app_option,
     console,
     dump_json,
     load_app,
@@ -34,10 +35,9 @@ def send_event(
     ] = None,
     execution_id: Annotated[str | None, typer.Option(
         "--execution-id", "-e", help="Only this execution's step.")] = None,
-    app_spec: Annotated[str | None, typer.Option(
-        "--app", metavar="MODULE:ATTR", envvar="KONDUIT_APP",
-        help="module:attribute of the konduit.App: the waiting task is completed at once "
-             "(without it a worker does, within its maintenance interval).")] = None,
+    app_spec: Annotated[str | None, app_option(
+        "module:attribute of the konduit.App: the waiting task is completed at once "
+        "(without it a worker does, within its maintenance interval).")] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print {"event", "key", "result"} as JSON.')] = False,
     database_url: DatabaseUrl = None,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import re
 import time
 from typing import Any
@@ -30,6 +29,7 @@ import psycopg
 from konduit.db.database import Database, is_embedded, resolve_url, translate_errors
 from konduit.db.migrate import ensure_current, migrate
 from konduit.errors import DatabaseError, DatabaseUnavailable
+from konduit.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +60,11 @@ def _refused_for_good(exc: psycopg.Error) -> bool:
 _IDENTITY = ("SELECT current_database() AS database, current_setting('port') AS port, "
              "pg_postmaster_start_time() AS started")
 
-_TRUE = {"1", "true", "yes", "on", "transaction"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def pooled_setting(value: str | None, direct_url: str | None) -> bool:
-    """Whether the URL is a transaction pooler's (``KONDUIT_DATABASE_POOLED``): yes or no when
-    set, else yes exactly when a direct URL was given for it."""
-    if value is None or not value.strip():
-        return direct_url is not None
-    word = value.strip().lower()
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
-        return False
-    raise DatabaseError(
-        f"KONDUIT_DATABASE_POOLED must be 1 or 0 (true/false, on/off), not {value!r}")
+def pooled_setting(value: bool | None, direct_url: str | None) -> bool:
+    """Whether the URL is a transaction pooler's (``KONDUIT_DATABASE_POOLED``, read by
+    :mod:`konduit.settings`): yes or no when set, else yes exactly when a direct URL was given
+    for it."""
+    return direct_url is not None if value is None else value
 
 
 async def _identity(url: str, *, connect_timeout: float, name: str) -> dict[str, Any]:
@@ -169,11 +158,10 @@ async def _open_once(url: str | None, embedded: bool, *, max_size: int, min_size
     target = await asyncio.to_thread(resolve_url, url) if embedded else resolve_url(url)
     where = describe_url(None if embedded else target)
     given = direct_url is not None
-    direct = None if embedded else (direct_url or os.environ.get("KONDUIT_DIRECT_DATABASE_URL")
-                                    or None)
+    configured = settings()
+    direct = None if embedded else (direct_url or configured.direct_database_url or None)
     if pooled is None:
-        pooled = not embedded and pooled_setting(os.environ.get("KONDUIT_DATABASE_POOLED"),
-                                                 direct)
+        pooled = not embedded and pooled_setting(configured.database_pooled, direct)
     try:
         # One connection first: a server that is down fails now, in one line, instead of after
         # the pool's own retries (and the pool does not start with a backlog of them).

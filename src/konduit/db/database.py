@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 import random
 import select
 import time
@@ -48,6 +47,7 @@ from psycopg_pool.base import AttemptWithBackoff
 from konduit.db.arrays import with_array_literals
 from konduit.db.queries import q, statement
 from konduit.errors import DatabaseConflict, DatabaseError, DatabaseUnavailable, PoolExhausted
+from konduit.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ _UNREACHABLE = {
 
 def resolve_url(url: str | None = None) -> str:
     """The database URL: the argument, else ``KONDUIT_DATABASE_URL``, else the embedded server."""
-    url = url or os.environ.get("KONDUIT_DATABASE_URL") or None
+    url = url or settings().database_url or None
     if url:
         return url
     from konduit.db.embedded import server_url
@@ -145,7 +145,7 @@ def resolve_url(url: str | None = None) -> str:
 
 
 def is_embedded(url: str | None) -> bool:
-    return not (url or os.environ.get("KONDUIT_DATABASE_URL"))
+    return not (url or settings().database_url)
 
 
 def _text(exc: BaseException) -> str:

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from konduit.errors import DatabaseUnavailable
+from konduit.settings import settings
 
 DEFAULT_DATABASE = "konduit"
 
@@ -49,9 +50,9 @@ _databases: set[tuple[Path, str]] = set()
 
 
 def home() -> Path:
-    configured = os.environ.get("KONDUIT_HOME")
-    if configured:
-        return Path(configured).expanduser()
+    configured = settings().home  # KONDUIT_HOME
+    if configured is not None:
+        return configured
     import platformdirs
 
     return Path(platformdirs.user_data_path("konduit"))

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -48,11 +47,12 @@ from konduit.errors import (
     DatabaseUnavailable,
     ExecutionNotFound,
 )
+from konduit.settings import default, settings, variable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DEFAULT_MAX_LAG = 10.0
+DEFAULT_MAX_LAG: float = default("read_max_lag")
 """Seconds a replica may trail the primary and still serve reads (``KONDUIT_READ_MAX_LAG``)."""
 CHECK_EVERY = 1.0
 """Seconds a lag measurement is reused for."""
@@ -93,17 +93,20 @@ def read_settings(url: str | None = None, max_lag: float | None = None
                   ) -> tuple[str | None, float]:
     """The replica URL and lag bound: the arguments, else ``KONDUIT_READ_DATABASE_URL`` and
     ``KONDUIT_READ_MAX_LAG`` (seconds), else no replica and :data:`DEFAULT_MAX_LAG`."""
-    url = url or os.environ.get("KONDUIT_READ_DATABASE_URL") or None
+    if max_lag is not None:
+        _check_lag(max_lag, "read_max_lag")  # the argument's own error, whatever the variables say
+    if url and max_lag is not None:
+        return url, max_lag
+    configured = settings()
     if max_lag is None:
-        text = os.environ.get("KONDUIT_READ_MAX_LAG", "").strip()
-        try:
-            max_lag = float(text) if text else DEFAULT_MAX_LAG
-        except ValueError:
-            raise DatabaseError(f"KONDUIT_READ_MAX_LAG must be a number of seconds, not "
-                                f"{text!r}") from None
+        max_lag = _check_lag(configured.read_max_lag, variable("read_max_lag"))
+    return url or configured.read_database_url or None, max_lag
+
+
+def _check_lag(max_lag: float, what: str) -> float:
     if not (max_lag >= 0 and math.isfinite(max_lag)):
-        raise DatabaseError(f"read_max_lag must be a number of seconds >= 0, not {max_lag!r}")
-    return url, max_lag
+        raise DatabaseError(f"{what} must be a number of seconds >= 0, not {max_lag!r}")
+    return max_lag
 
 
 @dataclass(frozen=True)

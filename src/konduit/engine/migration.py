@@ -105,7 +105,7 @@ async def migrate_in(tx: Tx, registry: Registry, eid: UUID, to_version: int, *,
             else "the execution would finish"
         raise MigrationRefused(
             f"{what} now and this process does not have version {to_version} of {name!r}: "
-            "migrate from an App (or `konduit migrate --app`) that defines it",
+            "migrate from an App (or `konduit migrate-executions --app`) that defines it",
             step=plan.start[0] if plan.start else None)
     await _write_steps(tx, eid, plan, Shape.from_spec_json(target["spec"]),
                        {s["step"]: s["ended_at"] for s in steps})

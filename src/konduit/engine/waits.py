@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 from uuid import UUID
@@ -63,12 +62,11 @@ from konduit.engine.finish import ChildEnded
 from konduit.engine.registry import Registry
 from konduit.engine.starts import insert_executions, prepare_off_loop
 from konduit.errors import KonduitError
+from konduit.settings import settings
 
 log = logging.getLogger(__name__)
 
 SendResult = Literal["woke", "started", "stored", "no match"]
-
-EVENT_RETENTION_ENV = "KONDUIT_EVENT_RETENTION"
 
 
 def event_retention(value: Duration | None = None) -> float:
@@ -76,10 +74,8 @@ def event_retention(value: Duration | None = None) -> float:
     (``App(event_retention=...)``), else ``KONDUIT_EVENT_RETENTION``, else 24 h."""
     if value is not None:
         return positive_duration(value, "event_retention")
-    configured = os.environ.get(EVENT_RETENTION_ENV)
-    if configured:
-        return positive_duration(configured, EVENT_RETENTION_ENV)
-    return DEFAULT_EVENT_RETENTION
+    return settings().event_retention  # KONDUIT_EVENT_RETENTION, checked there
+
 
 ChildFallback = Callable[[WorkflowSpec, Row, Final, str], Awaitable[Completion]]
 """Runs a child-workflow step's fallback (user code, with its time limit) and returns the

@@ -35,7 +35,6 @@ import hashlib
 import hmac
 import ipaddress
 import json
-import os
 import re
 import secrets
 import socket
@@ -50,6 +49,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from konduit.errors import DashboardError
+from konduit.settings import settings
 
 Kind = Literal["ro", "op"]
 SESSION_COOKIE = "konduit_session"
@@ -116,7 +116,7 @@ def parse_tokens(specs: Iterable[str]) -> tuple[Token, ...]:
 
 def tokens_from_env(env: dict[str, str] | None = None) -> tuple[Token, ...]:
     """The tokens of ``KONDUIT_API_TOKEN``."""
-    value = (os.environ if env is None else env).get("KONDUIT_API_TOKEN", "")
+    value = settings().api_token if env is None else env.get("KONDUIT_API_TOKEN", "")
     return parse_tokens([value]) if value.strip() else ()
 
 
@@ -225,7 +225,7 @@ class Security:
                  throttle: LoginThrottle | None = None):
         self.tokens = tuple(tokens)
         if secret is None:
-            secret = os.environ.get("KONDUIT_SESSION_SECRET") or None
+            secret = settings().session_secret or None
         if isinstance(secret, str):
             if len(secret) < MIN_TOKEN_CHARS:
                 raise DashboardError(

@@ -1,4 +1,6 @@
-"""Worker settings with their documented defaults (CLI flags and KONDUIT_* variables mirror them)."""
+"""Worker settings with their documented defaults. Those a ``KONDUIT_*`` variable can set take
+their default from :mod:`konduit.settings` when the config is made; the ``konduit worker`` flags
+mirror the fields."""
 
 from __future__ import annotations
 
@@ -6,11 +8,14 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
+
+from konduit.settings import settings
 
 
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return float(value) if value else default
+def _setting(name: str) -> Any:
+    """A field's default: the setting ``name`` as the environment says now."""
+    return field(default_factory=lambda: getattr(settings(), name))
 
 
 @dataclass
@@ -18,22 +23,18 @@ class WorkerConfig:
     concurrency: int = 10
     """Tasks run at once; sync handlers get a thread pool of this size."""
     queues: tuple[str, ...] = ("default",)
-    poll_interval: float = field(default_factory=lambda: _env_float("KONDUIT_POLL_INTERVAL", 1.0))
+    poll_interval: float = _setting("poll_interval")
     """Seconds between claims when no notification arrives (LISTEN/NOTIFY wakes it sooner)."""
-    lease_seconds: float = field(default_factory=lambda: _env_float("KONDUIT_LEASE_SECONDS", 15.0))
+    lease_seconds: float = _setting("lease_seconds")
     """How long a claim holds without a heartbeat; a dead worker's tasks are retaken after it."""
-    heartbeat_interval: float = field(
-        default_factory=lambda: _env_float("KONDUIT_HEARTBEAT_INTERVAL", 3.0)
-    )
+    heartbeat_interval: float = _setting("heartbeat_interval")
     """Seconds between lease extensions of running tasks."""
-    maintenance_interval: float = field(
-        default_factory=lambda: _env_float("KONDUIT_MAINTENANCE_INTERVAL", 2.0)
-    )
+    maintenance_interval: float = _setting("maintenance_interval")
     """Seconds between full maintenance passes: expired leases, deadlines, due timers and waits,
     timed-out executions, due repairs, scheduled starts due (every worker runs one; they are
     idempotent). Deadlines, timers and repairs that come due in between are acted on at their
     moment (wakeups.py); a scheduled start waits for the next pass."""
-    stall_grace: float = field(default_factory=lambda: _env_float("KONDUIT_STALL_GRACE", 60.0))
+    stall_grace: float = _setting("stall_grace")
     """Seconds a running execution in which nothing can run (no ready, running or waiting task)
     is left before the maintenance pass re-runs its fan-in decision and raises
     ``execution_stalled`` (docs/alerts.md)."""
@@ -46,28 +47,23 @@ class WorkerConfig:
     isolation: str = "thread"
     """How sync handlers run: ``thread`` (a thread each; one that ignores its deadline is
     abandoned, never reused) or ``process`` (a child process each, killed at the deadline)."""
-    max_abandoned: int = field(default_factory=lambda: int(_env_float("KONDUIT_MAX_ABANDONED", 20)))
+    max_abandoned: int = _setting("max_abandoned")
     """Abandoned handler threads this worker tolerates; past it, it stops claiming, drains and
     exits non-zero so that its supervisor restarts it (a thread cannot be killed)."""
-    fallback_timeout: float = field(
-        default_factory=lambda: _env_float("KONDUIT_FALLBACK_TIMEOUT", 5.0)
-    )
+    fallback_timeout: float = _setting("fallback_timeout")
     """Seconds a fallback may run; one that hangs or raises ends its task timed_out."""
-    retention_interval: float = field(
-        default_factory=lambda: _env_float("KONDUIT_RETENTION_INTERVAL", 300.0)
-    )
+    retention_interval: float = _setting("retention_interval")
     """Seconds between retention rounds when the App sets ``retention=`` (each deletes in batches)."""
     auto_repair: bool = True
     """Whether this worker takes the automatic repairs (``repair_within=``) that come due: at
     their due time and at every maintenance pass. False leaves them to other workers."""
-    alert_interval: float = field(default_factory=lambda: _env_float("KONDUIT_ALERT_INTERVAL", 5.0))
+    alert_interval: float = _setting("alert_interval")
     """Seconds between evaluations of the alert rules (docs/alerts.md); 0 turns them off here."""
     alert_fan_in_wait: float = 20.0
     """The fan-in-wait rule: a join waiting longer than this (seconds) ..."""
     alert_fan_in_consecutive: int = 2
     """... in each of its last this many executions raises a ``fan_in_wait`` alert."""
-    alert_version_unserved: float = field(
-        default_factory=lambda: _env_float("KONDUIT_ALERT_VERSION_UNSERVED", 300.0))
+    alert_version_unserved: float = _setting("alert_version_unserved")
     """Seconds a workflow version's running executions may go without a live worker serving it
     before a ``version_unserved`` alert (docs/changing-workflows.md)."""
     metrics_port: int | None = None

@@ -84,7 +84,7 @@ WHERE id = %(id)s AND status = 'running' AND workflow_version = %(from_version)s
 RETURNING id;
 
 -- name: execution_list_running_of_version
--- The running executions of one workflow version, oldest first (`konduit migrate --workflow`).
+-- The running executions of one workflow version, oldest first (`konduit migrate-executions --workflow`).
 -- plan: custom, as many rows as that version has running executions.
 SELECT id
 FROM konduit_executions
