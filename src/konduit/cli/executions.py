@@ -35,6 +35,7 @@ from konduit.cli.common import (
 )
 from konduit.cli.waits import print_waiting, waiting_json
 from konduit.core.ids import short_id
+from konduit.core.requests import CancelRequest, doc
 from konduit.core.search import parse_tags
 from konduit.core.words import step_word
 from konduit.records import StepRecord, TaskRecord
@@ -262,6 +263,8 @@ def status(
 def cancel(
     execution_id: Annotated[str, typer.Argument(
         metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
+    reason: Annotated[str, typer.Option(
+        "--reason", help=doc(CancelRequest, "reason") + ".")] = "cancelled",
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print {"id", "cancelled", "status"} as JSON.')] = False,
     database_url: DatabaseUrl = None,
@@ -269,7 +272,7 @@ def cancel(
     """Cancel a running execution (its pending work is never started)."""
     with opened(plain_app(database_url)) as app:
         result = app.status(execution_id)  # a unique prefix or tail names it too
-        cancelled = app.cancel(result.id)
+        cancelled = app.cancel(result.id, reason)
         result = app.status(result.id)
     if as_json:
         print(dump_json({"id": result.id, "cancelled": cancelled, "status": result.status}))

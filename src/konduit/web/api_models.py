@@ -10,6 +10,7 @@ from uuid import UUID
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from konduit.core.durations import parse_duration
+from konduit.core.requests import CancelRequest, doc
 from konduit.errors import KonduitError
 from konduit.records import WorkerRecord
 
@@ -70,6 +71,15 @@ class BatchBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     requests: list[StartBody] = Field(max_length=MAX_BATCH)
+
+
+class CancelBody(BaseModel):
+    """Why an execution is cancelled (optional: the body may be left out)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field("cancelled", min_length=1, max_length=2000,
+                        description=doc(CancelRequest, "reason"))
 
 
 class Started(BaseModel):

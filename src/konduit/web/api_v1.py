@@ -288,12 +288,13 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
 
     @router.post("/executions/{execution_id}/cancel", response_model=m.Cancelled,
                  tags=["executions"], responses=problem_responses(404, 409))
-    async def cancel(execution_id: str) -> m.Cancelled:
-        """Cancel an unfinished execution (its running tasks are told to stop)."""
+    async def cancel(execution_id: str, body: m.CancelBody | None = None) -> m.Cancelled:
+        """Cancel an unfinished execution (its running tasks are told to stop); the body's
+        ``reason`` is kept as its error."""
         client = await clients.get()
         eid = await client.resolve(execution_id)  # a unique prefix or tail too
         await client.get(eid)  # 404 before anything else
-        cancelled = await client.cancel(eid)
+        cancelled = await client.cancel(eid, "cancelled" if body is None else body.reason)
         status = (await statuses(client, [eid])).get(eid, "cancelled")
         return m.Cancelled(id=eid, cancelled=cancelled, status=status)  # type: ignore[arg-type]
 
