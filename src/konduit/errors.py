@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from konduit.core.masking import mask_password
+from konduit.masking import mask_password
 
 if TYPE_CHECKING:
     from konduit.core.results import ExecutionResult
