@@ -34,8 +34,8 @@ from konduit.engine.waits import event_retention as event_retention_seconds
 from konduit.errors import KonduitError, WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.loop_thread import LoopThread
-from konduit.observe.alerts import AlertRecord
 from konduit.records import (
+    AlertRecord,
     AttemptLog,
     DeadLetter,
     ExecutionFound,

@@ -56,11 +56,11 @@ from konduit.errors import (
     KonduitError,
     WorkflowVersionConflict,
 )
-from konduit.observe.alerts import AlertRecord
 from konduit.observe.budgets import own_budgets
 from konduit.observe.plan import Plan, load_plan
 from konduit.observe.stats import Stats, load_stats
 from konduit.records import (
+    AlertRecord,
     AttemptLog,
     AttemptRecord,
     ChildExecution,

@@ -13,8 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from konduit.engine.client import Client, ExecutionResult
-from konduit.observe.alerts import AlertRecord
-from konduit.records import VersionState
+from konduit.records import AlertRecord, VersionState
 from konduit.web.summaries import MapSummary, map_summaries
 
 Fields = dict[str, Any]
