@@ -50,6 +50,18 @@ def test_errors_and_masking_import_nothing_of_konduit() -> None:
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
+def test_the_read_layer_imports_no_worker_and_no_face() -> None:
+    """reads/ and observe/ stand on the engine and under the faces (observe's exporter,
+    observe/metrics.py, is a face and left out)."""
+    faces = ("konduit.worker", "konduit.cli", "konduit.web", "konduit.demo", "konduit.app",
+             "konduit.client", "konduit.bench", "konduit.testing", "konduit.observe.metrics")
+    for path in [*modules("reads"), *modules("observe")]:
+        if path.name == "metrics.py":
+            continue
+        bad = {n for n in konduit_imports(path) if n.startswith(faces) or n == "konduit"}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
 def test_the_benchmarks_import_no_face() -> None:
     faces = ("konduit.cli", "konduit.web", "konduit.demo")
     for path in modules("bench"):
@@ -57,10 +69,12 @@ def test_the_benchmarks_import_no_face() -> None:
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
-# Above the engine: the worker runtime and the faces that start it. The engine is what they
-# call; it never calls back up.
-ABOVE_THE_ENGINE = ("konduit.worker", "konduit.cli", "konduit.web", "konduit.demo",
-                    "konduit.app", "konduit.bench", "konduit.testing")
+# Above the engine: the worker runtime, the read model and the analysis of stored data
+# (reads/, observe/), and the faces that start them. The engine is what they call; it never
+# calls back up.
+ABOVE_THE_ENGINE = ("konduit.worker", "konduit.reads", "konduit.observe", "konduit.cli",
+                    "konduit.web", "konduit.demo", "konduit.app", "konduit.client",
+                    "konduit.bench", "konduit.testing")
 
 
 def module_file(name: str) -> Path | None:
@@ -75,7 +89,7 @@ def module_file(name: str) -> Path | None:
     return ROOT / "__init__.py"
 
 
-def test_the_engine_imports_no_worker_and_no_face() -> None:
+def test_the_engine_imports_no_worker_no_read_model_and_no_face() -> None:
     for path in modules("engine"):
         bad = {n for n in konduit_imports(path) if n.startswith(ABOVE_THE_ENGINE)}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"

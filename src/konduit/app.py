@@ -34,6 +34,7 @@ from konduit.engine.waits import event_retention as event_retention_seconds
 from konduit.errors import KonduitError, WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.loop_thread import LoopThread
+from konduit.reads import ReadModel
 from konduit.records import (
     AlertRecord,
     AttemptLog,
@@ -200,8 +201,9 @@ class App:
         """The async client (created on first use, on the caller's event loop), for code already
         inside an event loop: ``await (await app.client_async()).start("name", input)``. It is
         the core the sync methods run on: ``start``, ``start_many``, ``wait``, ``get`` (the
-        status), ``cancel``, ``repair``, ``send_event``, ``list`` and every read are coroutines
-        of :class:`konduit.engine.client.Client`, returning ids and the same records. Use it
+        status), ``cancel``, ``repair``, ``send_event`` are coroutines of
+        :class:`konduit.engine.client.Client` (the reads, ``list`` and the rest, of
+        :meth:`reads_async`), returning ids and the same records. Use it
         from one event loop only, and not beside the sync methods (those run on the App's own
         loop thread)."""
         if self._client is None:
@@ -215,6 +217,20 @@ class App:
             await client.register_webhooks(self.webhooks)
             self._client = client
         return self._client
+
+    async def reads_async(self) -> ReadModel:
+        """The async read model on the client's connections (:meth:`client_async`): every
+        read the sync methods show (``list``, ``search``, ``tasks``, ``steps``, ``alerts``, ...)
+        as a coroutine of :class:`konduit.reads.ReadModel`, returning the same records."""
+        return ReadModel((await self.client_async()).reads)
+
+    def _read(self, call: Callable[[ReadModel], Coroutine[Any, Any, T]]) -> T:
+        """Run one ReadModel coroutine on the App's loop thread, as :meth:`_do` runs a Client's."""
+
+        async def through_reads() -> T:
+            return await call(await self.reads_async())
+
+        return self._call(through_reads())
 
     def _do(self, call: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
         """Run one Client coroutine on the App's loop thread: the whole sync face is this, so
@@ -319,22 +335,22 @@ class App:
     def count_prunable(self, older_than: Duration) -> Prunable:
         """What :meth:`prune` with the same ``older_than`` would consider, deleting nothing:
         ``finished`` executions, ``dead_letters`` of them held by a dead letter."""
-        return self._do(lambda c: c.count_prunable(older_than))
+        return self._read(lambda c: c.count_prunable(older_than))
 
     def auto_repair_status(self, execution_id: UUID | str) -> str | None:
         """How the automatic repair (``repair_within``) of an execution stands, as one line
         (``auto-repaired at ... (repair_within=24h)``, ``auto-repair pending: ...``), or None
         when its workflow has no repair contract or the execution is not covered by it."""
-        return self._do(lambda c: c.auto_repair_status(execution_id))
+        return self._read(lambda c: c.auto_repair_status(execution_id))
 
     def outputs(self, execution_id: UUID | str) -> builtins.list[OutputVersion]:
         """Every output version of an execution, oldest first (repairs add versions)."""
-        return self._do(lambda c: c.outputs(execution_id))
+        return self._read(lambda c: c.outputs(execution_id))
 
     def payloads(self, execution_id: UUID | str) -> builtins.list[Payload]:
         """Every payload of an execution's tasks, late results included; see
         :meth:`konduit.engine.client.Client.payloads`."""
-        return self._do(lambda c: c.payloads(execution_id))
+        return self._read(lambda c: c.payloads(execution_id))
 
     def list(self, *, status: str | None = None, workflow: str | None = None,
              limit: int = 50, **search: Any) -> builtins.list[ExecutionResult]:
@@ -342,8 +358,8 @@ class App:
         part of a search (``tags``, ``idempotency_key``, ``input``, ``since``, ``until``,
         ``id_prefix``, ``version``), the ones it finds (:meth:`search` returns them with
         their tags)."""
-        return self._do(lambda c: c.list(status=status, workflow=workflow, limit=limit,
-                                         **search))
+        return self._read(lambda c: c.list(status=status, workflow=workflow, limit=limit,
+                                           **search))
 
     def search(self, where: ExecutionFilter | None = None, *,
                limit: int = 50, **parts: Any) -> builtins.list[ExecutionFound]:
@@ -356,40 +372,40 @@ class App:
             found = where if where is not None else ExecutionFilter(**parts)
         except TypeError as exc:
             raise KonduitError(f"search: {exc}") from None
-        return self._do(lambda c: c.search(found, limit=limit))
+        return self._read(lambda c: c.search(found, limit=limit))
 
     def tasks(self, execution_id: UUID | str) -> builtins.list[TaskRecord]:
         """Every task of an execution (all generations), with attempts and errors."""
-        return self._do(lambda c: c.tasks(execution_id))
+        return self._read(lambda c: c.tasks(execution_id))
 
     def steps(self, execution_id: UUID | str) -> builtins.list[StepRecord]:
         """Every step of an execution with its join counters and timings (fan-in wait)."""
-        return self._do(lambda c: c.steps(execution_id))
+        return self._read(lambda c: c.steps(execution_id))
 
     def attempt_logs(self, execution_id: UUID | str) -> builtins.list[AttemptLog]:
         """What the execution's handlers logged (``logging`` and ``ctx.log``), attempt by
         attempt, oldest first; attempts that logged nothing are left out."""
-        return self._do(lambda c: c.attempt_logs(execution_id))
+        return self._read(lambda c: c.attempt_logs(execution_id))
 
     def dead_letters(self, limit: int = 50) -> builtins.list[DeadLetter]:
         """Tasks that failed for good (retries exhausted or non-retryable), newest first."""
-        return self._do(lambda c: c.dead_letters(limit))
+        return self._read(lambda c: c.dead_letters(limit))
 
     def workers(self, stale_seconds: float | None = None) -> builtins.list[WorkerRecord]:
         """Live workers; see :meth:`konduit.engine.client.Client.workers`."""
-        return self._do(lambda c: c.workers(stale_seconds))
+        return self._read(lambda c: c.workers(stale_seconds))
 
     def alerts(self, *, include_resolved: bool = False, kind: str | None = None,
                workflow: str | None = None, limit: int = 100) -> builtins.list[AlertRecord]:
         """Stored alerts (window at risk, fan-in wait, no recent success, execution stalled),
         newest first: the open ones, or resolved ones too; see docs/alerts.md."""
-        return self._do(lambda c: c.alerts(include_resolved=include_resolved, kind=kind,
-                                           workflow=workflow, limit=limit))
+        return self._read(lambda c: c.alerts(include_resolved=include_resolved, kind=kind,
+                                             workflow=workflow, limit=limit))
 
     def stall(self, execution_id: UUID | str) -> AlertRecord | None:
         """The open ``execution_stalled`` alert of an execution (nothing of it can run and the
         stall watchdog could not move it), or None; see docs/alerts.md."""
-        return self._do(lambda c: c.stall(execution_id))
+        return self._read(lambda c: c.stall(execution_id))
 
     def webhook_deliveries(self, *, status: str | None = None,
                            execution_id: UUID | str | None = None,
@@ -398,8 +414,8 @@ class App:
         failed, refused; or of one execution): id, event, url, status, attempts, last_error,
         last_status_code, execution_id, alert_id, created_at, last_attempt_at, delivered_at,
         next_attempt_at. See docs/webhooks.md."""
-        return self._do(lambda c: c.webhook_deliveries(status=status, execution_id=execution_id,
-                                                       limit=limit))
+        return self._read(lambda c: c.webhook_deliveries(status=status, execution_id=execution_id,
+                                                         limit=limit))
 
     def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
         """Send a failed or refused delivery again now; False when it is not one."""
@@ -412,23 +428,23 @@ class App:
 
     def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
-        return self._do(lambda c: c.workflow_served(name, version))
+        return self._read(lambda c: c.workflow_served(name, version))
 
     def versions(self, workflow: str | None = None) -> builtins.list[VersionState]:
         """Per registered workflow version (or those of ``workflow``): running executions and the
         live workers serving it (``unserved`` when none does); see docs/changing-workflows.md."""
-        return self._do(lambda c: c.versions(workflow))
+        return self._read(lambda c: c.versions(workflow))
 
     def schedules(self) -> builtins.list[ScheduleRecord]:
         """Every stored schedule with its next tick and the execution of its latest tick; see
         :meth:`konduit.engine.schedules.Schedules.list`. Schedules are stored when a worker of
         the App that defines them starts."""
-        return self._do(lambda c: c.schedules())
+        return self._read(lambda c: c.schedules())
 
     def triggers(self, workflow: str | None = None) -> builtins.list[TriggerRecord]:
         """The stored event triggers (``wf.on_event``, of ``workflow``) with their open bursts
         or batches, pending events and last event; docs/events.md."""
-        return self._do(lambda c: c.triggers(workflow))
+        return self._read(lambda c: c.triggers(workflow))
 
     def pause_schedule(self, name: str) -> bool:
         """Stop starting ``name``'s ticks (in every worker) until :meth:`resume_schedule`;

@@ -28,6 +28,7 @@ from konduit.engine.registry import Registry
 from konduit.engine.starts import StartRequest, requests_of
 from konduit.engine.waits import SendResult
 from konduit.loop_thread import LoopThread
+from konduit.reads import ReadModel
 from konduit.records import TriggerRecord, WorkflowRecord
 from konduit.tracing import TraceContext, Tracing, capture
 from konduit.tracing import check_mode as check_tracing
@@ -106,6 +107,10 @@ class AsyncClient:
                                                tracing=self.tracing, reads=reads)
         return self._core
 
+    async def _reads(self) -> ReadModel:
+        """The read model on the engine client's connections (:meth:`core`)."""
+        return ReadModel((await self.core()).reads)
+
     async def start(self, workflow: str, input: Any = None, *,
                     idempotency_key: str | None = None, version: int | None = None,
                     deadline_at: datetime | None = None, timeout: Duration | None = None,
@@ -165,16 +170,16 @@ class AsyncClient:
 
     async def triggers(self, workflow: str | None = None) -> builtins.list[TriggerRecord]:
         """The stored event triggers (``wf.on_event``); see :meth:`konduit.App.triggers`."""
-        return await (await self.core()).triggers(workflow)
+        return await (await self._reads()).triggers(workflow)
 
     async def list(self, *, status: str | None = None, workflow: str | None = None,
                    limit: int = 100) -> builtins.list[ExecutionResult]:
         """Recent executions, newest first, optionally of one status and workflow."""
-        return await (await self.core()).list(status=status, workflow=workflow, limit=limit)
+        return await (await self._reads()).list(status=status, workflow=workflow, limit=limit)
 
     async def workflows(self) -> builtins.list[WorkflowRecord]:
         """Every registered workflow version: what this client can start."""
-        return await (await self.core()).workflows()
+        return await (await self._reads()).workflows()
 
     async def close(self) -> None:
         """Close the connections (a later call opens them again)."""
