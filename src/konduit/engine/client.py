@@ -10,25 +10,20 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from psycopg.types.json import Jsonb
-
-from konduit.core import shape
-from konduit.core.advance import ExecutionState
 from konduit.core.durations import Duration
 from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES
-from konduit.core.repair import plan_repair
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
-from konduit.db.database import Database, Row, Tx, translate_errors
+from konduit.db.database import Database, Row, translate_errors
 from konduit.db.replica import Reads
-from konduit.engine import migration, retention, triggers, waits, webhooks
-from konduit.engine.advancer import Advancer
+from konduit.engine import migration, retention, waits, webhooks
 from konduit.engine.finish import stop_execution
-from konduit.engine.flow import register_flow_limits
 from konduit.engine.ids import resolve_execution_id
+from konduit.engine.registration import register_in
 from konduit.engine.registry import Registry, workflow_key
+from konduit.engine.repairs import repair_in
 from konduit.engine.retention import BATCH_SIZE
 from konduit.engine.schedules import Schedules
 from konduit.engine.starts import (
@@ -40,14 +35,12 @@ from konduit.engine.starts import (
     prepare_off_loop,
     requests_of,
 )
-from konduit.engine.step_rows import state_columns
-from konduit.engine.stored import SpecSource, StoredSpecs, refuse_map_repair_without_code
+from konduit.engine.stored import StoredSpecs, refuse_map_repair_without_code
 from konduit.engine.waits import SendResult
 from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
     KonduitError,
-    WorkflowVersionConflict,
 )
 from konduit.records import (
     MigrationRecord,
@@ -121,53 +114,7 @@ class Client:
         if key in self._registered:
             return
         async with self.db.transaction() as tx:
-            inserted = await tx.run(
-                "workflow_insert_if_absent",
-                name=spec.name,
-                version=spec.version,
-                spec_hash=spec.spec_hash,
-                shape_hash=spec.shape_hash,
-                spec=Jsonb(spec.spec_json),
-            )
-            row = await tx.one("workflow_get_for_update", name=spec.name, version=spec.version)
-            if row is None:  # deleted between the two statements: nothing to compare with
-                raise WorkflowVersionConflict(f"workflow {spec.name!r} version {spec.version} "
-                                              "was removed while it was being registered")
-            revision = int(row["policy_revision"])
-            if row["spec_hash"] != spec.spec_hash:
-                changes = shape.shape_diff(shape.shape_of(row["spec"] or {}),
-                                           shape.shape_of(spec.spec_json))
-                if changes:
-                    raise WorkflowVersionConflict(
-                        f"workflow {spec.name!r} version {spec.version} is already registered "
-                        f"with a different shape ({'; '.join(changes)}); a shape change needs "
-                        f"a new version number (a policy change does not)")
-                updated = await tx.one("workflow_update_policy_same_shape", name=spec.name,
-                                       version=spec.version, spec_hash=spec.spec_hash,
-                                       shape_hash=spec.shape_hash, spec=Jsonb(spec.spec_json),
-                                       old_spec_hash=row["spec_hash"])
-                if updated is None:  # the row is locked: only a stored shape_hash can differ
-                    raise WorkflowVersionConflict(
-                        f"workflow {spec.name!r} version {spec.version} is registered with "
-                        f"a different shape; a shape change needs a new version number")
-                revision = int(updated["revision"])
-            # The declared input's schema (migration 0023) and how its start-time keys are
-            # computed (0030): what code-less starts check and compute. A new
-            # row without one has nothing to set (a start's statements stay as they were). After
-            # a policy update above, the stored hash is this definition's.
-            schema, keys = spec.input_schema, spec.start_keys
-            if schema is not None or keys is not None or not inserted:
-                await tx.run("workflow_set_input_schema_if_same_hash", name=spec.name,
-                             version=spec.version, spec_hash=spec.spec_hash,
-                             input_schema=None if schema is None else Jsonb(schema),
-                             start_keys=None if keys is None else Jsonb(keys))
-            # Limits of a version registered before may have changed (they are not in its
-            # hash); a version new here has none to lift.
-            if spec.flow_limits or not inserted:
-                await register_flow_limits(tx, spec)
-            # Its event triggers (wf.on_event): policy too, replaced on re-registration.
-            if spec.triggers or not inserted:
-                await triggers.register(tx, spec)
+            revision = await register_in(tx, spec)
         # The tasks this process creates carry the revision of the policy it applies.
         spec.policy_revision = revision
         self._registered.add(key)
@@ -451,46 +398,5 @@ class Client:
         """Close the client's connections (the read replica's too)."""
         await self.reads.close()
         await self.db.close()
-
-async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_bytes: int) -> list[str]:
-    """:meth:`Client.repair` inside the caller's transaction (the automatic repair claims the
-    execution in the same one): lock it, plan, reopen it, start the re-run steps."""
-    row = await tx.one("execution_lock", id=eid)
-    if row is None:
-        raise ExecutionNotFound(f"no execution with id {eid}")
-    if row["status"] in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING,
-                         ExecutionStatus.SCHEDULED, ExecutionStatus.CANCELLED):
-        raise KonduitError(
-            f"execution {eid} is {row['status']}: only a finished, not cancelled, "
-            "execution can be repaired"
-        )
-    spec = registry.get(row["workflow_name"], row["workflow_version"])
-    steps = await tx.all("step_get_all", execution_id=eid)
-    routes = await tx.all("task_list_routes_latest", execution_id=eid)
-    plan = plan_repair(
-        spec,
-        {s["step"]: s["status"] for s in steps},
-        {r["step"]: frozenset(r["routes"]) if r["routes"] is not None else None
-         for r in routes},
-    )
-    reopened = await tx.one(
-        "execution_reopen_if_finished", id=eid, steps_pending=len(plan.rerun)
-    )
-    assert reopened is not None
-    names = list(plan.rerun)
-    states = [plan.states[n] for n in names]
-    await tx.run(
-        "step_reset_many",
-        execution_id=eid,
-        steps=names,
-        **state_columns(states),
-    )
-    advancer = Advancer(
-        tx, spec, eid, ExecutionState(ExecutionStatus.RUNNING, len(plan.rerun)), reopened["generation"],
-        max_payload_bytes=max_payload_bytes,
-    )
-    await advancer.start_steps(list(plan.start))
-    return names
-
 
 __all__ = ["FINISHED", "Client", "ExecutionFailed", "ExecutionResult", "KonduitError"]
