@@ -16,12 +16,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import konduit
+from konduit.core.alerts import fan_in_findings, no_success, window_at_risk, window_resolution
+from konduit.core.fan_in import Alert, Wait
+from konduit.core.forecast import QUANTILES, StepProgress, StepQuantiles, forecast
 from konduit.core.workflow import WorkflowSpec
 from konduit.errors import WorkflowDefinitionError
-from konduit.observe.alerts import fan_in_findings, no_success, window_at_risk, window_resolution
-from konduit.observe.forecast import StepProgress, forecast
-from konduit.observe.plan import QUANTILES, StepQuantiles, critical_path
-from konduit.observe.stats import Alert, Wait
+from konduit.observe.plan import critical_path
 from tests.test_plan import PROPERTIES, dag, flat, weighted_dags
 
 T0 = datetime(2026, 11, 30, 5, 0, tzinfo=UTC)

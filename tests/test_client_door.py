@@ -1,6 +1,7 @@
-"""engine.Client is the one door (issue 17): the App's sync face has nothing the async client
-lacks, and what they return are the typed records of konduit.records, whose fields are the
-columns of the statements they are read from (so the JSON made of them keeps its shape)."""
+"""engine.Client and the read model above it are the one door (issue 17): the App's sync face
+has nothing the async client and read model lack, and what they return are the typed records of
+konduit.records, whose fields are the columns of the statements they are read from (so the JSON
+made of them keeps its shape)."""
 
 from __future__ import annotations
 
@@ -19,21 +20,31 @@ from konduit import records
 from konduit.cli.common import dump_json
 from konduit.db.queries import q
 from konduit.engine.client import Client
+from konduit.reads import ReadModel
 
 # App methods with no client twin on purpose: the worker, the schema, the App's own plumbing.
 SYNC_ONLY = {"add", "close", "handle", "migrate", "migrate_schema", "run_worker", "run_worker_async",
-             "client_async", "database_url"}
+             "client_async", "reads_async", "database_url"}
 RENAMED = {"status": "get"}  # App.status reads what Client.get does
 
 
 def test_every_app_operation_is_a_client_coroutine() -> None:
-    """An asyncio user (``await app.client_async()``) can do whatever the App can."""
+    """An asyncio user (``await app.client_async()``, ``await app.reads_async()``) can do
+    whatever the App can: a command or a read acted on on the Client, a read shown on the read
+    model."""
     for name, member in vars(konduit.App).items():
         if name.startswith("_") or name in SYNC_ONLY or not callable(member):
             continue
-        twin = getattr(Client, RENAMED.get(name, name), None)
-        assert twin is not None, f"App.{name} has no Client.{RENAMED.get(name, name)}"
-        assert inspect.iscoroutinefunction(twin), f"Client.{name} is not a coroutine"
+        wanted = RENAMED.get(name, name)
+        twin = getattr(Client, wanted, None) or getattr(ReadModel, wanted, None)
+        assert twin is not None, f"App.{name} has no Client.{wanted} nor ReadModel.{wanted}"
+        assert inspect.iscoroutinefunction(twin), f"{name} is not a coroutine"
+
+
+def test_the_engine_client_keeps_no_read_of_the_read_model() -> None:
+    """A read moved above the engine is not also left on it."""
+    public = [{n for n in dir(cls) if not n.startswith("_")} for cls in (Client, ReadModel)]
+    assert public[0] & public[1] == {"resolve", "on_primary"}, sorted(public[0] & public[1])
 
 
 TASK = {f.name: None for f in dataclasses.fields(records.TaskRecord)} | {

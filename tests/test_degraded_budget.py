@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pytest
 
 import konduit
+from konduit.core.alerts import degraded_budget
 from konduit.core.shares import format_share, parse_share
 from konduit.errors import KonduitError
-from konduit.observe.alerts import degraded_budget
 from konduit.observe.metrics import serve
 from tests.support.db import rows
 from tests.support.workers import running_worker

@@ -62,7 +62,7 @@ def test_a_policy_change_needs_no_version_and_tasks_keep_theirs(
     # An old execution's task created after the change takes the new policy.
     assert new.status(passing.id).status == "succeeded"
     assert _tries(new, passing.id) == {"a": (1, 2), "b": (1, 5)}
-    policies = new._do(lambda c: c.task_policies(passing.id))
+    policies = new._read(lambda c: c.task_policies(passing.id))
     assert [(p.step, p.max_attempts, p.policy_revision) for p in policies] == [
         ("a", 2, 1), ("b", 5, 2)]
     # Registering the first policy again is one more revision, not a conflict.
@@ -192,12 +192,12 @@ def test_a_process_still_on_the_old_policy_stamps_its_tasks_with_it(
     make_app(_policy(5)).start("pol", {"fail": False})  # a new process: revision 2
     started = old.start("pol", {"fail": False})  # the old process, after the change
     assert old.versions("pol")[0].policy_revision == 2
-    policies = old._do(lambda c: c.task_policies(started.id))
+    policies = old._read(lambda c: c.task_policies(started.id))
     assert [(p.step, p.max_attempts, p.policy_revision) for p in policies] == [("a", 2, 1)]
     with running_worker(old, concurrency=2):  # an old worker (re)starts: revision 3
         old.wait(started.id, timeout=60)
     assert old.versions("pol")[0].policy_revision == 3
-    policies = old._do(lambda c: c.task_policies(started.id))
+    policies = old._read(lambda c: c.task_policies(started.id))
     assert [(p.step, p.max_attempts, p.policy_revision) for p in policies] == [
         ("a", 2, 1), ("b", 2, 3)]
 

@@ -21,9 +21,9 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
 
 import konduit
-from konduit.core.masking import mask_password
 from konduit.db import describe_url
 from konduit.errors import DashboardError, DatabaseUnavailable
+from konduit.masking import mask_password
 from konduit.web import create_app, database_client, serve
 from konduit.web.security import (
     SESSION_COOKIE,

@@ -20,8 +20,8 @@ from konduit.core.webhooks import EVENTS, encode_body, retry_delay, signature, v
 from konduit.db.connect import open_database
 from konduit.engine.alerting import AlertChange, alert_changed
 from konduit.engine.finish import finish_execution
-from konduit.observe.alerts import AlertRecord
 from konduit.observe.metrics import webhook_family
+from konduit.records import AlertRecord
 from tests.support.db import rows
 from tests.support.waiting import until
 from tests.support.webhooks import receiver

@@ -39,7 +39,7 @@ from konduit.errors import (
     WorkflowNotFound,
     WorkflowVersionConflict,
 )
-from konduit.observe.alerts import AlertRecord
+from konduit.records import AlertRecord
 
 __version__ = "0.1.0"
 

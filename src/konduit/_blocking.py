@@ -27,8 +27,8 @@ from konduit.engine import client as engine
 from konduit.engine.retention import BATCH_SIZE, Prunable
 from konduit.engine.waits import SendResult
 from konduit.errors import KonduitError
-from konduit.observe.alerts import AlertRecord
-from konduit.records import AttemptLog, DeadLetter, ExecutionFound, MigrationRecord, OutputVersion, Payload, ScheduleRecord, StepRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
+from konduit.reads import ReadModel
+from konduit.records import AlertRecord, AttemptLog, DeadLetter, ExecutionFound, MigrationRecord, OutputVersion, Payload, ScheduleRecord, StepRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
 from konduit.tracing import TraceContext
 from collections.abc import Coroutine
 from typing import TypeVar

@@ -35,6 +35,7 @@ from konduit.errors import KonduitError, WorkflowDefinitionError
 from konduit.logs import bind_worker
 from konduit.loop_thread import LoopThread
 from konduit.operations import AsyncOperations
+from konduit.reads import ReadModel
 from konduit.records import (
     MigrationRecord,
 )
@@ -158,8 +159,9 @@ class App(Operations):
         """The async client (created on first use, on the caller's event loop), for code already
         inside an event loop: ``await (await app.client_async()).start("name", input)``. It is
         the core the sync methods run on: ``start``, ``start_many``, ``wait``, ``get`` (the
-        status), ``cancel``, ``repair``, ``send_event``, ``list`` and every read are coroutines
-        of :class:`konduit.engine.client.Client`, returning ids and the same records. Use it
+        status), ``cancel``, ``repair``, ``send_event`` are coroutines of
+        :class:`konduit.engine.client.Client` (the reads, ``list`` and the rest, of
+        :meth:`reads_async`), returning ids and the same records. Use it
         from one event loop only, and not beside the sync methods (those run on the App's own
         loop thread)."""
         if self._client is None:
@@ -180,6 +182,20 @@ class App(Operations):
             else:
                 self._client = client
         return self._client
+
+    async def reads_async(self) -> ReadModel:
+        """The async read model on the client's connections (:meth:`client_async`): every
+        read the sync methods show (``list``, ``search``, ``tasks``, ``steps``, ``alerts``, ...)
+        as a coroutine of :class:`konduit.reads.ReadModel`, returning the same records."""
+        return ReadModel((await self.client_async()).reads)
+
+    def _read(self, call: Callable[[ReadModel], Coroutine[Any, Any, T]]) -> T:
+        """Run one ReadModel coroutine on the App's loop thread, as :meth:`_do` runs a Client's."""
+
+        async def through_reads() -> T:
+            return await call(await self.reads_async())
+
+        return self._call(through_reads())
 
     def _do(self, call: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
         """Run one coroutine of the engine client on the App's loop thread (for the engine's

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from konduit.core.masking import mask_password
+from konduit.masking import mask_password
 
 if TYPE_CHECKING:
     from konduit.core.results import ExecutionResult

@@ -31,8 +31,9 @@ from konduit.engine import client as engine
 from konduit.engine.retention import BATCH_SIZE, Prunable
 from konduit.engine.waits import SendResult
 from konduit.errors import KonduitError
-from konduit.observe.alerts import AlertRecord
+from konduit.reads import ReadModel
 from konduit.records import (
+    AlertRecord,
     AttemptLog,
     DeadLetter,
     ExecutionFound,
@@ -88,8 +89,8 @@ class AsyncOperations:
     async def _engine(self) -> engine.Client:
         raise NotImplementedError
 
-    async def _reads(self) -> engine.Client:
-        return await self._engine()
+    async def _reads(self) -> ReadModel:
+        return ReadModel((await self._engine()).reads)
 
     # -- starting -------------------------------------------------------------------------------
 
@@ -209,7 +210,7 @@ class AsyncOperations:
     async def count_prunable(self, older_than: Duration) -> Prunable:
         """What :meth:`prune` with the same ``older_than`` would consider, deleting nothing:
         ``finished`` executions, ``dead_letters`` of them held by a dead letter."""
-        return await (await self._engine()).count_prunable(older_than)
+        return await (await self._reads()).count_prunable(older_than)
 
     async def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
         """Send a failed or refused webhook delivery again now; False when it is not one."""
@@ -299,7 +300,7 @@ class AsyncOperations:
         """How the automatic repair (``repair_within``) of an execution stands, as one line
         (``auto-repaired at ... (repair_within=24h)``, ``auto-repair pending: ...``), or None
         when its workflow has no repair contract or the execution is not covered by it."""
-        return await (await self._engine()).auto_repair_status(execution_id)
+        return await (await self._reads()).auto_repair_status(execution_id)
 
     async def stall(self, execution_id: ExecutionId) -> AlertRecord | None:
         """The open ``execution_stalled`` alert of an execution (nothing of it can run and the

@@ -620,3 +620,41 @@ class TaskPolicy(Record):
     priority: int
     policy_revision: int | None
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class AlertRecord:
+    """A stored alert: open while ``resolved_at`` is None."""
+
+    id: int
+    kind: str
+    subject: str
+    workflow: str
+    severity: str
+    message: str
+    details: Mapping[str, Any]
+    raised_at: datetime
+    last_seen_at: datetime
+    resolved_at: datetime | None = None
+
+    @property
+    def open(self) -> bool:
+        """True until the alert is resolved."""
+        return self.resolved_at is None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> AlertRecord:
+        """An alert from a row of ``konduit_alerts``."""
+        return cls(id=int(row["id"]), kind=row["kind"], subject=row["subject"],
+                   workflow=row["workflow"], severity=row["severity"], message=row["message"],
+                   details=dict(row["details"] or {}), raised_at=row["raised_at"],
+                   last_seen_at=row["last_seen_at"], resolved_at=row["resolved_at"])
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (times as ISO 8601 strings)."""
+        return {"id": self.id, "kind": self.kind, "subject": self.subject,
+                "workflow": self.workflow, "severity": self.severity, "message": self.message,
+                "details": dict(self.details), "raised_at": self.raised_at.isoformat(),
+                "last_seen_at": self.last_seen_at.isoformat(),
+                "resolved_at": None if self.resolved_at is None else self.resolved_at.isoformat(),
+                "open": self.open}

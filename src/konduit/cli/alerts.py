@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from konduit.cli.common import DatabaseUrl, console, dump_json, plain_app, stamp
-from konduit.observe.alerts import AlertRecord
 from konduit.observe.stats import ALERT_EXIT_CODE
+from konduit.records import AlertRecord
 
 _SEVERITY = {"warning": "yellow", "critical": "bold red"}
 

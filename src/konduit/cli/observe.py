@@ -131,6 +131,7 @@ def stats(
     on it; 1 on an error."""
 
     from konduit.observe.stats import Stats, seconds_option, stats_renderables
+    from konduit.reads import ReadModel
 
     seconds_option(history, "--history")  # bad options are reported before connecting
     seconds_option(fan_in_alert, "--fan-in-alert")
@@ -139,8 +140,8 @@ def stats(
     async def load() -> Stats:
         client = await app.client_async()
         try:
-            return await client.stats(workflow, history=history, fan_in_alert=fan_in_alert,
-                                      consecutive=consecutive)
+            return await ReadModel(client.reads).stats(
+                workflow, history=history, fan_in_alert=fan_in_alert, consecutive=consecutive)
         finally:
             await client.close()
 
@@ -201,6 +202,7 @@ def plan(
     from konduit.core.workflow import WorkflowSpec
     from konduit.engine.stored import StoredSpecs
     from konduit.observe.budgets import budget_renderables, plan_budgets
+    from konduit.reads import ReadModel
 
     async def load() -> tuple[WorkflowSpec, Plan, dict[str, float]]:
         client = await app.client_async()
@@ -209,8 +211,9 @@ def plan(
             specs = StoredSpecs(app.registry)
             await specs.load(client.db, workflow, version)
             spec = specs.get(workflow, version)
-            return (spec, await client.plan(spec, history=history, start=began, window=deadline),
-                    await client.own_budgets(spec))
+            model = ReadModel(client.reads)
+            return (spec, await model.plan(spec, history=history, start=began, window=deadline),
+                    await model.own_budgets(spec))
         finally:
             await client.close()
 

@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from konduit.core.masking import mask_password
+from konduit.masking import mask_password
 
 MAX_RECORDS = 200
 """Records kept per attempt; later ones are counted in ``dropped``."""

@@ -15,10 +15,10 @@ so the age of the last replayed transaction grows without any lag); otherwise th
 age. A replica that does not answer is asked again only after ``retry_after`` seconds, so a
 dead replica costs one connection attempt every few seconds, not one per read.
 
-Which calls may read here is decided in one place, :class:`konduit.engine.client.Client`:
-``client.reads`` for the pages' and the API's lists, details and stats, ``client.db`` for every
-write, every read inside a write's transaction and every read whose answer a caller acts on
-(waiting for a finish, the answer of a start, the status a handle reads).
+Which calls may read here is decided in two places: :class:`konduit.reads.ReadModel` reads the
+pages' and the API's lists, details and stats on ``reads``, and :class:`konduit.engine.client.Client`
+uses ``db`` for every write, every read inside a write's transaction and every read whose answer
+a caller acts on (waiting for a finish, the answer of a start, the status a handle reads).
 
 A replica read that fails because the replica went away or because replay kept cancelling it
 (a conflict with recovery), or that does not find an execution (one started a moment ago may

@@ -3,7 +3,7 @@
 Every worker runs :meth:`Alerting.run` beside its maintenance loop (a loop of its own, so that slow
 history reads never delay lease rescue or the deadline sweep). One round (:meth:`Alerting.evaluate`)
 reads the facts for the workflows this worker knows, asks the pure rules of
-:mod:`konduit.observe.alerts` which alerts should be open, then:
+:mod:`konduit.core.alerts` which alerts should be open, then:
 
 - **raises** each finding with one upsert on the partial unique index ``konduit_alerts_open``:
   however many workers find the same thing at once, there is one open row per (kind, subject);
@@ -34,18 +34,10 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from konduit.core.durations import Duration
-from konduit.core.model import ExecutionStatus
-from konduit.core.shares import DEGRADED_WINDOW
-from konduit.db.database import Database, Tx
-from konduit.engine import webhooks
-from konduit.engine.registry import Registry
-from konduit.errors import AlertError, DatabaseError, KonduitError
-from konduit.observe.alerts import (
+from konduit.core.alerts import (
     DEFAULT_VERSION_UNSERVED,
     KINDS,
     WINDOW_QUANTILE,
-    AlertRecord,
     Finding,
     degraded_budget,
     fan_in_findings,
@@ -54,11 +46,19 @@ from konduit.observe.alerts import (
     window_at_risk,
     window_resolution,
 )
-from konduit.observe.forecast import StepProgress, forecast
-from konduit.observe.plan import DEFAULT_HISTORY as PLAN_HISTORY
-from konduit.observe.plan import load_durations
-from konduit.observe.stats import DEFAULT_HISTORY as STATS_HISTORY
-from konduit.observe.stats import Wait, fan_in_alerts, seconds_option
+from konduit.core.durations import Duration
+from konduit.core.fan_in import DEFAULT_HISTORY as STATS_HISTORY
+from konduit.core.fan_in import Wait, fan_in_alerts, seconds_option
+from konduit.core.forecast import DEFAULT_HISTORY as PLAN_HISTORY
+from konduit.core.forecast import StepProgress, forecast
+from konduit.core.model import ExecutionStatus
+from konduit.core.shares import DEGRADED_WINDOW
+from konduit.db.database import Database, Tx
+from konduit.engine import webhooks
+from konduit.engine.registry import Registry
+from konduit.engine.spans import load_durations
+from konduit.errors import AlertError, DatabaseError, KonduitError
+from konduit.records import AlertRecord
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ degraded output ``repair_delay`` to ``repair_within`` ago and were not auto-repa
 is honoured, not only those longer than a polling interval.
 Each one is taken and repaired in **one transaction**: a guarded UPDATE sets ``auto_repair_at``
 from NULL while re-checking that the execution is still due, then the manual repair
-(:func:`konduit.engine.client.repair_in`) reopens it and starts the re-run steps. Workers that
+(:func:`konduit.engine.repairs.repair_in`) reopens it and starts the re-run steps. Workers that
 race for the same execution queue on its row; the losers' UPDATE re-checks after the winner
 commits, finds ``auto_repair_at`` set (and the execution running), and changes nothing. So an
 execution is auto-repaired at most once, however many workers run, and a repair that cannot
@@ -24,8 +24,8 @@ from uuid import UUID
 from konduit.core.repair_contract import RepairContract
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database
-from konduit.engine.client import repair_in
 from konduit.engine.registry import Registry
+from konduit.engine.repairs import repair_in
 from konduit.errors import DatabaseError, KonduitError
 
 log = logging.getLogger(__name__)

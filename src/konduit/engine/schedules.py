@@ -228,27 +228,8 @@ class Schedules:
     # -- looking and steering -----------------------------------------------------------------
 
     async def list(self) -> builtins.list[dict[str, Any]]:
-        """Every stored schedule: name, workflow and version, timing, ``paused``, ``last_tick``
-        (every tick up to it is handled), ``next_tick`` (the next one from now; None while paused), ``behind``
-        (ticks are due that no worker has started for longer than they may be late: is a
-        worker running?), and the execution of the latest tick started with its status
-        (``last_execution_id``, ``last_status``, ``last_scheduled_at``, ``last_started_at``;
-        None once it was pruned)."""
-        rows = await self.db.all("schedule_list")
-        out = []
-        for row in rows:
-            timing = timing_of(row)
-            now = row.pop("now")
-            upcoming = timing.next_after(row["last_tick"])
-            out.append({
-                **row,
-                "schedule": timing.describe(),
-                "next_tick": None if row["paused"]
-                else timing.next_after(max(row["last_tick"], now)),
-                "behind": not row["paused"] and upcoming is not None
-                and (now - upcoming).total_seconds() > self.late_after,
-            })
-        return out
+        """Every stored schedule (see :func:`list_schedules`)."""
+        return await list_schedules(self.db, late_after=self.late_after)
 
     async def set_paused(self, name: str, paused: bool) -> bool:
         """Pause or resume ``name``; returns whether that changed anything. Unknown names raise
@@ -260,3 +241,27 @@ class Schedules:
                 f"no schedule named {name!r} (known: {known}); a schedule is stored when a "
                 f"worker of the App that defines it starts")
         return bool(row["was_paused"]) != paused
+
+
+async def list_schedules(db: Database, *, late_after: float = LATE_AFTER) -> list[dict[str, Any]]:
+    """Every stored schedule: name, workflow and version, timing, ``paused``, ``last_tick``
+    (every tick up to it is handled), ``next_tick`` (the next one from now; None while paused), ``behind``
+    (ticks are due that no worker has started for longer than they may be late: is a
+    worker running?), and the execution of the latest tick started with its status
+    (``last_execution_id``, ``last_status``, ``last_scheduled_at``, ``last_started_at``;
+    None once it was pruned)."""
+    rows = await db.all("schedule_list")
+    out = []
+    for row in rows:
+        timing = timing_of(row)
+        now = row.pop("now")
+        upcoming = timing.next_after(row["last_tick"])
+        out.append({
+            **row,
+            "schedule": timing.describe(),
+            "next_tick": None if row["paused"]
+            else timing.next_after(max(row["last_tick"], now)),
+            "behind": not row["paused"] and upcoming is not None
+            and (now - upcoming).total_seconds() > late_after,
+        })
+    return out

@@ -30,6 +30,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from konduit.core.advance import Event
+from konduit.core.alerts import execution_stalled
 from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.stall import Diagnosis, EndedTasks, diagnose
@@ -39,7 +40,7 @@ from konduit.engine.advancer import Advanced, Advancer
 from konduit.engine.alerting import AlertChange, AlertHook, alert_changed
 from konduit.engine.registry import Registry
 from konduit.errors import DatabaseError, KonduitError
-from konduit.observe.alerts import AlertRecord, execution_stalled
+from konduit.records import AlertRecord
 
 log = logging.getLogger(__name__)
 

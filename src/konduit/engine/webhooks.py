@@ -21,7 +21,7 @@ from konduit.core.model import DeliveryStatus
 from konduit.core.webhooks import Webhook
 from konduit.db.database import Database, Row, Tx
 from konduit.errors import KonduitError
-from konduit.observe.alerts import AlertRecord
+from konduit.records import AlertRecord
 
 STATUSES = tuple(s.value for s in DeliveryStatus)
 

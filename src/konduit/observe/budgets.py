@@ -4,7 +4,8 @@ the plan's start and window, and whether the window would cut it (``konduit plan
 The engine cuts a branch's budget when its task is created (:mod:`konduit.engine.deadlines`);
 a plan predicts that moment as the step's p95 start (its upstream's p95 critical path from the
 plan's start), with the same pure rule (:func:`konduit.core.budgets.window_budget`) and the same
-reserve (the p95 critical path downstream of the step, from the spans the plan shows).
+reserve (the p95 critical path downstream of the step, from the spans the plan shows). A step's
+own budget, before any window, is read by :func:`konduit.reads.analytics.own_budgets`.
 """
 
 from __future__ import annotations
@@ -15,19 +16,7 @@ from typing import Any
 from konduit.core.budgets import Budget, downstream_reserves, minimum_budget, window_budget
 from konduit.core.durations import format_elapsed
 from konduit.core.workflow import WorkflowSpec
-from konduit.engine.deadlines import budgets
 from konduit.observe.plan import Plan
-
-
-async def own_budgets(db: Any, spec: WorkflowSpec) -> dict[str, float]:
-    """The budget each step with a deadline would get now, before any window (static, or
-    adaptive from its history: :class:`konduit.engine.deadlines.BudgetCache`)."""
-    found: dict[str, float] = {}
-    for name in spec.order:
-        value = await budgets.budget(db, spec.name, name, spec[name].deadline)
-        if value is not None:
-            found[name] = value
-    return found
 
 
 def plan_budgets(spec: WorkflowSpec, plan: Plan, own: Mapping[str, float]) -> dict[str, Budget]:

@@ -48,6 +48,7 @@ from prometheus_client import start_http_server
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from konduit.core.alerts import KINDS
 from konduit.core.durations import Duration
 from konduit.core.shares import DEGRADED_WINDOW, degraded_share
 from konduit.db.connect import open_database
@@ -55,7 +56,6 @@ from konduit.db.database import Database, Row, resolve_url
 from konduit.errors import MetricsError as MetricsError
 from konduit.errors import StatsError
 from konduit.loop_thread import LoopThread
-from konduit.observe.alerts import KINDS
 from konduit.observe.queue_metrics import QueueSeries
 from konduit.observe.stats import (
     DEFAULT_CONSECUTIVE,

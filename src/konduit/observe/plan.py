@@ -25,46 +25,22 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from konduit.core.durations import Duration, format_elapsed, parse_duration
+from konduit.core.forecast import DEFAULT_HISTORY as DEFAULT_HISTORY
+from konduit.core.forecast import QUANTILES as QUANTILES
+from konduit.core.forecast import Quantile as Quantile
+from konduit.core.forecast import StepQuantiles as StepQuantiles
+from konduit.core.forecast import history_seconds as history_seconds
+from konduit.core.forecast import quantile_name as quantile_name
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database
+from konduit.engine.spans import load_durations as load_durations
 from konduit.errors import KonduitError
 from konduit.errors import PlanError as PlanError
 
-Quantile = Literal["p50", "p95", "p99"]
-QUANTILES: tuple[Quantile, ...] = ("p50", "p95", "p99")
-_BY_FRACTION: dict[float, Quantile] = {0.5: "p50", 0.95: "p95", 0.99: "p99"}
-
 Verdict = Literal["safe", "at risk", "will miss"]
 
-DEFAULT_HISTORY = "7d"
 PLAN_AT_RISK_EXIT_CODE = 3
 """``konduit plan`` exits with this code when the verdict is "at risk" or "will miss"."""
-
-
-@dataclass(frozen=True)
-class StepQuantiles:
-    """How long one step took in recent executions: quantiles of its span, in seconds."""
-
-    p50: float
-    p95: float
-    p99: float
-    samples: int
-    degraded: int = 0  # how many of the samples ended degraded (at their deadline, usually)
-
-    def at(self, quantile: Quantile | float) -> float:
-        return float(getattr(self, quantile_name(quantile)))
-
-
-def quantile_name(quantile: Quantile | float) -> Quantile:
-    """``"p95"`` for ``"p95"`` or ``0.95``."""
-    if isinstance(quantile, str) and quantile in QUANTILES:
-        return quantile
-    if isinstance(quantile, float | int) and not isinstance(quantile, bool):
-        found = _BY_FRACTION.get(float(quantile))
-        if found is not None:
-            return found
-    raise PlanError(f"a plan knows the quantiles p50, p95 and p99 (or 0.5, 0.95, 0.99), "
-                    f"not {quantile!r}")
 
 
 # -- the critical path ---------------------------------------------------------------------------
@@ -310,35 +286,6 @@ def window_from(
 
 
 # -- history -------------------------------------------------------------------------------------
-
-
-def history_seconds(history: Duration) -> float:
-    """``--history`` in seconds (a :class:`PlanError` when it is not a duration)."""
-    try:
-        return parse_duration(history, what="--history")
-    except KonduitError as exc:
-        raise PlanError(str(exc)) from None
-
-
-async def load_durations(
-    db: Database, workflow: str, *, history: Duration = DEFAULT_HISTORY
-) -> dict[str, StepQuantiles]:
-    """Per step of ``workflow`` (any version): quantiles of its span over the finished
-    executions created within ``history``."""
-    rows = await db.all(
-        "step_span_quantiles_by_workflow", workflow_name=workflow,
-        history_seconds=history_seconds(history),
-    )
-    return {
-        row["step"]: StepQuantiles(
-            p50=float(row["p50"]),
-            p95=float(row["p95"]),
-            p99=float(row["p99"]),
-            samples=int(row["samples"]),
-            degraded=int(row["degraded"]),
-        )
-        for row in rows
-    }
 
 
 async def load_plan(

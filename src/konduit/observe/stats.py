@@ -7,8 +7,9 @@ ended → join fired), the join's dispatch latency (last branch ended → join f
 was the straggler how often. And the page to send: a join whose fan-in wait exceeded a threshold
 (20 s) in each of its last N (2) executions raises an :class:`Alert`.
 
-The rule is :func:`fan_in_alert`, pure; a join still waiting past the threshold in a running
-execution counts as exceeding it (that is the moment to page, before the window is at risk).
+The rule is :func:`~konduit.core.fan_in.fan_in_alert`, pure; a join still waiting past the
+threshold in a running execution counts as exceeding it (that is the moment to page, before the
+window is at risk).
 :func:`load_stats` reads the history with three named queries (``db/sql/stats.sql``) and
 :func:`build_stats` turns their rows into a :class:`Stats`, also without I/O.
 """
@@ -20,83 +21,22 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from konduit.core.durations import Duration, format_duration, format_elapsed, parse_duration
+from konduit.core.durations import Duration, format_duration, format_elapsed
+from konduit.core.fan_in import DEFAULT_HISTORY as DEFAULT_HISTORY
+from konduit.core.fan_in import Alert as Alert
+from konduit.core.fan_in import Wait as Wait
+from konduit.core.fan_in import fan_in_alert as fan_in_alert
+from konduit.core.fan_in import fan_in_alerts as fan_in_alerts
+from konduit.core.fan_in import seconds_option as seconds_option
 from konduit.db.database import Database, Row
-from konduit.errors import KonduitError
 from konduit.errors import StatsError as StatsError
 
-DEFAULT_HISTORY = "24h"
 DEFAULT_FAN_IN_ALERT = "20s"
 DEFAULT_CONSECUTIVE = 2
 ALERT_EXIT_CODE = 3
 """``konduit stats`` exits with this code when an alert fires (0 otherwise, 1 on an error)."""
 
 OUTCOMES = ("succeeded", "degraded", "failed", "timed_out", "skipped", "cancelled")
-
-
-# -- the alert rule ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Wait:
-    """One execution's fan-in wait at one join, in seconds."""
-
-    seconds: float
-    straggler: str | None = None  # the branch that ended last before the join fired
-    waiting: bool = False  # the join has not fired yet: ``seconds`` is the wait so far
-    execution_id: str | None = None
-
-
-@dataclass(frozen=True)
-class Alert:
-    """A join whose fan-in wait exceeded the threshold in each of its last executions."""
-
-    workflow: str
-    join: str
-    waits: tuple[Wait, ...]  # the last executions' waits, oldest first
-    threshold: float
-
-    @property
-    def straggler(self) -> str | None:
-        """The most recent straggler known (a join still waiting has none yet)."""
-        return next((w.straggler for w in reversed(self.waits) if w.straggler), None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"workflow": self.workflow, "join": self.join, "waits": [w.seconds for w in self.waits],
-                "straggler": self.straggler, "still_waiting": self.waits[-1].waiting,
-                "executions": [w.execution_id for w in self.waits],
-                "threshold_seconds": self.threshold}
-
-    def describe(self) -> str:
-        waits = ", ".join(format_elapsed(w.seconds) + (" so far" if w.waiting else "")
-                          for w in self.waits)
-        straggler = f"; straggler: {self.straggler}" if self.straggler else ""
-        return (f"{self.workflow}/{self.join}: fan-in wait above {format_duration(self.threshold)} "
-                f"in the last {len(self.waits)} execution(s) ({waits}){straggler}")
-
-
-def fan_in_alert(waits: Sequence[Wait], *, threshold: float, consecutive: int) -> tuple[Wait, ...] | None:
-    """The last ``consecutive`` waits (oldest first, as given) when every one of them exceeded
-    ``threshold`` seconds, else None. Fewer executions than ``consecutive`` never alert; one
-    fast execution among the last ``consecutive`` resets the count."""
-    if consecutive < 1:
-        raise StatsError(f"--consecutive must be at least 1, got {consecutive}")
-    last = tuple(waits[-consecutive:])
-    if len(last) < consecutive or any(w.seconds <= threshold for w in last):
-        return None
-    return last
-
-
-def fan_in_alerts(
-    recent: Mapping[tuple[str, str], Sequence[Wait]], *, threshold: float, consecutive: int
-) -> list[Alert]:
-    """Apply :func:`fan_in_alert` to every ``(workflow, join)``'s waits (oldest first)."""
-    alerts = []
-    for (workflow, join), waits in sorted(recent.items()):
-        last = fan_in_alert(waits, threshold=threshold, consecutive=consecutive)
-        if last is not None:
-            alerts.append(Alert(workflow, join, last, threshold))
-    return alerts
 
 
 # -- the stats -----------------------------------------------------------------------------------
@@ -301,14 +241,6 @@ def flow_stats(r: Row, top_keys: Sequence[KeyStats] = ()) -> FlowStats:
                      throttled_claims=int(r["throttled_claims"]),
                      keyed=bool(r.get("keyed", False)), keys=int(r.get("keys") or 0),
                      keys_throttled=int(r.get("keys_throttled") or 0), top_keys=tuple(top_keys))
-
-
-def seconds_option(value: Duration, what: str) -> float:
-    """A duration option in seconds (a :class:`StatsError` naming it when it is not one)."""
-    try:
-        return parse_duration(value, what=what)
-    except KonduitError as exc:
-        raise StatsError(str(exc)) from None
 
 
 async def load_stats(

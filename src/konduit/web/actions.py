@@ -66,10 +66,10 @@ def register(web: FastAPI, site: Site) -> None:
 
     @web.get("/executions/{execution_id}/repair", response_class=HTMLResponse)
     async def confirm_repair(request: Request, execution_id: str) -> Response:
-        client = await site.clients.get()
-        result = await client.get(execution_id)
-        steps = await client.steps(result.id)
-        workflow = await client.workflow(result.workflow, result.version)
+        result = await (await site.clients.get()).get(execution_id)
+        model = await site.clients.model()
+        steps = await model.steps(result.id)
+        workflow = await model.workflow(result.workflow, result.version)
         statuses = {s.step: s.status for s in steps}
         rerun = rerun_steps(list(workflow.spec["steps"]) if workflow else [], statuses)
         refusal = None

@@ -43,6 +43,7 @@ from konduit.errors import (
     WorkflowNotFound,
     WorkflowVersionConflict,
 )
+from konduit.reads import ReadModel
 from konduit.web import api_models as m
 from konduit.web.problems import FieldError, problem, problem_responses
 from konduit.web.templating import env
@@ -160,7 +161,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
 
     async def statuses(client: Client, ids: list[UUID]) -> dict[UUID, str]:
         # A start's answer: read where it was written (a replica may not have it yet).
-        return {r.id: r.status for r in await client.on_primary().progress(ids)}
+        return {r.id: r.status for r in await ReadModel(client.reads).on_primary().progress(ids)}
 
     @router.post("/executions", status_code=201, response_model=m.Started, tags=["executions"],
                  responses=problem_responses(409))
@@ -238,8 +239,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                                   fair_key=fair_key)
         except KonduitError as exc:
             raise Refused(422, str(exc), "query") from None
-        client = await clients.get()
-        rows = await client.search(where, before=None if before_at is None or before_id is None
+        model = await clients.model()
+        rows = await model.search(where, before=None if before_at is None or before_id is None
                                    else (before_at, before_id), limit=limit + 1)
         items = [m.ExecutionSummary(id=r.id, workflow=r.workflow_name,
                                     version=r.workflow_version, status=r.status,  # type: ignore[arg-type]
@@ -255,11 +256,11 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                 responses=problem_responses(404, 409))
     async def execution(execution_id: str) -> m.ExecutionDetail:
         """One execution whole: input, output, each step, every attempt with its full error."""
-        client = await clients.get()
-        result = await client.view(execution_id)
-        row = await client.execution(result.id)
-        steps = await client.steps(result.id)
-        attempts = await client.attempts(result.id)
+        model = await clients.model()
+        result = await model.view(execution_id)
+        row = await model.execution(result.id)
+        steps = await model.steps(result.id)
+        attempts = await model.attempts(result.id)
         return m.ExecutionDetail(
             id=result.id, workflow=result.workflow, version=result.version,
             status=result.status,  # type: ignore[arg-type]
@@ -272,8 +273,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             steps=[m.StepState.model_validate(s.to_dict()) for s in steps],
             attempts=[m.Attempt.model_validate(a.to_dict()) for a in attempts],
             output_versions=[m.OutputVersion.model_validate(v.to_dict())
-                             for v in await client.outputs(result.id)],
-            stalled=None if result.finished or (stall := await client.stall(result.id)) is None
+                             for v in await model.outputs(result.id)],
+            stalled=None if result.finished or (stall := await model.stall(result.id)) is None
             else m.AlertOut.model_validate(stall.to_json()))
 
     @router.get("/executions/{execution_id}/logs", response_model=list[m.AttemptLog],
@@ -281,10 +282,10 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     async def execution_logs(execution_id: str) -> list[m.AttemptLog]:
         """What the execution's handlers logged (``logging`` and ``ctx.log``), attempt by
         attempt, oldest first; attempts that logged nothing are left out."""
-        client = await clients.get()
-        result = await client.view(execution_id)  # 404 before anything else
+        model = await clients.model()
+        result = await model.view(execution_id)  # 404 before anything else
         return [m.AttemptLog.model_validate(a.to_dict())
-                for a in await client.attempt_logs(result.id)]
+                for a in await model.attempt_logs(result.id)]
 
     @router.post("/executions/{execution_id}/cancel", response_model=m.Cancelled,
                  tags=["executions"], responses=problem_responses(404, 409))
@@ -368,7 +369,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     @router.get("/dead-letters", response_model=list[m.DeadLetter], tags=["operations"])
     async def dead_letters(limit: Limit = 100) -> list[m.DeadLetter]:
         """Tasks whose retries ran out (or that failed non-retryably), newest first."""
-        rows = await (await clients.get()).dead_letters(limit)
+        rows = await (await clients.model()).dead_letters(limit)
         return [m.DeadLetter(task_id=r.id, execution_id=r.execution_id, workflow=r.workflow_name,
                              step=r.step, map_index=r.map_index, attempt=r.attempt,
                              error=r.error, finished_at=r.finished_at) for r in rows]
@@ -377,12 +378,12 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     async def workflows() -> list[m.WorkflowOut]:
         """Every registered workflow version with its DAG (steps, edges, joins), its running
         executions and the live workers serving it (``unserved``: executions, no worker)."""
-        client = await clients.get()
-        rows = await client.workflows()
-        states = {(v.name, v.version): v for v in await client.versions()}
+        model = await clients.model()
+        rows = await model.workflows()
+        states = {(v.name, v.version): v for v in await model.versions()}
         known = set(app.registry.keys()) if app is not None else set()
         started_by: dict[tuple[str, int], list[m.TriggerOut]] = {}
-        for t in await client.triggers():
+        for t in await model.triggers():
             started_by.setdefault((t.workflow_name, t.workflow_version), []).append(m.TriggerOut(
                 event=t.event, mode=t.mode, description=t.description,  # type: ignore[arg-type]
                 open_groups=t.open_groups, pending=t.pending, last_event_at=t.last_event_at))
@@ -406,12 +407,12 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
     @router.get("/workers", response_model=list[m.WorkerOut], tags=["operations"])
     async def workers() -> list[m.WorkerOut]:
         """The workers that are up, with what they serve and run."""
-        return [m.WorkerOut.from_row(r.to_dict()) for r in await (await clients.get()).workers()]
+        return [m.WorkerOut.from_row(r.to_dict()) for r in await (await clients.model()).workers()]
 
     @router.get("/schedules", response_model=list[m.ScheduleOut], tags=["operations"])
     async def schedules() -> list[m.ScheduleOut]:
         """Every stored schedule, its next tick and the execution of its latest tick."""
-        rows = await (await clients.get()).schedules()
+        rows = await (await clients.model()).schedules()
         return [m.ScheduleOut.model_validate(r.to_dict() | {"workflow": r.workflow_name})
                 for r in rows]
 
@@ -421,7 +422,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                      limit: Limit = 100) -> list[m.AlertOut]:
         """Open alerts, newest first (``all``: resolved ones too)."""
         try:
-            found = await (await clients.get()).alerts(include_resolved=all, kind=kind or None,
+            found = await (await clients.model()).alerts(include_resolved=all, kind=kind or None,
                                                        workflow=workflow or None, limit=limit)
         except AlertError as exc:
             raise Refused(422, str(exc), "query.kind") from None
@@ -434,7 +435,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
                     consecutive: Annotated[int, Query(ge=1, le=1000)] = 2) -> m.StatsOut:
         """``konduit stats``: per branch and per join over ``history``, and the fan-in alerts."""
         try:
-            found = await (await clients.get()).stats(workflow or None, history=history,
+            found = await (await clients.model()).stats(workflow or None, history=history,
                                                       fan_in_alert=fan_in_alert,
                                                       consecutive=consecutive)
         except StatsError as exc:

@@ -8,7 +8,8 @@ repair, confirm-then-POST) and :mod:`konduit.web.ops` (workers, the queue strip)
 
 Server-rendered (FastAPI + Jinja2, no JavaScript framework, nothing fetched from elsewhere; one
 small static script, ``static/live.js``, updates status cells in place without inline script). Every
-page reads the database through one :class:`~konduit.engine.client.Client`, created on first use in the
+page reads the database through one :class:`~konduit.engine.client.Client` (what it shows through
+the :class:`~konduit.reads.ReadModel` on its connections), created on first use in the
 server's event loop and dropped when the database fails, so a page answers 503 while it is down
 and works again once it is back. Repair re-runs workflow code, so it is offered only when the
 dashboard knows the workflows (``--app``).
@@ -155,25 +156,25 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
     @web.get("/stats", response_class=HTMLResponse)
     async def stats(request: Request, workflow: str | None = None, history: str = "24h",
                     fan_in_alert: str = "20s", consecutive: int = 2) -> Response:
-        client = await clients.get()
+        model = await clients.model()
         options = {"workflow": workflow or "", "history": history, "fan_in_alert": fan_in_alert,
                    "consecutive": consecutive}
         try:
-            result = await client.stats(workflow or None, history=history,
-                                        fan_in_alert=fan_in_alert, consecutive=consecutive)
+            result = await model.stats(workflow or None, history=history,
+                                       fan_in_alert=fan_in_alert, consecutive=consecutive)
         except StatsError as exc:
             return page(request, "stats.html", 400, stats=None, options=options, error=str(exc))
         alerting = {(a.workflow, a.join) for a in result.alerts}
         triggers_of: dict[str, list[TriggerRecord]] = {}
-        for t in await client.triggers(workflow or None):
+        for t in await model.triggers(workflow or None):
             triggers_of.setdefault(t.workflow_name, []).append(t)
         return page(request, "stats.html", stats=result, options=options, alerting=alerting,
                     triggers_of=triggers_of)
 
     @web.get("/alerts", response_class=HTMLResponse)
     async def alerts(request: Request, limit: int = 100) -> Response:
-        found = await (await clients.get()).alerts(include_resolved=True,
-                                                   limit=max(1, min(limit, 1000)))
+        found = await (await clients.model()).alerts(include_resolved=True,
+                                                     limit=max(1, min(limit, 1000)))
         return page(request, "alerts.html", refresh=REFRESH_SECONDS * 5,
                     open=[a for a in found if a.open], resolved=[a for a in found if not a.open])
 
@@ -181,7 +182,7 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
     async def webhook_deliveries(request: Request, status: str | None = None,
                                  limit: int = 100) -> Response:
         try:
-            found = await (await clients.get()).webhook_deliveries(
+            found = await (await clients.model()).webhook_deliveries(
                 status=status or None, limit=max(1, min(limit, 1000)))
         except KonduitError as exc:
             return page(request, "webhooks.html", 400, deliveries=[], status=status,

@@ -1,5 +1,6 @@
-"""The dashboard's one :class:`~konduit.engine.client.Client` and metrics collector, made on
-first use. Apart from :mod:`konduit.web.app`, which builds the site, so that the routes
+"""The dashboard's one :class:`~konduit.engine.client.Client` (with the
+:class:`~konduit.reads.ReadModel` on its connections) and metrics collector, made on first use.
+Apart from :mod:`konduit.web.app`, which builds the site, so that the routes
 (:mod:`konduit.web.api_v1`, :mod:`konduit.web.wiring`) can name it without importing the module
 that imports them."""
 
@@ -15,6 +16,7 @@ from konduit.db.replica import Reads
 from konduit.engine.client import Client
 from konduit.errors import DatabaseError
 from konduit.observe.metrics import KonduitCollector
+from konduit.reads import ReadModel
 from konduit.web.reads import ReadsCollector
 
 ClientFactory = Callable[[], Awaitable[Client]]
@@ -34,6 +36,10 @@ class Clients:
             if self.client is None:
                 self.client = await self.factory()
             return self.client
+
+    async def model(self) -> ReadModel:
+        """What the pages and the API show, read on the client's connections."""
+        return ReadModel((await self.get()).reads)
 
     def reads(self) -> Reads | None:
         """Where the client's reads go (None before the first request made the client)."""

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from konduit.engine.client import Client, ExecutionResult
-from konduit.observe.alerts import AlertRecord
-from konduit.records import VersionState
+from konduit.engine.client import ExecutionResult
+from konduit.reads import ReadModel
+from konduit.records import AlertRecord, VersionState
 from konduit.web.summaries import MapSummary, map_summaries
 
 Fields = dict[str, Any]
@@ -51,43 +51,43 @@ class Detail:
     task_policies: list[Fields] = field(default_factory=list)
 
 
-async def load_detail(client: Client, execution_id: str, *, collapse_maps: bool = False) -> Detail:
+async def load_detail(model: ReadModel, execution_id: str, *, collapse_maps: bool = False) -> Detail:
     """One execution with its steps, attempts, output versions and late results; with
     ``collapse_maps`` (the page) map steps are summarised and failed attempts listed."""
-    result = await client.view(execution_id)
-    row = (await client.execution(result.id)).to_dict()
-    workflow = await client.workflow(result.workflow, result.version)
+    result = await model.view(execution_id)
+    row = (await model.execution(result.id)).to_dict()
+    workflow = await model.workflow(result.workflow, result.version)
     spec_steps = list(workflow.spec["steps"]) if workflow else []
     # The page's views and templates read plain dicts: the records become them here.
-    steps = [s.to_dict() for s in await client.steps(result.id)]
+    steps = [s.to_dict() for s in await model.steps(result.id)]
     maps: dict[str, MapSummary] = {}
     failures: list[Fields] = []
     if collapse_maps:
         mapped = [s["name"] for s in spec_steps if s.get("map")]
-        attempts = [a.to_dict() for a in await client.attempts(result.id, except_steps=mapped)]
-        maps = map_summaries([c.to_dict() for c in await client.map_counts(result.id, mapped)])
-        failures = [f.to_dict() for f in await client.failed_attempts(result.id,
+        attempts = [a.to_dict() for a in await model.attempts(result.id, except_steps=mapped)]
+        maps = map_summaries([c.to_dict() for c in await model.map_counts(result.id, mapped)])
+        failures = [f.to_dict() for f in await model.failed_attempts(result.id,
                                                                       FAILURES_PER_STEP)]
     else:
-        attempts = [a.to_dict() for a in await client.attempts(result.id)]
-    payloads = await client.payloads(result.id)
+        attempts = [a.to_dict() for a in await model.attempts(result.id)]
+    payloads = await model.payloads(result.id)
     # The cheap check first: counting the version's running executions (for the banner) reads
     # them all, 0.3 s at 200,000 running, too much for every refresh of a served execution.
     unserved = None
-    if not result.finished and not await client.workflow_served(result.workflow, result.version):
-        unserved = next((v for v in await client.versions(result.workflow)
+    if not result.finished and not await model.workflow_served(result.workflow, result.version):
+        unserved = next((v for v in await model.versions(result.workflow)
                          if v.version == result.version and v.unserved), None)
     detail = Detail(result, row, spec_steps, steps, attempts,
-                  [v.to_dict() for v in await client.outputs(result.id)],
+                  [v.to_dict() for v in await model.outputs(result.id)],
                   [p.to_dict() for p in payloads if p.source == "late"],
-                  await client.auto_repair_status(result.id), maps, failures,
-                  None if (parent := await client.parent(result.id)) is None else parent.to_dict(),
-                  [c.to_dict() for c in await client.children(result.id)],
-                  None if result.finished else await client.stall(result.id),
-                  {b.step: b.to_dict() for b in await client.budgets(result.id)},
-                  [log_fields(a.to_dict()) for a in await client.attempt_logs(
+                  await model.auto_repair_status(result.id), maps, failures,
+                  None if (parent := await model.parent(result.id)) is None else parent.to_dict(),
+                  [c.to_dict() for c in await model.children(result.id)],
+                  None if result.finished else await model.stall(result.id),
+                  {b.step: b.to_dict() for b in await model.budgets(result.id)},
+                  [log_fields(a.to_dict()) for a in await model.attempt_logs(
                       result.id, limit=LOGGED_ATTEMPTS if collapse_maps else None)],
-                  unserved, [p.to_dict() for p in await client.task_policies(result.id)])
+                  unserved, [p.to_dict() for p in await model.task_policies(result.id)])
     return detail
 
 

@@ -57,10 +57,10 @@ def register(web: FastAPI, site: Site) -> None:
 
     @web.get("/schedules", response_class=HTMLResponse)
     async def schedules(request: Request) -> Response:
-        client = await site.clients.get()
-        found = await client.schedules()
+        model = await site.clients.model()
+        found = await model.schedules()
         return site.page(request, "schedules.html", schedules=found,
-                         triggers=await client.triggers())
+                         triggers=await model.triggers())
 
     async def set_paused(request: Request, name: str, paused: bool) -> Response:
         verb = "pause" if paused else "resume"
@@ -180,5 +180,5 @@ def register(web: FastAPI, site: Site) -> None:
 
     @web.get("/queues", response_class=HTMLResponse)
     async def queues(request: Request) -> Response:
-        loads = await (await site.clients.get()).queue_loads()
+        loads = await (await site.clients.model()).queue_loads()
         return site.page(request, "queues.html", loads=loads)

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from konduit.engine.client import Client
+from konduit.reads import ReadModel
 from konduit.web import views
 from konduit.web.site import Site
 
@@ -52,17 +52,17 @@ class Strip:
                             else None} for q in self.queues]}
 
 
-async def load_strip(client: Client) -> Strip:
-    running = await client.running_count()
-    live = await client.workers()
-    queues = [q.to_dict() for q in await client.queues()]
+async def load_strip(model: ReadModel) -> Strip:
+    running = await model.running_count()
+    live = await model.workers()
+    queues = [q.to_dict() for q in await model.queues()]
     return Strip(running, len(live), queues)
 
 
-async def load_workers(client: Client, since_seconds: float = RECENT_WORKERS) -> list[dict[str, Any]]:
+async def load_workers(model: ReadModel, since_seconds: float = RECENT_WORKERS) -> list[dict[str, Any]]:
     """Every worker heard from recently, each with the attempts it runs now."""
-    workers = await client.recent_workers(since_seconds)
-    running = await client.running_attempts(RUNNING_SHOWN)
+    workers = await model.recent_workers(since_seconds)
+    running = await model.running_attempts(RUNNING_SHOWN)
     by_worker: dict[str, list[dict[str, Any]]] = {}
     for a in running:
         by_worker.setdefault(str(a.worker_id), []).append(a.to_dict())
@@ -83,19 +83,19 @@ def register(web: FastAPI, site: Site) -> None:
 
     @web.get("/workers", response_class=HTMLResponse)
     async def workers(request: Request, all: bool = False) -> Response:
-        client = await site.clients.get()
-        found, hidden = shown_workers(await load_workers(client), everything=all)
-        return site.page(request, "workers.html", workers=found, strip=await load_strip(client),
+        model = await site.clients.model()
+        found, hidden = shown_workers(await load_workers(model), everything=all)
+        return site.page(request, "workers.html", workers=found, strip=await load_strip(model),
                          live="/workers.json", poll_ms=2000, hidden=hidden, showing_all=all)
 
     @web.get("/strip.json")
     async def strip_live() -> Response:
         """The status strip alone, for the executions list's script."""
-        return JSONResponse(jsonable_encoder((await load_strip(await site.clients.get())).to_json()))
+        return JSONResponse(jsonable_encoder((await load_strip(await site.clients.model())).to_json()))
 
     @web.get("/workers.json")
     async def workers_live() -> Response:
-        client = await site.clients.get()
-        found = await load_workers(client)
+        model = await site.clients.model()
+        found = await load_workers(model)
         return JSONResponse(jsonable_encoder({"workers": [worker_json(w) for w in found],
-                                              "strip": (await load_strip(client)).to_json()}))
+                                              "strip": (await load_strip(model)).to_json()}))

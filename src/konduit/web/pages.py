@@ -87,7 +87,7 @@ def register(web: FastAPI, site: Site) -> None:
                          input: Annotated[list[str] | None, Query()] = None,
                          since: str | None = None, until: str | None = None,
                          fair_key: str | None = None) -> Response:
-        client = await site.clients.get()
+        model = await site.clients.model()
         status, workflow, limit = status or None, workflow or None, max(1, min(limit, 500))
         # The search as typed: what the form shows again and every link (pages, live) keeps.
         typed = SearchText.of(id=id, key=key, tag=tag, input=input, since=since, until=until,
@@ -100,15 +100,15 @@ def register(web: FastAPI, site: Site) -> None:
             where = typed.filter(status=status, workflow=workflow)
         except KonduitError as exc:
             return site.problem(request, 400, "Bad search", str(exc))
-        found = await client.search(where, before=None if before_at is None or before_id is None
+        found = await model.search(where, before=None if before_at is None or before_id is None
                                     else (before_at, before_id), limit=limit + 1)
         more, found = len(found) > limit, found[:limit]
         results = [result_of(r) for r in found]
-        marks = await client.marked_steps(r.id for r in results)
+        marks = await model.marked_steps(r.id for r in results)
         by_execution: dict[UUID, list[StepMark]] = {}
         for m in marks:
             by_execution.setdefault(m.execution_id, []).append(m)
-        unserved = await client.unserved(r.id for r in results if not r.finished)
+        unserved = await model.unserved(r.id for r in results if not r.finished)
         now = datetime.now(UTC)
         tags = {r.id: r.tags for r in found}
         rows = [{"r": r, "took": views.between(r.created_at, r.finished_at or now),
@@ -118,7 +118,7 @@ def register(web: FastAPI, site: Site) -> None:
                                     if m.status == "degraded"),
                  "failed": sorted(m.step for m in by_execution.get(r.id, [])
                                   if m.status != "degraded")} for r in results]
-        names = sorted({w.name for w in await client.workflows()})
+        names = sorted({w.name for w in await model.workflows()})
         following = None
         if more and found:
             following = query_string(status=status, workflow=workflow, limit=limit if limit != 50 else None,
@@ -130,7 +130,7 @@ def register(web: FastAPI, site: Site) -> None:
         return site.page(request, "executions.html", rows=rows, workflows=names, status=status,
                          search=typed, searched=bool(typed.more_args()),
                          workflow=workflow, statuses=views.FINISHED | {"pending", "scheduled", "running"},
-                         strip=await load_strip(client), next_page=following,
+                         strip=await load_strip(model), next_page=following,
                          first_page=first if cursor else None, poll_ms=POLL_MS,
                          # The same page of the API (same filters, same keyset cursor) keeps
                          # the rows' states fresh; the strip polls its own JSON.
@@ -142,10 +142,10 @@ def register(web: FastAPI, site: Site) -> None:
 
     @web.get("/executions/{execution_id}", response_class=HTMLResponse)
     async def execution(request: Request, execution_id: str) -> Response:
-        client = await site.clients.get()
-        d = await load_detail(client, execution_id, collapse_maps=True)
+        model = await site.clients.model()
+        d = await load_detail(model, execution_id, collapse_maps=True)
         now, origin = datetime.now(UTC), d.result.created_at or datetime.now(UTC)
-        reasons = await load_reasons(client, d.result, d.steps, now)
+        reasons = await load_reasons(model, d.result, d.steps, now)
         d.steps = [s | {"word": reasons.words.get(s["step"])} for s in d.steps]
         tries = Counter(a["step"] for a in d.attempts)
         for name, summary in d.maps.items():
@@ -187,16 +187,16 @@ def register(web: FastAPI, site: Site) -> None:
     @web.get("/executions/{execution_id}/live.json")
     async def execution_live(execution_id: str) -> Response:
         """Status, step states and map counts of one execution, for its page's script."""
-        client = await site.clients.get()
-        result = await client.view(execution_id)
-        workflow = await client.workflow(result.workflow, result.version)
+        model = await site.clients.model()
+        result = await model.view(execution_id)
+        workflow = await model.workflow(result.workflow, result.version)
         spec_steps = list(workflow.spec["steps"]) if workflow else []
-        steps = [s.to_dict() for s in await client.steps(result.id)]
-        words = (await load_reasons(client, result, steps, datetime.now(UTC),
+        steps = [s.to_dict() for s in await model.steps(result.id)]
+        words = (await load_reasons(model, result, steps, datetime.now(UTC),
                                     with_p95=False)).words
         steps = [s | {"word": words.get(s["step"])} for s in steps]
         mapped = [s["name"] for s in spec_steps if s.get("map")]
-        maps = map_summaries([c.to_dict() for c in await client.map_counts(result.id, mapped)])
+        maps = map_summaries([c.to_dict() for c in await model.map_counts(result.id, mapped)])
         dag = views.dag_layout(spec_steps, {s["step"]: s for s in steps})
         return JSONResponse(jsonable_encoder(
             live_state(result, steps, maps, {n.name: n.detail for n in dag.nodes})))
@@ -205,16 +205,16 @@ def register(web: FastAPI, site: Site) -> None:
     async def items(request: Request, execution_id: str, step: str, status: str | None = None,
                     start: int = 0, limit: int = ITEMS_PAGE) -> Response:
         """A map step's items (or a plain step's one task), a page at a time."""
-        client = await site.clients.get()
-        result = await client.view(execution_id)
+        model = await site.clients.model()
+        result = await model.view(execution_id)
         status, start, limit = status or None, max(0, start), max(1, min(limit, 1000))
-        found = [t.to_dict() for t in await client.map_items(
+        found = [t.to_dict() for t in await model.map_items(
             result.id, step, status=status, from_index=start, limit=limit + 1)]
         if not found and start == 0 and status is None:
             return site.problem(request, 404, "No such step",
                                 f"execution {result.id} has no tasks of a step named {step!r}")
         more, found = len(found) > limit, found[:limit]
-        summary = map_summaries([c.to_dict() for c in await client.map_counts(result.id, [step])]
+        summary = map_summaries([c.to_dict() for c in await model.map_counts(result.id, [step])]
                                 ).get(step)
         keep = {"status": status, "limit": limit if limit != ITEMS_PAGE else None}
         return site.page(request, "items.html", r=result, step=step, tasks=found, summary=summary,
@@ -225,13 +225,13 @@ def register(web: FastAPI, site: Site) -> None:
 
     @web.get("/dead-letters", response_class=HTMLResponse)
     async def dead_letters(request: Request, limit: int = 100, cursor: str | None = None) -> Response:
-        client = await site.clients.get()
+        model = await site.clients.model()
         limit = max(1, min(limit, 1000))
         try:
             before_at, before_id = page_key(cursor, int, "a task")
         except BadCursor as exc:
             return bad_cursor(request, exc)
-        rows = await client.dead_letter_page(
+        rows = await model.dead_letter_page(
             before=None if before_at is None or before_id is None else (before_at, before_id),
             limit=limit + 1)
         more, rows = len(rows) > limit, rows[:limit]

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Scope
 
-from konduit.core.masking import mask_password
+from konduit.masking import mask_password
 from konduit.web.templating import env
 
 PROBLEM_JSON = "application/problem+json"

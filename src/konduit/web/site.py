@@ -1,4 +1,4 @@
-"""What the dashboard's route modules share: the client, the page and problem renderers of
+"""What the dashboard's route modules share: the client and its read model, the page and problem renderers of
 :func:`konduit.web.app.create_app`, and the App whose code Repair re-runs."""
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ from fastapi.responses import HTMLResponse, Response
 
 from konduit.app import App
 from konduit.engine.client import Client
+from konduit.reads import ReadModel
 
 
 class ClientSource(Protocol):
     async def get(self) -> Client: ...
+
+    async def model(self) -> ReadModel: ...
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from konduit.core.words import step_word
+from konduit.reads import ReadModel
 from konduit.records import OpenTask
 
 OPEN = ("ready", "running", "waiting")
@@ -124,13 +125,13 @@ class Reasons:
         return [w for w in self.whys if w.step == step]
 
 
-async def load_reasons(client: Any, result: Any, steps: Sequence[Mapping[str, Any]],
+async def load_reasons(model: ReadModel, result: Any, steps: Sequence[Mapping[str, Any]],
                        now: datetime, *, with_p95: bool = True) -> Reasons:
     """Read the open tasks of ``result`` (and, when one runs, its workflow's recent p95s; not
     for the page's polls, every 2 s: the stats read a day of attempts)."""
-    tasks = await client.open_tasks(result.id)
+    tasks = await model.open_tasks(result.id)
     p95: dict[str, float | None] = {}
     if with_p95 and any(t.status == "running" for t in tasks):
-        stats = await client.stats(result.workflow)
+        stats = await model.stats(result.workflow)
         p95 = {b.step: b.p95 for b in stats.branches if b.workflow == result.workflow}
     return Reasons(step_words(steps, tasks), explain(tasks, p95, now), wait_spans(tasks))

@@ -15,7 +15,10 @@ spans of ``konduit plan``) and the same approximations apply: quantiles summed a
 join waiting for all its branches (a conservative bound for ``quorum`` and for optional branches
 under ``Join.required()``), steps without history weighing nothing.
 
-Everything here is pure; :mod:`konduit.engine.alerting` loads the rows and calls it.
+The quantiles themselves (:class:`StepQuantiles`, read by
+:func:`konduit.engine.spans.load_durations`) are the data plans weigh steps by too
+(:mod:`konduit.observe.plan`). Everything here is pure; :mod:`konduit.engine.alerting` loads the
+rows and calls it.
 """
 
 from __future__ import annotations
@@ -23,10 +26,53 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
+from konduit.core.durations import Duration, parse_duration
 from konduit.core.workflow import WorkflowSpec
-from konduit.observe.plan import Quantile, StepQuantiles, quantile_name
+from konduit.errors import KonduitError, PlanError
+
+Quantile = Literal["p50", "p95", "p99"]
+QUANTILES: tuple[Quantile, ...] = ("p50", "p95", "p99")
+_BY_FRACTION: dict[float, Quantile] = {0.5: "p50", 0.95: "p95", 0.99: "p99"}
+
+DEFAULT_HISTORY = "7d"
+"""How far back the spans of plans and forecasts are read by default."""
+
+
+@dataclass(frozen=True)
+class StepQuantiles:
+    """How long one step took in recent executions: quantiles of its span, in seconds."""
+
+    p50: float
+    p95: float
+    p99: float
+    samples: int
+    degraded: int = 0  # how many of the samples ended degraded (at their deadline, usually)
+
+    def at(self, quantile: Quantile | float) -> float:
+        return float(getattr(self, quantile_name(quantile)))
+
+
+def quantile_name(quantile: Quantile | float) -> Quantile:
+    """``"p95"`` for ``"p95"`` or ``0.95``."""
+    if isinstance(quantile, str) and quantile in QUANTILES:
+        return quantile
+    if isinstance(quantile, float | int) and not isinstance(quantile, bool):
+        found = _BY_FRACTION.get(float(quantile))
+        if found is not None:
+            return found
+    raise PlanError(f"a plan knows the quantiles p50, p95 and p99 (or 0.5, 0.95, 0.99), "
+                    f"not {quantile!r}")
+
+
+def history_seconds(history: Duration) -> float:
+    """``--history`` in seconds (a :class:`PlanError` when it is not a duration)."""
+    try:
+        return parse_duration(history, what="--history")
+    except KonduitError as exc:
+        raise PlanError(str(exc)) from None
+
 
 ENDED = frozenset({"succeeded", "degraded", "timed_out", "failed", "cancelled", "skipped"})
 """Step statuses after which a step adds nothing to an execution's duration."""

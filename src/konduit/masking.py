@@ -1,5 +1,8 @@
 """Mask the password of a database URL or connection string in any text (messages, logs,
-error pages): drivers echo the whole URL when they cannot parse it."""
+error pages): drivers echo the whole URL when they cannot parse it.
+
+On the bottom floor beside :mod:`konduit.errors`, whose database errors it masks: it imports
+nothing of konduit."""
 
 from __future__ import annotations
 

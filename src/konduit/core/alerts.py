@@ -3,10 +3,10 @@
 Four rules, each turning facts into :class:`Finding`\\ s (an alert that should be open now):
 
 - :func:`window_at_risk` — a running execution with a window (``deadline_at``) whose p95
-  forecast (:mod:`konduit.observe.forecast`) finishes after the window. ``warning`` while its p50
+  forecast (:mod:`konduit.core.forecast`) finishes after the window. ``warning`` while its p50
   forecast still makes it, ``critical`` once not even that does (or the window has passed).
 - :func:`fan_in_findings` — the page to send: a join whose fan-in wait exceeded a threshold in
-  each of its last N executions (the rule of ``konduit stats``, :func:`konduit.observe.stats.fan_in_alert`).
+  each of its last N executions (the rule of ``konduit stats``, :func:`konduit.core.fan_in.fan_in_alert`).
 - :func:`no_success` — a workflow without a successful execution for longer than its
   ``Workflow(..., alert_after_no_success=...)``.
 - :func:`execution_stalled` — a running execution in which nothing can run (the stall
@@ -18,7 +18,8 @@ Four rules, each turning facts into :class:`Finding`\\ s (an alert that should b
   last day than its ``Workflow(..., degraded_budget="2%")`` (e.g. "roughly 2% of runs").
 
 A finding that is no longer found resolves its alert. The service that stores them is
-:mod:`konduit.engine.alerting`; :class:`AlertRecord` is a stored alert as the API returns it.
+:mod:`konduit.engine.alerting`; a stored alert as the API returns it is a
+:class:`konduit.records.AlertRecord`.
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ from datetime import datetime
 from typing import Any, Literal
 
 from konduit.core.durations import format_duration, format_elapsed
+from konduit.core.fan_in import Alert as FanInAlert
+from konduit.core.forecast import Forecast, Quantile
 from konduit.core.shares import degraded_share, format_share
-from konduit.observe.forecast import Forecast
-from konduit.observe.plan import Quantile
-from konduit.observe.stats import Alert as FanInAlert
 
 Kind = Literal["window_at_risk", "fan_in_wait", "no_success", "execution_stalled",
                "degraded_budget", "version_unserved"]
@@ -60,44 +60,6 @@ class Finding:
     def key(self) -> tuple[str, str]:
         """(kind, subject): at most one open alert per key."""
         return self.kind, self.subject
-
-
-@dataclass(frozen=True)
-class AlertRecord:
-    """A stored alert: open while ``resolved_at`` is None."""
-
-    id: int
-    kind: str
-    subject: str
-    workflow: str
-    severity: str
-    message: str
-    details: Mapping[str, Any]
-    raised_at: datetime
-    last_seen_at: datetime
-    resolved_at: datetime | None = None
-
-    @property
-    def open(self) -> bool:
-        """True until the alert is resolved."""
-        return self.resolved_at is None
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> AlertRecord:
-        """An alert from a row of ``konduit_alerts``."""
-        return cls(id=int(row["id"]), kind=row["kind"], subject=row["subject"],
-                   workflow=row["workflow"], severity=row["severity"], message=row["message"],
-                   details=dict(row["details"] or {}), raised_at=row["raised_at"],
-                   last_seen_at=row["last_seen_at"], resolved_at=row["resolved_at"])
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (times as ISO 8601 strings)."""
-        return {"id": self.id, "kind": self.kind, "subject": self.subject,
-                "workflow": self.workflow, "severity": self.severity, "message": self.message,
-                "details": dict(self.details), "raised_at": self.raised_at.isoformat(),
-                "last_seen_at": self.last_seen_at.isoformat(),
-                "resolved_at": None if self.resolved_at is None else self.resolved_at.isoformat(),
-                "open": self.open}
 
 
 # -- window at risk ------------------------------------------------------------------------------
