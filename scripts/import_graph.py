@@ -20,9 +20,10 @@ from pathlib import Path
 # The floors, lowest first: a module may import its own floor and the ones below it.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # errors and masking import nothing of konduit; threads and loop_thread are plumbing for
-    # user code and loops that the engine and the worker alike use.
+    # user code and loops that the engine and the worker alike use; settings (the KONDUIT_
+    # environment, read by every floor) imports only core and errors.
     ("core", ("konduit.core", "konduit.errors", "konduit.masking", "konduit.logs",
-              "konduit.loop_thread", "konduit.threads")),
+              "konduit.loop_thread", "konduit.threads", "konduit.settings")),
     ("db", ("konduit.db",)),
     # tracing: the spans of starts and attempts, used by the engine and the worker alike.
     ("engine", ("konduit.engine", "konduit.records", "konduit.tracing")),
@@ -31,7 +32,10 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # what the engine stored (observe/: plans, stats, budgets); observe's exporter
     # (observe.metrics) is a face.
     ("reads", ("konduit.reads", "konduit.observe")),
-    ("faces", ("konduit.app", "konduit.client", "konduit.observe.metrics", "konduit.web",
+    # operations: every operation defined once, as coroutines; _blocking: its generated
+    # blocking face, which App and Client inherit.
+    ("faces", ("konduit.app", "konduit.client", "konduit.operations", "konduit._blocking",
+               "konduit.observe.metrics", "konduit.web",
                "konduit.cli", "konduit.testing", "konduit.demo", "konduit")),
     ("bench", ("konduit.bench", "konduit.bench_")),  # bench_*.py: before konduit/bench/
 ]
