@@ -24,6 +24,7 @@ import pytest
 import konduit
 from konduit.bench.harness import claim
 from konduit.core.model import Command, Outcome
+from konduit.core.requests import CancelRequest
 from konduit.db.database import Database
 from konduit.engine.client import Client
 from konduit.engine.completer import Completion, Recorded, record_many
@@ -369,7 +370,7 @@ def test_simultaneous_finishers_in_several_processes_fire_each_join_once(db_url)
             async def discard(db: Database, registry: Registry, client: Client,
                               ids: list[uuid.UUID] = ids) -> None:
                 for e in ids:  # so the next trial's claim takes its branches, not these joins
-                    await client.cancel(e)
+                    await client.cancel(CancelRequest(e))
 
             run(db_url, [ACROSS_PROCESSES], discard)
     finally:

@@ -179,7 +179,7 @@ def test_retry_now_schedules_queues_and_workers(make_app: Callable[..., konduit.
         assert ATTEMPTS == [1, 2]
         # Retrying a task that is no longer in backoff changes nothing and says so.
         [task] = [t for t in app.tasks(handle.id) if t.step == "fetch"]
-        client_said = app._do(lambda c: c.retry_now(handle.id, task.id))
+        client_said = app.retry_now(handle.id, task.id)
         assert client_said is False
 
         # The schedules page: next tick, last tick, pause and resume.

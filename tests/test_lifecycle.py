@@ -15,6 +15,7 @@ import pytest
 
 import konduit
 from konduit.core.model import Command
+from konduit.core.requests import CancelRequest
 from konduit.db.database import Database
 from konduit.engine import transitions
 from konduit.engine.client import Client
@@ -244,12 +245,12 @@ def test_cancel_racing_a_completion(db_url, first):
         task = await claim_one(db, registry)
         done = task.completion("succeeded", payload_json="1", payload=1)
         if first == "cancel":
-            assert await client.cancel(execution_id)
+            assert await client.cancel(CancelRequest(execution_id))
             assert (await record(db, registry, done))[0] is Recorded.LEASE_LOST
             assert await status_of(db, execution_id) == ("cancelled", {"a": "cancelled"})
         else:
             assert (await record(db, registry, done))[0] is Recorded.ENDED
-            assert await client.cancel(execution_id)
+            assert await client.cancel(CancelRequest(execution_id))
             assert await status_of(db, execution_id) == (
                 "cancelled", {"a": "succeeded", "b": "cancelled"})
             # The claim re-checks the execution: nothing of it is claimed any more.
@@ -274,7 +275,7 @@ def test_a_handler_never_starts_after_its_executions_cancel_committed(db_url):
         # Claimed, then cancelled before the handler starts: it never starts.
         first = await client.start("cancel-start")
         task = await claim_one(db, registry)
-        assert await client.cancel(first)
+        assert await client.cancel(CancelRequest(first))
         assert await worker._start(spec, task) is None and started == []
         # The other order: the worker holds the task while it starts the handler; a cancel
         # arriving meanwhile waits until the handler has started, never the reverse.
@@ -282,7 +283,7 @@ def test_a_handler_never_starts_after_its_executions_cancel_committed(db_url):
         task = await claim_one(db, registry)
         async with db.transaction() as tx:
             assert await transitions.hold(tx, task.id, task.lease_token)
-            cancel = asyncio.create_task(client.cancel(second))
+            cancel = asyncio.create_task(client.cancel(CancelRequest(second)))
             done, _ = await asyncio.wait([cancel], timeout=0.5)
             assert not done, "the cancel must wait for the share lock"
             started.append(time.monotonic())  # the handler starts while the row is held

@@ -18,6 +18,7 @@ import pytest
 
 from konduit.bench.harness import LoopThread, claim
 from konduit.core.model import TaskAttempt
+from konduit.core.requests import MigrateRequest
 from konduit.db.database import Database
 from konduit.engine.client import Client
 from konduit.engine.completer import Recorded, record
@@ -54,7 +55,7 @@ async def migrate(db: Database, registry: Registry, eid: UUID,
                   barrier: threading.Barrier) -> MigrationRecord:
     client = Client(db, registry)
     barrier.wait(timeout=30)
-    return await client.migrate(eid, 2)
+    return await client.migrate(MigrateRequest(eid, 2))
 
 
 def test_joins_fire_exactly_once_when_a_migration_races_the_branches(make_app):

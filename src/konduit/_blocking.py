@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 from konduit.core.durations import Duration
-from konduit.core.requests import StartRequest
+from konduit.core.requests import CancelRequest, EventRequest, MigrateRequest, MigrateWorkflowRequest, PruneRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest
 from konduit.core.results import ExecutionResult
 from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook

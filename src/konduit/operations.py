@@ -23,7 +23,18 @@ from typing import Any
 from uuid import UUID
 
 from konduit.core.durations import Duration
-from konduit.core.requests import StartRequest
+from konduit.core.requests import (
+    CancelRequest,
+    EventRequest,
+    MigrateRequest,
+    MigrateWorkflowRequest,
+    PruneRequest,
+    RepairRequest,
+    RetryNowRequest,
+    RetryWebhookRequest,
+    ScheduleRequest,
+    StartRequest,
+)
 from konduit.core.results import ExecutionResult
 from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook
@@ -146,14 +157,14 @@ class AsyncOperations:
         """Cancel a running execution: its ready tasks are never claimed after this, running
         handlers lose their lease, and ``reason`` is kept as its error. False when it had
         already finished."""
-        return await (await self._engine()).cancel(execution_id, reason)
+        return await (await self._engine()).cancel(CancelRequest(execution_id, reason))
 
     async def repair(self, execution_id: ExecutionId) -> builtins.list[str]:
         """Re-run the degraded, failed, timed-out or cancelled steps of a finished execution
         and everything downstream of them; returns the steps that run again. A process
         without the workflow's code repairs from the registered definition (one with map
         steps needs the code)."""
-        return await (await self._engine()).repair(execution_id)
+        return await (await self._engine()).repair(RepairRequest(execution_id))
 
     async def send_event(self, name: str, *, key: str | None = None,
                          execution_id: ExecutionId | None = None,
@@ -165,13 +176,13 @@ class AsyncOperations:
         (no task waits yet, but one may: it is kept for the step's ``retention=``) or ``"no
         match"`` (nothing could ever take it; nothing is kept). An event is consumed at most
         once (docs/durable-waits.md, docs/events.md)."""
-        return await (await self._engine()).send_event(name, key=key, execution_id=execution_id,
-                                                         payload=payload)
+        return await (await self._engine()).send_event(
+            EventRequest(name, key=key, execution_id=execution_id, payload=payload))
 
     async def retry_now(self, execution_id: ExecutionId, task_id: int) -> bool:
         """Make a task waiting out its retry backoff claimable now; False when it is not in
         backoff any more (a worker claimed it, it ended, or it is not of this execution)."""
-        return await (await self._engine()).retry_now(execution_id, task_id)
+        return await (await self._engine()).retry_now(RetryNowRequest(execution_id, task_id))
 
     async def migrate(self, execution_id: ExecutionId, *, to_version: int) -> MigrationRecord:
         """Move a running execution to version ``to_version`` of its workflow
@@ -179,24 +190,25 @@ class AsyncOperations:
         Allowed when every step that started or ended exists in that version with the same
         upstreams; else :class:`konduit.MigrationRefused` (``.step`` names the step at
         fault)."""
-        return await (await self._engine()).migrate(execution_id, to_version)
+        return await (await self._engine()).migrate(MigrateRequest(execution_id, to_version))
 
     async def migrate_workflow(self, workflow: str, from_version: int,
                                to_version: int) -> builtins.list[MigrationRecord]:
         """Move every running execution of ``workflow`` at ``from_version`` to
         ``to_version``, each on its own; refused ones come back with ``migrated=False`` and
         the reason."""
-        return await (await self._engine()).migrate_workflow(workflow, from_version, to_version)
+        return await (await self._engine()).migrate_workflow(
+            MigrateWorkflowRequest(workflow, from_version, to_version))
 
     async def pause_schedule(self, name: str) -> bool:
         """Stop starting ``name``'s ticks (in every worker) until :meth:`resume_schedule`;
         False when it was paused already. Raises :class:`konduit.ScheduleNotFound`."""
-        return await (await self._engine()).pause_schedule(name)
+        return await (await self._engine()).set_schedule_paused(ScheduleRequest(name, True))
 
     async def resume_schedule(self, name: str) -> bool:
         """Start ``name``'s ticks again; its ``missed`` policy decides what becomes of the
         ticks that passed while it was paused. False when it was not paused."""
-        return await (await self._engine()).resume_schedule(name)
+        return await (await self._engine()).set_schedule_paused(ScheduleRequest(name, False))
 
     async def prune(self, older_than: Duration, *, include_dead_letters: bool = False,
                     batch_size: int = BATCH_SIZE) -> int:
@@ -205,7 +217,7 @@ class AsyncOperations:
         were deleted. Pending and running executions are never touched; executions holding a
         dead letter that no repair superseded are kept unless ``include_dead_letters``."""
         return await (await self._engine()).prune(
-            older_than, include_dead_letters=include_dead_letters, batch_size=batch_size)
+            PruneRequest(older_than, include_dead_letters, batch_size))
 
     async def count_prunable(self, older_than: Duration) -> Prunable:
         """What :meth:`prune` with the same ``older_than`` would consider, deleting nothing:
@@ -214,7 +226,7 @@ class AsyncOperations:
 
     async def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
         """Send a failed or refused webhook delivery again now; False when it is not one."""
-        return await (await self._engine()).retry_webhook_delivery(delivery_id)
+        return await (await self._engine()).retry_webhook_delivery(RetryWebhookRequest(delivery_id))
 
     async def unregister_webhooks(self, webhooks: Iterable[Webhook]) -> int:
         """Stop writing deliveries for webhooks an App no longer has (the database keeps the

@@ -9,10 +9,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from uuid import UUID
 
-from konduit.core.durations import Duration
 from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES
-from konduit.core.requests import StartRequest
+from konduit.core.requests import (
+    CancelRequest,
+    EventRequest,
+    MigrateRequest,
+    MigrateWorkflowRequest,
+    PruneRequest,
+    RepairRequest,
+    RetryNowRequest,
+    RetryWebhookRequest,
+    ScheduleRequest,
+    StartRequest,
+)
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
@@ -24,7 +34,6 @@ from konduit.engine.ids import resolve_execution_id
 from konduit.engine.registration import register_in
 from konduit.engine.registry import Registry, workflow_key
 from konduit.engine.repairs import repair_in
-from konduit.engine.retention import BATCH_SIZE
 from konduit.engine.schedules import Schedules
 from konduit.engine.starts import (
     at_request,
@@ -262,24 +271,24 @@ class Client:
         finally:
             await conn.close()
 
-    async def cancel(self, execution_id: UUID | str, reason: str = "cancelled") -> bool:
+    async def cancel(self, request: CancelRequest) -> bool:
         """Cancel a running execution: its ready tasks are never claimed after this commits and
         running handlers lose their lease. Returns False when it had already finished."""
-        eid = await self.resolve(execution_id)
+        eid = await self.resolve(request.execution_id)
         async with self.db.transaction() as tx:
-            finished = await stop_execution(tx, eid, ExecutionStatus.CANCELLED, reason)
+            finished = await stop_execution(tx, eid, ExecutionStatus.CANCELLED, request.reason)
         if finished is not None and finished.child_ended is not None:
             # A child workflow: fail (or leave to a worker's fallback) its parent's step now.
             await waits.wake_parents(self.db, self.registry, finished.child_ended,
                                      max_payload_bytes=self.max_payload_bytes)
         return finished is not None
 
-    async def repair(self, execution_id: UUID | str) -> list[str]:
+    async def repair(self, request: RepairRequest) -> list[str]:
         """Re-run the degraded, failed, timed-out or cancelled steps of a finished execution and
         everything downstream of them, as a new generation of their tasks. When it finishes, its
         output becomes a new version; earlier versions stay in
         :meth:`konduit.reads.ReadModel.outputs`. Returns the steps that will run again."""
-        eid = await self.resolve(execution_id)
+        eid = await self.resolve(request.execution_id)
         row = await self.db.one("execution_get", id=eid)
         if row is None:
             raise ExecutionNotFound(f"no execution with id {eid}")
@@ -289,25 +298,27 @@ class Client:
         async with self.db.transaction() as tx:
             return await repair_in(tx, self.specs, eid, max_payload_bytes=self.max_payload_bytes)
 
-    async def migrate(self, execution_id: UUID | str, to_version: int) -> MigrationRecord:
+    async def migrate(self, request: MigrateRequest) -> MigrationRecord:
         """Move a running execution to version ``to_version`` of its workflow, in one
         transaction; raises :class:`~konduit.MigrationRefused` naming the step at fault (see
         :mod:`konduit.engine.migration`, docs/migrating-executions.md)."""
-        return await migration.migrate(self.db, self.registry, await self.resolve(execution_id),
-                                       to_version, register=self.register,
+        return await migration.migrate(self.db, self.registry,
+                                       await self.resolve(request.execution_id),
+                                       request.to_version, register=self.register,
                                        max_payload_bytes=self.max_payload_bytes)
 
-    async def migrate_workflow(self, workflow: str, from_version: int,
-                               to_version: int) -> builtins.list[MigrationRecord]:
+    async def migrate_workflow(self, request: MigrateWorkflowRequest,
+                               ) -> builtins.list[MigrationRecord]:
         """Migrate every running execution of ``workflow`` at ``from_version``, each in its own
         transaction; a refused one comes back with ``migrated=False`` and the reason."""
-        return await migration.migrate_all(self.db, self.registry, workflow, from_version,
-                                           to_version, register=self.register,
+        return await migration.migrate_all(self.db, self.registry, request.workflow,
+                                           request.from_version, request.to_version,
+                                           register=self.register,
                                            max_payload_bytes=self.max_payload_bytes)
 
-    async def retry_webhook_delivery(self, delivery_id: UUID | str) -> bool:
+    async def retry_webhook_delivery(self, request: RetryWebhookRequest) -> bool:
         """Send a failed or refused delivery again now; False when it is not one."""
-        return await webhooks.retry(self.db, delivery_id)
+        return await webhooks.retry(self.db, request.delivery_id)
 
     async def register_webhooks(self, hooks: Iterable[Webhook]) -> None:
         """Store webhooks so every transaction that ends an execution writes their deliveries
@@ -321,49 +332,44 @@ class Client:
 
     # -- events ---------------------------------------------------------------------------------
 
-    async def send_event(self, name: str, *, key: str | None = None,
-                         execution_id: UUID | str | None = None, payload: Any = None) -> SendResult:
+    async def send_event(self, request: EventRequest) -> SendResult:
         """Send the event ``name`` to the step waiting for it, by ``key``, by ``execution_id``
         or both: ``"woke"``, ``"started"``, ``"stored"`` or ``"no match"`` (see
         :meth:`konduit.App.send_event` and docs/durable-waits.md)."""
-        eid = None if execution_id is None else await self.resolve(execution_id)
+        eid = (None if request.execution_id is None
+               else await self.resolve(request.execution_id))
         # This process's workflows are known to the database before it decides: an event sent
         # by key for one of them is kept even when no worker or start registered it yet.
         await self.register_all()
-        return await waits.send_event(self.db, self.registry, name, key=key, execution_id=eid,
-                                      payload=payload, max_payload_bytes=self.max_payload_bytes,
+        return await waits.send_event(self.db, self.registry, request.name, key=request.key,
+                                      execution_id=eid, payload=request.payload,
+                                      max_payload_bytes=self.max_payload_bytes,
                                       retention=self.event_retention)
 
     # -- schedules ------------------------------------------------------------------------------
 
-    def _schedules(self) -> Schedules:
-        return Schedules(self.db, self.registry, max_payload_bytes=self.max_payload_bytes)
-
-    async def pause_schedule(self, name: str) -> bool:
-        """Stop starting ``name``'s ticks; False when it was paused already."""
-        return await self._schedules().set_paused(name, True)
-
-    async def resume_schedule(self, name: str) -> bool:
-        """Start ``name``'s ticks again; False when it was not paused."""
-        return await self._schedules().set_paused(name, False)
+    async def set_schedule_paused(self, request: ScheduleRequest) -> bool:
+        """Pause (``paused``) or resume a schedule's ticks; False when it was so already."""
+        schedules = Schedules(self.db, self.registry, max_payload_bytes=self.max_payload_bytes)
+        return await schedules.set_paused(request.name, request.paused)
 
     # -- retention and repair -------------------------------------------------------------------
 
-    async def prune(self, older_than: Duration, *, include_dead_letters: bool = False,
-                    batch_size: int = BATCH_SIZE) -> int:
+    async def prune(self, request: PruneRequest) -> int:
         """Delete executions that finished more than ``older_than`` ago with their rows;
         returns how many were deleted (see :mod:`konduit.engine.retention`)."""
-        return await retention.prune(self.db, older_than,
-                                     include_dead_letters=include_dead_letters,
-                                     batch_size=batch_size)
+        return await retention.prune(self.db, request.older_than,
+                                     include_dead_letters=request.include_dead_letters,
+                                     batch_size=request.batch_size)
 
-    async def retry_now(self, execution_id: UUID | str, task_id: int) -> bool:
+    async def retry_now(self, request: RetryNowRequest) -> bool:
         """Make a task waiting out its backoff (ready again after a failed attempt) claimable
         now, and wake its queue's workers. False when it is not in backoff any more (a worker
         claimed it, it ended, or it was never of this execution)."""
-        eid = await self.resolve(execution_id)
+        eid = await self.resolve(request.execution_id)
         async with self.db.transaction() as tx:
-            row = await tx.one("task_retry_now_if_in_backoff", id=task_id, execution_id=eid)
+            row = await tx.one("task_retry_now_if_in_backoff", id=request.task_id,
+                               execution_id=eid)
             if row is not None:
                 await tx.one("task_notify_ready", queue=row["queue"])
         return row is not None

@@ -11,6 +11,7 @@ from urllib.parse import quote, urlencode
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from konduit.core.requests import CancelRequest, RepairRequest
 from konduit.core.words import NOT_REACHED, step_word
 from konduit.errors import DatabaseUnavailable, ExecutionNotFound, KonduitError
 from konduit.web import views
@@ -54,7 +55,7 @@ def register(web: FastAPI, site: Site) -> None:
         if (await form_fields(request)).get("confirm") != "yes":
             return RedirectResponse(f"/executions/{result.id}/cancel", status_code=303)
         try:
-            done = await client.cancel(result.id, reason="cancelled from the dashboard")
+            done = await client.cancel(CancelRequest(result.id, "cancelled from the dashboard"))
         except (ExecutionNotFound, DatabaseUnavailable):
             raise
         except KonduitError as exc:  # a read-only replica, say: said on the page, not a 500
@@ -104,7 +105,7 @@ def register(web: FastAPI, site: Site) -> None:
         app = site.app
         repairer = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes)
         try:
-            rerun = await repairer.repair(execution_id)
+            rerun = await repairer.repair(RepairRequest(execution_id))
         except (ExecutionNotFound, DatabaseUnavailable):
             raise
         except KonduitError as exc:  # nothing to repair, still running, unknown workflow...

@@ -23,7 +23,7 @@ from konduit import tracing
 from konduit.app import App
 from konduit.core.durations import parse_duration
 from konduit.core.fair import FairKeyError
-from konduit.core.requests import StartRequest
+from konduit.core.requests import CancelRequest, EventRequest, MigrateRequest, RepairRequest, StartRequest
 from konduit.core.search import check_tags, search_filter
 from konduit.core.triggers import TriggerCodeFailed
 from konduit.engine.client import Client
@@ -295,7 +295,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         client = await clients.get()
         eid = await client.resolve(execution_id)  # a unique prefix or tail too
         await client.get(eid)  # 404 before anything else
-        cancelled = await client.cancel(eid, "cancelled" if body is None else body.reason)
+        cancelled = await client.cancel(
+            CancelRequest(eid, "cancelled" if body is None else body.reason))
         status = (await statuses(client, [eid])).get(eid, "cancelled")
         return m.Cancelled(id=eid, cancelled=cancelled, status=status)  # type: ignore[arg-type]
 
@@ -308,7 +309,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         eid = await client.resolve(execution_id)  # a unique prefix or tail too
         await client.get(eid)
         try:
-            rerun = await client.repair(eid)
+            rerun = await client.repair(RepairRequest(eid))
         except ExecutionNotFound:
             raise
         except (NothingToRepair, WorkflowNotFound, NoCode) as exc:
@@ -335,7 +336,7 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
         if app is not None:  # the App's code starts what must start at once
             client = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes)
         try:
-            done = await client.migrate(eid, body.to_version)
+            done = await client.migrate(MigrateRequest(eid, body.to_version))
         except MigrationRefused as exc:
             raise Refused(409, str(exc), step=exc.step) from None
         except (WorkflowNotFound, WorkflowVersionConflict) as exc:
@@ -358,8 +359,8 @@ def api_router(clients: Clients, app: App | None) -> APIRouter:
             client = client.with_registry(app.registry, max_payload_bytes=app.max_payload_bytes,
                                           event_retention=app.event_retention)
         try:
-            result = await client.send_event(body.name, key=body.key,
-                                             execution_id=body.execution_id, payload=body.payload)
+            result = await client.send_event(EventRequest(
+                body.name, key=body.key, execution_id=body.execution_id, payload=body.payload))
         except (PayloadError, TriggerCodeFailed) as exc:  # recorded failed (docs/events.md)
             raise Refused(422, str(exc), field="body.payload") from None
         except KonduitError as exc:  # a key PostgreSQL cannot store (NUL)

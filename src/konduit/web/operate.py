@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from konduit.core.requests import EventRequest, RetryNowRequest, ScheduleRequest
 from konduit.engine.client import Client
 from konduit.errors import DatabaseUnavailable, ExecutionNotFound, KonduitError
 from konduit.web.actions import back_to
@@ -68,7 +69,7 @@ def register(web: FastAPI, site: Site) -> None:
             return forbidden(request, f"schedule {verb}")
         client = await site.clients.get()
         try:
-            changed = await (client.pause_schedule(name) if paused else client.resume_schedule(name))
+            changed = await client.set_schedule_paused(ScheduleRequest(name, paused))
         except DatabaseUnavailable:
             raise
         except KonduitError as exc:  # an unknown name: said on the page
@@ -147,8 +148,8 @@ def register(web: FastAPI, site: Site) -> None:
             return again("name: the event's name is needed")
         try:
             payload = parse_payload(form["payload"], "payload")
-            sent = await client.send_event(form["name"], key=form["key"] or None,
-                                           execution_id=result.id, payload=payload)
+            sent = await client.send_event(EventRequest(form["name"], key=form["key"] or None,
+                                                        execution_id=result.id, payload=payload))
         except ValueError as exc:
             return again(str(exc))
         except (ExecutionNotFound, DatabaseUnavailable):
@@ -171,7 +172,7 @@ def register(web: FastAPI, site: Site) -> None:
         eid = await client.resolve(execution_id)
         if (await form_fields(request)).get("confirm") != "yes":  # as Cancel and Repair
             return back_to(eid, error="not retried: use the Retry now button of the page")
-        if await client.retry_now(eid, task_id):
+        if await client.retry_now(RetryNowRequest(eid, task_id)):
             return back_to(eid, flash="retrying now: the task is ready to be claimed")
         return back_to(eid, error="not retried: the task is no longer waiting out a backoff "
                                   "(a worker claimed it, or it ended)")
