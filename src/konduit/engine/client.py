@@ -35,14 +35,7 @@ from konduit.engine.registration import register_in
 from konduit.engine.registry import Registry, workflow_key
 from konduit.engine.repairs import repair_in
 from konduit.engine.schedules import Schedules
-from konduit.engine.starts import (
-    at_request,
-    collapse_repeated_keys,
-    insert_executions,
-    prepare_many_off_loop,
-    prepare_off_loop,
-    requests_of,
-)
+from konduit.engine.starts import requests_of, start_requests
 from konduit.engine.stored import StoredSpecs, refuse_map_repair_without_code
 from konduit.engine.waits import SendResult
 from konduit.errors import (
@@ -165,11 +158,9 @@ class Client:
                    else StartRequest(workflow, input, **options))
         if trace_context is None:
             trace_context = capture(self.tracing, request.workflow)
-        await self.specs.load(self.db, request.workflow, request.version)
-        prepared = await prepare_off_loop(self.specs, request, max_bytes=self.max_payload_bytes,
-                                          trace=trace_context)
-        await self._register_unless_stored(prepared.spec)
-        [eid] = await self.db.atomic(lambda tx: insert_executions(tx, [prepared]))
+        [eid] = await start_requests(self.db, self.specs, [request], register=self.register,
+                                     max_bytes=self.max_payload_bytes, trace=trace_context,
+                                     one=True)
         return eid
 
     async def start_many(
@@ -196,25 +187,8 @@ class Client:
         checked = requests_of(requests)
         if trace_context is None and checked:
             trace_context = capture(self.tracing, checked[0].workflow)
-        loaded: set[tuple[str, int | None]] = set()
-        for i, request in enumerate(checked):
-            try:
-                if (request.workflow, request.version) not in loaded:
-                    await self.specs.load(self.db, request.workflow, request.version)
-                    loaded.add((request.workflow, request.version))
-            except KonduitError as exc:
-                raise at_request(i, exc) from exc
-        batch = await prepare_many_off_loop(self.specs, checked,
-                                            max_bytes=self.max_payload_bytes, trace=trace_context)
-        if not batch:
-            return []
-        owner = collapse_repeated_keys(batch)
-        for spec in {workflow_key(p.spec.name, p.spec.version): p.spec for p in batch}.values():
-            await self._register_unless_stored(spec)
-        distinct = [p for i, p in enumerate(batch) if owner[i] == i]
-        ids = await self.db.atomic(lambda tx: insert_executions(tx, distinct))
-        by_index = dict(zip((i for i in range(len(batch)) if owner[i] == i), ids, strict=True))
-        return [by_index[owner[i]] for i in range(len(batch))]
+        return await start_requests(self.db, self.specs, checked, register=self.register,
+                                    max_bytes=self.max_payload_bytes, trace=trace_context)
 
     async def resolve(self, execution_id: UUID | str) -> UUID:
         """The execution an id names: the whole id, or any unique prefix or tail of it (the
@@ -222,11 +196,6 @@ class Client:
         :class:`ExecutionNotFound` when none matches (or the text cannot be an id) and
         :class:`AmbiguousExecutionId`, listing candidates, when several do."""
         return await resolve_execution_id(self.db, execution_id)
-
-    async def _register_unless_stored(self, spec: WorkflowSpec) -> None:
-        """Register a definition of this process's code; one read from the database is."""
-        if not self.specs.is_stored(spec):
-            await self.register(spec)
 
     async def get(self, execution_id: UUID | str) -> ExecutionResult:
         """An execution's status and result, by its id or a unique prefix or tail of it."""

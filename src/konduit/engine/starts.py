@@ -9,7 +9,7 @@ executions are started together: the rows of each workflow's steps are sent once
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,12 +24,12 @@ from konduit.core.payloads import canonical_json, content_hash
 from konduit.core.requests import StartRequest
 from konduit.core.search import check_tags
 from konduit.core.workflow import WorkflowSpec
-from konduit.db.database import Tx
+from konduit.db.database import Database, Tx
 from konduit.engine.deadlines import budgets, task_budgets
 from konduit.engine.later import check_priority, start_time
 from konduit.engine.limit_keys import KeyedStart, store_and_admit
 from konduit.engine.registry import workflow_key
-from konduit.engine.stored import SpecSource
+from konduit.engine.stored import SpecSource, StoredSpecs
 from konduit.errors import IdempotencyConflict, KeyNeedsCode, KonduitError, blame, blamed
 from konduit.threads import HandlerThreads, call_within
 from konduit.tracing import TraceContext
@@ -193,6 +193,39 @@ def at_request(index: int, exc: KonduitError) -> KonduitError:
     again.__dict__.update(exc.__dict__)  # what it carries besides (InputValidationError.errors)
     again.index = index
     return again
+
+
+async def start_requests(db: Database, specs: StoredSpecs, requests: list[StartRequest], *,
+                         register: Callable[[WorkflowSpec], Awaitable[None]], max_bytes: int,
+                         trace: TraceContext | None, one: bool = False) -> list[UUID]:
+    """Start ``requests`` in one transaction, all or none, and return their executions' ids in
+    request order (the engine's start and start_many both come here). Each definition is
+    loaded (the code's, else the registered one), every request is checked before anything is
+    written (its fault named by its index unless ``one``), this process's definitions are
+    registered, and a key repeated within the batch gives every request the first one's
+    execution."""
+    loaded: set[tuple[str, int | None]] = set()
+    for i, request in enumerate(requests):
+        try:
+            if (request.workflow, request.version) not in loaded:
+                await specs.load(db, request.workflow, request.version)
+                loaded.add((request.workflow, request.version))
+        except KonduitError as exc:
+            if one:
+                raise
+            raise at_request(i, exc) from exc
+    batch = await prepare_many_off_loop(specs, requests, max_bytes=max_bytes, trace=trace,
+                                        one=one)
+    if not batch:
+        return []
+    owner = collapse_repeated_keys(batch)
+    for spec in {workflow_key(p.spec.name, p.spec.version): p.spec for p in batch}.values():
+        if not specs.is_stored(spec):  # a definition read from the database is registered
+            await register(spec)
+    distinct = [p for i, p in enumerate(batch) if owner[i] == i]
+    ids = await db.atomic(lambda tx: insert_executions(tx, distinct))
+    by_index = dict(zip((i for i in range(len(batch)) if owner[i] == i), ids, strict=True))
+    return [by_index[owner[i]] for i in range(len(batch))]
 
 
 def collapse_repeated_keys(batch: list[Prepared]) -> list[int]:
