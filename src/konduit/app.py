@@ -197,6 +197,15 @@ class App(Operations):
 
         return self._call(through_reads())
 
+    @property
+    def aio(self) -> AsyncOperations:
+        """Every operation of this App as coroutines, for code inside an event loop:
+        ``handle = await app.aio.start("ingest", {...})``, ``await handle.wait()``,
+        ``await app.aio.search(tags=...)``: what :class:`konduit.AsyncClient` offers, with this
+        App's workflows' code. It runs on the event loop of its first call; use it from one loop,
+        and not beside the blocking methods (those run on the App's own loop thread)."""
+        return self._operations
+
     def _do(self, call: Callable[[Client], Coroutine[Any, Any, T]]) -> T:
         """Run one coroutine of the engine client on the App's loop thread (for the engine's
         own reads that no face offers, as tests and tools use them)."""
