@@ -11,9 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
-from konduit.web import api_v1, problems
+from konduit.web import api_v1, login, problems
 from konduit.web.api_v1 import Refused
-from konduit.web.login import login_router
 from konduit.web.security import Security, SecurityMiddleware
 from konduit.web.site import Site
 
@@ -24,7 +23,8 @@ def install(web: FastAPI, site: Site, security: Security) -> None:
     web.openapi = lambda: describe(web)  # type: ignore[method-assign]
     web.add_middleware(SecurityMiddleware, security=security)
     web.include_router(api_v1.router)
-    web.include_router(login_router(security))
+    web.state.security = security  # what the login form's routes depend on
+    web.include_router(login.router)
 
     @web.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> Response:
