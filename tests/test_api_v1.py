@@ -161,6 +161,7 @@ def test_bad_bodies_are_problems_never_500(make_app: Callable[..., konduit.App],
         refused(http.post(start, json={"workflow": 7}), 422, "body.workflow")
         unknown = refused(http.post(start, json={"workflow": "nope"}), 422, "body.workflow")
         assert "unknown workflow 'nope'" in unknown["detail"] and "api-flow" in unknown["detail"]
+        assert unknown["code"] == "workflow_not_found"
         refused(http.post(start, json={"workflow": "api-flow", "version": 9}), 422, "body.version")
         refused(http.post(start, json={"workflow": "nope", "version": 1}), 422, "body.workflow")
         refused(http.post(start, json={"workflow": "api-flow", "timeout": "soon"}), 422, "body.timeout")
@@ -174,9 +175,14 @@ def test_bad_bodies_are_problems_never_500(make_app: Callable[..., konduit.App],
                 422, "body.requests.1.workflow")
         refused(http.post(batch, json={"requests": [{"workflow": "api-flow"}] * 1001}), 422,
                 "body.requests")
-        refused(http.post(batch, json={"requests": [
+        conflict = refused(http.post(batch, json={"requests": [
             {"workflow": "api-flow", "input": 1, "idempotency_key": "same"},
-            {"workflow": "api-flow", "input": 2, "idempotency_key": "same"}]}), 409)
+            {"workflow": "api-flow", "input": 2, "idempotency_key": "same"}]}), 409,
+            "body.requests.1.idempotency_key")
+        assert conflict["code"] == "idempotency_conflict"
+        refused(http.post(batch, json={"requests": [{"workflow": "api-flow"},
+                                                    {"workflow": "api-flow", "timeout": "soon"}]}),
+                422, "body.requests.1.timeout")
         assert http.get(start).json()["items"] == []  # nothing of the refused batches started
 
         refused(http.get(start, params={"limit": 0}), 422, "query.limit")
@@ -184,6 +190,13 @@ def test_bad_bodies_are_problems_never_500(make_app: Callable[..., konduit.App],
         refused(http.get(start, params={"status": "asleep"}), 422, "query.status")
         refused(http.get(start, params={"cursor": "bm90IGEgY3Vyc29y"}), 422, "query.cursor")
         refused(http.get(start, params={"cursor": "!!"}), 422, "query.cursor")
+        # The queries' faults are named by the errors too (the field, never the message).
+        refused(http.get("/api/v1/stats", params={"history": "soon"}), 422, "query.history")
+        refused(http.get("/api/v1/stats", params={"fan_in_alert": "x"}), 422,
+                "query.fan_in_alert")
+        refused(http.get("/api/v1/stats", params={"workflow": "nope"}), 422, "query.workflow")
+        assert refused(http.get("/api/v1/alerts", params={"kind": "nope"}), 422,
+                       "query.kind")["code"] == "alert_error"
         refused(http.get(f"{start}/not-an-id"), 404)
         refused(http.get(f"{start}/{uuid4()}"), 404)
         refused(http.post(f"{start}/{uuid4()}/cancel"), 404)

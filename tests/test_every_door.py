@@ -181,7 +181,13 @@ def test_a_key_that_is_code_is_refused_by_a_door_without_the_code(
         response = http.post("/api/v1/executions", json={"workflow": "orders-by-function",
                                                          "input": {"customer": "x"}})
         assert response.status_code == 422, response.text
-        assert "customer_of" in response.json()["detail"]
+        body = response.json()
+        # No field of the request is at fault: the server lacks the workflow's code.
+        assert "customer_of" in body["detail"] and "field" not in body, body
+        assert body["code"] == "key_needs_code"
+        batch = http.post("/api/v1/executions:batch", json={"requests": [
+            {"workflow": "orders-by-function", "input": {"customer": "x"}}]})
+        assert batch.status_code == 422 and batch.json()["code"] == "key_needs_code", batch.text
     assert len(app.list(workflow="orders-by-function")) == 1  # only the App's start
     # The workflow's own keys too: max_running's key function, from a door without the code.
     app2 = konduit.Workflow("runs-by-function", version=1, max_running=1, key=lambda i: i["c"])

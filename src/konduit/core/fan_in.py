@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from konduit.core.durations import Duration, format_duration, format_elapsed, parse_duration
-from konduit.errors import KonduitError, StatsError
+from konduit.errors import KonduitError, StatsError, blamed
 
 DEFAULT_HISTORY = "24h"
 """How far back fan-in waits are read by default."""
@@ -58,7 +58,8 @@ def fan_in_alert(waits: Sequence[Wait], *, threshold: float, consecutive: int) -
     ``threshold`` seconds, else None. Fewer executions than ``consecutive`` never alert; one
     fast execution among the last ``consecutive`` resets the count."""
     if consecutive < 1:
-        raise StatsError(f"--consecutive must be at least 1, got {consecutive}")
+        raise blamed(StatsError(f"--consecutive must be at least 1, got {consecutive}"),
+                     "consecutive")
     last = tuple(waits[-consecutive:])
     if len(last) < consecutive or any(w.seconds <= threshold for w in last):
         return None
@@ -78,8 +79,9 @@ def fan_in_alerts(
 
 
 def seconds_option(value: Duration, what: str) -> float:
-    """A duration option in seconds (a :class:`StatsError` naming it when it is not one)."""
+    """A duration option in seconds (a :class:`StatsError` naming it when it is not one; its
+    ``field`` is the option's name, ``history`` for ``--history``)."""
     try:
         return parse_duration(value, what=what)
     except KonduitError as exc:
-        raise StatsError(str(exc)) from None
+        raise blamed(StatsError(str(exc)), what.lstrip("-").replace("-", "_")) from None

@@ -57,7 +57,7 @@ from konduit.db.database import Database, Tx
 from konduit.engine import webhooks
 from konduit.engine.registry import Registry
 from konduit.engine.spans import load_durations
-from konduit.errors import AlertError, DatabaseError, KonduitError
+from konduit.errors import AlertError, DatabaseError, KonduitError, blamed
 from konduit.records import AlertRecord
 
 log = logging.getLogger(__name__)
@@ -341,9 +341,10 @@ async def list_alerts(
 ) -> list[AlertRecord]:
     """Stored alerts, newest first: the open ones, or resolved ones too."""
     if kind is not None and kind not in KINDS:
-        raise AlertError(f"unknown alert kind {kind!r} (known: {', '.join(KINDS)})")
+        raise blamed(AlertError(f"unknown alert kind {kind!r} (known: {', '.join(KINDS)})"),
+                     "kind")
     if limit < 1:
-        raise AlertError(f"limit must be at least 1, got {limit}")
+        raise blamed(AlertError(f"limit must be at least 1, got {limit}"), "limit")
     rows = await db.all("alert_list_recent", include_resolved=include_resolved, kind=kind,
                         workflow=workflow, limit=limit)
     return [AlertRecord.from_row(r) for r in rows]

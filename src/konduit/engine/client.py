@@ -42,6 +42,7 @@ from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
     KonduitError,
+    blame,
 )
 from konduit.records import (
     MigrationRecord,
@@ -305,8 +306,9 @@ class Client:
         """Send the event ``name`` to the step waiting for it, by ``key``, by ``execution_id``
         or both: ``"woke"``, ``"started"``, ``"stored"`` or ``"no match"`` (see
         :meth:`konduit.App.send_event` and docs/durable-waits.md)."""
-        eid = (None if request.execution_id is None
-               else await self.resolve(request.execution_id))
+        with blame("execution_id"):
+            eid = (None if request.execution_id is None
+                   else await self.resolve(request.execution_id))
         # This process's workflows are known to the database before it decides: an event sent
         # by key for one of them is kept even when no worker or start registered it yet.
         await self.register_all()

@@ -61,7 +61,7 @@ from konduit.engine.completer import record_many
 from konduit.engine.finish import ChildEnded
 from konduit.engine.registry import Registry
 from konduit.engine.starts import insert_executions, prepare_off_loop
-from konduit.errors import KonduitError
+from konduit.errors import KonduitError, blame, blamed
 from konduit.settings import settings
 
 log = logging.getLogger(__name__)
@@ -176,12 +176,14 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
     ``"started"`` (unless a task woke): a workflow's ``on_event`` trigger took it, in this same
     transaction: it started an execution, or joined a burst or batch
     (:mod:`konduit.engine.triggers`); then ``key`` and ``execution_id`` may both be None."""
-    check_event_name(name)
+    with blame("name"):
+        check_event_name(name)
     if key is not None and (not isinstance(key, str) or not key or "\x00" in key):
-        raise KonduitError(f"the event key must be a non-empty string without NUL characters, "
-                           f"got {key!r}")
-    payload_json = canonical_json(payload, what=f"payload of event {name!r}",
-                                  max_bytes=max_payload_bytes)
+        raise blamed(KonduitError(f"the event key must be a non-empty string without NUL "
+                                  f"characters, got {key!r}"), "key")
+    with blame("payload"):
+        payload_json = canonical_json(payload, what=f"payload of event {name!r}",
+                                      max_bytes=max_payload_bytes)
     stored_payload = Jsonb(json.loads(payload_json))
 
     async def decide(tx: Tx) -> tuple[SendResult, Row | None, triggers.Taken]:
@@ -191,8 +193,9 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
                                     max_payload_bytes=max_payload_bytes)
         if key is None and execution_id is None:
             if not taken.started and not taken.failures:
-                raise KonduitError("send_event needs key= or execution_id= (or both), unless "
-                                   "a workflow's on_event trigger takes the event")
+                raise blamed(KonduitError("send_event needs key= or execution_id= (or both), "
+                                          "unless a workflow's on_event trigger takes the "
+                                          "event"), "key")
             return ("started" if taken.started else "no match"), None, taken
         result, task = await wake_or_keep(tx)
         if taken.started and result != "woke":
@@ -216,7 +219,8 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
         return "stored", None
 
     result, task, taken = await db.atomic(decide)
-    taken.raise_failures()
+    with blame("payload"):  # a trigger's input= or key= code failed on it
+        taken.raise_failures()
     if task is not None:
         try:
             registry.get(task["workflow_name"], task["workflow_version"])

@@ -54,7 +54,7 @@ from konduit.core.shares import DEGRADED_WINDOW, degraded_share
 from konduit.db.connect import open_database
 from konduit.db.database import Database, Row, resolve_url
 from konduit.errors import MetricsError as MetricsError
-from konduit.errors import StatsError
+from konduit.errors import StatsError, blamed
 from konduit.loop_thread import LoopThread
 from konduit.observe.queue_metrics import QueueSeries
 from konduit.observe.stats import (
@@ -284,7 +284,8 @@ class KonduitCollector(Collector):
         seconds_option(history, "--history")  # bad options fail here, not on every scrape
         seconds_option(fan_in_alert, "--fan-in-alert")
         if consecutive < 1:
-            raise StatsError(f"--consecutive must be at least 1, got {consecutive}")
+            raise blamed(StatsError(f"--consecutive must be at least 1, got {consecutive}"),
+                         "consecutive")
         self.options: dict[str, Any] = {"history": history, "fan_in_alert": fan_in_alert,
                                         "consecutive": consecutive}
         self.timeout = timeout

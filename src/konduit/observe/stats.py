@@ -30,6 +30,7 @@ from konduit.core.fan_in import fan_in_alerts as fan_in_alerts
 from konduit.core.fan_in import seconds_option as seconds_option
 from konduit.db.database import Database, Row
 from konduit.errors import StatsError as StatsError
+from konduit.errors import blamed
 
 DEFAULT_FAN_IN_ALERT = "20s"
 DEFAULT_CONSECUTIVE = 2
@@ -252,11 +253,13 @@ async def load_stats(
     history_s = seconds_option(history, "--history")
     threshold = seconds_option(fan_in_alert, "--fan-in-alert")
     if consecutive < 1:
-        raise StatsError(f"--consecutive must be at least 1, got {consecutive}")
+        raise blamed(StatsError(f"--consecutive must be at least 1, got {consecutive}"),
+                     "consecutive")
     if workflow is not None:
         known = sorted({r["name"] for r in await db.all("workflow_list")})
         if workflow not in known:
-            raise StatsError(f"unknown workflow {workflow!r} (known: {', '.join(known) or 'none'})")
+            raise blamed(StatsError(f"unknown workflow {workflow!r} (known: "
+                                    f"{', '.join(known) or 'none'})"), "workflow")
     params: dict[str, Any] = {"workflow_name": workflow, "history_seconds": history_s}
     steps = await db.all("step_attempt_stats_by_workflow", **params)
     joins = await db.all("step_join_stats_by_workflow", **params)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, create_model
 
-from konduit.core.durations import parse_duration
-from konduit.core.requests import CancelRequest, doc
-from konduit.errors import KonduitError
+from konduit.core.requests import (
+    CancelRequest,
+    EventRequest,
+    MigrateRequest,
+    StartRequest,
+    doc,
+)
 from konduit.records import WorkerRecord
 
 ExecutionStatus = Literal["pending", "scheduled", "running", "succeeded", "failed", "timed_out", "cancelled"]
@@ -19,50 +23,46 @@ ExecutionStatus = Literal["pending", "scheduled", "running", "succeeded", "faile
 MAX_BATCH = 1000
 
 
-class StartBody(BaseModel):
+def request_body(request: type, *, path: tuple[str, ...] = (),
+                 schema_extra: dict[str, Any] | None = None, **http: Any) -> type[BaseModel]:
+    """The body of an operation, made of its request type (:mod:`konduit.core.requests`): the
+    fields' names, defaults and descriptions come from there, each field's JSON type and limits
+    (``Annotated[str, Field(max_length=200)]``) from ``http``. Every field of the request but
+    those the URL's ``path`` carries must be in ``http``, and nothing else may be: a field
+    added to a request and not to its body (or the other way round) fails at import."""
+    wanted = [f for f in fields(request) if f.name not in path]
+    missing = sorted({f.name for f in wanted} - set(http))
+    unknown = sorted(set(http) - {f.name for f in wanted})
+    if missing or unknown:
+        raise TypeError(f"the body of {request.__name__}: no HTTP type for {missing}, "
+                        f"not a field of the request: {unknown}")
+    body: dict[str, Any] = {}
+    for f in wanted:
+        if f.default is not MISSING:
+            default: Any = Field(f.default, description=doc(request, f.name))
+        elif f.default_factory is not MISSING:
+            default = Field(default_factory=f.default_factory, description=doc(request, f.name))
+        else:
+            default = Field(description=doc(request, f.name))
+        body[f.name] = (http[f.name], default)
+    return create_model(f"{request.__name__}Body", __config__=ConfigDict(
+        extra="forbid", json_schema_extra=schema_extra), **body)
+
+
+class StartBody(request_body(  # type: ignore[misc]
+        StartRequest,
+        workflow=Annotated[str, Field(min_length=1, max_length=200)],
+        input=Any,
+        idempotency_key=Annotated[str | None, Field(min_length=1, max_length=500)],
+        version=Annotated[int | None, Field(ge=1)],
+        deadline_at=AwareDatetime | None,
+        timeout=float | str | None,
+        tags=Annotated[dict[str, str] | None, Field(max_length=32)],
+        run_at=AwareDatetime | None,
+        delay=float | str | None,
+        priority=Annotated[int, Field(ge=-1_000_000, le=1_000_000)],
+        fair_key=Annotated[str | None, Field(min_length=1, max_length=200)])):
     """One execution to start."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    workflow: str = Field(min_length=1, max_length=200, description="The workflow's name")
-    input: Any = Field(None, description="Any JSON value; the handlers' ctx.input")
-    version: int | None = Field(None, ge=1, description="Default: the latest the server knows")
-    idempotency_key: str | None = Field(
-        None, min_length=1, max_length=500,
-        description="The same key (with the same input) gives the same execution")
-    timeout: float | str | None = Field(
-        None, description="A hard limit, in seconds or like \"10m\"; past it the execution "
-        "ends timed_out")
-    deadline_at: AwareDatetime | None = Field(
-        None, description="The window it should finish in (with a time zone)")
-    tags: dict[str, str] | None = Field(
-        None, max_length=32,
-        description="Text tags to find it by (GET /executions?tag=key=value): at most 32, "
-        "keys up to 64 characters, values up to 256")
-    run_at: AwareDatetime | None = Field(
-        None, description="Start it at this moment (with a time zone): it is scheduled until "
-        "then")
-    delay: float | str | None = Field(
-        None, description="Start it this much later, in seconds or like \"10m\" (not with "
-        "run_at)")
-    priority: int = Field(0, ge=-1_000_000, le=1_000_000,
-                          description="Added to each step's priority: lower is claimed first")
-    fair_key: str | None = Field(
-        None, min_length=1, max_length=200,
-        description="Its fair key (the workflow's fair_by of the input, given here where the "
-        "server has no workflow code): ready work is claimed round-robin across keys")
-
-    @field_validator("timeout")
-    @classmethod
-    def _timeout_is_a_duration(cls, value: float | str | None) -> float | str | None:
-        # Checked here, so that a bad or out-of-range value is a 422 naming the field, never a
-        # database error after the fact (1e308 s overflowed the timestamp: a 503 clients retried).
-        if value is not None:
-            try:
-                parse_duration(value, what="timeout")
-            except KonduitError as exc:
-                raise ValueError(str(exc)) from None
-        return value
 
 
 class BatchBody(BaseModel):
@@ -73,13 +73,10 @@ class BatchBody(BaseModel):
     requests: list[StartBody] = Field(max_length=MAX_BATCH)
 
 
-class CancelBody(BaseModel):
+class CancelBody(request_body(  # type: ignore[misc]
+        CancelRequest, path=("execution_id",),
+        reason=Annotated[str, Field(min_length=1, max_length=2000)])):
     """Why an execution is cancelled (optional: the body may be left out)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    reason: str = Field("cancelled", min_length=1, max_length=2000,
-                        description=doc(CancelRequest, "reason"))
 
 
 class Started(BaseModel):
@@ -211,19 +208,16 @@ class ExecutionDetail(BaseModel):
         "nothing can run (details.reasons says why), else null")
 
 
-class EventBody(BaseModel):
+class EventBody(request_body(  # type: ignore[misc]
+        EventRequest,
+        # key, execution_id or both: said in the schema too, so clients and fuzzers know it.
+        schema_extra={"anyOf": [{"required": ["key"]}, {"required": ["execution_id"]}]},
+        name=Annotated[str, Field(min_length=1, max_length=200,
+                                  pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")],
+        key=Annotated[str | None, Field(min_length=1, max_length=500)],
+        execution_id=UUID | None,
+        payload=Any)):
     """An event for the step that waits for it (``wf.wait_for_event``)."""
-
-    # key, execution_id or both: said in the schema too, so clients and fuzzers know it.
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
-        "anyOf": [{"required": ["key"]}, {"required": ["execution_id"]}]})
-
-    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$",
-                      description="The event's name")
-    key: str | None = Field(None, min_length=1, max_length=500,
-                            description="The key the waiting step computed (its key=)")
-    execution_id: UUID | None = Field(None, description="Only this execution's step")
-    payload: Any = Field(None, description="Any JSON value: the waiting step's output")
 
 
 class EventSent(BaseModel):
@@ -245,12 +239,10 @@ class Repaired(BaseModel):
     status: ExecutionStatus
 
 
-class MigrateBody(BaseModel):
+class MigrateBody(request_body(  # type: ignore[misc]
+        MigrateRequest, path=("execution_id",),
+        to_version=Annotated[int, Field(ge=1, le=2**31 - 1)])):
     """Move a running execution to another version of its workflow."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    to_version: int = Field(ge=1, le=2**31 - 1, description="The version to move it to")
 
 
 class Migrated(BaseModel):

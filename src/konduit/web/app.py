@@ -22,13 +22,11 @@ import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
@@ -42,21 +40,16 @@ from konduit.errors import (
     ExecutionNotFound,
     KonduitError,
     SchemaOutdated,
-    StatsError,
 )
-from konduit.records import TriggerRecord
 from konduit.web import actions, operate, ops, pages, problems, wiring
 from konduit.web.clients import ClientFactory as ClientFactory
 from konduit.web.clients import Clients as Clients
 from konduit.web.detail import Detail as Detail
-from konduit.web.reads import ReadSourceHeaders, footer_line
+from konduit.web.reads import ReadSourceHeaders
 from konduit.web.security import Security, Token, check_bind
 from konduit.web.site import Site
 from konduit.web.templating import env as env
 from konduit.web.templating import templates as templates
-
-REFRESH_SECONDS = 2
-
 
 
 def database_client(database_url: str | None = None, app: App | None = None, *,
@@ -81,18 +74,13 @@ def database_client(database_url: str | None = None, app: App | None = None, *,
     return make
 
 
-def wants_json(request: Request) -> bool:
-    """JSON errors for the API and for the JSON the pages' script polls (``*.json``)."""
-    return request.url.path.startswith("/api/") or request.url.path.endswith(".json")
-
-
 def create_app(client_factory: ClientFactory, app: App | None = None, *,
                security: Security | None = None) -> FastAPI:
     """The dashboard as an ASGI app. ``client_factory`` makes the client the pages read with
     (see :func:`database_client`); ``app`` supplies the workflow code that Repair and the API's
     starts run; ``security`` holds the tokens (none: open, for a loopback address only)."""
     clients = Clients(client_factory)
-    security = security or Security()
+    site = Site(clients, app)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -101,101 +89,47 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
 
     web = FastAPI(title="konduit", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")
-
-    def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
-        context.setdefault("flash", request.query_params.get("flash"))
-        context.setdefault("reads", footer_line(clients.reads()))
-        context.setdefault("error", request.query_params.get("error"))
-        session = request.scope.get("state", {}).get("session")
-        return templates.TemplateResponse(request, name, {
-            "repair_enabled": app is not None, "csrf_token": session.csrf if session else "",
-            "logged_in": session is not None, **context}, status_code=status_code)
-
-    def problem(request: Request, status_code: int, title: str, message: str) -> Response:
-        if wants_json(request):
-            return problems.problem(status_code, message, title=title)
-        return page(request, "error.html", status_code, title=title, message=problems.scrub(message))
-
+    web.state.site = site  # what the routes' dependencies read (konduit.web.site)
     # The API (/api/v1, /openapi.json), the login form, tokens, CSRF and security headers.
-    wiring.install(web, clients, app, security, problem)
+    wiring.install(web, site, security or Security())
     web.add_middleware(ReadSourceHeaders, reads=clients.reads)  # X-Konduit-Read-From
+    error_handlers(web, site)
+    for routes in (pages, actions, ops, operate):
+        web.include_router(routes.router)
+    web.mount("/static", StaticFiles(directory=str(resources.files("konduit.web") / "static")),
+              name="static")
+    return web
+
+
+def error_handlers(web: FastAPI, site: Site) -> None:
+    """How the dashboard answers what goes wrong: a page, or problem+json for the API."""
 
     @web.exception_handler(ExecutionNotFound)
     async def not_found(request: Request, exc: ExecutionNotFound) -> Response:
-        return problem(request, 404, "No such execution", str(exc))
+        return site.problem(request, 404, "No such execution", str(exc), code=exc.code)
 
     @web.exception_handler(AmbiguousExecutionId)
     async def ambiguous(request: Request, exc: AmbiguousExecutionId) -> Response:
-        return problem(request, 409, "Ambiguous execution id", str(exc))
+        return site.problem(request, 409, "Ambiguous execution id", str(exc), code=exc.code)
 
     @web.exception_handler(KonduitError)
     async def failed(request: Request, exc: KonduitError) -> Response:
         if isinstance(exc, DatabaseUnavailable | SchemaOutdated):
-            await clients.drop()  # a fresh connection next time
-            return problem(request, 503, "The database is unavailable",
-                           f"{exc} — the dashboard retries on the next request.")
+            await site.clients.drop()  # a fresh connection next time
+            return site.problem(request, 503, "The database is unavailable",
+                                f"{exc} — the dashboard retries on the next request.")
         if isinstance(exc, DatabaseError):  # a conflict that outlasted its retries, a full pool
-            return problem(request, 503, "The database could not answer", f"{exc} — try again.")
-        if wants_json(request):  # what a caller sent (the API's own refusals are Refused)
-            return problems.problem(422, str(exc))
-        return problem(request, 500, "Konduit error", str(exc))
+            return site.problem(request, 503, "The database could not answer",
+                                f"{exc} — try again.")
+        if problems.wants_problem(request):  # what a caller sent (the API's own are Refused)
+            return problems.problem(422, str(exc), code=exc.code)
+        return site.problem(request, 500, "Konduit error", str(exc))
 
     @web.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        return problem(request, exc.status_code, problems.TITLES.get(exc.status_code, "Error"),
-                       f"{exc.detail}: {request.url.path}")
-
-    site = Site(clients, page, problem, app)
-    pages.register(web, site)
-    actions.register(web, site)
-    ops.register(web, site)
-    operate.register(web, site)
-    web.mount("/static", StaticFiles(directory=str(resources.files("konduit.web") / "static")),
-              name="static")
-
-    @web.get("/stats", response_class=HTMLResponse)
-    async def stats(request: Request, workflow: str | None = None, history: str = "24h",
-                    fan_in_alert: str = "20s", consecutive: int = 2) -> Response:
-        model = await clients.model()
-        options = {"workflow": workflow or "", "history": history, "fan_in_alert": fan_in_alert,
-                   "consecutive": consecutive}
-        try:
-            result = await model.stats(workflow or None, history=history,
-                                       fan_in_alert=fan_in_alert, consecutive=consecutive)
-        except StatsError as exc:
-            return page(request, "stats.html", 400, stats=None, options=options, error=str(exc))
-        alerting = {(a.workflow, a.join) for a in result.alerts}
-        triggers_of: dict[str, list[TriggerRecord]] = {}
-        for t in await model.triggers(workflow or None):
-            triggers_of.setdefault(t.workflow_name, []).append(t)
-        return page(request, "stats.html", stats=result, options=options, alerting=alerting,
-                    triggers_of=triggers_of)
-
-    @web.get("/alerts", response_class=HTMLResponse)
-    async def alerts(request: Request, limit: int = 100) -> Response:
-        found = await (await clients.model()).alerts(include_resolved=True,
-                                                     limit=max(1, min(limit, 1000)))
-        return page(request, "alerts.html", refresh=REFRESH_SECONDS * 5,
-                    open=[a for a in found if a.open], resolved=[a for a in found if not a.open])
-
-    @web.get("/webhooks", response_class=HTMLResponse)
-    async def webhook_deliveries(request: Request, status: str | None = None,
-                                 limit: int = 100) -> Response:
-        try:
-            found = await (await clients.model()).webhook_deliveries(
-                status=status or None, limit=max(1, min(limit, 1000)))
-        except KonduitError as exc:
-            return page(request, "webhooks.html", 400, deliveries=[], status=status,
-                        error=str(exc))
-        return page(request, "webhooks.html", refresh=REFRESH_SECONDS * 5, deliveries=found,
-                    status=status, error=None)
-
-    @web.get("/metrics")
-    async def metrics() -> Response:
-        body = await asyncio.to_thread(generate_latest, await clients.registry())
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
-
-    return web
+        return site.problem(request, exc.status_code,
+                            problems.TITLES.get(exc.status_code, "Error"),
+                            f"{exc.detail}: {request.url.path}")
 
 
 def server_config(web: ASGIApp, *, trusted_proxies: Sequence[str] = ()) -> uvicorn.Config:

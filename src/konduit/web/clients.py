@@ -7,15 +7,18 @@ that imports them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import suppress
+from uuid import UUID
 
 from prometheus_client.registry import CollectorRegistry
 
+from konduit.app import App
 from konduit.db.replica import Reads
 from konduit.engine.client import Client
 from konduit.errors import DatabaseError
 from konduit.observe.metrics import KonduitCollector
+from konduit.operations import AsyncOperations
 from konduit.reads import ReadModel
 from konduit.web.reads import ReadsCollector
 
@@ -70,3 +73,40 @@ class Clients:
         await self.drop()
         if self.collector is not None:
             await asyncio.to_thread(self.collector.close)
+
+
+class ServerOperations(AsyncOperations):
+    """The operations of the dashboard's doors (the API's routes and the pages' actions): the
+    one definition (:class:`konduit.operations.AsyncOperations`, what ``konduit.AsyncClient``
+    is) on the server's client, running the App's workflow code when the dashboard has one
+    (``--app``), else the definitions workers registered in the database. Nothing is
+    connected until an operation runs."""
+
+    def __init__(self, clients: Clients, app: App | None):
+        self.clients = clients
+        self.app = app
+
+    async def _engine(self) -> Client:
+        client = await self.clients.get()
+        if self.app is None:
+            return client
+        return client.with_registry(self.app.registry,
+                                    max_payload_bytes=self.app.max_payload_bytes,
+                                    event_retention=self.app.event_retention)
+
+    async def _reads(self) -> ReadModel:
+        return await self.clients.model()
+
+    async def model(self) -> ReadModel:
+        """The read model, for what the doors show beyond the operations (an execution's page,
+        stats, map items)."""
+        return await self._reads()
+
+    async def progress(self, ids: Iterable[UUID]) -> dict[UUID, str]:
+        """The status of each execution, read on the primary: the answer of a command that just
+        wrote them (a replica may not have them yet)."""
+        return {r.id: r.status for r in await (await self._reads()).on_primary().progress(ids)}
+
+    def serves(self, name: str, version: int) -> bool:
+        """Whether this server has the code of workflow ``name`` at ``version``."""
+        return self.app is not None and self.app.registry.has(name, version)

@@ -3,8 +3,9 @@ on a waiting step, "retry now" on a task in backoff, and the queue page.
 
 Every action is a POST from the dashboard's own page: the security middleware checks its CSRF
 token (and the session or token), and each handler checks the origin, as Cancel and Repair do
-(:mod:`konduit.web.actions`). Each goes through :class:`konduit.engine.client.Client`, and what
-it refuses is said on the page, never a 500.
+(:mod:`konduit.web.actions`). Each is the operation every door runs
+(:class:`konduit.web.clients.ServerOperations`), and what it refuses is said on the page, never
+a 500.
 """
 
 from __future__ import annotations
@@ -13,14 +14,12 @@ import json
 from typing import Any
 from urllib.parse import urlencode
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from konduit.core.requests import EventRequest, RetryNowRequest, ScheduleRequest
-from konduit.engine.client import Client
 from konduit.errors import DatabaseUnavailable, ExecutionNotFound, KonduitError
 from konduit.web.actions import back_to
-from konduit.web.site import Site, form_fields, same_origin
+from konduit.web.site import Site, SiteDep, form_fields, same_origin
 
 NO_CODE = "starting runs workflow code: start the dashboard with --app MODULE:ATTR"
 
@@ -41,145 +40,150 @@ def parse_payload(text: str, what: str) -> Any:
                          f"{exc.colno}") from None
 
 
-def register(web: FastAPI, site: Site) -> None:
-    """Add the schedules, start, send-event, retry-now and queue routes to ``web``."""
+router = APIRouter()
 
-    def forbidden(request: Request, what: str) -> Response:
-        return site.problem(request, 403, "Forbidden", f"a {what} must come from the dashboard's own page")
 
-    async def operator() -> Client:
-        client = await site.clients.get()
-        if site.app is None:
-            return client
-        return client.with_registry(site.app.registry, max_payload_bytes=site.app.max_payload_bytes,
-                                    event_retention=site.app.event_retention)
+# -- schedules ------------------------------------------------------------------------------
 
-    # -- schedules ------------------------------------------------------------------------------
 
-    @web.get("/schedules", response_class=HTMLResponse)
-    async def schedules(request: Request) -> Response:
-        model = await site.clients.model()
-        found = await model.schedules()
-        return site.page(request, "schedules.html", schedules=found,
-                         triggers=await model.triggers())
+@router.get("/schedules", response_class=HTMLResponse)
+async def schedules(request: Request, site: SiteDep) -> Response:
+    model = await site.model()
+    found = await model.schedules()
+    return site.page(request, "schedules.html", schedules=found,
+                     triggers=await model.triggers())
 
-    async def set_paused(request: Request, name: str, paused: bool) -> Response:
-        verb = "pause" if paused else "resume"
-        if not same_origin(request):
-            return forbidden(request, f"schedule {verb}")
-        client = await site.clients.get()
-        try:
-            changed = await client.set_schedule_paused(ScheduleRequest(name, paused))
-        except DatabaseUnavailable:
-            raise
-        except KonduitError as exc:  # an unknown name: said on the page
-            return to("/schedules", error=str(exc))
-        done = "paused" if paused else "resumed"
-        return to("/schedules", flash=f"{name}: {done}" if changed
-                  else f"{name} was {'paused' if paused else 'running'} already")
 
-    @web.post("/schedules/{name}/pause")
-    async def pause(request: Request, name: str) -> Response:
-        return await set_paused(request, name, True)
+async def set_paused(site: Site, request: Request, name: str, paused: bool) -> Response:
+    verb = "pause" if paused else "resume"
+    if not same_origin(request):
+        return site.forbidden(request, f"schedule {verb}")
+    try:
+        changed = await (site.ops.pause_schedule(name) if paused
+                         else site.ops.resume_schedule(name))
+    except DatabaseUnavailable:
+        raise
+    except KonduitError as exc:  # an unknown name: said on the page
+        return to("/schedules", error=str(exc))
+    done = "paused" if paused else "resumed"
+    return to("/schedules", flash=f"{name}: {done}" if changed
+              else f"{name} was {'paused' if paused else 'running'} already")
 
-    @web.post("/schedules/{name}/resume")
-    async def resume(request: Request, name: str) -> Response:
-        return await set_paused(request, name, False)
 
-    # -- start ----------------------------------------------------------------------------------
+@router.post("/schedules/{name}/pause")
+async def pause(request: Request, name: str, site: SiteDep) -> Response:
+    return await set_paused(site, request, name, True)
 
-    def start_page(request: Request, status_code: int = 200, **form: Any) -> HTMLResponse:
-        workflows = sorted({(s.name, s.version) for s in site.app.registry}) if site.app else []
-        return site.page(request, "start.html", status_code, workflows=workflows,
-                         names=sorted({n for n, _ in workflows}), form=form,
-                         problem=form.get("problem"), no_code=None if site.app else NO_CODE)
 
-    @web.get("/start", response_class=HTMLResponse)
-    async def start_form(request: Request, workflow: str = "") -> Response:
-        return start_page(request, workflow=workflow, version="", input="")
+@router.post("/schedules/{name}/resume")
+async def resume(request: Request, name: str, site: SiteDep) -> Response:
+    return await set_paused(site, request, name, False)
 
-    @web.post("/start", response_class=HTMLResponse)
-    async def start(request: Request) -> Response:
-        if not same_origin(request):
-            return forbidden(request, "start")
-        fields = await form_fields(request)
-        form = {k: fields.get(k, "") for k in ("workflow", "version", "input")}
-        if site.app is None:
-            return start_page(request, 503, **form, problem=NO_CODE)
-        try:
-            version = int(form["version"]) if form["version"].strip() else None
-        except ValueError:
-            return start_page(request, 422, **form, problem=f"version: {form['version']!r} is "
-                              "not a whole number (leave it empty for the latest)")
-        try:
-            payload = parse_payload(form["input"], "input")
-        except ValueError as exc:
-            return start_page(request, 422, **form, problem=str(exc))
-        try:
-            eid = await (await operator()).start(form["workflow"], payload, version=version)
-        except DatabaseUnavailable:
-            raise
-        except KonduitError as exc:  # unknown workflow or version, input refused, too large...
-            return start_page(request, 422, **form, problem=str(exc))
-        return back_to(eid, flash="started")
 
-    # -- send event -----------------------------------------------------------------------------
+# -- start ----------------------------------------------------------------------------------
 
-    @web.get("/executions/{execution_id}/send-event", response_class=HTMLResponse)
-    async def send_event_form(request: Request, execution_id: str, name: str = "",
-                              key: str = "") -> Response:
-        result = await (await site.clients.get()).get(execution_id)
-        return site.page(request, "send_event.html", r=result,
-                         form={"name": name, "key": key, "payload": ""}, problem=None)
 
-    @web.post("/executions/{execution_id}/send-event", response_class=HTMLResponse)
-    async def send_event(request: Request, execution_id: str) -> Response:
-        if not same_origin(request):
-            return forbidden(request, "send-event")
-        client = await operator()
-        result = await client.get(execution_id)
-        fields = await form_fields(request)
-        form = {k: fields.get(k, "") for k in ("name", "key", "payload")}
+def start_page(site: Site, request: Request, status_code: int = 200,
+               **form: Any) -> HTMLResponse:
+    workflows = sorted({(s.name, s.version) for s in site.app.registry}) if site.app else []
+    return site.page(request, "start.html", status_code, workflows=workflows,
+                     names=sorted({n for n, _ in workflows}), form=form,
+                     problem=form.get("problem"), no_code=None if site.app else NO_CODE)
 
-        def again(problem: str) -> HTMLResponse:
-            return site.page(request, "send_event.html", 422, r=result, form=form, problem=problem)
 
-        if not form["name"].strip():
-            return again("name: the event's name is needed")
-        try:
-            payload = parse_payload(form["payload"], "payload")
-            sent = await client.send_event(EventRequest(form["name"], key=form["key"] or None,
-                                                        execution_id=result.id, payload=payload))
-        except ValueError as exc:
-            return again(str(exc))
-        except (ExecutionNotFound, DatabaseUnavailable):
-            raise
-        except KonduitError as exc:  # a payload too large, a key PostgreSQL cannot store
-            return again(str(exc))
-        if sent == "no match":
-            return again(f"no match: no step of this execution waits or may still wait for "
-                         f"event {form['name']!r}" + (f" key {form['key']!r}" if form["key"] else "")
-                         + "; nothing was kept")
-        return back_to(result.id, flash=f"event {form['name']!r}: {sent}")
+@router.get("/start", response_class=HTMLResponse)
+async def start_form(request: Request, site: SiteDep, workflow: str = "") -> Response:
+    return start_page(site, request, workflow=workflow, version="", input="")
 
-    # -- retry now ------------------------------------------------------------------------------
 
-    @web.post("/executions/{execution_id}/tasks/{task_id}/retry-now")
-    async def retry_now(request: Request, execution_id: str, task_id: int) -> Response:
-        if not same_origin(request):
-            return forbidden(request, "retry")
-        client = await site.clients.get()
-        eid = await client.resolve(execution_id)
-        if (await form_fields(request)).get("confirm") != "yes":  # as Cancel and Repair
-            return back_to(eid, error="not retried: use the Retry now button of the page")
-        if await client.retry_now(RetryNowRequest(eid, task_id)):
-            return back_to(eid, flash="retrying now: the task is ready to be claimed")
-        return back_to(eid, error="not retried: the task is no longer waiting out a backoff "
-                                  "(a worker claimed it, or it ended)")
+@router.post("/start", response_class=HTMLResponse)
+async def start(request: Request, site: SiteDep) -> Response:
+    if not same_origin(request):
+        return site.forbidden(request, "start")
+    fields = await form_fields(request)
+    form = {k: fields.get(k, "") for k in ("workflow", "version", "input")}
+    if site.app is None:
+        return start_page(site, request, 503, **form, problem=NO_CODE)
+    try:
+        version = int(form["version"]) if form["version"].strip() else None
+    except ValueError:
+        return start_page(site, request, 422, **form, problem=f"version: {form['version']!r} is "
+                          "not a whole number (leave it empty for the latest)")
+    try:
+        payload = parse_payload(form["input"], "input")
+    except ValueError as exc:
+        return start_page(site, request, 422, **form, problem=str(exc))
+    try:
+        handle = await site.ops.start(form["workflow"], payload, version=version)
+    except DatabaseUnavailable:
+        raise
+    except KonduitError as exc:  # unknown workflow or version, input refused, too large...
+        return start_page(site, request, 422, **form, problem=str(exc))
+    return back_to(handle.id, flash="started")
 
-    # -- queues ---------------------------------------------------------------------------------
 
-    @web.get("/queues", response_class=HTMLResponse)
-    async def queues(request: Request) -> Response:
-        loads = await (await site.clients.model()).queue_loads()
-        return site.page(request, "queues.html", loads=loads)
+# -- send event -----------------------------------------------------------------------------
+
+
+@router.get("/executions/{execution_id}/send-event", response_class=HTMLResponse)
+async def send_event_form(request: Request, execution_id: str, site: SiteDep, name: str = "",
+                          key: str = "") -> Response:
+    result = await site.ops.status(execution_id)
+    return site.page(request, "send_event.html", r=result,
+                     form={"name": name, "key": key, "payload": ""}, problem=None)
+
+
+@router.post("/executions/{execution_id}/send-event", response_class=HTMLResponse)
+async def send_event(request: Request, execution_id: str, site: SiteDep) -> Response:
+    if not same_origin(request):
+        return site.forbidden(request, "send-event")
+    result = await site.ops.status(execution_id)
+    fields = await form_fields(request)
+    form = {k: fields.get(k, "") for k in ("name", "key", "payload")}
+
+    def again(problem: str) -> HTMLResponse:
+        return site.page(request, "send_event.html", 422, r=result, form=form, problem=problem)
+
+    if not form["name"].strip():
+        return again("name: the event's name is needed")
+    try:
+        payload = parse_payload(form["payload"], "payload")
+        sent = await site.ops.send_event(form["name"], key=form["key"] or None,
+                                         execution_id=result.id, payload=payload)
+    except ValueError as exc:
+        return again(str(exc))
+    except (ExecutionNotFound, DatabaseUnavailable):
+        raise
+    except KonduitError as exc:  # a payload too large, a key PostgreSQL cannot store
+        return again(str(exc))
+    if sent == "no match":
+        return again(f"no match: no step of this execution waits or may still wait for "
+                     f"event {form['name']!r}" + (f" key {form['key']!r}" if form["key"] else "")
+                     + "; nothing was kept")
+    return back_to(result.id, flash=f"event {form['name']!r}: {sent}")
+
+
+# -- retry now ------------------------------------------------------------------------------
+
+
+@router.post("/executions/{execution_id}/tasks/{task_id}/retry-now")
+async def retry_now(request: Request, execution_id: str, task_id: int,
+                    site: SiteDep) -> Response:
+    if not same_origin(request):
+        return site.forbidden(request, "retry")
+    eid = await (await site.clients.get()).resolve(execution_id)
+    if (await form_fields(request)).get("confirm") != "yes":  # as Cancel and Repair
+        return back_to(eid, error="not retried: use the Retry now button of the page")
+    if await site.ops.retry_now(eid, task_id):
+        return back_to(eid, flash="retrying now: the task is ready to be claimed")
+    return back_to(eid, error="not retried: the task is no longer waiting out a backoff "
+                              "(a worker claimed it, or it ended)")
+
+
+# -- queues ---------------------------------------------------------------------------------
+
+
+@router.get("/queues", response_class=HTMLResponse)
+async def queues(request: Request, site: SiteDep) -> Response:
+    loads = await (await site.model()).queue_loads()
+    return site.page(request, "queues.html", loads=loads)

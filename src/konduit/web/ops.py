@@ -1,26 +1,32 @@
 """The operator's view of the fleet: the workers page (alive, stopped or dead, slots, the attempts
 each one runs, abandoned handler threads, last heartbeat) and the status strip over the
 executions list (running executions, live workers, queue depth and the oldest due task per queue
-and workflow), each with the JSON its page's script polls.
+and workflow), each with the JSON its page's script polls; the stats, alerts and webhook
+deliveries pages, and ``/metrics``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from konduit.errors import KonduitError, StatsError
 from konduit.reads import ReadModel
+from konduit.records import TriggerRecord
 from konduit.web import views
-from konduit.web.site import Site
+from konduit.web.site import SiteDep
 
 RECENT_WORKERS = 24 * 3600.0  # the workers page lists those heard from within a day
 RUNNING_SHOWN = 500  # open attempts listed on the workers page
 STOPPED_SHOWN = 600.0  # workers stopped longer ago are hidden unless "show all"
 STATE_ORDER = {"alive": 0, "dead": 1, "stopped": 2}  # live workers first: who serves now
+REFRESH_SECONDS = 2  # the alerts and webhooks pages refresh every 5 times this
 
 
 def shown_workers(found: list[dict[str, Any]], *, everything: bool) -> tuple[list[dict[str, Any]], int]:
@@ -78,24 +84,73 @@ def worker_json(w: dict[str, Any]) -> dict[str, Any]:
                           "running_for": a["running_for"]} for a in w["attempts"]]}
 
 
-def register(web: FastAPI, site: Site) -> None:
-    """Add the workers page and its JSON to ``web``."""
+router = APIRouter()
 
-    @web.get("/workers", response_class=HTMLResponse)
-    async def workers(request: Request, all: bool = False) -> Response:
-        model = await site.clients.model()
-        found, hidden = shown_workers(await load_workers(model), everything=all)
-        return site.page(request, "workers.html", workers=found, strip=await load_strip(model),
-                         live="/workers.json", poll_ms=2000, hidden=hidden, showing_all=all)
 
-    @web.get("/strip.json")
-    async def strip_live() -> Response:
-        """The status strip alone, for the executions list's script."""
-        return JSONResponse(jsonable_encoder((await load_strip(await site.clients.model())).to_json()))
+@router.get("/workers", response_class=HTMLResponse)
+async def workers(request: Request, site: SiteDep, all: bool = False) -> Response:
+    model = await site.model()
+    found, hidden = shown_workers(await load_workers(model), everything=all)
+    return site.page(request, "workers.html", workers=found, strip=await load_strip(model),
+                     live="/workers.json", poll_ms=2000, hidden=hidden, showing_all=all)
 
-    @web.get("/workers.json")
-    async def workers_live() -> Response:
-        model = await site.clients.model()
-        found = await load_workers(model)
-        return JSONResponse(jsonable_encoder({"workers": [worker_json(w) for w in found],
-                                              "strip": (await load_strip(model)).to_json()}))
+
+@router.get("/strip.json")
+async def strip_live(site: SiteDep) -> Response:
+    """The status strip alone, for the executions list's script."""
+    return JSONResponse(jsonable_encoder((await load_strip(await site.model())).to_json()))
+
+
+@router.get("/workers.json")
+async def workers_live(site: SiteDep) -> Response:
+    model = await site.model()
+    found = await load_workers(model)
+    return JSONResponse(jsonable_encoder({"workers": [worker_json(w) for w in found],
+                                          "strip": (await load_strip(model)).to_json()}))
+
+
+@router.get("/stats", response_class=HTMLResponse)
+async def stats(request: Request, site: SiteDep, workflow: str | None = None,
+                history: str = "24h", fan_in_alert: str = "20s",
+                consecutive: int = 2) -> Response:
+    model = await site.model()
+    options = {"workflow": workflow or "", "history": history, "fan_in_alert": fan_in_alert,
+               "consecutive": consecutive}
+    try:
+        result = await model.stats(workflow or None, history=history,
+                                   fan_in_alert=fan_in_alert, consecutive=consecutive)
+    except StatsError as exc:
+        return site.page(request, "stats.html", 400, stats=None, options=options,
+                         error=str(exc))
+    alerting = {(a.workflow, a.join) for a in result.alerts}
+    triggers_of: dict[str, list[TriggerRecord]] = {}
+    for t in await model.triggers(workflow or None):
+        triggers_of.setdefault(t.workflow_name, []).append(t)
+    return site.page(request, "stats.html", stats=result, options=options, alerting=alerting,
+                     triggers_of=triggers_of)
+
+
+@router.get("/alerts", response_class=HTMLResponse)
+async def alerts(request: Request, site: SiteDep, limit: int = 100) -> Response:
+    found = await site.ops.alerts(include_resolved=True, limit=max(1, min(limit, 1000)))
+    return site.page(request, "alerts.html", refresh=REFRESH_SECONDS * 5,
+                     open=[a for a in found if a.open], resolved=[a for a in found if not a.open])
+
+
+@router.get("/webhooks", response_class=HTMLResponse)
+async def webhook_deliveries(request: Request, site: SiteDep, status: str | None = None,
+                             limit: int = 100) -> Response:
+    try:
+        found = await site.ops.webhook_deliveries(status=status or None,
+                                                  limit=max(1, min(limit, 1000)))
+    except KonduitError as exc:
+        return site.page(request, "webhooks.html", 400, deliveries=[], status=status,
+                         error=str(exc))
+    return site.page(request, "webhooks.html", refresh=REFRESH_SECONDS * 5, deliveries=found,
+                     status=status, error=None)
+
+
+@router.get("/metrics")
+async def metrics(site: SiteDep) -> Response:
+    body = await asyncio.to_thread(generate_latest, await site.clients.registry())
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

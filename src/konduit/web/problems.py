@@ -48,6 +48,9 @@ class Problem(BaseModel):
     errors: list[FieldError] | None = None
     step: str | None = Field(None, description="The workflow step at fault, when one is "
                              "(a refused migration)")
+    code: str | None = Field(None, description="The kind of error, when konduit refused it "
+                             "(KonduitError.code: workflow_not_found, input_validation_error, "
+                             "idempotency_conflict, key_needs_code, ...)")
 
 
 def slug(status: int) -> str:
@@ -55,11 +58,12 @@ def slug(status: int) -> str:
 
 
 def problem(status: int, detail: str, *, title: str | None = None, field: str | None = None,
-            errors: list[FieldError] | None = None,
-            headers: dict[str, str] | None = None, step: str | None = None) -> JSONResponse:
+            errors: list[FieldError] | None = None, headers: dict[str, str] | None = None,
+            step: str | None = None, code: str | None = None) -> JSONResponse:
     """A problem+json response."""
     body = Problem(type=f"urn:konduit:problem:{slug(status)}", title=title or TITLES.get(status, "Error"),
-                   status=status, detail=scrub(detail), field=field, errors=errors, step=step)
+                   status=status, detail=scrub(detail), field=field, errors=errors, step=step,
+                   code=code)
     return JSONResponse(body.model_dump(exclude_none=True), status_code=status,
                         media_type=PROBLEM_JSON, headers=headers)
 

@@ -4,39 +4,33 @@ error handlers that turn the API's refusals into ``application/problem+json``.""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
-from konduit.app import App
-from konduit.web import problems
-from konduit.web.api_v1 import Refused, api_router
-from konduit.web.login import login_router
+from konduit.web import api_v1, login, problems
+from konduit.web.api_v1 import Refused
 from konduit.web.security import Security, SecurityMiddleware
-
-if TYPE_CHECKING:
-    from konduit.web.clients import Clients
-
-ProblemPage = Callable[[Request, int, str, str], Response]
+from konduit.web.site import Site
 
 
-def install(web: FastAPI, clients: Clients, app: App | None, security: Security,
-            problem: ProblemPage) -> None:
-    """Add the API, the login form and the security layer to ``web``; ``problem`` renders an
-    error (a page, or problem+json for the API) as the dashboard does."""
+def install(web: FastAPI, site: Site, security: Security) -> None:
+    """Add the API, the login form and the security layer to ``web``; errors are rendered
+    as the dashboard does (:meth:`Site.problem`: a page, or problem+json for the API)."""
     web.openapi = lambda: describe(web)  # type: ignore[method-assign]
     web.add_middleware(SecurityMiddleware, security=security)
-    web.include_router(api_router(clients, app))
-    web.include_router(login_router(security))
+    web.include_router(api_v1.router)
+    web.state.security = security  # what the login form's routes depend on
+    web.include_router(login.router)
 
     @web.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> Response:
         # A bug of ours: said plainly, without the traceback (it is logged).
-        return problem(request, 500, "Internal error", "the server failed to answer this request")
+        return site.problem(request, 500, "Internal error",
+                            "the server failed to answer this request")
 
     @web.exception_handler(Refused)
     async def refused(request: Request, exc: Refused) -> Response:
@@ -46,7 +40,7 @@ def install(web: FastAPI, clients: Clients, app: App | None, security: Security,
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
         if problems.wants_problem(request):
             return problems.validation_problem(exc)
-        return problem(request, 400, "Bad request", "; ".join(
+        return site.problem(request, 400, "Bad request", "; ".join(
             f"{e.field}: {e.message}" for e in problems.field_errors(exc)))
 
 
