@@ -30,20 +30,12 @@ from tests.apps import doors_app
 from tests.support.waiting import until
 from tests.support.workers import spawn_worker, stop_workers, worker_environment
 from tests.test_api_v1 import api
+from tests.test_limit_keys import _most_at_once
 
 pytestmark = [pytest.mark.storage]
 
 CUSTOMERS = ("a", "b", "c")
 PER_CUSTOMER = 2
-
-
-def _most_at_once(spans: list[tuple[float, float]]) -> int:
-    events = sorted([(b, 1) for b, _ in spans] + [(e, -1) for _, e in spans])
-    most = now = 0
-    for _, step in events:
-        now += step
-        most = max(most, now)
-    return most
 
 
 def _inputs(door: str, db_url: str) -> list[dict[str, Any]]:
@@ -124,6 +116,12 @@ def test_a_per_customer_limit_means_the_same_through_every_door(
         expected = len(doors) * len(CUSTOMERS) * PER_CUSTOMER
         done = until(lambda: (lambda s: s if len(s) == expected else None)(spans()), 180,
                      f"{expected} reservations")
+
+        def scheduled_keys() -> set[str | None]:  # the worker's schedule door
+            with psycopg.connect(db_url) as conn:
+                return {k for (k,) in conn.execute(
+                    "SELECT limit_key FROM konduit_tasks WHERE workflow = 'nightly-orders@1'")}
+        assert until(scheduled_keys, 60, "a scheduled start") == {"nightly"}
     finally:
         stop_workers([worker])
     with psycopg.connect(db_url) as conn:

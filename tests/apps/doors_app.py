@@ -38,6 +38,13 @@ def reserve_stock(ctx: konduit.Context) -> str:
 orders.on_event("order-placed")
 
 
+# Started by a schedule: the tick's start runs in the worker, and computes the same key.
+nightly = konduit.Workflow("nightly-orders", version=1)
+nightly.step(name="reserve", concurrency=konduit.Limit(1, key="input.customer"))(
+    lambda ctx: "reserved")
+nightly.schedule(every="1s", input={"customer": "nightly"})
+
+
 def customer_of(ctx: konduit.KeyContext) -> str:
     return str(ctx.input["customer"])
 
@@ -47,4 +54,4 @@ by_function = konduit.Workflow("orders-by-function", version=1, max_running=5,
 by_function.step(name="reserve", concurrency=konduit.Limit(1, key=customer_of))(
     lambda ctx: "reserved")
 
-app = konduit.App([orders, by_function])
+app = konduit.App([orders, nightly, by_function])
