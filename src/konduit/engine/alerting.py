@@ -51,7 +51,16 @@ from konduit.core.alerts import (
 )
 from konduit.core.durations import Duration
 from konduit.core.fan_in import DEFAULT_HISTORY as STATS_HISTORY
-from konduit.core.fan_in import Wait, fan_in_alerts, seconds_option
+from konduit.core.fan_in import (
+    Wait,
+    durable_steps,
+    fan_in_alerts,
+    fan_in_threshold,
+    seconds_option,
+    split_wait,
+    thresholds_of,
+    upstream_of,
+)
 from konduit.core.forecast import DEFAULT_HISTORY as PLAN_HISTORY
 from konduit.core.forecast import StepProgress, forecast
 from konduit.core.model import ExecutionStatus
@@ -280,16 +289,40 @@ class Alerting:
         return found, {str(r["id"]) for r in known}
 
     async def _fan_in(self, names: list[str]) -> list[Finding]:
+        """Fan-in findings: each join judged by its own threshold (the join's, its workflow's,
+        else the worker's), on the part of its waits that its durable branches (waits for an
+        event, a timer, a child workflow, and the steps behind them) did not hold alone."""
+        specs = [spec.spec_json for spec in self.registry]
+        # Read the open waits past the smallest threshold, and more of each join's last waits
+        # than the rule needs: an open one under its own threshold is not judged yet.
         rows = await self.db.all(
             "step_join_waits_recent", workflow_name=None, history_seconds=self.fan_in_history,
-            threshold_seconds=self.fan_in_wait, per_join=self.consecutive)
+            threshold_seconds=min([self.fan_in_wait, *thresholds_of(specs)]),
+            per_join=2 * self.consecutive + 2)
         recent: dict[tuple[str, str], list[Wait]] = {}
+        thresholds: dict[tuple[str, str], float] = {}
         for r in rows:
-            if r["workflow_name"] in names:
-                recent.setdefault((r["workflow_name"], r["step"]), []).append(Wait(
-                    float(r["wait"]), r["straggler"], bool(r["waiting"]), str(r["execution_id"])))
+            if r["workflow_name"] not in names:
+                continue
+            key = (r["workflow_name"], r["step"])
+            spec = self._spec_json(r["workflow_name"], r["workflow_version"])
+            wait = split_wait(Wait(float(r["wait"]), r["straggler"], bool(r["waiting"]),
+                                   str(r["execution_id"])),
+                              upstream_of(spec, r["step"]), r["ends"] or {}, durable_steps(spec))
+            recent.setdefault(key, []).append(wait)
+            # The newest registered version's threshold judges the join's waits.
+            thresholds[key] = fan_in_threshold(self.registry.get(key[0]).spec_json, key[1],
+                                               self.fan_in_wait)
         return fan_in_findings(fan_in_alerts(recent, threshold=self.fan_in_wait,
-                                             consecutive=self.consecutive))
+                                             consecutive=self.consecutive,
+                                             thresholds=thresholds))
+
+    def _spec_json(self, name: str, version: int) -> dict[str, Any]:
+        """The stored definition of a version this worker knows, else its newest one's."""
+        try:
+            return self.registry.get(name, version).spec_json
+        except KonduitError:
+            return self.registry.get(name).spec_json
 
     async def _no_success(self, names: list[str]) -> list[Finding]:
         thresholds = {n: t for n in names
@@ -414,7 +447,8 @@ class Alerting:
     async def _resolution(self, alert: AlertRecord, evaluated: Iterable[str]) -> dict[str, Any] | None:
         """Why an open alert that no rule found now closes; None to leave it open."""
         if alert.kind == "fan_in_wait":
-            return {"resolution": f"fan-in wait back under {self.fan_in_wait:g}s"}
+            limit = float(alert.details.get("threshold_seconds") or self.fan_in_wait)
+            return {"resolution": f"fan-in wait back under {limit:g}s"}
         if alert.kind == "no_success":
             return {"resolution": "a successful execution, or no threshold any more"}
         if alert.kind == "degraded_budget":
