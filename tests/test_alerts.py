@@ -377,7 +377,8 @@ def test_alert_metrics() -> None:
     families = {f.name: f for f in metric_families(stats, [], [], [open_alert])}
     counts = {s.labels["kind"]: s.value for s in families["konduit_alerts_open"].samples}
     assert counts == {"window_at_risk": 1, "fan_in_wait": 0, "no_success": 0,
-                      "execution_stalled": 0, "degraded_budget": 0, "version_unserved": 0}
+                      "execution_stalled": 0, "degraded_budget": 0, "version_unserved": 0,
+                      "queue_unserved": 0}
     [info] = families["konduit_alert_open_since_seconds"].samples
     assert info.labels == {"kind": "window_at_risk", "subject": "e1", "workflow": "wf",
                            "severity": "critical"}

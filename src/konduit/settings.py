@@ -32,7 +32,7 @@ ENV_PREFIX = "KONDUIT_"
 
 _SECONDS = ("read_max_lag", "poll_interval", "lease_seconds", "heartbeat_interval",
             "maintenance_interval", "stall_grace", "fallback_timeout", "retention_interval",
-            "alert_interval", "alert_version_unserved")
+            "alert_interval", "alert_version_unserved", "alert_queue_unserved")
 _TRUE = {"1", "true", "yes", "on", "transaction"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     alert_version_unserved: float = Field(default=300.0, description=(
         "Seconds a workflow version's running executions may go without a live worker serving "
         "it before a version_unserved alert."))
+    alert_queue_unserved: float = Field(default=5.0, description=(
+        "Seconds ready tasks may wait on a queue that no live worker serving their workflow "
+        "version takes before a queue_unserved alert."))
     worker_metrics_port: int | None = Field(default=None, description=(
         "Serve a worker's histograms (attempt durations) on /metrics at this port (0: a free "
         "one); unset serves nothing."))

@@ -18,7 +18,7 @@ def alerts(
         "--all", help="Resolved alerts too (default: open ones only).")] = False,
     kind: Annotated[str | None, typer.Option(
         help="Only this kind: window_at_risk, fan_in_wait, no_success, execution_stalled, "
-        "degraded_budget or version_unserved.",
+        "degraded_budget, version_unserved or queue_unserved.",
         show_default=False)] = None,
     workflow: Annotated[str | None, typer.Option(
         help="Only alerts about this workflow.", show_default=False)] = None,

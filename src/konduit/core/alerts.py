@@ -14,6 +14,8 @@ Four rules, each turning facts into :class:`Finding`\\ s (an alert that should b
   when the fan-in decision it re-ran healed the execution).
 - :func:`version_unserved` — a workflow version with running executions and no live worker
   serving it for longer than a grace (docs/changing-workflows.md).
+- :func:`queue_unserved` — ready tasks of a workflow version on a queue that no live worker
+  serving that version takes, for longer than a grace (a few seconds).
 - :func:`degraded_budget` — a workflow whose executions went out degraded more often over the
   last day than its ``Workflow(..., degraded_budget="2%")`` (e.g. "roughly 2% of runs").
 
@@ -35,9 +37,12 @@ from konduit.core.forecast import Forecast, Quantile
 from konduit.core.shares import degraded_share, format_share
 
 Kind = Literal["window_at_risk", "fan_in_wait", "no_success", "execution_stalled",
-               "degraded_budget", "version_unserved"]
+               "degraded_budget", "version_unserved", "queue_unserved"]
 KINDS: tuple[Kind, ...] = ("window_at_risk", "fan_in_wait", "no_success", "execution_stalled",
-                           "degraded_budget", "version_unserved")
+                           "degraded_budget", "version_unserved", "queue_unserved")
+GRACE_KINDS: tuple[Kind, ...] = ("version_unserved", "queue_unserved")
+"""The kinds raised once a condition has lasted a grace: evaluated on a cadence of their own,
+so that they are raised soon after the grace whatever it is (docs/alerts.md)."""
 Severity = Literal["warning", "critical"]
 
 WINDOW_QUANTILE: Quantile = "p95"
@@ -55,6 +60,7 @@ class Finding:
     message: str
     details: Mapping[str, Any] = field(default_factory=dict)
     execution_id: str | None = None  # set for alerts about one running execution
+    queue: tuple[str, str] | None = None  # (queue, workflow@version): raised only while unserved
 
     @property
     def key(self) -> tuple[str, str]:
@@ -177,6 +183,34 @@ def version_unserved(workflow: str, version: int, *, running: int,
     details = {"version": version, "running": running, "unserved_seconds": unserved_seconds,
                "grace_seconds": grace}
     return Finding("version_unserved", key, workflow, "critical", message, details)
+
+
+# -- queue unserved ------------------------------------------------------------------------------
+
+DEFAULT_QUEUE_UNSERVED = 5.0
+"""Seconds ready tasks may wait on a queue that no live worker takes before the alert."""
+
+
+def queue_unserved(queue: str, workflow: str, version: int, *, ready: int,
+                   executions: Sequence[str], unserved_seconds: float | None,
+                   grace: float) -> Finding | None:
+    """A finding when ``ready`` tasks of ``workflow`` at ``version`` have waited on ``queue``
+    with no live worker serving that version taking the queue, for more than ``grace`` seconds
+    (``unserved_seconds``: how long so far). Critical: nothing will run them by itself.
+    ``executions``: some of the executions behind them."""
+    if ready <= 0 or unserved_seconds is None or unserved_seconds <= grace:
+        return None
+    key = f"{workflow}@{version}"
+    shown = ", ".join(executions)
+    message = (f"{key}: {ready}{'+' if ready >= 1000 else ''} ready task"
+               f"{'s' if ready != 1 else ''} on queue {queue!r} and no live worker serving "
+               f"{key} takes that queue, for {format_elapsed(unserved_seconds)}; start a worker "
+               f"with --queue {queue} (executions: {shown or '—'})")
+    details = {"queue": queue, "version": version, "ready": ready,
+               "executions": list(executions), "unserved_seconds": unserved_seconds,
+               "grace_seconds": grace}
+    return Finding("queue_unserved", f"{key}/{queue}", workflow, "critical", message, details,
+                   queue=(queue, key))
 
 
 # -- execution stalled ---------------------------------------------------------------------------

@@ -98,31 +98,37 @@ class Join:
     - ``all_done()``: every branch ended, whatever its outcome; the join gets the successes.
     - ``required()``: branches declared ``required=True`` must succeed; optional ones may end any way.
     - ``quorum(k)``: fires on the k-th successful branch.
+
+    ``alert_fan_in_wait="60s"`` (any of them): the fan-in wait past which this join raises a
+    ``fan_in_wait`` alert (docs/alerts.md), instead of its workflow's or the worker's. It is
+    policy, not shape: it is no part of the join's spec (:meth:`to_spec`) and compares equal;
+    the step stores it beside (checked, in seconds, when the step is defined).
     """
 
     kind: JoinKind = "all_succeeded"
     k: int | None = None
+    alert_fan_in_wait: Duration | None = field(default=None, compare=False)
 
     @classmethod
-    def all_succeeded(cls) -> Join:
-        return cls("all_succeeded")
+    def all_succeeded(cls, *, alert_fan_in_wait: Duration | None = None) -> Join:
+        return cls("all_succeeded", alert_fan_in_wait=alert_fan_in_wait)
 
     @classmethod
-    def all_done(cls) -> Join:
-        return cls("all_done")
+    def all_done(cls, *, alert_fan_in_wait: Duration | None = None) -> Join:
+        return cls("all_done", alert_fan_in_wait=alert_fan_in_wait)
 
     @classmethod
-    def required(cls) -> Join:
-        return cls("required")
+    def required(cls, *, alert_fan_in_wait: Duration | None = None) -> Join:
+        return cls("required", alert_fan_in_wait=alert_fan_in_wait)
 
     @classmethod
-    def quorum(cls, k: int) -> Join:
+    def quorum(cls, k: int, *, alert_fan_in_wait: Duration | None = None) -> Join:
         if not _is_count(k) or k < 1:
             raise WorkflowDefinitionError(f"Join.quorum(k) needs k >= 1, got {k!r}")
-        return cls("quorum", k)
+        return cls("quorum", k, alert_fan_in_wait=alert_fan_in_wait)
 
     def to_spec(self) -> dict[str, Any]:
-        """The policy as JSON, part of the workflow's spec hash."""
+        """The join policy as JSON (part of the shape): ``alert_fan_in_wait`` is not in it."""
         return {"kind": self.kind, "k": self.k}
 
 

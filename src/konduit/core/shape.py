@@ -50,8 +50,9 @@ def shape_of(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def policy_of(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The policy of a definition (its ``spec_json``): each step's settings outside the shape,
-    and the workflow's own (the repair contract)."""
+    """The policy of a definition (its ``spec_json``): each step's settings outside the shape
+    (a join's ``alert_fan_in_wait`` too), and the workflow's own (the repair contract, the
+    fan-in wait threshold)."""
     steps = {}
     for s in spec.get("steps", ()):
         own = {k: v for k, v in s.items() if k not in (*_SHAPE_KEYS, "name", "wait")}
@@ -62,6 +63,8 @@ def policy_of(spec: Mapping[str, Any]) -> dict[str, Any]:
     policy: dict[str, Any] = {"steps": steps}
     if spec.get("repair") is not None:
         policy["repair"] = spec["repair"]
+    if spec.get("alert_fan_in_wait") is not None:
+        policy["alert_fan_in_wait"] = spec["alert_fan_in_wait"]
     return policy
 
 

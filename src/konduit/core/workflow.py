@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -93,6 +94,8 @@ class StepSpec:
         }
         if self.hedge is not None:  # only when set: the hash of unhedged workflows is unchanged
             spec["hedge"] = self.hedge.to_spec()
+        if self.join.alert_fan_in_wait is not None:  # policy, only when set (docs/alerts.md)
+            spec["alert_fan_in_wait"] = self.join.alert_fan_in_wait
         if self.wait is not None:
             spec["wait"] = self.wait.to_spec()
         if self.flow is not None and self.flow.keyed:
@@ -150,6 +153,22 @@ def _check_signature(name: str, workflow: str, handler: Handler) -> None:
         ) from exc
 
 
+def _fan_in_threshold(value: Duration | None, *, workflow: str,
+                      step: str | None = None) -> float | None:
+    """An ``alert_fan_in_wait=`` in seconds (None stays None); a bad one is a definition error
+    naming the workflow (and the step)."""
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value, what="alert_fan_in_wait")
+    except KonduitError as exc:
+        raise WorkflowDefinitionError(str(exc), workflow=workflow, step=step) from exc
+    if seconds <= 0:
+        raise WorkflowDefinitionError("alert_fan_in_wait must be a positive duration, e.g. '60s'",
+                                      workflow=workflow, step=step)
+    return seconds
+
+
 def _outside_this_module() -> int:
     """The ``stacklevel`` that points a warning issued in this module at the user's line (the
     decorator or the ``sequence`` call), however deep the definition helpers nest."""
@@ -183,6 +202,11 @@ class Workflow(WaitSteps):
     while more than that share of the workflow's executions finished in the last day went out
     degraded, and resolves when the share falls back; see docs/alerts.md.
 
+    ``alert_fan_in_wait="60s"``: the fan-in wait past which a join of this workflow raises a
+    ``fan_in_wait`` alert, instead of the worker's ``alert_fan_in_wait`` (a join may set its own:
+    ``Join.all_succeeded(alert_fan_in_wait=...)``). A wait on a durable wait (an event, a timer,
+    a child workflow, or a step behind one) never counts; see docs/alerts.md.
+
     ``fair_by="input.customer"``: ready work is claimed round-robin across the keys it gives
     (a string, from the input, at each start), so one customer's backlog does not hold
     another's execution back; see docs/fairness.md. A path into the input (text) is data that
@@ -200,6 +224,7 @@ class Workflow(WaitSteps):
                  repair_delay: Duration | None = None,
                  alert_after_no_success: Duration | None = None,
                  degraded_budget: str | float | None = None, input: Any = None,
+                 alert_fan_in_wait: Duration | None = None,
                  fair_by: Callable[[Any], str] | str | None = None,
                  max_running: int | None = None,
                  key: Callable[[Any], Any] | str | None = None):
@@ -231,6 +256,8 @@ class Workflow(WaitSteps):
                 self.degraded_budget = parse_share(degraded_budget, what="degraded_budget")
             except KonduitError as exc:
                 raise WorkflowDefinitionError(str(exc), workflow=name) from exc
+        # The fan-in wait past which its joins alert (None: the worker's); policy, stored.
+        self.alert_fan_in_wait = _fan_in_threshold(alert_fan_in_wait, workflow=name)
         # The declared input (None: any JSON); checked at every start (konduit.core.inputs).
         self.input_type = None if input is None else InputType(input, workflow=name)
         self.fair_by = fair.check_fair_by(fair_by, workflow=name)  # docs/fairness.md
@@ -563,6 +590,9 @@ class Workflow(WaitSteps):
             except KonduitError as exc:
                 raise WorkflowDefinitionError(str(exc), workflow=self.name, step=step_name) from exc
             deadline = Deadline(seconds=seconds)
+        if join is not None and join.alert_fan_in_wait is not None:
+            join = dataclasses.replace(join, alert_fan_in_wait=_fan_in_threshold(
+                join.alert_fan_in_wait, workflow=self.name, step=step_name))
         hedging = None
         if hedge is not None:
             try:
@@ -620,6 +650,7 @@ class Workflow(WaitSteps):
                                              repair=self.repair,
                                              alert_after_no_success=self.alert_after_no_success,
                                              degraded_budget=self.degraded_budget,
+                                             alert_fan_in_wait=self.alert_fan_in_wait,
                                              input_type=self.input_type,
                                              triggers=self.triggers)
             self._frozen_spec.fair_by = self.fair_by
@@ -642,6 +673,7 @@ class WorkflowSpec:
                  repair: RepairContract | None = None,
                  alert_after_no_success: float | None = None,
                  degraded_budget: float | None = None,
+                 alert_fan_in_wait: float | None = None,
                  input_type: InputType | None = None,
                  triggers: tuple[EventTrigger, ...] = ()):
         self.name = name
@@ -657,6 +689,9 @@ class WorkflowSpec:
         # An operating setting, not part of the DAG: kept out of spec_json and spec_hash.
         self.alert_after_no_success = alert_after_no_success
         self.degraded_budget = degraded_budget  # likewise (a fraction; docs/alerts.md)
+        # Workflow(alert_fan_in_wait=): policy in spec_json (only when set), so a reader without
+        # the code knows it (konduit.core.fan_in.fan_in_threshold).
+        self.alert_fan_in_wait = alert_fan_in_wait
         # The start's fair key from its input (docs/fairness.md): code, so never stored; a
         # definition read back from the database has none.
         self.fair_by: fair.FairBy | None = None
@@ -757,6 +792,8 @@ class WorkflowSpec:
         }
         if self.repair is not None:  # only when set: the hashes of other workflows stay as they were
             spec["repair"] = self.repair.to_spec()
+        if self.alert_fan_in_wait is not None:  # likewise; policy (core/shape.py)
+            spec["alert_fan_in_wait"] = self.alert_fan_in_wait
         return spec
 
     @property

@@ -35,20 +35,32 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from konduit.core.alerts import (
+    DEFAULT_QUEUE_UNSERVED,
     DEFAULT_VERSION_UNSERVED,
+    GRACE_KINDS,
     KINDS,
     WINDOW_QUANTILE,
     Finding,
     degraded_budget,
     fan_in_findings,
     no_success,
+    queue_unserved,
     version_unserved,
     window_at_risk,
     window_resolution,
 )
 from konduit.core.durations import Duration
 from konduit.core.fan_in import DEFAULT_HISTORY as STATS_HISTORY
-from konduit.core.fan_in import Wait, fan_in_alerts, seconds_option
+from konduit.core.fan_in import (
+    Wait,
+    durable_steps,
+    fan_in_alerts,
+    fan_in_threshold,
+    seconds_option,
+    split_wait,
+    thresholds_of,
+    upstream_of,
+)
 from konduit.core.forecast import DEFAULT_HISTORY as PLAN_HISTORY
 from konduit.core.forecast import StepProgress, forecast
 from konduit.core.model import ExecutionStatus
@@ -68,6 +80,16 @@ HISTORY_EVERY = 30.0
 """Seconds between two evaluations of the rules over history (fan-in waits, last successes):
 their facts move slowly and their reads cover a day of executions. Windows are forecast every
 round, from fresh span quantiles: a history of a few fast runs must count as soon as it exists."""
+GRACE_POLL = (1.0, 30.0)
+"""Seconds between two looks for a rule with a grace (:data:`konduit.core.alerts.GRACE_KINDS`):
+half its grace, within these bounds. A look that finds a condition not yet past its grace looks
+again the moment it will be, so the alert is raised at most a second or so after its grace (or
+at the first look, when the condition began less than a look before that)."""
+
+
+def grace_poll(grace: float) -> float:
+    """Seconds between two looks of a rule whose grace is ``grace``."""
+    return min(GRACE_POLL[1], max(GRACE_POLL[0], grace / 2))
 
 
 @dataclass(frozen=True)
@@ -123,6 +145,7 @@ class Alerting:
         hook: AlertHook = alert_changed,
         history_every: float = HISTORY_EVERY,
         version_unserved: Duration = DEFAULT_VERSION_UNSERVED,
+        queue_unserved: Duration = DEFAULT_QUEUE_UNSERVED,
     ):
         self.db = db
         self.registry = registry
@@ -136,46 +159,99 @@ class Alerting:
         self.history_every = history_every
         # Grace before a version whose executions no live worker serves raises its alert.
         self.version_unserved = seconds_option(version_unserved, "alert_version_unserved")
+        # Grace before ready tasks on a queue that no live worker takes raise theirs.
+        self.queue_unserved = seconds_option(queue_unserved, "alert_queue_unserved")
         self._history_read_at: float | None = None  # monotonic time of the last history rules
 
     @property
     def workflows(self) -> list[str]:
         return sorted({spec.name for spec in self.registry})
 
+    @property
+    def graces(self) -> dict[str, float]:
+        """The grace of each rule that has one, by kind."""
+        return {"version_unserved": self.version_unserved, "queue_unserved": self.queue_unserved}
+
     async def run(self, interval: float, *, passed: Callable[[], None] = lambda: None) -> None:
         """Evaluate every ``interval`` seconds until cancelled; a failed round is logged and the
-        next one tries again. ``passed`` is called after each round that ran to its end."""
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.evaluate()
-                passed()
-            except (DatabaseError, KonduitError) as exc:
-                log.warning("alert evaluation failed: %s", exc)
-            except Exception:  # a bug in a rule must not end alerting for the worker's life
-                log.exception("alert evaluation failed")
+        next one tries again. ``passed`` is called after each round that ran to its end. The
+        rules with a grace run beside, on their own cadence (:meth:`run_graces`)."""
+        graces = asyncio.create_task(self.run_graces(), name="konduit-alert-graces")
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await self.evaluate(graces=False)
+                    passed()
+                except (DatabaseError, KonduitError) as exc:
+                    log.warning("alert evaluation failed: %s", exc)
+                except Exception:  # a bug in a rule must not end alerting for the worker's life
+                    log.exception("alert evaluation failed")
+        finally:
+            graces.cancel()
+            await asyncio.gather(graces, return_exceptions=True)
 
-    async def evaluate(self) -> Round:
-        """One round: raise what the rules find, resolve what they no longer find."""
+    async def run_graces(self) -> None:
+        """Look for the conditions of the rules with a grace until cancelled: each rule every
+        :func:`grace_poll` of its grace, and again when a condition it found will have lasted
+        its grace; a failed look is logged and the next one tries again."""
+        due = dict.fromkeys(self.graces, 0.0)  # monotonic time of each rule's next look
+        while True:
+            clock = time.monotonic()
+            kinds = [k for k, at in due.items() if at <= clock]
+            if kinds:
+                crossing: dict[str, float | None] = {}
+                try:
+                    crossing = (await self.evaluate_graces(kinds))[1]
+                except (DatabaseError, KonduitError) as exc:
+                    log.warning("alert evaluation failed: %s", exc)
+                except Exception:
+                    log.exception("alert evaluation failed")
+                for kind in kinds:
+                    soon, poll = crossing.get(kind), grace_poll(self.graces[kind])
+                    due[kind] = clock + (poll if soon is None else min(poll, soon + 0.05))
+            await asyncio.sleep(max(0.05, min(due.values()) - time.monotonic()))
+
+    async def evaluate_graces(
+            self, kinds: Iterable[str] = GRACE_KINDS) -> tuple[Round, dict[str, float | None]]:
+        """One look of the rules with a grace among ``kinds``: raise and resolve their alerts.
+        Returns the round and, per kind, in how many seconds a condition it found under its
+        grace will have lasted it (None: none found)."""
+        now = await self.db.one("alert_get_clock")
+        assert now is not None
+        done = Round(as_of=now["now"])
+        crossing: dict[str, float | None] = {}
+        if "version_unserved" in kinds:
+            crossing["version_unserved"] = await self._versions(done)
+        if "queue_unserved" in kinds:
+            crossing["queue_unserved"] = await self._queues(done)
+        return done, crossing
+
+    async def evaluate(self, *, graces: bool = True) -> Round:
+        """One round: raise what the rules find, resolve what they no longer find; with
+        ``graces``, the rules with a grace too (:meth:`run` looks for those on their own
+        cadence)."""
         names = self.workflows
         now = await self.db.one("alert_get_clock")
         assert now is not None
         done = Round(as_of=now["now"])
+        if graces:
+            await self._versions(done)
+            await self._queues(done)
         if not names:
             return done
-        windows, evaluated = await self._windows()
-        done.findings = windows
+        findings, evaluated = await self._windows()
         clock = time.monotonic()
         judged = {"window_at_risk"}  # kinds whose every open alert this round may resolve
         if self._history_read_at is None or clock - self._history_read_at >= self.history_every:
-            done.findings += [*await self._fan_in(names), *await self._no_success(names),
-                              *await self._degraded(names)]
+            findings += [*await self._fan_in(names), *await self._no_success(names),
+                         *await self._degraded(names)]
             judged |= {"fan_in_wait", "no_success", "degraded_budget"}
-            await self._versions(done)
             self._history_read_at = clock
-        for finding in done.findings:
+        for finding in findings:
             await self._raise(finding, done)
-        found = {f.key for f in done.findings}
+        done.findings += findings
+        found = {f.key for f in findings}
         for row in await self.db.all("alert_list_open_for_workflows", workflows=names):
             open_alert = AlertRecord.from_row(row)
             if (open_alert.kind, open_alert.subject) in found or open_alert.kind not in judged:
@@ -213,16 +289,40 @@ class Alerting:
         return found, {str(r["id"]) for r in known}
 
     async def _fan_in(self, names: list[str]) -> list[Finding]:
+        """Fan-in findings: each join judged by its own threshold (the join's, its workflow's,
+        else the worker's), on the part of its waits that its durable branches (waits for an
+        event, a timer, a child workflow, and the steps behind them) did not hold alone."""
+        specs = [spec.spec_json for spec in self.registry]
+        # Read the open waits past the smallest threshold, and more of each join's last waits
+        # than the rule needs: an open one under its own threshold is not judged yet.
         rows = await self.db.all(
             "step_join_waits_recent", workflow_name=None, history_seconds=self.fan_in_history,
-            threshold_seconds=self.fan_in_wait, per_join=self.consecutive)
+            threshold_seconds=min([self.fan_in_wait, *thresholds_of(specs)]),
+            per_join=2 * self.consecutive + 2)
         recent: dict[tuple[str, str], list[Wait]] = {}
+        thresholds: dict[tuple[str, str], float] = {}
         for r in rows:
-            if r["workflow_name"] in names:
-                recent.setdefault((r["workflow_name"], r["step"]), []).append(Wait(
-                    float(r["wait"]), r["straggler"], bool(r["waiting"]), str(r["execution_id"])))
+            if r["workflow_name"] not in names:
+                continue
+            key = (r["workflow_name"], r["step"])
+            spec = self._spec_json(r["workflow_name"], r["workflow_version"])
+            wait = split_wait(Wait(float(r["wait"]), r["straggler"], bool(r["waiting"]),
+                                   str(r["execution_id"])),
+                              upstream_of(spec, r["step"]), r["ends"] or {}, durable_steps(spec))
+            recent.setdefault(key, []).append(wait)
+            # The newest registered version's threshold judges the join's waits.
+            thresholds[key] = fan_in_threshold(self.registry.get(key[0]).spec_json, key[1],
+                                               self.fan_in_wait)
         return fan_in_findings(fan_in_alerts(recent, threshold=self.fan_in_wait,
-                                             consecutive=self.consecutive))
+                                             consecutive=self.consecutive,
+                                             thresholds=thresholds))
+
+    def _spec_json(self, name: str, version: int) -> dict[str, Any]:
+        """The stored definition of a version this worker knows, else its newest one's."""
+        try:
+            return self.registry.get(name, version).spec_json
+        except KonduitError:
+            return self.registry.get(name).spec_json
 
     async def _no_success(self, names: list[str]) -> list[Finding]:
         thresholds = {n: t for n in names
@@ -252,26 +352,59 @@ class Alerting:
                 found.append(finding)
         return found
 
-    async def _versions(self, done: Round) -> None:
+    async def _versions(self, done: Round) -> float | None:
         """Raise ``version_unserved`` for every workflow version, of any deployment, whose running
         executions have had no live worker for the grace, and resolve those served again (or
-        drained): the workers of such a version are gone, so whichever worker is up judges it."""
-        found = []
+        drained): the workers of such a version are gone, so whichever worker is up judges it.
+        Returns in how many seconds the first version unserved for less than the grace will have
+        been for the grace (None: none is)."""
+        found, soon = [], None
         for r in await self.db.all("workflow_version_list_with_service", name=None):
             finding = version_unserved(r["name"], r["version"], running=r["running"],
                                        unserved_seconds=r["unserved_seconds"],
                                        grace=self.version_unserved)
             if finding is not None:
                 found.append(finding)
-                await self._raise(finding, done)
+            elif r["running"] > 0 and r["unserved_seconds"] is not None:
+                soon = _sooner(soon, self.version_unserved - r["unserved_seconds"])
+        await self._judge("version_unserved", found, done,
+                          "a live worker serves the version again, or its executions ended")
+        return soon
+
+    async def _queues(self, done: Round) -> float | None:
+        """Raise ``queue_unserved`` for every queue and workflow version, of any deployment, whose
+        ready tasks no live worker takes (one that serves the version, but not the queue) for
+        the grace, and resolve those taken again (or with nothing ready any more). Returns in
+        how many seconds the first one unserved for less than the grace will have been for it."""
+        found, soon = [], None
+        for r in await self.db.all("task_queue_list_unserved"):
+            name, _, version = str(r["workflow"]).rpartition("@")
+            executions = [str(e) for e in r["executions"] or ()]
+            finding = queue_unserved(r["queue"], name, int(version), ready=int(r["ready"]),
+                                     executions=executions,
+                                     unserved_seconds=r["unserved_seconds"],
+                                     grace=self.queue_unserved)
+            if finding is not None:
+                found.append(finding)
+            elif r["unserved_seconds"] is not None:
+                soon = _sooner(soon, self.queue_unserved - r["unserved_seconds"])
+        await self._judge("queue_unserved", found, done,
+                          "a live worker serving the version takes the queue, nothing is ready "
+                          "there any more, or no live worker serves the version")
+        return soon
+
+    async def _judge(self, kind: str, found: list[Finding], done: Round, resolution: str) -> None:
+        """Raise ``found``, all of ``kind`` found by one full look, and resolve the open alerts of
+        that kind it did not find (of every workflow: these rules judge every deployment's)."""
+        for finding in found:
+            await self._raise(finding, done)
         done.findings += found
         keys = {f.key for f in found}
         for row in await self.db.all("alert_list_recent", include_resolved=False,
-                                     kind="version_unserved", workflow=None, limit=1000):
+                                     kind=kind, workflow=None, limit=1000):
             open_alert = AlertRecord.from_row(row)
             if (open_alert.kind, open_alert.subject) not in keys:
-                await self._resolve(open_alert, {"resolution": "a live worker serves the version "
-                                                 "again, or its executions ended"}, done)
+                await self._resolve(open_alert, {"resolution": resolution}, done)
 
     def _spec(self, name: str, version: int) -> bool:
         try:
@@ -288,7 +421,9 @@ class Alerting:
                 "alert_raise_or_confirm_unless_resolved_since", kind=finding.kind,
                 subject=finding.subject, workflow=finding.workflow, severity=finding.severity,
                 message=finding.message, details=Jsonb(dict(finding.details)),
-                as_of=done.as_of, execution_id=finding.execution_id)
+                as_of=done.as_of, execution_id=finding.execution_id,
+                queue=None if finding.queue is None else finding.queue[0],
+                queue_workflow=None if finding.queue is None else finding.queue[1])
             if row is None:
                 return  # resolved after our facts were read, or the execution ended meanwhile
             record = AlertRecord.from_row(row)
@@ -312,7 +447,8 @@ class Alerting:
     async def _resolution(self, alert: AlertRecord, evaluated: Iterable[str]) -> dict[str, Any] | None:
         """Why an open alert that no rule found now closes; None to leave it open."""
         if alert.kind == "fan_in_wait":
-            return {"resolution": f"fan-in wait back under {self.fan_in_wait:g}s"}
+            limit = float(alert.details.get("threshold_seconds") or self.fan_in_wait)
+            return {"resolution": f"fan-in wait back under {limit:g}s"}
         if alert.kind == "no_success":
             return {"resolution": "a successful execution, or no threshold any more"}
         if alert.kind == "degraded_budget":
@@ -333,6 +469,10 @@ class Alerting:
         if row["status"] == ExecutionStatus.RUNNING:
             return {"resolution": "execution is being repaired: its window was its first run's"}
         return window_resolution(row["status"], row["deadline_at"], row["finished_at"])
+
+
+def _sooner(soon: float | None, left: float) -> float:
+    return max(0.0, left) if soon is None else min(soon, max(0.0, left))
 
 
 async def list_alerts(

@@ -111,7 +111,8 @@ def _rebuild(row: Row, limits: list[list[Any]]) -> WorkflowSpec:
         join = s.get("join") or {}
         steps[step] = StepSpec(
             name=step, handler=stub, after=tuple(s.get("after", ())),
-            join=Join(join.get("kind", "all_succeeded"), join.get("k")),
+            join=Join(join.get("kind", "all_succeeded"), join.get("k"),
+                      alert_fan_in_wait=s.get("alert_fan_in_wait")),
             retry=_retry(s.get("retry")), deadline=_deadline(s.get("deadline")),
             required=bool(s.get("required", True)),
             fallback=stub if s.get("fallback") else None,
@@ -123,6 +124,7 @@ def _rebuild(row: Row, limits: list[list[Any]]) -> WorkflowSpec:
         )
     schema = row.get("input_schema")
     spec = WorkflowSpec(name, row["version"], steps, repair=RepairContract.from_spec(stored),
+                        alert_fan_in_wait=stored.get("alert_fan_in_wait"),
                         input_type=None if schema is None else InputType(schema, workflow=name))
     # The start-time keys (migration 0030): a path computes here as in the code; a function
     # is a stand-in that refuses the start (KeyNeedsCode) rather than leave the key out.

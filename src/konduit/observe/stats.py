@@ -25,6 +25,7 @@ from konduit.core.durations import Duration, format_duration, format_elapsed
 from konduit.core.fan_in import DEFAULT_HISTORY as DEFAULT_HISTORY
 from konduit.core.fan_in import Alert as Alert
 from konduit.core.fan_in import Wait as Wait
+from konduit.core.fan_in import durable_steps, fan_in_threshold, split_wait, thresholds_of, upstream_of
 from konduit.core.fan_in import fan_in_alert as fan_in_alert
 from konduit.core.fan_in import fan_in_alerts as fan_in_alerts
 from konduit.core.fan_in import seconds_option as seconds_option
@@ -159,6 +160,9 @@ class Stats:
     alerts: list[Alert]
     flow: list[FlowStats] = field(default_factory=list)
     stored_events: list[StoredEvents] = field(default_factory=list)
+    # Recent fan-in waits on durable waits alone (an approval, a timer, a child workflow): their
+    # own kind of wait, shown, never counted by the rule.
+    durable_waits: list[DurableWait] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -175,7 +179,23 @@ class Stats:
                 "joins": [j.to_json() for j in self.joins],
                 "alerts": [a.to_json() for a in self.alerts],
                 "flow": [f.to_json() for f in self.flow],
-                "stored_events": [e.to_json() for e in self.stored_events]}
+                "stored_events": [e.to_json() for e in self.stored_events],
+                "durable_waits": [d.to_json() for d in self.durable_waits]}
+
+
+@dataclass(frozen=True)
+class DurableWait:
+    """A join's fan-in wait, in one recent execution, on durable branches alone (seconds)."""
+
+    workflow: str
+    join: str
+    execution_id: str | None
+    seconds: float
+    durable: str | None  # the durable branch (a wait step, or one behind it) it waited on
+    waiting: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(self)
 
 
 def _plain(obj: Any) -> dict[str, Any]:
@@ -194,9 +214,13 @@ def build_stats(
     workflow: str | None, history_seconds: float, threshold: float, consecutive: int,
     flow_rows: Sequence[Row] = (), key_rows: Sequence[Row] = (),
     stored_rows: Sequence[Row] = (),
+    specs: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
 ) -> Stats:
     """Stats from the rows of the three queries (``wait_rows`` oldest first per join), of
-    ``flow_limit_list`` (and ``flow_limit_list_top_keys``) and of ``event_count_stored``."""
+    ``flow_limit_list`` (and ``flow_limit_list_top_keys``) and of ``event_count_stored``.
+    ``specs``: the stored definitions of the waits' workflow versions, by (name, version):
+    with them, durable waits are taken out of the waits the rule judges (and listed), and a
+    join's own threshold (or its workflow's) replaces ``threshold``."""
     branches = [BranchStats(
         workflow=r["workflow_name"], step=r["step"], p50=_float(r["p50"]), p95=_float(r["p95"]),
         p99=_float(r["p99"]), attempts=int(r["attempts"]), retries=int(r["retries"]),
@@ -213,10 +237,23 @@ def build_stats(
         stragglers={str(k): int(v) for k, v in sorted(dict(r["stragglers"] or {}).items())},
     ) for r in join_rows]
     recent: dict[tuple[str, str], list[Wait]] = {}
+    thresholds: dict[tuple[str, str], float] = {}
+    durable_waits = []
     for r in wait_rows:
-        recent.setdefault((r["workflow_name"], r["step"]), []).append(Wait(
-            float(r["wait"]), r["straggler"], bool(r["waiting"]), str(r["execution_id"])))
-    alerts = fan_in_alerts(recent, threshold=threshold, consecutive=consecutive)
+        key = (r["workflow_name"], r["step"])
+        wait = Wait(float(r["wait"]), r["straggler"], bool(r["waiting"]), str(r["execution_id"]))
+        spec = (specs or {}).get((r["workflow_name"], int(r.get("workflow_version") or 0)))
+        if spec is not None:
+            wait = split_wait(wait, upstream_of(spec, r["step"]), r.get("ends") or {},
+                              durable_steps(spec))
+            thresholds[key] = fan_in_threshold(spec, r["step"], threshold)
+            if wait.durable_seconds > 0:
+                durable_waits.append(DurableWait(key[0], key[1], wait.execution_id,
+                                                 wait.durable_seconds, wait.durable,
+                                                 wait.waiting))
+        recent.setdefault(key, []).append(wait)
+    alerts = fan_in_alerts(recent, threshold=threshold, consecutive=consecutive,
+                           thresholds=thresholds)
     top: dict[tuple[str, str], list[KeyStats]] = {}
     for r in key_rows:
         top.setdefault((r["workflow"], r["step"]), []).append(KeyStats(
@@ -226,7 +263,7 @@ def build_stats(
     flow = [f for f in flow if workflow is None or f.workflow == workflow]
     stored = [StoredEvents(r["name"], int(r["events"]), r["next_expiry"]) for r in stored_rows]
     return Stats(workflow, history_seconds, threshold, consecutive, branches, joins, alerts, flow,
-                 stored)
+                 stored, durable_waits)
 
 
 def flow_stats(r: Row, top_keys: Sequence[KeyStats] = ()) -> FlowStats:
@@ -263,15 +300,28 @@ async def load_stats(
     params: dict[str, Any] = {"workflow_name": workflow, "history_seconds": history_s}
     steps = await db.all("step_attempt_stats_by_workflow", **params)
     joins = await db.all("step_join_stats_by_workflow", **params)
+    # More of each join's last waits than the rule needs: an open one under its join's own
+    # threshold is not judged yet. The stored definitions of their versions tell the durable
+    # branches and the thresholds (read again past a smaller threshold, if one is set).
+    per_join = 2 * consecutive + 2
     waits = await db.all("step_join_waits_recent", threshold_seconds=threshold,
-                         per_join=consecutive, **params)
+                         per_join=per_join, **params)
+    specs: dict[tuple[str, int], Mapping[str, Any]] = {}
+    for name, version in sorted({(r["workflow_name"], r["workflow_version"]) for r in waits}):
+        row = await db.one("workflow_get", name=name, version=version)
+        if row is not None and row["spec"]:
+            specs[(name, version)] = row["spec"]
+    smallest = min([threshold, *thresholds_of(specs.values())])
+    if smallest < threshold:
+        waits = await db.all("step_join_waits_recent", threshold_seconds=smallest,
+                             per_join=per_join, **params)
     flow = await db.all("flow_limit_list")
     keys = (await db.all("flow_limit_list_top_keys", per_step=TOP_KEYS)
             if any(r["keyed"] for r in flow) else [])
     stored = await db.all("event_count_stored")
     return build_stats(steps, joins, waits, workflow=workflow, history_seconds=history_s,
                        threshold=threshold, consecutive=consecutive, flow_rows=flow,
-                       key_rows=keys, stored_rows=stored)
+                       key_rows=keys, stored_rows=stored, specs=specs)
 
 
 # -- presentation --------------------------------------------------------------------------------
@@ -377,6 +427,11 @@ def stats_renderables(stats: Stats) -> list[Any]:
         out.append(t)
     out.append("[dim]branch durations: succeeded attempts (started → finished); fan-in wait: first "
                "branch ended → join fired; dispatch: last branch ended → join fired[/dim]")
+    for d in stats.durable_waits:
+        out.append(f"[dim]{escape(d.workflow)}/{escape(d.join)}: waited "
+                   f"{format_elapsed(d.seconds)}{' so far' if d.waiting else ''} on a durable "
+                   f"wait ({escape(d.durable or '—')}) in execution {d.execution_id}: not a "
+                   "straggler, not counted[/dim]")
     for alert in stats.alerts:
         out.append(f"[bold red]ALERT[/bold red] [red]{escape(alert.describe())}[/red]")
     if not stats.alerts:

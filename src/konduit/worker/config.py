@@ -66,6 +66,9 @@ class WorkerConfig:
     alert_version_unserved: float = _setting("alert_version_unserved")
     """Seconds a workflow version's running executions may go without a live worker serving it
     before a ``version_unserved`` alert (docs/changing-workflows.md)."""
+    alert_queue_unserved: float = _setting("alert_queue_unserved")
+    """Seconds ready tasks may wait on a queue that no live worker serving their workflow version
+    takes before a ``queue_unserved`` alert (docs/alerts.md)."""
     metrics_port: int | None = None
     """Serve this worker's histograms (attempt durations) on ``/metrics`` at this port (0: a free
     one); None serves nothing and measures nothing (:mod:`konduit.worker.metrics`)."""
@@ -94,6 +97,8 @@ class WorkerConfig:
         if self.alert_version_unserved <= 0:
             raise ValueError(f"alert_version_unserved must be > 0, got "
                              f"{self.alert_version_unserved}")
+        if self.alert_queue_unserved <= 0:
+            raise ValueError(f"alert_queue_unserved must be > 0, got {self.alert_queue_unserved}")
         if self.heartbeat_interval >= self.lease_seconds:
             raise ValueError("heartbeat_interval must be shorter than lease_seconds")
 

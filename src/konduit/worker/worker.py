@@ -114,7 +114,8 @@ class Worker:
         self.auto_repairer = AutoRepairer(db, registry, max_payload_bytes=max_payload_bytes)
         self.alerting = Alerting(db, registry, fan_in_wait=self.config.alert_fan_in_wait,
                                  consecutive=self.config.alert_fan_in_consecutive,
-                                 version_unserved=self.config.alert_version_unserved)
+                                 version_unserved=self.config.alert_version_unserved,
+                                 queue_unserved=self.config.alert_queue_unserved)
         # Outcomes that end together, of however many executions, share one transaction.
         self.batcher = CompletionBatcher(
             self._record_group, max_batch=BATCH_COMPLETIONS, max_executions=BATCH_EXECUTIONS,

@@ -67,12 +67,61 @@ FROM finished f
 LEFT JOIN degraded d ON d.name = f.name
 ORDER BY f.name;
 
+-- name: task_queue_list_unserved
+-- Ready work that no live worker takes: per queue and workflow version (name@version) with due
+-- ready tasks, when some live worker serves the version (else it is version_unserved's) but none
+-- of those serves the queue. Since when (the later of the last moment a worker serving both was
+-- heard from and the oldest due task of a sample), the due ready tasks (counted up to 1000) and
+-- some of their executions. The pairs come from a loose scan of konduit_tasks_ready (one index
+-- probe per pair with ready work, however deep a backlog), each unserved pair's sample from the
+-- same index; konduit_workers is a small table (retention forgets silent workers).
+WITH RECURSIVE pairs AS (
+    (SELECT t.queue, t.workflow FROM konduit_tasks t
+     WHERE t.status = 'ready'
+     ORDER BY t.queue, t.workflow LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.workflow
+    FROM pairs p
+    CROSS JOIN LATERAL (
+        SELECT t.queue, t.workflow FROM konduit_tasks t
+        WHERE t.status = 'ready' AND (t.queue, t.workflow) > (p.queue, p.workflow)
+        ORDER BY t.queue, t.workflow LIMIT 1) n
+), workers AS MATERIALIZED (
+    SELECT k.queues, k.workflows, coalesce(k.stopped_at, k.last_heartbeat_at) AS seen_at,
+           (k.stopped_at IS NULL AND k.last_heartbeat_at
+                > clock_timestamp() - make_interval(secs => k.lease_seconds)) AS live
+    FROM konduit_workers k
+), unserved AS (
+    SELECT p.queue, p.workflow,
+           (SELECT max(w.seen_at) FROM workers w
+            WHERE p.queue = ANY(w.queues) AND p.workflow = ANY(w.workflows)) AS last_served_at
+    FROM pairs p
+    WHERE NOT EXISTS (SELECT 1 FROM workers w
+                      WHERE w.live AND p.queue = ANY(w.queues) AND p.workflow = ANY(w.workflows))
+      AND EXISTS (SELECT 1 FROM workers w WHERE w.live AND p.workflow = ANY(w.workflows))
+)
+SELECT u.queue, u.workflow, s.ready, s.executions,
+       extract(epoch FROM clock_timestamp() - greatest(u.last_served_at, s.oldest_at))::float8
+           AS unserved_seconds
+FROM unserved u
+CROSS JOIN LATERAL (
+    SELECT count(*) AS ready, min(d.run_at) AS oldest_at,
+           (array_agg(DISTINCT d.execution_id))[1:5] AS executions
+    FROM (SELECT t.execution_id, t.run_at FROM konduit_tasks t
+          WHERE t.status = 'ready' AND t.queue = u.queue AND t.workflow = u.workflow
+            AND t.run_at <= clock_timestamp()
+          LIMIT 1000) d
+) s
+WHERE s.ready > 0
+ORDER BY u.queue, u.workflow;
+
 -- name: alert_get_clock
 -- The server's time: the moment an evaluation reads its data (guards its raises and resolutions).
 SELECT clock_timestamp() AS now;
 
 -- name: alert_raise_or_confirm_unless_resolved_since
--- Open the alert, or refresh the open one; not if resolved after as_of, nor for an execution no longer in its first run.
+-- Open the alert, or refresh the open one; not if resolved after as_of, nor for an execution no
+-- longer in its first run, nor for a queue (of a workflow version) that a live worker takes now.
 INSERT INTO konduit_alerts AS a (kind, subject, workflow, severity, message, details,
                                  raised_at, last_seen_at)
 SELECT %(kind)s, %(subject)s, %(workflow)s, %(severity)s, %(message)s, %(details)s,
@@ -83,6 +132,11 @@ WHERE NOT EXISTS (
   AND (%(execution_id)s::uuid IS NULL OR EXISTS (
         SELECT 1 FROM konduit_executions e
         WHERE e.id = %(execution_id)s::uuid AND e.status = 'running' AND e.generation = 1))
+  AND (%(queue)s::text IS NULL OR NOT EXISTS (
+        SELECT 1 FROM konduit_workers k
+        WHERE k.stopped_at IS NULL
+          AND k.last_heartbeat_at > clock_timestamp() - make_interval(secs => k.lease_seconds)
+          AND %(queue)s::text = ANY(k.queues) AND %(queue_workflow)s::text = ANY(k.workflows)))
 ON CONFLICT (kind, subject) WHERE resolved_at IS NULL
 DO UPDATE SET severity = EXCLUDED.severity,
               message = EXCLUDED.message,

@@ -94,9 +94,12 @@ GROUP BY f.workflow_name, f.step, st.stragglers
 ORDER BY f.workflow_name, f.step;
 
 -- name: step_join_waits_recent
--- The last fan-in waits of each join, oldest first: fired ones, and waits still open past the threshold.
+-- The last fan-in waits of each join, oldest first: fired ones, and waits still open past the
+-- threshold; with when each step of the execution ended, in seconds after the join's first
+-- branch did (NULL: not yet), to tell a straggler from a durable wait (core/fan_in.py).
 WITH waits AS (
-    SELECT e.workflow_name, s.step, e.id AS execution_id, e.created_at, s.straggler,
+    SELECT e.workflow_name, e.workflow_version, s.step, e.id AS execution_id, e.created_at,
+           s.straggler, s.first_upstream_at,
            s.fired_at IS NULL AS waiting,
            extract(epoch FROM COALESCE(s.fired_at, clock_timestamp()) - s.first_upstream_at)::float8
                AS wait,
@@ -113,7 +116,11 @@ WITH waits AS (
                AND clock_timestamp() - s.first_upstream_at
                    > make_interval(secs => %(threshold_seconds)s)))
 )
-SELECT workflow_name, step, execution_id, created_at, straggler, waiting, wait
-FROM waits
-WHERE newest <= %(per_join)s
-ORDER BY workflow_name, step, created_at, execution_id;
+SELECT w.workflow_name, w.workflow_version, w.step, w.execution_id, w.created_at, w.straggler,
+       w.waiting, w.wait,
+       (SELECT jsonb_object_agg(u.step,
+                                extract(epoch FROM u.ended_at - w.first_upstream_at)::float8)
+        FROM konduit_steps u WHERE u.execution_id = w.execution_id) AS ends
+FROM waits w
+WHERE w.newest <= %(per_join)s
+ORDER BY w.workflow_name, w.step, w.created_at, w.execution_id;
