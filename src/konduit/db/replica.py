@@ -82,7 +82,7 @@ TIMEOUT = 2.0
 without a sign of life (see :meth:`Reads._on_replica`)."""
 CONNECT_TIMEOUT = 2
 """Seconds (whole, at least 2: libpq's floor) each attempt to connect to the replica may take."""
-CUT_GRACE = 0.2
+CUT_GRACE = 0.1
 """Seconds a replica's run of a read (or a probe) is given to end after its connection was cut,
 before it is cancelled and left to end on its own."""
 
@@ -219,6 +219,8 @@ class Reads:
         """Every connection the replica's pool opened (cut when the replica stops answering)."""
         self._probe: psycopg.AsyncConnection[Row] | None = None
         self._probe_lock = asyncio.Lock()
+        self._probe_user: asyncio.Task[Any] | None = None
+        self._down_at = -math.inf
         self._next_check = 0.0
         self._decided = False
         self._measuring: asyncio.Task[None] | None = None
@@ -343,7 +345,7 @@ class Reads:
 
     async def _ping(self) -> bool:
         try:
-            await self._ask(self.timeout / 2, "replica_ping")
+            await self._ask(self.timeout / 2 - CUT_GRACE, "replica_ping")
         except _NoAnswer:
             self._down(f"replica unreachable: no answer within {self.timeout:g} s")
             return False
@@ -354,6 +356,7 @@ class Reads:
 
     async def _check(self) -> None:
         """Measure the lag and decide where reads go (on a task of its own: never raises)."""
+        began = time.monotonic()
         try:
             position = await self.primary.one("replica_get_primary_wal_position")
         except DatabaseError as exc:  # the reads meet it on the primary themselves
@@ -371,7 +374,8 @@ class Reads:
             self._down(f"replica unreachable: no answer within {self.timeout:g} s")
             return
         except (DatabaseError, psycopg.Error, OSError) as exc:
-            self._down(f"replica unreachable: {_first_line(exc)}")
+            if self._down_at < began:  # else its connection was cut as the replica went down
+                self._down(f"replica unreachable: {_first_line(exc)}")
             return
         self._next_check = time.monotonic() + self.check_every
         if lag is None or lag > self.max_lag:
@@ -396,20 +400,27 @@ class Reads:
         probe, self._probe = self._probe, None
         if probe is not None:
             _cut(probe)
-        await _end(task, CUT_GRACE)
-        if probe is not None:
             self._spawn(self._close_probe(probe, task))
+        if self._probe_user is task:  # connecting or asking: ends once cut (or cancelled)
+            await _end(task, CUT_GRACE)
+        else:  # still waiting for the probe connection, which another ask holds (cut now)
+            task.cancel()
+            task.add_done_callback(_drop)
         raise _NoAnswer
 
     async def _on_probe(self, query: str, params: dict[str, Any]) -> Row | None:
         async with self._probe_lock:
-            if self._probe is None or self._probe.closed:
-                assert self.replica_url is not None
-                self._probe = await psycopg.AsyncConnection.connect(
-                    self.replica_url, autocommit=True, row_factory=dict_row,
-                    connect_timeout=CONNECT_TIMEOUT, **tcp_options(self.replica_url),
-                    application_name="konduit-replica-lag", prepare_threshold=None)
-            return await Tx(self._probe).one(query, **params)
+            self._probe_user = asyncio.current_task()
+            try:
+                if self._probe is None or self._probe.closed:
+                    assert self.replica_url is not None
+                    self._probe = await psycopg.AsyncConnection.connect(
+                        self.replica_url, autocommit=True, row_factory=dict_row,
+                        connect_timeout=CONNECT_TIMEOUT, **tcp_options(self.replica_url),
+                        application_name="konduit-replica-lag", prepare_threshold=None)
+                return await Tx(self._probe).one(query, **params)
+            finally:
+                self._probe_user = None
 
     @staticmethod
     async def _close_probe(probe: psycopg.AsyncConnection[Row],
@@ -438,7 +449,8 @@ class Reads:
         """The replica failed or did not answer: reads go to the primary at once, and it is
         measured again after :attr:`retry_after` seconds, in the background. Its connections
         are cut (whatever waits on them fails now) and its pool closed."""
-        self._next_check = time.monotonic() + self.retry_after
+        self._down_at = time.monotonic()
+        self._next_check = self._down_at + self.retry_after
         self._decide(ReadState(PRIMARY, None, reason))
         replica, self._replica = self._replica, None
         connections, self._connections = list(self._connections), weakref.WeakSet()
