@@ -326,3 +326,60 @@ def test_a_read_the_replica_fails_runs_on_the_primary_once(pair: standby.Pair) -
             await primary.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_read_on_a_live_replica_is_not_cut_short(pair: standby.Pair) -> None:
+    """A read longer than the bound on a replica that answers its round trips meanwhile runs
+    to its end there: the bound is on a replica that does not answer, not on reads."""
+    async def scenario() -> None:
+        primary = Database(pair.primary.url, max_size=2)
+        await primary.open()
+        reads = Reads(primary, pair.standby.url, max_lag=3600)
+
+        async def body(db: Database) -> str:
+            async with db.connection() as conn:
+                await conn.execute(b"SELECT pg_sleep(3)")
+            return "primary" if db is primary else "replica"
+
+        try:
+            assert await reads.call(body) == "replica"
+            assert reads.state.source == "replica" and reads.fallbacks == 0
+        finally:
+            await reads.close()
+            await primary.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_hung_from_the_start_costs_the_first_read_at_most_half_the_bound(
+        pair: standby.Pair) -> None:
+    async def scenario() -> None:
+        primary = Database(pair.primary.url, max_size=2)
+        await primary.open()
+        with blackhole.relay(pair.standby.port) as relay:
+            reads = Reads(primary, relay.url(pair.standby.url), max_lag=3600)
+            try:
+                with relay.held():
+                    took = []
+                    for _ in range(5):
+                        began = time.monotonic()
+                        await asyncio.wait_for(reads.one("replica_get_replay_state",
+                                                         primary_lsn="0/0"), 30)
+                        took.append(time.monotonic() - began)
+                    assert took[0] < BOUND / 2 + SLACK, took
+                    assert reads.served == {"primary": 5, "replica": 0}
+                    await asyncio.sleep(BOUND)  # the first measurement gives up
+                    assert "replica unreachable" in (reads.state.reason or "")
+                # Answering again: measured again in the background, then it serves.
+                deadline = time.monotonic() + 30
+                while reads.state.source != "replica":
+                    assert time.monotonic() < deadline, reads.state
+                    await reads.one("replica_get_replay_state", primary_lsn="0/0")
+                    await asyncio.sleep(0.1)
+            finally:
+                await reads.close()
+                await primary.close()
+
+    asyncio.run(scenario())
