@@ -345,7 +345,7 @@ class Reads:
 
     async def _ping(self) -> bool:
         try:
-            await self._ask(self.timeout / 2 - CUT_GRACE, "replica_ping")
+            await self._ask(self.timeout / 2 - CUT_GRACE, lambda tx: tx.one("replica_ping"))
         except _NoAnswer:
             self._down(f"replica unreachable: no answer within {self.timeout:g} s")
             return False
@@ -365,8 +365,9 @@ class Reads:
             return
         assert position is not None
         try:
-            row = await self._ask(self.timeout, "replica_get_replay_state",
-                                  primary_lsn=str(position["lsn"]))
+            lsn = str(position["lsn"])
+            row = await self._ask(self.timeout, lambda tx: tx.one("replica_get_replay_state",
+                                                                  primary_lsn=lsn))
             lag = _lag(row)
             if lag is not None and lag <= self.max_lag and self._replica is None:
                 self._replica = await self._open_pool()
@@ -384,11 +385,12 @@ class Reads:
             return
         self._decide(ReadState(REPLICA, lag))
 
-    async def _ask(self, within: float, query: str, /, **params: Any) -> Row | None:
-        """``query`` on the replica's probe connection (opened first when there is none),
+    async def _ask(self, within: float, question: Callable[[Tx], Awaitable[Row | None]]
+                   ) -> Row | None:
+        """``question`` on the replica's probe connection (opened first when there is none),
         answered within ``within`` seconds; else the connection is cut and :class:`_NoAnswer`
         raised."""
-        task = asyncio.ensure_future(self._on_probe(query, params))
+        task = asyncio.ensure_future(self._on_probe(question))
         try:
             await asyncio.wait({task}, timeout=within)
         except BaseException:  # cancelled (closing)
@@ -408,7 +410,7 @@ class Reads:
             task.add_done_callback(_drop)
         raise _NoAnswer
 
-    async def _on_probe(self, query: str, params: dict[str, Any]) -> Row | None:
+    async def _on_probe(self, question: Callable[[Tx], Awaitable[Row | None]]) -> Row | None:
         async with self._probe_lock:
             self._probe_user = asyncio.current_task()
             try:
@@ -418,7 +420,7 @@ class Reads:
                         self.replica_url, autocommit=True, row_factory=dict_row,
                         connect_timeout=CONNECT_TIMEOUT, **tcp_options(self.replica_url),
                         application_name="konduit-replica-lag", prepare_threshold=None)
-                return await Tx(self._probe).one(query, **params)
+                return await question(Tx(self._probe))
             finally:
                 self._probe_user = None
 
