@@ -10,7 +10,9 @@ lag is shown in the footer, the response headers and the metrics.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +20,11 @@ import httpx
 import pytest
 
 import konduit
+from konduit.db.database import Database
+from konduit.db.replica import Reads
+from konduit.errors import DatabaseUnavailable
 from konduit.web import create_app, database_client
-from tests.support import standby
+from tests.support import blackhole, standby
 from tests.support.browser import serving
 from tests.support.waiting import until
 
@@ -43,9 +48,10 @@ def pair() -> Iterator[standby.Pair]:
         yield made
 
 
-def dashboard(pair: standby.Pair, max_lag: float) -> tuple[konduit.App, Any]:
+def dashboard(pair: standby.Pair, max_lag: float,
+              read_url: str | None = None) -> tuple[konduit.App, Any]:
     app = konduit.App([flow], database_url=pair.primary.url,
-                      read_database_url=pair.standby.url, read_max_lag=max_lag)
+                      read_database_url=read_url or pair.standby.url, read_max_lag=max_lag)
     web = create_app(database_client(pair.primary.url, app), app)
     return app, web
 
@@ -204,3 +210,176 @@ def test_the_replica_and_its_bound_come_from_the_environment(
         konduit.App([])
     with pytest.raises(konduit.KonduitError, match="read_max_lag must be"):
         konduit.Client(read_max_lag=-1)
+
+
+BOUND = 2.0
+"""Seconds a replica that does not answer may add to a read (docs/read-replicas.md)."""
+SLACK = 1.5
+"""What a loaded machine may add to it here (the read itself, on the primary, included)."""
+
+
+def timed_list(http: httpx.Client) -> tuple[float, set[str], str]:
+    began = time.monotonic()
+    ids, source = listed(http)
+    return time.monotonic() - began, ids, source
+
+
+@pytest.mark.timeout(120)
+def test_a_replica_that_hangs_costs_each_read_at_most_the_bound(pair: standby.Pair) -> None:
+    """A standby that stops answering without closing anything (stopped with SIGSTOP, or behind
+    a black hole; here a relay that holds every byte) costs the first read at most the bound
+    and the reads after it nothing: they go to the primary while it is asked again in the
+    background. Once it answers again the reads go back to it."""
+    with blackhole.relay(pair.standby.port) as relay:
+        app, web = dashboard(pair, max_lag=3600, read_url=relay.url(pair.standby.url))
+        try:
+            with serving(web) as base, httpx.Client(base_url=base, timeout=60) as http:
+                until(lambda: listed(http)[1] == "replica", what="reads from the replica")
+                with relay.held():
+                    gone = str(app.start("replica-flow", idempotency_key="while-hung").id)
+                    first, ids, source = timed_list(http)
+                    assert source == "primary" and gone in ids
+                    assert first < BOUND + SLACK, f"the first read took {first:.1f} s"
+                    later = []
+                    began = time.monotonic()
+                    while time.monotonic() - began < 12:  # past two of the 5 s retries
+                        took, ids, source = timed_list(http)
+                        assert source == "primary" and gone in ids
+                        later.append(took)
+                        time.sleep(0.2)
+                    assert max(later) < BOUND, (
+                        f"a read waited for the replica: {max(later):.1f} s "
+                        f"(first {first:.1f} s, {len(later)} reads after it)")
+                    assert "replica unreachable" in footer(http)
+                # Answering again (SIGCONT): asked again in the background, it serves again.
+                until(lambda: listed(http)[1] == "replica", what="reads back on the replica")
+                took, ids, _ = timed_list(http)
+                assert gone in ids and took < BOUND
+        finally:
+            app.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("measuring", [False, True], ids=["reading", "measuring"])
+def test_a_read_the_hung_replica_holds_goes_to_the_primary_once(
+        pair: standby.Pair, measuring: bool) -> None:
+    """The replica stops answering in the middle of a read (or of the lag measurement before
+    it): within the bound the read is run on the primary, once, and the replica's run of it
+    ends (its connection is cut, not left waiting)."""
+    async def scenario() -> None:
+        primary = Database(pair.primary.url, max_size=2)
+        await primary.open()
+        with blackhole.relay(pair.standby.port) as relay:
+            # Measuring before every read, or once for the whole test.
+            reads = Reads(primary, relay.url(pair.standby.url), max_lag=3600,
+                          check_every=0.0 if measuring else 3600.0)
+            runs: list[str] = []
+
+            async def body(db: Database) -> str:
+                where = "replica" if db is not primary else "primary"
+                runs.append(where)
+                row = await db.one("replica_get_replay_state", primary_lsn="0/0")
+                assert row is not None
+                return where
+
+            try:
+                assert await reads.call(body) == "replica"
+                runs.clear()
+                with relay.held():
+                    began = time.monotonic()
+                    # (Bounded here too, so that a read that hangs fails the test.)
+                    assert await asyncio.wait_for(reads.call(body), 30) == "primary"
+                    took = time.monotonic() - began
+                    assert took < BOUND + SLACK, f"the read took {took:.1f} s"
+                    assert runs.count("primary") == 1, runs
+                    assert reads.state.source == "primary"
+                    assert "replica unreachable" in (reads.state.reason or "")
+                    began = time.monotonic()
+                    assert await reads.call(body) == "primary"
+                    assert time.monotonic() - began < 1.0  # down: straight to the primary
+            finally:
+                await reads.close()
+                await primary.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_read_the_replica_fails_runs_on_the_primary_once(pair: standby.Pair) -> None:
+    async def scenario() -> None:
+        primary = Database(pair.primary.url, max_size=2)
+        await primary.open()
+        reads = Reads(primary, pair.standby.url, max_lag=3600)
+        runs: list[str] = []
+
+        async def body(db: Database) -> str:
+            if db is not primary:
+                runs.append("replica")
+                raise DatabaseUnavailable("database unavailable: connection lost midway")
+            runs.append("primary")
+            return "primary"
+
+        try:
+            assert await reads.call(body) == "primary"
+            assert runs == ["replica", "primary"]
+        finally:
+            await reads.close()
+            await primary.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_read_on_a_live_replica_is_not_cut_short(pair: standby.Pair) -> None:
+    """A read longer than the bound on a replica that answers its round trips meanwhile runs
+    to its end there: the bound is on a replica that does not answer, not on reads."""
+    async def scenario() -> None:
+        primary = Database(pair.primary.url, max_size=2)
+        await primary.open()
+        reads = Reads(primary, pair.standby.url, max_lag=3600)
+
+        async def body(db: Database) -> str:
+            async with db.connection() as conn:
+                await conn.execute(b"SELECT pg_sleep(3)")
+            return "primary" if db is primary else "replica"
+
+        try:
+            assert await reads.call(body) == "replica"
+            assert reads.state.source == "replica" and reads.fallbacks == 0
+        finally:
+            await reads.close()
+            await primary.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_hung_from_the_start_costs_the_first_read_at_most_half_the_bound(
+        pair: standby.Pair) -> None:
+    async def scenario() -> None:
+        primary = Database(pair.primary.url, max_size=2)
+        await primary.open()
+        with blackhole.relay(pair.standby.port) as relay:
+            reads = Reads(primary, relay.url(pair.standby.url), max_lag=3600)
+            try:
+                with relay.held():
+                    took = []
+                    for _ in range(5):
+                        began = time.monotonic()
+                        await asyncio.wait_for(reads.one("replica_get_replay_state",
+                                                         primary_lsn="0/0"), 30)
+                        took.append(time.monotonic() - began)
+                    assert took[0] < BOUND / 2 + SLACK, took
+                    assert reads.served == {"primary": 5, "replica": 0}
+                    await asyncio.sleep(BOUND)  # the first measurement gives up
+                    assert "replica unreachable" in (reads.state.reason or "")
+                # Answering again: measured again in the background, then it serves.
+                deadline = time.monotonic() + 30
+                while reads.state.source != "replica":
+                    assert time.monotonic() < deadline, reads.state
+                    await reads.one("replica_get_replay_state", primary_lsn="0/0")
+                    await asyncio.sleep(0.1)
+            finally:
+                await reads.close()
+                await primary.close()
+
+    asyncio.run(scenario())

@@ -351,13 +351,17 @@ class Database:
 
     ``pool_timeout`` is how long a caller waits for a free pooled connection before it is told
     :class:`~konduit.errors.PoolExhausted` (or :class:`~konduit.errors.DatabaseUnavailable` when
-    the server does not answer), instead of hanging.
+    the server does not answer), instead of hanging. ``connect_timeout`` bounds each attempt to
+    open a connection; ``configure`` is called with each connection the pool opens, before it is
+    used.
     """
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10,
                  name: str = "konduit", pool_timeout: float = 10.0,
                  direct_url: str | None = None, pooled: bool = False,
-                 check_idle_after: float = IDLE_CHECK_AFTER):
+                 check_idle_after: float = IDLE_CHECK_AFTER, connect_timeout: int = 5,
+                 configure: Callable[[psycopg.AsyncConnection[Row]], Awaitable[None]]
+                 | None = None):
         self.url = url
         self.direct_url = direct_url
         """A URL straight to the PostgreSQL server behind ``url`` (when ``url`` is a pooler):
@@ -384,7 +388,7 @@ class Database:
             # read and write). Transactions of several statements say BEGIN themselves
             # (:meth:`transaction`).
             "autocommit": True,
-            "connect_timeout": 5,
+            "connect_timeout": connect_timeout,
             **tcp_options(url),
         }
         if pooled:
@@ -396,6 +400,7 @@ class Database:
             max_size=max_size,
             open=False,
             kwargs=kwargs,
+            configure=configure,
             check=self._check,
             timeout=pool_timeout,
             reconnect_timeout=60,

@@ -10,3 +10,8 @@ SELECT pg_current_wal_lsn()::text AS lsn;
 SELECT pg_is_in_recovery() AS in_recovery,
        pg_wal_lsn_diff(%(primary_lsn)s::pg_lsn, pg_last_wal_replay_lsn())::float8 AS behind_bytes,
        extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8 AS replay_age;
+
+-- name: replica_ping
+-- On a read replica: one round trip, to tell a read that is slow from a replica that stopped
+-- answering.
+SELECT 1 AS one;
