@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from uuid import UUID
 
+from konduit.core import shape
 from konduit.core.advance import ExecutionState
 from konduit.core.migration import MigrationPlan, Shape, plan_migration
 from konduit.core.model import ExecutionStatus, TaskStatus
@@ -80,10 +81,15 @@ async def migrate_in(tx: Tx, registry: Registry, eid: UUID, to_version: int, *,
     source = await tx.one("workflow_get", name=name, version=from_version)
     assert source is not None  # the execution's foreign key
     code = target_code(registry, name, to_version)
-    if code is not None and code.spec_hash != target["spec_hash"]:
+    # A policy-only difference is no conflict (docs/changing-workflows.md): another process
+    # re-registered the version with its policy, and this one creates its tasks with its own
+    # (stamped with the revision it registered), as it does for every task it creates.
+    changes = [] if code is None or code.spec_hash == target["spec_hash"] else \
+        shape.shape_diff(shape.shape_of(target["spec"] or {}), shape.shape_of(code.spec_json))
+    if changes:
         raise WorkflowVersionConflict(
-            f"workflow {name!r} version {to_version} is registered with a different definition "
-            "than this process's: give the changed definition a new version number")
+            f"workflow {name!r} version {to_version} is registered with a different shape than "
+            f"this process's ({'; '.join(changes)}): a shape change needs a new version number")
     key = workflow_key(name, to_version)
     # Task rows after the execution row, in id order; relabelled so that only workers serving
     # the target claim them from now on (refused below, rolled back, when one may not record).
