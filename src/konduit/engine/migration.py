@@ -26,6 +26,7 @@ from konduit.core import shape
 from konduit.core.advance import ExecutionState
 from konduit.core.migration import MigrationPlan, Shape, plan_migration
 from konduit.core.model import ExecutionStatus, TaskStatus
+from konduit.core.values import MAX_INT, check_text
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine.advancer import Advancer
@@ -39,11 +40,21 @@ from konduit.errors import (
     MigrationRefused,
     WorkflowNotFound,
     WorkflowVersionConflict,
+    blamed,
 )
 from konduit.records import MigrationRecord
 
 Register = Callable[[WorkflowSpec], Awaitable[None]]
 """Record a definition in ``konduit_workflows`` (:meth:`konduit.engine.client.Client.register`)."""
+
+
+def check_version(version: object, field: str = "to_version") -> int:
+    """A version: a whole number in its column's range (else ``field`` is at fault)."""
+    if isinstance(version, bool) or not isinstance(version, int) \
+            or not 1 <= version <= MAX_INT:
+        raise blamed(KonduitError(f"{field} must be a version number from 1 to {MAX_INT}, "
+                                  f"got {version!r:.40}"), field)
+    return version
 
 
 def target_code(registry: Registry, name: str, version: int) -> WorkflowSpec | None:
@@ -60,8 +71,7 @@ async def migrate_in(tx: Tx, registry: Registry, eid: UUID, to_version: int, *,
     ``tx``. Raises :class:`MigrationRefused` (naming the step at fault) when the execution's
     past does not exist as it was in the target version, or the move is not possible now; the
     transaction then must roll back (the caller's ``atomic`` does)."""
-    if isinstance(to_version, bool) or not isinstance(to_version, int) or to_version < 1:
-        raise KonduitError(f"to_version must be a version number >= 1, got {to_version!r}")
+    check_version(to_version)
     row = await tx.one("execution_lock", id=eid)
     if row is None:
         raise ExecutionNotFound(f"no execution with id {eid}")
@@ -183,8 +193,8 @@ async def migrate(db: Database, registry: Registry, eid: UUID, to_version: int, 
     row = await db.one("execution_get", id=eid)
     if row is None:
         raise ExecutionNotFound(f"no execution with id {eid}")
-    code = target_code(registry, row["workflow_name"], to_version) \
-        if isinstance(to_version, int) else None
+    check_version(to_version)
+    code = target_code(registry, row["workflow_name"], to_version)
     if code is not None:
         await register(code)
     return await db.atomic(lambda tx: migrate_in(tx, registry, eid, to_version,
@@ -197,6 +207,9 @@ async def migrate_all(db: Database, registry: Registry, workflow: str, from_vers
     """Migrate every running execution of ``workflow`` at ``from_version``, oldest first, each
     in its own transaction: a refused one is reported (``migrated=False``, the reason and the
     step) and the others go on."""
+    check_text(workflow, "workflow")
+    check_version(from_version, "from_version")
+    check_version(to_version)
     rows = await db.all("execution_list_running_of_version", workflow_name=workflow,
                         workflow_version=from_version)
     done: list[MigrationRecord] = []

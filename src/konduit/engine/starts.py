@@ -23,6 +23,7 @@ from konduit.core.ids import uuid7
 from konduit.core.payloads import canonical_json, content_hash
 from konduit.core.requests import StartRequest
 from konduit.core.search import check_tags
+from konduit.core.values import check_text, check_whole
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Tx
 from konduit.engine.deadlines import budgets, task_budgets
@@ -66,6 +67,16 @@ class Prepared:
     fair_key: str | None = None  # Workflow(fair_by=)'s key of the input (docs/fairness.md)
     limit_keys: dict[str, str] | None = None  # each per-key limited step's key (migration 0026)
     run_key: str | None = None  # the key under Workflow(max_running=)
+
+
+def check_values(request: StartRequest) -> None:
+    """The plain values of a start that reach the database as they are (its workflow's name
+    and version, its idempotency key): text PostgreSQL can hold, a version in its column's
+    range. Checked before anything is looked up by them."""
+    check_text(request.workflow, "workflow")
+    check_text(request.idempotency_key, "idempotency_key")
+    if request.version is not None:
+        check_whole(request.version, "version")
 
 
 def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
@@ -207,6 +218,7 @@ async def start_requests(db: Database, specs: StoredSpecs, requests: list[StartR
     loaded: set[tuple[str, int | None]] = set()
     for i, request in enumerate(requests):
         try:
+            check_values(request)
             if (request.workflow, request.version) not in loaded:
                 await specs.load(db, request.workflow, request.version)
                 loaded.add((request.workflow, request.version))

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from uuid import UUID
 
 from konduit.core.triggers import describe as describe_trigger
+from konduit.core.values import check_text
 from konduit.engine import triggers
 from konduit.engine.registry import workflow_key
 from konduit.engine.schedules import list_schedules
@@ -29,12 +30,14 @@ class WorkflowReads(ReadBase):
 
     async def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
+        check_text(name, "name")
         row = await self.db.one("worker_serving_exists", workflow=workflow_key(name, version))
         return bool(row and row["serving"])
 
     async def versions(self, workflow: str | None = None) -> builtins.list[VersionState]:
         """Every registered workflow version (or those of ``workflow``): its running executions
         and the live workers serving it; ``unserved`` when executions run and no worker does."""
+        check_text(workflow, "workflow")
         rows = await self.db.all("workflow_version_list_with_service", name=workflow)
         return [VersionState.from_row(r) for r in rows]
 
@@ -54,6 +57,7 @@ class WorkflowReads(ReadBase):
     async def triggers(self, workflow: str | None = None) -> builtins.list[TriggerRecord]:
         """The stored event triggers (of ``workflow``) with their open bursts or batches,
         pending events and last event (docs/events.md)."""
+        check_text(workflow, "workflow")
         return [TriggerRecord.from_row({**r, "mode": r["spec"].get("mode", "start"),
                                         "description": describe_trigger(r["spec"])})
                 for r in await triggers.list_triggers(self.db, workflow)]

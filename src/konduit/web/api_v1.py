@@ -24,13 +24,11 @@ from konduit import tracing
 from konduit.core.requests import StartRequest
 from konduit.core.search import search_filter
 from konduit.errors import (
-    AlertError,
     DatabaseError,
     IdempotencyConflict,
     InputValidationError,
     KonduitError,
     MigrationRefused,
-    StatsError,
     WorkflowNotFound,
     WorkflowVersionConflict,
 )
@@ -187,8 +185,9 @@ async def executions(ops: Ops, status: m.ExecutionStatus | None = None,
     try:
         where = search_filter(id=id, key=key, tags=tag, inputs=input, status=status,
                               workflow=workflow, since=since, until=until, fair_key=fair_key)
-    except KonduitError as exc:
-        raise Refused(422, str(exc), "query", code=exc.code) from None
+    except KonduitError as exc:  # the parameter at fault, when the error names one
+        raise Refused(422, str(exc), "query" if exc.field is None else f"query.{exc.field}",
+                      code=exc.code) from None
     rows = await ops.search(where, before=before, limit=limit + 1)
     items = [m.ExecutionSummary(id=r.id, workflow=r.workflow_name,
                                 version=r.workflow_version, status=r.status,  # type: ignore[arg-type]
@@ -244,7 +243,12 @@ async def cancel(execution_id: str, ops: Ops, body: m.CancelBody | None = None) 
     """Cancel an unfinished execution (its running tasks are told to stop); the body's
     ``reason`` is kept as its error."""
     eid = (await ops.status(execution_id)).id  # a unique prefix or tail too; 404 first
-    cancelled = await ops.cancel(eid, (body or m.CancelBody()).reason)
+    try:
+        cancelled = await ops.cancel(eid, (body or m.CancelBody()).reason)
+    except DatabaseError:
+        raise
+    except KonduitError as exc:  # a reason no text column can hold (a NUL)
+        raise Refused.of(exc) from None
     status = (await ops.progress([eid])).get(eid, "cancelled")
     return m.Cancelled(id=eid, cancelled=cancelled, status=status)  # type: ignore[arg-type]
 
@@ -369,7 +373,9 @@ async def alerts(ops: Ops, all: bool = False,
     try:
         found = await ops.alerts(include_resolved=all, kind=kind or None,
                                  workflow=workflow or None, limit=limit)
-    except AlertError as exc:
+    except DatabaseError:
+        raise
+    except KonduitError as exc:  # an unknown kind, a workflow no name can be (a NUL)...
         raise Refused.of(exc, where="query.") from None
     return [m.AlertOut.model_validate(a.to_json()) for a in found]
 
@@ -384,7 +390,9 @@ async def stats(ops: Ops, workflow: Annotated[str | None, Query(max_length=200)]
         found = await (await ops.model()).stats(workflow or None, history=history,
                                                 fan_in_alert=fan_in_alert,
                                                 consecutive=consecutive)
-    except StatsError as exc:
+    except DatabaseError:
+        raise
+    except KonduitError as exc:  # a history that is no duration, a workflow with a NUL...
         raise Refused.of(exc, where="query.") from None
     return m.StatsOut.model_validate(found.to_json())
 
