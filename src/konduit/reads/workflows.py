@@ -1,10 +1,12 @@
 """What is registered and who serves it: workflow versions side by side (docs/changing-workflows.md),
-the policy each task was created with, event triggers and schedules."""
+the policy each task was created with, event triggers, events kept for a step to come and
+schedules."""
 
 from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable
+from datetime import datetime
 from uuid import UUID
 
 from konduit.core.triggers import describe as describe_trigger
@@ -61,6 +63,17 @@ class WorkflowReads(ReadBase):
         return [TriggerRecord.from_row({**r, "mode": r["spec"].get("mode", "start"),
                                         "description": describe_trigger(r["spec"])})
                 for r in await triggers.list_triggers(self.db, workflow)]
+
+    async def kept_event(self, name: str, *, key: str | None = None,
+                         execution_id: UUID | str | None = None) -> datetime | None:
+        """Until when the newest event ``name`` (with this ``key`` and ``execution_id``) that
+        no task has taken yet is kept for a step to come (``send_event`` answered ``"stored"``),
+        or None when none is (docs/durable-waits.md)."""
+        check_text(name, "name")
+        check_text(key, "key")
+        eid = None if execution_id is None else await self.resolve(execution_id)
+        row = await self.db.one("event_kept_until", name=name, key=key, execution_id=eid)
+        return None if row is None else row["expires_at"]
 
     async def schedules(self) -> builtins.list[ScheduleRecord]:
         """Every stored schedule with its next tick and the execution of its latest tick."""
