@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
 
@@ -31,7 +32,8 @@ HUGE = 10**20
 # Bad values of a JSON body's field (json.dumps writes NaN and Infinity, which Python's JSON
 # reader, and so the server's, accepts).
 BODY_VALUES: list[Any] = [NUL, SURROGATE, HUGE, -HUGE, 1e308, -1e308, float("nan"),
-                          float("inf"), str(HUGE), "1e308", f"x@{HUGE}", f"{HUGE}d"]
+                          float("inf"), str(HUGE), "1e308", f"x@{HUGE}", f"{HUGE}d",
+                          "9999-12-31T23:00:00-05:00", "0001-01-01T00:00:00+05:00"]
 # Bad values of a query parameter or a path segment (text: surrogates cannot be sent in a URL,
 # their UTF-8 bytes are read back as U+FFFD).
 TEXT_VALUES = [NUL, str(HUGE), str(-HUGE), "1e308", "-1e308", "NaN", "inf", f"{HUGE}d",
@@ -135,6 +137,9 @@ def test_every_bad_value_is_refused_with_a_4xx(api: tuple[httpx.Client, str]) ->
     assert not faults, f"{len(faults)} of {sent} bad values not refused:\n" + "\n".join(faults)
 
 
+LAST_DAY = datetime(9999, 12, 31, tzinfo=UTC)
+LAST_HOUR = datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5)))  # 10000 in UTC
+
 PYTHON_CASES: list[tuple[str, Callable[[konduit.App, str], Any], str]] = [
     ("start: workflow NUL", lambda app, e: app.start(NUL), "workflow"),
     ("start: workflow surrogate", lambda app, e: app.start(SURROGATE), "workflow"),
@@ -143,6 +148,12 @@ PYTHON_CASES: list[tuple[str, Callable[[konduit.App, str], Any], str]] = [
     ("start: idempotency_key surrogate",
      lambda app, e: app.start("api-flow", idempotency_key=SURROGATE), "idempotency_key"),
     ("start: version huge", lambda app, e: app.start("api-flow", version=HUGE), "version"),
+    ("start: run_at past 9999 in UTC",
+     lambda app, e: app.start("api-flow", run_at=LAST_HOUR), "run_at"),
+    ("start: deadline_at past 9999 in UTC",
+     lambda app, e: app.start("api-flow", deadline_at=LAST_HOUR), "deadline_at"),
+    ("start: timed out past 9999",
+     lambda app, e: app.start("api-flow", run_at=LAST_DAY, timeout="2d"), "timeout"),
     ("start_many: workflow NUL",
      lambda app, e: app.start_many([{"workflow": "api-flow"}, {"workflow": NUL}]), "workflow"),
     ("cancel: reason NUL", lambda app, e: app.cancel(e, NUL), "reason"),
