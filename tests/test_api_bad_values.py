@@ -195,3 +195,21 @@ def test_the_python_faces_refuse_bad_values_naming_the_field(
         call(app, eid)
     assert not isinstance(info.value, konduit.DatabaseError), info.value
     assert info.value.field == field, (info.value, info.value.field)
+
+
+def test_an_unmigrated_database_is_the_servers_fault_not_the_callers(empty_db_url: str) -> None:
+    """The routes that refuse a caller's bad value as 422 leave the server's own faults to the
+    app's handler: a database without konduit's schema is 503 on each of them, not 422."""
+    app = konduit.App(list(api_app.WORKFLOWS), database_url=empty_db_url)
+    try:
+        with serving(create_app(database_client(empty_db_url, app), app)) as base, \
+                httpx.Client(base_url=base, timeout=30) as http:
+            for method, url, body in (
+                    ("POST", "/api/v1/executions", BODIES["StartBody"]),
+                    ("POST", "/api/v1/executions:batch", BODIES["BatchBody"]),
+                    ("POST", "/api/v1/events", BODIES["EventBody"]),
+                    ("GET", "/api/v1/alerts", None), ("GET", "/api/v1/stats", None)):
+                answer = send(http, method, url, body)
+                assert answer.status_code == 503, (url, answer.text)
+    finally:
+        app.close()

@@ -29,6 +29,7 @@ from konduit.errors import (
     InputValidationError,
     KonduitError,
     MigrationRefused,
+    SchemaOutdated,
     WorkflowNotFound,
     WorkflowVersionConflict,
 )
@@ -59,6 +60,10 @@ class Refused(Exception):
         return cls(status, str(exc), None if exc.field is None else where + exc.field,
                    code=exc.code)
 
+
+NOT_THE_CALLERS = (DatabaseError, SchemaOutdated)
+"""Errors of the server's database, not of the request: answered 503 by the app's handler, never
+as the caller's fault (a route that refuses every other KonduitError re-raises these)."""
 
 TraceParent = Annotated[str | None, Header(
     max_length=200, description="W3C trace context of the caller (ignored when not valid)")]
@@ -122,7 +127,7 @@ async def start(body: m.StartBody, ops: Ops, traceparent: TraceParent = None,
     try:
         handle = await ops.start(**dict(body),
                                  trace_context=tracing.incoming(traceparent, tracestate))
-    except DatabaseError:
+    except NOT_THE_CALLERS:
         raise
     except KonduitError as exc:
         raise start_refusal(exc) from None
@@ -139,7 +144,7 @@ async def start_many(body: m.BatchBody, ops: Ops, traceparent: TraceParent = Non
     try:
         handles = await ops.start_many([StartRequest(**dict(b)) for b in body.requests],
                                        trace_context=tracing.incoming(traceparent, tracestate))
-    except DatabaseError:
+    except NOT_THE_CALLERS:
         raise
     except KonduitError as exc:
         raise start_refusal(exc) from None
@@ -245,7 +250,7 @@ async def cancel(execution_id: str, ops: Ops, body: m.CancelBody | None = None) 
     eid = (await ops.status(execution_id)).id  # a unique prefix or tail too; 404 first
     try:
         cancelled = await ops.cancel(eid, (body or m.CancelBody()).reason)
-    except DatabaseError:
+    except NOT_THE_CALLERS:
         raise
     except KonduitError as exc:  # a reason no text column can hold (a NUL)
         raise Refused.of(exc) from None
@@ -304,7 +309,7 @@ async def send_event(body: m.EventBody, ops: Ops) -> m.EventSent:
     try:
         result = await ops.send_event(body.name, key=body.key, execution_id=body.execution_id,
                                       payload=body.payload)
-    except DatabaseError:
+    except NOT_THE_CALLERS:
         raise
     except KonduitError as exc:  # a payload too large, a key PostgreSQL cannot store (NUL)...
         raise Refused.of(exc) from None
@@ -373,7 +378,7 @@ async def alerts(ops: Ops, all: bool = False,
     try:
         found = await ops.alerts(include_resolved=all, kind=kind or None,
                                  workflow=workflow or None, limit=limit)
-    except DatabaseError:
+    except NOT_THE_CALLERS:
         raise
     except KonduitError as exc:  # an unknown kind, a workflow no name can be (a NUL)...
         raise Refused.of(exc, where="query.") from None
@@ -390,7 +395,7 @@ async def stats(ops: Ops, workflow: Annotated[str | None, Query(max_length=200)]
         found = await (await ops.model()).stats(workflow or None, history=history,
                                                 fan_in_alert=fan_in_alert,
                                                 consecutive=consecutive)
-    except DatabaseError:
+    except NOT_THE_CALLERS:
         raise
     except KonduitError as exc:  # a history that is no duration, a workflow with a NUL...
         raise Refused.of(exc, where="query.") from None
