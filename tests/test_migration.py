@@ -181,3 +181,37 @@ def test_a_new_step_that_the_routing_already_left_out_ends_skipped(make_app, loo
     assert handle.wait(timeout=10).outcomes == {"a": "succeeded", "b": "succeeded",
                                                 "c": "skipped", "d": "skipped",
                                                 "e": "succeeded"}
+
+
+def test_a_policy_only_re_registration_by_another_process_does_not_refuse_migration(
+        make_app, loop):
+    """Another process (another registry) re-registered version 2 with a policy-only change
+    after this one registered it: a policy change keeps the version (docs/changing-workflows.md),
+    so migrating to it from this process works; this process creates its tasks with its own
+    policy, as it does for every task. A shape change is still refused, naming it."""
+    graph = {"a": [], "b": ["a"], "c": ["b"]}
+    app = make_app(versioned(1, V1), versioned(2, graph))
+    handle = app.start("flow", version=1)
+    app.start("flow", version=2)  # this process registers version 2 (policy revision 1)
+    newer = konduit.Workflow("flow", version=2)
+    for step, after in graph.items():
+        newer.step(name=step, after=after, retry=konduit.Retry(max_attempts=7))(
+            lambda ctx: ctx.step)
+    other = make_app(newer)
+    other.start("flow", version=2)  # the other process re-registers its policy: revision 2
+    [state] = [v for v in app.versions("flow") if v.version == 2]
+    assert state.policy_revision == 2
+
+    moved = app.migrate(handle.id, to_version=2)
+    assert moved.migrated and moved.added == ("c",) and moved.to_version == 2
+    while loop.run(run_ready(loop.db, app.registry)):
+        pass
+    result = handle.wait(timeout=10)
+    assert result.version == 2 and result.output == "c"
+
+    # A shape that differs from the registered one still needs a new version number.
+    reshaped = make_app(versioned(1, V1), versioned(2, {"a": [], "b": ["a"], "d": ["b"]}))
+    again = app.start("flow", version=1)
+    with pytest.raises(konduit.WorkflowVersionConflict, match="step 'd' added"):
+        reshaped.migrate(again.id, to_version=2)
+    assert app.status(again.id).version == 1

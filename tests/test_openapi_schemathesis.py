@@ -2,12 +2,16 @@
 
 Every ``/api/v1`` operation gets generated requests, valid and invalid (bodies, queries, path
 ids): no answer may be a 5xx, every answer must be one the OpenAPI describes, with its content
-type and schema. A fixed seed, deterministic generation and no example database keep it from
-flaking; a small number of examples per operation keeps it near a minute.
+type and schema. Besides what schemathesis generates from the schema, bodies and queries with
+one value replaced by text with a NUL character or a number out of range
+(tests/support/schemathesis_hooks.py): each must be refused 4xx. A fixed seed, deterministic
+generation and no example database keep it from flaking; a small number of examples per
+operation keeps it near a minute.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +27,7 @@ from tests.apps import api_app
 from tests.support.browser import serving
 
 OP = "op-" + "s" * 24
+HOOKS = Path(__file__).parent / "support" / "schemathesis_hooks.py"
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
           "response_schema_conformance")
 
@@ -48,7 +53,8 @@ def test_schemathesis_finds_nothing(make_app: Callable[..., konduit.App], db_url
              "--workers", "1", "--request-timeout", "20", "--no-color",
              "--suppress-health-check", "all", "--report", "junit",
              "--report-dir", str(tmp_path)],
-            capture_output=True, text=True, timeout=240, cwd=tmp_path)
+            capture_output=True, text=True, timeout=240, cwd=tmp_path,
+            env={**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)})
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-8000:]
     # 15: with POST /executions/{id}/migrate and GET /executions/{id}/logs (attempt logs).

@@ -254,3 +254,28 @@ def test_stored_events_are_counted_in_stats_the_metrics_and_the_dashboard(make_a
         assert '<table class="stored-events">' in page.text
         assert "<td>approved</td><td class=\"num\">2</td>" in page.text
         assert http.get("/api/v1/stats").json()["stored_events"][0]["events"] == 2
+
+
+def test_the_cli_says_when_nothing_waits_and_how_long_the_event_is_kept(make_app, db_url):
+    """`konduit send-event` for a key nothing waits for (a mistyped order id, say) is not a
+    success: it says the event is kept and until when (its retention), with exit code 4;
+    `woke`/`started` stay 0 and `no match` 3."""
+    from datetime import UTC, datetime, timedelta
+
+    from tests.test_cli import konduit_cli
+
+    app = make_app(approval_workflow(retention="2h"))
+    assert app.send_event("approved", key="registers-it") == "stored"  # registered in the db
+    sent = konduit_cli("send-event", "approved", "--key", "order-1O7", "--database-url", db_url)
+    assert sent.returncode == 4, (sent.stdout, sent.stderr)
+    line = " ".join(sent.stdout.split())
+    assert line.startswith("stored: nothing waits for this event now; it is kept until "), line
+    assert "UTC (in 1h59m" in line or "UTC (in 2h00m" in line, line
+    as_json = konduit_cli("send-event", "approved", "--key", "order-1O8", "--json",
+                          "--database-url", db_url)
+    assert as_json.returncode == 4, as_json.stderr
+    out = json.loads(as_json.stdout)
+    assert (out["event"], out["key"], out["result"]) == ("approved", "order-1O8", "stored")
+    kept = datetime.fromisoformat(out["kept_until"]) - datetime.now(UTC)
+    assert timedelta(hours=1, minutes=58) < kept <= timedelta(hours=2)
+    assert [k for k, _, _ in events(db_url)] == ["registers-it", "order-1O7", "order-1O8"]

@@ -23,6 +23,9 @@ from konduit.records import TaskRecord
 
 EXIT_NO_MATCH = 3
 """``send-event``: nothing could ever take the event (it was not kept)."""
+EXIT_STORED = 4
+"""``send-event``: nothing waits for the event now; it is kept for a step that may still wait
+for it, until its retention runs out (a mistyped key looks like this too)."""
 
 
 def send_event(
@@ -39,26 +42,46 @@ def send_event(
         "module:attribute of the konduit.App: the waiting task is completed at once "
         "(without it a worker does, within its maintenance interval).")] = None,
     as_json: Annotated[bool, typer.Option(
-        "--json", help='Print {"event", "key", "result"} as JSON.')] = False,
+        "--json", help='Print {"event", "key", "result"} as JSON (and "kept_until" when '
+        'stored).')] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Send an event to the step waiting for it (wf.wait_for_event) and to the workflows it
-    starts (wf.on_event); prints woke, started, stored or no match.
+    starts (wf.on_event); prints woke, started, stored or no match. Stored: nothing waits for
+    it now, and it is kept (until the time printed: its retention) for a step that may still
+    wait for it; check the key when a step should have been waiting.
 
-    Exit codes: 0 woke, started or stored, 3 no match (nothing could ever take it; nothing was
-    kept), 1 any error.
+    Exit codes: 0 woke or started, 4 stored (nothing waits for it now; kept until its retention
+    runs out), 3 no match (nothing could ever take it; nothing was kept), 1 any error.
     """
     value = read_json_argument(payload, "--payload")
     eid = execution_id  # the client resolves a unique prefix or tail too
     app = load_app(app_spec, database_url) if app_spec else plain_app(database_url)
+    kept_until: datetime | None = None
     with opened(app):
         result = app.send_event(name, key=key, execution_id=eid, payload=value)
+        if result == "stored":
+            kept_until = app._read(lambda reads: reads.kept_event(name, key=key,
+                                                                  execution_id=eid))
     if as_json:
-        print(dump_json({"event": name, "key": key, "result": result}))
+        out: dict[str, Any] = {"event": name, "key": key, "result": result}
+        if result == "stored":
+            out["kept_until"] = None if kept_until is None else kept_until.isoformat()
+        print(dump_json(out))
     else:
-        console.print(result)
+        console.print(escape(stored_line(kept_until)) if result == "stored" else result)
     if result == "no match":
         raise typer.Exit(EXIT_NO_MATCH)
+    if result == "stored":
+        raise typer.Exit(EXIT_STORED)
+
+
+def stored_line(kept_until: datetime | None) -> str:
+    """What ``send-event`` says of an event nothing waits for now."""
+    kept = "" if kept_until is None else \
+        f" until {kept_until.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC ({_relative(kept_until)})"
+    return (f"stored: nothing waits for this event now; it is kept{kept} for a step that "
+            f"starts waiting for it before then (check the key if one should be waiting)")
 
 
 def waiting_for(task: TaskRecord) -> str | None:

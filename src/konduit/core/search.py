@@ -16,7 +16,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from konduit.core.model import ExecutionStatus
-from konduit.errors import KonduitError
+from konduit.core.values import MAX_INT
+from konduit.core.values import storable as _storable
+from konduit.errors import KonduitError, blame, blamed
 
 MAX_TAGS = 32
 MAX_TAG_KEY = 64
@@ -82,40 +84,52 @@ class ExecutionFilter:
     fair_key: str | None = None
 
     def __post_init__(self) -> None:
+        # Each fault names its field (KonduitError.field): the faces say which part is wrong.
         if self.status is not None and self.status not in set(ExecutionStatus):
-            raise SearchError(
-                f"status {self.status!r}: one of {', '.join(s.value for s in ExecutionStatus)}")
+            raise blamed(SearchError(
+                f"status {self.status!r}: one of {', '.join(s.value for s in ExecutionStatus)}"),
+                "status")
         if self.version is not None and self.workflow is None:
-            raise SearchError("a version is searched with its workflow (workflow@version)")
-        if self.version is not None and (not isinstance(self.version, int) or self.version < 1):
-            raise SearchError(f"version {self.version!r}: a whole number from 1")
-        if not isinstance(self.tags, Mapping):
-            raise SearchError(f"tags are a dict of text to text, not {type(self.tags).__name__}")
-        if self.tags:
-            check_tags(self.tags)
-        if not isinstance(self.input, Mapping):
-            raise SearchError(
-                f"input is a dict of fields to values, not {type(self.input).__name__}")
+            raise blamed(SearchError("a version is searched with its workflow "
+                                     "(workflow@version)"), "version")
+        if self.version is not None and (isinstance(self.version, bool)
+                                         or not isinstance(self.version, int)
+                                         or not 1 <= self.version <= MAX_INT):
+            raise blamed(SearchError(f"version {self.version!r}: a whole number from 1 to "
+                                     f"{MAX_INT}"), "version")
+        with blame("tags"):
+            if not isinstance(self.tags, Mapping):
+                raise SearchError(
+                    f"tags are a dict of text to text, not {type(self.tags).__name__}")
+            if self.tags:
+                check_tags(self.tags)
         if self.since is not None and self.until is not None and self.since >= self.until:
-            raise SearchError(f"since ({self.since}) is not before until ({self.until})")
+            raise blamed(SearchError(f"since ({self.since}) is not before until "
+                                     f"({self.until})"), "until")
         for name in ("since", "until"):
             moment = getattr(self, name)
             if moment is not None and moment.tzinfo is None:
-                raise SearchError(f"{name} {moment}: give a time zone (an aware datetime)")
+                raise blamed(SearchError(f"{name} {moment}: give a time zone (an aware "
+                                         f"datetime)"), name)
         if self.id_prefix is not None:
-            id_bounds(self.id_prefix)
+            with blame("id_prefix"):
+                id_bounds(self.id_prefix)
         for name in ("idempotency_key", "workflow", "fair_key"):
             text = getattr(self, name)
             if text is not None and (not isinstance(text, str) or not _storable(text)):
-                raise SearchError(f"{name} {text!r:.60}: text without NUL characters or lone "
-                                  f"surrogates")
-        try:
-            encoded = json.dumps(self.input, allow_nan=False, ensure_ascii=False)
-        except (TypeError, ValueError) as exc:
-            raise SearchError(f"input: not JSON ({exc})") from None
-        if "\\u0000" in encoded or not _storable(encoded):
-            raise SearchError("input: a value with a NUL character or a lone surrogate cannot "
-                              "be stored, nor found")
+                raise blamed(SearchError(f"{name} {text!r:.60}: text without NUL characters "
+                                         f"or lone surrogates"), name)
+        with blame("input"):
+            if not isinstance(self.input, Mapping):
+                raise SearchError(
+                    f"input is a dict of fields to values, not {type(self.input).__name__}")
+            try:
+                encoded = json.dumps(self.input, allow_nan=False, ensure_ascii=False)
+            except (TypeError, ValueError) as exc:
+                raise SearchError(f"input: not JSON ({exc})") from None
+            if "\\u0000" in encoded or not _storable(encoded):
+                raise SearchError("input: a value with a NUL character or a lone surrogate "
+                                  "cannot be stored, nor found")
 
     def params(self) -> dict[str, Any]:
         """The parameters of ``execution_search`` (without the page)."""
@@ -157,17 +171,6 @@ class ExecutionFilter:
         if self.fair_key is not None:
             args.append(("fair_key", self.fair_key))
         return args
-
-
-def _storable(text: str) -> bool:
-    """Text PostgreSQL can hold: no NUL, and valid UTF-8 (no lone surrogate)."""
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 _HEX = re.compile(r"^[0-9a-f]+$")
@@ -267,8 +270,9 @@ def parse_workflow(text: str) -> tuple[str, int | None]:
         raise SearchError(f"workflow {text!r}: write it as name or name@version")
     if not sep:
         return name, None
-    if not version.isdigit() or int(version) < 1:
-        raise SearchError(f"workflow {text!r}: the version after @ is a whole number from 1")
+    if not version.isascii() or not version.isdigit() or not 1 <= int(version) <= MAX_INT:
+        raise blamed(SearchError(f"workflow {text!r}: the version after @ is a whole number "
+                                 f"from 1 to {MAX_INT}"), "workflow")
     return name, int(version)
 
 
@@ -295,12 +299,29 @@ def search_filter(*, id: str | None = None, key: str | None = None,
                   status: str | None = None, workflow: str | None = None,
                   since: str | None = None, until: str | None = None,
                   fair_key: str | None = None) -> ExecutionFilter:
-    """The filter the text forms of the CLI and the API's query stand for."""
-    name, version = parse_workflow(workflow) if workflow else (None, None)
-    return ExecutionFilter(
-        id_prefix=id or None, idempotency_key=key, tags=parse_tags(tags or []),
-        input=parse_input(inputs or []), status=status or None, workflow=name, version=version,
-        since=None if not since else parse_moment(since, what="since"),
-        until=None if not until else parse_moment(until, what="until"),
-        fair_key=fair_key,
-    )
+    """The filter the text forms of the CLI and the API's query stand for. A fault names the
+    parameter at fault (``KonduitError.field``: ``workflow``, ``tag``, ``since``...)."""
+    with blame("workflow"):
+        name, version = parse_workflow(workflow) if workflow else (None, None)
+    with blame("tag"):
+        tag_filter = parse_tags(tags or [])
+    with blame("input"):
+        input_filter = parse_input(inputs or [])
+    with blame("since"):
+        since_at = None if not since else parse_moment(since, what="since")
+    with blame("until"):
+        until_at = None if not until else parse_moment(until, what="until")
+    try:
+        return ExecutionFilter(
+            id_prefix=id or None, idempotency_key=key, tags=tag_filter, input=input_filter,
+            status=status or None, workflow=name, version=version, since=since_at,
+            until=until_at, fair_key=fair_key,
+        )
+    except KonduitError as exc:  # the filter's field, as the text forms call it
+        exc.field = _TEXT_NAMES.get(exc.field or "", exc.field)
+        raise
+
+
+_TEXT_NAMES = {"id_prefix": "id", "idempotency_key": "key", "tags": "tag", "version": "workflow"}
+"""The parameters of the text forms (the API's query, the CLI's options) that carry each field
+of :class:`ExecutionFilter` under another name."""

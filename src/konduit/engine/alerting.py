@@ -65,6 +65,7 @@ from konduit.core.forecast import DEFAULT_HISTORY as PLAN_HISTORY
 from konduit.core.forecast import StepProgress, forecast
 from konduit.core.model import ExecutionStatus
 from konduit.core.shares import DEGRADED_WINDOW
+from konduit.core.values import MAX_BIGINT, check_text
 from konduit.db.database import Database, Tx
 from konduit.engine import webhooks
 from konduit.engine.registry import Registry
@@ -483,8 +484,10 @@ async def list_alerts(
     if kind is not None and kind not in KINDS:
         raise blamed(AlertError(f"unknown alert kind {kind!r} (known: {', '.join(KINDS)})"),
                      "kind")
-    if limit < 1:
-        raise blamed(AlertError(f"limit must be at least 1, got {limit}"), "limit")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BIGINT:
+        raise blamed(AlertError(f"limit must be a whole number from 1 to {MAX_BIGINT}, got "
+                                f"{limit!r:.40}"), "limit")
+    check_text(workflow, "workflow")
     rows = await db.all("alert_list_recent", include_resolved=include_resolved, kind=kind,
                         workflow=workflow, limit=limit)
     return [AlertRecord.from_row(r) for r in rows]

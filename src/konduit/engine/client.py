@@ -24,6 +24,7 @@ from konduit.core.requests import (
     StartRequest,
 )
 from konduit.core.results import FINISHED, ExecutionResult
+from konduit.core.values import check_text
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, translate_errors
@@ -244,6 +245,7 @@ class Client:
     async def cancel(self, request: CancelRequest) -> bool:
         """Cancel a running execution: its ready tasks are never claimed after this commits and
         running handlers lose their lease. Returns False when it had already finished."""
+        check_text(request.reason, "reason")
         eid = await self.resolve(request.execution_id)
         async with self.db.transaction() as tx:
             finished = await stop_execution(tx, eid, ExecutionStatus.CANCELLED, request.reason)

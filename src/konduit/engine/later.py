@@ -10,7 +10,7 @@ the execution row's lock, each re-checking the status in its own statement.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -20,6 +20,16 @@ from konduit.errors import KonduitError, blame, blamed
 
 MAX_PRIORITY = 1_000_000
 """The bound of ``priority=``: it is added to each step's priority in a 32-bit column."""
+
+
+def check_moment(at: datetime, field: str) -> None:
+    """A moment PostgreSQL stores and every face reads back: before the year 10000 in UTC
+    (``9999-12-31T23:00-05:00`` is not)."""
+    try:
+        at.astimezone(UTC)
+    except OverflowError:
+        raise blamed(KonduitError(f"{field} {at.isoformat()}: past the year 9999 in UTC"),
+                     field) from None
 
 
 def start_time(run_at: datetime | None, delay: Duration | None) -> tuple[datetime | None,
@@ -35,6 +45,7 @@ def start_time(run_at: datetime | None, delay: Duration | None) -> tuple[datetim
         if run_at.tzinfo is None:
             raise blamed(KonduitError(f"run_at {run_at}: give a time zone (an aware datetime)"),
                          "run_at")
+        check_moment(run_at, "run_at")
         return run_at, None
     if delay is None:
         return None, None

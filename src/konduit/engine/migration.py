@@ -22,9 +22,11 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from uuid import UUID
 
+from konduit.core import shape
 from konduit.core.advance import ExecutionState
 from konduit.core.migration import MigrationPlan, Shape, plan_migration
 from konduit.core.model import ExecutionStatus, TaskStatus
+from konduit.core.values import MAX_INT, check_text
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine.advancer import Advancer
@@ -38,11 +40,21 @@ from konduit.errors import (
     MigrationRefused,
     WorkflowNotFound,
     WorkflowVersionConflict,
+    blamed,
 )
 from konduit.records import MigrationRecord
 
 Register = Callable[[WorkflowSpec], Awaitable[None]]
 """Record a definition in ``konduit_workflows`` (:meth:`konduit.engine.client.Client.register`)."""
+
+
+def check_version(version: object, field: str = "to_version") -> int:
+    """A version: a whole number in its column's range (else ``field`` is at fault)."""
+    if isinstance(version, bool) or not isinstance(version, int) \
+            or not 1 <= version <= MAX_INT:
+        raise blamed(KonduitError(f"{field} must be a version number from 1 to {MAX_INT}, "
+                                  f"got {version!r:.40}"), field)
+    return version
 
 
 def target_code(registry: Registry, name: str, version: int) -> WorkflowSpec | None:
@@ -59,8 +71,7 @@ async def migrate_in(tx: Tx, registry: Registry, eid: UUID, to_version: int, *,
     ``tx``. Raises :class:`MigrationRefused` (naming the step at fault) when the execution's
     past does not exist as it was in the target version, or the move is not possible now; the
     transaction then must roll back (the caller's ``atomic`` does)."""
-    if isinstance(to_version, bool) or not isinstance(to_version, int) or to_version < 1:
-        raise KonduitError(f"to_version must be a version number >= 1, got {to_version!r}")
+    check_version(to_version)
     row = await tx.one("execution_lock", id=eid)
     if row is None:
         raise ExecutionNotFound(f"no execution with id {eid}")
@@ -80,10 +91,15 @@ async def migrate_in(tx: Tx, registry: Registry, eid: UUID, to_version: int, *,
     source = await tx.one("workflow_get", name=name, version=from_version)
     assert source is not None  # the execution's foreign key
     code = target_code(registry, name, to_version)
-    if code is not None and code.spec_hash != target["spec_hash"]:
+    # A policy-only difference is no conflict (docs/changing-workflows.md): another process
+    # re-registered the version with its policy, and this one creates its tasks with its own
+    # (stamped with the revision it registered), as it does for every task it creates.
+    changes = [] if code is None or code.spec_hash == target["spec_hash"] else \
+        shape.shape_diff(shape.shape_of(target["spec"] or {}), shape.shape_of(code.spec_json))
+    if changes:
         raise WorkflowVersionConflict(
-            f"workflow {name!r} version {to_version} is registered with a different definition "
-            "than this process's: give the changed definition a new version number")
+            f"workflow {name!r} version {to_version} is registered with a different shape than "
+            f"this process's ({'; '.join(changes)}): a shape change needs a new version number")
     key = workflow_key(name, to_version)
     # Task rows after the execution row, in id order; relabelled so that only workers serving
     # the target claim them from now on (refused below, rolled back, when one may not record).
@@ -177,8 +193,8 @@ async def migrate(db: Database, registry: Registry, eid: UUID, to_version: int, 
     row = await db.one("execution_get", id=eid)
     if row is None:
         raise ExecutionNotFound(f"no execution with id {eid}")
-    code = target_code(registry, row["workflow_name"], to_version) \
-        if isinstance(to_version, int) else None
+    check_version(to_version)
+    code = target_code(registry, row["workflow_name"], to_version)
     if code is not None:
         await register(code)
     return await db.atomic(lambda tx: migrate_in(tx, registry, eid, to_version,
@@ -191,6 +207,9 @@ async def migrate_all(db: Database, registry: Registry, workflow: str, from_vers
     """Migrate every running execution of ``workflow`` at ``from_version``, oldest first, each
     in its own transaction: a refused one is reported (``migrated=False``, the reason and the
     step) and the others go on."""
+    check_text(workflow, "workflow")
+    check_version(from_version, "from_version")
+    check_version(to_version)
     rows = await db.all("execution_list_running_of_version", workflow_name=workflow,
                         workflow_version=from_version)
     done: list[MigrationRecord] = []

@@ -27,9 +27,10 @@ from datetime import datetime
 from uuid import UUID
 
 from konduit.core.durations import Duration, parse_duration
+from konduit.core.values import MAX_INT
 from konduit.db.database import Database
 from konduit.engine import webhooks
-from konduit.errors import KonduitError
+from konduit.errors import KonduitError, blamed
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,10 @@ async def prune(
     docs/durable-waits.md), and fair keys with nothing ahead of their queue's turn
     (docs/fairness.md)."""
     seconds = parse_duration(older_than, what="older_than")
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise KonduitError(f"batch_size: must be a positive integer, got {batch_size!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) \
+            or not 1 <= batch_size <= MAX_INT:
+        raise blamed(KonduitError(f"batch_size: must be a whole number from 1 to {MAX_INT}, "
+                                  f"got {batch_size!r:.40}"), "batch_size")
     began = time.monotonic()
     deleted = batches = 0
     after_at: datetime | None = None

@@ -30,6 +30,7 @@ from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.requests import StartRequest
 from konduit.core.schedules import LATE_AFTER, MAX_CATCH_UP, Timing, plan_ticks, tick_key
 from konduit.core.search import MAX_TAG_VALUE
+from konduit.core.values import check_text
 from konduit.db.database import Database, Row, Tx
 from konduit.engine.registry import Registry
 from konduit.engine.starts import Prepared, insert_executions, prepare_off_loop
@@ -234,6 +235,7 @@ class Schedules:
     async def set_paused(self, name: str, paused: bool) -> bool:
         """Pause or resume ``name``; returns whether that changed anything. Unknown names raise
         :class:`~konduit.ScheduleNotFound`."""
+        check_text(name, "name")
         row = await self.db.one("schedule_set_paused", name=name, paused=paused)
         if row is None:
             known = ", ".join(r["name"] for r in await self.db.all("schedule_list")) or "none"

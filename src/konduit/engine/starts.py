@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -23,10 +23,11 @@ from konduit.core.ids import uuid7
 from konduit.core.payloads import canonical_json, content_hash
 from konduit.core.requests import StartRequest
 from konduit.core.search import check_tags
+from konduit.core.values import check_text, check_whole
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Tx
 from konduit.engine.deadlines import budgets, task_budgets
-from konduit.engine.later import check_priority, start_time
+from konduit.engine.later import check_moment, check_priority, start_time
 from konduit.engine.limit_keys import KeyedStart, store_and_admit
 from konduit.engine.registry import workflow_key
 from konduit.engine.stored import SpecSource, StoredSpecs
@@ -68,6 +69,27 @@ class Prepared:
     run_key: str | None = None  # the key under Workflow(max_running=)
 
 
+def check_timeout_at(run_at: datetime, timeout_seconds: float) -> None:
+    """The moment a start at ``run_at`` times out must be one a datetime can hold (before the
+    year 10000): PostgreSQL would store a later one, and no face could read it back."""
+    try:
+        (run_at + timedelta(seconds=timeout_seconds)).astimezone(UTC)
+    except OverflowError:
+        raise blamed(KonduitError(
+            f"timeout {timeout_seconds:.0f} s after run_at {run_at.isoformat()} is past the "
+            f"year 9999"), "timeout") from None
+
+
+def check_values(request: StartRequest) -> None:
+    """The plain values of a start that reach the database as they are (its workflow's name
+    and version, its idempotency key): text PostgreSQL can hold, a version in its column's
+    range. Checked before anything is looked up by them."""
+    check_text(request.workflow, "workflow")
+    check_text(request.idempotency_key, "idempotency_key")
+    if request.version is not None:
+        check_whole(request.version, "version")
+
+
 def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
             trace: TraceContext | None = None) -> Prepared:
     """Check one request before anything is written: its timeout, workflow and input."""
@@ -78,6 +100,10 @@ def prepare(registry: SpecSource, request: StartRequest, *, max_bytes: int,
     with blame("tags"):
         tags = check_tags(request.tags)
     run_at, delay_seconds = start_time(request.run_at, request.delay)
+    if run_at is not None and timeout_seconds is not None:
+        check_timeout_at(run_at, timeout_seconds)
+    if isinstance(request.deadline_at, datetime) and request.deadline_at.tzinfo is not None:
+        check_moment(request.deadline_at, "deadline_at")
     priority = check_priority(request.priority)
     with blame("version" if request.version is not None else "workflow"):
         spec = registry.get(request.workflow, request.version)
@@ -207,6 +233,7 @@ async def start_requests(db: Database, specs: StoredSpecs, requests: list[StartR
     loaded: set[tuple[str, int | None]] = set()
     for i, request in enumerate(requests):
         try:
+            check_values(request)
             if (request.workflow, request.version) not in loaded:
                 await specs.load(db, request.workflow, request.version)
                 loaded.add((request.workflow, request.version))

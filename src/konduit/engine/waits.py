@@ -46,6 +46,7 @@ from konduit.core.model import (
 from konduit.core.outcome import Ending, Final, decide, policy_of
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.requests import StartRequest
+from konduit.core.values import storable
 from konduit.core.waits import (
     DEFAULT_EVENT_RETENTION,
     Armed,
@@ -178,9 +179,9 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
     (:mod:`konduit.engine.triggers`); then ``key`` and ``execution_id`` may both be None."""
     with blame("name"):
         check_event_name(name)
-    if key is not None and (not isinstance(key, str) or not key or "\x00" in key):
+    if key is not None and (not isinstance(key, str) or not key or not storable(key)):
         raise blamed(KonduitError(f"the event key must be a non-empty string without NUL "
-                                  f"characters, got {key!r}"), "key")
+                                  f"characters or lone surrogates, got {key!r:.80}"), "key")
     with blame("payload"):
         payload_json = canonical_json(payload, what=f"payload of event {name!r}",
                                       max_bytes=max_payload_bytes)

@@ -18,9 +18,10 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 
 from konduit.core.model import DeliveryStatus
+from konduit.core.values import MAX_BIGINT
 from konduit.core.webhooks import Webhook
 from konduit.db.database import Database, Row, Tx
-from konduit.errors import KonduitError
+from konduit.errors import KonduitError, blamed
 from konduit.records import AlertRecord
 
 STATUSES = tuple(s.value for s in DeliveryStatus)
@@ -67,9 +68,11 @@ async def deliveries(db: Database, *, status: str | None = None,
     last_status_code, execution_id, alert_id, created_at, last_attempt_at, delivered_at,
     next_attempt_at (pending ones only)."""
     if status is not None and status not in STATUSES:
-        raise KonduitError(f"unknown delivery status {status!r}; choose from {', '.join(STATUSES)}")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise KonduitError(f"limit must be a positive integer, got {limit!r}")
+        raise blamed(KonduitError(f"unknown delivery status {status!r}; choose from "
+                                  f"{', '.join(STATUSES)}"), "status")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BIGINT:
+        raise blamed(KonduitError(f"limit must be a whole number from 1 to {MAX_BIGINT}, got "
+                                  f"{limit!r:.40}"), "limit")
     return await db.all("webhook_delivery_list", status=status, execution_id=execution_id,
                         limit=limit)
 

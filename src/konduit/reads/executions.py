@@ -14,6 +14,7 @@ from konduit.core.repair_contract import AutoRepairState, RepairContract
 from konduit.core.repair_contract import describe as describe_auto_repair
 from konduit.core.results import ExecutionResult
 from konduit.core.search import ExecutionFilter
+from konduit.core.values import MAX_BIGINT, check_whole
 from konduit.db.database import Database
 from konduit.engine import retention
 from konduit.engine.client import coerce_execution_id, execution_result
@@ -247,6 +248,7 @@ class ExecutionReads(ReadBase):
 
     async def dead_letters(self, limit: int = 50) -> builtins.list[DeadLetter]:
         """Tasks that failed for good (retries exhausted or non-retryable), newest first."""
+        check_whole(limit, "limit", high=MAX_BIGINT)
         return [DeadLetter.from_row(r) for r in await self.reads.all("task_list_dead", limit=limit)]
 
     async def dead_letter_page(self, *, before: tuple[datetime, int] | None = None,

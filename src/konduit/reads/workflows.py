@@ -1,13 +1,16 @@
 """What is registered and who serves it: workflow versions side by side (docs/changing-workflows.md),
-the policy each task was created with, event triggers and schedules."""
+the policy each task was created with, event triggers, events kept for a step to come and
+schedules."""
 
 from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable
+from datetime import datetime
 from uuid import UUID
 
 from konduit.core.triggers import describe as describe_trigger
+from konduit.core.values import check_text
 from konduit.engine import triggers
 from konduit.engine.registry import workflow_key
 from konduit.engine.schedules import list_schedules
@@ -29,12 +32,14 @@ class WorkflowReads(ReadBase):
 
     async def workflow_served(self, name: str, version: int) -> bool:
         """Whether any live worker claims tasks of workflow ``name`` at ``version``."""
+        check_text(name, "name")
         row = await self.db.one("worker_serving_exists", workflow=workflow_key(name, version))
         return bool(row and row["serving"])
 
     async def versions(self, workflow: str | None = None) -> builtins.list[VersionState]:
         """Every registered workflow version (or those of ``workflow``): its running executions
         and the live workers serving it; ``unserved`` when executions run and no worker does."""
+        check_text(workflow, "workflow")
         rows = await self.db.all("workflow_version_list_with_service", name=workflow)
         return [VersionState.from_row(r) for r in rows]
 
@@ -54,9 +59,21 @@ class WorkflowReads(ReadBase):
     async def triggers(self, workflow: str | None = None) -> builtins.list[TriggerRecord]:
         """The stored event triggers (of ``workflow``) with their open bursts or batches,
         pending events and last event (docs/events.md)."""
+        check_text(workflow, "workflow")
         return [TriggerRecord.from_row({**r, "mode": r["spec"].get("mode", "start"),
                                         "description": describe_trigger(r["spec"])})
                 for r in await triggers.list_triggers(self.db, workflow)]
+
+    async def kept_event(self, name: str, *, key: str | None = None,
+                         execution_id: UUID | str | None = None) -> datetime | None:
+        """Until when the newest event ``name`` (with this ``key`` and ``execution_id``) that
+        no task has taken yet is kept for a step to come (``send_event`` answered ``"stored"``),
+        or None when none is (docs/durable-waits.md)."""
+        check_text(name, "name")
+        check_text(key, "key")
+        eid = None if execution_id is None else await self.resolve(execution_id)
+        row = await self.db.one("event_kept_until", name=name, key=key, execution_id=eid)
+        return None if row is None else row["expires_at"]
 
     async def schedules(self) -> builtins.list[ScheduleRecord]:
         """Every stored schedule with its next tick and the execution of its latest tick."""

@@ -24,13 +24,12 @@ from konduit import tracing
 from konduit.core.requests import StartRequest
 from konduit.core.search import search_filter
 from konduit.errors import (
-    AlertError,
     DatabaseError,
     IdempotencyConflict,
     InputValidationError,
     KonduitError,
     MigrationRefused,
-    StatsError,
+    SchemaOutdated,
     WorkflowNotFound,
     WorkflowVersionConflict,
 )
@@ -61,6 +60,10 @@ class Refused(Exception):
         return cls(status, str(exc), None if exc.field is None else where + exc.field,
                    code=exc.code)
 
+
+NOT_THE_CALLERS = (DatabaseError, SchemaOutdated)
+"""Errors of the server's database, not of the request: answered 503 by the app's handler, never
+as the caller's fault (a route that refuses every other KonduitError re-raises these)."""
 
 TraceParent = Annotated[str | None, Header(
     max_length=200, description="W3C trace context of the caller (ignored when not valid)")]
@@ -124,7 +127,7 @@ async def start(body: m.StartBody, ops: Ops, traceparent: TraceParent = None,
     try:
         handle = await ops.start(**dict(body),
                                  trace_context=tracing.incoming(traceparent, tracestate))
-    except DatabaseError:
+    except NOT_THE_CALLERS:
         raise
     except KonduitError as exc:
         raise start_refusal(exc) from None
@@ -141,7 +144,7 @@ async def start_many(body: m.BatchBody, ops: Ops, traceparent: TraceParent = Non
     try:
         handles = await ops.start_many([StartRequest(**dict(b)) for b in body.requests],
                                        trace_context=tracing.incoming(traceparent, tracestate))
-    except DatabaseError:
+    except NOT_THE_CALLERS:
         raise
     except KonduitError as exc:
         raise start_refusal(exc) from None
@@ -187,8 +190,9 @@ async def executions(ops: Ops, status: m.ExecutionStatus | None = None,
     try:
         where = search_filter(id=id, key=key, tags=tag, inputs=input, status=status,
                               workflow=workflow, since=since, until=until, fair_key=fair_key)
-    except KonduitError as exc:
-        raise Refused(422, str(exc), "query", code=exc.code) from None
+    except KonduitError as exc:  # the parameter at fault, when the error names one
+        raise Refused(422, str(exc), "query" if exc.field is None else f"query.{exc.field}",
+                      code=exc.code) from None
     rows = await ops.search(where, before=before, limit=limit + 1)
     items = [m.ExecutionSummary(id=r.id, workflow=r.workflow_name,
                                 version=r.workflow_version, status=r.status,  # type: ignore[arg-type]
@@ -244,7 +248,12 @@ async def cancel(execution_id: str, ops: Ops, body: m.CancelBody | None = None) 
     """Cancel an unfinished execution (its running tasks are told to stop); the body's
     ``reason`` is kept as its error."""
     eid = (await ops.status(execution_id)).id  # a unique prefix or tail too; 404 first
-    cancelled = await ops.cancel(eid, (body or m.CancelBody()).reason)
+    try:
+        cancelled = await ops.cancel(eid, (body or m.CancelBody()).reason)
+    except NOT_THE_CALLERS:
+        raise
+    except KonduitError as exc:  # a reason no text column can hold (a NUL)
+        raise Refused.of(exc) from None
     status = (await ops.progress([eid])).get(eid, "cancelled")
     return m.Cancelled(id=eid, cancelled=cancelled, status=status)  # type: ignore[arg-type]
 
@@ -300,7 +309,7 @@ async def send_event(body: m.EventBody, ops: Ops) -> m.EventSent:
     try:
         result = await ops.send_event(body.name, key=body.key, execution_id=body.execution_id,
                                       payload=body.payload)
-    except DatabaseError:
+    except NOT_THE_CALLERS:
         raise
     except KonduitError as exc:  # a payload too large, a key PostgreSQL cannot store (NUL)...
         raise Refused.of(exc) from None
@@ -369,7 +378,9 @@ async def alerts(ops: Ops, all: bool = False,
     try:
         found = await ops.alerts(include_resolved=all, kind=kind or None,
                                  workflow=workflow or None, limit=limit)
-    except AlertError as exc:
+    except NOT_THE_CALLERS:
+        raise
+    except KonduitError as exc:  # an unknown kind, a workflow no name can be (a NUL)...
         raise Refused.of(exc, where="query.") from None
     return [m.AlertOut.model_validate(a.to_json()) for a in found]
 
@@ -384,7 +395,9 @@ async def stats(ops: Ops, workflow: Annotated[str | None, Query(max_length=200)]
         found = await (await ops.model()).stats(workflow or None, history=history,
                                                 fan_in_alert=fan_in_alert,
                                                 consecutive=consecutive)
-    except StatsError as exc:
+    except NOT_THE_CALLERS:
+        raise
+    except KonduitError as exc:  # a history that is no duration, a workflow with a NUL...
         raise Refused.of(exc, where="query.") from None
     return m.StatsOut.model_validate(found.to_json())
 

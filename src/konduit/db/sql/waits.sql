@@ -67,6 +67,15 @@ VALUES (%(name)s, %(key)s, %(execution_id)s, %(payload)s,
         clock_timestamp() + make_interval(secs => %(retention_seconds)s))
 RETURNING id, expires_at;
 
+-- name: event_kept_until
+-- When the newest event of this name, key and execution still kept for a step to come expires
+-- (NULL: none is kept): what `konduit send-event` says of an event it stored.
+SELECT max(expires_at) AS expires_at
+FROM konduit_events
+WHERE name = %(name)s AND consumed_at IS NULL
+  AND key IS NOT DISTINCT FROM %(key)s
+  AND execution_id IS NOT DISTINCT FROM %(execution_id)s;
+
 -- name: event_payload_consumed_by
 -- The payload of the event a task consumed (a due event step woken by maintenance).
 SELECT payload FROM konduit_events WHERE consumed_by = %(task_id)s;
