@@ -23,6 +23,7 @@ from konduit.core.ids import uuid7
 from konduit.core.payloads import canonical_json, content_hash
 from konduit.core.requests import StartRequest
 from konduit.core.search import check_tags
+from konduit.core.validation import readable_last_line
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Tx
 from konduit.engine.deadlines import budgets, task_budgets
@@ -30,7 +31,14 @@ from konduit.engine.later import check_priority, start_time
 from konduit.engine.limit_keys import KeyedStart, store_and_admit
 from konduit.engine.registry import workflow_key
 from konduit.engine.stored import SpecSource, StoredSpecs
-from konduit.errors import IdempotencyConflict, KeyNeedsCode, KonduitError, blame, blamed
+from konduit.errors import (
+    IdempotencyConflict,
+    InputValidationError,
+    KeyNeedsCode,
+    KonduitError,
+    blame,
+    blamed,
+)
 from konduit.threads import HandlerThreads, call_within
 from konduit.tracing import TraceContext
 
@@ -39,7 +47,15 @@ START_CODE_SECONDS = 10.0
 (``fair_by=``, per-key limits). Past it that start fails with an error that says so (see
 :func:`prepare_off_loop`)."""
 
-_start_threads = HandlerThreads(name="konduit-start-code")
+START_CODE_MAX_HUNG = 8
+"""Calls of start-time code that may be left running past :data:`START_CODE_SECONDS` in one
+process (a thread cannot be killed). Past them a start that needs such code is refused with
+:class:`~konduit.errors.UserCodeStuck` until one returns, instead of leaving one more thread
+behind each time (a schedule's tick, every second)."""
+
+_start_threads = HandlerThreads(
+    name="konduit-start-code", max_abandoned=START_CODE_MAX_HUNG, process_wide=True,
+    what="start-time code (input checks and key functions, fair_by)")
 
 BATCH_ROWS = 2_000
 """Executions per statement: a bigger batch is split into statements of this many, all in one
@@ -176,11 +192,32 @@ def _computed_keys(spec: WorkflowSpec,
 
     def value() -> Any:  # the handler's view of the input, made once if a key function needs it
         if not made:
-            made.append(spec.handler_input(checked))
+            made.append(input_model(spec, checked))
         return made[0]
 
     return (limit_keys.step_keys(spec.name, spec.flow_keys, checked, value),
             limit_keys.run_key(spec.name, spec.max_running, spec.run_key, checked, value))
+
+
+def input_model(spec: WorkflowSpec, checked: Any) -> Any:
+    """The input as handlers see it (the declared model's instance), for the start's key
+    functions: the model's validators are user code, and whatever they raise
+    (``KeyboardInterrupt`` included) refuses this start with
+    :class:`~konduit.InputValidationError` naming the model."""
+    try:
+        return spec.handler_input(checked)
+    except BaseException as exc:
+        raise model_refused(spec, exc) from exc
+
+
+def model_refused(spec: WorkflowSpec, exc: BaseException) -> InputValidationError:
+    """An :class:`InputValidationError` saying that ``spec``'s input model raised ``exc``."""
+    model = getattr(spec.input_type, "model", None)
+    name = getattr(model, "__qualname__", None) or "input model"
+    what = readable_last_line(exc) or f"{type(exc).__name__}: {exc}"
+    return InputValidationError(
+        f"input of workflow {spec.name!r}: its input model {name} raised {what}",
+        {"(root)": f"{name} raised {type(exc).__name__}: {exc}"}, workflow=spec.name)
 
 
 def at_request(index: int, exc: KonduitError) -> KonduitError:
