@@ -215,9 +215,15 @@ def test_hung_start_code_is_bounded_and_past_the_bound_starts_are_refused(apps, 
     def step(ctx: konduit.Context) -> str:
         return "ok"
 
+    plain = konduit.Workflow("ki-plain", version=1)
+
+    @plain.step()
+    def plain_step(ctx: konduit.Context) -> str:
+        return "ok"
+
     monkeypatch.setattr(starts, "START_CODE_SECONDS", 0.5)
     monkeypatch.setattr(starts._start_threads, "max_abandoned", 2)
-    app = apps(wf)
+    app = apps(wf, plain)
     try:
         for _ in range(2):
             exc = refused(lambda: app.start("ki-hung-fair", {"hang": True}), konduit.KonduitError)
@@ -228,6 +234,8 @@ def test_hung_start_code_is_bounded_and_past_the_bound_starts_are_refused(apps, 
         assert starts._start_threads.threads == threads  # no thread for a refused start
         assert len(entered) == 2
         refused(lambda: app.start("ki-hung-fair", {}), konduit.UserCodeStuck)
+        # A start that runs no user code is not held up by others' hung code.
+        assert returns(lambda: app.start("ki-plain", {})).id
     finally:
         release.set()
     until(lambda: starts._start_threads.abandoned == 0, what="the hung calls to return")

@@ -8,6 +8,7 @@ executions are started together: the rows of each workflow's steps are sent once
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from konduit.core.advance import initial_states
 from konduit.core.durations import parse_duration
 from konduit.core.fair import check_key, fair_key
 from konduit.core.ids import uuid7
+from konduit.core.key_paths import KeyPath
 from konduit.core.payloads import canonical_json, content_hash
 from konduit.core.requests import StartRequest
 from konduit.core.search import check_tags
@@ -36,6 +38,7 @@ from konduit.errors import (
     InputValidationError,
     KeyNeedsCode,
     KonduitError,
+    UserCodeStuck,
     blame,
     blamed,
 )
@@ -165,12 +168,32 @@ async def prepare_many_off_loop(registry: SpecSource, requests: list[StartReques
     try:
         return await call_within(_start_threads, prepare_all,
                                  START_CODE_SECONDS + len(requests) / 1000)
+    except UserCodeStuck:
+        # Hung calls of other starts' code must not refuse starts that run none: those are
+        # checked and encoded on the loop's own executor (bounded; nothing there can hang).
+        if any(_runs_code(registry, r) for r in requests):
+            raise
+        return await asyncio.get_running_loop().run_in_executor(None, prepare_all)
     except TimeoutError:
         which = {r.workflow for r in requests}
         raise KonduitError(
             f"the start of workflow {', '.join(repr(w) for w in sorted(which))}: its input "
             f"checks and key functions did not return within {START_CODE_SECONDS:g} s"
             + ("" if one else f" (+ 1 ms for each of {len(requests)} requests)")) from None
+
+
+def _runs_code(registry: SpecSource, request: StartRequest) -> bool:
+    """Whether preparing ``request`` may call user code: a model instance as its input, an
+    input model built for key functions, a ``fair_by`` or key that is a function."""
+    if hasattr(request.input, "model_dump"):
+        return True
+    try:
+        spec = registry.get(request.workflow, request.version)
+    except KonduitError:
+        return False  # refused without running anything
+    keys = [*spec.flow_keys.values(), *([spec.run_key] if spec.max_running is not None else [])]
+    fair_by = None if request.fair_key is not None else spec.fair_by
+    return any(k is not None and not isinstance(k, KeyPath) for k in [*keys, fair_by])
 
 
 def _keys(spec: WorkflowSpec, checked: Any) -> tuple[dict[str, str] | None, str | None]:
