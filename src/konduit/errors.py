@@ -164,6 +164,22 @@ class WorkerUnhealthy(KonduitError):
     should start a fresh process."""
 
 
+class UserCodeInterrupted(KonduitError):
+    """User code the engine called (a key function, ``fair_by``, an input model's validator, a
+    trigger's ``input=``/``key=``, a map's ``over()``...) raised a ``BaseException`` that is no
+    ``Exception``: ``KeyboardInterrupt``, ``SystemExit``, ``GeneratorExit``, a
+    ``CancelledError`` of its own. It ends that operation only (the start is refused, the event
+    fails, the attempt fails), never the process or the loop that waited for it; the original
+    is its ``__cause__``."""
+
+
+class UserCodeStuck(KonduitError):
+    """Calls of user code that did not return within their limit are still running, as many as
+    their pool allows (start-time input checks and key functions, a trigger's code, a map's
+    ``over()``): what needs one more is refused until some of them return, rather than leave
+    one more thread behind each time."""
+
+
 class SchemaOutdated(KonduitError):
     """The database schema is older than this version of konduit expects."""
 

@@ -80,8 +80,9 @@ class Settings(BaseSettings):
         "Seconds a running execution in which nothing can run is left before the maintenance "
         "pass re-runs its fan-in decision and raises execution_stalled."))
     max_abandoned: int = Field(default=20, description=(
-        "Abandoned handler threads a worker tolerates before it drains and exits non-zero for "
-        "its supervisor to restart it."))
+        "Abandoned threads of user code (handlers past their deadline, hung start-time code, "
+        "trigger code or map over()) a worker tolerates before it drains and exits non-zero "
+        "for its supervisor to restart it."))
     fallback_timeout: float = Field(default=5.0, description=(
         "Seconds a fallback may run; one that hangs or raises ends its task timed_out."))
     retention_interval: float = Field(default=300.0, description=(

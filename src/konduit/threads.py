@@ -6,7 +6,15 @@ A thread cannot be killed. When the worker gives up on a sync call (its deadline
 execution was cancelled, its lease was lost) the thread is *abandoned*: it keeps running until the
 user's code returns, but it no longer counts as one of the worker's slots, and the next call gets
 another thread. Finished threads are reused; idle ones exit after a while. The count of abandoned
-threads is reported (``konduit workers``, metrics) and bounded by the worker.
+threads is reported (``konduit workers``, metrics) and bounded by the worker, which counts the
+process-wide pools of the code it runs on its loop too (:func:`process_abandoned`); a pool may
+bound them itself (``max_abandoned``: past it, :class:`~konduit.errors.UserCodeStuck` instead
+of one more thread).
+
+Whatever user code raises comes back as an exception of the call, never as a
+``KeyboardInterrupt`` or ``SystemExit`` set on the future a loop awaits: thrown into the
+awaiting task, those end the loop's run (asyncio re-raises them out of ``run_forever``), so they
+are carried as :class:`~konduit.errors.UserCodeInterrupted` (the original as its cause).
 """
 
 from __future__ import annotations
@@ -16,9 +24,12 @@ import itertools
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
+
+from konduit.errors import UserCodeInterrupted, UserCodeStuck
 
 T = TypeVar("T")
 
@@ -27,19 +38,54 @@ log = logging.getLogger(__name__)
 _Job = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
 
 
+_PROCESS_POOLS: weakref.WeakSet[HandlerThreads] = weakref.WeakSet()
+
+
+def process_abandoned() -> int:
+    """Abandoned calls of the process-wide pools (``process_wide=True``): the user code the
+    engine runs on any loop of this process (start-time code, triggers' code, maps' ``over()``),
+    still running past its limit."""
+    return sum(pool.abandoned for pool in list(_PROCESS_POOLS))
+
+
+def interrupted(exc: BaseException) -> BaseException:
+    """``exc`` itself if it is an ``Exception``; else (``KeyboardInterrupt``, ``SystemExit``,
+    ``GeneratorExit``, a ``CancelledError`` of the code's own) a
+    :class:`~konduit.errors.UserCodeInterrupted` saying what, with ``exc`` as its cause."""
+    if isinstance(exc, Exception):
+        return exc
+    try:
+        text = str(exc)
+    except Exception:
+        text = "(unprintable)"
+    error = UserCodeInterrupted(f"user code raised {type(exc).__name__}"
+                                + (f": {text}" if text else ""))
+    error.__cause__ = exc
+    return error
+
+
 class HandlerThreads:
     """An elastic pool: a free thread if there is one, else a new one; never a queue behind a
-    hung call."""
+    hung call. With ``max_abandoned``, at most that many calls may be abandoned and still
+    running: past it :meth:`submit` raises :class:`~konduit.errors.UserCodeStuck` (``what``
+    names the code in its message) until one returns. ``process_wide``: the pool's abandoned
+    calls count in :func:`process_abandoned` (a worker's limit)."""
 
-    def __init__(self, *, idle_seconds: float = 60.0, name: str = "konduit-handler"):
+    def __init__(self, *, idle_seconds: float = 60.0, name: str = "konduit-handler",
+                 max_abandoned: int | None = None, what: str = "user code",
+                 process_wide: bool = False):
         self.idle_seconds = idle_seconds
         self.name = name
+        self.max_abandoned = max_abandoned
+        self.what = what
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0  # threads waiting for a job and not yet promised to a submitter
         self._threads = 0
         self._abandoned: set[Future[Any]] = set()
         self._names = itertools.count(1)
+        if process_wide:
+            _PROCESS_POOLS.add(self)
 
     @property
     def threads(self) -> int:
@@ -55,6 +101,12 @@ class HandlerThreads:
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         future: Future[Any] = Future()
         with self._lock:
+            stuck = len(self._abandoned)
+            if self.max_abandoned is not None and stuck >= self.max_abandoned:
+                raise UserCodeStuck(
+                    f"{stuck} calls of {self.what} did not return within their limit and are "
+                    f"still running (at most {self.max_abandoned} may be): refused until one "
+                    f"of them returns")
             spawn = self._idle == 0
             if spawn:
                 self._threads += 1
@@ -87,7 +139,7 @@ class HandlerThreads:
                 try:
                     future.set_result(fn(*args))
                 except BaseException as exc:  # SystemExit too: it ends the call, not the thread
-                    future.set_exception(exc)
+                    future.set_exception(interrupted(exc))
             del job, future, fn, args
             with self._lock:
                 self._idle += 1

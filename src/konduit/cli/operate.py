@@ -118,7 +118,8 @@ def worker(
         help="How sync handlers run: 'thread' (one that ignores its deadline is abandoned) or "
         "'process' (a child process each, killed at the deadline).")] = WORKER["isolation"],
     max_abandoned: Annotated[int | None, typer.Option(
-        min=0, help="Abandoned handler threads tolerated before the worker drains and exits "
+        min=0, help="Abandoned threads of user code (handlers, start-time code, trigger code, "
+        "maps' over()) tolerated before the worker drains and exits "
         f"non-zero for its supervisor to restart it (default: {described('max_abandoned')}).",
         show_default=False)] = None,
     fallback_timeout: Annotated[float | None, typer.Option(

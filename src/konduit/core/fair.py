@@ -47,8 +47,9 @@ def check_fair_by(fair_by: Any, *, workflow: str) -> FairBy | None:
 
 def fair_key(fair_by: FairBy, value: Any, *, workflow: str) -> str:
     """The key of a start of ``workflow`` with input ``value`` (as stored). A path reads it;
-    whatever a function raises (``BaseException`` included, but KeyboardInterrupt) or a result
-    that is no short string becomes a :class:`FairKeyError` naming the workflow and fair_by."""
+    whatever a function raises (``BaseException`` included: a ``KeyboardInterrupt`` raised by
+    user code ends this start, not the process) or a result that is no short string becomes a
+    :class:`FairKeyError` naming the workflow, fair_by and the function."""
     if isinstance(fair_by, KeyPath):
         try:
             found = fair_by.of(value, where=f"fair_by of workflow {workflow!r}")
@@ -57,14 +58,18 @@ def fair_key(fair_by: FairBy, value: Any, *, workflow: str) -> str:
         return check_key(found, what=f"fair_by of workflow {workflow!r} found")
     try:
         key = fair_by(value)
-    except KeyboardInterrupt:
-        raise
     except LimitKeyError:  # a stand-in's refusal (KeyNeedsCode) says what it means itself
         raise
-    except BaseException as exc:  # user code: SystemExit too ends this start only
-        raise FairKeyError(f"fair_by of workflow {workflow!r} raised "
-                           f"{type(exc).__name__}: {exc}") from exc
+    except BaseException as exc:  # user code: KeyboardInterrupt too ends this start only
+        raise FairKeyError(f"fair_by of workflow {workflow!r} raised {type(exc).__name__}: "
+                           f"{exc} (in the function {function_name(fair_by)})") from exc
     return check_key(key, what=f"fair_by of workflow {workflow!r} returned")
+
+
+def function_name(fn: object) -> str:
+    """How a message names a user's function: its qualified name, else its repr."""
+    name = getattr(fn, "__qualname__", None)
+    return name if isinstance(name, str) else repr(fn)
 
 
 def check_key(key: Any, *, what: str) -> str:

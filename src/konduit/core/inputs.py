@@ -62,7 +62,15 @@ class InputType:
         """``value`` as the JSON to store (a model instance is dumped), or raise
         :class:`InputValidationError` naming each field at fault."""
         if _is_model(type(value)):  # the model itself, or (code-less) one of the caller's
-            value = value.model_dump(mode="json")
+            try:
+                value = value.model_dump(mode="json")
+            except BaseException as exc:  # its serializers are user code: KeyboardInterrupt too
+                name = type(value).__qualname__
+                raise InputValidationError(
+                    f"input of workflow {self.workflow!r}: dumping the {name} given raised "
+                    f"{type(exc).__name__}: {exc}",
+                    {"(root)": f"{name}.model_dump raised {type(exc).__name__}: {exc}"},
+                    workflow=self.workflow) from exc
         self.checker.check(value)
         return value
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from konduit.core.durations import Duration, format_duration, parse_duration
+from konduit.core.fair import function_name
 from konduit.core.waits import check_event_name
 from konduit.errors import KonduitError, WorkflowDefinitionError
 
@@ -140,14 +141,16 @@ def apply_code(trigger: EventTrigger, payload: Any, sent_key: str | None) -> tup
     if trigger.input is not None:
         try:
             mapped = trigger.input(payload)
-        except BaseException as exc:
-            raise TriggerCodeFailed(f"{where}: input= raised {type(exc).__name__}: {exc}") from None
+        except BaseException as exc:  # KeyboardInterrupt too: it fails this event only
+            raise TriggerCodeFailed(f"{where}: input= raised {type(exc).__name__}: {exc} "
+                                    f"(in the function {function_name(trigger.input)})") from exc
     key = sent_key
     if trigger.key is not None:
         try:
             computed = trigger.key(payload)
         except BaseException as exc:
-            raise TriggerCodeFailed(f"{where}: key= raised {type(exc).__name__}: {exc}") from None
+            raise TriggerCodeFailed(f"{where}: key= raised {type(exc).__name__}: {exc} "
+                                    f"(in the function {function_name(trigger.key)})") from exc
         if isinstance(computed, bool) or not isinstance(computed, str | int):
             raise TriggerCodeFailed(f"{where}: key= must return text or an integer, got "
                                     f"{type(computed).__name__}")

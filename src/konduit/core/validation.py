@@ -57,6 +57,11 @@ def readable_last_line(exc: BaseException) -> str | None:
     return f"{type(exc).__module__}.{type(exc).__qualname__}: {pydantic_message(exc)}"
 
 
+def _type_name(declared: Any) -> str:
+    name = getattr(declared, "__qualname__", None)
+    return name if isinstance(name, str) else repr(declared)
+
+
 class OutputValidator:
     def __init__(self, declared: Any, *, step: str, workflow: str):
         self.step = step
@@ -93,12 +98,17 @@ class OutputValidator:
 
             try:
                 value = self._adapter.validate_python(payload)
+                return self._adapter.dump_python(value, mode="json")
             except ValidationError as exc:
                 raise OutputInvalid(
                     f"output of step {self.step!r} does not match its declared type: "
                     f"{pydantic_message(exc)}"
                 ) from exc
-            return self._adapter.dump_python(value, mode="json")
+            except BaseException as exc:  # a validator or serializer is user code: anything
+                raise OutputInvalid(
+                    f"output of step {self.step!r}: checking it against its declared type "
+                    f"{_type_name(self.declared)} raised {type(exc).__name__}: {exc}"
+                ) from exc
         assert self._schema is not None
         errors = sorted(self._schema.iter_errors(payload), key=lambda e: list(e.absolute_path))
         if errors:

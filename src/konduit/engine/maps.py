@@ -12,13 +12,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from uuid import UUID
 
+from konduit.core.fair import function_name
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Row, Tx
 from konduit.engine.deadlines import cut_columns, task_budgets
 from konduit.engine.outputs import group_payloads, outputs_query
 from konduit.engine.registry import workflow_key
-from konduit.errors import PayloadError
+from konduit.errors import PayloadError, UserCodeInterrupted, UserCodeStuck
 from konduit.threads import HandlerThreads, call_within
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,13 @@ call's thread is abandoned: the expansion runs inside a completion round, which 
 every outcome of the worker behind it waits (a thread cannot be killed; it ends when the code
 returns)."""
 
-_over_threads = HandlerThreads(name="konduit-map-over")
+MAP_OVER_MAX_HUNG = 8
+"""Calls of ``over()`` that may be left running past :data:`MAP_OVER_SECONDS` in one process;
+past them a map step that fires fails at once (:class:`~konduit.errors.UserCodeStuck`) instead
+of leaving one more thread behind."""
+
+_over_threads = HandlerThreads(name="konduit-map-over", max_abandoned=MAP_OVER_MAX_HUNG,
+                               process_wide=True, what="maps' over()")
 
 MAP_CHUNK_ROWS = 5_000
 """Map tasks created per statement: each chunk's parameters are built on the event loop, so a
@@ -108,11 +115,14 @@ async def create_map_tasks(
                     step, MAP_OVER_SECONDS, _over_threads.abandoned)
         raise CannotFanOut(f"map step {step!r}: over() and its items' encoding did not return "
                            f"within {MAP_OVER_SECONDS:g} s") from None
-    except (MapTooLarge, PayloadError) as exc:
+    except (MapTooLarge, PayloadError, UserCodeStuck) as exc:
         raise CannotFanOut(f"map step {step!r} cannot fan out: {exc}") from exc
     except Exception as exc:
+        # KeyboardInterrupt, SystemExit...: carried out of the thread as UserCodeInterrupted.
+        raised = exc.__cause__ if isinstance(exc, UserCodeInterrupted) and exc.__cause__ else exc
         raise CannotFanOut(
-            f"map step {step!r}: over() failed: {type(exc).__name__}: {exc}") from exc
+            f"map step {step!r}: over() ({function_name(over)}) failed: "
+            f"{type(raised).__name__}: {raised}") from exc
     if not items:
         return 0
     (budget,) = await task_budgets(tx, workflow, [spec], window_left)

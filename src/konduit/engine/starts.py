@@ -8,6 +8,7 @@ executions are started together: the rows of each workflow's steps are sent once
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -20,9 +21,11 @@ from konduit.core.advance import initial_states
 from konduit.core.durations import parse_duration
 from konduit.core.fair import check_key, fair_key
 from konduit.core.ids import uuid7
+from konduit.core.key_paths import KeyPath
 from konduit.core.payloads import canonical_json, content_hash
 from konduit.core.requests import StartRequest
 from konduit.core.search import check_tags
+from konduit.core.validation import readable_last_line
 from konduit.core.values import check_text, check_whole
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Tx
@@ -31,7 +34,15 @@ from konduit.engine.later import check_moment, check_priority, start_time
 from konduit.engine.limit_keys import KeyedStart, store_and_admit
 from konduit.engine.registry import workflow_key
 from konduit.engine.stored import SpecSource, StoredSpecs
-from konduit.errors import IdempotencyConflict, KeyNeedsCode, KonduitError, blame, blamed
+from konduit.errors import (
+    IdempotencyConflict,
+    InputValidationError,
+    KeyNeedsCode,
+    KonduitError,
+    UserCodeStuck,
+    blame,
+    blamed,
+)
 from konduit.threads import HandlerThreads, call_within
 from konduit.tracing import TraceContext
 
@@ -40,7 +51,15 @@ START_CODE_SECONDS = 10.0
 (``fair_by=``, per-key limits). Past it that start fails with an error that says so (see
 :func:`prepare_off_loop`)."""
 
-_start_threads = HandlerThreads(name="konduit-start-code")
+START_CODE_MAX_HUNG = 8
+"""Calls of start-time code that may be left running past :data:`START_CODE_SECONDS` in one
+process (a thread cannot be killed). Past them a start that needs such code is refused with
+:class:`~konduit.errors.UserCodeStuck` until one returns, instead of leaving one more thread
+behind each time (a schedule's tick, every second)."""
+
+_start_threads = HandlerThreads(
+    name="konduit-start-code", max_abandoned=START_CODE_MAX_HUNG, process_wide=True,
+    what="start-time code (input checks and key functions, fair_by)")
 
 BATCH_ROWS = 2_000
 """Executions per statement: a bigger batch is split into statements of this many, all in one
@@ -175,12 +194,32 @@ async def prepare_many_off_loop(registry: SpecSource, requests: list[StartReques
     try:
         return await call_within(_start_threads, prepare_all,
                                  START_CODE_SECONDS + len(requests) / 1000)
+    except UserCodeStuck:
+        # Hung calls of other starts' code must not refuse starts that run none: those are
+        # checked and encoded on the loop's own executor (bounded; nothing there can hang).
+        if any(_runs_code(registry, r) for r in requests):
+            raise
+        return await asyncio.get_running_loop().run_in_executor(None, prepare_all)
     except TimeoutError:
         which = {r.workflow for r in requests}
         raise KonduitError(
             f"the start of workflow {', '.join(repr(w) for w in sorted(which))}: its input "
             f"checks and key functions did not return within {START_CODE_SECONDS:g} s"
             + ("" if one else f" (+ 1 ms for each of {len(requests)} requests)")) from None
+
+
+def _runs_code(registry: SpecSource, request: StartRequest) -> bool:
+    """Whether preparing ``request`` may call user code: a model instance as its input, an
+    input model built for key functions, a ``fair_by`` or key that is a function."""
+    if hasattr(request.input, "model_dump"):
+        return True
+    try:
+        spec = registry.get(request.workflow, request.version)
+    except KonduitError:
+        return False  # refused without running anything
+    keys = [*spec.flow_keys.values(), *([spec.run_key] if spec.max_running is not None else [])]
+    fair_by = None if request.fair_key is not None else spec.fair_by
+    return any(k is not None and not isinstance(k, KeyPath) for k in [*keys, fair_by])
 
 
 def _keys(spec: WorkflowSpec, checked: Any) -> tuple[dict[str, str] | None, str | None]:
@@ -202,11 +241,32 @@ def _computed_keys(spec: WorkflowSpec,
 
     def value() -> Any:  # the handler's view of the input, made once if a key function needs it
         if not made:
-            made.append(spec.handler_input(checked))
+            made.append(input_model(spec, checked))
         return made[0]
 
     return (limit_keys.step_keys(spec.name, spec.flow_keys, checked, value),
             limit_keys.run_key(spec.name, spec.max_running, spec.run_key, checked, value))
+
+
+def input_model(spec: WorkflowSpec, checked: Any) -> Any:
+    """The input as handlers see it (the declared model's instance), for the start's key
+    functions: the model's validators are user code, and whatever they raise
+    (``KeyboardInterrupt`` included) refuses this start with
+    :class:`~konduit.InputValidationError` naming the model."""
+    try:
+        return spec.handler_input(checked)
+    except BaseException as exc:
+        raise model_refused(spec, exc) from exc
+
+
+def model_refused(spec: WorkflowSpec, exc: BaseException) -> InputValidationError:
+    """An :class:`InputValidationError` saying that ``spec``'s input model raised ``exc``."""
+    model = getattr(spec.input_type, "model", None)
+    name = getattr(model, "__qualname__", None) or "input model"
+    what = readable_last_line(exc) or f"{type(exc).__name__}: {exc}"
+    return InputValidationError(
+        f"input of workflow {spec.name!r}: its input model {name} raised {what}",
+        {"(root)": f"{name} raised {type(exc).__name__}: {exc}"}, workflow=spec.name)
 
 
 def at_request(index: int, exc: KonduitError) -> KonduitError:

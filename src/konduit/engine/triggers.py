@@ -50,7 +50,13 @@ TRIGGER_CODE_SECONDS = 10.0
 event fails with an error that says so, and the call's thread is abandoned (a thread cannot be
 killed: it ends when the code returns)."""
 
-_code_threads = HandlerThreads(name="konduit-trigger-code")
+TRIGGER_CODE_MAX_HUNG = 8
+"""Calls of triggers' code that may be left running past :data:`TRIGGER_CODE_SECONDS` in one
+process; past them an event that needs such code fails at once
+(:class:`~konduit.errors.UserCodeStuck`) instead of leaving one more thread behind."""
+
+_code_threads = HandlerThreads(name="konduit-trigger-code", max_abandoned=TRIGGER_CODE_MAX_HUNG,
+                               process_wide=True, what="triggers' input=/key=")
 
 RETAIN_SECONDS = 7 * 86400.0
 """How long the record of an event that came to an end (started or failed) is kept."""

@@ -30,6 +30,7 @@ from konduit.errors import (
     KonduitError,
     MigrationRefused,
     SchemaOutdated,
+    UserCodeStuck,
     WorkflowNotFound,
     WorkflowVersionConflict,
 )
@@ -98,7 +99,10 @@ def start_refusal(exc: KonduitError) -> Refused:
     start-time key the server has no code for (``key_needs_code``) names no field: no field
     of the request is at fault, the server lacks the workflow's code."""
     where = "body." if exc.index is None else f"body.requests.{exc.index}."
-    status = 409 if isinstance(exc, IdempotencyConflict) else 422
+    # Too many calls of the workflow's start-time code hung: the server's state, not the
+    # request, is at fault (UserCodeStuck), and a later try may pass.
+    status = (409 if isinstance(exc, IdempotencyConflict)
+              else 503 if isinstance(exc, UserCodeStuck) else 422)
     refusal = Refused.of(exc, status, where)
     if isinstance(exc, InputValidationError) and exc.errors:
         refusal.errors = [FieldError(field=f"{where}input" + ("" if f == "(root)" else f".{f}"),

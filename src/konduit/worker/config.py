@@ -48,8 +48,10 @@ class WorkerConfig:
     """How sync handlers run: ``thread`` (a thread each; one that ignores its deadline is
     abandoned, never reused) or ``process`` (a child process each, killed at the deadline)."""
     max_abandoned: int = _setting("max_abandoned")
-    """Abandoned handler threads this worker tolerates; past it, it stops claiming, drains and
-    exits non-zero so that its supervisor restarts it (a thread cannot be killed)."""
+    """Abandoned threads of user code this worker tolerates (handlers past their deadline, and
+    the process's hung start-time code, trigger code and maps' ``over()``); past it, it stops
+    claiming, drains and exits non-zero so that its supervisor restarts it (a thread cannot be
+    killed)."""
     fallback_timeout: float = _setting("fallback_timeout")
     """Seconds a fallback may run; one that hangs or raises ends its task timed_out."""
     retention_interval: float = _setting("retention_interval")

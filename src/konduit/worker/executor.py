@@ -35,7 +35,7 @@ from konduit.engine.completer import record_late_result
 from konduit.engine.outputs import Upstream, load_upstream
 from konduit.errors import DatabaseError, NonRetryableError, PayloadError
 from konduit.logs import enter_attempt, leave_attempt
-from konduit.threads import HandlerThreads
+from konduit.threads import HandlerThreads, process_abandoned
 from konduit.tracing import AttemptTracer
 from konduit.worker.created_with import CreatedWith
 from konduit.worker.metrics import WorkerMetrics
@@ -136,8 +136,10 @@ class Executor:
 
     @property
     def abandoned(self) -> int:
-        """Handler threads that outlived their deadline and are still running."""
-        return self.threads.abandoned
+        """Threads of user code that outlived their limit and are still running: handlers (and
+        fallbacks) past their deadline, and the process's other user code the worker ran on
+        its loop (start-time code, triggers' code, maps' ``over()``: :func:`process_abandoned`)."""
+        return self.threads.abandoned + process_abandoned()
 
     async def _upstream(self, tx: Tx, spec: WorkflowSpec, task: TaskAttempt) -> Upstream:
         # A map step's upstream outputs are fixed once it fired (a repair makes a new
@@ -257,7 +259,7 @@ class Executor:
             return
         try:
             payload_json = canonical_json(result, what="late result", max_bytes=self.max_payload_bytes)
-        except PayloadError:
+        except BaseException:  # unstorable, or its own code raised: not kept
             return
         job = asyncio.ensure_future(record_late_result(self.db, task.lease_token, payload_json, result))
         self.late_jobs.add(job)
@@ -339,6 +341,10 @@ class Executor:
             except (PayloadError, OutputInvalid) as exc:
                 # Unstorable or not of its declared type: retrying would produce the same.
                 ending, error = Ending.INVALID_OUTPUT, str(exc)
+            except BaseException as exc:  # the result's own code (a dict's items()...): anything
+                ending = Ending.INVALID_OUTPUT
+                error = (f"output of step {task.step!r} could not be checked and encoded: "
+                         f"{type(exc).__name__}: {exc}")
             else:
                 return task.completion(
                     Outcome.SUCCEEDED, payload_json=payload_json, payload=payload, routes=routes,
@@ -499,12 +505,13 @@ class Executor:
 def _handler_input(spec: WorkflowSpec, task: TaskAttempt) -> Any:
     """``ctx.input``: the workflow's input model built from the stored JSON (``input=``), else
     the JSON itself. The start checked the input against the model's schema; one that no longer
-    builds (the model changed since) is handed over as stored, with a warning naming why, and
-    not raised here, where it would fail every task claimed beside it."""
+    builds (the model changed since, or a validator raised, ``KeyboardInterrupt`` included) is
+    handed over as stored, with a warning naming why, and not raised here, where it would fail
+    every task claimed beside it (and end the worker's loop)."""
     try:
         return spec.handler_input(task.input)
-    except Exception as exc:
+    except BaseException as exc:  # its validators are user code: KeyboardInterrupt too
         log.warning("task %s (%s): the input does not build workflow %r's input model, the "
                     "handler gets it as stored: %s", task.id, task.step, spec.name,
-                    readable_last_line(exc) or exc)
+                    readable_last_line(exc) or f"{type(exc).__name__}: {exc}")
         return task.input

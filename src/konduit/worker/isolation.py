@@ -454,9 +454,9 @@ class _Child:
         if kind == "ok":
             try:
                 return pickle.loads(message[1])
-            except Exception as exc:
+            except BaseException as exc:  # unpickling runs the result's own code: anything
                 raise PayloadError(f"the handler's result could not be brought back from its "
-                                   f"process: {exc}") from exc
+                                   f"process: {type(exc).__name__}: {exc}") from exc
         if kind == "unsendable":
             raise PayloadError(f"the handler returned a {message[1]}, which cannot be brought back "
                                f"from its process (it does not pickle: {message[2]})")
@@ -466,7 +466,7 @@ class _Child:
             if exc_bytes is not None:
                 try:
                     raised = pickle.loads(exc_bytes)
-                except Exception:  # e.g. an exception class whose __init__ wants other arguments
+                except BaseException:  # an exception class whose __init__ wants other arguments
                     raised = None
             if not isinstance(raised, BaseException):
                 cls = NonRetryableHandlerFailed if non_retryable else HandlerFailed
@@ -491,7 +491,7 @@ class _Child:
                 if (logs := attempt_logs.current()) is not None:
                     logs.extend(records, dropped)
                 message = pickle.loads(inner)
-        except Exception:
+        except BaseException:  # what the records carry is the handler's: anything may raise
             return None
         return message if isinstance(message, tuple) and message else None
 

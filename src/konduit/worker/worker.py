@@ -278,6 +278,9 @@ class Worker:
                 self._launch(claimed)
             if free > 0 and len(claimed) == free:
                 continue  # there may be more ready work: claim again at once
+            # User code left running off this loop (a start's hung fair_by, a schedule's
+            # tick) counts toward the limit too, with no task ending to check it.
+            self._check_abandoned()
             poll = cfg.poll_interval
             if self._limited_ready:
                 poll = min(poll, self._flow_poll)
@@ -428,6 +431,9 @@ class Worker:
             raise
         except Exception:  # an engine bug must not take the worker down: the lease expires
             log.exception("internal error running task %s; its lease will expire", task.id)
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: user code on this loop
+            log.error("task %s: %s escaped its attempt (raised by user code); its lease will "
+                      "expire, the worker runs on", task.id, type(exc).__name__, exc_info=exc)
         finally:
             self.running.pop(task.key, None)
             self.contexts.pop(task.key, None)
@@ -510,7 +516,8 @@ class Worker:
         abandoned = self.executor.abandoned
         if abandoned > self.config.max_abandoned and self.unhealthy is None:
             self.unhealthy = (
-                f"{abandoned} handler threads ignored their deadline and are still running "
+                f"{abandoned} threads of user code (handlers, start-time code, triggers' code, "
+                f"maps' over()) ignored their deadline and are still running "
                 f"(limit {self.config.max_abandoned}): this worker stops claiming and exits so "
                 f"that its supervisor starts a fresh one (or use --isolation process)"
             )
