@@ -305,3 +305,28 @@ def test_errors_carry_the_field_and_the_index_at_fault(make_app: Callable[..., k
                                {"workflow": "blamed", "input": {"customer": "b"},
                                 "idempotency_key": "k"}])
         assert (conflict.value.field, conflict.value.index) == ("idempotency_key", 1)
+
+
+def test_the_servers_operations_keep_one_client_with_the_apps_code(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    """An API server with ``--app`` runs its commands on one client with the App's code (made
+    once per server client), so a start registers the App's workflows once, not at every
+    request (one made per command did)."""
+    import asyncio
+
+    from konduit.web.clients import Clients, ServerOperations
+
+    app = make_app(_one_step("served"))
+
+    async def go() -> None:
+        clients = Clients(database_client(db_url, app))
+        ops = ServerOperations(clients, app)
+        try:
+            first = await ops._engine()
+            await ops.start("served", {"n": 1})
+            second = await ops._engine()
+            assert second is first and "served@1" in second._registered
+        finally:
+            await clients.close()
+
+    asyncio.run(go())

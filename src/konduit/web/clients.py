@@ -85,14 +85,19 @@ class ServerOperations(AsyncOperations):
     def __init__(self, clients: Clients, app: App | None):
         self.clients = clients
         self.app = app
+        # The client with the App's code, made once per server client: one made per command
+        # registered the App's workflows again at every start (a transaction each).
+        self._coded: tuple[Client, Client] | None = None
 
     async def _engine(self) -> Client:
         client = await self.clients.get()
         if self.app is None:
             return client
-        return client.with_registry(self.app.registry,
-                                    max_payload_bytes=self.app.max_payload_bytes,
-                                    event_retention=self.app.event_retention)
+        if self._coded is None or self._coded[0] is not client:
+            self._coded = (client, client.with_registry(
+                self.app.registry, max_payload_bytes=self.app.max_payload_bytes,
+                event_retention=self.app.event_retention))
+        return self._coded[1]
 
     async def _reads(self) -> ReadModel:
         return await self.clients.model()
