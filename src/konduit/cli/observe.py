@@ -199,12 +199,13 @@ def plan(
         datetime.now().astimezone()
     deadline = window_from(began, window=window, within=within)
 
+    from konduit.core.budgets import Reserve
     from konduit.core.workflow import WorkflowSpec
     from konduit.engine.stored import StoredSpecs
     from konduit.observe.budgets import budget_renderables, plan_budgets
     from konduit.reads import ReadModel
 
-    async def load() -> tuple[WorkflowSpec, Plan, dict[str, float]]:
+    async def load() -> tuple[WorkflowSpec, Plan, dict[str, float], dict[str, Reserve]]:
         client = await app.client_async()
         try:
             # The App's own definition, else the one a worker registered (by name, no code).
@@ -213,12 +214,12 @@ def plan(
             spec = specs.get(workflow, version)
             model = ReadModel(client.reads)
             return (spec, await model.plan(spec, history=history, start=began, window=deadline),
-                    await model.own_budgets(spec))
+                    await model.own_budgets(spec), await model.window_reserves(spec))
         finally:
             await client.close()
 
-    spec, result, own = asyncio.run(load())
-    found = plan_budgets(spec, result, own)
+    spec, result, own, reserves = asyncio.run(load())
+    found = plan_budgets(spec, result, own, reserves)
     if as_json:
         print(dump_json(result.to_json() | {"budgets": {s: b.to_json() for s, b in found.items()}}))
     else:

@@ -75,19 +75,40 @@ def _clock(moment: datetime) -> str:
     return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
+@dataclass(frozen=True)
+class Unkeepable:
+    """A branch whose window left it no time: what its budget's reserve needed after its
+    deadline, and what the window had left when its task was made (both in seconds)."""
+
+    step: str
+    reserve: float
+    window_left: float
+
+
 def window_at_risk(
     execution_id: str, workflow: str, *, window: datetime, now: datetime,
-    p50: Forecast, p95: Forecast,
+    p50: Forecast, p95: Forecast, unkeepable: Unkeepable | None = None,
 ) -> Finding | None:
     """A finding when the p95 forecast finishes after ``window`` (or the window has passed with
-    the execution still running), else None. Critical when the p50 forecast misses too."""
-    if p95.finish_at <= window and now <= window:
+    the execution still running), else None. Critical when the p50 forecast misses too, and
+    at once when a branch's budget could not keep the window even with its fallback run
+    immediately (``unkeepable``): the rule knows then, not at the miss."""
+    if p95.finish_at <= window and now <= window and unkeepable is None:
         return None
     missed = now > window
-    severity: Severity = "critical" if missed or p50.finish_at > window else "warning"
+    # A branch left no time is critical: whatever the forecast, the window's reserve is gone.
+    severity: Severity = "critical" if missed or p50.finish_at > window or \
+        unkeepable is not None else "warning"
     late = -p95.slack_seconds(window)
     path = " → ".join(p95.path) if p95.path else "—"
-    if missed:
+    if unkeepable is not None and not missed:
+        message = (f"{workflow} execution {execution_id}: its window {_clock(window)} leaves "
+                   f"no time for step {unkeepable.step!r}, which needs "
+                   f"{format_elapsed(unkeepable.reserve)} after its deadline (its fallback, "
+                   f"the steps after it and a margin) where the window had "
+                   f"{format_elapsed(max(0.0, unkeepable.window_left))}: its fallback ran at "
+                   f"once")
+    elif missed:
         message = (f"{workflow} execution {execution_id} is still running "
                    f"{format_elapsed((now - window).total_seconds())} past its window "
                    f"{_clock(window)}")
@@ -102,6 +123,10 @@ def window_at_risk(
                "p95_slack_seconds": p95.slack_seconds(window),
                "p50_slack_seconds": p50.slack_seconds(window),
                "path": list(p95.path), "no_history": list(p95.no_history)}
+    if unkeepable is not None:
+        details |= {"unkeepable_step": unkeepable.step,
+                    "unkeepable_reserve_seconds": unkeepable.reserve,
+                    "unkeepable_window_left_seconds": unkeepable.window_left}
     return Finding("window_at_risk", execution_id, workflow, severity, message, details,
                    execution_id=execution_id)
 

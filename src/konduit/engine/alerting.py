@@ -41,6 +41,7 @@ from konduit.core.alerts import (
     KINDS,
     WINDOW_QUANTILE,
     Finding,
+    Unkeepable,
     degraded_budget,
     fan_in_findings,
     no_success,
@@ -283,8 +284,11 @@ class Alerting:
             steps, history = progress.get(r["id"], {}), durations[r["workflow_name"]]
             p50 = forecast(spec, steps, history, now=r["now"], quantile="p50")
             p95 = forecast(spec, steps, history, now=r["now"], quantile=WINDOW_QUANTILE)
+            unkeepable = None if r["unkeepable_step"] is None else Unkeepable(
+                r["unkeepable_step"], float(r["unkeepable_reserve"]),
+                float(r["unkeepable_window_left"]))
             finding = window_at_risk(str(r["id"]), spec.name, window=r["deadline_at"],
-                                     now=r["now"], p50=p50, p95=p95)
+                                     now=r["now"], p50=p50, p95=p95, unkeepable=unkeepable)
             if finding is not None:
                 found.append(finding)
         return found, {str(r["id"]) for r in known}

@@ -6,8 +6,8 @@ Budgets are resolved when a task is created. A task's ``deadline_seconds`` is it
 deadline itself (``deadline_at``) is set at its first claim, from then on, unless the window cut
 the budget: a window is a moment, so a cut task's ``deadline_at`` is set at once (creation +
 budget), and the cut is recorded (``deadline_uncut_seconds``: the step's own budget,
-``deadline_reserve_seconds``: the downstream p95 kept free) for ``konduit plan`` and the
-execution page.
+``deadline_reserve_seconds``: the reserve kept free after its deadline) for ``konduit plan``
+and the execution page.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from konduit.core.budgets import Budget, downstream_reserves, minimum_budget, window_budget
+from konduit.core.budgets import Budget, Overheads, Reserve, downstream_reserves, window_budget
 from konduit.core.policies import Deadline
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Row
@@ -29,7 +29,29 @@ tasks in its window: the read stays an index range scan of bounded size however 
 history (``konduit_tasks_succeeded_by_step``), and the p99 of the last thousand runs is what a
 deadline should follow anyway."""
 RESERVE_HISTORY = 7 * 86400.0
-"""Seconds of history the downstream reserve (p95 spans) is read over: the plan's default."""
+"""Seconds of history the window reserve (p99 spans and overheads) is read over: the plan's
+default."""
+OVERHEAD_EXECUTIONS = 500
+"""The window reserve's overheads are read over at most this many of the workflow's newest
+succeeded executions (a bounded read, like :data:`MAX_SAMPLES`)."""
+OVERHEAD_MIN_SAMPLES = 3
+"""Below this many samples, an overhead takes its default (:class:`Overheads`)."""
+
+
+def overheads_from(row: Row | None) -> Overheads:
+    """The overheads a ``workflow_overhead_quantiles`` row measured; each part with fewer than
+    :data:`OVERHEAD_MIN_SAMPLES` samples keeps its default."""
+    default = Overheads()
+    if row is None:
+        return default
+
+    def part(name: str) -> float:
+        value = row[name]
+        if value is None or int(row[f"{name}_samples"]) < OVERHEAD_MIN_SAMPLES:
+            return float(getattr(default, name))
+        return max(0.0, float(value))
+
+    return Overheads(fallback=part("fallback"), dispatch=part("dispatch"), finish=part("finish"))
 
 
 class _Reads(Protocol):
@@ -61,7 +83,7 @@ class BudgetCache:
     def __init__(self, ttl: float = 30.0):
         self.ttl = ttl
         self._cache: dict[tuple[str, str, Deadline], tuple[float, float | None]] = {}
-        self._reserves: dict[tuple[str, str], tuple[float, dict[str, float]]] = {}
+        self._reserves: dict[tuple[str, str], tuple[float, dict[str, Reserve]]] = {}
 
     def clear(self) -> None:
         """Forget every cached budget and reserve (tests that write history by hand)."""
@@ -94,9 +116,11 @@ class BudgetCache:
         self._cache[key] = (now, value)
         return value
 
-    async def reserves(self, tx: _Reads, spec: WorkflowSpec) -> dict[str, float]:
-        """Per step of ``spec``: the p95 of the critical path downstream of it, from the span
-        history ``konduit plan`` reads (``step_span_quantiles_by_workflow``)."""
+    async def reserves(self, tx: _Reads, spec: WorkflowSpec) -> dict[str, Reserve]:
+        """Per step of ``spec``: what a window keeps free after its deadline
+        (:class:`~konduit.core.budgets.Reserve`): the p99 of the critical path downstream of it,
+        from the span history ``konduit plan`` reads (``step_span_quantiles_by_workflow``), and
+        the workflow's measured overheads (``workflow_overhead_quantiles``)."""
         key = (spec.name, spec.spec_hash)
         hit = self._reserves.get(key)
         now = time.monotonic()
@@ -104,7 +128,12 @@ class BudgetCache:
             return hit[1]
         rows = await tx.all("step_span_quantiles_by_workflow", workflow_name=spec.name,
                             history_seconds=RESERVE_HISTORY)
-        value = downstream_reserves(spec, {r["step"]: float(r["p95"]) for r in rows})
+        tails = downstream_reserves(spec, {r["step"]: float(r["p99"]) for r in rows})
+        overheads = overheads_from(await tx.one(
+            "workflow_overhead_quantiles", workflow_name=spec.name,
+            history_seconds=RESERVE_HISTORY, max_executions=OVERHEAD_EXECUTIONS))
+        value = {step: Reserve.of(tails[step], overheads, final=not spec.downstream[step])
+                 for step in spec.order}
         self._reserves[key] = (now, value)
         return value
 
@@ -129,8 +158,7 @@ async def task_budgets(
             out.append(Budget(seconds, seconds))
         else:
             out.append(window_budget(seconds, window_left=window_left,
-                                     reserve=reserves.get(step.name, 0.0),
-                                     minimum=minimum_budget(step.deadline, seconds)))
+                                     reserve=reserves[step.name]))
     return out
 
 

@@ -4,8 +4,9 @@ the plan's start and window, and whether the window would cut it (``konduit plan
 The engine cuts a branch's budget when its task is created (:mod:`konduit.engine.deadlines`);
 a plan predicts that moment as the step's p95 start (its upstream's p95 critical path from the
 plan's start), with the same pure rule (:func:`konduit.core.budgets.window_budget`) and the same
-reserve (the p95 critical path downstream of the step, from the spans the plan shows). A step's
-own budget, before any window, is read by :func:`konduit.reads.analytics.own_budgets`.
+reserve (:class:`~konduit.core.budgets.Reserve`: the p99 critical path downstream of the step and
+the workflow's measured overheads, as the engine reads them). A step's own budget, before any
+window, is read by :func:`konduit.reads.analytics.own_budgets`.
 """
 
 from __future__ import annotations
@@ -13,17 +14,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from konduit.core.budgets import Budget, downstream_reserves, minimum_budget, window_budget
+from konduit.core.budgets import Budget, Overheads, Reserve, downstream_reserves, window_budget
 from konduit.core.durations import format_elapsed
 from konduit.core.workflow import WorkflowSpec
 from konduit.observe.plan import Plan
 
 
-def plan_budgets(spec: WorkflowSpec, plan: Plan, own: Mapping[str, float]) -> dict[str, Budget]:
+def plan_budgets(spec: WorkflowSpec, plan: Plan, own: Mapping[str, float],
+                 reserves: Mapping[str, Reserve] | None = None) -> dict[str, Budget]:
     """Per step with a deadline (``own``: its own budget): the budget an execution following
-    ``plan`` would give its task. Pure."""
+    ``plan`` would give its task, keeping ``reserves`` free after each (the engine's, from
+    :meth:`konduit.engine.deadlines.BudgetCache.reserves`; by default the plan's p99 spans with
+    the default overheads). Pure."""
     p95 = {name: d.p95 for name, d in plan.durations.items()}
-    reserves = downstream_reserves(spec, p95)
+    if reserves is None:
+        tails = downstream_reserves(spec, {name: d.p99 for name, d in plan.durations.items()})
+        reserves = {step: Reserve.of(tails[step], Overheads(), final=not spec.downstream[step])
+                    for step in spec.order}
     starts: dict[str, float] = {}
     finish: dict[str, float] = {}
     for step in spec.order:
@@ -36,8 +43,7 @@ def plan_budgets(spec: WorkflowSpec, plan: Plan, own: Mapping[str, float]) -> di
         if deadline is None:
             continue
         left = None if window_seconds is None else window_seconds - starts[name]
-        out[name] = window_budget(seconds, window_left=left, reserve=reserves[name],
-                                  minimum=minimum_budget(deadline, seconds))
+        out[name] = window_budget(seconds, window_left=left, reserve=reserves[name])
     return out
 
 
@@ -48,9 +54,23 @@ def budget_text(step: str, b: Budget) -> str:
     if not b.cut:
         return f"{escape(step)}: {format_elapsed(b.seconds)}"
     assert b.reserve is not None
+    if b.unkeepable:
+        return (f"{escape(step)}: [red]fallback at once: the window leaves no time for it[/red]"
+                f" (its own {format_elapsed(b.own)}; {reserve_text(b)} needed after it)")
     return (f"{escape(step)}: [yellow]{format_elapsed(b.seconds)}, budget cut by the window[/yellow]"
-            f" (its own {format_elapsed(b.own)}; {format_elapsed(b.reserve)} kept for the steps "
-            f"after it)")
+            f" (its own {format_elapsed(b.own)}; {reserve_text(b)} kept for what follows it)")
+
+
+def reserve_text(b: Budget) -> str:
+    """The reserve of a cut budget in words, part by part when known."""
+    assert b.reserve is not None
+    if b.parts is None:
+        return format_elapsed(b.reserve)
+    r = b.parts
+    named = [("fallback", r.fallback), ("dispatch", r.dispatch), ("steps after", r.downstream),
+             ("finish", r.finish), ("margin", r.margin)]
+    return (f"{format_elapsed(b.reserve)}: "
+            + ", ".join(f"{format_elapsed(v)} {what}" for what, v in named if v > 0))
 
 
 def budget_renderables(found: Mapping[str, Budget]) -> list[Any]:

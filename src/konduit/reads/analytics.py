@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from konduit.core.budgets import Reserve
 from konduit.core.durations import Duration
 from konduit.core.workflow import WorkflowSpec
 from konduit.engine.deadlines import budgets
@@ -32,6 +33,10 @@ class AnalyticsReads(ReadBase):
     async def own_budgets(self, spec: WorkflowSpec) -> dict[str, float]:
         """The budget each step with a deadline would get now, before any window."""
         return await own_budgets(self.db, spec)
+
+    async def window_reserves(self, spec: WorkflowSpec) -> dict[str, Reserve]:
+        """What a window keeps free after each step's deadline now (the engine's reserves)."""
+        return await budgets.reserves(self.db, spec)
 
 
 async def own_budgets(db: Any, spec: WorkflowSpec) -> dict[str, float]:

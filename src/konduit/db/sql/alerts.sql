@@ -1,12 +1,30 @@
 -- name: execution_list_running_with_window
--- Running first runs (not repairs) that have a window (deadline_at), soonest first, with the server's time.
-SELECT id, workflow_name, workflow_version, deadline_at, created_at,
+-- Running first runs (not repairs) that have a window (deadline_at), soonest first, with the
+-- server's time, and the first branch whose window-cut budget could not keep it (its budget and
+-- its reserve overrun the time the window had when its task was made: its fallback ran at
+-- once). A map's items share one budget: item 0 stands for them (a bounded read).
+SELECT e.id, e.workflow_name, e.workflow_version, e.deadline_at, e.created_at,
+       u.step AS unkeepable_step, u.reserve AS unkeepable_reserve,
+       u.window_left AS unkeepable_window_left,
        clock_timestamp() AS now
-FROM konduit_executions
-WHERE status = 'running'
-  AND deadline_at IS NOT NULL
-  AND generation = 1
-ORDER BY deadline_at, id
+FROM konduit_executions e
+LEFT JOIN LATERAL (
+    SELECT t.step, t.deadline_reserve_seconds AS reserve,
+           extract(epoch FROM e.deadline_at - t.created_at)::float8 AS window_left
+    FROM konduit_tasks t
+    WHERE t.execution_id = e.id
+      AND t.generation = e.generation
+      AND t.map_index = 0
+      AND t.deadline_reserve_seconds IS NOT NULL
+      AND t.deadline_seconds + t.deadline_reserve_seconds
+          > extract(epoch FROM e.deadline_at - t.created_at)
+    ORDER BY t.created_at, t.id
+    LIMIT 1
+) u ON true
+WHERE e.status = 'running'
+  AND e.deadline_at IS NOT NULL
+  AND e.generation = 1
+ORDER BY e.deadline_at, e.id
 LIMIT %(limit)s;
 
 -- name: step_list_progress_for_executions

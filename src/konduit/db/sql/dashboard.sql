@@ -150,7 +150,7 @@ ORDER BY started_at, step, map_index, attempt;
 
 -- name: task_list_budgets_by_execution
 -- Each step's time budget in an execution's latest generation (a map step: its items' longest),
--- and, when the execution's window cut it, the step's own budget and the downstream p95 kept free.
+-- and, when the execution's window cut it, the step's own budget and the reserve kept free.
 SELECT DISTINCT ON (step) step, deadline_seconds, deadline_uncut_seconds, deadline_reserve_seconds
 FROM konduit_tasks
 WHERE execution_id = %(execution_id)s AND deadline_seconds IS NOT NULL
