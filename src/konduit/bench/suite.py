@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 import konduit
-from konduit.bench import fair, fleet, maps, search, shapes
+from konduit.bench import dbcost, fair, fleet, maps, search, shapes
 from konduit.bench.harness import (
     LoopThread,
     completion_for,
@@ -445,7 +445,7 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
 
 # -- the whole run ------------------------------------------------------------------------------
 
-BENCHMARKS = ("commit_probe", "throughput", "workers", "latency", "start", "wide", "collide",
+BENCHMARKS = ("commit_probe", "throughput", "db_cost", "workers", "latency", "start", "wide", "collide",
               "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish", "batching",
               "map_10k", "fair_share", "wide_map", "search", "shapes", "map_1m", "soak")
 """Every benchmark, in the order they run (``history`` only in a full run; ``map_1m`` and
@@ -487,6 +487,8 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
         ("throughput", lambda: fleet.throughput(
             server.fresh_database, executions=executions, repeats=1 if quick else 3,
             probe=probe(), idle=1.0 if quick else 3.0)),
+        ("db_cost", lambda: dbcost.db_cost(
+            server.fresh_database, executions=20 if quick else 50, repeats=1 if quick else 3)),
         ("workers", lambda: fleet.workers_curve(
             server.fresh_database, processes=curve, executions=executions, probe=probe(),
             one=_get(report, "benchmarks", "throughput", "results"))),
@@ -588,6 +590,11 @@ def headline(b: Json) -> Json:
             _get(b, "latency", "results", "join_dispatch_latency", "p99_ms"), 10, False),
         "idle_pickup_p50_ms": target(_get(b, "latency", "results", "pickup_latency", "p50_ms"),
                                      5, False),
+        # What the database pays per branch task, beside the bare fan-in protocol (issue 30).
+        "db_cost_wal_per_task_over_bare": target(
+            _get(b, "db_cost", "ratios", "wal_per_task_over_bare"), 1.5, False),
+        "db_cost_server_cpu_per_task_over_bare": target(
+            _get(b, "db_cost", "ratios", "server_cpu_per_task_over_bare"), 1.0, False),
         "collide_stalls": target(_get(b, "collide", "results", "stalls"), 0, False),
         "collide_duplicate_joins": target(_get(b, "collide", "results", "duplicate_joins"), 0,
                                           False),

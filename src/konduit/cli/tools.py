@@ -50,7 +50,7 @@ def bench(
         show_default=False)] = None,
     only: Annotated[list[str] | None, typer.Option(
         "--only", metavar="NAME", help="Run only this benchmark; repeatable (commit_probe, "
-        "throughput, workers, latency, start, wide, collide, backlog, history, "
+        "throughput, db_cost, workers, latency, start, wide, collide, backlog, history, "
         "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share, wide_map, "
         "search, shapes; "
         "map_1m and soak run only when named).", show_default=False)] = None,

@@ -1,0 +1,319 @@
+"""What Konduit costs the database per task (``konduit bench --only db_cost``): WAL bytes and the
+server's CPU, beside the bare fan-in protocol run on the same server in the same run.
+
+The **bare protocol** is the least a correct fan-in needs: a ready task is claimed with
+``FOR UPDATE SKIP LOCKED``, and in the same transaction completed and counted into its execution
+under the execution's row lock; the branch that brings the count to zero inserts the join task.
+One transaction per task, no attempts, no outputs table, no history: every figure of Konduit's
+is also given as a ratio to it.
+
+- **WAL** is the server's WAL position before and after (``pg_current_wal_lsn``): server-wide,
+  so run it on a quiet server. With ``pg_walinspect`` (PostgreSQL 15+; the extension is created
+  in the scratch database) the WAL of the run is also broken down by relation (PostgreSQL 16+:
+  ``pg_get_wal_block_info``) and by resource manager.
+- **Server CPU** is read from ``/proc`` when the server runs on this machine: the postmaster's
+  own and reaped children's time (``cutime``/``cstime``) plus every live child's, so backends
+  that come and go are counted. ``None`` for a remote server.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from konduit.bench.fleet import Json, _check, _r, ratio, throughput_run
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    # The command may hold spaces and parentheses: fields start after the last ')'.
+    return text[text.rindex(")") + 2:].split()
+
+
+def server_cpu_seconds(postmaster: int) -> float | None:
+    """The CPU seconds of a local PostgreSQL server so far: the postmaster's own time, its
+    reaped children's (``cutime``, ``cstime``) and every live child's (None: not local)."""
+    own = _stat(postmaster)
+    if own is None:
+        return None
+    # Fields (after pid and comm): state=0 ppid=1 ... utime=11 stime=12 cutime=13 cstime=14.
+    total = sum(int(own[i]) for i in (11, 12, 13, 14))
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = _stat(int(name))
+        if fields is not None and fields[1] == str(postmaster):
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICKS
+
+
+@dataclass
+class Reading:
+    lsn: str
+    cpu: float | None
+    at: float
+
+
+class ServerMeter:
+    """Reads a server's WAL position and CPU, and breaks a span of WAL down (``pg_walinspect``)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        # A connection only while reading: the throughput run waits for the database's other
+        # sessions to go before it counts commits.
+        with self._connect() as conn:
+            self.database = conn.info.dbname
+            self.version = conn.info.server_version
+            pid = conn.execute("SELECT pg_backend_pid()").fetchone()
+            stat = _stat(int(pid[0])) if pid is not None else None
+            self.postmaster = int(stat[1]) if stat is not None else None
+            try:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+                self.walinspect = True
+            except psycopg.Error:
+                self.walinspect = False
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.url, autocommit=True)
+
+    def read(self) -> Reading:
+        with self._connect() as conn:
+            row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert row is not None
+        cpu = None if self.postmaster is None else server_cpu_seconds(self.postmaster)
+        return Reading(row[0], cpu, time.perf_counter())
+
+    def wal_bytes(self, before: Reading, after: Reading) -> int:
+        with self._connect() as conn:
+            row = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::bigint",
+                               (after.lsn, before.lsn)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def breakdown(self, before: Reading, after: Reading, top: int = 15) -> Json | None:
+        """The span's WAL by resource manager and (PostgreSQL 16+) by relation of this database:
+        bytes of block data and full-page images per table or index, biggest first."""
+        if not self.walinspect:
+            return None
+        with self._connect() as conn:
+            return self._breakdown(conn, before, after, top)
+
+    def _breakdown(self, conn: psycopg.Connection[Any], before: Reading, after: Reading,
+                   top: int) -> Json:
+        by_kind = [
+            {"resource_manager": r[0], "records": int(r[1]), "bytes": int(r[2]),
+             "fpi_bytes": int(r[3])}
+            for r in conn.execute(
+                'SELECT "resource_manager/record_type", count, combined_size, fpi_size'
+                " FROM pg_get_wal_stats(%s::pg_lsn, %s::pg_lsn) WHERE count > 0"
+                " ORDER BY combined_size DESC", (before.lsn, after.lsn)).fetchall()]
+        out: Json = {"by_resource_manager": by_kind}
+        if self.version >= 160000:
+            rows = conn.execute("""
+                SELECT coalesce(pg_filenode_relation(b.reltablespace, b.relfilenode)::text,
+                                'relfilenode ' || b.relfilenode) AS relation,
+                       count(*), sum(b.block_data_length + b.block_fpi_length)::bigint,
+                       count(*) FILTER (WHERE b.block_fpi_length > 0)
+                FROM pg_get_wal_block_info(%s::pg_lsn, %s::pg_lsn, false) b
+                WHERE b.reldatabase = (SELECT oid FROM pg_database WHERE datname = %s)
+                GROUP BY 1 ORDER BY 3 DESC""", (before.lsn, after.lsn, self.database)).fetchall()
+            total = sum(int(r[2]) for r in rows) or 1
+            out["by_relation"] = [
+                {"relation": r[0], "block_refs": int(r[1]), "bytes": int(r[2]),
+                 "share": _r(int(r[2]) / total), "full_page_images": int(r[3])}
+                for r in rows[:top]]
+            out["by_relation_note"] = (
+                "block data and full-page images per relation of the benchmark's database; "
+                "record headers and main data are in by_resource_manager only")
+        return out
+
+    def close(self) -> None:
+        """Nothing is held between readings."""
+
+
+@contextmanager
+def metered(meter: ServerMeter) -> Iterator[dict[str, Any]]:
+    """Measure the WAL and server CPU of the block: the dict gets ``wal_bytes``,
+    ``server_cpu_seconds`` and ``breakdown`` on exit."""
+    found: dict[str, Any] = {}
+    # No CHECKPOINT first: it would make the first write to every page the scratch database
+    # was created with (dozens of index roots) a full-page image, a cost a running deployment
+    # pays once per checkpoint for its busiest pages, not once per run.
+    before = meter.read()
+    yield found
+    after = meter.read()
+    found["wal_bytes"] = meter.wal_bytes(before, after)
+    found["server_cpu_seconds"] = (None if before.cpu is None or after.cpu is None
+                                   else after.cpu - before.cpu)
+    found["breakdown"] = meter.breakdown(before, after)
+
+
+BARE_SCHEMA = """
+CREATE SCHEMA IF NOT EXISTS bare;
+DROP TABLE IF EXISTS bare.tasks, bare.executions;
+CREATE TABLE bare.executions (
+    id bigint PRIMARY KEY,
+    remaining integer NOT NULL,
+    status text NOT NULL DEFAULT 'running'
+);
+CREATE TABLE bare.tasks (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    execution_id bigint NOT NULL REFERENCES bare.executions (id),
+    step text NOT NULL,
+    status text NOT NULL DEFAULT 'ready',
+    output jsonb
+);
+CREATE INDEX bare_tasks_ready ON bare.tasks (id) WHERE status = 'ready';
+"""
+
+BARE_CLAIM = """
+UPDATE bare.tasks SET status = 'running'
+WHERE id = (SELECT id FROM bare.tasks WHERE status = 'ready'
+            ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1)
+RETURNING id, execution_id, step
+"""
+
+
+def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
+                  meter: ServerMeter) -> Json:
+    """``executions`` x ``width`` branches + a join through the bare protocol, on
+    ``concurrency`` threads with a connection each; one transaction per task."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(BARE_SCHEMA)
+        with conn.transaction():
+            for e in range(executions):
+                conn.execute("INSERT INTO bare.executions (id, remaining) VALUES (%s, %s)",
+                             (e, width))
+                conn.execute("INSERT INTO bare.tasks (execution_id, step)"
+                             " SELECT %s, 'branch' FROM generate_series(1, %s)", (e, width))
+    done = threading.Event()
+    finished = [0]
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(url) as c:
+                while not done.is_set():
+                    with c.transaction():
+                        row = c.execute(BARE_CLAIM).fetchone()
+                        if row is None:
+                            idle = True
+                        else:
+                            idle = False
+                            task, execution, step = row
+                            c.execute("SELECT 1 FROM bare.executions WHERE id = %s FOR UPDATE",
+                                      (execution,))
+                            c.execute("UPDATE bare.tasks SET status = 'succeeded', output = '1'"
+                                      " WHERE id = %s AND status = 'running'", (task,))
+                            if step == "branch":
+                                left = c.execute(
+                                    "UPDATE bare.executions SET remaining = remaining - 1"
+                                    " WHERE id = %s RETURNING remaining", (execution,)).fetchone()
+                                if left is not None and left[0] == 0:
+                                    c.execute("INSERT INTO bare.tasks (execution_id, step)"
+                                              " VALUES (%s, 'join')", (execution,))
+                            else:
+                                c.execute("UPDATE bare.executions SET status = 'succeeded'"
+                                          " WHERE id = %s", (execution,))
+                                with lock:
+                                    finished[0] += 1
+                                    if finished[0] == executions:
+                                        done.set()
+                    if idle:
+                        time.sleep(0.001)
+        except BaseException as exc:  # reported below; a thread must not die silently
+            errors.append(exc)
+            done.set()
+
+    threads = [threading.Thread(target=run, name=f"bare-{i}") for i in range(concurrency)]
+    with metered(meter) as cost:
+        began = time.perf_counter()
+        for t in threads:
+            t.start()
+        done.wait(timeout=max(120.0, executions * width / 20))
+        done.set()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - began
+    if errors:
+        raise errors[0]
+    _check(finished[0] == executions, f"bare protocol: {finished[0]} of {executions} finished")
+    return {"seconds": _r(seconds), **cost}
+
+
+def per_task(cost: Json, branches: int) -> Json:
+    cpu = cost.get("server_cpu_seconds")
+    return {"wal_bytes_per_branch_task": _r(cost["wal_bytes"] / branches),
+            "server_cpu_ms_per_branch_task": None if cpu is None else _r(cpu * 1000 / branches)}
+
+
+def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: int = 20,
+            concurrency: int = 8) -> Json:
+    """Konduit's throughput workload (``executions`` x ``width`` branches + a join, one worker
+    process x ``concurrency`` slots) and the bare protocol on the same server, ``repeats``
+    times each, alternating; medians per branch task, and their ratios."""
+    branches = executions * width
+    konduit_runs: list[Json] = []
+    bare_runs: list[Json] = []
+    breakdown: Json | None = None
+    for _ in range(repeats):
+        with fresh() as url:
+            meter = ServerMeter(url)
+            try:
+                with metered(meter) as cost:
+                    run = throughput_run(url, executions=executions, width=width,
+                                         concurrency=concurrency, label="db-cost")
+                konduit_runs.append({**per_task(cost, branches), "wal_bytes": cost["wal_bytes"],
+                                     "branch_tasks_per_second": run["branch_tasks_per_second"]})
+                breakdown = cost["breakdown"]
+            finally:
+                meter.close()
+        with fresh() as url:
+            meter = ServerMeter(url)
+            try:
+                bare = bare_protocol(url, executions=executions, width=width,
+                                     concurrency=concurrency, meter=meter)
+                bare_runs.append({**per_task(bare, branches), "wal_bytes": bare["wal_bytes"],
+                                  "branch_tasks_per_second": _r(branches / bare["seconds"])})
+            finally:
+                meter.close()
+
+    def median(runs: list[Json], key: str) -> float | None:
+        values = sorted(r[key] for r in runs if r[key] is not None)
+        return values[(len(values) - 1) // 2] if values else None
+
+    keys = ("wal_bytes_per_branch_task", "server_cpu_ms_per_branch_task",
+            "branch_tasks_per_second")
+    ours = {k: median(konduit_runs, k) for k in keys}
+    theirs = {k: median(bare_runs, k) for k in keys}
+    return {
+        "parameters": {"executions": executions, "width": width, "processes": 1,
+                       "concurrency": concurrency, "repeats": repeats,
+                       "bare_protocol": "claim with SKIP LOCKED, complete and fan in under the "
+                                        "execution's row lock, one transaction per task",
+                       "wal": "server-wide WAL position before and after each run: run on a "
+                              "quiet server"},
+        "results": {"konduit": ours, "bare_protocol": theirs,
+                    "konduit_runs": konduit_runs, "bare_runs": bare_runs,
+                    "konduit_wal_breakdown": breakdown},
+        "ratios": {
+            "wal_per_task_over_bare": ratio(ours["wal_bytes_per_branch_task"],
+                                            theirs["wal_bytes_per_branch_task"]),
+            "server_cpu_per_task_over_bare": ratio(ours["server_cpu_ms_per_branch_task"],
+                                                   theirs["server_cpu_ms_per_branch_task"]),
+        },
+    }

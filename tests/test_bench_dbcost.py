@@ -1,0 +1,59 @@
+"""``konduit bench --only db_cost`` (issue 30): WAL bytes and the server's CPU per task, beside
+the bare fan-in protocol on the same server. Only the instrument here (small runs, real
+PostgreSQL); the figures themselves are docs/benchmarks.md's."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import psycopg
+import pytest
+
+from konduit.bench.dbcost import ServerMeter, bare_protocol, db_cost, server_cpu_seconds
+from konduit.bench.suite import Server
+
+pytestmark = [pytest.mark.storage]
+
+
+def test_the_bare_protocol_fires_every_join_exactly_once(db_url: str) -> None:
+    """The baseline must be a correct fan-in, or its figures flatter nothing: 8 threads
+    collide on 30 executions of 10 branches; every execution gets one join, run once."""
+    meter = ServerMeter(db_url)
+    found = bare_protocol(db_url, executions=30, width=10, concurrency=8, meter=meter)
+    assert found["wal_bytes"] > 0
+    with psycopg.connect(db_url) as conn:
+        joins = conn.execute("SELECT execution_id, count(*), bool_and(status = 'succeeded')"
+                             " FROM bare.tasks WHERE step = 'join' GROUP BY 1").fetchall()
+        executions = conn.execute("SELECT count(*) FILTER (WHERE status = 'succeeded'"
+                                  " AND remaining = 0), count(*) FROM bare.executions").fetchone()
+    assert len(joins) == 30 and all(n == 1 and ok for _, n, ok in joins)
+    assert executions == (30, 30)
+
+
+def test_a_local_servers_cpu_is_read_from_proc(db_url: str) -> None:
+    meter = ServerMeter(db_url)
+    if meter.postmaster is None or not os.path.exists(f"/proc/{meter.postmaster}"):
+        pytest.skip("the test server is not on this machine")
+    first = server_cpu_seconds(meter.postmaster)
+    with psycopg.connect(db_url) as conn:  # some work for the server
+        conn.execute("SELECT count(*) FROM generate_series(1, 2000000)").fetchone()
+    second = server_cpu_seconds(meter.postmaster)
+    assert first is not None and second is not None and second > first
+
+
+def test_db_cost_reports_wal_and_cpu_per_task_with_ratios_and_a_breakdown(
+        admin_url: str) -> None:
+    report = db_cost(Server(admin_url).fresh_database, executions=5, width=10, repeats=1)
+    ours, bare = report["results"]["konduit"], report["results"]["bare_protocol"]
+    for figures in (ours, bare):
+        assert figures["wal_bytes_per_branch_task"] > 0
+        assert figures["branch_tasks_per_second"] > 0
+    ratio = report["ratios"]["wal_per_task_over_bare"]
+    assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0
+    breakdown = report["results"]["konduit_wal_breakdown"]
+    assert breakdown is not None, "pg_walinspect is part of PostgreSQL 15+'s contrib"
+    kinds = {r["resource_manager"] for r in breakdown["by_resource_manager"]}
+    assert {"Heap", "Btree"} <= kinds
+    if "by_relation" in breakdown:  # PostgreSQL 16+
+        assert "konduit_tasks" in {r["relation"] for r in breakdown["by_relation"]}
