@@ -2,8 +2,8 @@
 
 konduit.core.budgets decides a branch's budget from its own deadline, the time left in its
 execution's window and the reserve (fallback, dispatch, p99 downstream, finish, margin);
-konduit.engine.deadlines turns a step's history into its own adaptive budget. The storage and end-to-end halves are in
-tests/test_adaptive_defaults.py."""
+konduit.engine.deadlines turns a step's history into its own adaptive budget. The storage and
+end-to-end halves are in tests/test_adaptive_defaults.py and tests/test_window_margins.py."""
 
 from __future__ import annotations
 
