@@ -149,6 +149,13 @@ def server_status(pgdata: Path | None = None) -> dict[str, str | int | bool | No
     return status
 
 
+def forget_database(database: str) -> None:
+    """Forget that ``database`` exists (it was dropped): the next :func:`server_url` for it
+    creates it again."""
+    with _process_lock:
+        _databases.difference_update({key for key in _databases if key[1] == database})
+
+
 def with_database(url: str, database: str) -> str:
     """``url`` with its database name replaced."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
