@@ -43,7 +43,8 @@ def _server(url: str | None) -> str | None:
 def _database_of(url: str) -> str | None:
     from psycopg.conninfo import conninfo_to_dict
 
-    return conninfo_to_dict(url).get("dbname")
+    name = conninfo_to_dict(url).get("dbname")
+    return None if name is None else str(name)
 
 
 def own_database(name: str, url: str | None = None, *, migrate: bool = True) -> str:
