@@ -30,6 +30,8 @@ def test_demo_degrades_the_slow_branch_and_publishes_inside_the_window(db_url: s
     assert proc.returncode == 0, (out, proc.stderr)
     assert took < 15, out  # a working engine does not wait for the 10 s resize
     assert "3/3 succeeded" in out, out
+    # Piped, no line is padded to the console's 4,096 columns (the engine's warnings included).
+    assert max(len(line) for line in out.splitlines()) < 400, out
     assert "published inside the window: 3/3" in out, out
     assert "1/3 degraded a branch" in out, out
     degraded = [line for line in out.splitlines() if "cover_image degraded" in line]
