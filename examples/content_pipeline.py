@@ -11,7 +11,8 @@ step's own history, clamped here to seconds so the example ends quickly.
 The first night the image service is fast; the second it hangs (two minutes, past the window)
 and the branch degrades.
 
-Run it: ``python examples/content_pipeline.py`` (the embedded PostgreSQL, or ``KONDUIT_DATABASE_URL``).
+Run it: ``python examples/content_pipeline.py`` (in the examples' own database,
+``konduit_examples``, on the embedded PostgreSQL server or on ``KONDUIT_DATABASE_URL``'s server).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import konduit
 import konduit.testing
+from konduit.databases import EXAMPLES_DATABASE, own_database
 
 wf = konduit.Workflow("example-nightly-episode", version=1)
 
@@ -63,7 +65,8 @@ def publish(ctx: konduit.Context) -> dict[str, Any]:
             "published_at": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
-app = konduit.App([wf])
+# The examples' own database beside yours (konduit_examples, created when missing), not yours.
+app = konduit.App([wf], database_url=own_database(EXAMPLES_DATABASE))
 
 
 def main() -> None:

@@ -7,7 +7,8 @@ API server (``konduit dashboard --app ... --token op:SECRET``) as processes, as 
 would run them, then acts as the other service using nothing but ``urllib``:
 ``POST /api/v1/executions`` to start, ``GET /api/v1/executions/{id}`` until it has finished.
 
-Run it: ``python examples/http_client.py`` (the embedded PostgreSQL, or ``KONDUIT_DATABASE_URL``).
+Run it: ``python examples/http_client.py`` (in the examples' own database,
+``konduit_examples``, on the embedded PostgreSQL server or on ``KONDUIT_DATABASE_URL``'s server).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import konduit
+from konduit.databases import EXAMPLES_DATABASE, own_database
 
 wf = konduit.Workflow("example-thumbnails", version=1)
 
@@ -45,7 +47,9 @@ def index(ctx: konduit.Context) -> dict[str, Any]:
     return {"image": ctx.input["image"], "thumbnails": ctx.upstream["resize"]}
 
 
-app = konduit.App([wf])  # what the worker and the API server load: examples/http_client.py:app
+# What the worker and the API server load (examples/http_client.py:app), on the examples' own
+# database beside yours (konduit_examples, created when missing), not yours.
+app = konduit.App([wf], database_url=own_database(EXAMPLES_DATABASE))
 
 FINISHED = {"succeeded", "failed", "timed_out", "cancelled"}
 

@@ -9,7 +9,8 @@ Waiting for 05:00 would not make a quick example, so a second schedule, ``every=
 ticks being started while the worker runs; then the nightly one is paused and resumed, as
 ``konduit schedules --pause nightly-digest`` would.
 
-Run it: ``python examples/nightly_schedule.py`` (the embedded PostgreSQL, or ``KONDUIT_DATABASE_URL``).
+Run it: ``python examples/nightly_schedule.py`` (in the examples' own database,
+``konduit_examples``, on the embedded PostgreSQL server or on ``KONDUIT_DATABASE_URL``'s server).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from zoneinfo import ZoneInfo
 
 import konduit
 import konduit.testing
+from konduit.databases import EXAMPLES_DATABASE, own_database
 
 digest = konduit.Workflow("example-publish-digest", version=1)
 
@@ -49,7 +51,8 @@ def check(ctx: konduit.Context) -> str:
 
 probe.schedule(every="2s", name="probe-every-2s", missed="skip")
 
-app = konduit.App([digest, probe])
+# The examples' own database beside yours (konduit_examples, created when missing), not yours.
+app = konduit.App([digest, probe], database_url=own_database(EXAMPLES_DATABASE))
 
 
 def main() -> None:

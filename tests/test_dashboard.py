@@ -115,6 +115,9 @@ def test_layout_columns_by_depth_and_a_waiting_join_band() -> None:
     [band] = chart.bands
     assert band.waiting and band.wait == 3 and band.text == "fan-in wait 3.000s so far"
     assert chart.span == 4 and chart.ticks[0][1] == "0s"
+    # The execution ended (at[4]) with the join unfired: it never fired, not "so far".
+    [band] = gantt(attempts, steps, t0, at[4], finished=True).bands
+    assert band.text == "fan-in wait 3.000s, never fired"
 
 
 @pytest.mark.storage

@@ -130,3 +130,12 @@ def test_the_environment_example_names_only_real_settings() -> None:
     for name in names:
         # Read by konduit itself (a declared setting), or used by the units' ExecStart lines.
         assert name in settings or name in units.replace(f"{name}=", ""), name
+
+
+@pytest.mark.parametrize("unit", ["konduit-worker@.service", "konduit-dashboard.service"])
+def test_the_units_document_the_project(unit: str) -> None:
+    """Documentation= is the project's page on the package index (the distribution every
+    install line names), not a placeholder repository."""
+    from konduit.extras import DISTRIBUTION
+
+    assert settings(unit)["Documentation"] == [f"https://pypi.org/project/{DISTRIBUTION}/"]

@@ -94,3 +94,14 @@ def test_without_a_port_nothing_is_measured_and_buckets_are_cumulative() -> None
     assert list(BUCKETS) == sorted(BUCKETS)
     # A worker without --metrics-port leaves its executor without metrics: no cost, no port.
     assert konduit.worker.config.WorkerConfig().metrics_port is None
+
+
+def test_the_metrics_endpoint_listens_on_loopback_unless_told() -> None:
+    """As the dashboard: 127.0.0.1 by default; every interface only when --metrics-host says so."""
+    from konduit.worker.config import WorkerConfig
+    from tests.test_cli import konduit_cli
+
+    assert WorkerConfig().metrics_host == "127.0.0.1"
+    helped = konduit_cli("worker", "--help")
+    assert helped.returncode == 0
+    assert re.search(r"--metrics-host HOST.*?\[default: 127\.0\.0\.1\]", helped.stdout, re.DOTALL)

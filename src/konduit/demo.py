@@ -360,9 +360,16 @@ def run_demo(*, executions: int = 5, concurrency: int = 8, workers: int = 2,
     incidents = max(0, executions - incident_after)
     app = konduit.App([pipeline], database_url=database_url)
     # Engine warnings (a branch failing for good, say) print above the progress bar, briefly.
-    log_handler = RichHandler(console=console, level=logging.WARNING, show_path=False,
-                              show_time=False)
-    log_handler.setFormatter(_BriefFormatter())
+    # Piped, a plain line: Rich pads its log lines to the console's width, 4,096 columns there.
+    log_handler: logging.Handler
+    if console.is_terminal:
+        log_handler = RichHandler(console=console, level=logging.WARNING, show_path=False,
+                                  show_time=False)
+        log_handler.setFormatter(_BriefFormatter())
+    else:
+        log_handler = logging.StreamHandler(console.file)
+        log_handler.setLevel(logging.WARNING)
+        log_handler.setFormatter(_BriefFormatter("%(levelname)-8s %(message)s"))
     logging.getLogger("konduit").addHandler(log_handler)
     stop = threading.Event()
     threads: list[threading.Thread] = []

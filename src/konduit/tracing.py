@@ -25,6 +25,7 @@ from uuid import UUID
 
 from konduit.core.model import Outcome
 from konduit.errors import KonduitError
+from konduit.extras import install_hint
 
 if TYPE_CHECKING:
     from konduit.core.model import Completion, TaskAttempt
@@ -35,7 +36,7 @@ Tracing = Any
 TraceContext = tuple[str, str | None]
 """A W3C trace context: the ``traceparent`` header and the ``tracestate`` one (or None)."""
 
-INSTALL_HINT = "pip install 'konduit-pg[otel]'"
+INSTALL_HINT = install_hint("otel")
 TRACER_NAME = "konduit"
 
 _api: ModuleType | None = None

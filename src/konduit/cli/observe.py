@@ -64,6 +64,9 @@ def dashboard(
     stats; /metrics and a JSON API under /api/v1 (docs at /api/v1/docs, OpenAPI at
     /openapi.json). See docs/dashboard.md. While the database is down its pages answer 503.
     With tokens, the API needs Authorization: Bearer and the pages a login (docs/api.md)."""
+    from konduit.extras import require
+
+    require("web", "konduit dashboard")  # one line naming the extra, not an ImportError
     from konduit.db.replica import DEFAULT_MAX_LAG
     from konduit.web.app import serve
     from konduit.web.security import check_bind, parse_tokens, tokens_from_env

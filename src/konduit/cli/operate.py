@@ -140,7 +140,9 @@ def worker(
         f"(default: {described('worker_metrics_port')}).", show_default=False)
     ] = default("worker_metrics_port"),
     metrics_host: Annotated[str, typer.Option(
-        "--metrics-host", metavar="HOST", help="The address --metrics-port listens on.")
+        "--metrics-host", metavar="HOST",
+        help="The address --metrics-port listens on (0.0.0.0: every interface, for a "
+        "Prometheus on another host).")
     ] = WORKER["metrics_host"],
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     log_format: Annotated[str, typer.Option(

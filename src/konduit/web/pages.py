@@ -179,7 +179,7 @@ async def execution(request: Request, execution_id: str, site: SiteDep) -> Respo
         took=views.between(origin, d.result.finished_at or now),
         dag=views.dag_layout(d.spec_steps, {s["step"]: s for s in d.steps}),
         gantt=views.gantt(bars, d.steps, origin, d.result.finished_at or now, deadline,
-                          reasons.waits),
+                          reasons.waits, finished=d.result.finished_at is not None),
         window=None if deadline is None else {
             "at": deadline, "left": views.between(now, deadline),
             "met": d.result.finished_at <= deadline if d.result.finished_at else None},

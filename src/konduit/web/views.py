@@ -185,10 +185,12 @@ def nice_step(span: float, target: int = 8) -> float:
 
 def gantt(attempts: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, Any]],
           origin: datetime, now: datetime, deadline_at: datetime | None = None,
-          waits: Sequence[Any] = ()) -> Gantt:
+          waits: Sequence[Any] = (), finished: bool = False) -> Gantt:
     """One row per attempt (running ones end at ``now``), then one band per join that has seen a
     branch end, then one bar per durable wait (``waits``: :class:`konduit.web.why.WaitSpan`);
-    x is seconds since ``origin`` (the execution's start)."""
+    x is seconds since ``origin`` (the execution's start). ``finished``: the execution has
+    ended (``now`` is its end), so what had not fired or ended never will ("so far" otherwise)."""
+    unfired, unended = (", never fired", ", never ended") if finished else (" so far", " so far")
     joins = sorted((s for s in steps if int(s["up_total"]) > 1 and s["first_upstream_at"]),
                    key=lambda s: s["first_upstream_at"])
     ends = [a["finished_at"] or now for a in attempts] + [s["fired_at"] or now for s in joins] \
@@ -222,7 +224,7 @@ def gantt(attempts: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, An
         fired = s["fired_at"]
         wait = between(s["first_upstream_at"], fired or now) or 0.0
         who = f", straggler: {s['straggler']}" if s["straggler"] else ""
-        text = f"fan-in wait {secs(wait)}{' so far' if fired is None else ''}{who}"
+        text = f"fan-in wait {secs(wait)}{unfired if fired is None else ''}{who}"
         left = x(s["first_upstream_at"])
         bands.append(Band(s["step"], AXIS_H + j * ROW_H, left, max(2.0, x(fired or now) - left),
                           wait, s["straggler"], fired is None, text))
@@ -235,7 +237,7 @@ def gantt(attempts: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, An
     for k, w in enumerate(waits, start=len(attempts) + len(bands)):
         left = x(w.started_at)
         took = between(w.started_at, w.ended_at or now)
-        text = f"waits for {w.what}: {secs(took)}{' so far' if w.ended_at is None else ''}"
+        text = f"waits for {w.what}: {secs(took)}{unended if w.ended_at is None else ''}"
         wait_bars.append(WaitBar(w.step, w.kind, AXIS_H + k * ROW_H, left,
                                  max(2.0, x(w.ended_at or now) - left), w.ended_at is None, text))
     rows = len(attempts) + len(bands) + len(wait_bars)

@@ -74,8 +74,9 @@ class WorkerConfig:
     metrics_port: int | None = None
     """Serve this worker's histograms (attempt durations) on ``/metrics`` at this port (0: a free
     one); None serves nothing and measures nothing (:mod:`konduit.worker.metrics`)."""
-    metrics_host: str = "0.0.0.0"
-    """The address the metrics endpoint listens on."""
+    metrics_host: str = "127.0.0.1"
+    """The address the metrics endpoint listens on: loopback by default, as the dashboard's;
+    ``"0.0.0.0"`` (every interface) for a Prometheus on another host or pod."""
     worker_id: str = field(default_factory=lambda: new_worker_id())
 
     def __post_init__(self) -> None:
