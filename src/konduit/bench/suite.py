@@ -590,7 +590,7 @@ def headline(b: Json) -> Json:
             _get(b, "latency", "results", "join_dispatch_latency", "p99_ms"), 10, False),
         "idle_pickup_p50_ms": target(_get(b, "latency", "results", "pickup_latency", "p50_ms"),
                                      5, False),
-        # What the database pays per branch task, beside the bare fan-in protocol (issue 30).
+        # What the database pays per branch task, beside the bare fan-in protocol.
         "db_cost_wal_per_task_over_bare": target(
             _get(b, "db_cost", "ratios", "wal_per_task_over_bare"), 1.5, False),
         "db_cost_server_cpu_per_task_over_bare": target(
