@@ -2,7 +2,12 @@
 (``:class:`konduit.App```) and ``::`` literal blocks, which Markdown shows verbatim. This turns
 a role into inline code and a paragraph's closing ``::`` into ``:`` (the indented block after it
 is already a code block in Markdown), and a doctest block (``>>>`` lines, which Markdown reads
-as nested quotes) into a fenced ``pycon`` block, so the pages read like the rest of the docs."""
+as nested quotes) into a fenced ``pycon`` block, so the pages read like the rest of the docs.
+
+It also marks the members that are the engine's plumbing (``INTERNAL``: a policy's spec for the
+stored definition, a record's constructor from a row, ...) as private, so the reference, which
+shows public objects only (``filters: public`` in mkdocs.yml, with each module's ``__all__``),
+leaves them out."""
 
 from __future__ import annotations
 
@@ -17,6 +22,13 @@ LONE_LITERAL = re.compile(r"^[ \t]*::[ \t]*$", re.M)
 DOUBLE_BACKTICK = re.compile(r"(?<!`)``([^`]+)``(?!`)")
 PROMPT = re.compile(r"^>>>(?: |$)")
 FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
+
+# Members of public classes that users never call: what the engine stores, reads back or
+# compares (the names are public in Python because other modules of the package use them).
+INTERNAL = frozenset({
+    "to_spec", "from_row", "definition_hash", "subscription_id", "thin_history_budget",
+    "client_async", "reads_async",
+})
 
 
 def fence_doctests(text: str) -> str:
@@ -59,3 +71,5 @@ class RestRoles(griffe.Extension):
     def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
             obj.docstring.value = markdown(obj.docstring.value)
+        if obj.name in INTERNAL and obj.parent is not None and obj.parent.is_class:
+            obj.public = False
