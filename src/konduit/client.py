@@ -46,7 +46,7 @@ class AsyncClient(AsyncOperations):
     :class:`~konduit.WorkflowNotFound` naming the registered workflows. The connections open on
     first use, in the caller's event loop (one loop per client); :meth:`close` (or
     ``async with``) closes them. Every operation is the App's, with the same arguments and
-    errors (:class:`konduit.operations.AsyncOperations`).
+    errors.
 
     ``read_database_url`` (else ``KONDUIT_READ_DATABASE_URL``) and ``read_max_lag`` send
     lists and searches to a streaming replica while it trails by at most that many seconds

@@ -34,6 +34,17 @@ class KonduitError(Exception):
 
 E = TypeVar("E", bound=KonduitError)
 
+# What a program may catch (the API reference documents these); the rest are the command line's
+# and the tools' own, reported in one line and never raised by the App or the clients.
+__all__ = [
+    "AlertError", "AmbiguousExecutionId", "DatabaseConflict", "DatabaseError", "DatabaseUnavailable",
+    "DefinitionWarning", "ExecutionFailed", "ExecutionNotFound", "IdempotencyConflict",
+    "InputValidationError", "KeyNeedsCode", "KonduitError", "LimitKeyError", "MigrationRefused",
+    "NonRetryableError", "NothingToRepair", "OutputInvalid", "PayloadError", "PoolExhausted",
+    "ScheduleNotFound", "SchemaOutdated", "SettingsError", "UserCodeInterrupted", "UserCodeStuck",
+    "WorkerUnhealthy", "WorkflowDefinitionError", "WorkflowNotFound", "WorkflowVersionConflict",
+]
+
 
 def blamed(exc: E, field: str, *, index: int | None = None) -> E:
     """``exc`` with ``field`` (unless it names one already) and ``index`` set: who is at fault

@@ -18,6 +18,44 @@ from datetime import datetime
 from typing import Any, Self
 from uuid import UUID
 
+# The records (``plain`` is the JSON faces' helper, not part of the API).
+__all__ = [
+    "AlertRecord",
+    "AttemptLog",
+    "AttemptRecord",
+    "ChildExecution",
+    "DeadLetter",
+    "DeadLetterWithStatus",
+    "ExecutionFound",
+    "ExecutionProgress",
+    "ExecutionRecord",
+    "ExecutionSummary",
+    "FailedAttempt",
+    "MapItem",
+    "MapStepCounts",
+    "MigrationRecord",
+    "OpenAttempt",
+    "OpenTask",
+    "OutputVersion",
+    "ParentLink",
+    "Payload",
+    "QueueDepth",
+    "QueueLoad",
+    "Record",
+    "ScheduleRecord",
+    "StepBudget",
+    "StepMark",
+    "StepRecord",
+    "TaskPolicy",
+    "TaskRecord",
+    "TriggerRecord",
+    "VersionState",
+    "WebhookDelivery",
+    "WorkerRecord",
+    "WorkerState",
+    "WorkflowRecord",
+]
+
 
 @dataclass(frozen=True)
 class Record:
@@ -658,3 +696,4 @@ class AlertRecord:
                 "last_seen_at": self.last_seen_at.isoformat(),
                 "resolved_at": None if self.resolved_at is None else self.resolved_at.isoformat(),
                 "open": self.open}
+

@@ -533,14 +533,14 @@ class WorkerThread:
         self._ready.set()
 
     def worker(self, timeout: float = 30.0) -> Worker:
-        """The :class:`~konduit.worker.worker.Worker`, once it is built (it may still be
-        waiting for the database); :class:`TestWorkerError` if it is not within ``timeout``."""
+        """The worker itself, once it is built (it may still be waiting for the database);
+        :class:`TestWorkerError` if it is not within ``timeout``."""
         if not self._ready.wait(timeout) or self._worker is None:
             raise TestWorkerError(f"the test worker was not built within {timeout} s")
         return self._worker
 
     def wait_for_passes(self, service: str, n: int = 2, timeout: float = 30.0) -> int:
-        """Block until the worker's ``service`` (one of :data:`konduit.worker.passes.SERVICES`:
+        """Block until the worker's ``service`` (one of its background services:
         ``"maintenance"``, ``"stalls"``, ``"repair"``, ``"alerts"``, ``"hedging"`` ...)
         completes ``n`` more passes; return its count of passes. ``n=2``, the default, makes
         sure one whole pass began after the call. :class:`TimeoutError` names the service."""
@@ -562,8 +562,8 @@ class WorkerThread:
 
 def wait_for_passes(worker: WorkerThread | Worker, service: str, n: int = 2,
                     timeout: float = 30.0) -> int:
-    """Wait for ``n`` more completed passes of ``service`` of ``worker`` (a :class:`Worker`,
-    or the :class:`WorkerThread` of a :func:`worker_thread` block): a test waits for the event
+    """Wait for ``n`` more completed passes of ``service`` of ``worker`` (a worker, or the
+    :class:`WorkerThread` of a :func:`worker_thread` block): a test waits for the event
     it needs (the watchdog looked again) rather than sleeping for a guess."""
     if isinstance(worker, WorkerThread):
         return worker.wait_for_passes(service, n, timeout)

@@ -194,7 +194,7 @@ class Deadline:
     ) -> Deadline:
         """By default: 1.5 x the p99 of the step's successful runs over the last
         7 days, clamped to [10 s, 45 s]; 45 s (``default``, else the ceiling) while the history
-        is thin (fewer than ``konduit.engine.deadlines.MIN_SAMPLES`` runs in the window).
+        is thin (fewer than 20 runs in the window).
 
         ``floor`` must be > 0; ``ceiling=None`` means no upper clamp and then needs a
         ``default``. There is no way to get "no deadline" from an adaptive policy: leave out

@@ -350,9 +350,9 @@ class Workflow(WaitSteps):
         With one upstream, ``over`` receives its payload; with several, a dict of step -> payload.
         Each task sees its item as ``ctx.item``; downstream steps receive the results as a list in
         item order. ``over`` producing more than ``max_items`` items fails the execution, and
-        so does ``over`` (with the encoding of its items) taking more than 60 seconds
-        (``konduit.engine.maps.MAP_OVER_SECONDS``): it runs when the map's join fires, inside
-        the worker's completion round, so keep it to shaping what upstream returned.
+        so does ``over`` (with the encoding of its items) taking more than 60 seconds: it runs
+        when the map's join fires, inside the worker's completion round, so keep it to shaping
+        what upstream returned.
         """
         if not callable(over):
             raise WorkflowDefinitionError("map(over=...) must be callable", workflow=self.name)
@@ -401,7 +401,7 @@ class Workflow(WaitSteps):
         ``ctx.scheduled_at``. ``window`` sets the execution's ``deadline_at`` to the tick plus
         the window. ``missed`` decides what happens to ticks missed while no worker ran or the
         schedule was paused: ``"skip"`` (none of them), ``"latest"`` (the most recent one) or
-        ``"all"`` (each of them, at most :data:`konduit.core.schedules.MAX_CATCH_UP`).
+        ``"all"`` (each of them, at most 100).
         ``name`` defaults to the workflow's name and is unique across an App. Faults raise
         :class:`~konduit.WorkflowDefinitionError` naming the schedule."""
         if self._frozen_spec is not None:

@@ -19,8 +19,9 @@ from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from markupsafe import Markup, escape
 
-from konduit import tracing
+from konduit import doctext, tracing
 from konduit.core.requests import StartRequest
 from konduit.core.search import search_filter
 from konduit.errors import (
@@ -412,6 +413,40 @@ async def docs(request: Request) -> Response:
     spec = request.app.openapi()
     return HTMLResponse(env.get_template("api_docs.html").render(
         spec=spec, operations=operations(spec), csrf_token=""))
+
+
+def schema_type(schema: dict[str, Any] | None) -> Markup:
+    """A schema as the docs page shows it, resolved: a reference is a link to the named schema
+    (below on the page), an array "list of" its items, a nullable value "X or null", a
+    dict "object of" its values, an enum its values; never a raw ``$ref``."""
+    if not schema:
+        return Markup("any JSON")
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        name = ref.rsplit("/", 1)[1]
+        return Markup('<a href="#schema-{0}">{0}</a>').format(name)
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in schema:
+            joiner = Markup(" and ") if key == "allOf" else Markup(" or ")
+            return joiner.join(schema_type(s) for s in schema[key])
+    if "enum" in schema:
+        return Markup(" | ").join(Markup("<code>{}</code>").format(json.dumps(v))
+                                  for v in schema["enum"])
+    kind = schema.get("type", "any JSON")
+    if kind == "array":
+        return Markup("list of ") + schema_type(schema.get("items"))
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return Markup("object of ") + schema_type(schema["additionalProperties"])
+    fmt = schema.get("format")
+    return escape(f"{kind} ({fmt})" if fmt else str(kind))
+
+
+def described(text: str | None) -> Markup:
+    """An OpenAPI description (Markdown) as HTML."""
+    return Markup(doctext.to_html(text or ""))  # escaped by to_html
+
+
+env.filters.update(schema_type=schema_type, described=described)
 
 
 def operations(spec: dict[str, Any]) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 
+from konduit.doctext import markdown
 from konduit.web import api_v1, login, problems
 from konduit.web.api_v1 import Refused
 from konduit.web.security import Security, SecurityMiddleware
@@ -64,5 +65,16 @@ def describe(web: FastAPI) -> dict[str, Any]:
             "bearer": {"type": "http", "scheme": "bearer",
                        "description": "A token of --token / KONDUIT_API_TOKEN (needed when set)"}}
         spec["security"] = [{"bearer": []}]
-        web.openapi_schema = spec
+        web.openapi_schema = as_markdown(spec)
     return web.openapi_schema
+
+
+def as_markdown(node: Any) -> Any:
+    """``node`` with every description in Markdown, as OpenAPI reads it (CommonMark): they are
+    the endpoints' and the models' docstrings, written with reST's double backticks and roles."""
+    if isinstance(node, dict):
+        return {key: markdown(value) if key == "description" and isinstance(value, str)
+                else as_markdown(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [as_markdown(value) for value in node]
+    return node
