@@ -53,6 +53,10 @@ def test_db_cost_reports_wal_and_cpu_per_task_with_ratios_and_a_breakdown(
     assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0
     breakdown = report["results"]["konduit_wal_breakdown"]
     assert breakdown is not None, "pg_walinspect is part of PostgreSQL 15+'s contrib"
+    if "unavailable" in breakdown:
+        # A busy shared server recycled the run's WAL before it was read: said, not hidden.
+        assert "has already been removed" in breakdown["unavailable"], breakdown
+        return
     kinds = {r["resource_manager"] for r in breakdown["by_resource_manager"]}
     assert {"Heap", "Btree"} <= kinds
     if "by_relation" in breakdown:  # PostgreSQL 16+

@@ -94,8 +94,10 @@ CROSS_EXECUTION_BATCH = {
 HISTORY_READS = {
     # Adaptive deadline: a quantile of the step's successful durations over all executions.
     "step_duration_quantile",
-    # Window-aware budgets: the p95 spans of the workflow's steps (the plan's history).
+    # Window-aware budgets: the p99 spans of the workflow's steps (the plan's history) and the
+    # overheads of its newest succeeded executions (fallback, dispatch, finish: the reserve).
     "step_span_quantiles_by_workflow",
+    "workflow_overhead_quantiles",
 }
 
 CLAIMS = {
@@ -412,7 +414,7 @@ def test_every_completion_statement_touches_one_execution(
     seen = names["advance"] | names["batch"]
     for expected in ("task_insert_many", "task_insert_map_chunk_if_running",
                      "execution_finish_if_running", "step_duration_quantile",
-                     "step_span_quantiles_by_workflow"):
+                     "step_span_quantiles_by_workflow", "workflow_overhead_quantiles"):
         assert expected in seen, f"{expected} never ran on the completion path: {sorted(seen)}"
     assert names["batch"], "no statement of the completer's own writes was recorded"
 

@@ -108,8 +108,13 @@ class ServerMeter:
         bytes of block data and full-page images per table or index, biggest first."""
         if not self.walinspect:
             return None
-        with self._connect() as conn:
-            return self._breakdown(conn, before, after, top)
+        try:
+            with self._connect() as conn:
+                return self._breakdown(conn, before, after, top)
+        except psycopg.Error as exc:
+            # On a busy server a checkpoint may recycle the span's WAL before it is read
+            # ("requested WAL segment ... has already been removed"): the totals stand.
+            return {"unavailable": str(exc).strip()}
 
     def _breakdown(self, conn: psycopg.Connection[Any], before: Reading, after: Reading,
                    top: int) -> Json:
