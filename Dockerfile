@@ -5,14 +5,14 @@
 #   docker build --build-arg EXTRAS=web,otel -t konduit .
 #   docker run --rm konduit --version
 #
-# Your workflows are yours to add: an image of your own FROM this one that copies your package
-# into /app (the working directory, on the import path) and installs its dependencies into
-# /opt/konduit/venv, then `konduit worker mypackage.workflows:app`. docs/containers.md has the
+# Your workflows are yours to add: an image of your own FROM this one that installs your
+# project's wheel into /opt/konduit/venv (or copies a package into /app, the working directory,
+# which `konduit worker` imports from), then `konduit worker mypackage.workflows:app`. docs/containers.md has the
 # rest; compose.yaml and deploy/kubernetes/ run it. Without a registry (this project's CI):
 # deploy/container/build-local.sh builds the base from Debian's packages and this on top.
 
-# Any image with Python 3.11 or later, its venv module and pip: an official Python slim image
-# by default. Both stages use it, so the virtual environment's interpreter path is the same.
+# Any image with Python 3.11 or later and its venv module (with ensurepip): an official Python
+# slim image by default. Both stages use it, so the virtual environment's interpreter path is the same.
 ARG BASE=python:3.11-slim
 
 # -- build: the wheel (not the checkout) and a virtual environment with it installed ----------

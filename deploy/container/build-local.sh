@@ -2,6 +2,7 @@
 # Build the Konduit image where no image registry answers (this project's CI), with podman:
 #
 #   deploy/container/build-local.sh              # the base image, then the image on it
+#   deploy/container/build-local.sh base         # the base image alone (.ci/run starts it early)
 #   deploy/container/build-local.sh run ARGS...  # run `konduit ARGS...` from the built image
 #
 # The base is a Debian bookworm root filesystem bootstrapped from Debian's packages (mmdebstrap:
@@ -47,12 +48,15 @@ fi
 
 if ! podman image exists "$base"; then
     echo "== the base image $base: Debian bookworm with Python 3.11 (mmdebstrap, $mirror)"
-    # --variant=apt: the essential packages and apt; python3-venv brings ensurepip's pip,
-    # passwd the Dockerfile's useradd, ca-certificates pip's TLS. The host's own extra CA
-    # certificates (/usr/local/share/ca-certificates), if any, go in too, and pip is told to
-    # use the system's bundle: behind a TLS-inspecting proxy pip in the build then trusts what
+    # --variant=essential: Debian's essential packages (a shell, coreutils, dpkg), no apt;
+    # python3-venv brings ensurepip's pip, passwd the Dockerfile's useradd, ca-certificates
+    # pip's TLS; no documentation, manual pages or translations (a base for CI, not one to
+    # publish). The host's own extra CA certificates (/usr/local/share/ca-certificates), if
+    # any, go in too, and pip is told to use the system's bundle: behind a TLS-inspecting proxy pip in the build then trusts what
     # the host's pip trusts. They stay in this local base only, not in the Dockerfile.
-    mmdebstrap --quiet --variant=apt --include=python3,python3-venv,passwd,ca-certificates \
+    mmdebstrap --quiet --variant=essential --include=python3,python3-venv,passwd,ca-certificates \
+        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
         --customize-hook='for c in /usr/local/share/ca-certificates/*.crt; do
                               [ -f "$c" ] && cp "$c" "$1/usr/local/share/ca-certificates/"; done
                           chroot "$1" update-ca-certificates >/dev/null 2>&1' \
@@ -61,11 +65,15 @@ if ! podman image exists "$base"; then
             - "$base" >/dev/null
     echo "   ($SECONDS s)"
 fi
+if [ "${1:-}" = base ]; then
+    exit 0
+fi
 
 started=$SECONDS
 echo "== the image $image on $base"
 # --format docker: an OCI image has no HEALTHCHECK (podman would drop it, with a warning).
-podman build --quiet --isolation chroot --format docker --build-arg BASE="$base" \
+# --layers=false: no intermediate images kept (the build stage's included), nothing cached.
+podman build --quiet --isolation chroot --format docker --layers=false --build-arg BASE="$base" \
     ${EXTRAS:+--build-arg EXTRAS="$EXTRAS"} --tag "$image" --file Dockerfile . >/dev/null
 podman image inspect --format 'built {{.Id}}: {{.Size}} bytes; user {{.Config.User}}, entrypoint {{.Config.Entrypoint}}, health check {{.HealthCheck.Test}}' "$image" \
     || podman images "$image"
