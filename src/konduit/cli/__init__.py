@@ -78,6 +78,7 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
     ("embedded", "stop", embedded.stop, "Stop the embedded server."),
     ("", "worker", operate.worker, "Run a worker for the workflows of an App."),
     ("", "workers", operate.workers, "List the live workers and their slots."),
+    ("", "health", operate.health, "Check the database (and a local worker): a probe."),
     ("", "schedules", schedules.schedules, "List schedules; pause or resume one."),
     ("", "start", executions.start, "Start an execution and print its id."),
     ("", "status", executions.status, "Show an execution, its steps and what it waits for."),

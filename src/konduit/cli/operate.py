@@ -1,10 +1,11 @@
-"""Commands that run and look after konduit: db migrate, worker, workers."""
+"""Commands that run and look after konduit: db migrate, worker, workers, health."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import socket
 import sys
 from dataclasses import MISSING, fields
 from typing import Annotated, Any
@@ -254,3 +255,24 @@ def workers(
             f"{format_elapsed(r.heartbeat_age)} ago",
         )
     console.print(table)
+
+
+def health(
+    worker: Annotated[bool, typer.Option(
+        "--worker", help="Also require a live worker on this host (same hostname, heard from "
+        "within its lease): the check of a worker's container or pod.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Exit 0 when the database answers and has the schema this konduit needs (and, with
+    --worker, a worker of this host is live); else exit 1 with one line saying why. The
+    container image's HEALTHCHECK; a probe's command in Kubernetes."""
+    if not (database_url or settings().database_url):
+        raise CliError("konduit health checks a database of your own: set "
+                       f"{variable('database_url')} or pass --database-url")
+    with opened(plain_app(database_url)) as app:
+        live = app.workers() if worker else []
+    host = socket.gethostname()
+    if worker and not any(w.hostname == host for w in live):
+        raise CliError(f"no live worker on {host} (konduit workers lists the live ones)")
+    console.print(f"ok: {describe_url(database_url or settings().database_url)}"
+                  + (f", a live worker on {host}" if worker else ""))
