@@ -3,7 +3,8 @@
 The bounds are generous on purpose (machines are noisy): they catch a fan-in that became O(width)
 or a batch path that stopped batching, not a slow afternoon. Speed itself is judged from the
 report (``summary.targets``), never asserted here; correctness figures (stalls, duplicate joins)
-are.
+are. The runs' own time limits bound a hang, not speed: ~1 minute each on an idle machine, they
+took more than 5 on one that other processes overloaded (load 15-22 on 2 cores, issue 29).
 """
 
 from __future__ import annotations
@@ -65,7 +66,13 @@ def test_commit_count_is_exactly_what_others_committed(db_url):
     assert 26 <= min(counts) <= 28, counts
 
 
+# A hang bound: the run's end is what the test waits for (~1 minute idle, 5 minutes and more
+# beside other suites on 2 cores).
+HANG_SECONDS = 1200
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(HANG_SECONDS + 120)
 def test_quick_bench_reports_sane_numbers_and_cleans_up(admin_url, tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.Popen(
@@ -74,7 +81,7 @@ def test_quick_bench_reports_sane_numbers_and_cleans_up(admin_url, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        stdout, stderr = proc.communicate(timeout=300)
+        stdout, stderr = proc.communicate(timeout=HANG_SECONDS)
     finally:
         proc.kill()
     assert proc.returncode == 0, stderr
@@ -215,15 +222,17 @@ def test_soak_settings_refuse_a_retention_that_would_prune_a_window_before_it_is
         SoakSettings(duration=50, window=30).resolved().validate()
 
 
+@pytest.mark.timeout(HANG_SECONDS + 120)
 def test_soak_runs_a_few_seconds_with_retention_pruning_and_reports_its_windows(admin_url, tmp_path):
     """`konduit bench --only soak` end to end, cut short: a real worker process whose retention
-    prunes while the load runs, three 2-second windows, the first against the last."""
+    prunes while the load runs, three 2-second windows, the first against the last. (~40 s
+    idle; 160 s at load 17 on 2 cores, past the 120 s it was once given.)"""
     out = tmp_path / "soak.json"
     proc = subprocess.run(
         [sys.executable, "-m", "konduit.cli", "bench", "--only", "soak", "--duration", "6",
          "--window", "2", "--rate", "5", "--retention", "4", "--burst", "20",
          "--output", str(out), "--database-url", admin_url],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=HANG_SECONDS)
     assert proc.returncode == 0, proc.stderr
     assert "bench: soak: window 3/3:" in proc.stderr  # a line after each window
     report = json.loads(out.read_text())
