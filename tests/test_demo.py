@@ -12,6 +12,7 @@ import time
 import psycopg
 import pytest
 
+from tests.support.load import scaled
 from tests.test_cli import konduit_cli
 
 pytestmark = pytest.mark.storage
@@ -23,7 +24,10 @@ def test_demo_degrades_the_slow_branch_and_publishes_inside_the_window(db_url: s
     took = time.monotonic() - began
     out = proc.stdout
     assert proc.returncode == 0, (out, proc.stderr)
-    assert took < 15, out  # a working engine does not wait for the 10 s resize
+    # A working engine does not wait for the 10 s resize: the window lines below catch that
+    # whatever the load; this bound (15 s idle, a process start included) stretches with the
+    # measured overload, up to a minute, so that it only bounds a run gone wrong.
+    assert took < scaled(15, cap=60.0), out
     assert "3/3 succeeded" in out, out
     assert "published inside the window: 3/3" in out, out
     assert "1/3 degraded a branch" in out, out
