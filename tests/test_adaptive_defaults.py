@@ -31,6 +31,7 @@ from konduit.engine.deadlines import MIN_SAMPLES, budgets
 from konduit.web import create_app, database_client
 from tests.support.browser import serving
 from tests.support.db import rows
+from tests.support.load import scaled
 from tests.support.workers import running_worker
 from tests.test_cli import konduit_cli
 
@@ -141,7 +142,10 @@ def test_the_quantile_read_is_an_index_scan_of_bounded_size(make_app) -> None:
         took = time.perf_counter() - began
     assert samples == 1000  # the newest thousand of the step's 1,501
     assert seconds == pytest.approx(2.0)
-    assert took < 0.5, f"the quantile read took {took:.3f} s"
+    # Half a second idle (stretched by the measured overload, at most 5 s): the plan checks
+    # above catch a scan of the whole history; this catches a read that went slow anyway.
+    bound = scaled(0.5, cap=5.0)
+    assert took < bound, f"the quantile read took {took:.3f} s (bound {bound:.2f} s)"
 
 
 def test_a_window_cuts_the_budgets_of_root_tasks_at_the_start(make_app) -> None:

@@ -3,13 +3,17 @@
 The bounds are generous on purpose (machines are noisy): they catch a fan-in that became O(width)
 or a batch path that stopped batching, not a slow afternoon. Speed itself is judged from the
 report (``summary.targets``), never asserted here; correctness figures (stalls, duplicate joins)
-are.
+are. The runs' own time limits bound a hang, not speed: ~1 minute each on an idle machine, they
+took more than 5 on one that other processes overloaded (load 15-22 on 2 cores, issue 29).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -65,18 +69,32 @@ def test_commit_count_is_exactly_what_others_committed(db_url):
     assert 26 <= min(counts) <= 28, counts
 
 
+def kill_group(proc: subprocess.Popen[str]) -> None:
+    """Kill the bench and the worker processes it started (its process group: a bench killed
+    alone, at a time limit, left its workers running, connected to the server)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+# A hang bound: the run's end is what the test waits for (~1 minute idle, 5 minutes and more
+# beside other suites on 2 cores).
+HANG_SECONDS = 1200
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(HANG_SECONDS + 120)
 def test_quick_bench_reports_sane_numbers_and_cleans_up(admin_url, tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "konduit.cli", "bench", "--quick", "--output", str(out),
          "--database-url", admin_url],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        stdout, stderr = proc.communicate(timeout=300)
+        stdout, stderr = proc.communicate(timeout=HANG_SECONDS)
     finally:
-        proc.kill()
+        kill_group(proc)
     assert proc.returncode == 0, stderr
     printed = json.loads(stdout)
     report = json.loads(out.read_text())
@@ -215,17 +233,23 @@ def test_soak_settings_refuse_a_retention_that_would_prune_a_window_before_it_is
         SoakSettings(duration=50, window=30).resolved().validate()
 
 
+@pytest.mark.timeout(HANG_SECONDS + 120)
 def test_soak_runs_a_few_seconds_with_retention_pruning_and_reports_its_windows(admin_url, tmp_path):
     """`konduit bench --only soak` end to end, cut short: a real worker process whose retention
-    prunes while the load runs, three 2-second windows, the first against the last."""
+    prunes while the load runs, three 2-second windows, the first against the last. (~40 s
+    idle; 160 s at load 17 on 2 cores, past the 120 s it was once given.)"""
     out = tmp_path / "soak.json"
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "konduit.cli", "bench", "--only", "soak", "--duration", "6",
          "--window", "2", "--rate", "5", "--retention", "4", "--burst", "20",
          "--output", str(out), "--database-url", admin_url],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "bench: soak: window 3/3:" in proc.stderr  # a line after each window
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=HANG_SECONDS)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, stderr
+    assert "bench: soak: window 3/3:" in stderr  # a line after each window
     report = json.loads(out.read_text())
     assert set(report["benchmarks"]) == {"soak"}
     soak = report["benchmarks"]["soak"]

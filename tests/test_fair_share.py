@@ -25,6 +25,7 @@ from konduit.engine.client import Client
 from konduit.engine.completer import Recorded, record
 from konduit.engine.registry import Registry
 from konduit.worker.executor import Claimed
+from tests.support.load import scaled
 from tests.support.scenario import run_scenario
 from tests.support.waiting import until
 from tests.support.workers import running_worker
@@ -245,7 +246,10 @@ def test_a_lone_execution_finishes_within_2_s_beside_a_running_100k_map(make_app
         lone = app.start("fair-lone").id
         took = _finished_within(app, lone)
         app.cancel(big)
-    assert took < 2.0, f"the lone execution took {took:.2f} s beside the map"
+    # 2 s on an idle machine, stretched by the measured overload up to 15 s: behind the map (the
+    # bug) it waits for most of 100,000 items.
+    bound = scaled(2.0, cap=15.0)
+    assert took < bound, f"the lone execution took {took:.2f} s beside the map (bound {bound:.1f})"
 
 
 @pytest.mark.slow  # the batch's start alone takes 8-15 s here
@@ -259,4 +263,5 @@ def test_a_lone_execution_finishes_within_2_s_after_a_100k_start_many(make_app):
         took = _finished_within(app, lone)
         running = _count(app, "SELECT count(*) FROM konduit_executions WHERE status = 'running'")
     assert running > ITEMS // 2, "the batch was still running"
-    assert took < 2.0, f"the lone execution took {took:.2f} s after the batch"
+    bound = scaled(2.0, cap=15.0)  # as above: behind the batch it waits for most of 100,000
+    assert took < bound, f"the lone execution took {took:.2f} s after the batch (bound {bound:.1f})"

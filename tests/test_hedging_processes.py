@@ -1,9 +1,15 @@
 """Hedged attempts across real worker processes (`konduit worker`): the straggler's first
 attempt runs in one process, its hedge on any free slot of either; the hedge wins, the join
-fires once per execution, and the outrun attempt is cancelled where it runs."""
+fires once per execution, and the outrun attempt is cancelled where it runs.
+
+Under load (issue 29) the time the test measures starts once both workers are up (a worker
+process's start took most of the old 25 s bound beside other suites), and the bound stretches
+with the measured overload up to 50 s: still short of the 60 s a first attempt straggles, which
+is what an unhedged run takes (and it returns "primary", which fails the test too)."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -13,9 +19,20 @@ import pytest
 
 import konduit
 from tests.apps import hedge_app
+from tests.support.load import Overload
+from tests.support.waiting import until
 from tests.support.workers import spawn_worker, stop_workers
 
 pytestmark = [pytest.mark.storage, pytest.mark.slow]
+
+
+def workers_up(db_url: str, workers: list[subprocess.Popen[bytes]]) -> bool:
+    """Both worker processes registered (they claim from then on)."""
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT count(*) FROM konduit_workers WHERE stopped_at IS NULL"
+                           " AND pid = ANY(%s)", ([w.pid for w in workers],)).fetchone()
+    return row is not None and row[0] == len(workers)
+
 
 def test_stragglers_are_hedged_across_worker_processes(db_url: str, tmp_path: Path) -> None:
     executions = 3
@@ -24,21 +41,23 @@ def test_stragglers_are_hedged_across_worker_processes(db_url: str, tmp_path: Pa
     workers = [spawn_worker("tests.apps.hedge_app:app", db_url, concurrency=4)
                for _ in range(2)]
     try:
-        began = time.monotonic()
-        handles = [app.start("proc-hedge", input={"log": str(log)}) for _ in range(executions)]
-        results = [h.wait(timeout=60) for h in handles]
-        took = time.monotonic() - began
+        until(lambda: workers_up(db_url, workers), 60, "both workers to start")
+        with Overload() as load:
+            began = time.monotonic()
+            handles = [app.start("proc-hedge", input={"log": str(log)}) for _ in range(executions)]
+            results = [h.wait(timeout=120) for h in handles]
+            took = time.monotonic() - began
         # The outrun attempts are cancelled where they run (NOTIFY, else the next heartbeat).
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and \
-                log.read_text().count("\tcancelled\t") < executions:
-            time.sleep(0.1)
+        until(lambda: log.read_text().count("\tcancelled\t") >= executions, 30,
+              "the outrun attempts to be cancelled")
     finally:
         stop_workers(workers)
         app.close()
     assert [r.status for r in results] == ["succeeded"] * executions
     assert [r.output for r in results] == ["hedge"] * executions
-    assert took < 25, f"the stragglers were not hedged ({took:.1f} s; a first attempt takes 30 s)"
+    bound = load.scaled(10.0, cap=50.0)  # hedged at 0.5 s: a few seconds on an idle machine
+    assert took < bound, (f"the stragglers were not hedged ({took:.1f} s, bound {bound:.0f} s at"
+                          f" overload x{load.factor:.1f}; a first attempt takes 60 s)")
     events: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for line in log.read_text().splitlines():
         key, hedged, what, _pid = line.split("\t")

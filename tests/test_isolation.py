@@ -32,6 +32,7 @@ from konduit.worker.isolation import (
     NonRetryableHandlerFailed,
     call_in_process,
 )
+from tests.support.load import scaled
 from tests.support.waiting import until
 from tests.support.workers import ROOT, spawn_worker, stop_workers
 
@@ -169,7 +170,9 @@ def test_a_hung_handler_is_killed_at_the_timeout_and_reaped(tmp_path):
     elapsed = time.monotonic() - started
     assert isinstance(info.value, HandlerTimedOut)
     assert "time limit of 0.5 s" in str(info.value)
-    assert 0.5 <= elapsed < 1.5
+    # Killed at its 0.5 s limit (the bug: never, a hang); the upper bound, 1.5 s idle, stretches
+    # with the measured overload (starting the handler's process takes seconds under load).
+    assert 0.5 <= elapsed < scaled(1.5, cap=10.0)
     assert reaped(wait_for_pid(pidfile))
 
 
@@ -461,5 +464,7 @@ def test_a_worker_with_process_isolation_kills_a_hung_branch_and_serves_the_next
         ).fetchone()
     assert row is not None
     late_by, error = row
-    assert -0.5 <= float(late_by) < 1.0, f"the hung branch ended {late_by} s after its deadline"
+    # Within a second of its deadline on an idle machine, up to 5 s under measured overload.
+    bound = scaled(1.0, cap=5.0)
+    assert -0.5 <= float(late_by) < bound, f"the hung branch ended {late_by} s after its deadline"
     assert "deadline exceeded" in error

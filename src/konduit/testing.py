@@ -24,9 +24,12 @@ a busy server, a reset tens of milliseconds), and :func:`worker_thread` runs the
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -516,8 +519,33 @@ def worker_thread(
         raise TestWorkerError(f"the test worker died: {errors[0]!r}") from errors[0]
     if thread.is_alive():
         raise TestWorkerError(
-            f"the test worker did not stop within {grace + 30.0:.0f}s of the end of the block"
+            f"the test worker did not stop within {grace + 30.0:.0f}s of the end of the block;"
+            f" {_where(thread, handle)}"
         )
+
+
+def _where(thread: threading.Thread, handle: WorkerThread) -> str:
+    """Where a worker thread that does not stop is: its thread's stack and its event loop's
+    unfinished tasks (read from another thread: a best effort, for the error message)."""
+    parts = []
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is not None:
+        parts.append("its thread is at:\n" + "".join(traceback.format_stack(frame, limit=12)))
+    loop = handle._loop
+    if loop is not None:
+        try:
+            tasks = list(asyncio.all_tasks(loop))
+        except RuntimeError:  # the loop's task set changed while read
+            tasks = []
+        for task in tasks:
+            try:
+                stack = task.get_stack(limit=3)
+            except Exception:
+                stack = []
+            at = "; ".join(f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}"
+                           for f in stack)
+            parts.append(f"task {task.get_name()} at {at or '?'}")
+    return "\n".join(parts) or "no stack found"
 
 
 class WorkerThread:
@@ -525,11 +553,13 @@ class WorkerThread:
 
     def __init__(self) -> None:
         self._worker: Worker | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
         self._ended = threading.Event()
 
     def _built(self, worker: Worker) -> None:
         self._worker = worker
+        self._loop = asyncio.get_running_loop()  # called on the worker's loop, before it runs
         self._ready.set()
 
     def worker(self, timeout: float = 30.0) -> Worker:

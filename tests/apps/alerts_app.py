@@ -1,8 +1,9 @@
 """The app that the window-at-risk test runs with ``konduit worker tests.apps.alerts_app:app``.
 
 ``branch`` sleeps as long as the execution's input says (fast in the history, 10x slower in the
-run that must raise the alert); ``publish`` joins it with ``steady`` and takes a fixed while, so
-a forecast made while ``branch`` straggles still has ``publish`` ahead of it.
+run that must raise the alert); ``publish`` joins it with ``steady`` and takes a fixed while
+(``publish_seconds`` in the input, else 1.5 s), so a forecast made while ``branch`` straggles
+still has ``publish`` ahead of it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ async def branch(ctx: konduit.Context) -> str:
 
 @wf.step(after=[steady, branch])
 async def publish(ctx: konduit.Context) -> list[str]:
-    await asyncio.sleep(PUBLISH_SECONDS)
+    await asyncio.sleep(float(ctx.input.get("publish_seconds", PUBLISH_SECONDS)))
     return sorted(ctx.upstream.values())
 
 

@@ -1,6 +1,6 @@
 """The app that tests/test_hedging_processes.py runs with ``konduit worker tests.apps.hedge_app:app``.
 
-``slow`` straggles in its first attempt (30 s) and returns at once when hedged; every attempt of
+``slow`` straggles in its first attempt (60 s) and returns at once when hedged; every attempt of
 it appends what happened to the file named in the execution's input, so the test sees both
 attempts across processes.
 """
@@ -36,7 +36,7 @@ async def slow(ctx: konduit.Context) -> str:
     if ctx.hedged:
         return "hedge"
     try:
-        await asyncio.sleep(30)
+        await asyncio.sleep(60)
     except asyncio.CancelledError:
         _log(ctx, "cancelled")
         raise
