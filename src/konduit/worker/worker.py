@@ -61,6 +61,7 @@ from konduit.errors import (
 from konduit.logs import log_recorded
 from konduit.worker.arming import Arming
 from konduit.worker.batcher import BatcherStopped, CompletionBatcher
+from konduit.worker.chunks import ChunkTaker
 from konduit.worker.config import WorkerConfig
 from konduit.worker.connectivity import RETRY_MAX_DELAY, Connectivity, retrying
 from konduit.worker.executor import Executor
@@ -165,6 +166,9 @@ class Worker:
                                beat_now=self.beat_request)
         self.arming = Arming(self.maintenance, self._stop.is_set,
                              max_payload_bytes=max_payload_bytes)
+        # Big maps' items, created chunk by chunk beside the claims (chunks.py).
+        self.chunks = ChunkTaker(db, poll=self.config.maintenance_interval,
+                                 passed=functools.partial(self.passes.done, "map_chunks"))
         # When the maintenance loop wakes: the interval, or sooner what is due (wakeups.py).
         self.sweep_clock = SweepClock(self.config.maintenance_interval,
                                       grace=self.config.deadline_grace)
@@ -206,13 +210,14 @@ class Worker:
             asyncio.create_task(listen(
                 self.db, queues=cfg.queues, hedged=self.hedger.enabled, ready=self._wake.set,
                 stopped=self._stop_tasks_of, outrun=self._stop_outrun,
-                deadline=self.sweep_clock.poke), name="konduit-listen"),
+                deadline=self.sweep_clock.poke, chunks=self.chunks.poke), name="konduit-listen"),
             asyncio.create_task(beat(
                 self.db, cfg, self.connectivity, held=lambda: [t for t, _ in self.running.values()],
                 abandoned=lambda: self.executor.abandoned, lost=self._lease_lost,
                 asked=self.beat_request),
                 name="konduit-heartbeat"),
             asyncio.create_task(self._maintain(), name="konduit-maintenance"),
+            asyncio.create_task(self.chunks.run(), name="konduit-map-chunks"),
             *([asyncio.create_task(self.alerting.run(
                 cfg.alert_interval, passed=functools.partial(self.passes.done, "alerts")),
                 name="konduit-alerts")] if cfg.alert_interval > 0 else []),
