@@ -254,9 +254,11 @@ class Worker:
         backoff = 0.5
         while not self._stop.is_set():
             free = self._free_slots()
-            if free > 0 and self._rounds_claim():
+            deferred = free > 0 and self._rounds_claim()
+            if deferred:
                 # The round being recorded claims the free slots in its own transaction; its
-                # tasks wake this loop as they are done.
+                # tasks wake this loop as they are done. Not a slow one (a big map's fan-in):
+                # past the batcher's patience this loop claims beside it.
                 free = 0
             claimed: list[TaskAttempt] = []
             # Cleared before the claim, not after: a wake that arrives while the claim is in
@@ -291,6 +293,8 @@ class Worker:
                 poll = min(poll, self._flow_poll)
             if self.hedger.enabled:
                 poll = min(poll, self.hedger.poll)
+            if deferred:
+                poll = min(poll, self.batcher.patience)  # look again once the round is slow
             await self._sleep(poll)
 
     async def _claim(self, db: Database | Tx, limit: int) -> list[TaskAttempt]:
@@ -319,7 +323,8 @@ class Worker:
     def _rounds_claim(self) -> bool:
         """Whether a completion round is due that will claim the free slots (see
         :meth:`_record_group`)."""
-        return self.batcher.busy and time.monotonic() >= self._claim_in_rounds_after \
+        return self.batcher.busy and not self.batcher.stalled \
+            and time.monotonic() >= self._claim_in_rounds_after \
             and self._completer is not None and not self._completer.done()
 
     async def _record_group(self, group: list[Completion]) -> list[tuple[Recorded, Advanced | None]]:
@@ -334,13 +339,20 @@ class Worker:
         claimed: list[TaskAttempt] = []
         # The claim sent with the round's COMMIT (the last run's, if a conflict reran it).
         sent: list[Callable[[], Awaitable[transitions.Claim]]] = []
-        free = self._free_slots()
-        self._reserved += max(free, 0)
+        # The slots it claims are those free when it gets to its claim, reserved from then: a
+        # round that takes long (a big map's fan-in) leaves them to the claim loop meanwhile.
+        reserved = [0]
+
+        def claim_in_round(tx: Tx) -> Awaitable[set[tuple[UUID, str]] | None]:
+            free = max(self._free_slots() + reserved[0], 0)
+            self._reserved += free - reserved[0]
+            reserved[0] = free
+            return self._claim_in_round(tx, free, claimed, sent)
+
         try:
             results = await record_many(
                 self.db, self.registry, group,
-                max_payload_bytes=self.executor.max_payload_bytes,
-                then=lambda tx: self._claim_in_round(tx, free, claimed, sent))
+                max_payload_bytes=self.executor.max_payload_bytes, then=claim_in_round)
             if sent:  # committed: the claimed rows came back with the COMMIT
                 claimed.extend(self._claimed(await sent[-1]()))
                 self.claims["in_rounds"] += bool(claimed)
@@ -355,7 +367,7 @@ class Worker:
                 self._claim_in_rounds_after = time.monotonic() + 30.0
             raise
         finally:
-            self._reserved -= max(free, 0)
+            self._reserved -= reserved[0]
             # Whether or not the round committed: a lease that did not is refused by the check
             # that starts the handlers.
             self._launch(claimed)
