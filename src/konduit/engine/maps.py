@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from uuid import UUID
 
@@ -50,8 +50,8 @@ loop, and a chunk transaction holds its execution's row (shared) while it insert
 must stay small enough not to stall heartbeats nor the map's own completion rounds, yet big
 enough to keep round trips few."""
 
-chunk_hook: Callable[[UUID, int], None] | None = None
-"""Tests only: called as (execution id, first index) inside each chunk transaction, after its
+chunk_hook: Callable[[UUID, int], Awaitable[None]] | None = None
+"""Tests only: awaited as (execution id, first index) inside each chunk transaction, after its
 tasks were inserted and before it commits; what it raises rolls the chunk back."""
 
 
@@ -194,7 +194,7 @@ async def create_next_chunk(db: Database) -> int | None:
                         "items (the others existed)", chunk["step"], chunk["execution_id"],
                         chunk["first_index"], made, chunk["item_count"])
         if chunk_hook is not None:
-            chunk_hook(chunk["execution_id"], chunk["first_index"])
+            await chunk_hook(chunk["execution_id"], chunk["first_index"])
         return made
 
     return await db.atomic(take)

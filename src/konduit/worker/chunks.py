@@ -3,10 +3,10 @@
 A map step's fan-in creates its first chunk of tasks and keeps the rest as chunk rows
 (:mod:`konduit.engine.maps`). Every worker runs one taker: woken by ``konduit_map_chunks``
 (sent when a fan-in left chunks), and every ``poll`` seconds otherwise (a chunk a dead worker
-left half-taken is visible again once its transaction rolled back), it creates chunks one
-transaction at a time until none is left. It holds no claim slot and no completion round: the
-worker claims and records other executions' work meanwhile, and several workers share a big
-map's chunks (SKIP LOCKED).
+left half-taken is visible again once its transaction rolled back; so is one whose
+transaction failed), it creates chunks one transaction at a time until none is left. It holds
+no claim slot and no completion round: the worker claims and records other executions' work
+meanwhile, and several workers share a big map's chunks (SKIP LOCKED).
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ class ChunkTaker:
                 self.passed()
             except DatabaseError as exc:
                 log.warning("creating a map's items from a chunk failed (%s); retrying", exc)
+            except Exception:  # a bug must not end the taker: the chunk rolled back, it stays
+                log.exception("creating a map's items from a chunk failed; retrying")
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll)
             except TimeoutError:
