@@ -24,8 +24,15 @@ from konduit.db.database import Database
 from konduit.engine import maps
 from konduit.engine.maps import MAP_CHUNK_ROWS, create_next_chunk
 from konduit.worker.chunks import ChunkTaker
+from tests.apps import chunk_crash_app
 from tests.support.waiting import until
-from tests.support.workers import running_worker
+from tests.support.workers import (
+    kill_workers,
+    reaped,
+    running_worker,
+    spawn_worker,
+    stop_workers,
+)
 
 pytestmark = [pytest.mark.storage]
 
@@ -254,3 +261,29 @@ def test_a_cancel_during_the_fan_out_leaves_no_chunk(
             assert chunk_rows(db_url) == 0
     finally:
         chunk_release.set()
+
+
+def test_a_worker_killed_between_chunks_neither_loses_nor_doubles_an_item(db_url: str) -> None:
+    n = 10 * MAP_CHUNK_ROWS + 11
+    options = ("--lease-seconds", "3", "--heartbeat-interval", "0.5",
+               "--maintenance-interval", "0.5")
+    with reaped([]) as procs, \
+            konduit.App([chunk_crash_app.wf], database_url=db_url) as client:
+        procs.append(spawn_worker("tests.apps.chunk_crash_app:app", db_url, *options,
+                                  env={"KONDUIT_TEST_CHUNK_PAUSE": "0.4"}))
+        handle = client.start("chunk-crash", input=n)
+        # Some chunks made, others not: the worker sits inside a chunk's transaction (it
+        # pauses there) when it is killed.
+        until(lambda: 0 < chunk_rows(db_url) <= 7, 180, "some chunks to be created")
+        kill_workers(procs)
+        # Nothing lost, nothing doubled at the crash: every item is a task or in a chunk.
+        pending = int(q(db_url, "SELECT coalesce(sum(item_count), 0) FROM konduit_map_chunks"))
+        assert pending > 0
+        assert len(item_indexes(db_url, handle.id)) + pending == n
+        # Another worker takes the chunks the dead one left (its poll: no notification).
+        procs.append(spawn_worker("tests.apps.chunk_crash_app:app", db_url, *options))
+        until(lambda: chunk_rows(db_url) == 0, 180, "the other worker to take the chunks")
+        stop_workers(procs[1:])
+    assert item_indexes(db_url, handle.id) == list(range(n))
+    assert q(db_url, "SELECT tasks_total FROM konduit_steps WHERE execution_id = %s"
+             " AND step = 'item'", handle.id) == n
