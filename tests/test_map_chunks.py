@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -287,3 +288,36 @@ def test_a_worker_killed_between_chunks_neither_loses_nor_doubles_an_item(db_url
     assert item_indexes(db_url, handle.id) == list(range(n))
     assert q(db_url, "SELECT tasks_total FROM konduit_steps WHERE execution_id = %s"
              " AND step = 'item'", handle.id) == n
+
+
+def test_items_made_later_keep_the_deadline_the_window_cut_at_the_fan_in(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    n = 3 * MAP_CHUNK_ROWS + 5
+
+    async def hook(execution_id: UUID, first_index: int) -> None:
+        await asyncio.sleep(0.3)  # later chunks are made well after the fan-in
+
+    maps.chunk_hook = hook
+    wf = konduit.Workflow("windowed")
+
+    @wf.step()
+    def seed(ctx: Any) -> int:
+        return int(ctx.input)
+
+    @wf.map(after=[seed], over=range, queue="unserved", deadline="60s")
+    def item(ctx: Any) -> int:
+        return 1
+
+    app = make_app(wf)
+    with running_worker(app, concurrency=4):
+        handle = app.start("windowed", input=n,
+                           deadline_at=datetime.now(UTC) + timedelta(seconds=30))
+        until(lambda: len(item_indexes(db_url, handle.id)) == n, 120, "every item")
+    with psycopg.connect(db_url) as conn:
+        moments, uncut, created = conn.execute(
+            "SELECT count(DISTINCT deadline_at), count(*) FILTER (WHERE deadline_uncut_seconds"
+            " IS NOT NULL), count(DISTINCT created_at) FROM konduit_tasks"
+            " WHERE execution_id = %s AND step = 'item'", (handle.id,)).fetchone()  # type: ignore[misc]
+    assert created > 1, "every chunk was made at the fan-in: nothing checked"
+    assert uncut == n, "the window did not cut the items' budget"
+    assert moments == 1, "the chunks made later moved the items' deadline"
