@@ -22,8 +22,10 @@ import pytest
 
 import konduit
 from konduit.db.database import Database
+from konduit.db.replica import Reads
 from konduit.engine import maps
 from konduit.engine.maps import MAP_CHUNK_ROWS, create_next_chunk
+from konduit.reads import ReadModel
 from konduit.worker.chunks import ChunkTaker
 from tests.apps import chunk_crash_app
 from tests.support.waiting import until
@@ -213,7 +215,11 @@ def test_the_worker_claims_while_a_big_fan_out_is_made(
             during_chunks = [app.start("small") for _ in range(5)]
             for h in during_chunks:
                 assert h.wait(timeout=60).output == 1
-            assert len(item_indexes(db_url, big.id)) < n, "the items were all made before them"
+            made = len(item_indexes(db_url, big.id))
+            assert made < n, "the items were all made before them"
+            # The execution page's map row reads "creating items: k of N".
+            counts = asyncio.run(_map_counts(db_url, big.id))
+            assert (counts.tasks, counts.tasks + counts.creating) == (made, n)
             chunk_release.set()
             until(lambda: len(item_indexes(db_url, big.id)) == n, 240,
                   "every item to be created")
@@ -223,6 +229,16 @@ def test_the_worker_claims_while_a_big_fan_out_is_made(
     finally:
         over_release.set()
         chunk_release.set()
+
+
+async def _map_counts(db_url: str, execution_id: UUID) -> Any:
+    db = Database(db_url, min_size=1, max_size=2)
+    await db.open()
+    try:
+        (counts,) = await ReadModel(Reads(db)).map_counts(execution_id, ["item"])
+        return counts
+    finally:
+        await db.close()
 
 
 def test_a_cancel_during_the_fan_out_leaves_no_chunk(
