@@ -79,8 +79,14 @@ def small() -> konduit.Workflow:
     return wf
 
 
+CHUNK = 500
+"""Chunks of the in-process tests: MAP_CHUNK_ROWS (5,000) made smaller, so that a map of several
+chunks has few enough items to run on a busy machine."""
+
+
 @pytest.fixture(autouse=True)
 def _reset(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(maps, "MAP_CHUNK_ROWS", CHUNK)
     over_entered.clear()
     over_release.clear()
     over_gate[0] = False
@@ -108,8 +114,8 @@ def item_indexes(db_url: str, execution_id: UUID) -> list[int]:
 
 def test_a_failed_chunk_transaction_neither_loses_nor_doubles_an_item(
         make_app: Callable[..., konduit.App], db_url: str) -> None:
-    n = 4 * MAP_CHUNK_ROWS + 123
-    failures = {2 * MAP_CHUNK_ROWS: 2, 4 * MAP_CHUNK_ROWS: 1}  # first index -> times to fail
+    n = 4 * CHUNK + 123
+    failures = {2 * CHUNK: 2, 4 * CHUNK: 1}  # first index -> times to fail
     seen: list[int] = []
 
     async def hook(execution_id: UUID, first_index: int) -> None:
@@ -125,8 +131,8 @@ def test_a_failed_chunk_transaction_neither_loses_nor_doubles_an_item(
         result = handle.wait(timeout=240)
     assert result.output == n
     assert item_indexes(db_url, handle.id) == list(range(n))
-    assert failures == {2 * MAP_CHUNK_ROWS: 0, 4 * MAP_CHUNK_ROWS: 0}, seen
-    assert seen.count(2 * MAP_CHUNK_ROWS) == 3 and seen.count(4 * MAP_CHUNK_ROWS) == 2
+    assert failures == {2 * CHUNK: 0, 4 * CHUNK: 0}, seen
+    assert seen.count(2 * CHUNK) == 3 and seen.count(4 * CHUNK) == 2
     assert q(db_url, "SELECT count(*) FROM konduit_tasks WHERE execution_id = %s"
              " AND step = 'join'", handle.id) == 1
     assert q(db_url, "SELECT count(*) FROM konduit_attempts a JOIN konduit_tasks t"
@@ -138,7 +144,7 @@ def test_a_failed_chunk_transaction_neither_loses_nor_doubles_an_item(
 def test_takers_that_collide_never_double_an_item(
         make_app: Callable[..., konduit.App], db_url: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    n = 12 * MAP_CHUNK_ROWS + 7
+    n = 12 * CHUNK + 7
 
     async def no_taker(self: ChunkTaker) -> None:
         await asyncio.Event().wait()
@@ -148,7 +154,7 @@ def test_takers_that_collide_never_double_an_item(
     with running_worker(app, concurrency=4):
         handle = app.start("chunky", input=n)
         until(lambda: chunk_rows(db_url) == 12, 120, "the fan-in to leave 12 chunks")
-    assert len(item_indexes(db_url, handle.id)) == MAP_CHUNK_ROWS
+    assert len(item_indexes(db_url, handle.id)) == CHUNK
 
     takers = 6
     start = threading.Barrier(takers)
@@ -178,14 +184,16 @@ def test_takers_that_collide_never_double_an_item(
     for t in threads:
         t.join(120)
     assert sum(len(m) for m in made) == 12
-    assert sum(sum(m) for m in made) == n - MAP_CHUNK_ROWS
+    assert sum(sum(m) for m in made) == n - CHUNK
     assert sum(1 for m in made if m) > 1, f"the takers never overlapped: {made}"
     assert item_indexes(db_url, handle.id) == list(range(n))
     assert chunk_rows(db_url) == 0
 
 
 def test_the_worker_claims_while_a_big_fan_out_is_made(
-        make_app: Callable[..., konduit.App], db_url: str) -> None:
+        make_app: Callable[..., konduit.App], db_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(maps, "MAP_CHUNK_ROWS", MAP_CHUNK_ROWS)  # the chunks as shipped
     n = 150_000
     chunk_entered = threading.Event()
     chunk_release = threading.Event()
@@ -243,12 +251,12 @@ async def _map_counts(db_url: str, execution_id: UUID) -> Any:
 
 def test_a_cancel_during_the_fan_out_leaves_no_chunk(
         make_app: Callable[..., konduit.App], db_url: str) -> None:
-    n = 30 * MAP_CHUNK_ROWS
+    n = 30 * CHUNK
     chunk_entered = threading.Event()
     chunk_release = threading.Event()
 
     async def hook(execution_id: UUID, first_index: int) -> None:
-        if first_index == 3 * MAP_CHUNK_ROWS:  # a taker holds this one while the cancel runs
+        if first_index == 3 * CHUNK:  # a taker holds this one while the cancel runs
             chunk_entered.set()
             assert await asyncio.to_thread(chunk_release.wait, 120), "never released"
 
@@ -308,7 +316,7 @@ def test_a_worker_killed_between_chunks_neither_loses_nor_doubles_an_item(db_url
 
 def test_items_made_later_keep_the_deadline_the_window_cut_at_the_fan_in(
         make_app: Callable[..., konduit.App], db_url: str) -> None:
-    n = 3 * MAP_CHUNK_ROWS + 5
+    n = 3 * CHUNK + 5
 
     async def hook(execution_id: UUID, first_index: int) -> None:
         await asyncio.sleep(0.3)  # later chunks are made well after the fan-in

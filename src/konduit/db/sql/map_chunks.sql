@@ -54,13 +54,14 @@ WITH chunk AS (
            c.max_attempts, c.deadline_seconds, c.limited, c.deadline_uncut_seconds,
            c.deadline_reserve_seconds, c.deadline_at,
            -- Turns as task_insert_map_chunk_if_running counts them: the clock as claims moved it.
-           konduit_task_turn(COALESCE((SELECT k.fair_turn FROM konduit_queue_clocks k
-                                       WHERE k.queue = c.queue), 0),
-                             c.first_index + u.ord - 1),
+           konduit_task_turn(k.clock, c.first_index + u.ord - 1),
            c.policy_revision
     FROM chunk c
     JOIN konduit_executions e
       ON e.id = c.execution_id AND e.status = 'running' AND e.generation = c.generation
+    -- The clock read once for the chunk, not once per item.
+    CROSS JOIN LATERAL (SELECT COALESCE((SELECT q.fair_turn FROM konduit_queue_clocks q
+                                         WHERE q.queue = c.queue), 0)) AS k(clock)
     CROSS JOIN LATERAL unnest(string_to_array(c.items, E'\n')) WITH ORDINALITY AS u(item, ord)
     ON CONFLICT (execution_id, step, map_index, generation) DO NOTHING
     RETURNING 1
