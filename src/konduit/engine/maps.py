@@ -164,7 +164,7 @@ async def create_map_tasks(
     # one row per chunk. Each statement is waited for (run, not send): queued unanswered in
     # the round's pipeline, 19 of them (750 kB each, 150-byte items) hung a 100,000-item
     # fan-in for good, the server session "active" in ClientRead on one of these inserts
-    # (tests/test_big_map.py); waited for, it takes 8 s under load 20.
+    # (tests/test_big_map.py).
     for first in range(MAP_CHUNK_ROWS, len(items), MAP_CHUNK_ROWS):
         chunk = items[first : first + MAP_CHUNK_ROWS]
         await tx.run("map_chunk_insert", first_index=first, item_count=len(chunk),
