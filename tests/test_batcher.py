@@ -318,3 +318,38 @@ def test_a_submitter_that_gives_up_does_not_disturb_the_others() -> None:
         await stop(loop_task)
 
     run(go())
+
+
+def test_a_slow_round_does_not_hold_other_executions_and_holds_back_its_own() -> None:
+    """A round past its patience (a big map's fan-in) lets the next round start beside it, for
+    the other executions' outcomes; a later outcome of the slow round's execution waits for it
+    (it would wait for its lock) and goes in the round after it."""
+    slow = asyncio.Event()
+
+    async def script(call: int, batch: list[Completion]) -> None:
+        if call == 1:
+            await slow.wait()
+
+    async def go() -> None:
+        fake = FakeRecordGroup(script)
+        batcher = CompletionBatcher(fake, max_executions=100, patience=0.05)
+        runner = asyncio.create_task(batcher.run())
+        first = completion(E1)
+        first_done = asyncio.create_task(batcher.submit(first))
+        while not fake.calls:
+            await asyncio.sleep(0.01)
+        assert not batcher.stalled
+        await asyncio.sleep(0.1)  # past its patience
+        assert batcher.stalled and batcher.busy
+        again, other = completion(E1), completion(E2)
+        again_done = asyncio.create_task(batcher.submit(again))
+        assert await asyncio.wait_for(batcher.submit(other), BOUND) == result_for(other)
+        assert not first_done.done() and not again_done.done()
+        slow.set()
+        assert await asyncio.wait_for(first_done, BOUND) == result_for(first)
+        assert await asyncio.wait_for(again_done, BOUND) == result_for(again)
+        assert fake.ids() == [[first.task_id], [other.task_id], [again.task_id]]
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+    run(go())

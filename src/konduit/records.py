@@ -506,6 +506,9 @@ class MapStepCounts(Record):
     p50: float | None
     p95: float | None
     longest: float | None
+    creating: int = 0
+    """Items of the step still waiting in chunks to be created (a big map being fanned out):
+    ``tasks`` of ``tasks + creating`` exist so far."""
 
 
 @dataclass(frozen=True)

@@ -116,3 +116,62 @@ def wide_map(fresh: Any, *, items: int, executions: int) -> Json:
                    "static_cpu_over_map_cpu_per_task":
                    ratio(static["worker_cpu_ms_per_task"], wide["worker_cpu_ms_per_task"])},
     }
+
+
+FAN_OUT_LONE = 10
+"""One-step executions started together while a big map's items are being created."""
+FAN_OUT_TARGET_SECONDS = 5.0
+"""Issue 29: each of them finishes within this, however big the fan-out beside it."""
+
+
+def fan_out_run(url: str, items: int, *, after: float = 1.0, lone: int = FAN_OUT_LONE,
+                concurrency: int = 8) -> Json:
+    """Start a map of ``items`` items, and ``after`` seconds later ``lone`` one-step executions
+    together: their start -> finish, and whether they finished before the map's last item
+    existed (the fan-out did not hold the worker's claims). The map is cancelled once its items
+    all exist: running them is :func:`wide_map`'s measure, not this one's."""
+    obs = Observer(url)
+    try:
+        with konduit.App([wide_map_workflow(), one_workflow()], database_url=url) as app, \
+                worker_processes(url, obs, 1, concurrency=concurrency, app_spec=APP_SPEC,
+                                 label="fan-out"):
+            for _ in range(2):  # statements prepared while the tables are tiny
+                app.start(WORKFLOW, input=5).wait(timeout=120)
+            began = time.perf_counter()
+            big = app.start(WORKFLOW, input=items)
+            time.sleep(after)
+            lone_ids = [app.start("bench-one").id for _ in range(lone)]
+            lone_done_at: float | None = None
+            created_at: float | None = None
+            deadline = time.monotonic() + max(600.0, items / 1_000)
+            while lone_done_at is None or created_at is None:
+                _check(time.monotonic() < deadline, "the fan-out or the executions beside it "
+                       "did not end in time")
+                if lone_done_at is None and int(obs.one(
+                        "SELECT count(*) FROM konduit_executions WHERE id = ANY(%s)"
+                        " AND finished_at IS NOT NULL", (lone_ids,))) == lone:
+                    lone_done_at = time.perf_counter() - began
+                if created_at is None and int(obs.one(
+                        "SELECT count(*) FROM konduit_tasks WHERE execution_id = %s"
+                        " AND step = 'item'", (big.id,))) == items:
+                    created_at = time.perf_counter() - began
+                time.sleep(0.05)
+            rows = obs.rows("SELECT extract(epoch FROM finished_at - created_at)::float8, status"
+                            " FROM konduit_executions WHERE id = ANY(%s)", (lone_ids,))
+            _check(all(status == "succeeded" for _, status in rows),
+                   "an execution beside the fan-out did not succeed")
+            big.cancel("the fan-out benchmark measured its creation")
+    finally:
+        obs.close()
+    seconds = [float(s) for s, _ in rows]
+    return {
+        "parameters": {"workflow": f"{WORKFLOW}: seed -> map(range(items)) -> join",
+                       "items": items, "lone_executions": lone, "lone_started_after_s": after,
+                       "processes": 1, "concurrency": concurrency},
+        "results": {"lone": dist_ms(seconds),
+                    "lone_all_within_target": max(seconds) <= FAN_OUT_TARGET_SECONDS,
+                    "lone_done_after_start_s": _r(lone_done_at),
+                    "items_all_created_after_start_s": _r(created_at),
+                    "lone_done_before_items_created": lone_done_at < created_at},
+        "ratios": {},
+    }

@@ -447,11 +447,11 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
 
 BENCHMARKS = ("commit_probe", "throughput", "db_cost", "workers", "latency", "start", "wide", "collide",
               "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish", "batching",
-              "map_10k", "fair_share", "wide_map", "search", "shapes", "map_1m", "soak")
-"""Every benchmark, in the order they run (``history`` only in a full run; ``map_1m`` and
-``soak``, half an hour each, only when named with ``--only``)."""
+              "map_10k", "fair_share", "wide_map", "search", "shapes", "map_1m", "fan_out_1m", "soak")
+"""Every benchmark, in the order they run (``history`` only in a full run; ``map_1m``,
+``fan_out_1m`` and ``soak``, minutes each, only when named with ``--only``)."""
 
-ON_REQUEST = ("map_1m", "soak")
+ON_REQUEST = ("map_1m", "fan_out_1m", "soak")
 """Benchmarks that run only when named (``--only soak``): 30 minutes is no part of a full run."""
 
 
@@ -522,6 +522,7 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
             map_items=200 if quick else 20_000)),
         ("map_1m", lambda: maps.wide_map(
             server.fresh_database, items=1_000_000, executions=executions)),
+        ("fan_out_1m", in_fresh(lambda u: maps.fan_out_run(u, 1_000_000))),
         ("soak", in_fresh(lambda u: run_soak(u, soak, progress=progress))),
     ]
     began = time.perf_counter()

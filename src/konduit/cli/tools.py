@@ -85,7 +85,7 @@ def bench(
         "throughput, db_cost, workers, latency, start, wide, collide, backlog, history, "
         "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share, wide_map, "
         "search, shapes; "
-        "map_1m and soak run only when named).", show_default=False)] = None,
+        "map_1m, fan_out_1m and soak run only when named).", show_default=False)] = None,
     duration: Annotated[float, typer.Option(
         "--duration", metavar="SECONDS", min=1,
         help="Soak only: seconds of steady load.")] = 1800.0,

@@ -66,6 +66,9 @@ async def finish_execution(
             await tx.one("execution_notify_stopped", id=str(execution_id))
             await _stop_children(tx, execution_id, status)
         await tx.run("step_cancel_unfinished", execution_id=execution_id)
+        # A map's items still waiting in chunks are never created now (a succeeded execution
+        # has none left: its maps' joins counted every item).
+        await tx.send("map_chunk_delete_for_execution", execution_id=execution_id)
     if row["finish_waited"]:
         await tx.one("execution_notify_finished", id=str(execution_id))
     if row["run_key"] is not None:  # Workflow(max_running=): its slot goes to the next pending

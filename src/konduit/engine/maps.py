@@ -1,21 +1,26 @@
 """Map expansion: a ``map`` step whose join fired becomes one task per item of ``over()``.
 
-Runs inside the fan-in transaction that fired the step (the execution row stays locked), so the
-fan-out commits with the decision that caused it or not at all.
+``over()`` runs inside the fan-in transaction that fired the step (the execution row stays
+locked), so the fan-out's items and their count commit with the decision that caused it or not
+at all. Only the first :data:`MAP_CHUNK_ROWS` tasks are created there: the other items are kept
+as chunks (``konduit_map_chunks``, one row per chunk, migration 0032) that any worker turns into
+tasks later, one chunk per transaction (:func:`create_next_chunk`), beside its claims. The join
+after the map counts every item from the start (its ``tasks_total`` is set in the fan-in), so it
+waits for the items of chunks not created yet as for any other.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from uuid import UUID
 
 from konduit.core.fair import function_name
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.workflow import StepSpec, WorkflowSpec
-from konduit.db.database import Row, Tx
+from konduit.db.database import Database, Row, Tx
 from konduit.engine.deadlines import cut_columns, task_budgets
 from konduit.engine.outputs import group_payloads, outputs_query
 from konduit.engine.registry import workflow_key
@@ -40,8 +45,14 @@ _over_threads = HandlerThreads(name="konduit-map-over", max_abandoned=MAP_OVER_M
                                process_wide=True, what="maps' over()")
 
 MAP_CHUNK_ROWS = 5_000
-"""Map tasks created per statement: each chunk's parameters are built on the event loop, so a
-chunk must stay small enough not to stall heartbeats, yet big enough to keep round trips few."""
+"""Map tasks created per statement and per chunk: each chunk's parameters are built on the event
+loop, and a chunk transaction holds its execution's row (shared) while it inserts, so a chunk
+must stay small enough not to stall heartbeats nor the map's own completion rounds, yet big
+enough to keep round trips few."""
+
+chunk_hook: Callable[[UUID, int], Awaitable[None]] | None = None
+"""Tests only: awaited as (execution id, first index) inside each chunk transaction, after its
+tasks were inserted and before it commits; what it raises rolls the chunk back."""
 
 
 class MapTooLarge(Exception):
@@ -127,24 +138,66 @@ async def create_map_tasks(
         return 0
     (budget,) = await task_budgets(tx, workflow, [spec], window_left)
     cut = cut_columns([budget])
-    for first in range(0, len(items), MAP_CHUNK_ROWS):
-        await tx.run(
-            "task_insert_map_chunk_if_running",
-            execution_id=execution_id,
-            workflow=workflow_key(workflow.name, workflow.version),
-            generation=generation,
-            step=step,
-            first_index=first,
-            # One text, not a text[]: compact JSON never holds a raw newline, and psycopg
-            # escapes the elements of a text array one by one in Python, on this loop.
-            items="\n".join(items[first : first + MAP_CHUNK_ROWS]),
-            queue=spec.queue,
-            priority=spec.priority,
-            max_attempts=spec.retry.max_attempts,
-            deadline_seconds=None if budget is None else budget.seconds,
-            limited=spec.flow is not None,
-            policy_revision=workflow.policy_revision,
-            deadline_uncut=cut["deadline_uncuts"][0],
-            deadline_reserve=cut["deadline_reserves"][0],
-        )
+    facts = {
+        "execution_id": execution_id,
+        "generation": generation,
+        "step": step,
+        "queue": spec.queue,
+        "priority": spec.priority,
+        "max_attempts": spec.retry.max_attempts,
+        "deadline_seconds": None if budget is None else budget.seconds,
+        "limited": spec.flow is not None,
+        "policy_revision": workflow.policy_revision,
+        "deadline_uncut": cut["deadline_uncuts"][0],
+        "deadline_reserve": cut["deadline_reserves"][0],
+    }
+    await tx.run(
+        "task_insert_map_chunk_if_running",
+        workflow=workflow_key(workflow.name, workflow.version),
+        first_index=0,
+        # One text, not a text[]: compact JSON never holds a raw newline, and psycopg
+        # escapes the elements of a text array one by one in Python, on this loop.
+        items="\n".join(items[:MAP_CHUNK_ROWS]),
+        **facts,
+    )
+    # The rest waits as chunks, created by whichever worker takes them (create_next_chunk),
+    # one row per chunk. Each statement is waited for (run, not send): queued unanswered in
+    # the round's pipeline, 19 of them (750 kB each, 150-byte items) hung a 100,000-item
+    # fan-in for good, the server session "active" in ClientRead on one of these inserts
+    # (tests/test_big_map.py).
+    for first in range(MAP_CHUNK_ROWS, len(items), MAP_CHUNK_ROWS):
+        chunk = items[first : first + MAP_CHUNK_ROWS]
+        await tx.run("map_chunk_insert", first_index=first, item_count=len(chunk),
+                     items="\n".join(chunk), **facts)
+    if len(items) > MAP_CHUNK_ROWS:
+        await tx.send("map_chunk_notify_pending")
     return len(items)
+
+
+async def create_next_chunk(db: Database) -> int | None:
+    """Create the tasks of one pending chunk of a map's items, in one transaction, and delete
+    the chunk: returns how many tasks it created (0 for a chunk of an execution that ended,
+    deleted all the same), None when no chunk is left that another taker does not hold.
+
+    Exactly once: the chunk row is locked (SKIP LOCKED: takers never wait for each other) and
+    deleted in the statement that inserts its tasks, so a crash before the commit leaves the
+    row to the next taker and the commit leaves the tasks and no row. No claim slot, no
+    execution lock held for long: it runs beside the worker's claims and rounds."""
+    async def take(tx: Tx) -> int | None:
+        chunk = await tx.one("map_chunk_take_next")
+        if chunk is None:
+            return None
+        row = await tx.one("task_insert_map_chunk_taken", id=chunk["id"])
+        assert row is not None
+        made = int(row["made"])
+        if chunk["live"] and made != chunk["item_count"]:
+            # The tasks' unique key refused some: they existed already, which the chunk's row
+            # (gone with the tasks it made) should make impossible. Worth a line if it happens.
+            log.warning("map step %r of execution %s: the chunk at item %d created %d of its %d "
+                        "items (the others existed)", chunk["step"], chunk["execution_id"],
+                        chunk["first_index"], made, chunk["item_count"])
+        if chunk_hook is not None:
+            await chunk_hook(chunk["execution_id"], chunk["first_index"])
+        return made
+
+    return await db.atomic(take)

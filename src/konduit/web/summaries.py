@@ -60,6 +60,7 @@ class MapSummary:
     longest: float | None
     first_started_at: datetime | None
     last_finished_at: datetime | None
+    creating: int = 0  # items still in chunks, not yet tasks (a big map being fanned out)
 
     @property
     def finished(self) -> int:
@@ -67,7 +68,7 @@ class MapSummary:
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "tasks": self.tasks, "tries": self.tries, "counts": self.counts,
-                "p50": self.p50, "p95": self.p95, "max": self.longest}
+                "p50": self.p50, "p95": self.p95, "max": self.longest, "creating": self.creating}
 
 
 def map_summaries(rows: Sequence[Mapping[str, Any]]) -> dict[str, MapSummary]:
@@ -83,7 +84,7 @@ def map_summaries(rows: Sequence[Mapping[str, Any]]) -> dict[str, MapSummary]:
         out[step] = MapSummary(
             step, int(row["generation"]), int(row["tasks"]), int(row["tries"] or 0), counts,
             _float(row["p50"]), _float(row["p95"]), _float(row["longest"]),
-            row["first_started_at"], row["last_finished_at"])
+            row["first_started_at"], row["last_finished_at"], int(row.get("creating") or 0))
     return out
 
 

@@ -8,6 +8,11 @@ executions finishing together cost one commit, not fifty; without it, each execu
 go to a call of their own. A wide fan-out that finishes together then costs one lock, one round
 of writes and one fan-in decision per round instead of per task.
 
+A round that takes long (a map's fan-in runs ``over()`` over a million items) does not hold the
+others: once it has run ``patience`` seconds the next round starts beside it, with the outcomes of
+every other execution; those of the executions it records wait for it (they would wait for its
+locks anyway). At most two rounds are in flight.
+
 How a group's failure reaches its submitters:
 
 - the database cannot be reached, or the pool has no connection: every submitter of the group
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from uuid import UUID
 
@@ -63,7 +69,8 @@ class CompletionBatcher:
     """
 
     def __init__(self, record_group: RecordGroup, *, max_batch: int = 500,
-                 conflict_attempts: int = 3, max_executions: int | None = None):
+                 conflict_attempts: int = 3, max_executions: int | None = None,
+                 patience: float = 0.5):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         if max_executions is not None and max_executions < 1:
@@ -78,12 +85,26 @@ class CompletionBatcher:
         # The first item of the next round: taken from the queue, but of one execution too many
         # for the round it was taken in.
         self._carry: Item | None = None
-        self._recording = False
+        self.patience = patience
+        # The rounds in flight: when each began (monotonic) and the executions it records.
+        self._flights: dict[asyncio.Future[None], tuple[float, set[UUID]]] = {}
+        # Outcomes of executions a round in flight records: they wait for it.
+        self._held: list[Item] = []
 
     @property
     def busy(self) -> bool:
         """Whether a round is being recorded or outcomes wait for the next one."""
-        return self._recording or self._carry is not None or not self.queue.empty()
+        return bool(self._flights) or self._carry is not None or not self.queue.empty() \
+            or bool(self._held)
+
+    @property
+    def stalled(self) -> bool:
+        """Whether every round in flight has run past ``patience`` (a slow one: the worker
+        claims without waiting for it) and none waits to start."""
+        if not self._flights or self._carry is not None or not self.queue.empty():
+            return False
+        now = time.monotonic()
+        return all(now - began >= self.patience for began, _ in self._flights.values())
 
     async def submit(self, completion: Completion) -> Result:
         """Queue ``completion`` for the next round and wait for its result."""
@@ -100,36 +121,71 @@ class CompletionBatcher:
             while True:
                 in_flight = await self._take()
                 self.rounds += 1
-                self._recording = True
-                try:
-                    if self.max_executions is not None:
-                        await self._flush(in_flight)
-                    else:
-                        await asyncio.gather(*(self._flush(g) for g in _per_execution(in_flight)))
-                finally:
-                    self._recording = False
+                executions = {c.execution_id for c, _ in in_flight}
+                flight: asyncio.Future[None] = asyncio.ensure_future(self._round(in_flight))
+                self._flights[flight] = (time.monotonic(), executions)
+                flight.add_done_callback(self._landed)
                 in_flight = []
+                # Wait for it, but past its patience the next round may start beside it;
+                # never more than two at once.
+                await asyncio.wait({flight}, timeout=self.patience)
+                if len(self._flights) > 1:
+                    await asyncio.wait(set(self._flights), return_when=asyncio.FIRST_COMPLETED)
         finally:
             # Whatever ended the loop, nobody may wait for a round that will not come.
             self.stopped = True
+            flights = list(self._flights)
+            for landing in flights:
+                landing.cancel()  # its _flush fails its submitters
+            if flights:
+                await asyncio.gather(*flights, return_exceptions=True)
             if self._carry is not None:
                 in_flight.append(self._carry)
                 self._carry = None
+            in_flight.extend(self._held)
+            self._held.clear()
             while not self.queue.empty():
                 in_flight.append(self.queue.get_nowait())
             _fail(in_flight, BatcherStopped("the completion batcher stopped before recording"))
 
+    async def _round(self, in_flight: list[Item]) -> None:
+        if self.max_executions is not None:
+            await self._flush(in_flight)
+        else:
+            await asyncio.gather(*(self._flush(g) for g in _per_execution(in_flight)))
+
+    def _landed(self, flight: asyncio.Future[None]) -> None:
+        """A round ended: the outcomes it held back go first into the next one."""
+        self._flights.pop(flight, None)
+        if self._held:
+            held, self._held = self._held, []
+            for item in held:
+                self.queue.put_nowait(item)
+
+    def _recorded_now(self) -> set[UUID]:
+        return {e for _, executions in self._flights.values() for e in executions}
+
     async def _take(self) -> list[Item]:
         """The next round: what is queued, up to ``max_batch`` completions and (when set)
-        ``max_executions`` executions; waits for the first."""
-        if self._carry is not None:
-            first, self._carry = self._carry, None
-        else:
-            first = await self.queue.get()
+        ``max_executions`` executions, leaving out (held until it ends) those of executions a
+        round in flight records; waits for the first."""
+        while True:
+            if self._carry is not None:
+                first, self._carry = self._carry, None
+            else:
+                first = await self.queue.get()
+            busy = self._recorded_now()
+            if first[0].execution_id in busy:
+                self._held.append(first)
+                continue
+            break
         taken = [first]
         executions = {first[0].execution_id}
         while len(taken) < self.max_batch and not self.queue.empty():
             item = self.queue.get_nowait()
+            if item[0].execution_id in busy:
+                self._held.append(item)
+                continue
             if self.max_executions is not None and item[0].execution_id not in executions:
                 if len(executions) >= self.max_executions:
                     self._carry = item

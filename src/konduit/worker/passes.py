@@ -26,6 +26,7 @@ SERVICES: tuple[str, ...] = (
     "alerts",       # alert rules (fan-in waits, windows)
     "schedules",    # schedule ticks
     "hedging",      # the hedger's look for straggling attempts
+    "map_chunks",   # the chunk taker's look for maps' items to create (until none is left)
 )
 """The services whose passes are counted, by the name :meth:`Passes.wait` takes."""
 

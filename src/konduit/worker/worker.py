@@ -61,6 +61,7 @@ from konduit.errors import (
 from konduit.logs import log_recorded
 from konduit.worker.arming import Arming
 from konduit.worker.batcher import BatcherStopped, CompletionBatcher
+from konduit.worker.chunks import ChunkTaker
 from konduit.worker.config import WorkerConfig
 from konduit.worker.connectivity import RETRY_MAX_DELAY, Connectivity, retrying
 from konduit.worker.executor import Executor
@@ -165,6 +166,9 @@ class Worker:
                                beat_now=self.beat_request)
         self.arming = Arming(self.maintenance, self._stop.is_set,
                              max_payload_bytes=max_payload_bytes)
+        # Big maps' items, created chunk by chunk beside the claims (chunks.py).
+        self.chunks = ChunkTaker(db, poll=self.config.maintenance_interval,
+                                 passed=functools.partial(self.passes.done, "map_chunks"))
         # When the maintenance loop wakes: the interval, or sooner what is due (wakeups.py).
         self.sweep_clock = SweepClock(self.config.maintenance_interval,
                                       grace=self.config.deadline_grace)
@@ -206,13 +210,14 @@ class Worker:
             asyncio.create_task(listen(
                 self.db, queues=cfg.queues, hedged=self.hedger.enabled, ready=self._wake.set,
                 stopped=self._stop_tasks_of, outrun=self._stop_outrun,
-                deadline=self.sweep_clock.poke), name="konduit-listen"),
+                deadline=self.sweep_clock.poke, chunks=self.chunks.poke), name="konduit-listen"),
             asyncio.create_task(beat(
                 self.db, cfg, self.connectivity, held=lambda: [t for t, _ in self.running.values()],
                 abandoned=lambda: self.executor.abandoned, lost=self._lease_lost,
                 asked=self.beat_request),
                 name="konduit-heartbeat"),
             asyncio.create_task(self._maintain(), name="konduit-maintenance"),
+            asyncio.create_task(self.chunks.run(), name="konduit-map-chunks"),
             *([asyncio.create_task(self.alerting.run(
                 cfg.alert_interval, passed=functools.partial(self.passes.done, "alerts")),
                 name="konduit-alerts")] if cfg.alert_interval > 0 else []),
@@ -249,9 +254,11 @@ class Worker:
         backoff = 0.5
         while not self._stop.is_set():
             free = self._free_slots()
-            if free > 0 and self._rounds_claim():
+            deferred = free > 0 and self._rounds_claim()
+            if deferred:
                 # The round being recorded claims the free slots in its own transaction; its
-                # tasks wake this loop as they are done.
+                # tasks wake this loop as they are done. Not a slow one (a big map's fan-in):
+                # past the batcher's patience this loop claims beside it.
                 free = 0
             claimed: list[TaskAttempt] = []
             # Cleared before the claim, not after: a wake that arrives while the claim is in
@@ -286,6 +293,8 @@ class Worker:
                 poll = min(poll, self._flow_poll)
             if self.hedger.enabled:
                 poll = min(poll, self.hedger.poll)
+            if deferred:
+                poll = min(poll, self.batcher.patience)  # look again once the round is slow
             await self._sleep(poll)
 
     async def _claim(self, db: Database | Tx, limit: int) -> list[TaskAttempt]:
@@ -314,7 +323,8 @@ class Worker:
     def _rounds_claim(self) -> bool:
         """Whether a completion round is due that will claim the free slots (see
         :meth:`_record_group`)."""
-        return self.batcher.busy and time.monotonic() >= self._claim_in_rounds_after \
+        return self.batcher.busy and not self.batcher.stalled \
+            and time.monotonic() >= self._claim_in_rounds_after \
             and self._completer is not None and not self._completer.done()
 
     async def _record_group(self, group: list[Completion]) -> list[tuple[Recorded, Advanced | None]]:
@@ -329,13 +339,20 @@ class Worker:
         claimed: list[TaskAttempt] = []
         # The claim sent with the round's COMMIT (the last run's, if a conflict reran it).
         sent: list[Callable[[], Awaitable[transitions.Claim]]] = []
-        free = self._free_slots()
-        self._reserved += max(free, 0)
+        # The slots it claims are those free when it gets to its claim, reserved from then: a
+        # round that takes long (a big map's fan-in) leaves them to the claim loop meanwhile.
+        reserved = [0]
+
+        def claim_in_round(tx: Tx) -> Awaitable[set[tuple[UUID, str]] | None]:
+            free = max(self._free_slots() + reserved[0], 0)
+            self._reserved += free - reserved[0]
+            reserved[0] = free
+            return self._claim_in_round(tx, free, claimed, sent)
+
         try:
             results = await record_many(
                 self.db, self.registry, group,
-                max_payload_bytes=self.executor.max_payload_bytes,
-                then=lambda tx: self._claim_in_round(tx, free, claimed, sent))
+                max_payload_bytes=self.executor.max_payload_bytes, then=claim_in_round)
             if sent:  # committed: the claimed rows came back with the COMMIT
                 claimed.extend(self._claimed(await sent[-1]()))
                 self.claims["in_rounds"] += bool(claimed)
@@ -350,7 +367,7 @@ class Worker:
                 self._claim_in_rounds_after = time.monotonic() + 30.0
             raise
         finally:
-            self._reserved -= max(free, 0)
+            self._reserved -= reserved[0]
             # Whether or not the round committed: a lease that did not is refused by the check
             # that starts the handlers.
             self._launch(claimed)

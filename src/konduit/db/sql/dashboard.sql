@@ -95,8 +95,12 @@ ORDER BY a.started_at, a.id;
 
 -- name: task_summarize_by_step
 -- One row per step and generation of the given steps of an execution: how many tasks in each
--- status, their tries, and the spread of the finished ones' durations, for collapsed map steps.
+-- status, their tries, and the spread of the finished ones' durations, for collapsed map steps;
+-- `creating`: its items still waiting in chunks to be created (migration 0032).
 SELECT step, generation, count(*) AS tasks, sum(attempt) AS tries,
+       (SELECT coalesce(sum(c.item_count), 0) FROM konduit_map_chunks c
+        WHERE c.execution_id = %(execution_id)s AND c.step = t.step
+          AND c.generation = t.generation)::bigint AS creating,
        count(*) FILTER (WHERE status = 'ready') AS ready,
        count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
@@ -111,7 +115,7 @@ SELECT step, generation, count(*) AS tasks, sum(attempt) AS tries,
        percentile_cont(0.95) WITHIN GROUP (
            ORDER BY extract(epoch FROM finished_at - started_at)) AS p95,
        max(extract(epoch FROM finished_at - started_at))::float8 AS longest
-FROM konduit_tasks
+FROM konduit_tasks t
 WHERE execution_id = %(execution_id)s AND step = ANY(%(steps)s::text[])
 GROUP BY step, generation
 ORDER BY step, generation;

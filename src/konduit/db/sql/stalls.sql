@@ -15,7 +15,7 @@
 -- Only an execution found stalled is read whole (task_count_latest_by_step_and_status), once.
 
 -- name: execution_list_stalled_after_cursor
--- A window of running executions after a cursor (id order) and those of it that look stalled: no ready, running or waiting task, no step moved within the grace, no open stall alert.
+-- A window of running executions after a cursor (id order) and those of it that look stalled: no ready, running or waiting task, no map items waiting in chunks, no step moved within the grace, no open stall alert.
 WITH scanned AS MATERIALIZED (
     SELECT e.id, e.workflow_name, e.workflow_version, e.created_at
     FROM konduit_executions e
@@ -34,6 +34,8 @@ LEFT JOIN LATERAL (
     WHERE s.created_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
       AND NOT EXISTS (SELECT 1 FROM konduit_tasks t
                       WHERE t.execution_id = s.id AND t.status IN ('ready', 'running', 'waiting'))
+      -- Items still to be created from a map's chunks (migration 0032) are work to come.
+      AND NOT EXISTS (SELECT 1 FROM konduit_map_chunks c WHERE c.execution_id = s.id)
       AND NOT EXISTS (SELECT 1 FROM konduit_steps st
                       WHERE st.execution_id = s.id
                         AND greatest(st.fired_at, st.ended_at)
@@ -49,7 +51,9 @@ LEFT JOIN LATERAL (
 -- Under the execution lock: its status, whether a task of it can run, and when a step of it last moved (the stall re-checked in the deciding transaction).
 SELECT e.id, e.status, e.workflow_name, e.workflow_version, e.generation, e.created_at,
        EXISTS (SELECT 1 FROM konduit_tasks t
-               WHERE t.execution_id = e.id AND t.status IN ('ready', 'running', 'waiting')) AS live,
+               WHERE t.execution_id = e.id AND t.status IN ('ready', 'running', 'waiting'))
+       OR EXISTS (SELECT 1 FROM konduit_map_chunks c
+                  WHERE c.execution_id = e.id AND c.generation = e.generation) AS live,
        (SELECT max(greatest(st.fired_at, st.ended_at)) FROM konduit_steps st
         WHERE st.execution_id = e.id) AS moved_at,
        clock_timestamp() AS now

@@ -1,0 +1,54 @@
+"""The chunk taker: creates the items of big maps, chunk by chunk, beside the claim loop.
+
+A map step's fan-in creates its first chunk of tasks and keeps the rest as chunk rows
+(:mod:`konduit.engine.maps`). Every worker runs one taker: woken by ``konduit_map_chunks``
+(sent when a fan-in left chunks), and every ``poll`` seconds otherwise (a chunk a dead worker
+left half-taken is visible again once its transaction rolled back; so is one whose
+transaction failed), it creates chunks one transaction at a time until none is left. It holds
+no claim slot and no completion round: the worker claims and records other executions' work
+meanwhile, and several workers share a big map's chunks (SKIP LOCKED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from konduit.db.database import Database
+from konduit.engine.maps import create_next_chunk
+from konduit.errors import DatabaseError
+
+log = logging.getLogger(__name__)
+
+
+class ChunkTaker:
+    def __init__(self, db: Database, *, poll: float, passed: Callable[[], None] = lambda: None):
+        self.db = db
+        self.poll = poll
+        self.passed = passed
+        self.created = 0  # tasks created from chunks by this worker
+        self._wake = asyncio.Event()
+
+    def poke(self) -> None:
+        """A fan-in left chunks: look now."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Forever: create chunks until none is left, then wait for a poke or the poll."""
+        while True:
+            self._wake.clear()
+            try:
+                while (made := await create_next_chunk(self.db)) is not None:
+                    self.created += made
+                    # Let the claim loop and the rounds in between two chunks.
+                    await asyncio.sleep(0)
+                self.passed()
+            except DatabaseError as exc:
+                log.warning("creating a map's items from a chunk failed (%s); retrying", exc)
+            except Exception:  # a bug must not end the taker: the chunk rolled back, it stays
+                log.exception("creating a map's items from a chunk failed; retrying")
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll)
+            except TimeoutError:
+                pass
