@@ -106,6 +106,10 @@ def worker(
         min=0.05, help="Seconds between maintenance sweeps: expired leases, deadlines, due "
         f"timers and waits (default: {described('maintenance_interval')}).",
         show_default=False)] = None,
+    leader_lease: Annotated[float | None, typer.Option(
+        min=0.05, help="Seconds the maintenance leader's lease holds without renewal; another "
+        "worker takes over after it, or at once when the leader's process is gone "
+        f"(default: {described('leader_lease')}).", show_default=False)] = None,
     stall_grace: Annotated[float | None, typer.Option(
         min=0.05, help="Seconds a running execution in which nothing can run is left before the "
         "maintenance pass re-runs its fan-in decision and raises execution_stalled "
@@ -176,6 +180,7 @@ def worker(
             "lease_seconds": lease_seconds,
             "heartbeat_interval": heartbeat_interval,
             "maintenance_interval": maintenance_interval,
+            "leader_lease": leader_lease,
             "stall_grace": stall_grace,
             "shutdown_grace": shutdown_grace,
             "isolation": isolation,

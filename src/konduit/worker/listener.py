@@ -15,12 +15,14 @@ log = logging.getLogger(__name__)
 async def listen(db: Database, *, queues: Container[str], hedged: bool,
                  ready: Callable[[], None], stopped: Callable[[str], None],
                  outrun: Callable[[str], None],
-                 deadline: Callable[[], None] | None = None) -> None:
+                 deadline: Callable[[], None] | None = None,
+                 leader: Callable[[], None] | None = None) -> None:
     """Forever: ``ready()`` when a task became ready in one of ``queues``; ``stopped(execution
     id)`` when an execution ended with tasks cancelled under them; ``outrun(lease token)``
     when a hedged task's other attempt finished first (listened to only if ``hedged``);
     ``deadline()`` when another worker's claim set a deadline sooner than it knew of (rare:
-    see :mod:`konduit.worker.wakeups`)."""
+    see :mod:`konduit.worker.wakeups`); ``leader()`` when a maintenance leader resigned (its
+    worker stopped: :mod:`konduit.worker.leadership`)."""
     while True:
         conn = None
         try:
@@ -33,6 +35,8 @@ async def listen(db: Database, *, queues: Container[str], hedged: bool,
             if deadline is not None:
                 await conn.execute("LISTEN konduit_deadline")
                 deadline()  # announcements sent while it was not listening are lost: re-read
+            if leader is not None:
+                await conn.execute("LISTEN konduit_leader")
             async for note in conn.notifies():
                 if note.channel == "konduit_stopped":
                     stopped(note.payload)
@@ -41,6 +45,9 @@ async def listen(db: Database, *, queues: Container[str], hedged: bool,
                 elif note.channel == "konduit_deadline":
                     if deadline is not None:
                         deadline()
+                elif note.channel == "konduit_leader":
+                    if leader is not None:
+                        leader()
                 elif note.payload in queues:
                     ready()
         except asyncio.CancelledError:
