@@ -234,7 +234,8 @@ def workers(
     database_url: DatabaseUrl = None,
 ) -> None:
     """List the live workers: host and pid, queues, workflow versions served, isolation, slots
-    in use, abandoned handler threads and how long ago each last sent a heartbeat."""
+    in use, abandoned handler threads, how long ago each last sent a heartbeat, and which one
+    leads its deployment's maintenance."""
     with opened(plain_app(database_url)) as app:
         rows = app.workers(stale)
     if as_json:
@@ -245,7 +246,7 @@ def workers(
         return
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
     for header in ("host", "pid", "queues", "workflows", "isolation", "slots", "abandoned",
-                   "heartbeat"):
+                   "heartbeat", "leader"):
         table.add_column(header, justify="right" if header in ("pid", "slots") else "left")
     for r in rows:
         abandoned = int(r.abandoned)
@@ -255,5 +256,6 @@ def workers(
             f"{r.running}/{r.concurrency}",
             f"[yellow]{abandoned}[/yellow]" if abandoned else "0",
             f"{format_elapsed(r.heartbeat_age)} ago",
+            "maintenance" if r.leader else "",
         )
     console.print(table)

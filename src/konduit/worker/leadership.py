@@ -4,10 +4,12 @@ The passes that look at everyone's work (rescue, the deadline sweep, due waits, 
 triggers, timeouts, the stall watchdog, automatic repairs, retention, alerts, schedules) run on
 one worker, the leader; the others do only what is theirs (their heartbeat, their LISTEN, their
 claims, their own tasks' deadlines and timers). The leader holds a lease row in
-``konduit_leaders`` (``leader_take``): it renews it every third of ``leader_lease``; the others
-try to take it every half, which succeeds once it expired, or at once when its holder stopped
-or its heartbeat session is gone (the process died: PostgreSQL closes its backend). A leader
-that stops gives the lease up and notifies (``konduit_leader``), so another takes over now.
+``konduit_leaders`` (``leader_take``): it renews it every third of ``leader_lease``. The others
+watch it in their heartbeat's statement (``worker_heartbeat`` says whether the lease is free: it
+expired, its holder stopped, or the holder's heartbeat session is gone because its process died
+and PostgreSQL closed its backend), so watching costs them no transaction of their own; one that
+finds it free tries to take it (and every few leases anyway, a backstop). A leader that stops
+gives the lease up and notifies (``konduit_leader``), so another takes over now.
 
 A row, not an advisory lock: it holds behind a transaction pooler (PgBouncer in transaction
 mode), where a session lock would be held by whichever server connection the pooler lent.

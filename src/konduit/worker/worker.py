@@ -11,7 +11,9 @@ start to recorded outcome. Its components live beside it:
 * :mod:`~konduit.worker.heartbeat`: extend leases, say which were lost;
 * :mod:`~konduit.worker.listener`: LISTEN/NOTIFY, so the loops act before their next poll;
 * :mod:`~konduit.worker.connectivity`: whether the database is there, retrying through outages;
-* :mod:`~konduit.worker.maintenance`: rescue, deadline sweep, waits due, timed-out executions.
+* :mod:`~konduit.worker.maintenance`: rescue, deadline sweep, waits due, timed-out executions;
+* :mod:`~konduit.worker.leadership`: which worker of the deployment runs them, each pass a
+  :mod:`~konduit.worker.services` service.
 """
 
 from __future__ import annotations

@@ -42,10 +42,13 @@ UPDATE konduit_workers SET session_pid = pg_backend_pid() WHERE id = %(id)s;
 UPDATE konduit_workers SET stopped_at = clock_timestamp(), running = 0 WHERE id = %(id)s;
 
 -- name: worker_list_live
--- Workers that are up: not stopped, and heard from within `stale_seconds` (or their own lease).
+-- Workers that are up: not stopped, and heard from within `stale_seconds` (or their own lease);
+-- `leader`: it holds the maintenance lease of its deployment (konduit_leaders).
 SELECT id, hostname, pid, concurrency, queues, workflows, isolation, running, abandoned,
        started_at, last_heartbeat_at, lease_seconds,
-       extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8 AS heartbeat_age
+       extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8 AS heartbeat_age,
+       EXISTS (SELECT 1 FROM konduit_leaders l WHERE l.worker_id = konduit_workers.id
+                 AND l.expires_at > clock_timestamp()) AS leader
 FROM konduit_workers
 WHERE stopped_at IS NULL
   AND last_heartbeat_at > clock_timestamp()
