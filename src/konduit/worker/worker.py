@@ -724,7 +724,7 @@ class Worker:
                     if isinstance(exc, DatabaseUnavailable):
                         self.connectivity.disconnected()
                     log.warning("maintenance failed to read what comes due: %s", exc)
-            else:
+            elif not self._elected:  # (elected meanwhile: its poke wakes the sleep at once)
                 clock.unpoke()
             due = await clock.sleep()
 
