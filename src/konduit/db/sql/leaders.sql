@@ -39,10 +39,3 @@ WITH gone AS (
     RETURNING name
 )
 SELECT pg_notify('konduit_leader', name) FROM gone;
-
--- name: leader_list
--- Every lease with its holder, and whether it holds now.
-SELECT name, worker_id, elected_at, renewed_at, expires_at,
-       expires_at > clock_timestamp() AS live
-FROM konduit_leaders
-ORDER BY name;
