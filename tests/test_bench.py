@@ -23,12 +23,12 @@ import pytest
 
 from konduit.bench.fleet import Observer, commits_between
 from konduit.bench.soak import SoakSettings, compare
-from konduit.bench.suite import BENCHMARKS, ON_REQUEST
+from konduit.bench.suite import BENCHMARKS, FULL_ONLY, ON_REQUEST
 from konduit.errors import BenchError
 
 pytestmark = [pytest.mark.storage]
 
-QUICK = set(BENCHMARKS) - {"history", *ON_REQUEST}
+QUICK = set(BENCHMARKS) - {*FULL_ONLY, *ON_REQUEST}
 
 
 def ratios(report: dict[str, Any]) -> dict[str, Any]:

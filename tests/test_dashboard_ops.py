@@ -176,7 +176,8 @@ def test_live_states_cancel_and_workers(make_app: Callable[..., konduit.App], db
             "id": "ghost-worker", "hostname": "ghost-host", "pid": 4242, "concurrency": 4,
             "queues": ["default"], "workflows": ["ops-gate@1"], "isolation": "thread",
             "lease_seconds": 1.0})
-        conn.execute(q("worker_heartbeat"), {"id": "ghost-worker", "running": 1, "abandoned": 2})
+        conn.execute(q("worker_heartbeat"), {"id": "ghost-worker", "running": 1, "abandoned": 2,
+                                            "leader": None})
     try:
         with running_worker(app, poll_interval=0.05), \
                 serving(strict_csp(create_app(database_client(db_url, app), app))) as base:

@@ -98,7 +98,7 @@ def test_reclaim_racing_a_live_heartbeat_keeps_the_workers_success(db_url):
         held = await db.all("task_extend_leases_if_held", ids=[task.id],
                             lease_tokens=[task.lease_token], lease_seconds=15.0)
         assert [r["id"] for r in held] == [task.id]
-        await db.run("worker_heartbeat", id=LIVE, running=1, abandoned=0)
+        await db.run("worker_heartbeat", id=LIVE, running=1, abandoned=0, leader=None)
         # Control: the old write, fenced on the token alone, would take the task now.
         async with db.transaction() as tx:
             cur = await tx.conn.execute(OLD_RECLAIM_WRITE.encode(), (task.id, task.lease_token))

@@ -266,7 +266,8 @@ class DeadLetter(Record):
 
 @dataclass(frozen=True)
 class WorkerRecord(Record):
-    """A live worker; ``heartbeat_age`` in seconds."""
+    """A live worker; ``heartbeat_age`` in seconds; ``leader``: it runs its deployment's
+    maintenance."""
 
     id: str
     hostname: str
@@ -281,6 +282,8 @@ class WorkerRecord(Record):
     last_heartbeat_at: datetime
     lease_seconds: float
     heartbeat_age: float
+    leader: bool
+    """It runs the maintenance of its deployment (one elected worker: docs/scaling.md)."""
 
 
 @dataclass(frozen=True)

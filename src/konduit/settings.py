@@ -32,7 +32,7 @@ ENV_PREFIX = "KONDUIT_"
 
 _SECONDS = ("read_max_lag", "poll_interval", "lease_seconds", "heartbeat_interval",
             "maintenance_interval", "stall_grace", "fallback_timeout", "retention_interval",
-            "alert_interval", "alert_version_unserved", "alert_queue_unserved")
+            "alert_interval", "alert_version_unserved", "alert_queue_unserved", "leader_lease")
 _TRUE = {"1", "true", "yes", "on", "transaction"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -74,8 +74,12 @@ class Settings(BaseSettings):
     heartbeat_interval: float = Field(default=3.0, description=(
         "Seconds between lease extensions of running tasks (shorter than the lease)."))
     maintenance_interval: float = Field(default=2.0, description=(
-        "Seconds between a worker's full maintenance passes: expired leases, deadlines, due "
-        "timers and waits, due repairs and schedules."))
+        "Seconds between the full maintenance passes of a deployment's leader: expired leases, "
+        "deadlines, due timers and waits, due repairs and scheduled starts."))
+    leader_lease: float = Field(default=6.0, description=(
+        "Seconds the lease of a deployment's maintenance leader holds without renewal: the "
+        "leader renews it every third of it, the other workers try to take it every half "
+        "(at once when the leader stopped or its process died)."))
     stall_grace: float = Field(default=60.0, description=(
         "Seconds a running execution in which nothing can run is left before the maintenance "
         "pass re-runs its fan-in decision and raises execution_stalled."))

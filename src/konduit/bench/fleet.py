@@ -229,14 +229,15 @@ class WorkerProcess:
 @contextmanager
 def worker_processes(url: str, observer: Observer, count: int, *, concurrency: int = 8,
                      app_spec: str = APP_SPEC, label: str = "worker",
-                     ready: bool = True) -> Iterator[list[WorkerProcess]]:
+                     ready: bool = True,
+                     env: dict[str, str] | None = None) -> Iterator[list[WorkerProcess]]:
     """``count`` worker processes, registered before the block runs (unless ``ready`` is
     false), stopped gracefully after it."""
     workers: list[WorkerProcess] = []
     try:
         for i in range(count):
             workers.append(WorkerProcess(url, concurrency=concurrency, app_spec=app_spec,
-                                         label=f"{label}{i}"))
+                                         label=f"{label}{i}", env=env))
         if ready:
             for w in workers:
                 w.wait_ready(observer)

@@ -107,6 +107,10 @@ def worker(
         min=0.05, help="Seconds between maintenance sweeps: expired leases, deadlines, due "
         f"timers and waits (default: {described('maintenance_interval')}).",
         show_default=False)] = None,
+    leader_lease: Annotated[float | None, typer.Option(
+        min=0.05, help="Seconds the maintenance leader's lease holds without renewal; another "
+        "worker takes over after it, or at once when the leader's process is gone "
+        f"(default: {described('leader_lease')}).", show_default=False)] = None,
     stall_grace: Annotated[float | None, typer.Option(
         min=0.05, help="Seconds a running execution in which nothing can run is left before the "
         "maintenance pass re-runs its fan-in decision and raises execution_stalled "
@@ -179,6 +183,7 @@ def worker(
             "lease_seconds": lease_seconds,
             "heartbeat_interval": heartbeat_interval,
             "maintenance_interval": maintenance_interval,
+            "leader_lease": leader_lease,
             "stall_grace": stall_grace,
             "shutdown_grace": shutdown_grace,
             "isolation": isolation,
@@ -232,7 +237,8 @@ def workers(
     database_url: DatabaseUrl = None,
 ) -> None:
     """List the live workers: host and pid, queues, workflow versions served, isolation, slots
-    in use, abandoned handler threads and how long ago each last sent a heartbeat."""
+    in use, abandoned handler threads, how long ago each last sent a heartbeat, and which one
+    leads its deployment's maintenance."""
     with opened(plain_app(database_url)) as app:
         rows = app.workers(stale)
     if as_json:
@@ -243,7 +249,7 @@ def workers(
         return
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
     for header in ("host", "pid", "queues", "workflows", "isolation", "slots", "abandoned",
-                   "heartbeat"):
+                   "heartbeat", "leader"):
         table.add_column(header, justify="right" if header in ("pid", "slots") else "left")
     for r in rows:
         abandoned = int(r.abandoned)
@@ -253,6 +259,7 @@ def workers(
             f"{r.running}/{r.concurrency}",
             f"[yellow]{abandoned}[/yellow]" if abandoned else "0",
             f"{format_elapsed(r.heartbeat_age)} ago",
+            "maintenance" if r.leader else "",
         )
     console.print(table)
 

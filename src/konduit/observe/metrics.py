@@ -162,6 +162,11 @@ def metric_families(stats: Stats, executions: Sequence[Row],
                [((), len(workers))]),
         _gauge("konduit_worker_running_tasks", "Tasks a live worker is running.",
                ("worker", "host"), (((w["id"], w["hostname"]), w["running"]) for w in workers)),
+        _gauge("konduit_worker_leader",
+               "1 for the live worker that runs its deployment's maintenance (the passes needed "
+               "once per cluster: rescue, deadline sweep, schedules, alerts...), else 0.",
+               ("worker", "host"), (((w["id"], w["hostname"]), int(bool(w.get("leader"))))
+                                    for w in workers)),
         _gauge("konduit_worker_abandoned_threads",
                "Handler threads a live worker gave up on (deadline passed) that still run: a "
                "sync handler ignoring its deadline. Past the worker's limit it restarts.",

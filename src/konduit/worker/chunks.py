@@ -2,9 +2,10 @@
 
 A map step's fan-in creates its first chunk of tasks and keeps the rest as chunk rows
 (:mod:`konduit.engine.maps`). Every worker runs one taker: woken by ``konduit_map_chunks``
-(sent when a fan-in left chunks), and every ``poll`` seconds otherwise (a chunk a dead worker
-left half-taken is visible again once its transaction rolled back; so is one whose
-transaction failed), it creates chunks one transaction at a time until none is left. It holds
+(sent when a fan-in left chunks), and, on the maintenance leader only (``polls``), every
+``poll`` seconds otherwise (a chunk a dead worker left half-taken is visible again once its
+transaction rolled back; so is one whose transaction failed): an idle follower costs the
+database nothing for it. It creates chunks one transaction at a time until none is left. It holds
 no claim slot and no completion round: the worker claims and records other executions' work
 meanwhile, and several workers share a big map's chunks (SKIP LOCKED).
 """
@@ -23,9 +24,11 @@ log = logging.getLogger(__name__)
 
 
 class ChunkTaker:
-    def __init__(self, db: Database, *, poll: float, passed: Callable[[], None] = lambda: None):
+    def __init__(self, db: Database, *, poll: float, passed: Callable[[], None] = lambda: None,
+                 polls: Callable[[], bool] = lambda: True):
         self.db = db
         self.poll = poll
+        self.polls = polls  # whether to look at each poll too, or only when poked
         self.passed = passed
         self.created = 0  # tasks created from chunks by this worker
         self._wake = asyncio.Event()
@@ -48,7 +51,10 @@ class ChunkTaker:
                 log.warning("creating a map's items from a chunk failed (%s); retrying", exc)
             except Exception:  # a bug must not end the taker: the chunk rolled back, it stays
                 log.exception("creating a map's items from a chunk failed; retrying")
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.poll)
-            except TimeoutError:
-                pass
+            while True:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.poll)
+                    break
+                except TimeoutError:
+                    if self.polls():
+                        break

@@ -31,9 +31,14 @@ class WorkerConfig:
     """Seconds between lease extensions of running tasks."""
     maintenance_interval: float = _setting("maintenance_interval")
     """Seconds between full maintenance passes: expired leases, deadlines, due timers and waits,
-    timed-out executions, due repairs, scheduled starts due (every worker runs one; they are
-    idempotent). Deadlines, timers and repairs that come due in between are acted on at their
-    moment (wakeups.py); a scheduled start waits for the next pass."""
+    timed-out executions, due repairs, scheduled starts due (the leader of the deployment runs
+    them: leadership.py; they are idempotent). Deadlines, timers and repairs that come due in
+    between are acted on at their moment (wakeups.py); a scheduled start waits for the next
+    pass."""
+    leader_lease: float = _setting("leader_lease")
+    """Seconds the maintenance leader's lease holds without renewal (leadership.py): it renews
+    every third of it; the other workers try to take it every half, and take it at once when
+    the leader stopped or its process is gone."""
     stall_grace: float = _setting("stall_grace")
     """Seconds a running execution in which nothing can run (no ready, running or waiting task)
     is left before the maintenance pass re-runs its fan-in decision and raises
@@ -90,6 +95,8 @@ class WorkerConfig:
             raise ValueError(f"fallback_timeout must be > 0, got {self.fallback_timeout}")
         if self.maintenance_interval <= 0:
             raise ValueError(f"maintenance_interval must be > 0, got {self.maintenance_interval}")
+        if self.leader_lease <= 0:
+            raise ValueError(f"leader_lease must be > 0, got {self.leader_lease}")
         if self.stall_grace <= 0:
             raise ValueError(f"stall_grace must be > 0, got {self.stall_grace}")
         if self.retention_interval <= 0:

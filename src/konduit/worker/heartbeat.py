@@ -63,11 +63,15 @@ class BeatRequest:
 
 async def beat(db: Database, config: WorkerConfig, connectivity: Connectivity, *,
                held: Callable[[], list[TaskAttempt]], abandoned: Callable[[], int],
-               lost: Callable[[TaskAttempt], None], asked: BeatRequest | None = None) -> None:
+               lost: Callable[[TaskAttempt], None], asked: BeatRequest | None = None,
+               leader: Callable[[], str | None] = lambda: None,
+               leader_free: Callable[[], None] = lambda: None) -> None:
     """Forever, every ``heartbeat_interval`` (or sooner when ``asked``): record the worker
     alive (with its running and ``abandoned()`` counts) and extend the leases of the ``held()``
     attempts; ``lost(task)`` for each whose lease no longer holds (cancelled, rescued after the
-    lease ran out, or its hedged twin finished first)."""
+    lease ran out, or its hedged twin finished first). ``leader()`` names the maintenance lease
+    to watch (None while this worker holds it): ``leader_free()`` when the beat found it free
+    (:mod:`konduit.worker.leadership`)."""
     asked = asked or BeatRequest()
     asked.bind()
     conn: psycopg.AsyncConnection[Row] | None = None
@@ -88,8 +92,9 @@ async def beat(db: Database, config: WorkerConfig, connectivity: Connectivity, *
                         # process (a pooler's server connection would outlive it).
                         await Tx(conn).run("worker_set_session", id=config.worker_id)
                 tx = Tx(conn)
-                await tx.run("worker_heartbeat", id=config.worker_id, running=len(tasks),
-                             abandoned=abandoned())
+                watched = leader()
+                row = await tx.one("worker_heartbeat", id=config.worker_id, running=len(tasks),
+                                   abandoned=abandoned(), leader=watched)
                 rows = await tx.all(
                     "task_extend_leases_if_held",
                     ids=[t.id for t in tasks],
@@ -105,6 +110,8 @@ async def beat(db: Database, config: WorkerConfig, connectivity: Connectivity, *
                     conn = None
                 continue
             connectivity.connected()
+            if watched is not None and row is not None and row["leader_free"]:
+                leader_free()
             still = {(r["id"], r["lease_token"]) for r in rows}
             for t in tasks:
                 if (t.id, t.lease_token) not in still:

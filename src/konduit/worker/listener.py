@@ -16,13 +16,15 @@ async def listen(db: Database, *, queues: Container[str], hedged: bool,
                  ready: Callable[[], None], stopped: Callable[[str], None],
                  outrun: Callable[[str], None],
                  deadline: Callable[[], None] | None = None,
-                 chunks: Callable[[], None] | None = None) -> None:
+                 chunks: Callable[[], None] | None = None,
+                 leader: Callable[[], None] | None = None) -> None:
     """Forever: ``ready()`` when a task became ready in one of ``queues``; ``stopped(execution
     id)`` when an execution ended with tasks cancelled under them; ``outrun(lease token)``
     when a hedged task's other attempt finished first (listened to only if ``hedged``);
     ``deadline()`` when another worker's claim set a deadline sooner than it knew of (rare:
     see :mod:`konduit.worker.wakeups`); ``chunks()`` when a map's fan-in left chunks of items
-    to create (:mod:`konduit.worker.chunks`)."""
+    to create (:mod:`konduit.worker.chunks`); ``leader()`` when a maintenance leader resigned
+    (its worker stopped: :mod:`konduit.worker.leadership`)."""
     while True:
         conn = None
         try:
@@ -38,6 +40,8 @@ async def listen(db: Database, *, queues: Container[str], hedged: bool,
             if chunks is not None:
                 await conn.execute("LISTEN konduit_map_chunks")
                 chunks()  # likewise
+            if leader is not None:
+                await conn.execute("LISTEN konduit_leader")
             async for note in conn.notifies():
                 if note.channel == "konduit_stopped":
                     stopped(note.payload)
@@ -49,6 +53,9 @@ async def listen(db: Database, *, queues: Container[str], hedged: bool,
                 elif note.channel == "konduit_deadline":
                     if deadline is not None:
                         deadline()
+                elif note.channel == "konduit_leader":
+                    if leader is not None:
+                        leader()
                 elif note.payload in queues:
                     ready()
         except asyncio.CancelledError:

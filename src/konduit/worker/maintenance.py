@@ -4,7 +4,9 @@ timeout, and look for stalled executions (:mod:`konduit.engine.stalls`). It also
 workflow's parent step at once when a transaction of this worker ended the child
 (:meth:`Maintenance.wake_parent`); its pass is then the backstop.
 
-Every worker runs it; concurrent runs are safe because each write goes through a transition whose
+The leader of the worker's deployment runs its passes (:mod:`konduit.worker.leadership`, each
+pass a service: :mod:`konduit.worker.services`); two workers that both believe they lead for a
+moment are safe, as when every worker ran them, because each write goes through a transition whose
 statement re-checks its own guard (:mod:`konduit.engine.transitions`), so only one of them changes
 a task. Rescue and the deadline sweep ask the same outcome policy as the executor, so a reclaimed
 task gets the backoff and fallback it would have had failing in place. Fallbacks run in jobs of

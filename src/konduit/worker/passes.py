@@ -13,6 +13,8 @@ import threading
 import time
 
 SERVICES: tuple[str, ...] = (
+    # The leader of the worker's deployment runs these (konduit.worker.leadership); a worker that
+    # does not lead counts none of them but "repair" at its own wake-ups, "hedging" and "leader".
     "maintenance",  # one full pass of the maintenance loop: every sweep below that is due
     "rescue",       # tasks whose worker is gone (and hedges whose lease ran out)
     "deadlines",    # tasks past their deadline
@@ -27,6 +29,7 @@ SERVICES: tuple[str, ...] = (
     "schedules",    # schedule ticks
     "hedging",      # the hedger's look for straggling attempts
     "map_chunks",   # the chunk taker's look for maps' items to create (until none is left)
+    "leader",       # a try (or renewal) of the maintenance leader's lease that got an answer
 )
 """The services whose passes are counted, by the name :meth:`Passes.wait` takes."""
 

@@ -64,6 +64,10 @@ class SweepClock:
         self._due = {kind: now + max(0.0, float(row[kind]))
                      for kind in KINDS if row is not None and row[kind] is not None}
 
+    def unpoke(self) -> None:
+        """A worker that does not lead reads nothing when poked: it sleeps on."""
+        self._poked.clear()
+
     def poke(self) -> None:
         """Another worker announced an earlier deadline: re-read before sleeping on."""
         self._poked.set()

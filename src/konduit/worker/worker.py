@@ -11,7 +11,9 @@ start to recorded outcome. Its components live beside it:
 * :mod:`~konduit.worker.heartbeat`: extend leases, say which were lost;
 * :mod:`~konduit.worker.listener`: LISTEN/NOTIFY, so the loops act before their next poll;
 * :mod:`~konduit.worker.connectivity`: whether the database is there, retrying through outages;
-* :mod:`~konduit.worker.maintenance`: rescue, deadline sweep, waits due, timed-out executions.
+* :mod:`~konduit.worker.maintenance`: rescue, deadline sweep, waits due, timed-out executions;
+* :mod:`~konduit.worker.leadership`: which worker of the deployment runs them, each pass a
+  :mod:`~konduit.worker.services` service.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from konduit.core.context import Context
@@ -67,10 +69,12 @@ from konduit.worker.connectivity import RETRY_MAX_DELAY, Connectivity, retrying
 from konduit.worker.executor import Executor
 from konduit.worker.heartbeat import BeatRequest, beat
 from konduit.worker.hedging import Hedger
+from konduit.worker.leadership import Leadership, deployment
 from konduit.worker.listener import listen
 from konduit.worker.maintenance import Maintenance
 from konduit.worker.metrics import WorkerMetrics
 from konduit.worker.passes import Passes
+from konduit.worker.services import Service, run_passes
 from konduit.worker.starter import Jobs, Starter, cancel_job
 from konduit.worker.wakeups import SweepClock
 from konduit.worker.webhook_sender import WebhookSender
@@ -167,11 +171,80 @@ class Worker:
         self.arming = Arming(self.maintenance, self._stop.is_set,
                              max_payload_bytes=max_payload_bytes)
         # Big maps' items, created chunk by chunk beside the claims (chunks.py).
+        # Every worker takes chunks when a fan-in announces them; the leader also looks at each
+        # interval for chunks a dead worker or a failed transaction left.
         self.chunks = ChunkTaker(db, poll=self.config.maintenance_interval,
-                                 passed=functools.partial(self.passes.done, "map_chunks"))
+                                 passed=functools.partial(self.passes.done, "map_chunks"),
+                                 polls=lambda: self.leadership.leading)
         # When the maintenance loop wakes: the interval, or sooner what is due (wakeups.py).
         self.sweep_clock = SweepClock(self.config.maintenance_interval,
                                       grace=self.config.deadline_grace)
+        # One worker of the deployment runs the maintenance (leadership.py): the workers with
+        # the same workflow versions and the same maintenance settings share a lease.
+        cfg = self.config
+        self.leadership = Leadership(
+            db, name=deployment(registry.keys(), settings=(
+                ("auto_repair", cfg.auto_repair), ("alerts", cfg.alert_interval > 0),
+                ("retention", retention))),
+            worker_id=cfg.worker_id, lease_seconds=cfg.leader_lease,
+            changed=self._leading_changed, tried=functools.partial(self.passes.done, "leader"))
+        self._leading = asyncio.Event()
+        self._following = asyncio.Event()
+        self._following.set()
+        self._elected = False  # a full pass is due at once: this worker just took the lease
+        self.services = self._services()
+
+    def _services(self) -> list[Service]:
+        """The maintenance passes, in the order a full pass runs them."""
+        cfg, m = self.config, self.maintenance
+        every = cfg.maintenance_interval
+        retention = self.retention
+        return [
+            Service("rescue", m.rescue, every, enabled=lambda: self.may_rescue),
+            Service("deadlines", lambda: m.sweep_deadlines(self.running), every,
+                    due=frozenset({"deadline"})),
+            Service("waits", m.wake_waits, every, due=frozenset({"timer"})),
+            Service("starts", m.start_due, every),
+            Service("triggers", m.start_triggered, every),
+            Service("timeouts", m.end_timed_out, every),
+            Service("stalls", m.watch_stalls, every),
+            # A worker that finished an execution with a repair contract wakes for its repair
+            # itself (SweepClock.expect), leader or not: it knows the moment, the leader reads it
+            # at its next pass.
+            Service("repair", self.auto_repairer.repair_due, every, due=frozenset({"repair"}),
+                    enabled=lambda: cfg.auto_repair, own=True),
+            *([Service("retention", retention.run_if_due, every)] if retention is not None
+              else []),
+        ]
+
+    @property
+    def leading(self) -> bool:
+        """Whether this worker runs its deployment's maintenance now."""
+        return self.leadership.leading
+
+    def _leading_changed(self, leading: bool) -> None:
+        if leading:
+            self._elected = True
+            self._following.clear()
+            self._leading.set()
+        else:
+            self._leading.clear()
+            self._following.set()
+        self.sweep_clock.poke()  # the maintenance loop acts on it now, not at its next wake-up
+
+    async def _while_leading(self, make: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+        """Run the service ``make()`` makes while this worker leads; cancel it when it stops."""
+        while True:
+            await self._leading.wait()
+            job = asyncio.create_task(make(), name=name)
+            deposed = asyncio.create_task(self._following.wait())
+            try:
+                await asyncio.wait({job, deposed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                job.cancel()
+                deposed.cancel()
+                await asyncio.gather(job, deposed, return_exceptions=True)
+            await self._following.wait()  # a service that ended by itself: until re-elected
 
     def stop(self) -> None:
         """Ask the worker to stop claiming and shut down gracefully."""
@@ -210,21 +283,29 @@ class Worker:
             asyncio.create_task(listen(
                 self.db, queues=cfg.queues, hedged=self.hedger.enabled, ready=self._wake.set,
                 stopped=self._stop_tasks_of, outrun=self._stop_outrun,
-                deadline=self.sweep_clock.poke, chunks=self.chunks.poke), name="konduit-listen"),
+                deadline=self.sweep_clock.poke, chunks=self.chunks.poke,
+                leader=self.leadership.poke),
+                name="konduit-listen"),
             asyncio.create_task(beat(
                 self.db, cfg, self.connectivity, held=lambda: [t for t, _ in self.running.values()],
                 abandoned=lambda: self.executor.abandoned, lost=self._lease_lost,
-                asked=self.beat_request),
+                asked=self.beat_request, leader=self.leadership.watched,
+                leader_free=self.leadership.poke),
                 name="konduit-heartbeat"),
+            asyncio.create_task(self.leadership.run(), name="konduit-leadership"),
             asyncio.create_task(self._maintain(), name="konduit-maintenance"),
             asyncio.create_task(self.chunks.run(), name="konduit-map-chunks"),
-            *([asyncio.create_task(self.alerting.run(
-                cfg.alert_interval, passed=functools.partial(self.passes.done, "alerts")),
-                name="konduit-alerts")] if cfg.alert_interval > 0 else []),
-            # Every worker tries each tick; the tick's idempotency key lets one execution exist.
-            asyncio.create_task(self.schedules.run(
-                passed=functools.partial(self.passes.done, "schedules")),
-                name="konduit-schedules"),
+            # Alerts and schedules keep their own cadences, on the leader only.
+            *([asyncio.create_task(self._while_leading(
+                lambda: self.alerting.run(
+                    cfg.alert_interval, passed=functools.partial(self.passes.done, "alerts")),
+                "konduit-alerts"), name="konduit-alerts-leader")]
+              if cfg.alert_interval > 0 else []),
+            # A tick's idempotency key lets one execution exist, should two workers lead at once.
+            asyncio.create_task(self._while_leading(
+                lambda: self.schedules.run(
+                    passed=functools.partial(self.passes.done, "schedules")),
+                "konduit-schedules"), name="konduit-schedules-leader"),
             *([asyncio.create_task(self.webhook_sender.run(), name="konduit-webhooks")]
               if self.webhook_sender is not None else []),
             asyncio.create_task(self.batcher.run(), name="konduit-completer"),
@@ -638,42 +719,35 @@ class Worker:
             log.debug("could not announce a deadline: %s", exc)
 
     async def _maintain(self) -> None:
-        """The maintenance loop: the full pass every interval, and in between what comes due
-        (a deadline, a timer, an automatic repair) at its moment (:class:`SweepClock`)."""
+        """The maintenance loop. On the leader: the full pass every interval, and in between
+        what comes due (a deadline, a timer, an automatic repair) at its moment
+        (:class:`SweepClock`), each pass a :class:`Service` of its own. On the other workers it
+        reads nothing: their clock only keeps the time of their own wake-ups (a repair they
+        armed, a deadline they announced: :meth:`_announce_deadline`)."""
         clock = self.sweep_clock
-        step = self._pass
         due: set[str] = set()  # the first round only reads what is due
         while True:
-            try:
-                full = "full" in due
-                if full and self.may_rescue:
-                    await step("rescue", self.maintenance.rescue())
-                if full or "deadline" in due:
-                    await step("deadlines", self.maintenance.sweep_deadlines(self.running))
-                if full or "timer" in due:
-                    await step("waits", self.maintenance.wake_waits())
-                if full:
-                    await step("starts", self.maintenance.start_due())
-                    await step("triggers", self.maintenance.start_triggered())
-                    await step("timeouts", self.maintenance.end_timed_out())
-                    await step("stalls", self.maintenance.watch_stalls())
-                if (full or "repair" in due) and self.config.auto_repair:
-                    await step("repair", self.auto_repairer.repair_due())
-                if full and self.retention is not None:
-                    await step("retention", self.retention.run_if_due())
-                await clock.reread(self.db)
-                self.connectivity.connected()
-                if full:
-                    self.passes.done("maintenance")
-            except (DatabaseError, KonduitError) as exc:
-                if isinstance(exc, DatabaseUnavailable):
-                    self.connectivity.disconnected()
-                log.warning("maintenance failed: %s", exc)
+            leading = self.leading
+            if leading and self._elected:
+                # Just took the lease (the last leader may have died): the full pass now.
+                self._elected = False
+                due = due | {"full"}
+            await run_passes(self.services, due, leading=leading,
+                             interval=self.config.maintenance_interval, passes=self.passes,
+                             connectivity=self.connectivity)
+            if leading:
+                try:
+                    await clock.reread(self.db)
+                    self.connectivity.connected()
+                    if "full" in due:
+                        self.passes.done("maintenance")
+                except (DatabaseError, KonduitError) as exc:
+                    if isinstance(exc, DatabaseUnavailable):
+                        self.connectivity.disconnected()
+                    log.warning("maintenance failed to read what comes due: %s", exc)
+            elif not self._elected:  # (elected meanwhile: its poke wakes the sleep at once)
+                clock.unpoke()
             due = await clock.sleep()
-
-    async def _pass(self, service: str, work: Awaitable[object]) -> None:
-        await work
-        self.passes.done(service)  # only a pass that ran to its end counts
 
     async def _drain(self) -> None:
         """Graceful shutdown: let running tasks finish within the grace period, then cancel the

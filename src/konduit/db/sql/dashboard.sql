@@ -59,10 +59,13 @@ SELECT count(*) AS running FROM konduit_executions WHERE status = 'running';
 
 -- name: worker_list_recent_with_liveness
 -- Every worker heard from within `since_seconds`: alive (not stopped and heard from within its
--- lease), stopped (shut down cleanly) or dead (silent past its lease without stopping).
+-- lease), stopped (shut down cleanly) or dead (silent past its lease without stopping);
+-- `leader`: it holds the maintenance lease of its deployment.
 SELECT id, hostname, pid, concurrency, queues, workflows, isolation, running, abandoned,
        started_at, last_heartbeat_at, stopped_at, lease_seconds,
        extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8 AS heartbeat_age,
+       EXISTS (SELECT 1 FROM konduit_leaders l WHERE l.worker_id = konduit_workers.id
+                 AND l.expires_at > clock_timestamp()) AS leader,
        CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
             WHEN last_heartbeat_at > clock_timestamp() - make_interval(secs => lease_seconds)
             THEN 'alive'
