@@ -121,7 +121,7 @@ def wide_map(fresh: Any, *, items: int, executions: int) -> Json:
 FAN_OUT_LONE = 10
 """One-step executions started together while a big map's items are being created."""
 FAN_OUT_TARGET_SECONDS = 5.0
-"""Issue 29: each of them finishes within this, however big the fan-out beside it."""
+"""The target: each of them finishes within this, however big the fan-out beside it."""
 
 
 def fan_out_run(url: str, items: int, *, after: float = 1.0, lone: int = FAN_OUT_LONE,
