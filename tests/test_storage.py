@@ -29,8 +29,8 @@ from konduit.db.queries import all_fragments, all_queries, parse_queries, q
 pytestmark = pytest.mark.storage
 
 ENTITIES = ("alert", "attempt", "event", "execution", "fair_key", "flow_limit", "leader",
-            "map_chunk", "output", "replica", "schedule", "schema_version", "step", "task", "trigger", "webhook_delivery",
-            "webhook_subscription", "worker", "workflow")
+            "map_chunk", "output", "replica", "schedule", "schema_version", "step", "task",
+            "trigger", "webhook_delivery", "webhook_subscription", "worker", "workflow")
 NOT_PREPARABLE = {  # DDL and a DO block: PREPARE takes DML only
     "schema_version_table_create_if_absent", "schema_version_drop_everything"}
 EXECUTION = uuid.UUID("00000000-0000-4000-8000-000000000001")
