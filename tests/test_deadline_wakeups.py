@@ -25,6 +25,7 @@ import pytest
 import konduit
 from konduit.worker.wakeups import MIN_GAP, SweepClock
 from tests.apps import deadline_wake_app
+from tests.support.db import rows
 from tests.support.load import Overload
 from tests.support.waiting import until
 from tests.support.workers import spawn_worker, stop_workers
@@ -56,6 +57,13 @@ def test_a_dead_workers_branch_ends_and_its_join_fires_within_half_a_second_of_i
     try:
         # Hang bounds: a worker process took more than 30 s to start at load 33 on 2 cores.
         until(lambda: session_recorded(db_url, survivor.pid), 120, "the survivor to start")
+        # The survivor leads the maintenance (the sweep runs on the leader): what is measured
+        # is a live leader's sweep of a dead follower's task; a dead leader's takeover is
+        # tests/test_leadership.py's.
+        until(lambda: rows(db_url, "SELECT 1 FROM konduit_leaders l JOIN konduit_workers w"
+                                   " ON w.id = l.worker_id WHERE w.pid = %s"
+                                   " AND l.expires_at > clock_timestamp()", survivor.pid),
+              120, "the survivor to lead")
         # The victim serves the branch's queue alone. Were it to serve `default` too, it could
         # run `quick` and be killed before that completion's batched round commits: `quick`
         # would then wait out its 60 s lease, as any task of a dead worker without a deadline

@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from konduit.aio import wait_event
 from konduit.db.database import Database
 from konduit.engine.maps import create_next_chunk
 from konduit.errors import DatabaseError
@@ -51,10 +52,5 @@ class ChunkTaker:
                 log.warning("creating a map's items from a chunk failed (%s); retrying", exc)
             except Exception:  # a bug must not end the taker: the chunk rolled back, it stays
                 log.exception("creating a map's items from a chunk failed; retrying")
-            while True:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=self.poll)
-                    break
-                except TimeoutError:
-                    if self.polls():
-                        break
+            while not await wait_event(self._wake, self.poll) and not self.polls():
+                pass

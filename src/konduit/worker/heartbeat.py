@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import psycopg
 
+from konduit.aio import wait_event
 from konduit.core.model import TaskAttempt
 from konduit.db.database import Database, Row, Tx
 from konduit.errors import DatabaseError, DatabaseUnavailable
@@ -52,11 +53,7 @@ class BeatRequest:
         :data:`ASKED_GAP` of now)."""
         assert self._loop is not None and self._asked is not None
         began = self._loop.time()
-        try:
-            await asyncio.wait_for(self._asked.wait(), seconds)
-        except TimeoutError:
-            pass
-        else:
+        if await wait_event(self._asked, seconds):
             await asyncio.sleep(min(seconds, ASKED_GAP) - (self._loop.time() - began))
         self._asked.clear()
 

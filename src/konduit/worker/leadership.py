@@ -34,6 +34,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+from konduit.aio import wait_event
 from konduit.db.database import Database
 from konduit.errors import DatabaseError
 
@@ -136,10 +137,7 @@ class Leadership:
                 if leading:
                     # Wake before the lease runs out by this clock, even if a renewal is slow.
                     pause = min(pause, max(0.0, self._until - time.monotonic()))
-                try:
-                    await asyncio.wait_for(self._poked.wait(), timeout=pause)
-                except TimeoutError:
-                    pass
+                await wait_event(self._poked, pause)
                 self._poked.clear()
         finally:
             await asyncio.shield(self.resign())

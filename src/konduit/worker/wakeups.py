@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from konduit.aio import wait_event
 from konduit.db.database import Database
 
 MIN_GAP = 0.1
@@ -95,12 +96,8 @@ class SweepClock:
         of :data:`KINDS`, or nothing when poked (re-read, then sleep again)."""
         while True:
             delay = self.planned() - time.monotonic()
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(self._poked.wait(), timeout=delay)
-                    return set()
-                except TimeoutError:
-                    pass
+            if delay > 0 and await wait_event(self._poked, delay):
+                return set()
             now = time.monotonic()
             if now >= self._tick:
                 self._tick = now + self.interval

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from konduit.aio import wait_event
 from konduit.core.model import DeliveryStatus
 from konduit.core.webhooks import (
     DELIVERY_HEADER,
@@ -85,10 +86,7 @@ class WebhookSender:
                     log.log(level, "webhook round failed: %s", exc)
                 if claimed == 0 or len(self._inflight) >= self.concurrency:
                     self._done.clear()
-                    try:
-                        await asyncio.wait_for(self._done.wait(), self.poll_interval)
-                    except TimeoutError:
-                        pass
+                    await wait_event(self._done, self.poll_interval)
         finally:
             for task in list(self._inflight):
                 task.cancel()

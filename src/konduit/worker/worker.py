@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 from uuid import UUID
 
+from konduit.aio import wait_event
 from konduit.core.context import Context
 from konduit.core.model import (
     Command,
@@ -485,10 +486,7 @@ class Worker:
             raise
 
     async def _sleep(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
+        await wait_event(self._wake, seconds)
 
     def _slots_taken(self) -> int:
         """Slots in use: tasks whose handler runs. A task whose handler returned holds its

@@ -1,0 +1,26 @@
+"""asyncio helpers the engine's loops share.
+
+:func:`wait_event` replaces ``asyncio.wait_for(event.wait(), timeout)`` in every loop that runs
+until cancelled. On Python 3.11, ``wait_for`` swallows a cancellation that arrives in the same
+loop iteration as the event is set (it returns the inner result instead of raising), so a
+``while True`` loop around it goes on forever and the worker that cancelled it never stops
+(seen as "the test worker did not stop within 40 s" and worker processes that ignored SIGTERM,
+under load). ``asyncio.timeout`` keeps the cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set or ``timeout`` seconds passed; True when it was set. A
+    cancellation is never swallowed, whatever the event does meanwhile."""
+    if event.is_set():
+        return True
+    try:
+        async with asyncio.timeout(max(0.0, timeout)):
+            await event.wait()
+    except TimeoutError:
+        return event.is_set()
+    return True
