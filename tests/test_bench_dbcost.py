@@ -36,9 +36,9 @@ def test_a_local_servers_cpu_is_read_from_proc(db_url: str) -> None:
     if meter.postmaster is None or not os.path.exists(f"/proc/{meter.postmaster}"):
         pytest.skip("the test server is not on this machine")
     first = server_cpu_seconds(meter.postmaster)
-    with psycopg.connect(db_url) as conn:  # some work for the server
+    with psycopg.connect(db_url) as conn:  # some work for the server, read while its backend
         conn.execute("SELECT count(*) FROM generate_series(1, 2000000)").fetchone()
-    second = server_cpu_seconds(meter.postmaster)
+        second = server_cpu_seconds(meter.postmaster)  # lives (not yet reaped into cutime)
     assert first is not None and second is not None and second > first
 
 
