@@ -20,18 +20,17 @@ WITH closed AS (
                      ELSE 'another attempt of the task finished first' END
     FROM unnest(%(task_ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
                 %(errors)s::text[], %(ages)s::float8[]) AS u(task_id, lease_token, outcome, error, age)
-    -- One lookup of konduit_attempts_open per task under any plan (LIMIT keeps the subquery from
-    -- being flattened; a task has at most two open attempts, its own and its hedge's). As a plain
-    -- join, a generic plan built while the table was tiny read the whole partial index and hashed
-    -- it: every closed attempt stays in that index until a vacuum, so each round cost grew with
-    -- the attempts closed before it (a 30,000-item map fell from 1,000 to 270 items/s).
+    -- One lookup of konduit_attempts_task per task under any plan (LIMIT keeps the subquery from
+    -- being flattened; a task has at most two open attempts, its own and its hedge's, among the
+    -- handful it ever has). As a plain join, a generic plan built while the table was tiny read
+    -- a whole index and hashed it, so each round cost grew with the attempts before it (a
+    -- 30,000-item map fell from 1,000 to 270 items/s).
     CROSS JOIN LATERAL (SELECT o.id FROM konduit_attempts o
-                        WHERE o.task_id = u.task_id AND o.finished_at IS NULL
+                        WHERE o.task_id = u.task_id AND o.outcome IS NULL
                         LIMIT 2) AS open_attempt
-    -- Re-checked on the row itself, as outcome IS NULL (the same thing, by the table's CHECK):
-    -- written as finished_at IS NULL it would match konduit_attempts_open's predicate, and a
-    -- generic plan would read that whole index again for the rows to update. The task id is
-    -- re-checked too, so the row is reached through its execution's key (one shard on Citus).
+    -- Re-checked on the row itself (outcome IS NULL is finished_at IS NULL, by the table's
+    -- CHECK). The task id is re-checked too, so the row is reached through its execution's key
+    -- (one shard on Citus).
     WHERE a.id = open_attempt.id AND a.task_id = u.task_id AND a.outcome IS NULL
     RETURNING a.lease_token, a.outcome
 )

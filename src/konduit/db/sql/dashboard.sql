@@ -75,13 +75,15 @@ WHERE last_heartbeat_at > clock_timestamp() - make_interval(secs => %(since_seco
 ORDER BY stopped_at IS NOT NULL, hostname, started_at;
 
 -- name: attempt_list_open_with_worker
--- The attempts running now (hedges included), with the worker running each, for the workers page.
+-- The attempts running now (hedges included), with the worker running each, for the workers page:
+-- found through the running tasks (konduit_tasks_leased) and their leases, so the read does not
+-- grow with the history of finished attempts.
 SELECT a.worker_id, t.id AS task_id, t.execution_id, t.step, t.map_index, a.attempt, a.hedge,
        a.started_at,
        extract(epoch FROM clock_timestamp() - a.started_at)::float8 AS running_for
-FROM konduit_attempts a
-JOIN konduit_tasks t ON t.id = a.task_id
-WHERE a.finished_at IS NULL
+FROM konduit_tasks t
+JOIN konduit_attempts a ON a.lease_token = t.lease_token OR a.lease_token = t.hedge_token
+WHERE t.status = 'running' AND a.outcome IS NULL
 ORDER BY a.worker_id, a.started_at
 LIMIT %(limit)s;
 

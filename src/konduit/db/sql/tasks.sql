@@ -445,8 +445,7 @@ WITH ended AS (
     ORDER BY e.execution_id, e.step, e.map_index
     ON CONFLICT DO NOTHING
 ), closed AS (
-    -- As attempt_finish_many_if_open (the comments there say why the lookup is LATERAL and
-    -- why the open attempt is re-checked as outcome IS NULL).
+    -- As attempt_finish_many_if_open (the comments there say why the lookup is LATERAL).
     UPDATE konduit_attempts a
     SET finished_at = clock_timestamp()
                       - make_interval(secs => CASE WHEN a.lease_token = e.lease_token
@@ -457,7 +456,7 @@ WITH ended AS (
                      ELSE 'another attempt of the task finished first' END
     FROM ended e
     CROSS JOIN LATERAL (SELECT o.id FROM konduit_attempts o
-                        WHERE o.task_id = e.id AND o.finished_at IS NULL
+                        WHERE o.task_id = e.id AND o.outcome IS NULL
                         LIMIT 2) AS open_attempt
     WHERE e.lease_token IS NOT NULL
       AND a.id = open_attempt.id AND a.task_id = e.id AND a.outcome IS NULL
