@@ -41,6 +41,7 @@ from konduit.errors import (
     WorkflowNotFound,
     WorkflowVersionConflict,
 )
+from konduit.extras import ExtraNotInstalled
 from konduit.records import AlertRecord
 
 __version__ = "0.1.0"
@@ -63,6 +64,7 @@ __all__ = [
     "ExecutionHandle",
     "ExecutionNotFound",
     "ExecutionResult",
+    "ExtraNotInstalled",
     "FairKeyError",
     "IdempotencyConflict",
     "InputValidationError",
