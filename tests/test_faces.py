@@ -330,3 +330,19 @@ def test_the_servers_operations_keep_one_client_with_the_apps_code(
             await clients.close()
 
     asyncio.run(go())
+
+
+def test_start_takes_exactly_the_fields_of_start_request() -> None:
+    """``start`` restates :class:`konduit.StartRequest`'s fields as keywords (so a caller's
+    editor shows them); a field added to the request and not to ``start`` (or a default that
+    differs) would make the two ways to start an execution disagree. ``trace_context`` is the
+    one extra: it is not part of what is started."""
+    import dataclasses
+
+    fields = [(f.name, f.default if f.default is not dataclasses.MISSING else inspect._empty)
+              for f in dataclasses.fields(konduit.StartRequest)]
+    for face in (AsyncOperations, *FACES.values()):
+        params = [(p.name, p.default)
+                  for p in inspect.signature(face.start).parameters.values()
+                  if p.name not in ("self", "trace_context")]
+        assert params == fields, face
