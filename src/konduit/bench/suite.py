@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 import konduit
-from konduit.bench import dbcost, fair, fleet, idle, maps, search, shapes
+from konduit.bench import dbcost, fair, fleet, idle, maps, prune, search, shapes
 from konduit.bench.harness import (
     LoopThread,
     completion_for,
@@ -448,11 +448,12 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
 BENCHMARKS = ("commit_probe", "throughput", "db_cost", "workers", "latency", "start", "wide",
               "collide", "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish",
               "batching", "map_10k", "fair_share", "wide_map", "search", "shapes", "idle_fleet",
-              "map_1m", "fan_out_1m", "soak")
-"""Every benchmark, in the order they run (``history`` and ``idle_fleet`` only in a full run;
-``map_1m``, ``fan_out_1m`` and ``soak``, minutes each, only when named with ``--only``)."""
+              "prune_day", "map_1m", "fan_out_1m", "soak")
+"""Every benchmark, in the order they run (``history``, ``idle_fleet`` and ``prune_day`` only in
+a full run; ``map_1m``, ``fan_out_1m`` and ``soak``, minutes each, only when named with
+``--only``)."""
 
-FULL_ONLY = ("history", "idle_fleet")
+FULL_ONLY = ("history", "idle_fleet", "prune_day")
 """Benchmarks left out of a quick run."""
 
 ON_REQUEST = ("map_1m", "fan_out_1m", "soak")
@@ -525,6 +526,7 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
             server.fresh_database, executions=10 if quick else executions,
             map_items=200 if quick else 20_000)),
         ("idle_fleet", lambda: idle.idle_cost(server.fresh_database, fleet=10, window=15.0)),
+        ("prune_day", in_fresh(lambda u: prune.prune_day(u, executions=100_000))),
         ("map_1m", lambda: maps.wide_map(
             server.fresh_database, items=1_000_000, executions=executions)),
         ("fan_out_1m", in_fresh(lambda u: maps.fan_out_run(u, 1_000_000))),

@@ -84,7 +84,7 @@ def bench(
         "--only", metavar="NAME", help="Run only this benchmark; repeatable (commit_probe, "
         "throughput, db_cost, workers, latency, start, wide, collide, backlog, history, "
         "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share, wide_map, "
-        "search, shapes; "
+        "search, shapes, idle_fleet, prune_day; "
         "map_1m, fan_out_1m and soak run only when named).", show_default=False)] = None,
     duration: Annotated[float, typer.Option(
         "--duration", metavar="SECONDS", min=1,
