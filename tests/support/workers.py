@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -41,7 +42,10 @@ def worker_environment(**extra: str) -> dict[str, str]:
     """The environment of a worker process: this checkout's sources first on the path (the
     workers must run the code under test), then whatever the test process had."""
     path = [str(ROOT / "src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
+    # faulthandler on: a worker that ignores SIGTERM is sent SIGABRT before it is killed
+    # (stop_workers), and writes where every thread is, its event loop's included.
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONFAULTHANDLER": "1",
+            **extra}
 
 
 def spawn_worker(
@@ -85,6 +89,9 @@ def stop_workers(workers: Iterable[subprocess.Popen[bytes]], timeout: float = 60
         try:
             w.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            w.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.wait(timeout=5)
             w.kill()
             w.wait()
             stuck.append(w.pid)

@@ -77,6 +77,7 @@ from konduit.worker.metrics import WorkerMetrics
 from konduit.worker.passes import Passes
 from konduit.worker.services import Service, run_passes
 from konduit.worker.starter import Jobs, Starter, cancel_job
+from konduit.worker.stopping import StopWatch
 from konduit.worker.wakeups import SweepClock
 from konduit.worker.webhook_sender import WebhookSender
 
@@ -136,6 +137,7 @@ class Worker:
         self.contexts: dict[int, Context] = {}
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        self._stop_watch: StopWatch | None = None  # armed by stop(): konduit.worker.stopping
         self._draining = False
         self._completer: asyncio.Task[None] | None = None
         self._notifying: set[asyncio.Future[None]] = set()  # deadline announcements in flight
@@ -251,8 +253,20 @@ class Worker:
         """Ask the worker to stop claiming and shut down gracefully."""
         self._stop.set()
         self._wake.set()
+        if self._stop_watch is not None:
+            self._stop_watch.arm()  # says where the worker is if it does not stop in time
 
     async def run(self) -> None:
+        cfg = self.config
+        self._stop_watch = StopWatch(asyncio.get_running_loop(), cfg.shutdown_grace)
+        if self._stop.is_set():
+            self._stop_watch.arm()
+        try:
+            await self._live()
+        finally:
+            self._stop_watch.done()
+
+    async def _live(self) -> None:
         cfg = self.config
         await ensure_current(self.db)
         from konduit.engine.client import Client

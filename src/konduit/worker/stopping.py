@@ -1,0 +1,85 @@
+"""A worker that was asked to stop and has not says where it is.
+
+A stop (SIGTERM, SIGINT, ``stop_event``) lets running handlers finish for ``shutdown_grace``
+seconds, hands the rest back and closes the connections: seconds. A worker still running well
+past that is stuck somewhere, and a supervisor will kill it without a word on what held it. So
+the first stop request arms a timer on its own thread (the event loop may be what is blocked):
+when it fires, the worker writes to stderr, once, how long it has been stopping, every thread's
+stack (``faulthandler``) and, through the loop when the loop still turns, every asyncio task's
+stack. Nothing changes in what the worker does: the dump is for the person (or the CI log) who
+has to find out why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import io
+import sys
+import threading
+import time
+from typing import TextIO
+
+STUCK_AFTER = 20.0
+"""Seconds past the shutdown grace before a stopping worker says where it is."""
+
+
+class StopWatch:
+    """Armed by the first stop request; :meth:`done` when the worker ended."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, grace: float, *,
+                 after: float = STUCK_AFTER, out: TextIO | None = None):
+        self.loop = loop
+        self.after = grace + after
+        self.out = out
+        self.began: float | None = None
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+
+    def arm(self) -> None:
+        with self._lock:
+            if self.began is not None:
+                return
+            self.began = time.monotonic()
+            self._timer = threading.Timer(self.after, self._dump)
+            self._timer.daemon = True
+            self._timer.name = "konduit-stop-watch"
+            self._timer.start()
+
+    def done(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def _stream(self) -> TextIO:
+        return self.out if self.out is not None else sys.stderr
+
+    def _dump(self) -> None:
+        out = self._stream()
+        waited = time.monotonic() - (self.began or time.monotonic())
+        out.write(f"konduit worker: still stopping {waited:.0f} s after the stop request "
+                  "(its grace is over); where each thread is:\n")
+        try:
+            faulthandler.dump_traceback(file=out, all_threads=True)
+        except (io.UnsupportedOperation, AttributeError, ValueError):
+            # Not a real file (a test's StringIO): the Python-level stacks instead.
+            for ident, frame in sys._current_frames().items():
+                out.write(f"Thread {ident}:\n")
+                import traceback
+
+                out.write("".join(traceback.format_stack(frame)))
+        out.flush()
+        try:
+            self.loop.call_soon_threadsafe(self._dump_tasks)
+        except RuntimeError:
+            out.write("konduit worker: its event loop is closed\n")
+
+    def _dump_tasks(self) -> None:
+        out = self._stream()
+        tasks = asyncio.all_tasks(self.loop)
+        out.write(f"konduit worker: {len(tasks)} asyncio task(s) still running:\n")
+        for task in sorted(tasks, key=lambda t: t.get_name()):
+            buffer = io.StringIO()
+            task.print_stack(file=buffer)
+            out.write(buffer.getvalue())
+        out.flush()
