@@ -154,50 +154,54 @@ def test_a_redrive_racing_a_late_completion_of_the_old_generation(
     (its task is cancelled). Its late completion and the redrive are released together: the
     stale completion is fenced whatever the order, the join fires exactly once, in the new
     generation, with the new generation's outputs."""
-    for _ in range(3):  # a few rounds: both orders of the two transactions get their turn
-        release = threading.Barrier(2)
-        started = threading.Event()
-        calls: dict[str, int] = {}
-        lock = threading.Lock()
-        wf = konduit.Workflow(f"late-vs-redrive-{len(calls)}-{time.monotonic_ns()}", version=1)
+    for n in range(3):  # a few rounds: both orders of the two transactions get their turn
+        _late_completion_round(make_app, n)
 
-        def count(name: str) -> int:
-            with lock:
-                calls[name] = calls.get(name, 0) + 1
-                return calls[name]
 
-        @wf.step(retry=FAST)
-        def a(ctx: konduit.Context) -> str:
-            if count("a") == 1:
-                raise konduit.NonRetryableError("a fails once")
-            return "a2"
+def _late_completion_round(make_app: Callable[..., konduit.App], n: int) -> None:
+    release = threading.Barrier(2)
+    started = threading.Event()
+    calls: dict[str, int] = {}
+    lock = threading.Lock()
+    wf = konduit.Workflow(f"late-vs-redrive-{n}", version=1)
 
-        @wf.step()
-        def b(ctx: konduit.Context) -> str:
-            if count("b") == 1:
-                started.set()
-                release.wait(timeout=30)  # the late completion, released with the redrive
-                return "b-late"
-            return "b2"
+    def count(name: str) -> int:
+        with lock:
+            calls[name] = calls.get(name, 0) + 1
+            return calls[name]
 
-        @wf.step(after=[a, b])
-        def join(ctx: konduit.Context) -> dict[str, str]:
-            count("join")
-            return dict(ctx.upstream)
+    @wf.step(retry=FAST)
+    def a(ctx: konduit.Context) -> str:
+        if count("a") == 1:
+            raise konduit.NonRetryableError("a fails once")
+        return "a2"
 
-        app = make_app(wf)
-        h = app.start(wf.name)
-        with running_worker(app, concurrency=4):
-            assert started.wait(30)
-            with pytest.raises(konduit.ExecutionFailed):
-                h.wait(timeout=30)
-            release.wait(timeout=30)  # both go at once
-            rerun = app.redrive(h.id)
-            result = h.wait(timeout=30)
-        assert set(rerun) == {"a", "b", "join"}
-        assert result.output == {"a": "a2", "b": "b2"}
-        assert calls["join"] == 1
-        tasks = _generations(app.database_url, h.id)
-        assert [t for t in tasks if t[0] == "join"] == [("join", 2, "succeeded")]
-        # The old b stayed cancelled: its late result changed no status.
-        assert ("b", 1, "cancelled") in tasks and ("b", 2, "succeeded") in tasks
+    @wf.step()
+    def b(ctx: konduit.Context) -> str:
+        if count("b") == 1:
+            started.set()
+            release.wait(timeout=30)  # the late completion, released with the redrive
+            return "b-late"
+        return "b2"
+
+    @wf.step(after=[a, b])
+    def join(ctx: konduit.Context) -> dict[str, str]:
+        count("join")
+        return dict(ctx.upstream)
+
+    app = make_app(wf)
+    h = app.start(wf.name)
+    with running_worker(app, concurrency=4):
+        assert started.wait(30)
+        with pytest.raises(konduit.ExecutionFailed):
+            h.wait(timeout=30)
+        release.wait(timeout=30)  # both go at once
+        rerun = app.redrive(h.id)
+        result = h.wait(timeout=30)
+    assert set(rerun) == {"a", "b", "join"}
+    assert result.output == {"a": "a2", "b": "b2"}
+    assert calls["join"] == 1
+    tasks = _generations(app.database_url, h.id)
+    assert [t for t in tasks if t[0] == "join"] == [("join", 2, "succeeded")]
+    # The old b stayed cancelled: its late result changed no status.
+    assert ("b", 1, "cancelled") in tasks and ("b", 2, "succeeded") in tasks

@@ -20,9 +20,8 @@ def test_redrive_one_and_many_from_the_command_line(
     healthy = {"on": False}
     app = make_app(payments(healthy))
     one = app.start("bulk-pay", {"n": 1}).id
-    with running_worker(app, concurrency=4):
-        with pytest.raises(konduit.ExecutionFailed):
-            app.wait(one, timeout=30)
+    with running_worker(app, concurrency=4), pytest.raises(konduit.ExecutionFailed):
+        app.wait(one, timeout=30)
     many = start_failed(app, 25, {"cohort": "c1"})
     healthy["on"] = True
 

@@ -28,7 +28,7 @@ from konduit.engine.retention import BATCH_SIZE, Prunable
 from konduit.engine.waits import SendResult
 from konduit.errors import KonduitError
 from konduit.reads import ReadModel
-from konduit.records import AlertRecord, BulkResult, AttemptLog, DeadLetter, ExecutionFound, MigrationRecord, OutputVersion, Payload, ScheduleRecord, StepRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
+from konduit.records import AlertRecord, AttemptLog, BulkResult, DeadLetter, ExecutionFound, MigrationRecord, OutputVersion, Payload, ScheduleRecord, StepRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
 from konduit.tracing import TraceContext
 from collections.abc import Coroutine
 from typing import TypeVar

@@ -47,8 +47,8 @@ from konduit.errors import KonduitError
 from konduit.reads import ReadModel
 from konduit.records import (
     AlertRecord,
-    BulkResult,
     AttemptLog,
+    BulkResult,
     DeadLetter,
     ExecutionFound,
     MigrationRecord,

@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 from uuid import UUID
 
@@ -59,7 +60,7 @@ async def run_bulk(client: Client, request: BulkRequest, *,
     transaction (see the module's docstring); the counts of what was done."""
     began = time.monotonic()
     applies = CANCEL_FROM if request.action == "cancel" else REDRIVE_FROM
-    params = request.where.params()
+    p = request.where.params()
     before: tuple[object, object] = (None, None)
     matched = batches = 0
     longest = 0.0
@@ -73,8 +74,13 @@ async def run_bulk(client: Client, request: BulkRequest, *,
                           longest_batch_seconds=round(longest, 6), ids=tuple(done))
 
     while True:
-        rows = await client.db.all("execution_search", **params, before_at=before[0],
-                                   before_id=before[1], limit=request.batch_size)
+        rows = await client.db.all(
+            "execution_search", id_low=p["id_low"], id_high=p["id_high"], id_tail=p["id_tail"],
+            idempotency_key=p["idempotency_key"], tags=p["tags"], input=p["input"],
+            status=p["status"], workflow_name=p["workflow_name"],
+            workflow_version=p["workflow_version"], since=p["since"], until=p["until"],
+            fair_key=p["fair_key"], before_at=before[0], before_id=before[1],
+            limit=request.batch_size)
         if not rows:
             break
         before = (rows[-1]["created_at"], rows[-1]["id"])
@@ -91,7 +97,7 @@ async def run_bulk(client: Client, request: BulkRequest, *,
             if request.action == "redrive":
                 targets = await _with_definitions(client, targets, skipped)
             batch_began = time.monotonic()
-            batch = await client.db.atomic(lambda tx: _act(client, tx, request, targets))
+            batch = await client.db.atomic(partial(_act, client, request=request, rows=targets))
             longest = max(longest, time.monotonic() - batch_began)
             batches += 1
             done += batch.done
@@ -133,7 +139,7 @@ async def _with_definitions(client: Client, rows: list[Row], skipped: Counter[st
     return usable
 
 
-async def _act(client: Client, tx: Tx, request: BulkRequest, rows: list[Row]) -> _Batch:
+async def _act(client: Client, tx: Tx, *, request: BulkRequest, rows: list[Row]) -> _Batch:
     """One batch, in the caller's transaction: each execution locked in id order and cancelled
     or redriven; one the action no longer applies to is counted by the refusal's code. Every
     refusal comes before its execution's first write, so the batch goes on without it."""

@@ -284,6 +284,52 @@ async def repair(execution_id: str, ops: Ops) -> m.Repaired:
     return m.Repaired(id=eid, rerun=rerun, status=status)  # type: ignore[arg-type]
 
 
+REDRIVE_REFUSALS = {"not_redrivable", "nothing_to_repair", "workflow_not_found", "no_code"}
+"""The codes of a redrive refused as a conflict (409): an execution that runs or succeeded,
+nothing left to re-run, or no definition or code to re-run."""
+
+
+@router.post("/executions/{execution_id}/redrive", response_model=m.Redriven,
+             tags=["executions"], responses=problem_responses(404, 409))
+async def redrive(execution_id: str, ops: Ops) -> m.Redriven:
+    """Run a failed, timed-out or cancelled execution again from the steps that did not
+    succeed, keeping every succeeded and degraded output, as a new generation (409 for one
+    that runs or succeeded: a repair re-runs a succeeded execution's degraded steps)."""
+    eid = (await ops.status(execution_id)).id  # a unique prefix or tail too; 404 first
+    try:
+        rerun = await ops.redrive(eid)
+    except KonduitError as exc:
+        if exc.code not in REDRIVE_REFUSALS:
+            raise
+        raise Refused(409, str(exc), code=exc.code) from None
+    status = (await ops.progress([eid])).get(eid, "running")
+    return m.Redriven(id=eid, rerun=rerun, status=status)  # type: ignore[arg-type]
+
+
+@router.post("/executions:bulk", response_model=m.BulkDone, tags=["executions"])
+async def bulk(body: m.BulkBody, ops: Ops) -> m.BulkDone:
+    """Cancel or redrive every execution the ``where`` filter finds (the search's parts, as
+    ``GET /api/v1/executions`` takes them; at least one), ``batch_size`` per transaction, so
+    no lock is held longer than a batch; ``dry_run`` counts and changes nothing. The answer
+    counts what was done and skipped (by reason) once every batch ran."""
+    w = body.where
+    try:
+        where = search_filter(id=w.id, key=w.key, tags=w.tag, inputs=w.input, status=w.status,
+                              workflow=w.workflow, since=w.since, until=w.until,
+                              fair_key=w.fair_key)
+    except KonduitError as exc:
+        raise Refused(422, str(exc), "body.where" if exc.field is None
+                      else f"body.where.{exc.field}", code=exc.code) from None
+    try:
+        done = await ops.bulk(body.action, where, dry_run=body.dry_run,
+                              batch_size=body.batch_size, reason=body.reason)
+    except NOT_THE_CALLERS:
+        raise
+    except KonduitError as exc:  # an empty filter, a reason no text column can hold
+        raise Refused.of(exc) from None
+    return m.BulkDone(**{**done.to_dict(), "ids": list(done.ids[:m.MAX_BULK_IDS])})
+
+
 @router.post("/executions/{execution_id}/migrate", response_model=m.Migrated,
              tags=["executions"], responses=problem_responses(404, 409))
 async def migrate(execution_id: str, body: m.MigrateBody, ops: Ops) -> m.Migrated:
