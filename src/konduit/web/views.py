@@ -21,6 +21,7 @@ ATTEMPT_OUTCOMES = ("running", "waiting", "succeeded", "degraded", "retry", "fai
                     "released", "cancelled")
 FINISHED = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 REPAIRABLE = frozenset({"degraded", "failed", "timed_out", "cancelled"})
+REDRIVABLE = frozenset({"failed", "timed_out", "cancelled"})  # a redrive keeps degraded steps
 
 
 def secs(value: float | None) -> str:
