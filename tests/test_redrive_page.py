@@ -40,9 +40,8 @@ def test_redrive_one_and_many_in_a_browser(make_app: Callable[..., konduit.App],
     healthy = {"on": False}
     app = make_app(payments(healthy))
     one = app.start("bulk-pay", {"n": 1}).id
-    with running_worker(app, concurrency=4):
-        with pytest.raises(konduit.ExecutionFailed):
-            app.wait(one, timeout=30)
+    with running_worker(app, concurrency=4), pytest.raises(konduit.ExecutionFailed):
+        app.wait(one, timeout=30)
     cohort = start_failed(app, 20, {"cohort": "p1"})
     healthy["on"] = True
     with guarded(app, db_url) as (base, _):

@@ -14,8 +14,8 @@ from uuid import UUID
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from konduit.core.words import NOT_REACHED, step_word
 from konduit.core.search import ExecutionFilter, search_filter
+from konduit.core.words import NOT_REACHED, step_word
 from konduit.engine.bulk import CANCEL_FROM
 from konduit.engine.repairs import REDRIVE_FROM
 from konduit.errors import DatabaseError, DatabaseUnavailable, ExecutionNotFound, KonduitError
