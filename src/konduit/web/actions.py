@@ -271,11 +271,13 @@ async def bulk(request: Request, site: SiteDep) -> Response:
                                     status_code=303)
         done, matched, skipped = result.done, result.matched, result.skipped
         back = where.query_args()
+        timing = (f" in {result.batches} batch(es) of at most {BULK_BATCH}, {result.seconds:.1f} s;"
+                  f" longest batch {result.longest_batch_seconds * 1000:.0f} ms")
     else:
         chosen = _picked(picks)
         if isinstance(chosen, str):
             return RedirectResponse("/?" + urlencode({"error": chosen}), status_code=303)
-        done, matched, skipped, back = 0, len(chosen), {}, []
+        done, matched, skipped, back, timing = 0, len(chosen), {}, [], ""
         for eid in chosen:  # each on its own: a page's selection is small
             try:
                 if action == "cancel":
@@ -292,7 +294,7 @@ async def bulk(request: Request, site: SiteDep) -> Response:
                 done += 1
             else:
                 skipped[reason] = skipped.get(reason, 0) + 1
-    note = f"{did} {done} of {matched} execution(s)"
+    note = f"{did} {done} of {matched} execution(s){timing}"
     if skipped:
         note += "; skipped " + ", ".join(f"{n} ({why})" for why, n in sorted(skipped.items()))
     return RedirectResponse("/?" + urlencode([*back, ("flash", note)]), status_code=303)
