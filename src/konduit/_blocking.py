@@ -127,8 +127,9 @@ class Operations:
         :class:`konduit.ExecutionFilter`; not an empty one), ``batch_size`` executions per
         transaction, so no lock is held longer than a batch. ``reason`` is kept as each
         cancelled execution's error. Executions the action does not apply to are skipped and
-        counted by reason; ``dry_run`` counts and changes nothing. Every field is one of
-        :class:`konduit.core.requests.BulkRequest`."""
+        counted by reason; ``dry_run`` counts and changes nothing (docs/recovering-executions.md).
+        Returns a :class:`konduit.records.BulkResult`: ``matched``, ``done``, ``skipped`` by
+        reason, ``batches``, ``longest_batch_seconds``."""
         return self._run(self._operations.bulk(action, where, dry_run=dry_run, batch_size=batch_size, reason=reason))
 
     def send_event(self, name: str, *, key: str | None=None, execution_id: ExecutionId | None=None, payload: Any=None) -> SendResult:
