@@ -20,6 +20,7 @@ from uuid import UUID
 
 from konduit.core.durations import Duration
 from konduit.core.search import ExecutionFilter
+from konduit.core.values import check_text
 from konduit.errors import KonduitError, blamed
 
 ExecutionId = UUID | str
@@ -145,8 +146,8 @@ class BulkRequest:
     one to cancel) are skipped and counted by reason."""
 
     action: Annotated[str, Doc("What to do to each execution found: cancel or redrive")]
-    where: Annotated[ExecutionFilter, Doc("Which executions: the search's filter")] = field(
-        default_factory=ExecutionFilter)
+    where: Annotated[ExecutionFilter, Doc(
+        "Which executions: the search's filter (not an empty one)")]
     dry_run: Annotated[bool, Doc("Count what would be done; change nothing")] = False
     batch_size: Annotated[int, Doc(
         f"Executions per transaction (1 to {MAX_BATCH_SIZE})")] = 100
@@ -159,6 +160,11 @@ class BulkRequest:
         if not isinstance(self.where, ExecutionFilter):
             raise blamed(KonduitError(
                 f"where is a konduit.ExecutionFilter, not {type(self.where).__name__}"), "where")
+        if not isinstance(self.reason, str) or not self.reason:
+            raise blamed(KonduitError(f"reason {self.reason!r}: some text"), "reason")
+        check_text(self.reason, "reason")
+        if not isinstance(self.dry_run, bool):
+            raise blamed(KonduitError(f"dry_run {self.dry_run!r}: true or false"), "dry_run")
         if self.where == ExecutionFilter():
             raise blamed(KonduitError(
                 "a bulk operation needs a filter: an empty one finds every execution (give a "
