@@ -4,7 +4,9 @@ naming the field."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -64,3 +66,37 @@ def test_redrive_and_bulk_over_http(make_app: Callable[..., konduit.App], db_url
     with running_worker(app, concurrency=8):
         for eid in [one, *many]:
             assert app.wait(eid, timeout=30).status == "succeeded"
+
+
+def test_a_bulk_job_reports_its_progress_batch_by_batch(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    app = make_app(payments())
+    ids = start_failed(app, 2000, {"cohort": "job"})
+    where = {"status": "failed", "tag": ["cohort=job"]}
+    with api(None, db_url) as http:
+        started = http.post("/api/v1/bulk-jobs", json={"action": "redrive", "where": where,
+                                                       "batch_size": 50})
+        assert started.status_code == 202, started.text
+        job = started.json()
+        assert job["state"] == "running" and job["action"] == "redrive"
+        seen: list[dict[str, Any]] = []
+        began = time.monotonic()
+        while True:
+            now = http.get(f"/api/v1/bulk-jobs/{job['id']}")
+            assert now.status_code == 200, now.text
+            seen.append(now.json())
+            if seen[-1]["state"] != "running":
+                break
+            assert time.monotonic() - began < 300, seen[-1]
+            time.sleep(0.05)
+        last = seen[-1]
+        assert (last["state"], last["matched"], last["done"], last["batches"], last["error"]) \
+            == ("succeeded", 2000, 2000, 40, None)
+        # Progress was reported between batches, and only grew.
+        done = [s["done"] for s in seen]
+        assert any(0 < d < 2000 for d in done), done
+        assert done == sorted(done)
+        assert {app.status(e).status for e in ids[:20]} == {"running"}
+        refused(http.get("/api/v1/bulk-jobs/0190abcd-0000-7000-8000-000000000000"), 404)
+        refused(http.post("/api/v1/bulk-jobs", json={"action": "redrive", "where": {}}),
+                422, "body.where")

@@ -449,3 +449,20 @@ class StatsOut(BaseModel):
     stored_events: list[dict[str, Any]] = Field(
         default_factory=list, description="Events sent before any step waited for them, kept "
         "for one to come, by name: events, next_expiry")
+
+
+class BulkJobOut(BaseModel):
+    """A bulk operation running in the background, and how far it got (the counts of the
+    batches done so far; ``error`` when it failed)."""
+
+    id: UUID
+    state: Literal["running", "succeeded", "failed"]
+    action: Literal["cancel", "redrive"]
+    dry_run: bool
+    matched: int = Field(description="Executions the filter found so far")
+    done: int = Field(description="Of them cancelled or redriven so far")
+    skipped: dict[str, int]
+    batches: int
+    seconds: float
+    longest_batch_seconds: float
+    error: str | None = None
