@@ -205,3 +205,28 @@ def _late_completion_round(make_app: Callable[..., konduit.App], n: int) -> None
     assert [t for t in tasks if t[0] == "join"] == [("join", 2, "succeeded")]
     # The old b stayed cancelled: its late result changed no status.
     assert ("b", 1, "cancelled") in tasks and ("b", 2, "succeeded") in tasks
+
+
+def test_a_code_less_client_and_async_client_redrive_and_bulk(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    """konduit.Client and konduit.AsyncClient redrive from the registered definition, and a
+    bulk dry run through either counts without changing anything."""
+    import asyncio
+
+    from tests.test_bulk import payments, start_failed
+
+    app = make_app(payments())
+    ids = start_failed(app, 3, {"face": "clients"})
+    where = konduit.ExecutionFilter(tags={"face": "clients"}, status="failed")
+    with konduit.Client(db_url) as client:
+        assert client.redrive(ids[0]) == ["charge", "notify"]
+        assert client.bulk("redrive", where, dry_run=True).done == 2
+
+    async def by_async() -> list[str]:
+        async with konduit.AsyncClient(db_url) as client:
+            dry = await client.bulk("cancel", where, dry_run=True)
+            assert (dry.matched, dry.done, dry.skipped) == (2, 0, {"failed": 2})
+            return await client.redrive(ids[1])
+
+    assert asyncio.run(by_async()) == ["charge", "notify"]
+    assert [app.status(e).status for e in ids] == ["running", "running", "failed"]
