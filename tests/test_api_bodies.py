@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from konduit.core.requests import (
+    BulkRequest,
     CancelRequest,
     Doc,
     EventRequest,
@@ -26,6 +27,7 @@ BODIES: list[tuple[type[BaseModel], type, tuple[str, ...]]] = [
     (m.CancelBody, CancelRequest, ("execution_id",)),
     (m.EventBody, EventRequest, ()),
     (m.MigrateBody, MigrateRequest, ("execution_id",)),
+    (m.BulkBody, BulkRequest, ()),
 ]
 
 

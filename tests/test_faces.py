@@ -102,6 +102,8 @@ DOORS: dict[str, tuple[tuple[str, str] | None, str | None]] = {
     "status": (("get", "/api/v1/executions/{execution_id}"), "status"),
     "cancel": (("post", "/api/v1/executions/{execution_id}/cancel"), "cancel"),
     "repair": (("post", "/api/v1/executions/{execution_id}/repair"), "repair"),
+    "redrive": (("post", "/api/v1/executions/{execution_id}/redrive"), "redrive"),
+    "bulk": (("post", "/api/v1/executions:bulk"), "redrive"),
     "migrate": (("post", "/api/v1/executions/{execution_id}/migrate"), None),
     "send_event": (("post", "/api/v1/events"), "send-event"),
     "search": (("get", "/api/v1/executions"), "list"),
@@ -148,6 +150,9 @@ NOT_TAKEN = {
     ("cli", "search", "version"): "--workflow name@version",
     ("http", "workers", "stale_seconds"): "the live workers as the workers decide",
     ("cli", "dead_letters", "limit"): "all of them",
+    ("cli", "bulk", "action"): "the command is the action: konduit cancel|redrive --status ...",
+    ("cli", "bulk", "where"): "a filter's parts are the options (as konduit list takes them)",
+    ("cli", "bulk", "reason"): "konduit cancel --reason; a redrive keeps no reason",
 }
 
 

@@ -57,5 +57,6 @@ def test_schemathesis_finds_nothing(make_app: Callable[..., konduit.App], db_url
             env={**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)})
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-8000:]
-    # 15: with POST /executions/{id}/migrate and GET /executions/{id}/logs (attempt logs).
-    assert "15 selected / 15 total" in output and "Tested: 15" in output, output[-3000:]
+    # 17: with POST /executions/{id}/migrate, GET /executions/{id}/logs (attempt logs),
+    # POST /executions/{id}/redrive, POST /executions:bulk and the bulk jobs (POST, GET).
+    assert "19 selected / 19 total" in output and "Tested: 19" in output, output[-3000:]

@@ -92,5 +92,6 @@ def test_the_attempts_of_a_repair_are_marked_on_the_timeline() -> None:
     chart = gantt([attempt(1, 0), attempt(2, 5)], [], NOW, NOW + timedelta(seconds=10))
     first, repaired = chart.bars
     assert (first.generation, first.label) == (1, "flaky #1")
-    assert (repaired.generation, repaired.label) == (2, "flaky #1 repair 1")
-    assert "repair 1" in repaired.title
+    # A repair's or a redrive's run: the second generation of the step's task.
+    assert (repaired.generation, repaired.label) == (2, "flaky #1 gen 2")
+    assert "gen 2" in repaired.title

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 from konduit.core.durations import Duration
-from konduit.core.requests import CancelRequest, EventRequest, MigrateRequest, MigrateWorkflowRequest, PruneRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest
+from konduit.core.requests import BulkRequest, CancelRequest, EventRequest, MigrateRequest, MigrateWorkflowRequest, PruneRequest, RedriveRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest
 from konduit.core.results import ExecutionResult
 from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook
@@ -28,7 +28,7 @@ from konduit.engine.retention import BATCH_SIZE, Prunable
 from konduit.engine.waits import SendResult
 from konduit.errors import KonduitError
 from konduit.reads import ReadModel
-from konduit.records import AlertRecord, AttemptLog, DeadLetter, ExecutionFound, MigrationRecord, OutputVersion, Payload, ScheduleRecord, StepRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
+from konduit.records import AlertRecord, AttemptLog, BulkResult, DeadLetter, ExecutionFound, MigrationRecord, OutputVersion, Payload, ScheduleRecord, StepRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
 from konduit.tracing import TraceContext
 from collections.abc import Coroutine
 from typing import TypeVar
@@ -111,6 +111,26 @@ class Operations:
         without the workflow's code repairs from the registered definition (one with map
         steps needs the code)."""
         return self._run(self._operations.repair(execution_id))
+
+    def redrive(self, execution_id: ExecutionId) -> builtins.list[str]:
+        """Run a failed, timed-out or cancelled execution again from the steps that did not
+        succeed (failed, timed out, cancelled, and everything downstream of them), as a new
+        generation of their tasks; every succeeded and degraded step keeps its output (a
+        :meth:`repair` would re-run the degraded ones too). Returns the steps that run again.
+        Raises :class:`~konduit.NotRedrivable` for an execution that runs or succeeded, and
+        :class:`~konduit.NothingToRepair` when no step is left to re-run
+        (docs/recovering-executions.md)."""
+        return self._run(self._operations.redrive(execution_id))
+
+    def bulk(self, action: str, where: ExecutionFilter, *, dry_run: bool=False, batch_size: int=100, reason: str='cancelled') -> BulkResult:
+        """``"cancel"`` or ``"redrive"`` every execution ``where`` finds (a
+        :class:`konduit.ExecutionFilter`; not an empty one), ``batch_size`` executions per
+        transaction, so no lock is held longer than a batch. ``reason`` is kept as each
+        cancelled execution's error. Executions the action does not apply to are skipped and
+        counted by reason; ``dry_run`` counts and changes nothing (docs/recovering-executions.md).
+        Returns a :class:`konduit.records.BulkResult`: ``matched``, ``done``, ``skipped`` by
+        reason, ``batches``, ``longest_batch_seconds``."""
+        return self._run(self._operations.bulk(action, where, dry_run=dry_run, batch_size=batch_size, reason=reason))
 
     def send_event(self, name: str, *, key: str | None=None, execution_id: ExecutionId | None=None, payload: Any=None) -> SendResult:
         """Send the event ``name`` to the step that waits for it (``wf.wait_for_event``), by

@@ -40,7 +40,7 @@ __all__ = [
     "AlertError", "AmbiguousExecutionId", "DatabaseConflict", "DatabaseError", "DatabaseUnavailable",
     "DefinitionWarning", "ExecutionFailed", "ExecutionNotFound", "IdempotencyConflict",
     "InputValidationError", "KeyNeedsCode", "KonduitError", "LimitKeyError", "MigrationRefused",
-    "NonRetryableError", "NothingToRepair", "OutputInvalid", "PayloadError", "PoolExhausted",
+    "NonRetryableError", "NotRedrivable", "NothingToRepair", "OutputInvalid", "PayloadError", "PoolExhausted",
     "ScheduleNotFound", "SchemaOutdated", "SettingsError", "UserCodeInterrupted", "UserCodeStuck",
     "WorkerUnhealthy", "WorkflowDefinitionError", "WorkflowNotFound", "WorkflowVersionConflict",
 ]
@@ -219,6 +219,12 @@ class OutputInvalid(KonduitError):
 
 class NothingToRepair(KonduitError):
     """The execution has no degraded, failed, timed-out or cancelled step."""
+
+
+class NotRedrivable(KonduitError):
+    """A redrive of an execution that did not end failed, timed out or cancelled: one that
+    still runs, or one that succeeded (:meth:`konduit.App.repair` re-runs the degraded steps of
+    a succeeded execution)."""
 
 
 class SettingsError(KonduitError, ValueError):

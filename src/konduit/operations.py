@@ -24,11 +24,13 @@ from uuid import UUID
 
 from konduit.core.durations import Duration
 from konduit.core.requests import (
+    BulkRequest,
     CancelRequest,
     EventRequest,
     MigrateRequest,
     MigrateWorkflowRequest,
     PruneRequest,
+    RedriveRequest,
     RepairRequest,
     RetryNowRequest,
     RetryWebhookRequest,
@@ -46,6 +48,7 @@ from konduit.reads import ReadModel
 from konduit.records import (
     AlertRecord,
     AttemptLog,
+    BulkResult,
     DeadLetter,
     ExecutionFound,
     MigrationRecord,
@@ -165,6 +168,28 @@ class AsyncOperations:
         without the workflow's code repairs from the registered definition (one with map
         steps needs the code)."""
         return await (await self._engine()).repair(RepairRequest(execution_id))
+
+    async def redrive(self, execution_id: ExecutionId) -> builtins.list[str]:
+        """Run a failed, timed-out or cancelled execution again from the steps that did not
+        succeed (failed, timed out, cancelled, and everything downstream of them), as a new
+        generation of their tasks; every succeeded and degraded step keeps its output (a
+        :meth:`repair` would re-run the degraded ones too). Returns the steps that run again.
+        Raises :class:`~konduit.NotRedrivable` for an execution that runs or succeeded, and
+        :class:`~konduit.NothingToRepair` when no step is left to re-run
+        (docs/recovering-executions.md)."""
+        return await (await self._engine()).redrive(RedriveRequest(execution_id))
+
+    async def bulk(self, action: str, where: ExecutionFilter, *, dry_run: bool = False,
+                   batch_size: int = 100, reason: str = "cancelled") -> BulkResult:
+        """``"cancel"`` or ``"redrive"`` every execution ``where`` finds (a
+        :class:`konduit.ExecutionFilter`; not an empty one), ``batch_size`` executions per
+        transaction, so no lock is held longer than a batch. ``reason`` is kept as each
+        cancelled execution's error. Executions the action does not apply to are skipped and
+        counted by reason; ``dry_run`` counts and changes nothing (docs/recovering-executions.md).
+        Returns a :class:`konduit.records.BulkResult`: ``matched``, ``done``, ``skipped`` by
+        reason, ``batches``, ``longest_batch_seconds``."""
+        return await (await self._engine()).bulk(
+            BulkRequest(action, where, dry_run=dry_run, batch_size=batch_size, reason=reason))
 
     async def send_event(self, name: str, *, key: str | None = None,
                          execution_id: ExecutionId | None = None,

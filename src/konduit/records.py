@@ -23,6 +23,7 @@ __all__ = [
     "AlertRecord",
     "AttemptLog",
     "AttemptRecord",
+    "BulkResult",
     "ChildExecution",
     "DeadLetter",
     "DeadLetterWithStatus",
@@ -619,6 +620,26 @@ class MigrationRecord(Record):
     skipped: tuple[str, ...] = ()  # steps every upstream routed away from: ended skipped
     reason: str | None = None
     step: str | None = None
+
+
+@dataclass(frozen=True)
+class BulkResult(Record):
+    """What a bulk cancel or redrive did (:meth:`konduit.App.bulk`), or with ``dry_run`` would
+    do: ``matched`` executions the filter found, ``done`` of them cancelled or redriven,
+    ``skipped`` the others by reason (``{"succeeded": 3}``: the status the action does not
+    apply to, or why it was refused). ``batches`` transactions were run, the longest of them
+    ``longest_batch_seconds`` (no lock of the operation is held longer), ``seconds`` in all;
+    ``ids`` are the executions done (or that would be)."""
+
+    action: str
+    dry_run: bool
+    matched: int
+    done: int
+    skipped: dict[str, int]
+    batches: int
+    seconds: float
+    longest_batch_seconds: float
+    ids: tuple[UUID, ...] = ()
 
 
 @dataclass(frozen=True)

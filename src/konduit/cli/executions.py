@@ -1,10 +1,10 @@
-"""Commands on executions: start, status, list, cancel, repair, dead-letters."""
+"""Commands on executions: start, status, list, cancel, repair, redrive, dead-letters."""
 
 from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 from uuid import UUID
 
 import typer
@@ -35,10 +35,11 @@ from konduit.cli.common import (
 )
 from konduit.cli.waits import print_waiting, waiting_json
 from konduit.core.ids import short_id
-from konduit.core.requests import CancelRequest, doc
-from konduit.core.search import parse_tags
+from konduit.core.model import ExecutionStatus
+from konduit.core.requests import MAX_BATCH_SIZE, BulkRequest, CancelRequest, doc
+from konduit.core.search import ExecutionFilter, parse_tags, search_filter
 from konduit.core.words import step_word
-from konduit.records import StepRecord, TaskRecord
+from konduit.records import BulkResult, StepRecord, TaskRecord
 
 
 def start(
@@ -260,16 +261,95 @@ def status(
                       soft_wrap=True)
 
 
+# The options of a bulk cancel or redrive: the search's (as `konduit list` takes them).
+FilterStatus = Annotated[ExecutionStatus | None, typer.Option(
+    "--status", help="Only executions with this status.", show_default=False)]
+FilterWorkflow = Annotated[str | None, typer.Option(
+    "--workflow", metavar="NAME[@VERSION]", help="Only executions of this workflow (and version).")]
+FilterId = Annotated[str | None, typer.Option(
+    "--id", help="The start or the end of the id (at least 4 hex digits).")]
+FilterKey = Annotated[str | None, typer.Option("--key", help="The idempotency key.")]
+FilterTags = Annotated[list[str] | None, typer.Option(
+    "--tag", metavar="KEY=VALUE", help="Carries this tag (repeatable: all of them).")]
+FilterInput = Annotated[list[str] | None, typer.Option(
+    "--input", metavar="FIELD=VALUE", help="The input has this field (repeatable).")]
+FilterSince = Annotated[str | None, typer.Option(
+    "--since", help="Created since: a duration ago (1h) or a date-time.")]
+FilterUntil = Annotated[str | None, typer.Option(
+    "--until", help="Created before: a duration ago (1h) or a date-time.")]
+FilterFairKey = Annotated[str | None, typer.Option(
+    "--fair-key", help="Started with this fair key.")]
+DryRun = Annotated[bool, typer.Option(
+    "--dry-run", help="Count the executions it would touch; change nothing.")]
+BatchSize = Annotated[int, typer.Option(
+    "--batch-size", min=1, max=MAX_BATCH_SIZE, help=doc(BulkRequest, "batch_size") + ".")]
+
+
+def _bulk_filter(execution_id: str | None, **parts: Any) -> ExecutionFilter | None:
+    """The filter of a bulk command, or None for a command on one EXECUTION_ID; both, or
+    neither, is refused naming what to give."""
+    given = {k: v for k, v in parts.items() if v}
+    if execution_id is not None:
+        if given:
+            options = ", ".join("--" + k.replace("_", "-") for k in sorted(given))
+            raise CliError(f"give an EXECUTION_ID or a filter ({options}), not both")
+        return None
+    if not given:
+        raise CliError("give an EXECUTION_ID, or a filter for many: --workflow, --status, "
+                       "--since, --tag KEY=VALUE, ... (with --dry-run to count them first)")
+    return search_filter(**parts)
+
+
+def _print_bulk(result: BulkResult, as_json: bool) -> None:
+    if as_json:
+        print(dump_json({k: v for k, v in result.to_dict().items() if k != "ids"}
+                        | {"ids": [str(i) for i in result.ids]}))
+        return
+    did = {"cancel": "cancelled", "redrive": "redriven"}[result.action]
+    head = (f"dry run: {result.done} of {result.matched} matching execution(s) would be {did}"
+            if result.dry_run else
+            f"{did} {result.done} of {result.matched} matching execution(s) in "
+            f"{result.batches} batch(es), {result.seconds:.1f} s (longest batch "
+            f"{result.longest_batch_seconds * 1000:.0f} ms)")
+    console.print(head)
+    for reason, count in result.skipped.items():
+        console.print(f"  skipped {count}: {escape(reason)}")
+
+
 def cancel(
-    execution_id: Annotated[str, typer.Argument(
-        metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
+    execution_id: Annotated[str | None, typer.Argument(
+        metavar="EXECUTION_ID", show_default=False,
+        help="The execution's id, or a unique start or end of it; without it, the filter's "
+             "executions.")] = None,
     reason: Annotated[str, typer.Option(
         "--reason", help=doc(CancelRequest, "reason") + ".")] = "cancelled",
+    workflow: FilterWorkflow = None,
+    status: FilterStatus = None,
+    id: FilterId = None,
+    key: FilterKey = None,
+    tag: FilterTags = None,
+    input: FilterInput = None,
+    since: FilterSince = None,
+    until: FilterUntil = None,
+    fair_key: FilterFairKey = None,
+    dry_run: DryRun = False,
+    batch_size: BatchSize = 100,
     as_json: Annotated[bool, typer.Option(
-        "--json", help='Print {"id", "cancelled", "status"} as JSON.')] = False,
+        "--json", help='Print {"id", "cancelled", "status"} (for a filter: the counts) as '
+                       "JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Cancel a running execution (its pending work is never started)."""
+    """Cancel a running execution (its pending work is never started), or every execution a
+    filter finds (``--workflow X --status running --since 1h --tag k=v``), a batch per
+    transaction; ``--dry-run`` says how many it would touch."""
+    where = _bulk_filter(execution_id, workflow=workflow, status=status, id=id, key=key,
+                         tags=tag, inputs=input, since=since, until=until, fair_key=fair_key)
+    if where is not None:
+        with opened(plain_app(database_url)) as app:
+            _print_bulk(app.bulk("cancel", where, dry_run=dry_run, batch_size=batch_size,
+                                 reason=reason), as_json)
+        return
+    assert execution_id is not None
     with opened(plain_app(database_url)) as app:
         result = app.status(execution_id)  # a unique prefix or tail names it too
         cancelled = app.cancel(result.id, reason)
@@ -282,6 +362,73 @@ def cancel(
         return
     console.print(f"execution {result.id} has already finished ({styled(result.status)}); "
                   "nothing to cancel")
+
+
+def redrive(
+    execution_id: Annotated[str | None, typer.Argument(
+        metavar="EXECUTION_ID", show_default=False,
+        help="The execution's id, or a unique start or end of it; without it, the filter's "
+             "executions.")] = None,
+    app_spec: Annotated[str | None, app_option(
+        "module:attribute of the konduit.App that defines the workflow (without it: the "
+        "definition a worker registered; a workflow with map steps needs its code).")] = None,
+    workflow: FilterWorkflow = None,
+    status: FilterStatus = None,
+    id: FilterId = None,
+    key: FilterKey = None,
+    tag: FilterTags = None,
+    input: FilterInput = None,
+    since: FilterSince = None,
+    until: FilterUntil = None,
+    fair_key: FilterFairKey = None,
+    dry_run: DryRun = False,
+    batch_size: BatchSize = 100,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="Wait for the redriven execution to finish (one EXECUTION_ID).")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the steps re-run (for a filter: the counts) as JSON.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Run a failed, timed-out or cancelled execution again from the steps that did not
+    succeed, keeping every succeeded (and degraded) output, as a new generation of the re-run
+    steps; or every execution a filter finds (``--workflow X --status failed --since 1h --tag
+    k=v``), a batch per transaction, with ``--dry-run`` to count them first.
+
+    A succeeded execution is not redriven: ``konduit repair`` re-runs its degraded steps
+    (docs/recovering-executions.md). Exit codes with --wait as for ``start --wait``: 0, 1 (not
+    succeeded), 124 (--timeout passed).
+    """
+    where = _bulk_filter(execution_id, workflow=workflow, status=status, id=id, key=key,
+                         tags=tag, inputs=input, since=since, until=until, fair_key=fair_key)
+    if where is not None and wait:
+        raise CliError("--wait waits for one EXECUTION_ID, not a filter's executions")
+    app = load_app(app_spec, reachable(database_url)) if app_spec else plain_app(database_url)
+    with opened(app) as app:
+        if where is not None:
+            _print_bulk(app.bulk("redrive", where, dry_run=dry_run, batch_size=batch_size),
+                        as_json)
+            return
+        assert execution_id is not None
+        eid = app.status(execution_id).id  # a unique prefix or tail names it too
+        if dry_run:
+            raise CliError("--dry-run counts a filter's executions; for one, `konduit status` "
+                           "shows which steps did not succeed")
+        rerun = app.redrive(eid)
+        if not wait:
+            if as_json:
+                print(dump_json({"id": eid, "rerun": rerun}))
+            else:
+                console.print(f"redriving {eid}: re-running {', '.join(rerun)}")
+            return
+        result = _wait(app, eid, timeout)
+    if as_json:
+        print(dump_json({"id": eid, "rerun": rerun, "status": result.status}))
+    else:
+        console.print(f"redriving {eid}: re-running {', '.join(rerun)}")
+        console.print(f"execution {eid}: {styled(result.status)}")
+    if result.status != "succeeded":
+        raise typer.Exit(EXIT_FAILED)
 
 
 def repair(

@@ -1,6 +1,11 @@
-"""Repair: re-run only the degraded or failed branches of a finished execution, and what
-depends on them ("retry the full pipeline once within 24 hours to replace the degraded
-version"), as a pure plan the client applies under the execution lock."""
+"""Repair and redrive: re-run only the degraded or failed branches of a finished execution,
+and what depends on them ("retry the full pipeline once within 24 hours to replace the degraded
+version"), as a pure plan the client applies under the execution lock.
+
+Both are one plan with two choices of the steps it re-runs: a repair re-runs every step that
+ended degraded, failed, timed out or cancelled (:data:`REPAIRABLE`: it replaces a degraded
+output); a redrive re-runs only those that did not succeed at all (:data:`REDRIVABLE`: a
+degraded step's fallback payload is kept, as every succeeded output is)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ from konduit.errors import KonduitError
 from konduit.errors import NothingToRepair as NothingToRepair
 
 REPAIRABLE = frozenset({Outcome.DEGRADED}) | FAILURE_OUTCOMES
+"""The step outcomes a repair re-runs."""
+REDRIVABLE = FAILURE_OUTCOMES
+"""The step outcomes a redrive re-runs: failed, timed out, cancelled (degraded ones are kept)."""
 
 
 @dataclass(frozen=True)
@@ -27,11 +35,17 @@ def plan_repair(
     spec: WorkflowSpec,
     statuses: Mapping[str, str],
     routes: Mapping[str, frozenset[str] | None],
+    rerun_outcomes: frozenset[str] = REPAIRABLE,
 ) -> RepairPlan:
-    """Which steps to re-run and the join state they restart from. Upstreams outside the re-run
-    set keep their outcome (and routing choice); upstreams inside it count as pending."""
-    bad = {s for s in spec.order if statuses.get(s) in REPAIRABLE}
+    """Which steps to re-run and the join state they restart from: every step whose status is
+    one of ``rerun_outcomes`` (:data:`REPAIRABLE` or :data:`REDRIVABLE`) and every step
+    downstream of one. Upstreams outside the re-run set keep their outcome (and routing
+    choice); upstreams inside it count as pending."""
+    bad = {s for s in spec.order if statuses.get(s) in rerun_outcomes}
     if not bad:
+        if rerun_outcomes == REDRIVABLE:
+            raise NothingToRepair("nothing to redrive: no step ended failed, timed out or "
+                                  "cancelled")
         raise NothingToRepair("nothing to repair: no step ended degraded, failed, timed out or cancelled")
     rerun: set[str] = set()
     for name in spec.order:  # topological: upstreams are decided before their downstream

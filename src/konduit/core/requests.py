@@ -20,7 +20,8 @@ from uuid import UUID
 
 from konduit.core.durations import Duration
 from konduit.core.search import ExecutionFilter
-from konduit.errors import KonduitError
+from konduit.core.values import check_text
+from konduit.errors import KonduitError, blamed
 
 ExecutionId = UUID | str
 """An execution: its id, or text that names it (the whole id, or a unique start or end)."""
@@ -121,6 +122,61 @@ class RepairRequest:
 
 
 @dataclass(frozen=True)
+class RedriveRequest:
+    """Run a failed, timed-out or cancelled execution again from the steps that did not
+    succeed, keeping every succeeded (and degraded) output (:meth:`konduit.App.redrive`)."""
+
+    execution_id: Annotated[ExecutionId, Doc(
+        "The execution (its id, or a unique start or end of it)")]
+
+
+BULK_ACTIONS = ("cancel", "redrive")
+"""What a bulk operation does to each execution its filter finds."""
+
+MAX_BATCH_SIZE = 1000
+"""The most executions one batch (one transaction) of a bulk operation touches."""
+
+
+@dataclass(frozen=True)
+class BulkRequest:
+    """Cancel or redrive every execution a search finds (:meth:`konduit.App.bulk`), a batch at
+    a time: each batch is one short transaction that locks its executions in id order, so no
+    lock is held longer than a batch. ``dry_run`` counts what would be done and changes
+    nothing. Executions the action does not apply to (a running one to redrive, a finished
+    one to cancel) are skipped and counted by reason."""
+
+    action: Annotated[str, Doc("What to do to each execution found: cancel or redrive")]
+    where: Annotated[ExecutionFilter, Doc(
+        "Which executions: the search's filter (not an empty one)")]
+    dry_run: Annotated[bool, Doc("Count what would be done; change nothing")] = False
+    batch_size: Annotated[int, Doc(
+        f"Executions per transaction (1 to {MAX_BATCH_SIZE})")] = 100
+    reason: Annotated[str, Doc("Why, kept as each cancelled execution's error")] = "cancelled"
+
+    def __post_init__(self) -> None:
+        if self.action not in BULK_ACTIONS:
+            raise blamed(KonduitError(
+                f"action {self.action!r}: one of {', '.join(BULK_ACTIONS)}"), "action")
+        if not isinstance(self.where, ExecutionFilter):
+            raise blamed(KonduitError(
+                f"where is a konduit.ExecutionFilter, not {type(self.where).__name__}"), "where")
+        if not isinstance(self.reason, str) or not self.reason:
+            raise blamed(KonduitError(f"reason {self.reason!r}: some text"), "reason")
+        check_text(self.reason, "reason")
+        if not isinstance(self.dry_run, bool):
+            raise blamed(KonduitError(f"dry_run {self.dry_run!r}: true or false"), "dry_run")
+        if self.where == ExecutionFilter():
+            raise blamed(KonduitError(
+                "a bulk operation needs a filter: an empty one finds every execution (give a "
+                "status, a workflow, tags, a time range...)"), "where")
+        if (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
+                or not 1 <= self.batch_size <= MAX_BATCH_SIZE):
+            raise blamed(KonduitError(
+                f"batch_size {self.batch_size!r}: a whole number from 1 to {MAX_BATCH_SIZE}"),
+                "batch_size")
+
+
+@dataclass(frozen=True)
 class EventRequest:
     """Send an event (:meth:`konduit.App.send_event`): to the step waiting for it by ``key``,
     by ``execution_id`` or both, and to the workflows it starts (``wf.on_event``)."""
@@ -204,7 +260,8 @@ class SearchRequest:
 
 
 COMMANDS: tuple[type, ...] = (
-    StartRequest, CancelRequest, RepairRequest, EventRequest, MigrateRequest,
+    StartRequest, CancelRequest, RepairRequest, RedriveRequest, BulkRequest, EventRequest,
+    MigrateRequest,
     MigrateWorkflowRequest, RetryNowRequest, ScheduleRequest, PruneRequest, RetryWebhookRequest,
 )
 """The request types of the operations that change something."""

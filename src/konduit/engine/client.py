@@ -12,11 +12,13 @@ from uuid import UUID
 from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.requests import (
+    BulkRequest,
     CancelRequest,
     EventRequest,
     MigrateRequest,
     MigrateWorkflowRequest,
     PruneRequest,
+    RedriveRequest,
     RepairRequest,
     RetryNowRequest,
     RetryWebhookRequest,
@@ -30,6 +32,7 @@ from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, translate_errors
 from konduit.db.replica import Reads
 from konduit.engine import migration, retention, waits, webhooks
+from konduit.engine.bulk import Progress, run_bulk
 from konduit.engine.finish import stop_execution
 from konduit.engine.ids import resolve_execution_id
 from konduit.engine.registration import register_in
@@ -46,6 +49,7 @@ from konduit.errors import (
     blame,
 )
 from konduit.records import (
+    BulkResult,
     MigrationRecord,
 )
 from konduit.tracing import TraceContext, Tracing, capture
@@ -269,6 +273,30 @@ class Client:
         refuse_map_repair_without_code(self.specs, row["workflow_name"], row["workflow_version"])
         async with self.db.transaction() as tx:
             return await repair_in(tx, self.specs, eid, max_payload_bytes=self.max_payload_bytes)
+
+    async def redrive(self, request: RedriveRequest) -> list[str]:
+        """Run a failed, timed-out or cancelled execution again from the steps that did not
+        succeed: the failed, timed-out and cancelled ones and everything downstream of them,
+        as a new generation of their tasks, on the repair's path
+        (:func:`~konduit.engine.repairs.repair_in`). Every succeeded and degraded step keeps
+        its output. Raises :class:`~konduit.NotRedrivable` for an execution that runs or
+        succeeded. Returns the steps that will run again."""
+        eid = await self.resolve(request.execution_id)
+        row = await self.db.one("execution_get", id=eid)
+        if row is None:
+            raise ExecutionNotFound(f"no execution with id {eid}")
+        await self.specs.load(self.db, row["workflow_name"], row["workflow_version"])
+        refuse_map_repair_without_code(self.specs, row["workflow_name"], row["workflow_version"])
+        async with self.db.transaction() as tx:
+            return await repair_in(tx, self.specs, eid, max_payload_bytes=self.max_payload_bytes,
+                                   redrive=True)
+
+    async def bulk(self, request: BulkRequest, *,
+                   progress: Progress | None = None) -> BulkResult:
+        """Cancel or redrive every execution a search finds, a batch (one short transaction)
+        at a time; ``progress`` is told the counts so far after each batch. See
+        :mod:`konduit.engine.bulk`."""
+        return await run_bulk(self, request, progress=progress)
 
     async def migrate(self, request: MigrateRequest) -> MigrationRecord:
         """Move a running execution to version ``to_version`` of its workflow, in one

@@ -1,7 +1,22 @@
-"""Repair a finished execution: lock it, plan which steps run again (:mod:`konduit.core.repair`),
-reopen it and start them as a new generation of their tasks. The one place both the manual
-repair (:meth:`konduit.engine.client.Client.repair`) and the automatic one
-(:mod:`konduit.engine.auto_repair`) reopen an execution."""
+"""Repair or redrive a finished execution: lock it, plan which steps run again
+(:mod:`konduit.core.repair`), reopen it and start them as a new generation of their tasks. The
+one place the manual repair (:meth:`konduit.engine.client.Client.repair`), the automatic one
+(:mod:`konduit.engine.auto_repair`) and a redrive (:meth:`konduit.engine.client.Client.redrive`,
+one or in bulk: :mod:`konduit.engine.bulk`) reopen an execution.
+
+The two differ in two choices only, both made here:
+
+=========  ======================================  ==============================================
+           accepts an execution that ended         re-runs the steps that ended
+=========  ======================================  ==============================================
+repair     succeeded, failed, timed_out            degraded, failed, timed_out, cancelled
+redrive    failed, timed_out, cancelled            failed, timed_out, cancelled (degraded kept)
+=========  ======================================  ==============================================
+
+Everything else is one path: the execution row lock, the pure plan, the reopen statement (which
+re-checks the status it read), the new generation of the re-run steps' tasks. Outputs of the
+steps not re-run stay where they are (content-addressed), and so do the old generation's tasks:
+a late completion of one of those is fenced by its lease, as every completion is."""
 
 from __future__ import annotations
 
@@ -9,26 +24,42 @@ from uuid import UUID
 
 from konduit.core.advance import ExecutionState
 from konduit.core.model import ExecutionStatus
-from konduit.core.repair import plan_repair
+from konduit.core.repair import REDRIVABLE, REPAIRABLE, plan_repair
 from konduit.db.database import Tx
 from konduit.engine.advancer import Advancer
 from konduit.engine.step_rows import state_columns
 from konduit.engine.stored import SpecSource
-from konduit.errors import ExecutionNotFound, KonduitError
+from konduit.errors import ExecutionNotFound, KonduitError, NotRedrivable
+
+REPAIR_FROM = (ExecutionStatus.SUCCEEDED, ExecutionStatus.FAILED, ExecutionStatus.TIMED_OUT)
+"""The statuses of an execution a repair accepts."""
+REDRIVE_FROM = (ExecutionStatus.FAILED, ExecutionStatus.TIMED_OUT, ExecutionStatus.CANCELLED)
+"""The statuses of an execution a redrive accepts."""
 
 
-async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_bytes: int) -> list[str]:
-    """What :meth:`konduit.engine.client.Client.repair` does, inside the caller's transaction
-    (the automatic repair claims the execution in the same one): lock it, plan, reopen it,
-    start the re-run steps."""
+async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_bytes: int,
+                    redrive: bool = False) -> list[str]:
+    """What :meth:`konduit.engine.client.Client.repair` (or, with ``redrive``,
+    :meth:`~konduit.engine.client.Client.redrive`) does, inside the caller's transaction (the
+    automatic repair claims the execution in the same one; a bulk redrive does a batch in
+    one): lock it, plan, reopen it, start the re-run steps. Every refusal is raised before
+    anything is written, so a caller may go on in the same transaction."""
     row = await tx.one("execution_lock", id=eid)
     if row is None:
         raise ExecutionNotFound(f"no execution with id {eid}")
-    if row["status"] in (ExecutionStatus.RUNNING, ExecutionStatus.PENDING,
-                         ExecutionStatus.SCHEDULED, ExecutionStatus.CANCELLED):
+    if redrive and row["status"] not in REDRIVE_FROM:
+        hint = (" (repair re-runs the degraded steps of a succeeded one)"
+                if row["status"] == ExecutionStatus.SUCCEEDED else "")
+        raise NotRedrivable(
+            f"execution {eid} is {row['status']}: only a failed, timed-out or cancelled "
+            f"execution can be redriven{hint}"
+        )
+    if not redrive and row["status"] not in REPAIR_FROM:
         raise KonduitError(
             f"execution {eid} is {row['status']}: only a finished, not cancelled, "
             "execution can be repaired"
+            + (" (redrive runs a cancelled one again)"
+               if row["status"] == ExecutionStatus.CANCELLED else "")
         )
     spec = registry.get(row["workflow_name"], row["workflow_version"])
     steps = await tx.all("step_get_all", execution_id=eid)
@@ -38,9 +69,11 @@ async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_byte
         {s["step"]: s["status"] for s in steps},
         {r["step"]: frozenset(r["routes"]) if r["routes"] is not None else None
          for r in routes},
+        REDRIVABLE if redrive else REPAIRABLE,
     )
     reopened = await tx.one(
-        "execution_reopen_if_finished", id=eid, steps_pending=len(plan.rerun)
+        "execution_reopen_if_finished", id=eid, steps_pending=len(plan.rerun),
+        from_statuses=list(REDRIVE_FROM if redrive else REPAIR_FROM),
     )
     assert reopened is not None
     names = list(plan.rerun)

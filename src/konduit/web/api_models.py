@@ -10,6 +10,8 @@ from uuid import UUID
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, create_model
 
 from konduit.core.requests import (
+    MAX_BATCH_SIZE,
+    BulkRequest,
     CancelRequest,
     EventRequest,
     MigrateRequest,
@@ -239,6 +241,66 @@ class Repaired(BaseModel):
     status: ExecutionStatus
 
 
+class Redriven(BaseModel):
+    id: UUID
+    rerun: list[str] = Field(description="The steps re-run (what did not succeed and what "
+                             "depends on it)")
+    status: ExecutionStatus
+
+
+class FilterBody(BaseModel):
+    """Which executions: the search's parts, in the text forms ``GET /api/v1/executions``
+    takes as its query (at least one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: Annotated[str | None, Field(max_length=36, description=(
+        "The start or the end of the id (at least 4 hex digits)"))] = None
+    key: Annotated[str | None, Field(max_length=500, description="The idempotency key")] = None
+    tag: Annotated[list[str] | None, Field(max_length=32, description=(
+        "key=value: carries this tag (all of them)"))] = None
+    input: Annotated[list[str] | None, Field(max_length=32, description=(
+        "field=value: the input has this field (the value is JSON, else text)"))] = None
+    status: ExecutionStatus | None = None
+    workflow: Annotated[str | None, Field(max_length=200, description=(
+        "name or name@version"))] = None
+    since: Annotated[str | None, Field(max_length=64, description=(
+        "Created since: a duration ago (1h) or an ISO 8601 date-time"))] = None
+    until: Annotated[str | None, Field(max_length=64, description=(
+        "Created before: a duration ago (1h) or an ISO 8601 date-time"))] = None
+    fair_key: Annotated[str | None, Field(max_length=200, description=(
+        "Started with this fair key"))] = None
+
+
+class BulkBody(request_body(  # type: ignore[misc]
+        BulkRequest,
+        action=Literal["cancel", "redrive"],
+        where=FilterBody,
+        dry_run=bool,
+        batch_size=Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)],
+        reason=Annotated[str, Field(min_length=1, max_length=2000)])):
+    """Cancel or redrive every execution a filter finds, a batch per transaction."""
+
+
+MAX_BULK_IDS = 1000
+"""The most execution ids a bulk operation's answer lists (the counts are whole)."""
+
+
+class BulkDone(BaseModel):
+    """What a bulk cancel or redrive did, or with ``dry_run`` would do."""
+
+    action: Literal["cancel", "redrive"]
+    dry_run: bool
+    matched: int = Field(description="Executions the filter found")
+    done: int = Field(description="Of them cancelled or redriven (would be, in a dry run)")
+    skipped: dict[str, int] = Field(description="The others, by reason: the status the action "
+                                    "does not apply to, or the refusal's code")
+    batches: int = Field(description="Transactions run, one per batch")
+    seconds: float
+    longest_batch_seconds: float = Field(description="No lock was held longer than this")
+    ids: list[UUID] = Field(description=f"The executions done, the first {MAX_BULK_IDS}")
+
+
 class MigrateBody(request_body(  # type: ignore[misc]
         MigrateRequest, path=("execution_id",),
         to_version=Annotated[int, Field(ge=1, le=2**31 - 1)])):
@@ -387,3 +449,20 @@ class StatsOut(BaseModel):
     stored_events: list[dict[str, Any]] = Field(
         default_factory=list, description="Events sent before any step waited for them, kept "
         "for one to come, by name: events, next_expiry")
+
+
+class BulkJobOut(BaseModel):
+    """A bulk operation running in the background, and how far it got (the counts of the
+    batches done so far; ``error`` when it failed)."""
+
+    id: UUID
+    state: Literal["running", "succeeded", "failed"]
+    action: Literal["cancel", "redrive"]
+    dry_run: bool
+    matched: int = Field(description="Executions the filter found so far")
+    done: int = Field(description="Of them cancelled or redriven so far")
+    skipped: dict[str, int]
+    batches: int
+    seconds: float
+    longest_batch_seconds: float
+    error: str | None = None

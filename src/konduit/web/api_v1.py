@@ -22,7 +22,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from markupsafe import Markup, escape
 
 from konduit import doctext, tracing
-from konduit.core.requests import StartRequest
+from konduit.core.requests import BulkRequest, StartRequest
 from konduit.core.search import search_filter
 from konduit.errors import (
     DatabaseError,
@@ -36,6 +36,7 @@ from konduit.errors import (
     WorkflowVersionConflict,
 )
 from konduit.web import api_models as m
+from konduit.web.jobs import BulkJob
 from konduit.web.problems import FieldError, problem, problem_responses
 from konduit.web.site import Ops
 from konduit.web.templating import env
@@ -282,6 +283,94 @@ async def repair(execution_id: str, ops: Ops) -> m.Repaired:
         raise Refused(409, str(exc), code=exc.code) from None
     status = (await ops.progress([eid])).get(eid, "running")
     return m.Repaired(id=eid, rerun=rerun, status=status)  # type: ignore[arg-type]
+
+
+REDRIVE_REFUSALS = {"not_redrivable", "nothing_to_repair", "workflow_not_found", "no_code"}
+"""The codes of a redrive refused as a conflict (409): an execution that runs or succeeded,
+nothing left to re-run, or no definition or code to re-run."""
+
+
+@router.post("/executions/{execution_id}/redrive", response_model=m.Redriven,
+             tags=["executions"], responses=problem_responses(404, 409))
+async def redrive(execution_id: str, ops: Ops) -> m.Redriven:
+    """Run a failed, timed-out or cancelled execution again from the steps that did not
+    succeed, keeping every succeeded and degraded output, as a new generation (409 for one
+    that runs or succeeded: a repair re-runs a succeeded execution's degraded steps)."""
+    eid = (await ops.status(execution_id)).id  # a unique prefix or tail too; 404 first
+    try:
+        rerun = await ops.redrive(eid)
+    except KonduitError as exc:
+        if exc.code not in REDRIVE_REFUSALS:
+            raise
+        raise Refused(409, str(exc), code=exc.code) from None
+    status = (await ops.progress([eid])).get(eid, "running")
+    return m.Redriven(id=eid, rerun=rerun, status=status)  # type: ignore[arg-type]
+
+
+@router.post("/executions:bulk", response_model=m.BulkDone, tags=["executions"])
+async def bulk(body: m.BulkBody, ops: Ops) -> m.BulkDone:
+    """Cancel or redrive every execution the ``where`` filter finds (the search's parts, as
+    ``GET /api/v1/executions`` takes them; at least one), ``batch_size`` per transaction, so
+    no lock is held longer than a batch; ``dry_run`` counts and changes nothing. The answer
+    counts what was done and skipped (by reason) once every batch ran."""
+    request = _bulk_request(body)
+    try:
+        done = await ops.bulk(request.action, request.where, dry_run=request.dry_run,
+                              batch_size=request.batch_size, reason=request.reason)
+    except NOT_THE_CALLERS:
+        raise
+    except KonduitError as exc:
+        raise Refused.of(exc) from None
+    return m.BulkDone(**{**done.to_dict(), "ids": list(done.ids[:m.MAX_BULK_IDS])})
+
+
+def _bulk_request(body: m.BulkBody) -> BulkRequest:
+    """The request of a bulk body; a bad filter or field is refused naming it."""
+    w = body.where
+    try:
+        where = search_filter(id=w.id, key=w.key, tags=w.tag, inputs=w.input, status=w.status,
+                              workflow=w.workflow, since=w.since, until=w.until,
+                              fair_key=w.fair_key)
+    except KonduitError as exc:
+        raise Refused(422, str(exc), "body.where" if exc.field is None
+                      else f"body.where.{exc.field}", code=exc.code) from None
+    try:
+        return BulkRequest(body.action, where, dry_run=body.dry_run,
+                           batch_size=body.batch_size, reason=body.reason)
+    except KonduitError as exc:  # an empty filter, a reason no text column can hold
+        raise Refused.of(exc) from None
+
+
+def _job_out(job: BulkJob) -> m.BulkJobOut:
+    done = job.progress
+    return m.BulkJobOut(
+        id=job.id, state=job.state, action=job.request.action,  # type: ignore[arg-type]
+        dry_run=job.request.dry_run, matched=done.matched if done else 0,
+        done=done.done if done else 0, skipped=done.skipped if done else {},
+        batches=done.batches if done else 0,
+        seconds=done.seconds if done else 0.0,
+        longest_batch_seconds=done.longest_batch_seconds if done else 0.0, error=job.error)
+
+
+@router.post("/bulk-jobs", status_code=202, response_model=m.BulkJobOut, tags=["executions"])
+async def start_bulk_job(body: m.BulkBody, ops: Ops) -> m.BulkJobOut:
+    """``POST /api/v1/executions:bulk`` in the background: answers at once (``202``) with the
+    job, whose progress ``GET /api/v1/bulk-jobs/{id}`` reports after each batch. A job lives
+    in this server process: a restart forgets it (the batches it finished stay done; the same
+    filter again skips them)."""
+    return _job_out(ops.start_bulk_job(_bulk_request(body)))
+
+
+@router.get("/bulk-jobs/{job_id}", response_model=m.BulkJobOut, tags=["executions"],
+            responses=problem_responses(404))
+async def bulk_job(job_id: UUID, ops: Ops) -> m.BulkJobOut:
+    """How far a bulk job got: the counts of the batches done so far, its ``state``
+    (``running``, ``succeeded``, ``failed`` with its ``error``)."""
+    job = ops.jobs.get(job_id)
+    if job is None:
+        raise Refused(404, f"no bulk job {job_id} on this server (jobs live in the server "
+                      "process that runs them)", code="bulk_job_not_found")
+    return _job_out(job)
 
 
 @router.post("/executions/{execution_id}/migrate", response_model=m.Migrated,

@@ -14,12 +14,15 @@ from uuid import UUID
 from prometheus_client.registry import CollectorRegistry
 
 from konduit.app import App
+from konduit.core.requests import BulkRequest
 from konduit.db.replica import Reads
 from konduit.engine.client import Client
 from konduit.errors import DatabaseError
 from konduit.observe.metrics import KonduitCollector
 from konduit.operations import AsyncOperations
 from konduit.reads import ReadModel
+from konduit.records import BulkResult
+from konduit.web.jobs import BulkJob, BulkJobs
 from konduit.web.reads import ReadsCollector
 
 ClientFactory = Callable[[], Awaitable[Client]]
@@ -88,6 +91,7 @@ class ServerOperations(AsyncOperations):
         # The client with the App's code, made once per server client: one made per command
         # registered the App's workflows again at every start (a transaction each).
         self._coded: tuple[Client, Client] | None = None
+        self.jobs = BulkJobs()  # bulk operations running in the background
 
     async def _engine(self) -> Client:
         client = await self.clients.get()
@@ -111,6 +115,15 @@ class ServerOperations(AsyncOperations):
         """The status of each execution, read on the primary: the answer of a command that just
         wrote them (a replica may not have them yet)."""
         return {r.id: r.status for r in await (await self._reads()).on_primary().progress(ids)}
+
+    def start_bulk_job(self, request: BulkRequest) -> BulkJob:
+        """Start a bulk cancel or redrive in the background (:mod:`konduit.web.jobs`): the job,
+        whose progress is updated after each batch."""
+        async def run(request: BulkRequest,
+                      progress: Callable[[BulkResult], None]) -> BulkResult:
+            return await (await self._engine()).bulk(request, progress=progress)
+
+        return self.jobs.start(request, run)
 
     def serves(self, name: str, version: int) -> bool:
         """Whether this server has the code of workflow ``name`` at ``version``."""

@@ -183,6 +183,7 @@ async def execution(request: Request, execution_id: str, site: SiteDep) -> Respo
         window=None if deadline is None else {
             "at": deadline, "left": views.between(now, deadline),
             "met": d.result.finished_at <= deadline if d.result.finished_at else None},
+        redrivable=d.result.status in ("failed", "timed_out", "cancelled"),
         repairable=d.result.status in ("succeeded", "failed", "timed_out")
         and any(s["status"] in views.REPAIRABLE for s in d.steps),
         cancellable=d.result.status in ("running", "scheduled"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from konduit.web.views import REPAIRABLE
+from konduit.web.views import REDRIVABLE, REPAIRABLE
 
 MAP_STATUSES = ("ready", "running", "succeeded", "degraded", "failed", "timed_out", "cancelled",
                 "skipped")
@@ -110,13 +110,16 @@ def map_bars(summaries: Mapping[str, MapSummary], statuses: Mapping[str, str],
     return rows
 
 
-def rerun_steps(spec_steps: Sequence[Mapping[str, Any]], statuses: Mapping[str, str]) -> list[str]:
+def rerun_steps(spec_steps: Sequence[Mapping[str, Any]], statuses: Mapping[str, str], *,
+                redrive: bool = False) -> list[str]:
     """The steps a repair re-runs, in the stored spec's (topological) order: every degraded,
-    failed, timed-out or cancelled step and everything downstream of one. The engine decides for
-    real (:func:`konduit.core.repair.plan_repair`); this is what the confirmation page announces."""
+    failed, timed-out or cancelled step and everything downstream of one (a redrive: the same
+    but the degraded ones, which it keeps). The engine decides for real
+    (:func:`konduit.core.repair.plan_repair`); this is what the confirmation page announces."""
     rerun: list[str] = []
+    bad = REDRIVABLE if redrive else REPAIRABLE
     for step in spec_steps:
-        if statuses.get(step["name"]) in REPAIRABLE or any(u in rerun for u in step["after"]):
+        if statuses.get(step["name"]) in bad or any(u in rerun for u in step["after"]):
             rerun.append(step["name"])
     return rerun
 

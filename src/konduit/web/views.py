@@ -21,6 +21,7 @@ ATTEMPT_OUTCOMES = ("running", "waiting", "succeeded", "degraded", "retry", "fai
                     "released", "cancelled")
 FINISHED = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 REPAIRABLE = frozenset({"degraded", "failed", "timed_out", "cancelled"})
+REDRIVABLE = frozenset({"failed", "timed_out", "cancelled"})  # a redrive keeps degraded steps
 
 
 def secs(value: float | None) -> str:
@@ -131,7 +132,7 @@ class Bar:
     title: str
     took: str
     straggler: bool  # its step was a straggler of a join
-    generation: int = 1  # > 1: an attempt of a repair (generation - 1 is the repair's number)
+    generation: int = 1  # > 1: an attempt of a repair's or a redrive's run (the Nth run)
 
 
 @dataclass(frozen=True)
@@ -210,9 +211,10 @@ def gantt(attempts: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, An
         where = a["step"] + (f"[{a['map_index']}]" if a["map_index"] else "")
         # A collapsed map step comes as one row with its own label (see summaries.map_bars).
         generation = int(a.get("generation") or 1)
-        repair = f" repair {generation - 1}" if generation > 1 else ""
-        label = a.get("label") or f"{where} #{a['attempt']}{repair}"
-        what = a.get("what") or f"{where} attempt {a['attempt']}{repair}"
+        # Generation 2 and later: the run of a repair or a redrive.
+        rerun = f" gen {generation}" if generation > 1 else ""
+        label = a.get("label") or f"{where} #{a['attempt']}{rerun}"
+        what = a.get("what") or f"{where} attempt {a['attempt']}{rerun}"
         title = f"{what}: {outcome} after {secs(took)}"
         if a["error"]:
             title += f" ({last_line(a['error'])})"

@@ -103,7 +103,8 @@ WHERE execution_id = %(id)s
 ORDER BY version;
 
 -- name: execution_reopen_if_finished
--- Repair: run a finished execution again as a new generation of the steps being re-run.
+-- Repair or redrive: run a finished execution again as a new generation of the steps being
+-- re-run, if it still ended in one of the statuses the operation accepts.
 UPDATE konduit_executions
 SET status = 'running',
     generation = generation + 1,
@@ -111,7 +112,9 @@ SET status = 'running',
     error = NULL,
     finished_at = NULL,
     auto_repair_due_at = NULL  -- re-armed, if need be, when this run finishes
-WHERE id = %(id)s AND status IN ('succeeded', 'failed', 'timed_out')
+WHERE id = %(id)s
+  AND status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
+  AND status = ANY(%(from_statuses)s::text[])
 RETURNING generation;
 
 -- name: execution_get_trace_context
