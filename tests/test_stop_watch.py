@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import signal
 import threading
 import time
 
+import pytest
+
+import konduit
 from konduit.worker.stopping import StopWatch
 
 
@@ -55,3 +59,41 @@ def test_a_worker_that_stops_in_time_says_nothing() -> None:
     assert out.getvalue() == ""
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
+
+
+@pytest.mark.storage
+def test_a_worker_process_whose_loop_user_code_blocks_still_ends_on_sigterm(db_url: str) -> None:
+    """An ``async`` handler that sleeps on the event loop: SIGTERM's stop cannot run on the
+    blocked loop, but Python's own handler arms the watch, which says where the loop is (the
+    handler's frame) and ends the process, exit status 70, instead of waiting for a SIGKILL."""
+    import subprocess
+
+    from konduit.worker.stopping import EXIT_CODE
+    from tests.apps import loop_hog_app
+    from tests.support.db import rows
+    from tests.support.waiting import until
+    from tests.support.workers import spawn_worker
+
+    app = konduit.App([loop_hog_app.wf], database_url=db_url)
+    try:
+        app.start("loop-hog")
+        worker = spawn_worker("tests.apps.loop_hog_app:app", db_url, "--shutdown-grace", "1",
+                              env={"KONDUIT_STOP_STUCK_AFTER": "1"},
+                              stderr=subprocess.PIPE)
+        try:
+            until(lambda: rows(db_url, "SELECT count(*) FROM konduit_tasks"
+                               " WHERE status = 'running'") == [(1,)],
+                  timeout=60, what="the hog running")
+            time.sleep(0.5)  # into its sleep
+            worker.send_signal(signal.SIGTERM)
+            _, err = worker.communicate(timeout=60)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        text = err.decode(errors="replace")
+        assert worker.returncode == EXIT_CODE, text
+        assert "still stopping" in text and "ending the process" in text, text
+        assert "loop_hog_app.py" in text and "hog" in text, text  # where the loop was
+    finally:
+        app.close()

@@ -43,6 +43,7 @@ from konduit.tracing import AttemptTracer, Tracing
 from konduit.tracing import active as tracing_active
 from konduit.tracing import check_mode as check_tracing
 from konduit.worker.config import WorkerConfig
+from konduit.worker.stopping import StopWatch
 from konduit.worker.worker import Worker
 
 T = TypeVar("T")
@@ -292,13 +293,21 @@ class App(Operations):
         :class:`Worker` once it is built, before it runs (e.g. to wait on its ``passes`` from
         another thread)."""
         config = WorkerConfig(concurrency=concurrency, queues=tuple(queues), **options)
+        watches: list[StopWatch] = []
 
         async def main() -> Worker:
-            runner = _WorkerRun(self, config, connect_wait, on_worker)
             loop = asyncio.get_running_loop()
+            # Armed by the first stop request, disarmed once asyncio.run has torn the loop down
+            # (below): a stop stuck anywhere until then, the loop's own teardown included, is
+            # reported (konduit.worker.stopping).
+            watches.append(StopWatch(loop, config.shutdown_grace))
+            runner = _WorkerRun(self, config, connect_wait, on_worker, watch=watches[0])
             if threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.add_signal_handler(sig, runner.stop)
+                    # Also armed from Python's own handler, which runs even when user code
+                    # blocks the loop (asyncio still reads the signal from its wakeup fd).
+                    signal.signal(sig, watches[0].on_signal)
             if stop_event is not None:
                 def watch() -> None:
                     stop_event.wait()
@@ -310,7 +319,11 @@ class App(Operations):
                 loop.call_later(stop_after, runner.stop)
             return await runner.run()
 
-        return asyncio.run(main())
+        try:
+            return asyncio.run(main())
+        finally:
+            for watch in watches:
+                watch.done()
 
     def close(self) -> None:
         """Close the connections of the sync face."""
@@ -344,8 +357,10 @@ class _WorkerRun:
     """One worker's life: wait for the database, then run; a stop request ends either phase."""
 
     def __init__(self, app: App, config: WorkerConfig, connect_wait: float | None,
-                 on_worker: Callable[[Worker], None] | None = None):
+                 on_worker: Callable[[Worker], None] | None = None, *,
+                 watch: StopWatch | None = None):
         self.app = app
+        self.watch = watch  # reports a stop that does not end (konduit.worker.stopping)
         self.config = config
         self.connect_wait = connect_wait
         self.on_worker = on_worker
@@ -356,6 +371,8 @@ class _WorkerRun:
     def stop(self) -> None:
         # A stop may come while the worker is still waiting for the server: give up waiting.
         self.stopped = True
+        if self.watch is not None:
+            self.watch.arm()
         if self.worker is not None:
             self.worker.stop()
         elif self.opening is not None:
@@ -378,6 +395,7 @@ class _WorkerRun:
             return self._idle()
         self.worker = Worker(db, app.registry, config, max_payload_bytes=app.max_payload_bytes,
                              retention=app.retention, webhooks=app.webhooks)
+        self.worker._stop_watch = self.watch
         # Tasks and handler threads the worker starts inherit these (logs and spans name it).
         bind_worker(config.worker_id)
         if tracing_active(app.tracing):

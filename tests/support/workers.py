@@ -15,6 +15,7 @@ from typing import IO, Any
 
 import konduit
 import konduit.testing
+from konduit.worker.stopping import EXIT_CODE as STUCK_EXIT_CODE
 
 # The checkout: worker processes run from here, so ``tests.apps.*`` and this tree's ``src``
 # are what they import, whatever is installed.
@@ -96,6 +97,10 @@ def stop_workers(workers: Iterable[subprocess.Popen[bytes]], timeout: float = 60
             w.wait()
             stuck.append(w.pid)
     assert not stuck, f"worker processes {stuck} ignored SIGTERM for {timeout} s and were killed"
+    # A worker whose stop hung ends itself after saying where (konduit.worker.stopping): a bug
+    # all the same, and its stderr has the stacks.
+    ended = [w.pid for w in workers if w.returncode == STUCK_EXIT_CODE]
+    assert not ended, f"worker processes {ended} did not stop and ended themselves"
 
 
 @contextmanager

@@ -34,6 +34,7 @@ from konduit.db.migrate import latest_version
 from konduit.db.migrate import reset as reset_schema
 from konduit.errors import CliError
 from konduit.settings import default, described, settings, variable
+from konduit.worker import stopping
 from konduit.worker.config import WorkerConfig, new_worker_id
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,8 @@ def worker(
     where = describe_url(url) if url else "the App's database (embedded server by default)"
     say(f"konduit worker: {', '.join(names)} on {where}, "
         f"queues {', '.join(queues)}, concurrency {concurrency} (Ctrl-C stops gracefully)")
+    # This process exists to run the worker: a stop that hangs ends it (after saying where).
+    stopping.exit_when_stuck = stopping.STUCK_AFTER / 2
     with opened(app):
         try:
             done = app.run_worker(concurrency, queues=queues, connect_wait=connect_wait,

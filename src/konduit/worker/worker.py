@@ -258,13 +258,18 @@ class Worker:
 
     async def run(self) -> None:
         cfg = self.config
-        self._stop_watch = StopWatch(asyncio.get_running_loop(), cfg.shutdown_grace)
+        # A watch given by whoever runs this worker (App.run_worker: it lasts until the event
+        # loop itself is torn down) or one of its own, for as long as this coroutine runs.
+        own = self._stop_watch is None
+        if self._stop_watch is None:
+            self._stop_watch = StopWatch(asyncio.get_running_loop(), cfg.shutdown_grace)
         if self._stop.is_set():
             self._stop_watch.arm()
         try:
             await self._live()
         finally:
-            self._stop_watch.done()
+            if own:
+                self._stop_watch.done()
 
     async def _live(self) -> None:
         cfg = self.config
