@@ -264,15 +264,7 @@ class Client:
         everything downstream of them, as a new generation of their tasks. When it finishes, its
         output becomes a new version; earlier versions stay in
         :meth:`konduit.reads.ReadModel.outputs`. Returns the steps that will run again."""
-        eid = await self.resolve(request.execution_id)
-        row = await self.db.one("execution_get", id=eid)
-        if row is None:
-            raise ExecutionNotFound(f"no execution with id {eid}")
-        # Without the workflow's code, from its registered definition.
-        await self.specs.load(self.db, row["workflow_name"], row["workflow_version"])
-        refuse_map_repair_without_code(self.specs, row["workflow_name"], row["workflow_version"])
-        async with self.db.transaction() as tx:
-            return await repair_in(tx, self.specs, eid, max_payload_bytes=self.max_payload_bytes)
+        return await self._run_again(request.execution_id, redrive=False)
 
     async def redrive(self, request: RedriveRequest) -> list[str]:
         """Run a failed, timed-out or cancelled execution again from the steps that did not
@@ -281,15 +273,20 @@ class Client:
         (:func:`~konduit.engine.repairs.repair_in`). Every succeeded and degraded step keeps
         its output. Raises :class:`~konduit.NotRedrivable` for an execution that runs or
         succeeded. Returns the steps that will run again."""
-        eid = await self.resolve(request.execution_id)
+        return await self._run_again(request.execution_id, redrive=True)
+
+    async def _run_again(self, execution_id: UUID | str, *, redrive: bool) -> list[str]:
+        """Repair or redrive (``redrive``) one execution: one path, ``repair_in``'s."""
+        eid = await self.resolve(execution_id)
         row = await self.db.one("execution_get", id=eid)
         if row is None:
             raise ExecutionNotFound(f"no execution with id {eid}")
+        # Without the workflow's code, from its registered definition.
         await self.specs.load(self.db, row["workflow_name"], row["workflow_version"])
         refuse_map_repair_without_code(self.specs, row["workflow_name"], row["workflow_version"])
         async with self.db.transaction() as tx:
             return await repair_in(tx, self.specs, eid, max_payload_bytes=self.max_payload_bytes,
-                                   redrive=True)
+                                   redrive=redrive)
 
     async def bulk(self, request: BulkRequest, *,
                    progress: Progress | None = None) -> BulkResult:
