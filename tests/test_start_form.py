@@ -28,7 +28,7 @@ from tests.test_web_security import OP, RO, csrf_of, guarded, login
 pytestmark = pytest.mark.storage
 
 
-class Size(str, enum.Enum):
+class Size(enum.StrEnum):
     small = "small"
     large = "large"
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from konduit.web.forms import MISSING, fields_of, initial_texts, texts_of, value_of
 
 
-class Size(str, enum.Enum):
+class Size(enum.StrEnum):
     small = "small"
     large = "large"
 

@@ -11,7 +11,7 @@ a 500.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -150,7 +150,7 @@ def parse_moment(text: str) -> datetime | None:
     except ValueError:
         raise ValueError(f"{text.strip()!r} is not a moment like 2030-01-02T03:04 "
                          "(UTC unless an offset such as +02:00 is given)") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def start_options(form: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
