@@ -242,3 +242,34 @@ def test_a_read_only_login_cannot_start(make_app: Callable[..., konduit.App],
         assert done.status_code == 303
         [found] = app.search(workflow="form-order")
         assert found.idempotency_key == "op-1"
+
+
+def test_a_schema_s_words_are_text_and_its_odd_names_work(
+        make_app: Callable[..., konduit.App]) -> None:
+    """A JSON Schema dict with a hostile description and a property name that is markup: shown
+    as text, and its field still starts the execution with that name."""
+    hostile = konduit.Workflow("form-hostile", version=1, input={
+        "type": "object", "required": ["<b>x</b>"], "properties": {
+            "<b>x</b>": {"type": "string", "description": "<script>alert(1)</script>"}}})
+
+    @hostile.step()
+    def echo(ctx: konduit.Context) -> Any:
+        return ctx.input
+
+    app = make_app(hostile)
+    with serving(create_app(database_client(app.database_url, app), app)) as base, \
+            httpx.Client(base_url=base, timeout=30) as http:
+        page = http.get("/start", params={"workflow": "form-hostile"})
+        assert page.status_code == 200
+        assert "<script>alert" not in page.text and "&lt;script&gt;alert(1)" in page.text
+        assert 'name="in.&lt;b&gt;x&lt;/b&gt;"' in page.text
+        missing = http.post("/start", data={"workflow": "form-hostile", "mode": "fields",
+                                            "fields_for": "form-hostile@1"})
+        assert missing.status_code == 422
+        assert field_error(missing.text, "in.&lt;b&gt;x&lt;/b&gt;") == \
+            "&lt;b&gt;x&lt;/b&gt;: field required"
+        done = http.post("/start", data={"workflow": "form-hostile", "mode": "fields",
+                                         "fields_for": "form-hostile@1", "in.<b>x</b>": "y"})
+        assert done.status_code == 303, done.text
+        [found] = app.search(workflow="form-hostile")
+        assert stored(http, str(found.id))["input"] == {"<b>x</b>": "y"}
