@@ -11,14 +11,21 @@ a 500.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from konduit.errors import DatabaseUnavailable, ExecutionNotFound, KonduitError
+from konduit.errors import (
+    DatabaseUnavailable,
+    ExecutionNotFound,
+    InputValidationError,
+    KonduitError,
+)
 from konduit.web.actions import back_to
+from konduit.web.forms import FormField, fields_of, initial_texts, value_of
 from konduit.web.site import Site, SiteDep, form_fields, same_origin
 
 NO_CODE = "starting runs workflow code: start the dashboard with --app MODULE:ATTR"
@@ -82,43 +89,158 @@ async def resume(request: Request, name: str, site: SiteDep) -> Response:
 
 # -- start ----------------------------------------------------------------------------------
 
+OPTIONS = ("idempotency_key", "tags", "run_at", "delay", "priority")
+"""The start options the form offers beside the input, named as :class:`konduit.StartRequest`
+names them (an error's ``field`` names the one at fault)."""
 
-def start_page(site: Site, request: Request, status_code: int = 200,
-               **form: Any) -> HTMLResponse:
+
+def input_fields(site: Site, workflow: str, version: str) -> tuple[str, list[FormField] | None]:
+    """``name@version`` of the definition the form is for (empty when the App has no such
+    workflow) and the fields of its input schema (None: raw JSON only)."""
+    if site.app is None or not workflow:
+        return "", None
+    try:
+        spec = site.app.registry.get(workflow, int(version) if version.strip() else None)
+    except (KonduitError, ValueError):
+        return "", None
+    return f"{spec.name}@{spec.version}", fields_of(spec.input_schema)
+
+
+def start_page(site: Site, request: Request, status_code: int = 200, *,
+               form: dict[str, str], texts: dict[str, str] | None = None,
+               mode: str | None = None, problem: str | None = None,
+               errors: dict[str, str] | None = None) -> HTMLResponse:
+    """The start form for ``form["workflow"]`` (default: the first), with what was typed."""
     workflows = sorted({(s.name, s.version) for s in site.app.registry}) if site.app else []
-    return site.page(request, "start.html", status_code, workflows=workflows,
-                     names=sorted({n for n, _ in workflows}), form=form,
-                     problem=form.get("problem"), no_code=None if site.app else NO_CODE)
+    names = sorted({n for n, _ in workflows})
+    form = {"workflow": "", "version": "", "input": "", "priority": "0",
+            **{k: "" for k in OPTIONS if k != "priority"}, **form}
+    form["workflow"] = form["workflow"] or (names[0] if names else "")
+    fields_for, fields = input_fields(site, form["workflow"], form["version"])
+    if texts is None and fields:
+        texts = initial_texts(fields)
+    mode = mode if fields and mode in ("fields", "raw") else "fields" if fields else "raw"
+    return site.page(request, "start.html", status_code, workflows=workflows, names=names,
+                     form=form, fields=fields, fields_for=fields_for, texts=texts or {},
+                     mode=mode, errors=errors or {}, problem=problem,
+                     no_code=None if site.app else NO_CODE)
+
+
+def parse_tags(text: str) -> dict[str, str] | None:
+    """``key=value`` lines (blank lines skipped) as tags; raises ValueError naming the line."""
+    tags: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        key, eq, value = line.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"line {number}: {line.strip()!r} is not key=value")
+        if key.strip() in tags:
+            raise ValueError(f"line {number}: tag {key.strip()!r} is given twice")
+        tags[key.strip()] = value.strip()
+    return tags or None
+
+
+def parse_moment(text: str) -> datetime | None:
+    """An ISO 8601 moment (``2030-01-02T03:04``; UTC unless it gives an offset)."""
+    if not text.strip():
+        return None
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{text.strip()!r} is not a moment like 2030-01-02T03:04 "
+                         "(UTC unless an offset such as +02:00 is given)") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def start_options(form: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The start options typed on the form, and what is wrong with each one that is not."""
+    options: dict[str, Any] = {"idempotency_key": form["idempotency_key"].strip() or None}
+    errors: dict[str, str] = {}
+    delay = form["delay"].strip()
+    try:
+        options["delay"] = float(delay) if delay else None
+    except ValueError:
+        options["delay"] = delay  # "10m": the engine reads it, and names it when it cannot
+    for name, parse in (("tags", parse_tags), ("run_at", parse_moment)):
+        try:
+            options[name] = parse(form[name])
+        except ValueError as exc:
+            errors[name] = str(exc)
+    try:
+        options["priority"] = int(form["priority"]) if form["priority"].strip() else 0
+    except ValueError:
+        errors["priority"] = f"{form['priority']!r} is not a whole number"
+    return options, errors
+
+
+def refused_fields(exc: KonduitError, fields: list[FormField] | None) -> dict[str, str]:
+    """The fields of the form a refused start names: each input property at fault (a nested
+    fault on its top-level property), or the start option at fault."""
+    named: dict[str, str] = {}
+    if isinstance(exc, InputValidationError) and fields:
+        known = {f.name for f in fields}
+        for path, message in exc.errors.items():
+            top, _, rest = path.partition(".")
+            if top in known:
+                named.setdefault(f"in.{top}", f"{rest}: {message}" if rest else message)
+    elif exc.field in (*OPTIONS, "version"):
+        named[exc.field] = str(exc)
+    return named
 
 
 @router.get("/start", response_class=HTMLResponse)
-async def start_form(request: Request, site: SiteDep, workflow: str = "") -> Response:
-    return start_page(site, request, workflow=workflow, version="", input="")
+async def start_form(request: Request, site: SiteDep, workflow: str = "",
+                     version: str = "") -> Response:
+    return start_page(site, request, form={"workflow": workflow, "version": version})
 
 
 @router.post("/start", response_class=HTMLResponse)
 async def start(request: Request, site: SiteDep) -> Response:
     if not same_origin(request):
         return site.forbidden(request, "start")
-    fields = await form_fields(request)
-    form = {k: fields.get(k, "") for k in ("workflow", "version", "input")}
+    posted = await form_fields(request)
+    form = {k: posted.get(k, "") for k in ("workflow", "version", "input", *OPTIONS)}
+    texts = {k[3:]: v for k, v in posted.items() if k.startswith("in.")}
+    mode = posted.get("mode", "")
+
+    def again(problem: str, errors: dict[str, str] | None = None,
+              fresh: bool = False) -> HTMLResponse:
+        return start_page(site, request, 503 if site.app is None else 422, form=form,
+                          texts=None if fresh else texts, mode=mode, problem=problem,
+                          errors=errors)
+
     if site.app is None:
-        return start_page(site, request, 503, **form, problem=NO_CODE)
+        return again(NO_CODE)
     try:
         version = int(form["version"]) if form["version"].strip() else None
     except ValueError:
-        return start_page(site, request, 422, **form, problem=f"version: {form['version']!r} is "
-                          "not a whole number (leave it empty for the latest)")
+        return again(f"version: {form['version']!r} is not a whole number (leave it empty for "
+                     "the latest)", {"version": "not a whole number"})
+    fields_for, fields = input_fields(site, form["workflow"], form["version"])
+    errors: dict[str, str] = {}
+    if fields and mode == "fields":
+        if posted.get("fields_for") != fields_for:  # another workflow chosen (no script)
+            return again(f"the fields of {fields_for} are shown now: fill them in and start "
+                         "again", fresh=True)
+        payload, faults = value_of(fields, texts)
+        errors.update({f"in.{name}": message for name, message in faults.items()})
+    else:
+        try:
+            payload = parse_payload(form["input"], "input")
+        except ValueError as exc:
+            return again(str(exc), {"input": str(exc)})
+    options, faults = start_options(form)
+    errors.update(faults)
+    if errors:
+        return again("not started: " + "; ".join(
+            f"{name.removeprefix('in.')}: {message}" for name, message in errors.items()), errors)
     try:
-        payload = parse_payload(form["input"], "input")
-    except ValueError as exc:
-        return start_page(site, request, 422, **form, problem=str(exc))
-    try:
-        handle = await site.ops.start(form["workflow"], payload, version=version)
+        handle = await site.ops.start(form["workflow"], payload, version=version, **options)
     except DatabaseUnavailable:
         raise
     except KonduitError as exc:  # unknown workflow or version, input refused, too large...
-        return start_page(site, request, 422, **form, problem=str(exc))
+        return again(str(exc), refused_fields(exc, fields if mode == "fields" else None))
     return back_to(handle.id, flash="started")
 
 
