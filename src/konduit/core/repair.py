@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from konduit.core.advance import FAILURE_OUTCOMES, OK_OUTCOMES, StepState, join_verdict
 from konduit.core.model import Outcome, StepStatus
 from konduit.core.workflow import WorkflowSpec
-from konduit.errors import KonduitError
+from konduit.errors import KonduitError, NotForkable
 from konduit.errors import NothingToRepair as NothingToRepair
 
 REPAIRABLE = frozenset({Outcome.DEGRADED}) | FAILURE_OUTCOMES
@@ -129,8 +129,8 @@ def plan_fork(
     origin (``statuses``), which must be succeeded or degraded for each; ``from_step`` and every
     other step run as in a new execution, their join state built by :func:`plan_rerun` exactly
     as a repair builds it (copied upstreams count with their outcome, the others as pending).
-    Raises :class:`KonduitError` naming ``from_step`` when the workflow has no such step, or
-    naming the ancestor that did not succeed."""
+    Raises :class:`KonduitError` naming ``from_step`` when the workflow has no such step, and
+    :class:`~konduit.NotForkable` naming the ancestor that did not succeed."""
     if from_step not in spec.steps:
         raise KonduitError(
             f"workflow {spec.name!r} version {spec.version} has no step {from_step!r} to fork "
@@ -138,7 +138,7 @@ def plan_fork(
     copied = ancestors(spec, from_step)
     for name in spec.order:
         if name in copied and statuses.get(name) not in FORK_KEEPS:
-            raise KonduitError(
+            raise NotForkable(
                 f"cannot fork from step {from_step!r}: its upstream step {name!r} is "
                 f"{statuses.get(name) or 'not started'} in the origin (every step it depends "
                 f"on must have succeeded or degraded; fork from an earlier step)")

@@ -57,3 +57,11 @@ FROM konduit_executions
 WHERE forked_from = %(id)s
 ORDER BY created_at, id
 LIMIT %(limit)s;
+
+-- name: execution_get_fork_origin
+-- Where a fork came from: its origin's id and the step, with the origin's status (NULL when the
+-- origin was pruned since). No row for an execution that is not a fork.
+SELECT e.forked_from, e.forked_at_step, o.status AS origin_status
+FROM konduit_executions e
+LEFT JOIN konduit_executions o ON o.id = e.forked_from
+WHERE e.id = %(id)s AND e.forked_from IS NOT NULL;
