@@ -29,9 +29,8 @@ pytestmark = [pytest.mark.storage]
 
 def _origin(app: konduit.App, calls: dict[str, int], broken: dict[str, bool]) -> str:
     h = app.start("forkable", input={"n": 1})
-    with running_worker(app, concurrency=4):
-        with pytest.raises(konduit.ExecutionFailed):
-            h.wait(timeout=30)
+    with running_worker(app, concurrency=4), pytest.raises(konduit.ExecutionFailed):
+        h.wait(timeout=30)
     broken["a"] = False
     calls.clear()
     return str(h.id)
