@@ -46,6 +46,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "BatchBody": {"requests": [{"workflow": "api-flow", "input": {"fail": False}}]},
     "CancelBody": {"reason": "testing"},
     "MigrateBody": {"to_version": 1},
+    "ForkBody": {"from_step": "begin"},
     "EventBody": {"name": "evt", "key": "k-1"},
     "BulkBody": {"action": "cancel", "where": {"tag": ["k=v"]}, "dry_run": True},
 }

@@ -16,6 +16,7 @@ from konduit.core.requests import (
     CancelRequest,
     Doc,
     EventRequest,
+    ForkRequest,
     MigrateRequest,
     StartRequest,
     doc,
@@ -27,6 +28,7 @@ BODIES: list[tuple[type[BaseModel], type, tuple[str, ...]]] = [
     (m.CancelBody, CancelRequest, ("execution_id",)),
     (m.EventBody, EventRequest, ()),
     (m.MigrateBody, MigrateRequest, ("execution_id",)),
+    (m.ForkBody, ForkRequest, ("execution_id",)),
     (m.BulkBody, BulkRequest, ()),
 ]
 

@@ -103,6 +103,7 @@ DOORS: dict[str, tuple[tuple[str, str] | None, str | None]] = {
     "cancel": (("post", "/api/v1/executions/{execution_id}/cancel"), "cancel"),
     "repair": (("post", "/api/v1/executions/{execution_id}/repair"), "repair"),
     "redrive": (("post", "/api/v1/executions/{execution_id}/redrive"), "redrive"),
+    "fork": (("post", "/api/v1/executions/{execution_id}/fork"), "fork"),
     "bulk": (("post", "/api/v1/executions:bulk"), "redrive"),
     "migrate": (("post", "/api/v1/executions/{execution_id}/migrate"), None),
     "send_event": (("post", "/api/v1/events"), "send-event"),

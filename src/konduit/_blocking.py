@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 from konduit.core.durations import Duration
-from konduit.core.requests import BulkRequest, CancelRequest, EventRequest, MigrateRequest, MigrateWorkflowRequest, PruneRequest, RedriveRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest
+from konduit.core.requests import BulkRequest, CancelRequest, EventRequest, ForkRequest, MigrateRequest, MigrateWorkflowRequest, PruneRequest, RedriveRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest
 from konduit.core.results import ExecutionResult
 from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook
@@ -121,6 +121,19 @@ class Operations:
         :class:`~konduit.NothingToRepair` when no step is left to re-run
         (docs/recovering-executions.md)."""
         return self._run(self._operations.redrive(execution_id))
+
+    def fork(self, execution_id: ExecutionId, *, from_step: str, input: Any=None) -> ExecutionHandle:
+        """Start a new execution of ``execution_id``'s workflow (at the origin's version) that
+        reuses the outputs of the steps ``from_step`` depends on (its ancestors, copied as they
+        ended: succeeded or degraded) and runs ``from_step`` and every other step anew. Its
+        input is ``input``, or the origin's when None; a copied step keeps the output it made
+        from the origin's input, so fork from the first step whose result should change. The
+        fork records its origin and step, and each page links the other. The origin may still
+        run. Raises :class:`~konduit.KonduitError` naming ``from_step`` when the workflow has
+        no such step, or the upstream step that did not succeed, and
+        :class:`~konduit.ExecutionNotFound` for an unknown origin; nothing is written then
+        (docs/recovering-executions.md)."""
+        return ExecutionHandle(self, self._run(self._operations.fork(execution_id, from_step=from_step, input=input)).id)
 
     def bulk(self, action: str, where: ExecutionFilter, *, dry_run: bool=False, batch_size: int=100, reason: str='cancelled') -> BulkResult:
         """``"cancel"`` or ``"redrive"`` every execution ``where`` finds (a

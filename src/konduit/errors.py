@@ -40,7 +40,8 @@ __all__ = [
     "AlertError", "AmbiguousExecutionId", "DatabaseConflict", "DatabaseError", "DatabaseUnavailable",
     "DefinitionWarning", "ExecutionFailed", "ExecutionNotFound", "IdempotencyConflict",
     "InputValidationError", "KeyNeedsCode", "KonduitError", "LimitKeyError", "MigrationRefused",
-    "NonRetryableError", "NotRedrivable", "NothingToRepair", "OutputInvalid", "PayloadError", "PoolExhausted",
+    "NonRetryableError", "NotForkable", "NotRedrivable", "NothingToRepair", "OutputInvalid",
+    "PayloadError", "PoolExhausted",
     "ScheduleNotFound", "SchemaOutdated", "SettingsError", "UserCodeInterrupted", "UserCodeStuck",
     "WorkerUnhealthy", "WorkflowDefinitionError", "WorkflowNotFound", "WorkflowVersionConflict",
 ]
@@ -225,6 +226,12 @@ class NotRedrivable(KonduitError):
     """A redrive of an execution that did not end failed, timed out or cancelled: one that
     still runs, or one that succeeded (:meth:`konduit.App.repair` re-runs the degraded steps of
     a succeeded execution)."""
+
+
+class NotForkable(KonduitError):
+    """A fork from a step some upstream step of which (a step it depends on, directly or not)
+    did not succeed or degrade in the origin: there is no output of it to copy
+    (:meth:`konduit.App.fork`; fork from an earlier step)."""
 
 
 class SettingsError(KonduitError, ValueError):

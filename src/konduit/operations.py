@@ -27,6 +27,7 @@ from konduit.core.requests import (
     BulkRequest,
     CancelRequest,
     EventRequest,
+    ForkRequest,
     MigrateRequest,
     MigrateWorkflowRequest,
     PruneRequest,
@@ -178,6 +179,21 @@ class AsyncOperations:
         :class:`~konduit.NothingToRepair` when no step is left to re-run
         (docs/recovering-executions.md)."""
         return await (await self._engine()).redrive(RedriveRequest(execution_id))
+
+    async def fork(self, execution_id: ExecutionId, *, from_step: str,
+                   input: Any = None) -> AsyncExecutionHandle:
+        """Start a new execution of ``execution_id``'s workflow (at the origin's version) that
+        reuses the outputs of the steps ``from_step`` depends on (its ancestors, copied as they
+        ended: succeeded or degraded) and runs ``from_step`` and every other step anew. Its
+        input is ``input``, or the origin's when None; a copied step keeps the output it made
+        from the origin's input, so fork from the first step whose result should change. The
+        fork records its origin and step, and each page links the other. The origin may still
+        run. Raises :class:`~konduit.KonduitError` naming ``from_step`` when the workflow has
+        no such step, or the upstream step that did not succeed, and
+        :class:`~konduit.ExecutionNotFound` for an unknown origin; nothing is written then
+        (docs/recovering-executions.md)."""
+        eid = await (await self._engine()).fork(ForkRequest(execution_id, from_step, input))
+        return AsyncExecutionHandle(self, eid)
 
     async def bulk(self, action: str, where: ExecutionFilter, *, dry_run: bool = False,
                    batch_size: int = 100, reason: str = "cancelled") -> BulkResult:

@@ -87,6 +87,7 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
     ("", "send-event", waits.send_event, "Send an event to waiting steps and on_event workflows."),
     ("", "repair", executions.repair, "Re-run a finished execution's degraded branches."),
     ("", "redrive", executions.redrive, "Run failed executions again from where they failed."),
+    ("", "fork", executions.fork, "A new execution from a step of another, reusing its outputs."),
     ("", "migrate-executions", migrating.migrate,
      "Move running executions to another workflow version."),
     ("", "dead-letters", executions.dead_letters, "List dead-lettered tasks."),

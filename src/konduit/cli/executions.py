@@ -1,4 +1,4 @@
-"""Commands on executions: start, status, list, cancel, repair, redrive, dead-letters."""
+"""Commands on executions: start, status, list, cancel, repair, redrive, fork, dead-letters."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from konduit.cli.common import (
 from konduit.cli.waits import print_waiting, waiting_json
 from konduit.core.ids import short_id
 from konduit.core.model import ExecutionStatus
-from konduit.core.requests import MAX_BATCH_SIZE, BulkRequest, CancelRequest, doc
+from konduit.core.requests import MAX_BATCH_SIZE, BulkRequest, CancelRequest, ForkRequest, doc
 from konduit.core.search import ExecutionFilter, parse_tags, search_filter
 from konduit.core.words import step_word
 from konduit.records import BulkResult, StepRecord, TaskRecord
@@ -362,6 +362,54 @@ def cancel(
         return
     console.print(f"execution {result.id} has already finished ({styled(result.status)}); "
                   "nothing to cancel")
+
+
+def fork(
+    execution_id: Annotated[str, typer.Argument(
+        metavar="EXECUTION_ID", show_default=False,
+        help="The origin execution's id, or a unique start or end of it.")],
+    from_step: Annotated[str, typer.Option(
+        "--from-step", show_default=False,
+        help=doc(ForkRequest, "from_step") + ".")],
+    input: Annotated[str | None, typer.Option(
+        "--input", "-i", metavar="JSON|@FILE|-", show_default=False,
+        help="The fork's input as JSON, @file for a file's, - for standard input's "
+             "(default: the origin's).")] = None,
+    app_spec: Annotated[str | None, app_option(
+        "module:attribute of the konduit.App that defines the workflow (without it: the "
+        "definition a worker registered; re-running a map step needs its code).")] = None,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="Wait for the fork to finish.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print {"id", "forked_from", "from_step"} as JSON.')] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Start a new execution of an execution's workflow (its version) that copies the outputs
+    of the steps --from-step depends on and runs that step and every other one; --input gives
+    it a new input (copied steps keep what they made from the origin's: fork from the first
+    step whose result should change). docs/recovering-executions.md. Exit codes with --wait
+    as for ``start --wait``: 0, 1 (not succeeded), 124 (--timeout passed)."""
+    new_input = read_json_argument(input, "--input")
+    app = load_app(app_spec, reachable(database_url)) if app_spec else plain_app(database_url)
+    with opened(app) as app:
+        eid = app.status(execution_id).id  # a unique prefix or tail names it too
+        forked = app.fork(eid, from_step=from_step, input=new_input).id
+        said = {"id": forked, "forked_from": eid, "from_step": from_step}
+        if not wait:
+            if as_json:
+                print(dump_json(said))
+            else:
+                console.print(f"forked {eid} at {from_step}: {forked}")
+            return
+        result = _wait(app, forked, timeout)
+    if as_json:
+        print(dump_json({**said, "status": result.status}))
+    else:
+        console.print(f"forked {eid} at {from_step}: {forked}")
+        console.print(f"execution {forked}: {styled(result.status)}")
+    if result.status != "succeeded":
+        raise typer.Exit(1)
 
 
 def redrive(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from konduit.core.advance import FAILURE_OUTCOMES, OK_OUTCOMES, StepState, join_verdict
 from konduit.core.model import Outcome, StepStatus
 from konduit.core.workflow import WorkflowSpec
-from konduit.errors import KonduitError
+from konduit.errors import KonduitError, NotForkable
 from konduit.errors import NothingToRepair as NothingToRepair
 
 REPAIRABLE = frozenset({Outcome.DEGRADED}) | FAILURE_OUTCOMES
@@ -47,6 +47,19 @@ def plan_repair(
             raise NothingToRepair("nothing to redrive: no step ended failed, timed out or "
                                   "cancelled")
         raise NothingToRepair("nothing to repair: no step ended degraded, failed, timed out or cancelled")
+    return plan_rerun(spec, statuses, routes, bad)
+
+
+def plan_rerun(
+    spec: WorkflowSpec,
+    statuses: Mapping[str, str],
+    routes: Mapping[str, frozenset[str] | None],
+    bad: set[str],
+    what: str = "repair",
+) -> RepairPlan:
+    """The plan that runs ``bad`` and every step downstream of them again, the other steps
+    keeping their outcome (``statuses``) and routing choice (``routes``): the decision a repair,
+    a redrive and a fork (:func:`plan_fork`) share. ``what`` names the operation in a refusal."""
     rerun: set[str] = set()
     for name in spec.order:  # topological: upstreams are decided before their downstream
         if name in bad or any(u in rerun for u in spec[name].after):
@@ -70,7 +83,7 @@ def plan_repair(
             verdict = "fire" if not step.after else join_verdict(spec, name, state)
             if verdict != "fire":
                 raise KonduitError(
-                    f"cannot repair step {name!r}: its join policy ({step.join.kind}) says "
+                    f"cannot {what} step {name!r}: its join policy ({step.join.kind}) says "
                     f"{verdict} with the upstream outcomes that stand"
                 )
             if step.is_map:
@@ -80,3 +93,55 @@ def plan_repair(
             start.append(name)
         states[name] = state
     return RepairPlan(order, states, tuple(start))
+
+
+FORK_KEEPS = OK_OUTCOMES
+"""The outcomes of an origin's steps a fork copies: succeeded, and degraded (its fallback
+payload is copied as it stands, as a redrive keeps it)."""
+
+
+@dataclass(frozen=True)
+class ForkPlan:
+    copied: tuple[str, ...]  # the ancestors of from_step, in topological order
+    plan: RepairPlan  # every other step, with the join state it starts from
+
+
+def ancestors(spec: WorkflowSpec, step: str) -> set[str]:
+    """Every step ``step`` depends on, directly or through others (not ``step`` itself)."""
+    seen: set[str] = set()
+    todo = list(spec[step].after)
+    while todo:
+        up = todo.pop()
+        if up not in seen:
+            seen.add(up)
+            todo.extend(spec[up].after)
+    return seen
+
+
+def plan_fork(
+    spec: WorkflowSpec,
+    statuses: Mapping[str, str],
+    routes: Mapping[str, frozenset[str] | None],
+    from_step: str,
+) -> ForkPlan:
+    """A fork from ``from_step``: its ancestors (the steps it depends on, directly or not; not
+    merely the steps before it in some order) are copied with the outcome they had in the
+    origin (``statuses``), which must be succeeded or degraded for each; ``from_step`` and every
+    other step run as in a new execution, their join state built by :func:`plan_rerun` exactly
+    as a repair builds it (copied upstreams count with their outcome, the others as pending).
+    Raises :class:`KonduitError` naming ``from_step`` when the workflow has no such step, and
+    :class:`~konduit.NotForkable` naming the ancestor that did not succeed."""
+    if from_step not in spec.steps:
+        raise KonduitError(
+            f"workflow {spec.name!r} version {spec.version} has no step {from_step!r} to fork "
+            f"from (its steps: {', '.join(spec.order)})")
+    copied = ancestors(spec, from_step)
+    for name in spec.order:
+        if name in copied and statuses.get(name) not in FORK_KEEPS:
+            raise NotForkable(
+                f"cannot fork from step {from_step!r}: its upstream step {name!r} is "
+                f"{statuses.get(name) or 'not started'} in the origin (every step it depends "
+                f"on must have succeeded or degraded; fork from an earlier step)")
+    rest = {n for n in spec.order if n not in copied}
+    return ForkPlan(tuple(n for n in spec.order if n in copied),
+                    plan_rerun(spec, statuses, routes, rest, what="fork"))

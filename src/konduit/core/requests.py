@@ -130,6 +130,26 @@ class RedriveRequest:
         "The execution (its id, or a unique start or end of it)")]
 
 
+@dataclass(frozen=True)
+class ForkRequest:
+    """Start a new execution of an execution's workflow (its version) that copies the outputs
+    of the steps ``from_step`` depends on and runs ``from_step`` and the rest
+    (:meth:`konduit.App.fork`). ``input`` None keeps the origin's input."""
+
+    execution_id: Annotated[ExecutionId, Doc(
+        "The origin execution (its id, or a unique start or end of it)")]
+    from_step: Annotated[str, Doc(
+        "The step to run again: the steps it depends on keep the origin's outputs")]
+    input: Annotated[Any, Doc(
+        "The fork's input (any JSON value); null or absent keeps the origin's")] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.from_step, str) or not self.from_step:
+            raise blamed(KonduitError("from_step must be a step's name (non-empty text)"),
+                         "from_step")
+        check_text(self.from_step, "from_step")
+
+
 BULK_ACTIONS = ("cancel", "redrive")
 """What a bulk operation does to each execution its filter finds."""
 
@@ -260,7 +280,8 @@ class SearchRequest:
 
 
 COMMANDS: tuple[type, ...] = (
-    StartRequest, CancelRequest, RepairRequest, RedriveRequest, BulkRequest, EventRequest,
+    StartRequest, CancelRequest, RepairRequest, RedriveRequest, ForkRequest, BulkRequest,
+    EventRequest,
     MigrateRequest,
     MigrateWorkflowRequest, RetryNowRequest, ScheduleRequest, PruneRequest, RetryWebhookRequest,
 )

@@ -15,6 +15,7 @@ from konduit.core.requests import (
     BulkRequest,
     CancelRequest,
     EventRequest,
+    ForkRequest,
     MigrateRequest,
     MigrateWorkflowRequest,
     PruneRequest,
@@ -31,7 +32,7 @@ from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, translate_errors
 from konduit.db.replica import Reads
-from konduit.engine import migration, retention, waits, webhooks
+from konduit.engine import forks, migration, retention, waits, webhooks
 from konduit.engine.bulk import Progress, run_bulk
 from konduit.engine.finish import stop_execution
 from konduit.engine.ids import resolve_execution_id
@@ -287,6 +288,15 @@ class Client:
         async with self.db.transaction() as tx:
             return await repair_in(tx, self.specs, eid, max_payload_bytes=self.max_payload_bytes,
                                    redrive=redrive)
+
+    async def fork(self, request: ForkRequest) -> UUID:
+        """Start a new execution of an execution's workflow and version that copies the outputs
+        of the steps ``from_step`` depends on (its ancestors, which must have succeeded or
+        degraded in the origin) and runs ``from_step`` and every other step. Its input is
+        ``request.input``, or the origin's when None. The fork remembers its origin and the
+        step (``forked_from``, ``forked_at_step``). See :mod:`konduit.engine.forks`; returns
+        the fork's id."""
+        return await forks.fork(self, request)
 
     async def bulk(self, request: BulkRequest, *,
                    progress: Progress | None = None) -> BulkResult:

@@ -409,12 +409,17 @@ async def template_for(tx: Tx, specs: Iterable[WorkflowSpec]) -> dict[str, str]:
     return {f"template_{c}": "{" + ",".join(p[c] for p in parts) + "}" for c in TEMPLATE_COLUMNS}
 
 
-async def insert_executions(tx: Tx, batch: list[Prepared]) -> list[UUID]:
+async def insert_executions(tx: Tx, batch: list[Prepared], *, roots: bool = True) -> list[UUID]:
     """Create the executions of ``batch`` (requests with distinct idempotency keys) with their
     steps and root tasks; a key already used returns its execution's id (same input) or raises
-    :class:`IdempotencyConflict`. Ids come back in batch order."""
+    :class:`IdempotencyConflict`. Ids come back in batch order. Without ``roots`` no task is
+    created (a fork, :mod:`konduit.engine.forks`, starts the steps its plan says itself, after
+    rewriting their join state)."""
     specs = {workflow_key(p.spec.name, p.spec.version): p.spec for p in batch}
     template = await template_for(tx, specs.values())
+    if not roots:
+        template = {**template, "template_roots": "{" + ",".join(
+            "f" for spec in specs.values() for _ in spec.order) + "}"}
     created: list[bool] = []
     if len(batch) > BATCH_ROWS:
         await _lock_fair_keys(tx, batch)

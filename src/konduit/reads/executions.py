@@ -217,6 +217,22 @@ class ExecutionReads(ReadBase):
                                  execution_id=await self.resolve(execution_id))
         return [ChildExecution.from_row(r) for r in rows]
 
+    async def fork_origin(self, execution_id: UUID | str) -> dict[str, Any] | None:
+        """Where a fork came from (:meth:`konduit.App.fork`): ``forked_from`` (the origin's
+        id), ``forked_at_step`` and ``origin_status`` (None once the origin was pruned); None
+        for an execution that is not a fork."""
+        row = await self.reads.one("execution_get_fork_origin",
+                                   id=await self.resolve(execution_id))
+        return None if row is None else dict(row)
+
+    async def forks(self, execution_id: UUID | str, *,
+                    limit: int = 100) -> builtins.list[dict[str, Any]]:
+        """The forks of an execution, oldest first: ``id``, ``status``, ``forked_at_step``,
+        ``created_at`` of each (at most ``limit``)."""
+        rows = await self.reads.all("execution_list_forks",
+                                    id=await self.resolve(execution_id), limit=limit)
+        return [dict(r) for r in rows]
+
     async def budgets(self, execution_id: UUID | str) -> builtins.list[StepBudget]:
         """Each step's time budget in the latest generation (a window may have cut it)."""
         rows = await self.reads.all("task_list_budgets_by_execution",

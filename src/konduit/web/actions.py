@@ -1,4 +1,5 @@
-"""Cancel, Repair and Redrive from the dashboard, one execution or many, each confirm-then-POST:
+"""Cancel, Repair, Redrive and Fork from the dashboard, one execution or many (Fork: one), each
+confirm-then-POST:
 the button on a page leads (GET, no side effect) to a confirmation page that says what will
 happen (for many: how many executions it will touch), whose form POSTs the action with
 ``confirm=yes`` and the CSRF token. A POST without ``confirm=yes`` changes nothing and shows the
@@ -7,6 +8,7 @@ confirmation page instead, so no single click or forged request acts.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 from urllib.parse import parse_qs, quote, urlencode
 from uuid import UUID
@@ -161,6 +163,51 @@ async def redrive(request: Request, execution_id: str, site: SiteDep) -> Respons
     except KonduitError as exc:  # running or succeeded, nothing to re-run, no definition...
         return back_to(execution_id, error=str(exc))
     return back_to(execution_id, flash=f"redrive started: re-running {', '.join(rerun)}")
+
+
+async def _fork_form(request: Request, site: SiteDep, execution_id: str, *,
+                     chosen: str | None = None, input_text: str | None = None,
+                     fork_error: str | None = None, status_code: int = 200) -> Response:
+    """The fork's form: the origin's steps to pick from, its input (as JSON) to edit."""
+    result = await site.ops.status(execution_id)
+    model = await site.model()
+    workflow = await model.workflow(result.workflow, result.version)
+    names = [s["name"] for s in workflow.spec["steps"]] if workflow else []
+    if input_text is None:
+        row = (await model.execution(result.id)).to_dict()
+        input_text = json.dumps(row["input"], indent=2, ensure_ascii=False)
+    return site.page(request, "fork.html", status_code=status_code, r=result, step_names=names,
+                     chosen=chosen, input_text=input_text, fork_error=fork_error)
+
+
+@router.get("/executions/{execution_id}/fork", response_class=HTMLResponse)
+async def confirm_fork(request: Request, execution_id: str, site: SiteDep) -> Response:
+    return await _fork_form(request, site, execution_id)
+
+
+@router.post("/executions/{execution_id}/fork")
+async def fork(request: Request, execution_id: str, site: SiteDep) -> Response:
+    if not same_origin(request):
+        return site.forbidden(request, "fork")
+    fields = await form_fields(request)
+    if fields.get("confirm") != "yes":
+        return RedirectResponse(f"/executions/{quote(execution_id, safe='')}/fork",
+                                status_code=303)
+    execution_id = str(await (await site.clients.get()).resolve(execution_id))
+    from_step, text = fields.get("from_step", ""), fields.get("input", "")
+    try:
+        new_input = json.loads(text) if text.strip() else None
+    except ValueError as exc:
+        return await _fork_form(request, site, execution_id, chosen=from_step, input_text=text,
+                                fork_error=f"input: not JSON ({exc})", status_code=422)
+    try:
+        forked = await site.ops.fork(execution_id, from_step=from_step, input=new_input)
+    except (ExecutionNotFound, DatabaseError):
+        raise
+    except KonduitError as exc:  # an upstream that did not succeed, an input refused...
+        return await _fork_form(request, site, execution_id, chosen=from_step, input_text=text,
+                                fork_error=str(exc), status_code=422)
+    return back_to(forked.id, flash=f"forked from {execution_id} at step {from_step}")
 
 
 # -- many at once: the executions list's multi-select -----------------------------------------

@@ -14,6 +14,7 @@ from konduit.core.requests import (
     BulkRequest,
     CancelRequest,
     EventRequest,
+    ForkRequest,
     MigrateRequest,
     StartRequest,
     doc,
@@ -245,6 +246,20 @@ class Redriven(BaseModel):
     id: UUID
     rerun: list[str] = Field(description="The steps re-run (what did not succeed and what "
                              "depends on it)")
+    status: ExecutionStatus
+
+
+class ForkBody(request_body(  # type: ignore[misc]
+        ForkRequest, path=("execution_id",),
+        from_step=Annotated[str, Field(min_length=1, max_length=200)],
+        input=Any)):
+    """Fork an execution from one of its steps (docs/recovering-executions.md)."""
+
+
+class Forked(BaseModel):
+    id: UUID = Field(description="The fork: a new execution")
+    forked_from: UUID = Field(description="The origin execution")
+    from_step: str = Field(description="The step the fork runs from")
     status: ExecutionStatus
 
 

@@ -307,6 +307,32 @@ async def redrive(execution_id: str, ops: Ops) -> m.Redriven:
     return m.Redriven(id=eid, rerun=rerun, status=status)  # type: ignore[arg-type]
 
 
+FORK_CONFLICTS = {"not_forkable", "workflow_not_found", "no_code"}
+"""The codes of a fork refused as a conflict (409): an upstream step of ``from_step`` that did
+not succeed in the origin, or no definition or code to run the fork."""
+
+
+@router.post("/executions/{execution_id}/fork", status_code=201, response_model=m.Forked,
+             tags=["executions"], responses=problem_responses(404, 409))
+async def fork(execution_id: str, body: m.ForkBody, ops: Ops) -> m.Forked:
+    """Start a new execution that copies the outputs of the steps ``from_step`` depends on
+    from this one and runs ``from_step`` and the rest (``input`` null or absent: the
+    origin's). 422 naming ``body.from_step`` for a step the workflow lacks, or ``body.input``
+    for an input it refuses; 409 when an upstream step of ``from_step`` did not succeed."""
+    eid = (await ops.status(execution_id)).id  # a unique prefix or tail too; 404 first
+    try:
+        handle = await ops.fork(eid, from_step=body.from_step, input=body.input)
+    except NOT_THE_CALLERS:
+        raise
+    except KonduitError as exc:
+        if exc.code in FORK_CONFLICTS:
+            raise Refused.of(exc, 409) from None
+        raise start_refusal(exc) from None
+    status = (await ops.progress([handle.id])).get(handle.id, "running")
+    return m.Forked(id=handle.id, forked_from=eid, from_step=body.from_step,
+                    status=status)  # type: ignore[arg-type]
+
+
 @router.post("/executions:bulk", response_model=m.BulkDone, tags=["executions"])
 async def bulk(body: m.BulkBody, ops: Ops) -> m.BulkDone:
     """Cancel or redrive every execution the ``where`` filter finds (the search's parts, as

@@ -49,6 +49,9 @@ class Detail:
     unserved: VersionState | None = None
     # The policy its tasks were created with (retries, budget, queue, priority, revision).
     task_policies: list[Fields] = field(default_factory=list)
+    # A fork's origin (forked_from, forked_at_step, origin_status), and the forks of this one.
+    fork_origin: Fields | None = None
+    forks: list[Fields] = field(default_factory=list)
 
 
 async def load_detail(model: ReadModel, execution_id: str, *, collapse_maps: bool = False) -> Detail:
@@ -87,7 +90,8 @@ async def load_detail(model: ReadModel, execution_id: str, *, collapse_maps: boo
                   {b.step: b.to_dict() for b in await model.budgets(result.id)},
                   [log_fields(a.to_dict()) for a in await model.attempt_logs(
                       result.id, limit=LOGGED_ATTEMPTS if collapse_maps else None)],
-                  unserved, [p.to_dict() for p in await model.task_policies(result.id)])
+                  unserved, [p.to_dict() for p in await model.task_policies(result.id)],
+                  await model.fork_origin(result.id), await model.forks(result.id))
     return detail
 
 
