@@ -40,7 +40,8 @@ __all__ = [
     "AlertError", "AmbiguousExecutionId", "DatabaseConflict", "DatabaseError", "DatabaseUnavailable",
     "DefinitionWarning", "ExecutionFailed", "ExecutionNotFound", "IdempotencyConflict",
     "InputValidationError", "KeyNeedsCode", "KonduitError", "LimitKeyError", "MigrationRefused",
-    "NonRetryableError", "NotRedrivable", "NothingToRepair", "OutputInvalid", "PayloadError", "PoolExhausted",
+    "NonRetryableError", "NotAnswerable", "NotRedrivable", "NothingToRepair", "OutputInvalid",
+    "PayloadError", "PoolExhausted",
     "ScheduleNotFound", "SchemaOutdated", "SettingsError", "UserCodeInterrupted", "UserCodeStuck",
     "WorkerUnhealthy", "WorkflowDefinitionError", "WorkflowNotFound", "WorkflowVersionConflict",
 ]
@@ -225,6 +226,16 @@ class NotRedrivable(KonduitError):
     """A redrive of an execution that did not end failed, timed out or cancelled: one that
     still runs, or one that succeeded (:meth:`konduit.App.repair` re-runs the degraded steps of
     a succeeded execution)."""
+
+
+class NotAnswerable(KonduitError):
+    """An answer to a step that does not wait for one (:meth:`konduit.App.answer`): not a
+    ``wait_for_input`` step, not reached yet, answered already, past its deadline, or of an
+    execution that no longer runs. ``step`` names it."""
+
+    def __init__(self, message: str, *, step: str | None = None):
+        super().__init__(message)
+        self.step = step
 
 
 class SettingsError(KonduitError, ValueError):
