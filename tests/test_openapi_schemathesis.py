@@ -58,5 +58,6 @@ def test_schemathesis_finds_nothing(make_app: Callable[..., konduit.App], db_url
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-8000:]
     # 17: with POST /executions/{id}/migrate, GET /executions/{id}/logs (attempt logs),
-    # POST /executions/{id}/redrive, POST /executions:bulk and the bulk jobs (POST, GET).
-    assert "19 selected / 19 total" in output and "Tested: 19" in output, output[-3000:]
+    # POST /executions/{id}/redrive, POST /executions:bulk and the bulk jobs (POST, GET);
+    # 21 with POST /executions/{id}/steps/{step}/answer and GET /inbox.
+    assert "21 selected / 21 total" in output and "Tested: 21" in output, output[-3000:]

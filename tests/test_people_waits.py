@@ -99,7 +99,7 @@ def test_answers_to_a_step_that_does_not_wait_are_refused(make_app):
         with pytest.raises(konduit.NotAnswerable, match="has no step 'nope'"):
             app.answer(handle.id, "nope", {"decision": "approve"})
         app.answer(handle.id, "approve", {"decision": "approve"})
-        with pytest.raises(konduit.NotAnswerable, match="answered or ended already|is succeeded"):
+        with pytest.raises(konduit.NotAnswerable, match=r"answered or ended already|is succeeded"):
             app.answer(handle.id, "approve", {"decision": "reject"})
         handle.wait(timeout=30)
         with pytest.raises(konduit.NotAnswerable, match="is succeeded"):

@@ -357,6 +357,7 @@ class Answer(Record):
     """An answer given to a ``wait_for_input`` step: the value (the step's output), who gave
     it and when it was taken."""
 
+    execution_id: UUID
     step: str
     generation: int
     value: Any

@@ -275,7 +275,7 @@ LIMIT %(limit)s;
 -- name: event_list_answers_by_execution
 -- The answers given to an execution's wait_for_input steps: who answered each and when (the
 -- moment its event was taken), oldest first.
-SELECT t.step, t.generation, ev.payload -> 'value' AS value,
+SELECT t.execution_id, t.step, t.generation, ev.payload -> 'value' AS value,
        ev.payload ->> 'answered_by' AS answered_by, ev.consumed_at AS answered_at
 FROM konduit_tasks t
 JOIN konduit_events ev ON ev.consumed_by = t.id
