@@ -178,3 +178,31 @@ def test_a_wait_for_input_is_a_durable_wait_and_never_a_straggler():
                         {"prepare": 1.0, "ask": 3600.0}, durable)
     assert (judged.seconds, judged.straggler) == (1.0, "prepare")
     assert (judged.durable, judged.durable_seconds) == ("ask", 3599.0)
+
+
+def test_the_command_line_lists_the_inbox_and_answers(make_app, db_url):
+    import json
+
+    from tests.test_cli import assert_clean_error, konduit_cli
+
+    app = make_app(approval_workflow(name="expense-cli"))
+    with running_worker(app, **FAST):
+        handle = app.start("expense-cli", input={"claim": 6})
+        until(lambda: waiting_in_inbox(app, handle.id), what="the inbox row")
+        listed = konduit_cli("inbox", "--database-url", db_url)
+        assert listed.returncode == 0, listed.stderr
+        assert "expense-cli" in listed.stdout and "finance team" in listed.stdout
+        as_json = json.loads(konduit_cli("inbox", "--json", "--database-url", db_url).stdout)
+        assert as_json[0]["step"] == "approve"
+        assert_clean_error(konduit_cli("answer", str(handle.id), "approve", "--value",
+                                       '{"decision": "approve", "amount": "x"}',
+                                       "--database-url", db_url), "amount")
+        done = konduit_cli("answer", str(handle.id)[-8:], "approve", "--value",
+                           '{"decision": "approve"}', "--as", "lin", "--json",
+                           "--database-url", db_url)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["answered_by"] == "lin"
+        assert handle.wait(timeout=30).output["booked"]["decision"] == "approve"
+    assert_clean_error(konduit_cli("answer", str(handle.id), "approve", "--value",
+                                   '{"decision": "approve"}', "--database-url", db_url),
+                       "is succeeded")
