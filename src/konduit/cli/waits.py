@@ -24,6 +24,7 @@ from konduit.cli.common import (
 )
 from konduit.core.durations import format_elapsed
 from konduit.core.ids import short_id
+from konduit.core.waits import is_input_event
 from konduit.records import TaskRecord
 
 EXIT_NO_MATCH = 3
@@ -162,7 +163,8 @@ def waiting_for(task: TaskRecord) -> str | None:
         return None
     kind = task.wait_kind
     if kind == "event":
-        text = f"event {task.wait_event!r}"
+        text = ("a person's answer (konduit answer ID STEP --value JSON)"
+                if is_input_event(task.wait_event) else f"event {task.wait_event!r}")
         if task.wait_key is not None:
             text += f" key {task.wait_key!r}"
         if task.wait_until is not None:
