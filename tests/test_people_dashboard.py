@@ -119,3 +119,33 @@ def test_a_read_only_login_or_another_origin_cannot_answer(
         handle.wait(timeout=30)
         again = http.get(path)
         assert again.status_code == 409 and "waits for no answer" in again.text
+
+
+def test_an_answer_the_form_cannot_split_into_fields_is_typed_as_json(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    wf = konduit.Workflow("pick", version=1)
+    wf.wait_for_input("choose", model={"type": "array", "items": {"type": "integer"},
+                                       "minItems": 1})
+    app = make_app(wf)
+    with running_worker(app, **FAST), guarded(app, db_url) as (base, _), \
+            httpx.Client(base_url=base, timeout=30) as http:
+        handle = app.start("pick")
+        until(lambda: [i for i in app.inbox() if i.execution_id == handle.id],
+              what="the inbox row")
+        assert login(http, OP).status_code == 303
+        inbox = http.get("/inbox")
+        assert inbox.status_code == 200 and f'data-execution="{handle.id}"' in inbox.text
+        path = f"/executions/{handle.id}/steps/choose/answer"
+        page = http.get(path)
+        assert 'id="answer-value"' in page.text and 'id="answer-fields"' not in page.text
+        csrf = csrf_of(page.text)
+        not_json = http.post(path, data={"csrf_token": csrf, "value": "[1,"})
+        assert not_json.status_code == 422 and 'data-error-for="value"' in not_json.text
+        assert "value is not JSON" in not_json.text and "[1," in not_json.text
+        empty = http.post(path, data={"csrf_token": csrf, "value": "[]"})
+        assert empty.status_code == 422 and "should be non-empty" in empty.text
+        done = http.post(path, data={"csrf_token": csrf, "value": "[3, 4]"})
+        assert done.status_code == 303, done.text
+        assert handle.wait(timeout=30).output == [3, 4]
+        shown = http.get(f"/executions/{handle.id}")
+        assert "answered by" in shown.text and "op token" in shown.text
