@@ -206,3 +206,27 @@ def test_the_command_line_lists_the_inbox_and_answers(make_app, db_url):
     assert_clean_error(konduit_cli("answer", str(handle.id), "approve", "--value",
                                    '{"decision": "approve"}', "--database-url", db_url),
                        "is succeeded")
+
+
+def test_of_two_answers_at_once_exactly_one_is_taken(make_app, db_url):
+    import asyncio
+
+    app = make_app(approval_workflow(name="expense-race"))
+
+    async def race(execution_id) -> list:
+        async with konduit.AsyncClient(db_url) as a, konduit.AsyncClient(db_url) as b:
+            return await asyncio.gather(
+                a.answer(execution_id, "approve", {"decision": "approve"}, answered_by="a"),
+                b.answer(execution_id, "approve", {"decision": "reject"}, answered_by="b"),
+                return_exceptions=True)
+
+    with running_worker(app, **FAST):
+        handle = app.start("expense-race", input={"claim": 8})
+        until(lambda: waiting_in_inbox(app, handle.id), what="the inbox row")
+        results = asyncio.run(race(handle.id))
+        taken = [r for r in results if isinstance(r, konduit.records.Answer)]
+        refused = [r for r in results if isinstance(r, konduit.NotAnswerable)]
+        assert (len(taken), len(refused)) == (1, 1), results
+        booked = handle.wait(timeout=30).output["booked"]
+    [kept] = app.answers(handle.id)
+    assert (kept.answered_by, kept.value) == (taken[0].answered_by, booked)

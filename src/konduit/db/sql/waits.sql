@@ -254,7 +254,8 @@ LIMIT 1;
 -- name: task_list_waiting_for_input
 -- The inbox: every wait_for_input step waiting for its answer (not yet answered, before its
 -- deadline), oldest first, with what its registered step says (its JSON Schema, who may
--- answer). The event-name range reads konduit_tasks_waiting_event.
+-- answer). Read through konduit_tasks_waiting_event (waiting event tasks only); the prefix is
+-- tested with starts_with, not a range, which a non-C collation would order otherwise.
 SELECT t.execution_id, e.workflow_name, e.workflow_version, t.step,
        t.started_at AS waiting_since, t.deadline_at,
        s.step -> 'wait' -> 'input' ->> 'who' AS who,
@@ -266,7 +267,7 @@ CROSS JOIN LATERAL (
     SELECT st AS step FROM jsonb_array_elements(w.spec -> 'steps') AS st
     WHERE st ->> 'name' = t.step LIMIT 1) s
 WHERE t.status = 'waiting' AND t.wait_kind = 'event'
-  AND t.wait_event >= 'konduit-input:' AND t.wait_event < 'konduit-input;'
+  AND starts_with(t.wait_event, 'konduit-input:')
   AND t.wait_until IS NULL AND konduit_deadline_ahead(t.deadline_at)
   AND (%(execution_id)s::uuid IS NULL OR t.execution_id = %(execution_id)s::uuid)
 ORDER BY t.started_at, t.id
@@ -280,5 +281,5 @@ SELECT t.execution_id, t.step, t.generation, ev.payload -> 'value' AS value,
 FROM konduit_tasks t
 JOIN konduit_events ev ON ev.consumed_by = t.id
 WHERE t.execution_id = %(execution_id)s
-  AND ev.name >= 'konduit-input:' AND ev.name < 'konduit-input;'
+  AND starts_with(ev.name, 'konduit-input:')
 ORDER BY ev.consumed_at, t.id;
