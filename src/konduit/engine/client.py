@@ -357,7 +357,8 @@ class Client:
 
     async def answer(self, request: AnswerRequest) -> Answer:
         """Answer a ``wait_for_input`` step: check ``value`` against the step's JSON Schema
-        (the registered one: the same rule with or without the workflow's code), then send its
+        (the code's, else the registered one: both are the model's JSON Schema, so a
+        process with the workflow's code and one without check alike), then send its
         internal event to that execution, recording who answered. Raises
         :class:`InputValidationError` naming each field at fault (nothing is written) and
         :class:`NotAnswerable` when the step does not wait for an answer now."""
