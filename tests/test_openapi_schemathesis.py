@@ -59,5 +59,6 @@ def test_schemathesis_finds_nothing(make_app: Callable[..., konduit.App], db_url
     assert run.returncode == 0, output[-8000:]
     # 17: with POST /executions/{id}/migrate, GET /executions/{id}/logs (attempt logs),
     # POST /executions/{id}/redrive, POST /executions:bulk and the bulk jobs (POST, GET),
-    # POST /executions/{id}/fork.
-    assert "20 selected / 20 total" in output and "Tested: 20" in output, output[-3000:]
+    # POST /executions/{id}/fork; 22 with POST /executions/{id}/steps/{step}/answer and GET
+    # /inbox.
+    assert "22 selected / 22 total" in output and "Tested: 22" in output, output[-3000:]

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 from konduit.core.durations import Duration
-from konduit.core.requests import BulkRequest, CancelRequest, EventRequest, ForkRequest, MigrateRequest, MigrateWorkflowRequest, PruneRequest, RedriveRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest
+from konduit.core.requests import AnswerRequest, BulkRequest, CancelRequest, EventRequest, ForkRequest, MigrateRequest, MigrateWorkflowRequest, PruneRequest, RedriveRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest
 from konduit.core.results import ExecutionResult
 from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook
@@ -28,7 +28,7 @@ from konduit.engine.retention import BATCH_SIZE, Prunable
 from konduit.engine.waits import SendResult
 from konduit.errors import KonduitError
 from konduit.reads import ReadModel
-from konduit.records import AlertRecord, AttemptLog, BulkResult, DeadLetter, ExecutionFound, MigrationRecord, OutputVersion, Payload, ScheduleRecord, StepRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
+from konduit.records import AlertRecord, Answer, AttemptLog, BulkResult, DeadLetter, ExecutionFound, MigrationRecord, OpenInput, OutputVersion, Payload, ScheduleRecord, StepRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
 from konduit.tracing import TraceContext
 from collections.abc import Coroutine
 from typing import TypeVar
@@ -154,6 +154,16 @@ class Operations:
         match"`` (nothing could ever take it; nothing is kept). An event is consumed at most
         once (docs/durable-waits.md, docs/events.md)."""
         return self._run(self._operations.send_event(name, key=key, execution_id=execution_id, payload=payload))
+
+    def answer(self, execution_id: ExecutionId, step: str, value: Any, *, answered_by: str | None=None) -> Answer:
+        """Answer the ``wait_for_input`` step ``step`` of an execution: ``value`` (a dict, or
+        the step's model instance) is checked against the step's model and becomes the step's
+        output; ``answered_by`` is kept with it and shown on the execution page. Raises
+        :class:`~konduit.InputValidationError` naming each field at fault (nothing changes) and
+        :class:`~konduit.NotAnswerable` when the step does not wait for an answer now (not
+        reached yet, answered already, past its deadline, its execution ended). Returns the
+        :class:`konduit.records.Answer` recorded (docs/people-in-the-loop.md)."""
+        return self._run(self._operations.answer(execution_id, step, value, answered_by=answered_by))
 
     def retry_now(self, execution_id: ExecutionId, task_id: int) -> bool:
         """Make a task waiting out its retry backoff claimable now; False when it is not in
@@ -289,6 +299,17 @@ class Operations:
         """Every stored schedule with its next tick and the execution of its latest tick.
         Schedules are stored when a worker of the App that defines them starts."""
         return self._run(self._operations.schedules())
+
+    def inbox(self, *, execution_id: ExecutionId | None=None, limit: int=100) -> builtins.list[OpenInput]:
+        """Every ``wait_for_input`` step waiting for a person's answer (of ``execution_id``, or
+        of all executions), oldest first: what the dashboard's inbox lists
+        (docs/people-in-the-loop.md)."""
+        return self._run(self._operations.inbox(execution_id=execution_id, limit=limit))
+
+    def answers(self, execution_id: ExecutionId) -> builtins.list[Answer]:
+        """The answers given to an execution's ``wait_for_input`` steps: the value, who
+        answered and when, oldest first."""
+        return self._run(self._operations.answers(execution_id))
 
     def triggers(self, workflow: str | None=None) -> builtins.list[TriggerRecord]:
         """The stored event triggers (``wf.on_event``, of ``workflow``) with their open bursts

@@ -40,7 +40,8 @@ __all__ = [
     "AlertError", "AmbiguousExecutionId", "DatabaseConflict", "DatabaseError", "DatabaseUnavailable",
     "DefinitionWarning", "ExecutionFailed", "ExecutionNotFound", "IdempotencyConflict",
     "InputValidationError", "KeyNeedsCode", "KonduitError", "LimitKeyError", "MigrationRefused",
-    "NonRetryableError", "NotForkable", "NotRedrivable", "NothingToRepair", "OutputInvalid",
+    "NonRetryableError", "NotAnswerable", "NotForkable", "NotRedrivable", "NothingToRepair",
+    "OutputInvalid",
     "PayloadError", "PoolExhausted",
     "ScheduleNotFound", "SchemaOutdated", "SettingsError", "UserCodeInterrupted", "UserCodeStuck",
     "WorkerUnhealthy", "WorkflowDefinitionError", "WorkflowNotFound", "WorkflowVersionConflict",
@@ -232,6 +233,16 @@ class NotForkable(KonduitError):
     """A fork from a step some upstream step of which (a step it depends on, directly or not)
     did not succeed or degrade in the origin: there is no output of it to copy
     (:meth:`konduit.App.fork`; fork from an earlier step)."""
+
+
+class NotAnswerable(KonduitError):
+    """An answer to a step that does not wait for one (:meth:`konduit.App.answer`): not a
+    ``wait_for_input`` step, not reached yet, answered already, past its deadline, or of an
+    execution that no longer runs. ``step`` names it."""
+
+    def __init__(self, message: str, *, step: str | None = None):
+        super().__init__(message)
+        self.step = step
 
 
 class SettingsError(KonduitError, ValueError):

@@ -24,6 +24,7 @@ from uuid import UUID
 
 from konduit.core.durations import Duration
 from konduit.core.requests import (
+    AnswerRequest,
     BulkRequest,
     CancelRequest,
     EventRequest,
@@ -48,11 +49,13 @@ from konduit.errors import KonduitError
 from konduit.reads import ReadModel
 from konduit.records import (
     AlertRecord,
+    Answer,
     AttemptLog,
     BulkResult,
     DeadLetter,
     ExecutionFound,
     MigrationRecord,
+    OpenInput,
     OutputVersion,
     Payload,
     ScheduleRecord,
@@ -219,6 +222,18 @@ class AsyncOperations:
         once (docs/durable-waits.md, docs/events.md)."""
         return await (await self._engine()).send_event(
             EventRequest(name, key=key, execution_id=execution_id, payload=payload))
+
+    async def answer(self, execution_id: ExecutionId, step: str, value: Any, *,
+                     answered_by: str | None = None) -> Answer:
+        """Answer the ``wait_for_input`` step ``step`` of an execution: ``value`` (a dict, or
+        the step's model instance) is checked against the step's model and becomes the step's
+        output; ``answered_by`` is kept with it and shown on the execution page. Raises
+        :class:`~konduit.InputValidationError` naming each field at fault (nothing changes) and
+        :class:`~konduit.NotAnswerable` when the step does not wait for an answer now (not
+        reached yet, answered already, past its deadline, its execution ended). Returns the
+        :class:`konduit.records.Answer` recorded (docs/people-in-the-loop.md)."""
+        return await (await self._engine()).answer(
+            AnswerRequest(execution_id, step, value, answered_by=answered_by))
 
     async def retry_now(self, execution_id: ExecutionId, task_id: int) -> bool:
         """Make a task waiting out its retry backoff claimable now; False when it is not in
@@ -392,6 +407,18 @@ class AsyncOperations:
         """Every stored schedule with its next tick and the execution of its latest tick.
         Schedules are stored when a worker of the App that defines them starts."""
         return await (await self._reads()).schedules()
+
+    async def inbox(self, *, execution_id: ExecutionId | None = None,
+                    limit: int = 100) -> builtins.list[OpenInput]:
+        """Every ``wait_for_input`` step waiting for a person's answer (of ``execution_id``, or
+        of all executions), oldest first: what the dashboard's inbox lists
+        (docs/people-in-the-loop.md)."""
+        return await (await self._reads()).inbox(execution_id=execution_id, limit=limit)
+
+    async def answers(self, execution_id: ExecutionId) -> builtins.list[Answer]:
+        """The answers given to an execution's ``wait_for_input`` steps: the value, who
+        answered and when, oldest first."""
+        return await (await self._reads()).answers(execution_id)
 
     async def triggers(self, workflow: str | None = None) -> builtins.list[TriggerRecord]:
         """The stored event triggers (``wf.on_event``, of ``workflow``) with their open bursts

@@ -335,6 +335,37 @@ class TriggerRecord(Record):
 
 
 @dataclass(frozen=True)
+class OpenInput(Record):
+    """A ``wait_for_input`` step waiting for a person's answer: one row of the inbox."""
+
+    execution_id: UUID
+    workflow_name: str
+    workflow_version: int
+    step: str
+    waiting_since: datetime | None
+    """When its execution reached the step."""
+    deadline_at: datetime | None
+    """Past it the step takes its fallback (or times out); None: it waits for ever."""
+    who: str | None
+    """Who may answer, as the step's ``who=`` says (text shown, not a permission)."""
+    schema: dict[str, Any]
+    """The JSON Schema an answer must match (the step's ``model=``)."""
+
+
+@dataclass(frozen=True)
+class Answer(Record):
+    """An answer given to a ``wait_for_input`` step: the value (the step's output), who gave
+    it and when it was taken."""
+
+    execution_id: UUID
+    step: str
+    generation: int
+    value: Any
+    answered_by: str | None
+    answered_at: datetime
+
+
+@dataclass(frozen=True)
 class WebhookDelivery(Record):
     """One webhook delivery of the outbox; ``next_attempt_at`` only while pending."""
 

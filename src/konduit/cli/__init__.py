@@ -85,6 +85,8 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
     ("", "list", search.list_executions, "Find executions: id, key, tag, input, status."),
     ("", "cancel", executions.cancel, "Cancel a running execution, or a filter's."),
     ("", "send-event", waits.send_event, "Send an event to waiting steps and on_event workflows."),
+    ("", "inbox", waits.inbox, "List the steps waiting for a person's answer."),
+    ("", "answer", waits.answer, "Answer a step waiting for a person (wait_for_input)."),
     ("", "repair", executions.repair, "Re-run a finished execution's degraded branches."),
     ("", "redrive", executions.redrive, "Run failed executions again from where they failed."),
     ("", "fork", executions.fork, "A new execution from a step of another, reusing its outputs."),

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import getpass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
+from rich.table import Table
 
 from konduit.cli.common import (
     DatabaseUrl,
@@ -17,8 +20,11 @@ from konduit.cli.common import (
     opened,
     plain_app,
     read_json_argument,
+    stamp,
 )
 from konduit.core.durations import format_elapsed
+from konduit.core.ids import short_id
+from konduit.core.waits import is_input_event
 from konduit.records import TaskRecord
 
 EXIT_NO_MATCH = 3
@@ -76,6 +82,73 @@ def send_event(
         raise typer.Exit(EXIT_STORED)
 
 
+def answer(
+    execution_id: Annotated[str, typer.Argument(
+        metavar="ID", help="The execution (its id, or a unique start or end of it).")],
+    step: Annotated[str, typer.Argument(metavar="STEP", help="The wait_for_input step.")],
+    value: Annotated[str, typer.Option(
+        "--value", "-v", metavar="JSON|@FILE|-",
+        help="The answer as JSON, @file or - (standard input): an object matching the step's "
+        "model.")],
+    answered_by: Annotated[str | None, typer.Option(
+        "--as", help="Who answers (default: this system user's name), kept with the answer.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print {"execution_id", "step", "value", "answered_by", '
+        '"answered_at"} as JSON.')] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Answer a step waiting for a person (wf.wait_for_input): the value is checked against
+    the step's model (an error names each field at fault, and nothing changes) and becomes
+    the step's output; who answered is recorded with it.
+
+    Exit codes: 0 answered, 1 any error (a bad value, a step that waits for no answer now).
+    """
+    parsed = read_json_argument(value, "--value")
+    who = answered_by if answered_by is not None else _system_user()
+    with opened(plain_app(database_url)) as app:
+        done = app.answer(execution_id, step, parsed, answered_by=who)
+    if as_json:
+        print(dump_json(done))
+        return
+    console.print(f"answered {escape(done.step)} of {short_id(done.execution_id)} as "
+                  f"{escape(done.answered_by or '?')}")
+
+
+def _system_user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no such user in a container's passwd
+        return None
+
+
+def inbox(
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many, oldest "
+                                                             "first.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the open waits as JSON.")
+                       ] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """List the steps waiting for a person's answer (wf.wait_for_input), oldest first:
+    workflow, execution, step, waiting since, deadline and who may answer."""
+    with opened(plain_app(database_url)) as app:
+        rows = app.inbox(limit=limit)
+    if as_json:
+        print(dump_json(rows))
+        return
+    if not rows:
+        console.print("nothing waits for an answer")
+        return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    for header in ("execution", "workflow", "step", "waiting since", "deadline", "who"):
+        table.add_column(header)
+    for r in rows:
+        table.add_row(short_id(r.execution_id), escape(r.workflow_name), escape(r.step),
+                      stamp(r.waiting_since), _relative(r.deadline_at) if r.deadline_at
+                      else "—", escape(r.who or "—"))
+    console.print(table)
+
+
 def stored_line(kept_until: datetime | None) -> str:
     """What ``send-event`` says of an event nothing waits for now."""
     kept = "" if kept_until is None else \
@@ -90,7 +163,8 @@ def waiting_for(task: TaskRecord) -> str | None:
         return None
     kind = task.wait_kind
     if kind == "event":
-        text = f"event {task.wait_event!r}"
+        text = ("a person's answer (konduit answer ID STEP --value JSON)"
+                if is_input_event(task.wait_event) else f"event {task.wait_event!r}")
         if task.wait_key is not None:
             text += f" key {task.wait_key!r}"
         if task.wait_until is not None:

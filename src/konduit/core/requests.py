@@ -211,6 +211,31 @@ class EventRequest:
 
 
 @dataclass(frozen=True)
+class AnswerRequest:
+    """Answer a ``wait_for_input`` step (:meth:`konduit.App.answer`): ``value`` is checked
+    against the step's model and becomes its output; ``answered_by`` is kept with it."""
+
+    execution_id: Annotated[ExecutionId, Doc(
+        "The execution (its id, or a unique start or end of it)")]
+    step: Annotated[str, Doc("The wait_for_input step that waits for the answer")]
+    value: Annotated[Any, Doc(
+        "The answer: a JSON object matching the step's model; the step's output")] = None
+    answered_by: Annotated[str | None, Doc(
+        "Who answers (kept with the answer and shown on the execution page)")] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.step, str) or not self.step:
+            raise blamed(KonduitError(f"step must be a step's name, got {self.step!r}"), "step")
+        if self.answered_by is not None:
+            if not isinstance(self.answered_by, str):
+                raise blamed(KonduitError(f"answered_by must be text, got "
+                                          f"{self.answered_by!r:.80}"), "answered_by")
+            check_text(self.answered_by, "answered_by")
+            if len(self.answered_by) > 200:
+                raise blamed(KonduitError("answered_by: at most 200 characters"), "answered_by")
+
+
+@dataclass(frozen=True)
 class MigrateRequest:
     """Move one running execution to another version of its workflow
     (:meth:`konduit.App.migrate`; not the schema's ``konduit db migrate``)."""

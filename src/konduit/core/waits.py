@@ -47,6 +47,7 @@ class WaitSpec:
     workflow: str | None = None
     input: Callable[[Any], Any] | None = None
     retention: float | None = None  # events: how long one sent before the step waits is kept
+    answer: dict[str, Any] | None = None  # wait_for_input: {"schema": ..., "who": ...}
 
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"kind": self.kind}
@@ -54,6 +55,8 @@ class WaitSpec:
             spec.update(event=self.event, keyed=self.key is not None)
             if self.retention is not None:  # only when declared: older specs hash the same
                 spec.update(retention=self.retention)
+            if self.answer is not None:  # likewise: only a wait_for_input step has it
+                spec.update(input=self.answer)
         elif self.kind == WaitKind.TIMER:
             spec.update(duration=self.duration, until=self.until is not None)
         else:
@@ -96,6 +99,33 @@ def event_matches(event_name: str, event_key: str | None, event_execution: UUID 
     if event_key is not None and event_key != task_key:
         return False
     return event_execution is None or event_execution == task_execution
+
+
+INPUT_EVENT_PREFIX = "konduit-input:"
+"""The event a ``wait_for_input`` step waits for is this prefix and the step's name; only
+:meth:`konduit.App.answer` sends it (``send_event`` refuses the prefix)."""
+
+
+def input_event(step: str) -> str:
+    """The internal event name of the ``wait_for_input`` step ``step``."""
+    return f"{INPUT_EVENT_PREFIX}{step}"
+
+
+def is_input_event(name: str | None) -> bool:
+    """Whether ``name`` is the internal event of a ``wait_for_input`` step."""
+    return name is not None and name.startswith(INPUT_EVENT_PREFIX)
+
+
+def answer_of(step_spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored step spec's ``wait_for_input`` part (``{"schema": ..., "who": ...}``), or None
+    when the step is no such wait."""
+    if not isinstance(step_spec, dict):
+        return None
+    wait = step_spec.get("wait")
+    if not isinstance(wait, dict) or wait.get("kind") != WaitKind.EVENT:
+        return None
+    answer = wait.get("input")
+    return answer if isinstance(answer, dict) else None
 
 
 CHILD_KEY_PREFIX = "konduit-child:"
@@ -211,6 +241,9 @@ class WaitSteps:
         nothing for it. Returns the step's name, for ``after=``."""
         try:
             check_event_name(event)
+            if is_input_event(event):
+                raise KonduitError(f"event names starting {INPUT_EVENT_PREFIX!r} are kept for "
+                                   "wait_for_input")
             kept = None if retention is None else positive_duration(retention, "retention")
         except KonduitError as exc:
             raise WorkflowDefinitionError(str(exc), workflow=self.name, step=name) from exc
@@ -219,6 +252,45 @@ class WaitSteps:
                               after=after, deadline=deadline, fallback=fallback,
                               required=required, fallback_on_failure=False, queue=queue,
                               retry=retry)
+
+    def wait_for_input(
+        self, name: str, *, model: Any, after: Sequence[StepRef] = (),
+        who: str | None = None, deadline: Deadline | Duration | None = None,
+        fallback: Callable[[Any], Any] | None = None, required: bool = True,
+        queue: str = "default",
+    ) -> str:
+        """A step that waits, holding no worker slot, for a person's answer: ``model`` (a
+        Pydantic model class, or a JSON Schema dict) says what an answer holds. The dashboard's
+        inbox lists the step while it waits and renders its form from the model's JSON Schema;
+        :meth:`konduit.App.answer` (the API's ``POST .../steps/{step}/answer``, ``konduit
+        answer``) checks an answer against that schema, refusing a bad one with
+        :class:`~konduit.InputValidationError` naming each field, and wakes the step: its output
+        is the answer (a dict), and who answered and when are kept beside it. ``who`` is text
+        shown in the inbox (who may answer); it grants nothing. It is an event wait (on the
+        internal event ``konduit-input:<name>``, addressed by execution id): past ``deadline``
+        the step degrades to ``fallback(ctx)``'s payload, else times out, exactly as
+        :meth:`wait_for_event`. Returns the step's name, for ``after=``."""
+        from konduit.core.inputs import InputType  # pydantic and jsonschema, lazily
+
+        try:
+            event = check_event_name(input_event(name), "step name of wait_for_input")
+            schema = InputType(model, workflow=self.name).schema
+        except WorkflowDefinitionError as exc:
+            message = exc.args[0] if exc.args else str(exc)
+            raise WorkflowDefinitionError(str(message).replace("input=", "model="),
+                                          workflow=self.name, step=name) from exc
+        except KonduitError as exc:
+            raise WorkflowDefinitionError(str(exc), workflow=self.name, step=name) from exc
+        if who is not None and not isinstance(who, str):
+            raise WorkflowDefinitionError(f"who= must be text, got {who!r}", workflow=self.name,
+                                          step=name)
+        answer: dict[str, Any] = {"schema": schema}
+        if who:
+            answer["who"] = who
+        spec = WaitSpec(WaitKind.EVENT, event=event, answer=answer)
+        return self._add_wait(spec, _arm_event(spec), name=name, after=after,
+                              deadline=deadline, fallback=fallback, required=required,
+                              fallback_on_failure=False, queue=queue, retry=None)
 
     def sleep(
         self, *, name: str, after: Sequence[StepRef] = (), duration: Duration | None = None,

@@ -9,9 +9,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from uuid import UUID
 
+from konduit.core.inputs import SchemaChecker
 from konduit.core.model import ExecutionStatus
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.requests import (
+    AnswerRequest,
     BulkRequest,
     CancelRequest,
     EventRequest,
@@ -28,6 +30,7 @@ from konduit.core.requests import (
 )
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.values import check_text
+from konduit.core.waits import INPUT_EVENT_PREFIX, answer_of, input_event, is_input_event
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, translate_errors
@@ -46,10 +49,14 @@ from konduit.engine.waits import SendResult
 from konduit.errors import (
     ExecutionFailed,
     ExecutionNotFound,
+    InputValidationError,
     KonduitError,
+    NotAnswerable,
     blame,
+    blamed,
 )
 from konduit.records import (
+    Answer,
     BulkResult,
     MigrationRecord,
 )
@@ -343,6 +350,10 @@ class Client:
         """Send the event ``name`` to the step waiting for it, by ``key``, by ``execution_id``
         or both: ``"woke"``, ``"started"``, ``"stored"`` or ``"no match"`` (see
         :meth:`konduit.App.send_event` and docs/durable-waits.md)."""
+        if isinstance(request.name, str) and is_input_event(request.name):
+            raise blamed(KonduitError(
+                f"event names starting {INPUT_EVENT_PREFIX!r} are kept for wait_for_input "
+                "steps: answer them with answer(execution_id, step, value)"), "name")
         with blame("execution_id"):
             eid = (None if request.execution_id is None
                    else await self.resolve(request.execution_id))
@@ -353,6 +364,61 @@ class Client:
                                       execution_id=eid, payload=request.payload,
                                       max_payload_bytes=self.max_payload_bytes,
                                       retention=self.event_retention)
+
+    async def answer(self, request: AnswerRequest) -> Answer:
+        """Answer a ``wait_for_input`` step: check ``value`` against the step's JSON Schema
+        (the code's, else the registered one: both are the model's JSON Schema, so a
+        process with the workflow's code and one without check alike), then send its
+        internal event to that execution, recording who answered. Raises
+        :class:`InputValidationError` naming each field at fault (nothing is written) and
+        :class:`NotAnswerable` when the step does not wait for an answer now."""
+        with blame("execution_id"):
+            eid = await self.resolve(request.execution_id)
+        step = request.step
+        row = await self.db.one("task_get_for_answer", execution_id=eid, step=step)
+        if row is None:
+            raise ExecutionNotFound(f"no execution with id {eid}")
+        name, version = row["workflow_name"], row["workflow_version"]
+        await self.specs.load(self.db, name, version)
+        spec = self.specs.get(name, version)
+        step_spec = next((s for s in spec.spec_json.get("steps", []) if s.get("name") == step),
+                         None)
+        found = answer_of(step_spec)
+        if found is None:
+            what = "has no step" if step_spec is None else "has no wait_for_input step"
+            raise blamed(NotAnswerable(f"workflow {name!r} version {version} {what} {step!r}",
+                                       step=step), "step")
+        if row["execution_status"] != ExecutionStatus.RUNNING:
+            raise NotAnswerable(f"execution {eid} is {row['execution_status']}: its step "
+                                f"{step!r} waits for no answer", step=step)
+        if row["id"] is None or row["status"] in ("ready", "running"):
+            raise NotAnswerable(f"step {step!r} of execution {eid} does not wait for an answer "
+                                "yet (its upstream steps run)", step=step)
+        if row["status"] != "waiting" or row["wait_until"] is not None:
+            raise NotAnswerable(f"step {step!r} of execution {eid} was answered or ended "
+                                f"already ({row['status']})", step=step)
+        if not row["before_deadline"]:
+            raise NotAnswerable(f"step {step!r} of execution {eid} is past its deadline: it "
+                                "takes its fallback or times out", step=step)
+        value = request.value
+        if hasattr(value, "model_dump"):  # the model instance itself
+            value = value.model_dump(mode="json")
+        errors = SchemaChecker(found.get("schema") or {}, workflow=name).errors(value)
+        if errors:
+            listed = "; ".join(f"{f}: {m}" for f, m in list(errors.items())[:20])
+            raise blamed(InputValidationError(
+                f"the answer to step {step!r} of execution {eid} is invalid: {listed}", errors,
+                workflow=name), "value")
+        result = await waits.send_event(
+            self.db, self.registry, input_event(step), execution_id=eid,
+            payload={"value": value, "answered_by": request.answered_by},
+            max_payload_bytes=self.max_payload_bytes, retention=self.event_retention)
+        if result != "woke":
+            raise NotAnswerable(f"step {step!r} of execution {eid} no longer waits for an "
+                                "answer (answered or ended meanwhile)", step=step)
+        answers = [a for a in await self.db.all("event_list_answers_by_execution",
+                                                execution_id=eid) if a["step"] == step]
+        return Answer.from_row(answers[-1])
 
     # -- schedules ------------------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ from konduit.core.waits import (
     Armed,
     check_event_name,
     child_idempotency_key,
+    is_input_event,
     positive_duration,
 )
 from konduit.core.workflow import WorkflowSpec
@@ -247,6 +248,8 @@ async def wake_task(db: Database, registry: Registry, task_id: int, execution_id
         row = await db.one("event_payload_consumed_by", task_id=task_id)
         if row is not None:
             payload = row["payload"]
+            if is_input_event(row["name"]) and isinstance(payload, dict):
+                payload = payload.get("value")  # an answer: who gave it stays on the event
             payload_json = canonical_json(payload, what=f"output of step {step!r}",
                                           max_bytes=max_payload_bytes)
         else:  # a timer: its output is None

@@ -15,7 +15,15 @@ from konduit.engine import triggers
 from konduit.engine.registry import workflow_key
 from konduit.engine.schedules import list_schedules
 from konduit.reads.base import ReadBase
-from konduit.records import ScheduleRecord, TaskPolicy, TriggerRecord, VersionState, WorkflowRecord
+from konduit.records import (
+    Answer,
+    OpenInput,
+    ScheduleRecord,
+    TaskPolicy,
+    TriggerRecord,
+    VersionState,
+    WorkflowRecord,
+)
 
 
 class WorkflowReads(ReadBase):
@@ -74,6 +82,24 @@ class WorkflowReads(ReadBase):
         eid = None if execution_id is None else await self.resolve(execution_id)
         row = await self.db.one("event_kept_until", name=name, key=key, execution_id=eid)
         return None if row is None else row["expires_at"]
+
+    async def inbox(self, *, execution_id: UUID | str | None = None,
+                    limit: int = 100) -> builtins.list[OpenInput]:
+        """Every ``wait_for_input`` step waiting for its answer (of one execution, or all),
+        oldest first: workflow, execution, step, waiting since, deadline, who may answer, and
+        the JSON Schema its answer must match. Read on the primary: an answer acts on it."""
+        eid = None if execution_id is None else await self.resolve(execution_id)
+        rows = await self.db.all("task_list_waiting_for_input", execution_id=eid,
+                                 limit=max(1, min(int(limit), 1000)))
+        return [OpenInput.from_row(r) for r in rows]
+
+    async def answers(self, execution_id: UUID | str) -> builtins.list[Answer]:
+        """The answers given to an execution's ``wait_for_input`` steps, with who gave each
+        and when, oldest first."""
+        eid = await self.resolve(execution_id)
+        return [Answer.from_row(r)
+                for r in await self.reads.all("event_list_answers_by_execution",
+                                              execution_id=eid)]
 
     async def schedules(self) -> builtins.list[ScheduleRecord]:
         """Every stored schedule with its next tick and the execution of its latest tick."""

@@ -11,6 +11,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, create_model
 
 from konduit.core.requests import (
     MAX_BATCH_SIZE,
+    AnswerRequest,
     BulkRequest,
     CancelRequest,
     EventRequest,
@@ -221,6 +222,38 @@ class EventBody(request_body(  # type: ignore[misc]
         execution_id=UUID | None,
         payload=Any)):
     """An event for the step that waits for it (``wf.wait_for_event``)."""
+
+
+class AnswerBody(request_body(  # type: ignore[misc]
+        AnswerRequest, path=("execution_id", "step"),
+        value=Any,
+        answered_by=Annotated[str | None, Field(min_length=1, max_length=200)])):
+    """An answer to a ``wait_for_input`` step. ``answered_by`` is the person's own name for
+    it: the server records it with the token that sent it (``ada via op token 1a2b3c4d``)."""
+
+
+class AnswerOut(BaseModel):
+    """The answer recorded: the step's output, who answered and when."""
+
+    execution_id: UUID
+    step: str
+    value: Any
+    answered_by: str | None
+    answered_at: datetime
+
+
+class InboxItem(BaseModel):
+    """A ``wait_for_input`` step waiting for a person's answer."""
+
+    execution_id: UUID
+    workflow: str
+    version: int
+    step: str
+    waiting_since: datetime | None
+    deadline_at: datetime | None = Field(description="Past it the step takes its fallback "
+                                                     "(or times out); null: no deadline")
+    who: str | None = Field(description="Who may answer, as the step says (not a permission)")
+    answer_schema: dict[str, Any] = Field(description="The JSON Schema an answer must match")
 
 
 class EventSent(BaseModel):

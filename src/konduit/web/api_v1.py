@@ -30,6 +30,7 @@ from konduit.errors import (
     InputValidationError,
     KonduitError,
     MigrationRefused,
+    NotAnswerable,
     SchemaOutdated,
     UserCodeStuck,
     WorkflowNotFound,
@@ -38,6 +39,7 @@ from konduit.errors import (
 from konduit.web import api_models as m
 from konduit.web.jobs import BulkJob
 from konduit.web.problems import FieldError, problem, problem_responses
+from konduit.web.security import who_acts
 from konduit.web.site import Ops
 from konduit.web.templating import env
 
@@ -434,6 +436,52 @@ async def send_event(body: m.EventBody, ops: Ops) -> m.EventSent:
     except KonduitError as exc:  # a payload too large, a key PostgreSQL cannot store (NUL)...
         raise Refused.of(exc) from None
     return m.EventSent(result=result)
+
+
+def answerer(request: Request, named: str | None) -> str:
+    """Who answers, as recorded: the credential the request came with (its token's label, or
+    the open dashboard's), after the name the caller gives, if any."""
+    who = who_acts(request.scope)
+    return who if not named else f"{named} via {who}"
+
+
+@router.post("/executions/{execution_id}/steps/{step}/answer", response_model=m.AnswerOut,
+             tags=["executions"], responses=problem_responses(404, 409))
+async def answer(execution_id: str, step: str, body: m.AnswerBody, request: Request,
+                 ops: Ops) -> m.AnswerOut:
+    """Answer a ``wait_for_input`` step (docs/people-in-the-loop.md): ``value`` is checked
+    against the step's model (422 with one entry per ``body.value.<field>`` at fault) and
+    becomes the step's output; who answered (the token's label, after ``answered_by``) and
+    when are recorded with it. 409 when the step waits for no answer now: not a
+    ``wait_for_input`` step, not reached yet, answered already, past its deadline, or its
+    execution no longer runs."""
+    try:
+        done = await ops.answer(execution_id, step, body.value,
+                                answered_by=answerer(request, body.answered_by))
+    except NOT_THE_CALLERS:
+        raise
+    except InputValidationError as exc:
+        refusal = Refused.of(exc)
+        refusal.errors = [FieldError(field="body.value" + ("" if f == "(root)" else f".{f}"),
+                                     message=message) for f, message in exc.errors.items()]
+        refusal.field = refusal.errors[0].field if refusal.errors else "body.value"
+        raise refusal from None
+    except NotAnswerable as exc:
+        raise Refused(409, str(exc), step=exc.step, code=exc.code) from None
+    return m.AnswerOut(execution_id=done.execution_id, step=done.step,
+                       value=done.value, answered_by=done.answered_by,
+                       answered_at=done.answered_at)
+
+
+@router.get("/inbox", response_model=list[m.InboxItem], tags=["executions"])
+async def inbox(ops: Ops, limit: Limit = 100) -> list[m.InboxItem]:
+    """Every ``wait_for_input`` step waiting for a person's answer, oldest first: workflow,
+    execution, step, waiting since, deadline, who may answer, and the JSON Schema of the
+    answer (docs/people-in-the-loop.md)."""
+    return [m.InboxItem(execution_id=i.execution_id, workflow=i.workflow_name,
+                        version=i.workflow_version, step=i.step, waiting_since=i.waiting_since,
+                        deadline_at=i.deadline_at, who=i.who, answer_schema=i.schema)
+            for i in await ops.inbox(limit=limit)]
 
 
 # -- the fleet --------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from konduit.errors import (
     KonduitError,
     SchemaOutdated,
 )
-from konduit.web import actions, operate, ops, pages, problems, wiring
+from konduit.web import actions, operate, ops, pages, people, problems, wiring
 from konduit.web.clients import ClientFactory as ClientFactory
 from konduit.web.clients import Clients as Clients
 from konduit.web.detail import Detail as Detail
@@ -94,7 +94,7 @@ def create_app(client_factory: ClientFactory, app: App | None = None, *,
     wiring.install(web, site, security or Security())
     web.add_middleware(ReadSourceHeaders, reads=clients.reads)  # X-Konduit-Read-From
     error_handlers(web, site)
-    for routes in (pages, actions, ops, operate):
+    for routes in (pages, actions, ops, operate, people):
         web.include_router(routes.router)
     web.mount("/static", StaticFiles(directory=str(resources.files("konduit.web") / "static")),
               name="static")

@@ -192,6 +192,8 @@ async def execution(request: Request, execution_id: str, site: SiteDep) -> Respo
                                             if n > shown_in[s]},
         statuses=views.STEP_STATUSES, outcomes=views.ATTEMPT_OUTCOMES,
         live=None if d.result.finished else f"/executions/{d.result.id}/live.json",
+        # Who answered each wait_for_input step and when (the latest answer of a step).
+        answers={a.step: a for a in await model.answers(d.result.id)},
         poll_ms=POLL_MS)
 
 

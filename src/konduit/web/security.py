@@ -88,6 +88,18 @@ class Token:
     def may_write(self) -> bool:
         return self.kind == "op"
 
+    @property
+    def label(self) -> str:
+        """Who acts with this token, as recorded with an answer (``op token 1a2b3c4d``): its
+        kind and a short digest of it, never the token itself. Tokens have no names: the
+        digest tells them apart in the records, and the operator who holds one can tell it."""
+        digest = hashlib.sha256(b"konduit-token:" + self.secret.encode()).hexdigest()[:8]
+        return f"{self.kind} token {digest}"
+
+
+OPEN_DASHBOARD = "open dashboard"
+"""Who acts on a dashboard served without tokens (only to this machine)."""
+
 
 def parse_token(spec: str) -> Token:
     """``ro:SECRET``, ``op:SECRET`` or a bare ``SECRET`` (operator)."""
@@ -178,6 +190,8 @@ class Session:
     kind: Kind
     expires: float
     csrf: str
+    who: str = OPEN_DASHBOARD
+    """The label of the token that opened it (:attr:`Token.label`)."""
 
 
 class LoginThrottle:
@@ -287,10 +301,12 @@ class Security:
             return None
         if expires < (now or time.time()) or kind not in ("ro", "op"):
             return None
-        if not any(hmac.compare_digest(self._mac("token", t.secret)[:32].encode(),
-                                       str(fingerprint).encode()) for t in self.tokens):
+        opened_by = [t for t in self.tokens
+                     if hmac.compare_digest(self._mac("token", t.secret)[:32].encode(),
+                                            str(fingerprint).encode())]
+        if not opened_by:
             return None
-        return Session(kind, expires, self._mac("csrf", str(nonce)))
+        return Session(kind, expires, self._mac("csrf", str(nonce)), opened_by[0].label)
 
 
 def same_origin(headers: Headers) -> bool:
@@ -408,6 +424,7 @@ class SecurityMiddleware:
                 return problems.forbidden(
                     "a read-only (ro:) token may only read; this call needs an operator (op:) "
                     "token"), None
+            scope.setdefault("state", {})["who"] = token.label
             return None, None
         if not sec.enabled or path.startswith(PUBLIC_PATHS):
             return None, None
@@ -417,12 +434,20 @@ class SecurityMiddleware:
                 return problems.to_login(scope), None
             return problems.page_refusal(401, "your session has ended: log in again"), None
         scope.setdefault("state", {})["session"] = session
+        scope["state"]["who"] = session.who
         if reading:
             return None, None
         if session.kind != "op":
             return problems.page_refusal(403, "a read-only session cannot change anything: log "
                                          "in with an operator token"), None
         return None, session
+
+
+def who_acts(scope: Scope) -> str:
+    """Who makes this request, as the security middleware found it: the label of its bearer
+    token or of its session's token; ``open dashboard`` on a server without tokens."""
+    state = scope.get("state") or {}
+    return str(state.get("who") or OPEN_DASHBOARD)
 
 
 def _client_address(scope: Scope) -> str:

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from konduit.core.waits import is_input_event
 from konduit.core.words import step_word
 from konduit.reads import ReadModel
 from konduit.records import OpenTask
@@ -103,7 +104,8 @@ def wait_spans(tasks: Iterable[OpenTask]) -> list[WaitSpan]:
         if t.wait_kind is None or t.waiting_since is None:
             continue
         if t.wait_kind == "event":
-            what = f"event {t.wait_event!r}" + (f" key {t.wait_key!r}" if t.wait_key else "")
+            what = ("a person's answer" if is_input_event(t.wait_event) else
+                    f"event {t.wait_event!r}" + (f" key {t.wait_key!r}" if t.wait_key else ""))
         elif t.wait_kind == "timer":
             what = "timer"
         else:

@@ -78,7 +78,7 @@ WHERE name = %(name)s AND consumed_at IS NULL
 
 -- name: event_payload_consumed_by
 -- The payload of the event a task consumed (a due event step woken by maintenance).
-SELECT payload FROM konduit_events WHERE consumed_by = %(task_id)s;
+SELECT name, payload FROM konduit_events WHERE consumed_by = %(task_id)s;
 
 -- name: event_may_be_awaited
 -- Could a task still start waiting for this event, and for how long is it kept? A step that may
@@ -237,3 +237,49 @@ FROM konduit_events
 WHERE consumed_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp())
 GROUP BY name
 ORDER BY name;
+
+-- name: task_get_for_answer
+-- The current task of an execution's step, with its execution's state, for an answer to a
+-- wait_for_input step: whether it waits still (not yet due, before its deadline).
+SELECT e.status AS execution_status, e.workflow_name, e.workflow_version,
+       t.id, t.status, t.wait_kind, t.wait_event, t.wait_until,
+       t.id IS NOT NULL AND konduit_deadline_ahead(t.deadline_at) AS before_deadline
+FROM konduit_executions e
+LEFT JOIN konduit_tasks t
+  ON t.execution_id = e.id AND t.step = %(step)s AND t.generation = e.generation
+WHERE e.id = %(execution_id)s
+ORDER BY t.map_index
+LIMIT 1;
+
+-- name: task_list_waiting_for_input
+-- The inbox: every wait_for_input step waiting for its answer (not yet answered, before its
+-- deadline), oldest first, with what its registered step says (its JSON Schema, who may
+-- answer). Read through konduit_tasks_waiting_event (waiting event tasks only); the prefix is
+-- tested with starts_with, not a range, which a non-C collation would order otherwise.
+SELECT t.execution_id, e.workflow_name, e.workflow_version, t.step,
+       t.started_at AS waiting_since, t.deadline_at,
+       s.step -> 'wait' -> 'input' ->> 'who' AS who,
+       s.step -> 'wait' -> 'input' -> 'schema' AS schema
+FROM konduit_tasks t
+JOIN konduit_executions e ON e.id = t.execution_id
+JOIN konduit_workflows w ON w.name = e.workflow_name AND w.version = e.workflow_version
+CROSS JOIN LATERAL (
+    SELECT st AS step FROM jsonb_array_elements(w.spec -> 'steps') AS st
+    WHERE st ->> 'name' = t.step LIMIT 1) s
+WHERE t.status = 'waiting' AND t.wait_kind = 'event'
+  AND starts_with(t.wait_event, 'konduit-input:')
+  AND t.wait_until IS NULL AND konduit_deadline_ahead(t.deadline_at)
+  AND (%(execution_id)s::uuid IS NULL OR t.execution_id = %(execution_id)s::uuid)
+ORDER BY t.started_at, t.id
+LIMIT %(limit)s;
+
+-- name: event_list_answers_by_execution
+-- The answers given to an execution's wait_for_input steps: who answered each and when (the
+-- moment its event was taken), oldest first.
+SELECT t.execution_id, t.step, t.generation, ev.payload -> 'value' AS value,
+       ev.payload ->> 'answered_by' AS answered_by, ev.consumed_at AS answered_at
+FROM konduit_tasks t
+JOIN konduit_events ev ON ev.consumed_by = t.id
+WHERE t.execution_id = %(execution_id)s
+  AND starts_with(ev.name, 'konduit-input:')
+ORDER BY ev.consumed_at, t.id;
