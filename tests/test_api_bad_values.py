@@ -47,6 +47,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "CancelBody": {"reason": "testing"},
     "MigrateBody": {"to_version": 1},
     "ForkBody": {"from_step": "begin"},
+    "AnswerBody": {"value": {"decision": "approve"}, "answered_by": "ada"},
     "EventBody": {"name": "evt", "key": "k-1"},
     "BulkBody": {"action": "cancel", "where": {"tag": ["k=v"]}, "dry_run": True},
 }

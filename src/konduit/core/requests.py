@@ -230,7 +230,10 @@ class AnswerRequest:
             if not isinstance(self.answered_by, str):
                 raise blamed(KonduitError(f"answered_by must be text, got "
                                           f"{self.answered_by!r:.80}"), "answered_by")
-            check_text(self.answered_by, "answered_by")
+            try:
+                check_text(self.answered_by, "answered_by")
+            except KonduitError as exc:
+                raise blamed(exc, "answered_by") from None
             if len(self.answered_by) > 200:
                 raise blamed(KonduitError("answered_by: at most 200 characters"), "answered_by")
 

@@ -468,6 +468,10 @@ async def answer(execution_id: str, step: str, body: m.AnswerBody, request: Requ
         raise refusal from None
     except NotAnswerable as exc:
         raise Refused(409, str(exc), step=exc.step, code=exc.code) from None
+    except KonduitError as exc:
+        if exc.field != "answered_by":
+            raise  # the app's handlers answer it (404 for an unknown execution, ...)
+        raise Refused.of(exc) from None  # the body's answered_by (with the token's label)
     return m.AnswerOut(execution_id=done.execution_id, step=done.step,
                        value=done.value, answered_by=done.answered_by,
                        answered_at=done.answered_at)
