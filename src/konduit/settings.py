@@ -32,7 +32,8 @@ ENV_PREFIX = "KONDUIT_"
 
 _SECONDS = ("read_max_lag", "poll_interval", "lease_seconds", "heartbeat_interval",
             "maintenance_interval", "stall_grace", "fallback_timeout", "retention_interval",
-            "alert_interval", "alert_version_unserved", "alert_queue_unserved", "leader_lease")
+            "alert_interval", "alert_version_unserved", "alert_queue_unserved", "leader_lease",
+            "stop_stuck_after")
 _TRUE = {"1", "true", "yes", "on", "transaction"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -80,6 +81,10 @@ class Settings(BaseSettings):
         "Seconds the lease of a deployment's maintenance leader holds without renewal: the "
         "leader renews it every third of it, the other workers try to take it every half "
         "(at once when the leader stopped or its process died)."))
+    stop_stuck_after: float = Field(default=20.0, description=(
+        "Seconds past its shutdown grace a stopping worker is given before it writes every "
+        "thread's and task's stack to stderr; `konduit worker` ends its process half that "
+        "later (exit status 70)."))
     stall_grace: float = Field(default=60.0, description=(
         "Seconds a running execution in which nothing can run is left before the maintenance "
         "pass re-runs its fan-in decision and raises execution_stalled."))

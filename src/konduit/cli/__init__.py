@@ -89,7 +89,7 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
     ("", "answer", waits.answer, "Answer a step waiting for a person (wait_for_input)."),
     ("", "repair", executions.repair, "Re-run a finished execution's degraded branches."),
     ("", "redrive", executions.redrive, "Run failed executions again from where they failed."),
-    ("", "fork", executions.fork, "A new execution from a step of another, reusing its outputs."),
+    ("", "fork", executions.fork, "Run again from a step, reusing the outputs before it."),
     ("", "migrate-executions", migrating.migrate,
      "Move running executions to another workflow version."),
     ("", "dead-letters", executions.dead_letters, "List dead-lettered tasks."),

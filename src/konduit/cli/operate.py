@@ -205,7 +205,7 @@ def worker(
     say(f"konduit worker: {', '.join(names)} on {where}, "
         f"queues {', '.join(queues)}, concurrency {concurrency} (Ctrl-C stops gracefully)")
     # This process exists to run the worker: a stop that hangs ends it (after saying where).
-    stopping.exit_when_stuck = stopping.STUCK_AFTER / 2
+    stopping.exit_when_stuck = stopping.stuck_after() / 2
     with opened(app):
         try:
             done = app.run_worker(concurrency, queues=queues, connect_wait=connect_wait,

@@ -21,9 +21,13 @@ import threading
 import time
 from typing import TextIO
 
-STUCK_AFTER = float(os.environ.get("KONDUIT_STOP_STUCK_AFTER") or 20.0)
-"""Seconds past the shutdown grace before a stopping worker says where it is
-(``KONDUIT_STOP_STUCK_AFTER``)."""
+from konduit.settings import settings
+
+
+def stuck_after() -> float:
+    """Seconds past the shutdown grace before a stopping worker says where it is (the
+    ``stop_stuck_after`` setting, ``KONDUIT_STOP_STUCK_AFTER``, 20 s)."""
+    return settings().stop_stuck_after
 
 EXIT_CODE = 70
 """The exit status of a worker process that ended itself because its stop did not (EX_SOFTWARE)."""
@@ -39,9 +43,9 @@ class StopWatch:
     """Armed by the first stop request; :meth:`done` when the worker ended."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, grace: float, *,
-                 after: float = STUCK_AFTER, out: TextIO | None = None):
+                 after: float | None = None, out: TextIO | None = None):
         self.loop = loop
-        self.after = grace + after
+        self.after = grace + (stuck_after() if after is None else after)
         self.out = out
         self.began: float | None = None
         self._timer: threading.Timer | None = None
