@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
@@ -276,15 +277,23 @@ to re-run, or an execution that is running, pending or cancelled."""
 async def repair(execution_id: str, ops: Ops) -> m.Repaired:
     """Re-run the degraded and failed steps of a finished execution and what depends on
     them (409 when there is nothing to repair or it has not finished)."""
+    eid, rerun, status = await _run_again(ops, execution_id, ops.repair, REPAIR_REFUSALS)
+    return m.Repaired(id=eid, rerun=rerun, status=status)  # type: ignore[arg-type]
+
+
+async def _run_again(ops: Any, execution_id: str,
+                     operation: Callable[[UUID], Awaitable[list[str]]],
+                     refusals: set[str]) -> tuple[UUID, list[str], str]:
+    """A repair or a redrive through the API: the execution (404 first), the steps re-run
+    (409 for the operation's refusals) and its status after."""
     eid = (await ops.status(execution_id)).id  # a unique prefix or tail too; 404 first
     try:
-        rerun = await ops.repair(eid)
+        rerun = await operation(eid)
     except KonduitError as exc:
-        if exc.code not in REPAIR_REFUSALS:
+        if exc.code not in refusals:
             raise
         raise Refused(409, str(exc), code=exc.code) from None
-    status = (await ops.progress([eid])).get(eid, "running")
-    return m.Repaired(id=eid, rerun=rerun, status=status)  # type: ignore[arg-type]
+    return eid, rerun, (await ops.progress([eid])).get(eid, "running")
 
 
 REDRIVE_REFUSALS = {"not_redrivable", "nothing_to_repair", "workflow_not_found", "no_code"}
@@ -298,14 +307,7 @@ async def redrive(execution_id: str, ops: Ops) -> m.Redriven:
     """Run a failed, timed-out or cancelled execution again from the steps that did not
     succeed, keeping every succeeded and degraded output, as a new generation (409 for one
     that runs or succeeded: a repair re-runs a succeeded execution's degraded steps)."""
-    eid = (await ops.status(execution_id)).id  # a unique prefix or tail too; 404 first
-    try:
-        rerun = await ops.redrive(eid)
-    except KonduitError as exc:
-        if exc.code not in REDRIVE_REFUSALS:
-            raise
-        raise Refused(409, str(exc), code=exc.code) from None
-    status = (await ops.progress([eid])).get(eid, "running")
+    eid, rerun, status = await _run_again(ops, execution_id, ops.redrive, REDRIVE_REFUSALS)
     return m.Redriven(id=eid, rerun=rerun, status=status)  # type: ignore[arg-type]
 
 
