@@ -19,7 +19,7 @@ from typing import Any
 
 from konduit.core.durations import Duration, format_duration, parse_duration
 from konduit.core.fair import function_name
-from konduit.core.waits import check_event_name
+from konduit.core.waits import check_event_name, payload_schema
 from konduit.errors import KonduitError, WorkflowDefinitionError
 
 MAX_BATCH = 10_000
@@ -70,6 +70,8 @@ class EventTrigger:
     key: Callable[[Any], Any] | None = None
     debounce_seconds: float | None = None
     batch: Batch | None = None
+    payload: dict[str, Any] | None = None
+    """The JSON Schema of the declared payload (``payload=``), or None: any JSON."""
 
     @property
     def mode(self) -> str:
@@ -85,7 +87,7 @@ class EventTrigger:
 
     def to_spec(self) -> dict[str, Any]:
         """What the database keeps of it (``konduit_event_triggers.spec``)."""
-        return {
+        spec = {
             "mode": self.mode,
             "input": self.input is not None,
             "keyed": self.key is not None,
@@ -93,11 +95,14 @@ class EventTrigger:
             "batch_max": None if self.batch is None else self.batch.max,
             "batch_window_seconds": None if self.batch is None else self.batch.window_seconds,
         }
+        if self.payload is not None:  # only when declared: stored specs stay as they were
+            spec["payload"] = self.payload
+        return spec
 
 
 def define(workflow: str, version: int, event: str, *, input: Callable[[Any], Any] | None,
            key: Callable[[Any], Any] | None, debounce: Duration | None,
-           batch: Batch | None) -> EventTrigger:
+           batch: Batch | None, payload: Any = None) -> EventTrigger:
     """A checked :class:`EventTrigger`; faults raise :class:`WorkflowDefinitionError` naming
     the workflow and the event."""
 
@@ -124,8 +129,10 @@ def define(workflow: str, version: int, event: str, *, input: Callable[[Any], An
         raise refuse(f"batch= takes konduit.Batch(max=..., window=...), got {batch!r}")
     if seconds is not None and batch is not None:
         raise refuse("debounce= and batch= exclude each other: choose one")
+    schema = None if payload is None else payload_schema(
+        payload, workflow=workflow, what=f"on_event({event!r})")
     return EventTrigger(workflow, version, event, input=input, key=key,
-                        debounce_seconds=seconds, batch=batch)
+                        debounce_seconds=seconds, batch=batch, payload=schema)
 
 
 class TriggerCodeFailed(KonduitError):

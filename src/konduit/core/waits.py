@@ -48,6 +48,7 @@ class WaitSpec:
     input: Callable[[Any], Any] | None = None
     retention: float | None = None  # events: how long one sent before the step waits is kept
     answer: dict[str, Any] | None = None  # wait_for_input: {"schema": ..., "who": ...}
+    payload: dict[str, Any] | None = None  # wait_for_event(payload=...): the JSON Schema
 
     def to_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"kind": self.kind}
@@ -57,6 +58,8 @@ class WaitSpec:
                 spec.update(retention=self.retention)
             if self.answer is not None:  # likewise: only a wait_for_input step has it
                 spec.update(input=self.answer)
+            if self.payload is not None:  # likewise: only when a payload model is declared
+                spec.update(payload=self.payload)
         elif self.kind == WaitKind.TIMER:
             spec.update(duration=self.duration, until=self.until is not None)
         else:
@@ -114,6 +117,21 @@ def input_event(step: str) -> str:
 def is_input_event(name: str | None) -> bool:
     """Whether ``name`` is the internal event of a ``wait_for_input`` step."""
     return name is not None and name.startswith(INPUT_EVENT_PREFIX)
+
+
+def payload_schema(declared: Any, *, workflow: str, what: str) -> dict[str, Any]:
+    """The JSON Schema of a declared event payload (``payload=``: a Pydantic model class or a
+    JSON Schema dict); a bad one raises :class:`WorkflowDefinitionError` naming ``what``."""
+    from konduit.core.inputs import InputType  # pydantic and jsonschema, lazily
+
+    try:
+        return InputType(declared, workflow=workflow).schema
+    except WorkflowDefinitionError as exc:
+        message = exc.args[0] if exc.args else str(exc)
+        raise WorkflowDefinitionError(f"{what}: " + str(message).replace("input=", "payload="),
+                                      workflow=workflow) from exc
+    except KonduitError as exc:
+        raise WorkflowDefinitionError(f"{what}: {exc}", workflow=workflow) from exc
 
 
 def answer_of(step_spec: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -229,6 +247,7 @@ class WaitSteps:
         key: Callable[[Any], Any] | None = None, deadline: Deadline | Duration | None = None,
         fallback: Callable[[Any], Any] | None = None, required: bool = True,
         queue: str = "default", retry: Retry | None = None, retention: Duration | None = None,
+        payload: Any = None,
     ) -> str:
         """A step that waits, holding no worker slot, for the event ``event`` sent by
         :meth:`konduit.App.send_event`; it succeeds with the event's payload. ``key(ctx)``
@@ -238,7 +257,14 @@ class WaitSteps:
         key) is kept for ``retention`` (``"2h"``; default: the App's ``event_retention``, 24 h)
         and the oldest one not expired is consumed when the step waits. Past ``deadline`` the
         step degrades to ``fallback(ctx)``'s payload (else times out); a later event changes
-        nothing for it. Returns the step's name, for ``after=``."""
+        nothing for it. ``payload`` (a Pydantic model class, or a JSON Schema dict) declares
+        what the event carries: every door that sends it checks the payload first (refusing a
+        bad one with :class:`~konduit.InputValidationError` naming each field), and the
+        dashboard's "Send event" form shows its fields. Returns the step's name, for
+        ``after=``."""
+        step_name = name or event.replace("-", "_")
+        schema = None if payload is None else payload_schema(
+            payload, workflow=self.name, what=f"wait_for_event({event!r}) step {step_name!r}")
         try:
             check_event_name(event)
             if is_input_event(event):
@@ -247,8 +273,8 @@ class WaitSteps:
             kept = None if retention is None else positive_duration(retention, "retention")
         except KonduitError as exc:
             raise WorkflowDefinitionError(str(exc), workflow=self.name, step=name) from exc
-        spec = WaitSpec(WaitKind.EVENT, event=event, key=key, retention=kept)
-        return self._add_wait(spec, _arm_event(spec), name=name or event.replace("-", "_"),
+        spec = WaitSpec(WaitKind.EVENT, event=event, key=key, retention=kept, payload=schema)
+        return self._add_wait(spec, _arm_event(spec), name=step_name,
                               after=after, deadline=deadline, fallback=fallback,
                               required=required, fallback_on_failure=False, queue=queue,
                               retry=retry)

@@ -431,7 +431,7 @@ class Workflow(WaitSteps):
 
     def on_event(self, event: str, *, input: Callable[[Any], Any] | None = None,
                  key: Callable[[Any], Any] | None = None, debounce: Duration | None = None,
-                 batch: Batch | None = None) -> EventTrigger:
+                 batch: Batch | None = None, payload: Any = None) -> EventTrigger:
         """Start an execution of this workflow when the event ``event`` is sent
         (``app.send_event``, ``POST /api/v1/events``, ``konduit send-event``); docs/events.md.
 
@@ -441,14 +441,17 @@ class Workflow(WaitSteps):
         events of one key starts one execution, with the burst's last event, once no event of
         that key came for 5 s. ``batch=konduit.Batch(max=100, window="2s")``: the events (of one
         key) are gathered into one execution whose input is their list. ``input=`` and ``key=``
-        run where the workflow's code is: in the sender when it has it, else in a worker."""
+        run where the workflow's code is: in the sender when it has it, else in a worker.
+        ``payload`` (a Pydantic model class, or a JSON Schema dict) declares what the event
+        carries: every door that sends it checks the payload first, refusing a bad one with
+        :class:`~konduit.InputValidationError` naming each field."""
         if self._frozen_spec is not None:
             raise WorkflowDefinitionError(
                 "cannot add an event trigger after the workflow was compiled (by wf.spec, "
                 "wf.compile() or an App): call on_event before creating the App",
                 workflow=self.name)
         made = define_trigger(self.name, self.version, event, input=input, key=key,
-                              debounce=debounce, batch=batch)
+                              debounce=debounce, batch=batch, payload=payload)
         if event in self._triggers:
             raise WorkflowDefinitionError(f"on_event({event!r}) is declared twice",
                                           workflow=self.name)

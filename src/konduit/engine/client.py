@@ -360,10 +360,43 @@ class Client:
         # This process's workflows are known to the database before it decides: an event sent
         # by key for one of them is kept even when no worker or start registered it yet.
         await self.register_all()
+        waits.check_event_address(request.name, request.key)
+        payload = request.payload
+        if hasattr(payload, "model_dump"):  # a model instance: its JSON form
+            payload = payload.model_dump(mode="json")
+        await self.check_event_payload(request.name, payload, key=request.key, execution_id=eid)
         return await waits.send_event(self.db, self.registry, request.name, key=request.key,
-                                      execution_id=eid, payload=request.payload,
+                                      execution_id=eid, payload=payload,
                                       max_payload_bytes=self.max_payload_bytes,
                                       retention=self.event_retention)
+
+    async def event_payload_models(self, name: str, *, key: str | None = None,
+                                   execution_id: UUID | None = None) -> list[Row]:
+        """The payload models declared for event ``name`` (``wait_for_event(payload=...)``
+        steps that may take it, ``on_event(payload=...)`` triggers), as registered: rows of
+        ``workflow_name``, ``workflow_version``, ``step`` (None for a trigger) and ``schema``."""
+        return await self.db.all("event_list_payload_models", name=name, key=key,
+                                 execution_id=execution_id)
+
+    async def check_event_payload(self, name: str, payload: Any, *, key: str | None = None,
+                                  execution_id: UUID | None = None) -> None:
+        """Check ``payload`` against every payload model declared for the event (the
+        registered ones: a process without the workflows' code checks alike); raises
+        :class:`InputValidationError` naming the taker and each field at fault. Nothing is
+        written before."""
+        for row in await self.event_payload_models(name, key=key, execution_id=execution_id):
+            schema = row["schema"]
+            if not isinstance(schema, dict):
+                continue
+            workflow = row["workflow_name"]
+            errors = SchemaChecker(schema, workflow=workflow).errors(payload)
+            if errors:
+                taker = (f"step {row['step']!r}" if row["step"] is not None else "the on_event "
+                         "trigger") + f" of workflow {workflow!r} version {row['workflow_version']}"
+                listed = "; ".join(f"{f}: {m}" for f, m in list(errors.items())[:20])
+                raise blamed(InputValidationError(
+                    f"the payload of event {name!r} does not match what {taker} declares: "
+                    f"{listed}", errors, workflow=workflow), "payload")
 
     async def answer(self, request: AnswerRequest) -> Answer:
         """Answer a ``wait_for_input`` step: check ``value`` against the step's JSON Schema

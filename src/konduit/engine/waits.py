@@ -162,6 +162,16 @@ class _LeaseLost(Exception):
     """The arming attempt's lease no longer holds: roll back (a child started would be undone)."""
 
 
+def check_event_address(name: str, key: str | None) -> None:
+    """Refuse an event name or key PostgreSQL cannot store or no step could wait for, naming
+    the field (before the database sees it)."""
+    with blame("name"):
+        check_event_name(name)
+    if key is not None and (not isinstance(key, str) or not key or not storable(key)):
+        raise blamed(KonduitError(f"the event key must be a non-empty string without NUL "
+                                  f"characters or lone surrogates, got {key!r:.80}"), "key")
+
+
 async def send_event(db: Database, registry: Registry, name: str, *, key: str | None = None,
                      execution_id: UUID | None = None, payload: Any = None,
                      max_payload_bytes: int = DEFAULT_MAX_BYTES,
@@ -178,11 +188,7 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
     ``"started"`` (unless a task woke): a workflow's ``on_event`` trigger took it, in this same
     transaction: it started an execution, or joined a burst or batch
     (:mod:`konduit.engine.triggers`); then ``key`` and ``execution_id`` may both be None."""
-    with blame("name"):
-        check_event_name(name)
-    if key is not None and (not isinstance(key, str) or not key or not storable(key)):
-        raise blamed(KonduitError(f"the event key must be a non-empty string without NUL "
-                                  f"characters or lone surrogates, got {key!r:.80}"), "key")
+    check_event_address(name, key)
     with blame("payload"):
         payload_json = canonical_json(payload, what=f"payload of event {name!r}",
                                       max_bytes=max_payload_bytes)

@@ -435,9 +435,21 @@ async def send_event(body: m.EventBody, ops: Ops) -> m.EventSent:
                                       payload=body.payload)
     except NOT_THE_CALLERS:
         raise
+    except InputValidationError as exc:  # a payload model declared for the event refused it
+        raise fields_refused(exc, "body.payload") from None
     except KonduitError as exc:  # a payload too large, a key PostgreSQL cannot store (NUL)...
         raise Refused.of(exc) from None
     return m.EventSent(result=result)
+
+
+def fields_refused(exc: InputValidationError, where: str) -> Refused:
+    """422 for a value refused by its JSON Schema: one entry per field at fault, under
+    ``where`` (the body's member that holds the value)."""
+    refusal = Refused.of(exc)
+    refusal.errors = [FieldError(field=where + ("" if f == "(root)" else f".{f}"),
+                                 message=message) for f, message in exc.errors.items()]
+    refusal.field = refusal.errors[0].field if refusal.errors else where
+    return refusal
 
 
 def answerer(request: Request, named: str | None) -> str:
@@ -463,11 +475,7 @@ async def answer(execution_id: str, step: str, body: m.AnswerBody, request: Requ
     except NOT_THE_CALLERS:
         raise
     except InputValidationError as exc:
-        refusal = Refused.of(exc)
-        refusal.errors = [FieldError(field="body.value" + ("" if f == "(root)" else f".{f}"),
-                                     message=message) for f, message in exc.errors.items()]
-        refusal.field = refusal.errors[0].field if refusal.errors else "body.value"
-        raise refusal from None
+        raise fields_refused(exc, "body.value") from None
     except NotAnswerable as exc:
         raise Refused(409, str(exc), step=exc.step, code=exc.code) from None
     except KonduitError as exc:

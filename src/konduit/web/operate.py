@@ -247,12 +247,41 @@ async def start(request: Request, site: SiteDep) -> Response:
 # -- send event -----------------------------------------------------------------------------
 
 
+async def event_fields(site: Site, execution_id: Any, name: str,
+                       key: str) -> list[FormField] | None:
+    """The fields of the payload model declared for event ``name`` by the execution's step
+    that may take it (else by an ``on_event`` trigger of that name): None, raw JSON only."""
+    if not name.strip():
+        return None
+    try:
+        models = await (await site.clients.get()).event_payload_models(
+            name.strip(), key=key.strip() or None, execution_id=execution_id)
+    except KonduitError:  # a name no event may have: the send names it
+        return None
+    models.sort(key=lambda row: row["step"] is None)  # the execution's own step first
+    return fields_of(models[0]["schema"]) if models else None
+
+
+def send_event_page(request: Request, site: Site, result: Any, status_code: int = 200, *,
+                    form: dict[str, str], fields: list[FormField] | None,
+                    texts: dict[str, str] | None = None, mode: str = "",
+                    problem: str | None = None,
+                    errors: dict[str, str] | None = None) -> HTMLResponse:
+    if texts is None and fields:
+        texts = initial_texts(fields)
+    mode = mode if fields and mode in ("fields", "raw") else "fields" if fields else "raw"
+    return site.page(request, "send_event.html", status_code, r=result, form=form,
+                     fields=fields, texts=texts or {}, mode=mode, problem=problem,
+                     errors=errors or {})
+
+
 @router.get("/executions/{execution_id}/send-event", response_class=HTMLResponse)
 async def send_event_form(request: Request, execution_id: str, site: SiteDep, name: str = "",
                           key: str = "") -> Response:
     result = await site.ops.status(execution_id)
-    return site.page(request, "send_event.html", r=result,
-                     form={"name": name, "key": key, "payload": ""}, problem=None)
+    return send_event_page(request, site, result,
+                           form={"name": name, "key": key, "payload": ""},
+                           fields=await event_fields(site, result.id, name, key))
 
 
 @router.post("/executions/{execution_id}/send-event", response_class=HTMLResponse)
@@ -260,22 +289,37 @@ async def send_event(request: Request, execution_id: str, site: SiteDep) -> Resp
     if not same_origin(request):
         return site.forbidden(request, "send-event")
     result = await site.ops.status(execution_id)
-    fields = await form_fields(request)
-    form = {k: fields.get(k, "") for k in ("name", "key", "payload")}
+    posted = await form_fields(request)
+    form = {k: posted.get(k, "") for k in ("name", "key", "payload")}
+    texts = {k[3:]: v for k, v in posted.items() if k.startswith("in.")}
+    fields = await event_fields(site, result.id, form["name"], form["key"])
+    mode = posted.get("mode", "")
 
-    def again(problem: str) -> HTMLResponse:
-        return site.page(request, "send_event.html", 422, r=result, form=form, problem=problem)
+    def again(problem: str, errors: dict[str, str] | None = None) -> HTMLResponse:
+        return send_event_page(request, site, result, 422, form=form, fields=fields,
+                               texts=texts, mode=mode, problem=problem, errors=errors)
 
     if not form["name"].strip():
         return again("name: the event's name is needed")
+    payload: Any
+    if fields and mode == "fields":
+        payload, faults = value_of(fields, texts)
+        if faults:
+            return again("not sent: " + "; ".join(f"{n}: {m}" for n, m in faults.items()),
+                         {f"in.{n}": m for n, m in faults.items()})
+    else:
+        try:
+            payload = parse_payload(form["payload"], "payload")
+        except ValueError as exc:
+            return again(str(exc), {"payload": str(exc)})
     try:
-        payload = parse_payload(form["payload"], "payload")
         sent = await site.ops.send_event(form["name"], key=form["key"] or None,
                                          execution_id=result.id, payload=payload)
-    except ValueError as exc:
-        return again(str(exc))
     except (ExecutionNotFound, DatabaseUnavailable):
         raise
+    except InputValidationError as exc:  # the payload model declared for the event refused it
+        named = refused_fields(exc, fields if mode == "fields" else None)
+        return again(f"not sent: {exc}", named or {"payload": str(exc)})
     except KonduitError as exc:  # a payload too large, a key PostgreSQL cannot store
         return again(str(exc))
     if sent == "no match":

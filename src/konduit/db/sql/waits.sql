@@ -283,3 +283,26 @@ JOIN konduit_events ev ON ev.consumed_by = t.id
 WHERE t.execution_id = %(execution_id)s
   AND starts_with(ev.name, 'konduit-input:')
 ORDER BY ev.consumed_at, t.id;
+
+-- name: event_list_payload_models
+-- The payload models (JSON Schemas) declared for event `name`, which a sender checks the payload
+-- against before sending: those of the event steps (wait_for_event payload=) of the named
+-- execution's workflow version (of every registered version when no execution is named; keyed
+-- ones only when the event names a key), then those of the on_event triggers of that name
+-- (step NULL). Workflows and triggers are definitions: a few rows whatever the history.
+SELECT w.name AS workflow_name, w.version AS workflow_version, s.step ->> 'name' AS step,
+       s.step -> 'wait' -> 'payload' AS schema
+FROM konduit_workflows w
+CROSS JOIN LATERAL jsonb_array_elements(w.spec -> 'steps') AS s(step)
+WHERE s.step -> 'wait' ->> 'kind' = 'event' AND s.step -> 'wait' ->> 'event' = %(name)s
+  AND s.step -> 'wait' ? 'payload'
+  AND (%(key)s::text IS NULL OR %(execution_id)s::uuid IS NOT NULL
+       OR (s.step -> 'wait' ->> 'keyed')::boolean)
+  AND (%(execution_id)s::uuid IS NULL
+       OR (w.name, w.version) = (SELECT e.workflow_name, e.workflow_version
+                                 FROM konduit_executions e WHERE e.id = %(execution_id)s::uuid))
+UNION ALL
+SELECT t.workflow_name, t.workflow_version, NULL, t.spec -> 'payload'
+FROM konduit_event_triggers t
+WHERE t.event = %(name)s AND t.spec ? 'payload'
+ORDER BY 1, 2, 3;
