@@ -355,6 +355,73 @@ def test_pending_executions_start_in_order_when_slots_free(db_url):
         app.close()
 
 
+def test_a_redriven_execution_takes_a_slot_of_its_key_again(db_url):
+    """Running again (redrive, repair) takes a slot as a start does: with its key's slots
+    taken it waits pending, its new tasks set aside, and starts when a slot frees; with the
+    key's row retired meanwhile (idle keys), the row is made again."""
+    wf = konduit.Workflow("mr-redrive", version=1, max_running=1, key=lambda i: i["k"])
+
+    @wf.step()
+    def only(ctx: konduit.Context) -> int:
+        return int(ctx.input["n"])
+
+    app = konduit.App([wf], database_url=db_url)
+    try:
+        first = app.start("mr-redrive", input={"k": "a", "n": 1}).id
+        assert app.cancel(first)
+        second = app.start("mr-redrive", input={"k": "a", "n": 2}).id
+        assert _statuses(db_url, "mr-redrive") == {"a": ["cancelled", "running"]}
+        assert app.redrive(first) == ["only"]
+        assert _statuses(db_url, "mr-redrive") == {"a": ["pending", "running"]}
+        with psycopg.connect(db_url) as conn:
+            assert conn.execute("SELECT count(*) FROM konduit_tasks WHERE execution_id = %s "
+                                "AND status = 'ready' AND NOT limited",
+                                (first,)).fetchone() == (0,)
+        # The running one's end frees the slot: the redriven one starts in that transaction.
+        assert app.cancel(second)
+        assert _statuses(db_url, "mr-redrive") == {"a": ["running", "cancelled"]}
+        # The key's row retired while nothing of it ran: a redrive makes it again.
+        assert app.cancel(first)
+        with psycopg.connect(db_url) as conn:
+            conn.execute("DELETE FROM konduit_run_slots WHERE workflow_name = 'mr-redrive'")
+        assert app.redrive(second) == ["only"]
+        assert _statuses(db_url, "mr-redrive") == {"a": ["cancelled", "running"]}
+        assert app.redrive(first) == ["only"]
+        assert _statuses(db_url, "mr-redrive") == {"a": ["pending", "running"]}
+        with running_worker(app, concurrency=2):
+            assert [app.wait(i, timeout=30).output for i in (second, first)] == [2, 1]
+    finally:
+        app.close()
+
+
+def test_a_fork_takes_a_slot_of_its_key(db_url):
+    """A fork is a new execution of the key: with its slots taken it waits pending (no task of
+    it claimed meanwhile) and starts when a slot frees."""
+    wf = konduit.Workflow("mr-fork", version=1, max_running=1, key=lambda i: i["k"])
+
+    @wf.step()
+    def first(ctx: konduit.Context) -> int:
+        return int(ctx.input["n"])
+
+    @wf.step(after=[first])
+    def second(ctx: konduit.Context) -> int:
+        return ctx.upstream["first"] * 10
+
+    app = konduit.App([wf], database_url=db_url)
+    try:
+        with running_worker(app, concurrency=2):
+            done = app.start("mr-fork", input={"k": "a", "n": 1})
+            assert done.wait(timeout=30).output == 10
+        holder = app.start("mr-fork", input={"k": "a", "n": 2}).id
+        fork = app.fork(done.id, from_step="second", input={"k": "a", "n": 3})
+        assert _statuses(db_url, "mr-fork") == {"a": ["succeeded", "running", "pending"]}
+        with running_worker(app, concurrency=2):
+            assert app.wait(holder, timeout=30).output == 20
+            assert fork.wait(timeout=30).output == 10  # "first" copied from its origin
+    finally:
+        app.close()
+
+
 def test_a_start_later_waits_for_its_keys_slot_when_its_time_comes(db_url):
     """run_at=/delay= starts count under max_running too: when due, an execution of a key whose
     slots are taken becomes pending (its tasks set aside), and starts when a slot frees; the

@@ -52,6 +52,20 @@ async def store_and_admit(tx: Tx, starts: Sequence[KeyedStart]) -> list[UUID]:
     return [] if row is None else [UUID(str(i)) for i in row["held"]]
 
 
+async def admit_reopened(tx: Tx, execution_id: UUID, workflow_name: str, key: str,
+                         max_running: int) -> bool:
+    """A finished execution of ``key`` was reopened running in ``tx`` (a repair, a redrive):
+    it takes a slot like a new start, so under the key's row lock (created again when idle
+    keys' rows were retired) it is held ``pending`` when its key has no free slot or older
+    pending executions, its new ready tasks set aside until a slot frees. Returns whether it
+    was held."""
+    await tx.run("execution_lock_run_slots_many", workflow_names=[workflow_name], keys=[key],
+                 max_runnings=[max_running])
+    row = await tx.one("execution_hold_many_over_max_running", ids=[execution_id],
+                       workflow_names=[workflow_name], run_keys=[key])
+    return row is not None and bool(row["held"])
+
+
 async def fill_after_finish(tx: Tx, workflow_name: str, key: str) -> list[UUID]:
     """An execution of ``key`` ended in ``tx``: lock the key's row and start its oldest
     pending executions into the freed slots (committed with the finish)."""

@@ -26,6 +26,7 @@ from konduit.core.advance import ExecutionState
 from konduit.core.model import ExecutionStatus
 from konduit.core.repair import REDRIVABLE, REPAIRABLE, plan_repair
 from konduit.db.database import Tx
+from konduit.engine import limit_keys
 from konduit.engine.advancer import Advancer
 from konduit.engine.step_rows import state_columns
 from konduit.engine.stored import SpecSource
@@ -89,4 +90,8 @@ async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_byte
         max_payload_bytes=max_payload_bytes,
     )
     await advancer.start_steps(list(plan.start))
+    if reopened["run_key"] is not None and spec.max_running is not None:
+        # Workflow(max_running=): running again takes a slot of its key, as a start does.
+        await limit_keys.admit_reopened(tx, eid, row["workflow_name"], reopened["run_key"],
+                                        spec.max_running)
     return names

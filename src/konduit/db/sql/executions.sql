@@ -115,7 +115,7 @@ SET status = 'running',
 WHERE id = %(id)s
   AND status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
   AND status = ANY(%(from_statuses)s::text[])
-RETURNING generation;
+RETURNING generation, run_key;
 
 -- name: execution_get_trace_context
 -- The W3C trace context an execution was started with (NULL columns when it was not traced);
