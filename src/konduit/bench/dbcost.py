@@ -151,9 +151,9 @@ class ServerMeter:
 
 
 @contextmanager
-def metered(meter: ServerMeter) -> Iterator[dict[str, Any]]:
+def metered(meter: ServerMeter, *, breakdown: bool = True) -> Iterator[dict[str, Any]]:
     """Measure the WAL and server CPU of the block: the dict gets ``wal_bytes``,
-    ``server_cpu_seconds`` and ``breakdown`` on exit."""
+    ``server_cpu_seconds`` and (unless ``breakdown=False``) ``breakdown`` on exit."""
     found: dict[str, Any] = {}
     # No CHECKPOINT first: it would make the first write to every page the scratch database
     # was created with (dozens of index roots) a full-page image, a cost a running deployment
@@ -164,7 +164,7 @@ def metered(meter: ServerMeter) -> Iterator[dict[str, Any]]:
     found["wal_bytes"] = meter.wal_bytes(before, after)
     found["server_cpu_seconds"] = (None if before.cpu is None or after.cpu is None
                                    else after.cpu - before.cpu)
-    found["breakdown"] = meter.breakdown(before, after)
+    found["breakdown"] = meter.breakdown(before, after) if breakdown else None
 
 
 BARE_SCHEMA = """
@@ -286,11 +286,29 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
         with fresh() as url:
             meter = ServerMeter(url)
             try:
-                with metered(meter) as cost:
+                spans: list[dict[str, Any]] = []
+
+                @contextmanager
+                def work(spans: list[dict[str, Any]] = spans,
+                         meter: ServerMeter = meter) -> Iterator[None]:
+                    with metered(meter) as cost:
+                        yield
+                    spans.append(cost)
+
+                with metered(meter, breakdown=False) as whole:
                     run = throughput_run(url, executions=executions, width=width,
-                                         concurrency=concurrency, label="db-cost")
-                konduit_runs.append({**per_task(cost, branches), "wal_bytes": cost["wal_bytes"],
-                                     "branch_tasks_per_second": run["branch_tasks_per_second"]})
+                                         concurrency=concurrency, label="db-cost",
+                                         work_span=work)
+                [cost] = spans
+                whole_run = per_task(whole, branches)
+                konduit_runs.append({
+                    **per_task(cost, branches), "wal_bytes": cost["wal_bytes"],
+                    "branch_tasks_per_second": run["branch_tasks_per_second"],
+                    # The worker process's start and stop and the bench's own reads too.
+                    "whole_run": {"wal_bytes_per_branch_task":
+                                  whole_run["wal_bytes_per_branch_task"],
+                                  "server_cpu_ms_per_branch_task":
+                                  whole_run["server_cpu_ms_per_branch_task"]}})
                 breakdown = cost["breakdown"]
             finally:
                 meter.close()
@@ -319,7 +337,11 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
                                         "then claim with SKIP LOCKED, complete and fan in under "
                                         "the execution's row lock, one transaction per task",
                        "wal": "server-wide WAL position before and after each run: run on a "
-                              "quiet server"},
+                              "quiet server",
+                       "span": "Konduit: from the start of its executions to the last one "
+                               "finished, its worker process up and idle before (as the bare "
+                               "protocol's threads are); whole_run: also the worker's start and "
+                               "stop and the bench's own reads"},
         "results": {"konduit": ours, "bare_protocol": theirs,
                     "konduit_runs": konduit_runs, "bare_runs": bare_runs,
                     "konduit_wal_breakdown": breakdown},

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -331,9 +331,12 @@ def _task_figures(obs: Observer, since: Any = None) -> Json:
 
 
 def throughput_run(url: str, *, executions: int, width: int = 20, processes: int = 1,
-                   concurrency: int = 8, label: str = "throughput") -> Json:
+                   concurrency: int = 8, label: str = "throughput",
+                   work_span: Callable[[], AbstractContextManager[Any]] | None = None) -> Json:
     """``executions`` x (``width`` no-op root branches + a join) through ``processes`` worker
-    processes of ``concurrency`` slots, started together once the workers are up."""
+    processes of ``concurrency`` slots, started together once the workers are up. ``work_span``
+    (a context manager factory) wraps the work alone: from the start of the executions to the
+    last one finished, the workers up and idle before it (a meter of the database's cost)."""
     workflow = f"bench-roots-{width}"
     obs = Observer(url)
     try:
@@ -344,11 +347,13 @@ def throughput_run(url: str, *, executions: int, width: int = 20, processes: int
                                   label=label) as workers:
                 already, since = obs.finished(), obs.now()
                 cpu_before = [w.cpu_seconds() for w in workers]
-                began = time.perf_counter()
-                used_start_many = start_all(app, [{"workflow": workflow}] * executions)
-                starting = time.perf_counter() - began
-                obs.wait_finished(already + executions, timeout=max(120, executions * width / 20))
-                wall = time.perf_counter() - began
+                with work_span() if work_span is not None else nullcontext():
+                    began = time.perf_counter()
+                    used_start_many = start_all(app, [{"workflow": workflow}] * executions)
+                    starting = time.perf_counter() - began
+                    obs.wait_finished(already + executions,
+                                      timeout=max(120, executions * width / 20))
+                    wall = time.perf_counter() - began
                 cpu = cpu_ms_per_task(cpu_before, workers, executions * (width + 1))
                 for w in workers:
                     w.sample_memory()
