@@ -19,6 +19,7 @@ from konduit.core.workflow import Workflow, parallel, step
 from konduit.engine.client import ExecutionResult
 from konduit.errors import (
     AlertError,
+    CodecError,
     DatabaseError,
     DatabaseUnavailable,
     DefinitionWarning,
@@ -35,6 +36,8 @@ from konduit.errors import (
     NotForkable,
     NotRedrivable,
     PayloadError,
+    PayloadStoreError,
+    PayloadTooLarge,
     ScheduleNotFound,
     SchemaOutdated,
     UserCodeInterrupted,
@@ -57,6 +60,7 @@ __all__ = [
     "AsyncExecutionHandle",
     "Batch",
     "Client",
+    "CodecError",
     "Context",
     "DatabaseError",
     "DatabaseUnavailable",
@@ -85,6 +89,8 @@ __all__ = [
     "NothingToRepair",
     "OutputInvalid",
     "PayloadError",
+    "PayloadStoreError",
+    "PayloadTooLarge",
     "Rate",
     "Retry",
     "Route",
