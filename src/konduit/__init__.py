@@ -1,5 +1,6 @@
 """Konduit: durable DAG workflows on PostgreSQL with an exactly-once join."""
 
+from konduit import codecs, stores
 from konduit._blocking import ExecutionHandle
 from konduit.app import App
 from konduit.client import AsyncClient, AsyncExecutionHandle, Client
