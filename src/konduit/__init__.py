@@ -109,6 +109,8 @@ __all__ = [
     "WorkflowDefinitionError",
     "WorkflowNotFound",
     "WorkflowVersionConflict",
+    "codecs",
     "parallel",
     "step",
+    "stores",
 ]

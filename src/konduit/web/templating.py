@@ -15,8 +15,11 @@ from konduit.web import views
 
 env = Environment(loader=PackageLoader("konduit.web", "templates"),
                   autoescape=select_autoescape(["html"]))
+_tojson = env.filters["tojson"]
 env.filters.update(secs=views.secs, last_line=views.last_line,
-                   pretty=lambda v: json.dumps(v, indent=2, default=str, ensure_ascii=False),
+                   pretty=lambda v: json.dumps(views.unsealed(v), indent=2, default=str,
+                                               ensure_ascii=False),
+                   tojson=lambda v, *a: _tojson(views.unsealed(v), *a),
                    clock=lambda t: "—" if t is None else t.astimezone().strftime("%Y-%m-%d %H:%M:%S"),
                    n=lambda v: f"{v:.1f}", short_id=short_id)
 env.filters["from_now"] = views.from_now
