@@ -272,3 +272,33 @@ def test_the_codec_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.delenv("KONDUIT_CODEC_KEYS")
     with pytest.raises(konduit.CodecError, match="KONDUIT_CODEC_KEYS"):
         configured()
+
+
+def test_the_api_and_the_page_show_encrypted_without_the_keys_and_decoded_with_them(
+        make_app: Callable[..., konduit.App], worker: Callable[..., Any], db_url: str,
+        browser: Any) -> None:
+    import httpx
+
+    from konduit.web import create_app, database_client
+    from tests.support.browser import serving
+
+    app = make_app(flow(), codec=Encrypted(keys={"k1": K1}))
+    result = _run(app, worker, "shown")
+    keyless = konduit.App([], database_url=db_url, codec=None)
+    keyless.payload_io = PayloadIO()  # no codec: what a dashboard without the keys has
+    for face, expect_plain in ((keyless, False), (app, True)):
+        with serving(create_app(database_client(db_url, face), face)) as base:
+            with httpx.Client(base_url=base, timeout=30) as http:
+                body = http.get(f"/api/v1/executions/{result.id}").json()
+            if expect_plain:
+                assert body["output"] == result.output
+            else:
+                assert is_sealed(body["output"]) and body["output"]["key"] == "k1"
+                assert MARK not in str(body)
+            browser.get(f"{base}/executions/{result.id}")
+            page = browser.page_source
+            if expect_plain:
+                assert f"{MARK}-0" in page and "encrypted (key k1)" not in page
+            else:
+                assert "encrypted (key k1)" in page and MARK not in page
+    keyless.close()
