@@ -37,7 +37,8 @@ E = TypeVar("E", bound=KonduitError)
 # What a program may catch (the API reference documents these); the rest are the command line's
 # and the tools' own, reported in one line and never raised by the App or the clients.
 __all__ = [
-    "AlertError", "AmbiguousExecutionId", "CodecError", "DatabaseConflict", "DatabaseError", "DatabaseUnavailable",
+    "AlertError", "AmbiguousExecutionId", "CodecError", "DatabaseConflict", "DatabaseError",
+    "DatabaseUnavailable",
     "DefinitionWarning", "ExecutionFailed", "ExecutionNotFound", "IdempotencyConflict",
     "InputValidationError", "KeyNeedsCode", "KonduitError", "LimitKeyError", "MigrationRefused",
     "NonRetryableError", "NotAnswerable", "NotForkable", "NotRedrivable", "NothingToRepair",
