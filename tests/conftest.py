@@ -79,7 +79,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--payload-codec", action="store_true", help=(
+        "run the tests with every App, Client and worker encrypting payloads (an Encrypted "
+        "codec from KONDUIT_CODEC_KEYS, a key made for the run); tests that SELECT payload "
+        "columns themselves see envelopes then (docs/payload-codecs.md)"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--payload-codec", default=False):
+        import base64
+        import os
+
+        os.environ["KONDUIT_CODEC_KEYS"] = "k1:" + base64.b64encode(os.urandom(32)).decode()
     config.addinivalue_line(
         "markers", "fresh_database: db_url is a new database, not a reset one from the pool"
     )

@@ -1,5 +1,6 @@
 """Konduit: durable DAG workflows on PostgreSQL with an exactly-once join."""
 
+from konduit import codecs, stores
 from konduit._blocking import ExecutionHandle
 from konduit.app import App
 from konduit.client import AsyncClient, AsyncExecutionHandle, Client
@@ -19,6 +20,7 @@ from konduit.core.workflow import Workflow, parallel, step
 from konduit.engine.client import ExecutionResult
 from konduit.errors import (
     AlertError,
+    CodecError,
     DatabaseError,
     DatabaseUnavailable,
     DefinitionWarning,
@@ -35,6 +37,8 @@ from konduit.errors import (
     NotForkable,
     NotRedrivable,
     PayloadError,
+    PayloadStoreError,
+    PayloadTooLarge,
     ScheduleNotFound,
     SchemaOutdated,
     UserCodeInterrupted,
@@ -57,6 +61,7 @@ __all__ = [
     "AsyncExecutionHandle",
     "Batch",
     "Client",
+    "CodecError",
     "Context",
     "DatabaseError",
     "DatabaseUnavailable",
@@ -85,6 +90,8 @@ __all__ = [
     "NothingToRepair",
     "OutputInvalid",
     "PayloadError",
+    "PayloadStoreError",
+    "PayloadTooLarge",
     "Rate",
     "Retry",
     "Route",
@@ -102,6 +109,8 @@ __all__ = [
     "WorkflowDefinitionError",
     "WorkflowNotFound",
     "WorkflowVersionConflict",
+    "codecs",
     "parallel",
     "step",
+    "stores",
 ]

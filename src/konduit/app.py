@@ -27,6 +27,7 @@ from konduit.db.connect import open_database
 from konduit.db.database import Database, resolve_url
 from konduit.db.migrate import migrate
 from konduit.db.replica import Reads, read_settings
+from konduit.db.sealing import payload_limits, payload_settings
 from konduit.engine.client import Client, coerce_execution_id
 from konduit.engine.registry import Registry
 from konduit.engine.retention import retention_seconds
@@ -77,6 +78,16 @@ class App(Operations):
     database for the reads that may be a little stale (lists, searches, details and stats;
     never :meth:`status` or :meth:`wait`), as long as it is at most ``read_max_lag`` seconds
     (else ``KONDUIT_READ_MAX_LAG``, else 10) behind; see docs/read-replicas.md.
+
+    ``codec=konduit.codecs.Encrypted(keys={"k1": key1, "k2": key2}, current="k2")`` (else
+    ``KONDUIT_CODEC``/``KONDUIT_CODEC_KEYS``): every input, output and event payload is
+    encoded before it reaches the database, and decoded where it is read; the workers and the
+    dashboard need the same codec (docs/payload-codecs.md). ``payload_limit="16MB"`` (else
+    ``KONDUIT_PAYLOAD_LIMIT``): a larger payload is refused at once (an output fails its
+    attempt, naming the step and the size); ``payload_warn`` logs a warning past its size.
+    ``payload_store=konduit.stores.Directory(path)`` (or :class:`konduit.stores.S3`, else
+    ``KONDUIT_PAYLOAD_STORE``): payloads of executions past the store's threshold are kept
+    there, a reference in the database, removed when their execution is pruned.
     """
 
     def __init__(
@@ -92,8 +103,15 @@ class App(Operations):
         read_database_url: str | None = None,
         read_max_lag: float | None = None,
         event_retention: Duration | None = None,
+        codec: Any = None,
+        payload_store: Any = None,
+        payload_limit: int | str | None = None,
+        payload_warn: int | str | None = None,
     ):
         self.registry = Registry(workflows)
+        self.payload_io = payload_settings(codec, payload_store)
+        self.max_payload_bytes = payload_limits(self.payload_io, max_payload_bytes, payload_limit,
+                                                payload_warn)
         self.read_database_url, self.read_max_lag = read_settings(read_database_url,
                                                                   read_max_lag)
         self.tracing = check_tracing(tracing)
@@ -101,7 +119,6 @@ class App(Operations):
         self.retention = None if retention is None else retention_seconds(retention)
         self.event_retention = event_retention_seconds(event_retention)
         self._check_retention()
-        self.max_payload_bytes = max_payload_bytes
         self._database_url = database_url
         self._resolved_url: str | None = None
         self.pool_size = pool_size
@@ -152,7 +169,7 @@ class App(Operations):
     async def _open_database(self, max_size: int, *, name: str = "konduit",
                              check_schema: bool = True, wait: float | None = 0.0) -> Database:
         db = await open_database(self._database_url, max_size=max_size, name=name,
-                                 check_schema=check_schema, wait=wait)
+                                 check_schema=check_schema, wait=wait, payloads=self.payload_io)
         self._resolved_url = db.url
         return db
 

@@ -21,6 +21,7 @@ from konduit._blocking import ExecutionHandle, Operations
 from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.db.connect import open_database
 from konduit.db.replica import Reads, read_settings
+from konduit.db.sealing import payload_limits, payload_settings
 from konduit.engine import client as engine
 from konduit.engine.registry import Registry
 from konduit.loop_thread import LoopThread
@@ -52,16 +53,23 @@ class AsyncClient(AsyncOperations):
     lists and searches to a streaming replica while it trails by at most that many seconds
     (see docs/read-replicas.md); :meth:`status`, :meth:`wait` and every command use the
     primary.
+
+    ``codec``, ``payload_store`` and ``payload_limit`` are the App's (docs/payload-codecs.md):
+    a Client reads and writes the payloads of workers that share its codec.
     """
 
     def __init__(self, database_url: str | None = None, *, pool_size: int = 4,
                  max_payload_bytes: int = DEFAULT_MAX_BYTES, tracing: Tracing = None,
-                 read_database_url: str | None = None, read_max_lag: float | None = None):
+                 read_database_url: str | None = None, read_max_lag: float | None = None,
+                 codec: Any = None, payload_store: Any = None,
+                 payload_limit: int | str | None = None):
         self._database_url = database_url
         self.read_database_url, self.read_max_lag = read_settings(read_database_url,
                                                                   read_max_lag)
         self.pool_size = pool_size
-        self.max_payload_bytes = max_payload_bytes
+        self.payload_io = payload_settings(codec, payload_store)
+        self.max_payload_bytes = payload_limits(self.payload_io, max_payload_bytes, payload_limit,
+                                                None)
         self.tracing = check_tracing(tracing)
         self._core: engine.Client | None = None
 
@@ -70,7 +78,7 @@ class AsyncClient(AsyncOperations):
         concurrent first calls: the others close what they opened and share it)."""
         if self._core is None:
             db = await open_database(self._database_url, max_size=self.pool_size,
-                                     name="konduit-client")
+                                     name="konduit-client", payloads=self.payload_io)
             # No code: an empty registry, every definition read from the database.
             reads = Reads(db, self.read_database_url, max_lag=self.read_max_lag,
                           pool_size=self.pool_size)
@@ -117,11 +125,15 @@ class Client(Operations):
 
     def __init__(self, database_url: str | None = None, *, pool_size: int = 4,
                  max_payload_bytes: int = DEFAULT_MAX_BYTES, tracing: Tracing = None,
-                 read_database_url: str | None = None, read_max_lag: float | None = None):
+                 read_database_url: str | None = None, read_max_lag: float | None = None,
+                 codec: Any = None, payload_store: Any = None,
+                 payload_limit: int | str | None = None):
         self._operations = AsyncClient(database_url, pool_size=pool_size,
                                        max_payload_bytes=max_payload_bytes, tracing=tracing,
                                        read_database_url=read_database_url,
-                                       read_max_lag=read_max_lag)
+                                       read_max_lag=read_max_lag, codec=codec,
+                                       payload_store=payload_store,
+                                       payload_limit=payload_limit)
         self._loop: LoopThread | None = None
         self._lock = threading.Lock()
 

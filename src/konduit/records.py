@@ -18,6 +18,8 @@ from datetime import datetime
 from typing import Any, Self
 from uuid import UUID
 
+from konduit.core.payloads import is_sealed
+
 # The records (``plain`` is the JSON faces' helper, not part of the API).
 __all__ = [
     "AlertRecord",
@@ -363,6 +365,19 @@ class Answer(Record):
     value: Any
     answered_by: str | None
     answered_at: datetime
+
+    @classmethod
+    def from_event_row(cls, row: Mapping[str, Any]) -> Answer:
+        """An answer from ``event_list_answers_by_execution``'s row: the event's payload,
+        ``{"value": ..., "answered_by": ...}``, or an envelope this process cannot open (its
+        value is the envelope then, who answered unknown)."""
+        payload = row["payload"]
+        opened = isinstance(payload, dict) and not is_sealed(payload)
+        return cls(execution_id=row["execution_id"], step=row["step"],
+                   generation=row["generation"],
+                   value=payload.get("value") if opened else payload,
+                   answered_by=payload.get("answered_by") if opened else None,
+                   answered_at=row["answered_at"])
 
 
 @dataclass(frozen=True)

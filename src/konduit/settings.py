@@ -116,6 +116,30 @@ class Settings(BaseSettings):
         "How long an event no step waits for yet is kept, when the step declares no "
         "retention= and the App no event_retention= (a duration: 90m, 24h, or seconds)."))
 
+    # -- payloads (docs/payload-codecs.md) ------------------------------------------------------
+    codec: str | None = Field(default=None, description=(
+        "The payload codec of processes whose App or Client names none: none, zlib, "
+        "encrypted (zlib then AES-GCM) or aesgcm. Unset: encrypted when keys are given, "
+        "else none."))
+    codec_keys: str | None = Field(default=None, repr=False, description=(
+        "The key ring of an encrypting codec: key_id:BASE64 pairs separated by commas "
+        "(16, 24 or 32 bytes each), or @/path/to/file holding them."))
+    codec_current_key: str | None = Field(default=None, description=(
+        "The key id new payloads are sealed with (default: the last of the ring)."))
+    payload_limit: int = Field(default=16 * 1024 * 1024, description=(
+        "Bytes of JSON a payload may have (16MB, 512KiB; default 16 MiB): a larger output fails its attempt "
+        "at once, naming the step and the size; a larger input is refused."))
+    payload_warn: int = Field(default=1024 * 1024, description=(
+        "Bytes of JSON past which a payload is logged as a warning (default 1 MiB)."))
+    payload_store: str | None = Field(default=None, description=(
+        "Where payloads of executions larger than the threshold are kept instead of the "
+        "database: file:///path or s3://bucket/prefix (?endpoint=URL for an S3-compatible "
+        "server)."))
+    payload_store_threshold: int = Field(default=256 * 1024, description=(
+        "Bytes of JSON from which a payload goes to the payload store (default 256 KiB)."))
+    payload_store_limit: int = Field(default=1024 * 1024 * 1024, description=(
+        "Bytes of JSON a payload may have when a payload store is configured (default 1 GiB)."))
+
     # -- the command line, the dashboard and its API --------------------------------------------
     app: str | None = Field(default=None, description=(
         "module:attribute of the konduit.App that --app would name (konduit start, repair, "
@@ -148,6 +172,20 @@ class Settings(BaseSettings):
             return number
         return value
 
+    @field_validator("payload_limit", "payload_warn", "payload_store_threshold",
+                     "payload_store_limit", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            from konduit.core.payloads import parse_size
+
+            try:
+                return parse_size(value)
+            except KonduitError:
+                raise ValueError(f"must be a size in bytes, or with a unit (10MB, 512KiB), "
+                                 f"not {value!r}") from None
+        return value
+
     @field_validator("max_abandoned", "worker_metrics_port", mode="before")
     @classmethod
     def _whole(cls, value: Any) -> Any:
@@ -174,6 +212,16 @@ class Settings(BaseSettings):
             if word in _FALSE:
                 return False
             raise ValueError(f"must be 1 or 0 (true/false, on/off), not {value!r}")
+        return value
+
+    @field_validator("codec", mode="before")
+    @classmethod
+    def _codec(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            word = value.strip().lower()
+            if word not in ("none", "zlib", "encrypted", "aesgcm"):
+                raise ValueError(f"must be none, zlib, encrypted or aesgcm, not {value!r}")
+            return word
         return value
 
     @field_validator("log_format", mode="before")

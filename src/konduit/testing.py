@@ -467,6 +467,7 @@ def run(
         if isinstance(workflows, App):
             app.registry = workflows.registry
             app.max_payload_bytes = workflows.max_payload_bytes
+            app.payload_io = workflows.payload_io
             app.tracing = workflows.tracing
         else:
             for workflow in workflows:

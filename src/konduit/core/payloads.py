@@ -10,13 +10,42 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from itertools import accumulate
 from typing import Any
 
-from konduit.errors import PayloadError
+from konduit.errors import PayloadError, PayloadTooLarge
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+"""The default size limit of one payload's JSON text (``App(payload_limit=)``)."""
+DEFAULT_WARN_BYTES = 1024 * 1024
+"""Payloads larger than this are logged as a warning (``App(payload_warn=)``)."""
+warn_bytes = DEFAULT_WARN_BYTES
+"""The process's warning size (set by ``App(payload_warn=)``, ``KONDUIT_PAYLOAD_WARN``)."""
+log = logging.getLogger("konduit.payloads")
+MARK = "$konduit"
+"""The key of an envelope: a payload as a codec or a store left it in the database."""
+
+
+class Payload(str):
+    """The JSON text of a payload, as :func:`canonical_json` made it: a ``str`` that the
+    database boundary (:class:`konduit.db.database.Tx`) seals with the configured codec, and
+    moves to the payload store when it is large, on its way in. ``what`` names it."""
+
+    __slots__ = ()
+
+
+class Digest(str):
+    """A payload's plain SHA-256 (:func:`content_hash`): the database boundary stores it keyed
+    (HMAC) when the codec encrypts, so the hash does not tell which payloads are equal."""
+
+    __slots__ = ()
+
+
+def is_sealed(value: Any) -> bool:
+    """Whether ``value`` is an envelope this process could not open (a codec's or a store's)."""
+    return type(value) is dict and MARK in value and value[MARK] in ("sealed", "stored")
 MAX_DEPTH = 512
 """Deepest nesting of arrays and objects a payload may have. PostgreSQL's jsonb has no fixed
 limit (its parser stops at ``max_stack_depth``, some 10,000+ levels by default), but Python's
@@ -91,12 +120,45 @@ every call (an encoder with those options), built once: every output is encoded 
 no state between calls."""
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "ki": 1024, "m": 1000**2,
+          "mb": 1000**2, "mib": 1024**2, "mi": 1024**2, "g": 1000**3, "gb": 1000**3,
+          "gib": 1024**3, "gi": 1024**3}
+
+
+def parse_size(value: Any, *, what: str = "size") -> int:
+    """Bytes from a whole number or text such as ``"10MB"``, ``"512KiB"``, ``"1.5GB"``; a
+    :class:`~konduit.KonduitError` naming ``what`` otherwise."""
+    from konduit.errors import KonduitError
+
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise KonduitError(f"{what}={value!r}: a size of 1 byte or more")
+        return value
+    m = _SIZE.match(value) if isinstance(value, str) else None
+    if m is None:
+        raise KonduitError(f"{what}={value!r:.40}: a size in bytes, or with a unit (10MB, "
+                           f"512KiB, 1GB)")
+    size = int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+    if size < 1:
+        raise KonduitError(f"{what}={value!r}: a size of 1 byte or more")
+    return size
+
+
+def _step_of(what: str) -> str | None:
+    m = re.match(r"output of step '([^']*)'", what)
+    return m.group(1) if m else None
+
+
 def canonical_json(
     value: Any, *, what: str, max_bytes: int = DEFAULT_MAX_BYTES, max_depth: int = MAX_DEPTH
-) -> str:
+) -> Payload:
     """Encode ``value`` as JSON, or raise :class:`PayloadError` naming ``what`` and the reason
     (not JSON, a NUL character, an unpaired surrogate, deeper than ``max_depth`` levels of
-    arrays and objects, or over ``max_bytes``)."""
+    arrays and objects, or :class:`PayloadTooLarge`, over ``max_bytes``).
+
+    The text is a :class:`Payload`: handed to a statement as a parameter, it is sealed with the
+    configured codec on its way into the database."""
     try:
         text = _CANONICAL.encode(value)
     except RecursionError:
@@ -107,7 +169,14 @@ def canonical_json(
         raise PayloadError(f"{what} is not JSON-serializable: {exc}") from exc
     size = len(text)  # json.dumps escapes non-ASCII: one byte per character
     if size > max_bytes:
-        raise PayloadError(f"{what} is {size} bytes, over the limit of {max_bytes} bytes")
+        raise PayloadTooLarge(
+            f"{what} is {size:,} bytes ({size / 1e6:.1f} MB), over the limit of {max_bytes:,} "
+            f"bytes: return a reference to the data instead, or configure a payload store "
+            f"(docs/payload-codecs.md)", what=what, size=size, limit=max_bytes,
+            step=_step_of(what))
+    if size > warn_bytes:
+        log.warning("%s is %s bytes (%.1f MB), over the warning size of %s bytes (the limit is "
+                    "%s)", what, f"{size:,}", size / 1e6, f"{warn_bytes:,}", f"{max_bytes:,}")
     if _too_deep(text, max_depth):
         raise PayloadError(
             f"{what} is nested deeper than the limit of {max_depth} levels of arrays and objects"
@@ -121,8 +190,10 @@ def canonical_json(
             f"{what} contains an unpaired UTF-16 surrogate (a string such as '\\ud800'), "
             "which PostgreSQL cannot store"
         )
-    return text
+    return Payload(text)
 
 
-def content_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+def content_hash(text: str) -> Digest:
+    """The SHA-256 of a payload's text, as a :class:`Digest` (keyed at the database boundary
+    when the codec encrypts)."""
+    return Digest(hashlib.sha256(text.encode()).hexdigest())

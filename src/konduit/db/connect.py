@@ -28,6 +28,8 @@ import psycopg
 
 from konduit.db.database import Database, is_embedded, resolve_url, translate_errors
 from konduit.db.migrate import ensure_current, migrate
+from konduit.db.sealing import PayloadIO
+from konduit.db.sealing import configured as configured_payloads
 from konduit.errors import DatabaseError, DatabaseUnavailable
 from konduit.settings import settings
 
@@ -115,6 +117,7 @@ async def open_database(
     schema_hint: str = "konduit db migrate",
     direct_url: str | None = None,
     pooled: bool | None = None,
+    payloads: PayloadIO | None = None,
 ) -> Database:
     """Open a pool on ``url`` (else ``KONDUIT_DATABASE_URL``, else the embedded server), ready
     for konduit's queries.
@@ -130,6 +133,7 @@ async def open_database(
     without its password. Only an unreachable server is retried: a rejected login, a missing
     database or an outdated schema is raised at once.
     """
+    io = configured_payloads() if payloads is None else payloads
     embedded = is_embedded(url)
     deadline = None if wait is None else time.monotonic() + max(0.0, wait)
     backoff = FIRST_RETRY
@@ -139,7 +143,7 @@ async def open_database(
                                     name=name, migrate_embedded=migrate_embedded,
                                     check_schema=check_schema, connect_timeout=connect_timeout,
                                     schema_hint=schema_hint, direct_url=direct_url,
-                                    pooled=pooled)
+                                    pooled=pooled, payloads=io)
         except DatabaseUnavailable as exc:
             remaining = math.inf if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
@@ -153,7 +157,7 @@ async def open_database(
 async def _open_once(url: str | None, embedded: bool, *, max_size: int, min_size: int,
                      name: str, migrate_embedded: bool, check_schema: bool,
                      connect_timeout: float, schema_hint: str, direct_url: str | None,
-                     pooled: bool | None) -> Database:
+                     pooled: bool | None, payloads: PayloadIO) -> Database:
     # resolve_url starts the embedded server when it is the one: blocking, so off the loop.
     target = await asyncio.to_thread(resolve_url, url) if embedded else resolve_url(url)
     where = describe_url(None if embedded else target)
@@ -175,7 +179,7 @@ async def _open_once(url: str | None, embedded: bool, *, max_size: int, min_size
         direct = await _checked_direct(direct, identity, where=where, given=given,
                                        connect_timeout=connect_timeout, name=name)
     db = Database(target, min_size=min_size, max_size=max_size, name=name, direct_url=direct,
-                  pooled=pooled)
+                  pooled=pooled, payloads=payloads)
     try:
         with translate_errors():
             await db.open(timeout=max(connect_timeout, 1.0))

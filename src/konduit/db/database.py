@@ -46,6 +46,7 @@ from psycopg_pool.base import AttemptWithBackoff
 
 from konduit.db.arrays import with_array_literals
 from konduit.db.queries import q, statement
+from konduit.db.sealing import PLAIN, PayloadIO
 from konduit.errors import DatabaseConflict, DatabaseError, DatabaseUnavailable, PoolExhausted
 from konduit.settings import settings
 
@@ -225,6 +226,26 @@ async def _rerun_on_conflict(run: Callable[[], Awaitable[T]], attempts: int, wha
             await asyncio.sleep(pause)
 
 
+def open_payloads(conn: psycopg.AsyncConnection[Any], io: PayloadIO) -> None:
+    """Read every ``jsonb`` value of ``conn`` through ``io.loads``: each envelope in it is
+    opened where this process holds the codec's keys (and the store)."""
+    from psycopg.types.json import JsonbBinaryLoader, JsonbLoader
+
+    class Opening(JsonbLoader):
+        def load(self, data: Any) -> Any:
+            return io.loads(data)
+
+    class OpeningBinary(JsonbBinaryLoader):
+        def load(self, data: Any) -> Any:
+            data = bytes(data)
+            if data and data[0] != 1:
+                raise psycopg.DataError(f"unknown jsonb binary format: {data[0]}")
+            return io.loads(data[1:])
+
+    conn.adapters.register_loader("jsonb", Opening)
+    conn.adapters.register_loader("jsonb", OpeningBinary)
+
+
 class Tx:
     """Named-query calls inside one transaction.
 
@@ -241,12 +262,24 @@ class Tx:
     surfaces at that next call, and fails the transaction as a whole."""
 
     def __init__(self, conn: psycopg.AsyncConnection[Row],
-                 pipeline: psycopg.AsyncPipeline | None = None):
+                 pipeline: psycopg.AsyncPipeline | None = None, io: PayloadIO = PLAIN):
         self.conn = conn
         self.pipeline = pipeline
+        self.io = io
+        """The codec and payload store its parameters are sealed with (konduit.db.sealing)."""
+
+    async def _sealed(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` with their payloads sealed (a payload bound for the store is written
+        there off the event loop)."""
+        io = self.io
+        if io.store is not None and io.heavy(params):
+            return await asyncio.to_thread(io.sealed_params, params)
+        return io.sealed_params(params)
 
     async def one(self, query: str, /, **params: Any) -> Row | None:
         sql, prepare = statement(query)
+        if self.io.active:
+            params = await self._sealed(params)
         try:
             cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
             return await cur.fetchone()
@@ -255,6 +288,8 @@ class Tx:
 
     async def all(self, query: str, /, **params: Any) -> list[Row]:
         sql, prepare = statement(query)
+        if self.io.active:
+            params = await self._sealed(params)
         try:
             cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
             return await cur.fetchall()
@@ -263,6 +298,8 @@ class Tx:
 
     async def run(self, query: str, /, **params: Any) -> int:
         sql, prepare = statement(query)
+        if self.io.active:
+            params = await self._sealed(params)
         try:
             cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
             if self.pipeline is not None:
@@ -274,6 +311,8 @@ class Tx:
     async def send(self, query: str, /, **params: Any) -> None:
         """Run a statement whose result nobody reads (queued in a pipelined transaction)."""
         sql, prepare = statement(query)
+        if self.io.active:
+            params = await self._sealed(params)
         try:
             await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
         except psycopg.Error as exc:
@@ -283,6 +322,8 @@ class Tx:
         """Send a statement now and return what fetches its rows (in a pipelined transaction
         the statement is queued, and awaiting the fetch sends it with whatever else is)."""
         sql, prepare = statement(query)
+        if self.io.active:
+            params = await self._sealed(params)
         try:
             cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
         except psycopg.Error as exc:
@@ -308,6 +349,8 @@ class Tx:
             return
         with translate_errors():
             async with self.conn.cursor(name=f"konduit_{query}") as cur:
+                if self.io.active:
+                    params = await self._sealed(params)
                 await cur.execute(q(query), with_array_literals(params))
                 while rows := await cur.fetchmany(page_rows):
                     yield rows
@@ -361,8 +404,11 @@ class Database:
                  direct_url: str | None = None, pooled: bool = False,
                  check_idle_after: float = IDLE_CHECK_AFTER, connect_timeout: int = 5,
                  configure: Callable[[psycopg.AsyncConnection[Row]], Awaitable[None]]
-                 | None = None):
+                 | None = None, payloads: PayloadIO = PLAIN):
         self.url = url
+        self.io = payloads
+        """The codec and payload store of every payload written and read here
+        (:mod:`konduit.db.sealing`)."""
         self.direct_url = direct_url
         """A URL straight to the PostgreSQL server behind ``url`` (when ``url`` is a pooler):
         LISTEN and the worker heartbeat connect there."""
@@ -400,11 +446,24 @@ class Database:
             max_size=max_size,
             open=False,
             kwargs=kwargs,
-            configure=configure,
+            configure=self._configure_with(configure),
             check=self._check,
             timeout=pool_timeout,
             reconnect_timeout=60,
         )
+
+    def _configure_with(
+        self, configure: Callable[[psycopg.AsyncConnection[Row]], Awaitable[None]] | None
+    ) -> Callable[[psycopg.AsyncConnection[Row]], Awaitable[None]] | None:
+        if not self.io.active:
+            return configure
+
+        async def configured(conn: psycopg.AsyncConnection[Row]) -> None:
+            open_payloads(conn, self.io)
+            if configure is not None:
+                await configure(conn)
+
+        return configured
 
     async def _check(self, conn: psycopg.AsyncConnection[Row]) -> None:
         """The pool's check at checkout: a round trip only for a connection that sat idle past
@@ -530,10 +589,10 @@ class Database:
             with translate_errors():
                 if pipeline:
                     async with conn.pipeline() as queued, _pipelined(conn, queued):
-                        yield Tx(conn, queued)
+                        yield Tx(conn, queued, self.io)
                 else:
                     async with conn.transaction():
-                        yield Tx(conn)
+                        yield Tx(conn, io=self.io)
 
     async def atomic(self, body: Callable[[Tx], Awaitable[T]], *,
                      attempts: int = CONFLICT_ATTEMPTS, pipeline: bool = False) -> T:
@@ -557,7 +616,7 @@ class Database:
         three). Rerun on a conflict as :meth:`atomic` does."""
         async def run() -> T:
             async with self.connection() as conn:
-                return await body(Tx(conn))
+                return await body(Tx(conn, io=self.io))
 
         return await _rerun_on_conflict(run, attempts, "the statement")
 

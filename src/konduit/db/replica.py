@@ -58,6 +58,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from konduit.db.database import Database, Row, Tx, tcp_options
+from konduit.db.sealing import PayloadIO
 from konduit.errors import (
     DatabaseConflict,
     DatabaseError,
@@ -263,6 +264,11 @@ class Reads:
         self._count(PRIMARY)
         return await body(self.primary)
 
+    @property
+    def io(self) -> PayloadIO:
+        """The codec and payload store of the reads (the primary's)."""
+        return self.primary.io
+
     async def one(self, query: str, /, **params: Any) -> Row | None:
         return await self.call(lambda db: db.one(query, **params))
 
@@ -439,7 +445,8 @@ class Reads:
         assert self.replica_url is not None
         db = Database(self.replica_url, min_size=0, max_size=self.pool_size,
                       name="konduit-reads", pool_timeout=self.timeout,
-                      connect_timeout=CONNECT_TIMEOUT, configure=self._track)
+                      connect_timeout=CONNECT_TIMEOUT, configure=self._track,
+                      payloads=self.primary.io)
         try:
             await db.open(timeout=self.timeout)
         except BaseException:

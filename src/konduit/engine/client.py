@@ -451,7 +451,7 @@ class Client:
                                 "answer (answered or ended meanwhile)", step=step)
         answers = [a for a in await self.db.all("event_list_answers_by_execution",
                                                 execution_id=eid) if a["step"] == step]
-        return Answer.from_row(answers[-1])
+        return Answer.from_event_row(answers[-1])
 
     # -- schedules ------------------------------------------------------------------------------
 

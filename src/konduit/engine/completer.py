@@ -12,8 +12,6 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from psycopg.types.json import Jsonb
-
 # Completion and Recorded are imported from here by the worker's callers and the tests.
 from konduit.core.model import MOVES, Completion, Recorded
 from konduit.core.payloads import DEFAULT_MAX_BYTES, content_hash
@@ -77,6 +75,6 @@ async def record_late_result(db: Database, lease_token: UUID, payload_json: str,
             "output_insert_late_if_attempt_ended_by_deadline",
             lease_token=lease_token,
             content_hash=content_hash(payload_json),
-            payload=Jsonb(payload),
+            payload=payload_json,  # sealed with the codec on its way in
         )
     return stored > 0

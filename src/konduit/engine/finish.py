@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from psycopg.types.json import Jsonb
-
 from konduit.core.model import ExecutionStatus
+from konduit.core.payloads import canonical_json
 from konduit.core.waits import parent_task_of
 from konduit.db.database import Database, Tx
 from konduit.engine import limit_keys, transitions
@@ -30,6 +29,11 @@ class ChildEnded:
 
     child_id: UUID
     parent_task_id: int
+
+
+OUTPUT_MAX_BYTES = 2**31 - 1
+"""An execution's output gathers payloads each already within the limit: only PostgreSQL's own
+bound applies to it."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,9 @@ async def finish_execution(
         "execution_finish_if_running",
         id=execution_id,
         status=status,
-        output=Jsonb(output),
+        # Sealed with the codec on its way in (its steps' payloads, gathered, as one payload).
+        output=canonical_json(output, what=f"output of execution {execution_id}",
+                              max_bytes=OUTPUT_MAX_BYTES),
         error=error,
         steps_pending=steps_pending,
     )

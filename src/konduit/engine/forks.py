@@ -15,6 +15,8 @@ a generation, needs a finished execution; the fork copies the latest generation)
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import TYPE_CHECKING
 from uuid import UUID
 
@@ -22,6 +24,7 @@ from konduit.core.advance import ExecutionState
 from konduit.core.model import ExecutionStatus
 from konduit.core.repair import plan_fork
 from konduit.core.requests import ForkRequest, StartRequest
+from konduit.db.database import Tx
 from konduit.engine.advancer import Advancer
 from konduit.engine.starts import insert_executions, prepare_many_off_loop
 from konduit.engine.step_rows import state_columns
@@ -30,6 +33,24 @@ from konduit.errors import ExecutionNotFound, blame
 
 if TYPE_CHECKING:
     from konduit.engine.client import Client
+
+
+async def copy_stored(tx: Tx, execution_id: UUID) -> None:
+    """Give a fork its own copy of each stored payload it took from its origin, so that pruning
+    either execution removes only what is its own."""
+    store = tx.io.store
+    rows = await tx.all("output_list_stored_by_execution", execution_id=execution_id)
+    for row in rows:
+        env = json.loads(row["envelope"])
+        ref = str(env["ref"])
+        mine = f"{execution_id}/{ref.rpartition('/')[2]}"
+        if ref == mine:
+            continue
+        await asyncio.to_thread(store.copy, ref, mine)
+        env["ref"] = mine
+        await tx.run("output_set_envelope", execution_id=execution_id, step=row["step"],
+                     map_index=row["map_index"], content_hash=row["content_hash"],
+                     envelope=json.dumps(env, separators=(",", ":")))
 
 
 async def fork(client: Client, request: ForkRequest) -> UUID:
@@ -75,6 +96,8 @@ async def fork(client: Client, request: ForkRequest) -> UUID:
             await tx.run("step_copy_ended_from_origin", id=new_id, origin_id=eid, steps=copied)
             await tx.run("task_copy_ended_from_origin", id=new_id, origin_id=eid, steps=copied)
             await tx.run("output_copy_from_origin", id=new_id, origin_id=eid, steps=copied)
+            if tx.io.store is not None:
+                await copy_stored(tx, new_id)
         names = list(plan.rerun)
         await tx.run("step_reset_many", execution_id=new_id, steps=names,
                      **state_columns([plan.states[n] for n in names]))

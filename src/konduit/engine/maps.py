@@ -12,6 +12,7 @@ waits for the items of chunks not created yet as for any other.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -64,10 +65,11 @@ class CannotFanOut(Exception):
     execution fails, and the message says why."""
 
 
-def map_source(workflow: WorkflowSpec, spec: StepSpec, rows: list[Row]) -> Any:
+def map_source(workflow: WorkflowSpec, spec: StepSpec, rows: list[Row],
+               loads: Callable[[str], Any] = json.loads) -> Any:
     """What ``over()`` receives, from ``output_get_for_steps`` rows: the upstream payload, or a
     dict of step -> payload with several upstreams (a list in item order for a map)."""
-    payloads = group_payloads(workflow, list(spec.after), rows)
+    payloads = group_payloads(workflow, list(spec.after), rows, loads)
     return payloads[spec.after[0]] if len(spec.after) == 1 else payloads
 
 
@@ -116,7 +118,7 @@ async def create_map_tasks(
     assert over is not None
 
     def expand() -> list[str]:
-        source = map_source(workflow, spec, rows)
+        source = map_source(workflow, spec, rows, tx.io.loads)
         return expand_map(over, source, max_items=spec.max_items, max_bytes=max_payload_bytes)
 
     try:
@@ -136,6 +138,8 @@ async def create_map_tasks(
             f"{type(raised).__name__}: {raised}") from exc
     if not items:
         return 0
+    if tx.io.active:  # joined into one text below: each item sealed here, as its own payload
+        items = await tx.io.seal_many(items, [execution_id] * len(items))
     (budget,) = await task_budgets(tx, workflow, [spec], window_left)
     cut = cut_columns([budget])
     facts = {

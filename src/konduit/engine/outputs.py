@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -37,16 +37,18 @@ def outputs_query(workflow: WorkflowSpec, steps: Iterable[str]) -> str:
     return "output_get_for_steps"
 
 
-def group_payloads(workflow: WorkflowSpec, steps: list[str], rows: list[Row]) -> dict[str, Any]:
+def group_payloads(workflow: WorkflowSpec, steps: list[str], rows: list[Row],
+                   loads: Callable[[str], Any] = json.loads) -> dict[str, Any]:
     """Decode ``output_get_for_steps`` rows into step -> payload of the succeeded or degraded
-    steps (a list in item order for a map step)."""
+    steps (a list in item order for a map step). ``loads`` decodes the JSON text: the
+    transaction's ``tx.io.loads``, which opens what the payload codec sealed."""
     payloads: dict[str, Any] = {}
-    merge_payloads(workflow, steps, rows, payloads)
+    merge_payloads(workflow, steps, rows, payloads, loads)
     return payloads
 
 
 def merge_payloads(workflow: WorkflowSpec, steps: list[str], rows: list[Row],
-                   payloads: dict[str, Any]) -> None:
+                   payloads: dict[str, Any], loads: Callable[[str], Any] = json.loads) -> None:
     """Decode a page of ``output_get_for_steps`` rows (in step and item order) into
     ``payloads``, after the pages before it."""
     for s in steps:
@@ -55,7 +57,7 @@ def merge_payloads(workflow: WorkflowSpec, steps: list[str], rows: list[Row],
     for row in rows:
         if row["status"] not in OK_OUTCOMES:
             continue
-        payload = None if row["payload"] is None else json.loads(row["payload"])
+        payload = None if row["payload"] is None else loads(row["payload"])
         if workflow[row["step"]].is_map:
             payloads[row["step"]].append(payload)
         else:
@@ -81,7 +83,7 @@ async def load_step_outputs(
         # Both reads in one statement: one round trip fewer for every join that starts.
         both = await tx.all("output_get_for_steps_with_outcomes",
                             execution_id=execution_id, steps=steps)
-        return Upstream(group_payloads(spec, steps, both),
+        return Upstream(group_payloads(spec, steps, both, tx.io.loads),
                         {r["step"]: r["step_status"] for r in both if r["step_status"] is not None})
     ended: dict[str, str] = {}
     if outcomes:
@@ -89,14 +91,14 @@ async def load_step_outputs(
         ended = {r["step"]: r["status"] for r in outcome_rows}
     if query == "output_get_for_steps":
         rows: list[Row] = await tx.all(query, execution_id=execution_id, steps=steps)
-        return Upstream(group_payloads(spec, steps, rows), ended)
+        return Upstream(group_payloads(spec, steps, rows, tx.io.loads), ended)
     # A map's items: read in pages through a cursor and decoded page by page on a thread, so
     # the worker never holds the whole result as text beside its decoded payloads, and its
     # loop (heartbeats, other tasks) keeps running while 100,000 payloads are decoded.
     payloads: dict[str, Any] = {s: [] for s in steps if spec[s].is_map}  # a map of no items too
     async for page in tx.stream(query, page_rows=UPSTREAM_PAGE_ROWS,
                                 execution_id=execution_id, steps=steps):
-        await asyncio.to_thread(merge_payloads, spec, steps, page, payloads)
+        await asyncio.to_thread(merge_payloads, spec, steps, page, payloads, tx.io.loads)
     return Upstream(payloads, ended)
 
 

@@ -20,6 +20,7 @@ other) and re-checks in the DELETE itself that each row is still finished and ol
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -66,6 +67,23 @@ class Prunable:
         return self.finished if include_dead_letters else self.finished - self.dead_letters
 
 
+async def remove_stored(db: Database, ids: list[UUID]) -> None:
+    """Remove the payloads the store keeps for these executions (deleted just now); a store
+    that fails is logged and retried by nothing (its objects outlive their rows)."""
+    store = db.io.store
+
+    def remove() -> int:
+        return sum(store.delete_prefix(str(eid)) for eid in ids)
+
+    try:
+        removed = await asyncio.to_thread(remove)
+    except KonduitError as exc:
+        log.warning("pruned executions' payloads not removed from the payload store: %s", exc)
+        return
+    if removed:
+        log.info("removed %d stored payload(s) of %d pruned execution(s)", removed, len(ids))
+
+
 async def prune(
     db: Database,
     older_than: Duration,
@@ -100,6 +118,8 @@ async def prune(
         )
         batches += 1
         deleted += len(rows)
+        if rows and db.io.store is not None:
+            await remove_stored(db, [r["id"] for r in rows])
         if len(rows) < batch_size:
             break  # the rest is gone, held by a dead letter, or being deleted by another prune
         if max_batches is not None and batches >= max_batches:

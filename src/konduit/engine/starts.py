@@ -425,6 +425,9 @@ async def insert_executions(tx: Tx, batch: list[Prepared], *, roots: bool = True
         await _lock_fair_keys(tx, batch)
     for first in range(0, len(batch), BATCH_ROWS):
         chunk = batch[first : first + BATCH_ROWS]
+        inputs = [p.encoded for p in chunk]
+        if tx.io.active:  # one text of several inputs: each sealed here, in its execution's name
+            inputs = await tx.io.seal_many(inputs, [p.id for p in chunk])
         row = await tx.one(
             "execution_insert_many_with_roots",
             # The batch is one flow of fair turns across its chunks (migration 0019).
@@ -432,7 +435,7 @@ async def insert_executions(tx: Tx, batch: list[Prepared], *, roots: bool = True
             ids=[p.id for p in chunk],
             workflow_names=[p.spec.name for p in chunk],
             workflow_versions=[p.spec.version for p in chunk],
-            inputs="\n".join(p.encoded for p in chunk),
+            inputs="\n".join(inputs),
             input_hashes=[p.input_hash for p in chunk],
             idempotency_keys=[p.idempotency_key for p in chunk],
             steps_pendings=[len(p.spec.steps) for p in chunk],
@@ -536,7 +539,7 @@ async def _existing(tx: Tx, taken: list[Prepared]) -> list[UUID]:
                 f"idempotency key {p.idempotency_key!r} of {p.spec.name!r} was in use and is "
                 f"gone now (its execution was deleted meanwhile); start it again"
             )
-        if row["input_hash"] != p.input_hash:
+        if row["input_hash"] != tx.io.digest(p.input_hash):
             raise IdempotencyConflict(
                 f"idempotency key {p.idempotency_key!r} already started execution "
                 f"{row['id']} of {p.spec.name!r} with a different input"

@@ -288,6 +288,7 @@ async def end_later(tx: Tx, completions: Sequence[Completion], hashes: Sequence[
             attempt_outcomes=[c.attempt_outcome or c.outcome for c, _ in leased],
             # The canonical JSON the hash was taken of: the server parses it.
             payloads=[c.payload_json if h is not None else None for c, h in leased],
+            execution_ids=[c.execution_id for c, _ in leased],  # whose payloads, for the store
             sources=[c.source for c, _ in leased],
         )
     elif leased:

@@ -33,7 +33,7 @@ from functools import partial
 from typing import Any
 from uuid import UUID
 
-from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
+from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json, is_sealed
 from konduit.core.requests import StartRequest
 from konduit.core.triggers import EventTrigger, TriggerCodeFailed, apply_code
 from konduit.core.workflow import WorkflowSpec
@@ -120,6 +120,8 @@ async def apply(tx: Tx, registry: Registry, trigger: EventTrigger, ev: Row, *,
     trigger's code: start its execution or add it to its group. Returns None, or the error
     recorded when its code or its input failed."""
     try:
+        if is_sealed(ev["payload"]):  # this process has not the keys of the event's payload
+            raise tx.io.why_sealed(ev["payload"])
         mapped, key = await run_code(trigger, ev["payload"], ev["key"])
         if trigger.mode == "start":
             eid = await _start(tx, registry, trigger.workflow, trigger.version, mapped,

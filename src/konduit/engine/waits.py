@@ -24,13 +24,10 @@ Advisory locks come first, then execution rows, then task rows, then events: the
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 from uuid import UUID
-
-from psycopg.types.json import Jsonb
 
 from konduit.core.durations import Duration
 from konduit.core.model import (
@@ -44,7 +41,7 @@ from konduit.core.model import (
     WaitKind,
 )
 from konduit.core.outcome import Ending, Final, decide, policy_of
-from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
+from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json, is_sealed
 from konduit.core.requests import StartRequest
 from konduit.core.values import storable
 from konduit.core.waits import (
@@ -192,7 +189,7 @@ async def send_event(db: Database, registry: Registry, name: str, *, key: str | 
     with blame("payload"):
         payload_json = canonical_json(payload, what=f"payload of event {name!r}",
                                       max_bytes=max_payload_bytes)
-    stored_payload = Jsonb(json.loads(payload_json))
+    stored_payload = payload_json  # sealed with the codec on its way in (konduit.db.sealing)
 
     async def decide(tx: Tx) -> tuple[SendResult, Row | None, triggers.Taken]:
         # Events that start work (wf.on_event) first: the event and what it starts commit
@@ -255,6 +252,8 @@ async def wake_task(db: Database, registry: Registry, task_id: int, execution_id
         if row is not None:
             payload = row["payload"]
             if is_input_event(row["name"]) and isinstance(payload, dict):
+                if is_sealed(payload):  # an answer this process has not the keys of
+                    raise db.io.why_sealed(payload)
                 payload = payload.get("value")  # an answer: who gave it stays on the event
             payload_json = canonical_json(payload, what=f"output of step {step!r}",
                                           max_bytes=max_payload_bytes)

@@ -97,7 +97,7 @@ class WorkflowReads(ReadBase):
         """The answers given to an execution's ``wait_for_input`` steps, with who gave each
         and when, oldest first."""
         eid = await self.resolve(execution_id)
-        return [Answer.from_row(r)
+        return [Answer.from_event_row(r)
                 for r in await self.reads.all("event_list_answers_by_execution",
                                               execution_id=eid)]
 

@@ -69,6 +69,8 @@ def database_client(database_url: str | None = None, app: App | None = None, *,
         fresh = App([], database_url=url, read_database_url=read_url, read_max_lag=lag)
         if app is not None:
             fresh.registry = app.registry
+            fresh.payload_io = app.payload_io  # the App's codec: its payloads shown decoded
+            fresh.max_payload_bytes = app.max_payload_bytes
         return await fresh.client_async()  # a down server answers now (open_database)
 
     return make

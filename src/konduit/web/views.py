@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from konduit.core.durations import format_elapsed
+from konduit.core.payloads import is_sealed
 from konduit.core.words import STEP_WORDS, step_word
 
 STEP_STATUSES = STEP_WORDS  # the words the page shows (konduit.core.words), not the stored ones
@@ -245,3 +246,19 @@ def gantt(attempts: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, An
     rows = len(attempts) + len(bands) + len(wait_bars)
     return Gantt(bars, bands, ticks, LABEL_W + CHART_W + 16, AXIS_H + rows * ROW_H + 8, span,
                  window, tuple(wait_bars))
+
+
+def unsealed(value: Any) -> Any:
+    """``value`` with each payload envelope this server could not open (it lacks the codec's
+    keys, or the payload store) shown as what it is: ``"encrypted (key k1)"``, never its bytes
+    (docs/payload-codecs.md)."""
+    if is_sealed(value):
+        if value.get("$konduit") == "stored" and not value.get("codec"):
+            return f"kept in the payload store ({value.get('size')} bytes)"
+        key = value.get("key")
+        return "encrypted" + (f" (key {key})" if key else "")
+    if type(value) is dict:
+        return {k: unsealed(v) for k, v in value.items()}
+    if type(value) is list:
+        return [unsealed(v) for v in value]
+    return value

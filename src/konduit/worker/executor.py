@@ -25,7 +25,7 @@ from konduit.core.attempt_logs import AttemptLogs
 from konduit.core.context import Context
 from konduit.core.model import Command, Completion, Outcome, OutputSource, TaskAttempt
 from konduit.core.outcome import Ending, Final, RetryAt, Verdict, decide
-from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
+from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json, is_sealed
 from konduit.core.results import Route
 from konduit.core.validation import OutputInvalid, readable_last_line
 from konduit.core.waits import Armed
@@ -93,6 +93,25 @@ def _is_async(fn: Callable[[Context], Any]) -> bool:
         return found
     except TypeError:  # an unhashable callable: asked each time
         return inspect.iscoroutinefunction(fn)
+
+
+def _sealed_payload(ctx: Context) -> tuple[str, Any] | None:
+    """The first payload of ``ctx`` that was read sealed (konduit.db.sealing), with where it
+    is, or None: the handler must not be handed an envelope in place of its data."""
+    if is_sealed(ctx.input):
+        return "the execution's input", ctx.input
+    if is_sealed(ctx.item):
+        return "the map item", ctx.item
+    for step, payload in ctx.upstream.items():
+        if is_sealed(payload):
+            return f"the output of step {step!r}", payload
+        if type(payload) is list and payload:
+            # A map's items were sealed with one codec: the first and last tell (a walk of a
+            # million items on every attempt would not).
+            for i in (0, len(payload) - 1):
+                if is_sealed(payload[i]):
+                    return f"item {i} of the output of step {step!r}", payload[i]
+    return None
 
 
 def _being_cancelled() -> bool:
@@ -371,6 +390,15 @@ class Executor:
             if started is not None:
                 started.set()
             return Ending.DEADLINE_PASSED, None, None
+        sealed = _sealed_payload(ctx)
+        if sealed is not None:
+            # Encrypted with a key this worker lacks (or kept in a store it cannot reach): the
+            # attempt fails with the reason, as if the handler raised it; the worker goes on.
+            if started is not None:
+                started.set()
+            where, value = sealed
+            why = self.db.io.why_sealed(value)
+            return Ending.RAISED, f"{type(why).__name__}: {where}: {why}", None
         # No deadline, no timeout context: entering and leaving one costs two coroutines and
         # a task lookup per attempt, for a limit that never expires.
         deadline = None if budget is None else asyncio.timeout(budget)

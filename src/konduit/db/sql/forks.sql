@@ -65,3 +65,18 @@ SELECT e.forked_from, e.forked_at_step, o.status AS origin_status
 FROM konduit_executions e
 LEFT JOIN konduit_executions o ON o.id = e.forked_from
 WHERE e.id = %(id)s AND e.forked_from IS NOT NULL;
+
+-- name: output_list_stored_by_execution
+-- The payloads of one execution that a payload store keeps, as their envelopes' JSON text (a
+-- fork's copies of its origin's, whose objects it then copies under its own name).
+-- plan: custom, as many rows as the execution has outputs kept in the store.
+SELECT step, map_index, content_hash, payload::text AS envelope
+FROM konduit_outputs
+WHERE execution_id = %(execution_id)s AND payload ->> '$konduit' = 'stored';
+
+-- name: output_set_envelope
+-- Point one output at its own copy of a stored payload.
+UPDATE konduit_outputs
+SET payload = %(envelope)s::jsonb
+WHERE execution_id = %(execution_id)s AND step = %(step)s AND map_index = %(map_index)s
+  AND content_hash = %(content_hash)s;

@@ -14,7 +14,7 @@ ORDER BY t.step, t.generation DESC
 -- Keep a result that arrived after its attempt was ended by the deadline or by a reclaim, for
 -- inspection only: it never replaces what the join consumed.
 INSERT INTO konduit_outputs (execution_id, step, map_index, content_hash, payload, source)
-SELECT t.execution_id, t.step, t.map_index, %(content_hash)s, %(payload)s, 'late'
+SELECT t.execution_id, t.step, t.map_index, %(content_hash)s, %(payload)s::jsonb, 'late'
 FROM konduit_attempts a
 JOIN konduit_tasks t ON t.id = a.task_id
 WHERE a.lease_token = %(lease_token)s AND a.outcome IN ('timed_out', 'degraded', 'lost')

@@ -55,7 +55,7 @@ RETURNING id;
 -- name: event_insert
 -- Keep an event: pending (consumed_by NULL) or, for the record, the one that woke a task.
 INSERT INTO konduit_events (name, key, execution_id, payload, consumed_by, consumed_at)
-VALUES (%(name)s, %(key)s, %(execution_id)s, %(payload)s, %(consumed_by)s,
+VALUES (%(name)s, %(key)s, %(execution_id)s, %(payload)s::jsonb, %(consumed_by)s,
         CASE WHEN %(consumed_by)s::bigint IS NULL THEN NULL ELSE clock_timestamp() END)
 RETURNING id;
 
@@ -63,7 +63,7 @@ RETURNING id;
 -- Keep an event no task waits for yet, until now + its retention (event_may_be_awaited says
 -- which): the first matching task that starts waiting before then consumes it.
 INSERT INTO konduit_events (name, key, execution_id, payload, expires_at)
-VALUES (%(name)s, %(key)s, %(execution_id)s, %(payload)s,
+VALUES (%(name)s, %(key)s, %(execution_id)s, %(payload)s::jsonb,
         clock_timestamp() + make_interval(secs => %(retention_seconds)s))
 RETURNING id, expires_at;
 
@@ -276,8 +276,9 @@ LIMIT %(limit)s;
 -- name: event_list_answers_by_execution
 -- The answers given to an execution's wait_for_input steps: who answered each and when (the
 -- moment its event was taken), oldest first.
-SELECT t.execution_id, t.step, t.generation, ev.payload -> 'value' AS value,
-       ev.payload ->> 'answered_by' AS answered_by, ev.consumed_at AS answered_at
+-- The event's payload whole ({value, answered_by}): under a payload codec it is one sealed
+-- envelope, opened where it is read (Answer.from_event_row), not picked apart here.
+SELECT t.execution_id, t.step, t.generation, ev.payload, ev.consumed_at AS answered_at
 FROM konduit_tasks t
 JOIN konduit_events ev ON ev.consumed_by = t.id
 WHERE t.execution_id = %(execution_id)s
