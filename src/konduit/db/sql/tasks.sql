@@ -429,10 +429,12 @@ WITH ended AS (
     FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
                 %(output_hashes)s::text[], %(errors)s::text[], %(routes)s::jsonb[],
                 %(ages)s::float8[], %(attempt_outcomes)s::text[], %(payloads)s::text[],
-                %(sources)s::text[])
+                %(sources)s::text[], %(execution_ids)s::uuid[])
          AS u(id, lease_token, outcome, output_hash, error, routes, age, attempt_outcome,
-              payload, source)
-    WHERE t.id = u.id
+              payload, source, execution_id)
+    -- The execution is the one the payload was sealed for (a payload store names its objects
+    -- by execution): a task of another is never ended with it.
+    WHERE t.id = u.id AND t.execution_id = u.execution_id
       AND konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token, u.lease_token)
       AND CASE WHEN t.hedge_token IS NULL THEN true ELSE u.outcome = 'succeeded' END
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.finished_at, u.lease_token,
