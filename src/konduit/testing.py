@@ -644,6 +644,10 @@ SKIP_LOOK = 0.02
 SKIP_SETTLE = 3
 """Consecutive looks that must find nothing to do, and the same next moment, before a skip: a
 start or a completion committing between two looks is seen by the next."""
+SKIP_PAST = 0.1
+"""Seconds past the next moment an automatic skip lands, as a real clock would be when its
+worker looks: a moment is often computed from a transaction's start (``now()``) while what
+takes it re-checks against the clock of its own statement, a few milliseconds later."""
 OVERDUE = 30.0
 """Seconds something may stay overdue (a timer whose pass has not come yet) and still hold the
 automatic skip back: see ``clock_next_due_if_idle``."""
@@ -744,9 +748,12 @@ class TestClock:
             worker, loop = handle._worker, handle._loop
             if worker is None or loop is None:
                 continue
+            # The claim loop looks again (a back-off ended). The maintenance loop wakes by
+            # itself: it sleeps on this clock, towards due times it read before the move (a
+            # re-read now would miss them: what is due is no longer ahead), and a move past
+            # its interval brings its full pass.
             try:
                 loop.call_soon_threadsafe(worker._wake.set)
-                loop.call_soon_threadsafe(worker.sweep_clock.poke)
             except RuntimeError:  # its loop is closed: that worker ended
                 pass
         return offset
@@ -804,8 +811,7 @@ class TestClock:
                 next_due = tick if next_due is None else min(next_due, tick)
         if next_due is None:
             return None
-        # A millisecond past: the moment itself is due ("<=") on every side.
-        return max(0.0, float((next_due - now).total_seconds())) + 0.001
+        return max(0.0, float((next_due - now).total_seconds())) + SKIP_PAST
 
     def _skip_loop(self) -> None:
         settled, last = 0, None
