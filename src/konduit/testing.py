@@ -688,7 +688,7 @@ class TestClock:
         """How many automatic skips moved the clock."""
         self._workers: list[WorkerThread] = []
         self._lock = threading.Lock()  # one move at a time
-        self._conn: Any = None
+        self._conn: _SyncDatabase | None = None
         self._stop = threading.Event()
         self._paused = 0
         self._skipper: threading.Thread | None = None
@@ -737,10 +737,8 @@ class TestClock:
                 self._paused -= 1
 
     def _move(self, seconds: float) -> float:
-        from konduit.db.queries import q
-
-        row = self._db().execute(q("clock_advance_by"), {"seconds": seconds}).fetchone()
-        offset = float(row[0])
+        row = self._db.one("clock_advance_by", seconds=seconds)
+        offset = float(row["offset_seconds"])
         # Python's clock follows the database's (the database first: a deadline the worker
         # sees pass is past for the statements it then runs).
         self.python.advance(max(0.0, offset - self.python.offset))
@@ -758,11 +756,10 @@ class TestClock:
                 pass
         return offset
 
-    def _db(self) -> Any:
-        import psycopg
-
+    @property
+    def _db(self) -> _SyncDatabase:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.url, autocommit=True)
+            self._conn = _SyncDatabase(self.url)
         return self._conn
 
     # -- the automatic skip -----------------------------------------------------------------
@@ -784,31 +781,25 @@ class TestClock:
     def _next_due(self) -> float | None:
         """Seconds to the next thing due, or None when something can run now (or nothing is
         due ever)."""
-        from psycopg.rows import dict_row
-
-        from konduit.db.queries import q
         from konduit.engine.schedules import timing_of
 
-        conn = self._db()
-        row = conn.execute(q("clock_next_due_if_idle"),
-                           {"overdue_seconds": OVERDUE}).fetchone()
-        busy, next_due, now = row
+        row = self._db.one("clock_next_due_if_idle", overdue_seconds=OVERDUE)
+        busy, next_due, now = row["busy"], row["next_due"], row["now"]
         if busy:
             return None
-        with conn.cursor(row_factory=dict_row) as cur:
-            for schedule in cur.execute(q("schedule_list")).fetchall():
-                if schedule["paused"]:
-                    continue
-                tick = timing_of(schedule).next_after(schedule["last_tick"])
+        for schedule in self._db.all("schedule_list"):
+            if schedule["paused"]:
+                continue
+            tick = timing_of(schedule).next_after(schedule["last_tick"])
+            if tick is None:
+                continue
+            if tick <= now:
+                if (now - tick).total_seconds() < OVERDUE:
+                    return None  # a tick no round started yet
+                tick = timing_of(schedule).next_after(now)
                 if tick is None:
                     continue
-                if tick <= now:
-                    if (now - tick).total_seconds() < OVERDUE:
-                        return None  # a tick no round started yet
-                    tick = timing_of(schedule).next_after(now)
-                    if tick is None:
-                        continue
-                next_due = tick if next_due is None else min(next_due, tick)
+            next_due = tick if next_due is None else min(next_due, tick)
         if next_due is None:
             return None
         return max(0.0, float((next_due - now).total_seconds())) + SKIP_PAST
@@ -842,9 +833,8 @@ class TestClock:
 
     def _start(self) -> None:
         from konduit.core import clock as core_clock
-        from konduit.db.queries import q
 
-        self._db().execute(q("clock_virtual_install"))
+        self._db.run("clock_virtual_install")
         core_clock.install(self.python)
         if self.auto_skip:
             self._skipper = threading.Thread(target=self._skip_loop, daemon=True,
@@ -861,6 +851,47 @@ class TestClock:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class _SyncDatabase:
+    """One autocommit connection running the named queries (``konduit/db/sql``) from a test's
+    thread: what the virtual clock needs of the database, without an event loop."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        self._conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._conn.closed)
+
+    def one(self, query: str, /, **params: Any) -> dict[str, Any]:
+        from konduit.db.queries import q
+
+        row = self._conn.execute(q(query), params or None).fetchone()
+        assert row is not None, f"{query} returned no row"
+        return dict(row)
+
+    def all(self, query: str, /, **params: Any) -> list[dict[str, Any]]:
+        from konduit.db.queries import q
+
+        return [dict(r) for r in self._conn.execute(q(query), params or None).fetchall()]
+
+    def run(self, query: str, /, **params: Any) -> None:
+        from konduit.db.queries import q
+
+        self._conn.execute(q(query), params or None)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> _SyncDatabase:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 @contextmanager
@@ -889,12 +920,8 @@ def virtual_clock(database: str | App, *, auto_skip: bool = True) -> Iterator[Te
     finally:
         try:
             moving._end()
-            import psycopg
-
-            from konduit.db.queries import q
-
-            with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute(q("clock_virtual_remove"))
+            with _SyncDatabase(url) as db:
+                db.run("clock_virtual_remove")
         except Exception:  # a database the block dropped: nothing to put back
             pass
         finally:
