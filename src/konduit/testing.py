@@ -658,7 +658,7 @@ class TestClock:
 
     Its time is the real time plus an offset that only grows. :meth:`advance` moves it: in the
     database (``konduit_now()`` and its siblings read the offset, migration 0036) and in
-    Python (:mod:`konduit.core.clock`: the worker's deadlines, timers and schedule waits), then
+    Python (the worker's deadlines, timers and schedule waits read the same clock), then
     wakes the workers of this process. What only proves a process alive (task leases, worker
     heartbeats, the leaders' terms) moves with it, as if renewed meanwhile: a handler running
     across a jump keeps its lease, and its deadline fires (a sync handler's thread is abandoned,
@@ -684,8 +684,7 @@ class TestClock:
         self.app: App | None = None
         self.python = VirtualClock()
         self.auto_skip = auto_skip
-        self.skips = 0
-        """How many automatic skips moved the clock."""
+        self._skips = 0
         self._workers: list[WorkerThread] = []
         self._lock = threading.Lock()  # one move at a time
         self._conn: _SyncDatabase | None = None
@@ -695,6 +694,11 @@ class TestClock:
         self._error: BaseException | None = None
 
     # -- reading ----------------------------------------------------------------------------
+
+    @property
+    def skips(self) -> int:
+        """How many automatic skips moved the clock."""
+        return self._skips
 
     @property
     def offset(self) -> float:
@@ -775,7 +779,7 @@ class TestClock:
                 return False
             seconds = due
             self._move(seconds)
-            self.skips += 1
+            self._skips += 1
             return True
 
     def _next_due(self) -> float | None:
@@ -821,7 +825,7 @@ class TestClock:
                     if settled < SKIP_SETTLE:
                         continue
                     self._move(due)
-                    self.skips += 1
+                    self._skips += 1
                     settled, last = 0, None
             except Exception as exc:  # a look failed: report at the end, keep looking
                 self._error = exc
