@@ -10,6 +10,7 @@ import pydantic
 import pytest
 
 import konduit
+import konduit.testing
 from konduit.core.fan_in import Wait, durable_steps, split_wait, upstream_of
 from tests.support.waiting import until
 from tests.support.workers import running_worker
@@ -119,11 +120,14 @@ def test_the_internal_event_cannot_be_sent_by_hand(make_app):
 
 
 def test_past_its_deadline_the_fallback_answers(make_app):
-    app = make_app(approval_workflow(name="expense-late", deadline="1s",
+    # An hour's time limit, on the virtual clock (docs/testing.md): it skips to the deadline
+    # once the execution only waits.
+    app = make_app(approval_workflow(name="expense-late", deadline="1h",
                                      fallback=lambda ctx: {"decision": "reject", "by": "nobody"}))
-    with running_worker(app, **FAST):
+    with konduit.testing.virtual_clock(app) as clock, running_worker(app, **FAST):
         handle = app.start("expense-late", input={"claim": 4})
         result = handle.wait(timeout=30)
+        assert clock.offset > 3500
     assert result.output["booked"] == {"decision": "reject", "by": "nobody"}
     assert result.output["outcome"] == "degraded"
     with pytest.raises(konduit.NotAnswerable):

@@ -33,16 +33,19 @@ import traceback
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from konduit.app import App
+from konduit.core.durations import Duration, parse_duration
 from konduit.core.workflow import Workflow
 from konduit.errors import KonduitError
 from konduit.settings import settings
 from konduit.worker.worker import Worker
 
-__all__ = ["DatabasePool", "TestWorkerError", "WorkerThread", "fresh_database", "run",
-           "wait_for_passes", "worker_thread"]
+__all__ = ["DatabasePool", "TestClock", "TestWorkerError", "WorkerThread", "advance",
+           "clock_of", "fresh_database", "run", "virtual_clock", "wait_for_passes",
+           "worker_thread"]
 
 
 class TestWorkerError(KonduitError):
@@ -449,6 +452,8 @@ def run(
     *,
     concurrency: int = 4,
     poll_interval: float = 0.1,
+    clock: str = "real",
+    auto_skip: bool = True,
     **worker_options: Any,
 ) -> Iterator[App]:
     """Yield an :class:`~konduit.App` for ``workflows`` (a list of workflows, or an App whose
@@ -461,24 +466,47 @@ def run(
     At the end of the block the worker is asked to stop and joined (running tasks get its
     ``shutdown_grace``, 10 s by default), the App is closed and the database dropped. If the
     worker thread died, or did not stop, :class:`TestWorkerError` is raised with the cause.
+
+    ``clock="virtual"`` runs the block on a :class:`TestClock` (:func:`virtual_clock`): move it
+    with ``konduit.testing.advance(app, "10m")``; with ``auto_skip`` (the default) it also skips
+    ahead by itself to the next thing due whenever nothing runs or is ready to run.
     """
+    if clock not in ("real", "virtual"):
+        raise ValueError(f"clock must be 'real' or 'virtual' (got {clock!r})")
     with fresh_database(database_url) as url:
-        app = App([], database_url=url)
-        if isinstance(workflows, App):
-            app.registry = workflows.registry
-            app.max_payload_bytes = workflows.max_payload_bytes
-            app.payload_io = workflows.payload_io
-            app.tracing = workflows.tracing
+        if clock == "virtual":
+            with virtual_clock(url, auto_skip=auto_skip) as moving, \
+                    _run_on(workflows, url, concurrency, poll_interval, worker_options) as app:
+                moving.app = app
+                _clocks[id(app)] = moving
+                try:
+                    yield app
+                finally:
+                    _clocks.pop(id(app), None)
         else:
-            for workflow in workflows:
-                app.add(workflow)
-        try:
-            with worker_thread(
-                app, concurrency=concurrency, poll_interval=poll_interval, **worker_options
-            ):
+            with _run_on(workflows, url, concurrency, poll_interval, worker_options) as app:
                 yield app
-        finally:
-            app.close()
+
+
+@contextmanager
+def _run_on(workflows: App | Iterable[Workflow], url: str, concurrency: int,
+            poll_interval: float, worker_options: dict[str, Any]) -> Iterator[App]:
+    app = App([], database_url=url)
+    if isinstance(workflows, App):
+        app.registry = workflows.registry
+        app.max_payload_bytes = workflows.max_payload_bytes
+        app.payload_io = workflows.payload_io
+        app.tracing = workflows.tracing
+    else:
+        for workflow in workflows:
+            app.add(workflow)
+    try:
+        with worker_thread(
+            app, concurrency=concurrency, poll_interval=poll_interval, **worker_options
+        ):
+            yield app
+    finally:
+        app.close()
 
 
 @contextmanager
@@ -510,9 +538,14 @@ def worker_thread(
 
     thread = threading.Thread(target=work, name="konduit-testing-worker", daemon=True)
     thread.start()
+    moving = _active_clock
+    if moving is not None:
+        moving._workers.append(handle)
     try:
         yield handle
     finally:
+        if moving is not None:
+            moving._workers.remove(handle)
         stop.set()
         grace = float(worker_options.get("shutdown_grace", 10.0))
         thread.join(timeout=grace + 30.0)
@@ -599,3 +632,324 @@ def wait_for_passes(worker: WorkerThread | Worker, service: str, n: int = 2,
     if isinstance(worker, WorkerThread):
         return worker.wait_for_passes(service, n, timeout)
     return worker.passes.wait(service, n, timeout=timeout)
+
+
+# -- the virtual clock ------------------------------------------------------------------------
+
+_clocks: dict[int, TestClock] = {}  # id(App of a run() block) -> its clock
+_active_clock: TestClock | None = None
+_active_lock = threading.Lock()
+
+SKIP_LOOK = 0.02
+"""Seconds between two looks of the automatic skip at the database."""
+SKIP_SETTLE = 3
+"""Consecutive looks that must find nothing to do, and the same next moment, before a skip: a
+start or a completion committing between two looks is seen by the next."""
+SKIP_PAST = 0.1
+"""Seconds past the next moment an automatic skip lands, as a real clock would be when its
+worker looks: a moment is often computed from a transaction's start (``now()``) while what
+takes it re-checks against the clock of its own statement, a few milliseconds later."""
+OVERDUE = 30.0
+"""Seconds something may stay overdue (a timer whose pass has not come yet) and still hold the
+automatic skip back: see ``clock_next_due_if_idle``."""
+
+
+class TestClock:
+    """A virtual clock shared by a test database and the workers of this process.
+
+    Its time is the real time plus an offset that only grows. :meth:`advance` moves it: in the
+    database (``konduit_now()`` and its siblings read the offset, migration 0036) and in
+    Python (the worker's deadlines, timers and schedule waits read the same clock), then
+    wakes the workers of this process. What only proves a process alive (task leases, worker
+    heartbeats, the leaders' terms) moves with it, as if renewed meanwhile: a handler running
+    across a jump keeps its lease, and its deadline fires (a sync handler's thread is abandoned,
+    as on the real clock).
+
+    With ``auto_skip``, a background thread looks at the database every :data:`SKIP_LOOK`
+    seconds and, when nothing runs or is ready to run and something comes due later (a timer,
+    a deadline, a back-off, a schedule's tick, a wait's time limit, an automatic repair), moves
+    the clock to that moment. A handler that is running holds the clock: its own deadline
+    comes only by :meth:`advance`.
+
+    Get one from :func:`virtual_clock`, or ``run(..., clock="virtual")`` and
+    :func:`clock_of`. Workers in other processes follow the database's time but not the
+    Python side's.
+    """
+
+    __test__ = False  # not a test class, whatever pytest thinks of the name
+
+    def __init__(self, url: str, *, auto_skip: bool = True) -> None:
+        from konduit.core.clock import VirtualClock
+
+        self.url = url
+        self.app: App | None = None
+        self.python = VirtualClock()
+        self.auto_skip = auto_skip
+        self._skips = 0
+        self._workers: list[WorkerThread] = []
+        self._lock = threading.Lock()  # one move at a time
+        self._conn: _SyncDatabase | None = None
+        self._stop = threading.Event()
+        self._paused = 0
+        self._skipper: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    # -- reading ----------------------------------------------------------------------------
+
+    @property
+    def skips(self) -> int:
+        """How many automatic skips moved the clock."""
+        return self._skips
+
+    @property
+    def offset(self) -> float:
+        """Seconds the clock is ahead of the real time."""
+        return self.python.offset
+
+    def now(self) -> datetime:
+        """The current time on this clock (aware, UTC)."""
+        return datetime.now(UTC) + timedelta(seconds=self.python.offset)
+
+    # -- moving -----------------------------------------------------------------------------
+
+    def advance(self, duration: Duration | timedelta) -> float:
+        """Move the clock forward by ``duration`` (``"10m"``, seconds, a ``timedelta``) and wake
+        the workers; returns the new offset in seconds."""
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else \
+            parse_duration(duration, what="advance")
+        if seconds < 0:
+            raise ValueError(f"a clock only moves forward (asked to advance {duration!r})")
+        with self._lock:
+            return self._move(seconds)
+
+    def advance_to(self, moment: datetime) -> float:
+        """Move the clock forward to ``moment`` (aware); nothing when it is past already."""
+        if moment.tzinfo is None:
+            raise ValueError(f"advance_to needs an aware datetime (got {moment!r})")
+        return self.advance(max(0.0, (moment - self.now()).total_seconds()))
+
+    @contextmanager
+    def paused(self) -> Iterator[TestClock]:
+        """No automatic skip inside the block (:meth:`advance` still moves the clock): for a
+        test that must act before the next thing due, such as answering a wait before its
+        time limit."""
+        with self._lock:
+            self._paused += 1
+        try:
+            yield self
+        finally:
+            with self._lock:
+                self._paused -= 1
+
+    def _move(self, seconds: float) -> float:
+        row = self._db.one("clock_advance_by", seconds=seconds)
+        offset = float(row["offset_seconds"])
+        # Python's clock follows the database's (the database first: a deadline the worker
+        # sees pass is past for the statements it then runs).
+        self.python.advance(max(0.0, offset - self.python.offset))
+        for handle in list(self._workers):
+            worker, loop = handle._worker, handle._loop
+            if worker is None or loop is None:
+                continue
+            # The claim loop looks again (a back-off ended). The maintenance loop wakes by
+            # itself: it sleeps on this clock, towards due times it read before the move (a
+            # re-read now would miss them: what is due is no longer ahead), and a move past
+            # its interval brings its full pass.
+            try:
+                loop.call_soon_threadsafe(worker._wake.set)
+            except RuntimeError:  # its loop is closed: that worker ended
+                pass
+        return offset
+
+    @property
+    def _db(self) -> _SyncDatabase:
+        if self._conn is None or self._conn.closed:
+            self._conn = _SyncDatabase(self.url)
+        return self._conn
+
+    # -- the automatic skip -----------------------------------------------------------------
+
+    def skip(self) -> bool:
+        """One look: when nothing runs or is ready to run, move the clock to the next thing
+        due and return True; otherwise False."""
+        with self._lock:
+            if self._paused:
+                return False
+            due = self._next_due()
+            if due is None:
+                return False
+            seconds = due
+            self._move(seconds)
+            self._skips += 1
+            return True
+
+    def _next_due(self) -> float | None:
+        """Seconds to the next thing due, or None when something can run now (or nothing is
+        due ever)."""
+        from konduit.engine.schedules import timing_of
+
+        row = self._db.one("clock_next_due_if_idle", overdue_seconds=OVERDUE)
+        busy, next_due, now = row["busy"], row["next_due"], row["now"]
+        if busy:
+            return None
+        for schedule in self._db.all("schedule_list"):
+            if schedule["paused"]:
+                continue
+            tick = timing_of(schedule).next_after(schedule["last_tick"])
+            if tick is None:
+                continue
+            if tick <= now:
+                if (now - tick).total_seconds() < OVERDUE:
+                    return None  # a tick no round started yet
+                tick = timing_of(schedule).next_after(now)
+                if tick is None:
+                    continue
+            next_due = tick if next_due is None else min(next_due, tick)
+        if next_due is None:
+            return None
+        return max(0.0, float((next_due - now).total_seconds())) + SKIP_PAST
+
+    def _skip_loop(self) -> None:
+        settled, last = 0, None
+        while not self._stop.wait(SKIP_LOOK):
+            try:
+                with self._lock:
+                    due = None if self._paused else self._next_due()
+                    if due is None:
+                        settled, last = 0, None
+                        continue
+                    moment = self.python.time() + due
+                    if last is not None and abs(moment - last) > 0.05:
+                        settled = 0  # the next moment changed: the state is still moving
+                    last = moment
+                    settled += 1
+                    if settled < SKIP_SETTLE:
+                        continue
+                    self._move(due)
+                    self._skips += 1
+                    settled, last = 0, None
+            except Exception as exc:  # a look failed: report at the end, keep looking
+                self._error = exc
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+
+    # -- life -------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        from konduit.core import clock as core_clock
+
+        self._db.run("clock_virtual_install")
+        core_clock.install(self.python)
+        if self.auto_skip:
+            self._skipper = threading.Thread(target=self._skip_loop, daemon=True,
+                                             name="konduit-testing-clock")
+            self._skipper.start()
+
+    def _end(self) -> None:
+        from konduit.core import clock as core_clock
+
+        self._stop.set()
+        if self._skipper is not None:
+            self._skipper.join(timeout=30.0)
+        core_clock.install(None)
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class _SyncDatabase:
+    """One autocommit connection running the named queries (``konduit/db/sql``) from a test's
+    thread: what the virtual clock needs of the database, without an event loop."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        self._conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._conn.closed)
+
+    def one(self, query: str, /, **params: Any) -> dict[str, Any]:
+        from konduit.db.queries import q
+
+        row = self._conn.execute(q(query), params or None).fetchone()
+        assert row is not None, f"{query} returned no row"
+        return dict(row)
+
+    def all(self, query: str, /, **params: Any) -> list[dict[str, Any]]:
+        from konduit.db.queries import q
+
+        return [dict(r) for r in self._conn.execute(q(query), params or None).fetchall()]
+
+    def run(self, query: str, /, **params: Any) -> None:
+        from konduit.db.queries import q
+
+        self._conn.execute(q(query), params or None)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> _SyncDatabase:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+@contextmanager
+def virtual_clock(database: str | App, *, auto_skip: bool = True) -> Iterator[TestClock]:
+    """Run the block on a :class:`TestClock`: install it in the test database ``database`` (a
+    URL, or an App on it) and in this process, yield it, and put the real clock back at the end
+    (the database's functions as the migrations define them).
+
+    Never on a production database: it replaces ``konduit_now()`` and its siblings there for
+    every connection. One virtual clock per process at a time; workers started inside the
+    block (:func:`worker_thread`) are woken at each move.
+    """
+    global _active_clock
+    url = database.database_url if isinstance(database, App) else database
+    if not url:
+        raise ValueError("virtual_clock needs the URL of a test database (or an App on one)")
+    moving = TestClock(url, auto_skip=auto_skip)
+    with _active_lock:
+        if _active_clock is not None:
+            raise TestWorkerError("a virtual clock is running already in this process; "
+                                  "one test at a time may run on a virtual clock")
+        _active_clock = moving
+    try:
+        moving._start()
+        yield moving
+    finally:
+        try:
+            moving._end()
+            with _SyncDatabase(url) as db:
+                db.run("clock_virtual_remove")
+        except Exception:  # a database the block dropped: nothing to put back
+            pass
+        finally:
+            with _active_lock:
+                _active_clock = None
+    if moving._error is not None and not moving.skips:
+        raise TestWorkerError(f"the virtual clock could not look at the database: "
+                              f"{moving._error!r}") from moving._error
+
+
+def clock_of(app: App) -> TestClock:
+    """The :class:`TestClock` of a ``run(..., clock="virtual")`` block's App (or of the block
+    of :func:`virtual_clock` running now)."""
+    found = _clocks.get(id(app)) or _active_clock
+    if found is None:
+        raise TestWorkerError("no virtual clock: use konduit.testing.run(..., clock='virtual') "
+                              "or konduit.testing.virtual_clock(...)")
+    return found
+
+
+
+def advance(app: App, duration: Duration | timedelta) -> float:
+    """Move the virtual clock of ``app``'s ``run(..., clock="virtual")`` block forward by
+    ``duration`` (``"10m"``, seconds, a ``timedelta``): timers, deadlines, back-offs,
+    schedules and waits follow. Returns the clock's offset in seconds."""
+    return clock_of(app).advance(duration)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from konduit.core import clock
 from konduit.core.attempt_logs import AttemptLogs
 
 _handler_log = logging.getLogger("konduit.handler")
@@ -34,7 +34,7 @@ class Context:
     item: Any = None
     deadline: float | None = None  # seconds of budget for this attempt, when the step has one
     hedged: bool = False  # True in a hedge: the second attempt beside a straggler (hedge=)
-    started_at: float = field(default_factory=time.monotonic)
+    started_at: float = field(default_factory=clock.monotonic)
     scheduled_at: datetime | None = None  # the tick that started a scheduled execution (UTC)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _on_heartbeat: Callable[[], None] | None = field(default=None, repr=False)
@@ -55,7 +55,7 @@ class Context:
         """Seconds left of the deadline, or None without one."""
         if self.deadline is None:
             return None
-        return self.deadline - (time.monotonic() - self.started_at)
+        return self.deadline - (clock.monotonic() - self.started_at)
 
     def request_cancel(self) -> None:
         """The engine asks this attempt to stop; ``ctx.cancelled`` turns True."""

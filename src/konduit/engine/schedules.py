@@ -16,7 +16,6 @@ ticks are due is the pure
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import functools
 import logging
@@ -26,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from konduit.core import clock
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.requests import StartRequest
 from konduit.core.schedules import LATE_AFTER, MAX_CATCH_UP, Timing, plan_ticks, tick_key
@@ -224,7 +224,7 @@ class Schedules:
             except (DatabaseError, KonduitError) as exc:
                 log.warning("schedules round failed: %s", exc)
                 wait = 1.0
-            await asyncio.sleep(wait)
+            await clock.sleep(wait)
 
     # -- looking and steering -----------------------------------------------------------------
 

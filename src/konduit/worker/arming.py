@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime
 
+from konduit.core import clock
 from konduit.core.model import Completion, Recorded, WaitKind
 from konduit.engine.advancer import Advanced
 from konduit.engine.waits import arm
@@ -34,9 +34,8 @@ class Arming:
         armed = completion.payload
         if recorded[0] is Recorded.WAITING and armed.kind == WaitKind.TIMER:
             delay = armed.delay if armed.delay is not None else \
-                (armed.until - datetime.now(UTC)).total_seconds()
-            loop = asyncio.get_running_loop()
-            loop.call_later(max(delay, 0.0) + 0.05, self._wake_waits_soon)
+                (armed.until - clock.now()).total_seconds()
+            clock.call_later(max(delay, 0.0) + 0.05, self._wake_waits_soon)
         return recorded
 
     def _wake_waits_soon(self) -> None:

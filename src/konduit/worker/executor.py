@@ -12,7 +12,6 @@ import dataclasses
 import inspect
 import logging
 import threading
-import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from concurrent.futures import Future
 from typing import Any
 from uuid import UUID
 
-from konduit.core import attempt_logs
+from konduit.core import attempt_logs, clock
 from konduit.core.attempt_logs import AttemptLogs
 from konduit.core.context import Context
 from konduit.core.model import Command, Completion, Outcome, OutputSource, TaskAttempt
@@ -345,16 +344,16 @@ class Executor:
     ) -> Completion:
         step = spec[task.step]
         budget = task.deadline_remaining
-        began = time.monotonic()
+        began = clock.monotonic()
         ending, error, result = await self._attempt(step, task, ctx, budget, started)
-        ended = time.monotonic()
+        ended = clock.monotonic()
         if self.metrics is not None:
             self.metrics.attempt(spec.name, task.step, ending.value, ended - began)
         if ending is Ending.RETURNED:
             if step.wait is not None and isinstance(result, Armed):
                 # A wait step's arming attempt: the task waits (docs/durable-waits.md).
                 return task.completion(Command.WAIT, payload=result,
-                                       age_seconds=time.monotonic() - ended)
+                                       age_seconds=clock.monotonic() - ended)
             try:
                 payload, payload_json, routes = self._payload(spec, task, result)
             except (PayloadError, OutputInvalid) as exc:
@@ -367,7 +366,7 @@ class Executor:
             else:
                 return task.completion(
                     Outcome.SUCCEEDED, payload_json=payload_json, payload=payload, routes=routes,
-                    age_seconds=time.monotonic() - ended,
+                    age_seconds=clock.monotonic() - ended,
                 )
         remaining = None if budget is None else budget - (ended - began)
         verdict = decide(
@@ -376,7 +375,7 @@ class Executor:
             remaining=remaining, error=error, fallback_tried=task.fallback_tried,
         )
         completion = await self.conclude(spec, task, ctx, verdict, error=error)
-        return dataclasses.replace(completion, age_seconds=time.monotonic() - ended)
+        return dataclasses.replace(completion, age_seconds=clock.monotonic() - ended)
 
     async def _attempt(
         self,
@@ -401,7 +400,7 @@ class Executor:
             return Ending.RAISED, f"{type(why).__name__}: {where}: {why}", None
         # No deadline, no timeout context: entering and leaving one costs two coroutines and
         # a task lookup per attempt, for a limit that never expires.
-        deadline = None if budget is None else asyncio.timeout(budget)
+        deadline = None if budget is None else clock.timeout(budget)
         try:
             if deadline is None:
                 result = await self._call(step.handler, ctx, late=task, started=started)

@@ -29,9 +29,8 @@ list skips what another worker's job holds. Passes driven by deadlines are at le
 from __future__ import annotations
 
 import asyncio
-import time
 
-from konduit.aio import wait_event
+from konduit.core import clock as time_source
 from konduit.db.database import Database
 
 MIN_GAP = 0.1
@@ -47,7 +46,7 @@ class SweepClock:
     def __init__(self, interval: float, *, grace: float):
         self.interval = interval
         self.grace = grace
-        self._tick = time.monotonic() + interval
+        self._tick = time_source.monotonic() + interval
         self._due: dict[str, float] = {}  # kind -> monotonic time it comes due
         self._last = 0.0  # monotonic time of the last pass driven by a due time
         self._poked = asyncio.Event()
@@ -61,7 +60,7 @@ class SweepClock:
         # Cleared before the read: a notification that arrives while it runs pokes again.
         self._poked.clear()
         row = await db.one("task_get_next_due", grace_seconds=self.grace)
-        now = time.monotonic()
+        now = time_source.monotonic()
         self._due = {kind: now + max(0.0, float(row[kind]))
                      for kind in KINDS if row is not None and row[kind] is not None}
 
@@ -78,7 +77,7 @@ class SweepClock:
         earlier than this worker's next wake-up, which every worker's is close to (they read the
         same next due, and wake at least every interval): the caller announces it. This worker
         wakes then too, so the next claims with deadlines after it announce nothing."""
-        at = time.monotonic() + max(0.0, remaining)
+        at = time_source.monotonic() + max(0.0, remaining)
         if at >= self.planned():
             return False
         self._due["deadline"] = at
@@ -88,17 +87,17 @@ class SweepClock:
         """Something of ``kind`` may come due ``seconds`` from now (this worker just finished an
         execution whose automatic repair may be armed): wake then, unless sooner anyway. Needs
         no statement; if nothing is due then, the pass finds nothing and the read moves on."""
-        at = time.monotonic() + max(0.0, seconds)
+        at = time_source.monotonic() + max(0.0, seconds)
         self._due[kind] = min(self._due.get(kind, at), at)
 
     async def sleep(self) -> set[str]:
         """Sleep until something is due; returns what: ``{"full"}`` (the interval's pass), some
         of :data:`KINDS`, or nothing when poked (re-read, then sleep again)."""
         while True:
-            delay = self.planned() - time.monotonic()
-            if delay > 0 and await wait_event(self._poked, delay):
+            delay = self.planned() - time_source.monotonic()
+            if delay > 0 and await time_source.wait_event(self._poked, delay):
                 return set()
-            now = time.monotonic()
+            now = time_source.monotonic()
             if now >= self._tick:
                 self._tick = now + self.interval
                 self._due = {}  # the full pass does all of it, and is followed by a read

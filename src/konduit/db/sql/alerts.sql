@@ -6,7 +6,7 @@
 SELECT e.id, e.workflow_name, e.workflow_version, e.deadline_at, e.created_at,
        u.step AS unkeepable_step, u.reserve AS unkeepable_reserve,
        u.window_left AS unkeepable_window_left,
-       clock_timestamp() AS now
+       konduit_clock_timestamp() AS now
 FROM konduit_executions e
 LEFT JOIN LATERAL (
     SELECT t.step, t.deadline_reserve_seconds AS reserve,
@@ -35,7 +35,7 @@ WHERE execution_id = ANY(%(execution_ids)s::uuid[]);
 
 -- name: execution_get_window_outcome
 -- How an execution with a window stands now (to word the resolution of its window alert).
-SELECT id, status, generation, deadline_at, finished_at, clock_timestamp() AS now
+SELECT id, status, generation, deadline_at, finished_at, konduit_clock_timestamp() AS now
 FROM konduit_executions
 WHERE id = %(id)s;
 
@@ -44,7 +44,7 @@ WHERE id = %(id)s;
 SELECT w.name,
        (SELECT min(r.created_at) FROM konduit_workflows r WHERE r.name = w.name) AS registered_at,
        last.finished_at AS last_success_at,
-       clock_timestamp() AS now
+       konduit_clock_timestamp() AS now
 FROM unnest(%(names)s::text[]) AS w(name)
 LEFT JOIN LATERAL (
     SELECT e.finished_at
@@ -65,7 +65,7 @@ LEFT JOIN LATERAL (
 WITH finished AS (
     SELECT e.workflow_name AS name, count(*)::int AS finished
     FROM konduit_executions e
-    WHERE e.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+    WHERE e.finished_at > konduit_clock_timestamp() - make_interval(secs => %(window_seconds)s)
       AND e.status IN ('succeeded', 'failed', 'timed_out')
       AND (%(names)s::text[] IS NULL OR e.workflow_name = ANY(%(names)s::text[]))
     GROUP BY e.workflow_name
@@ -74,8 +74,8 @@ WITH finished AS (
     FROM konduit_execution_outputs o
     JOIN konduit_executions e ON e.id = o.execution_id
     WHERE o.degraded <> '{}'
-      AND o.created_at > now() - make_interval(secs => 2 * %(window_seconds)s)
-      AND e.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+      AND o.created_at > konduit_now() - make_interval(secs => 2 * %(window_seconds)s)
+      AND e.finished_at > konduit_clock_timestamp() - make_interval(secs => %(window_seconds)s)
       AND e.status IN ('succeeded', 'failed', 'timed_out')
       AND (%(names)s::text[] IS NULL OR e.workflow_name = ANY(%(names)s::text[]))
     GROUP BY e.workflow_name
@@ -107,7 +107,7 @@ WITH RECURSIVE pairs AS (
 ), workers AS MATERIALIZED (
     SELECT k.queues, k.workflows, coalesce(k.stopped_at, k.last_heartbeat_at) AS seen_at,
            (k.stopped_at IS NULL AND k.last_heartbeat_at
-                > clock_timestamp() - make_interval(secs => k.lease_seconds)) AS live
+                > konduit_clock_timestamp() - make_interval(secs => k.lease_seconds)) AS live
     FROM konduit_workers k
 ), unserved AS (
     SELECT p.queue, p.workflow,
@@ -119,7 +119,7 @@ WITH RECURSIVE pairs AS (
       AND EXISTS (SELECT 1 FROM workers w WHERE w.live AND p.workflow = ANY(w.workflows))
 )
 SELECT u.queue, u.workflow, s.ready, s.executions,
-       extract(epoch FROM clock_timestamp() - greatest(u.last_served_at, s.oldest_at))::float8
+       extract(epoch FROM konduit_clock_timestamp() - greatest(u.last_served_at, s.oldest_at))::float8
            AS unserved_seconds
 FROM unserved u
 CROSS JOIN LATERAL (
@@ -127,7 +127,7 @@ CROSS JOIN LATERAL (
            (array_agg(DISTINCT d.execution_id))[1:5] AS executions
     FROM (SELECT t.execution_id, t.run_at FROM konduit_tasks t
           WHERE t.status = 'ready' AND t.queue = u.queue AND t.workflow = u.workflow
-            AND t.run_at <= clock_timestamp()
+            AND t.run_at <= konduit_clock_timestamp()
           LIMIT 1000) d
 ) s
 WHERE s.ready > 0
@@ -135,7 +135,7 @@ ORDER BY u.queue, u.workflow;
 
 -- name: alert_get_clock
 -- The server's time: the moment an evaluation reads its data (guards its raises and resolutions).
-SELECT clock_timestamp() AS now;
+SELECT konduit_clock_timestamp() AS now;
 
 -- name: alert_raise_or_confirm_unless_resolved_since
 -- Open the alert, or refresh the open one; not if resolved after as_of, nor for an execution no
@@ -143,7 +143,7 @@ SELECT clock_timestamp() AS now;
 INSERT INTO konduit_alerts AS a (kind, subject, workflow, severity, message, details,
                                  raised_at, last_seen_at)
 SELECT %(kind)s, %(subject)s, %(workflow)s, %(severity)s, %(message)s, %(details)s,
-       clock_timestamp(), clock_timestamp()
+       konduit_clock_timestamp(), konduit_clock_timestamp()
 WHERE NOT EXISTS (
         SELECT 1 FROM konduit_alerts c
         WHERE c.kind = %(kind)s AND c.subject = %(subject)s AND c.resolved_at >= %(as_of)s)
@@ -153,7 +153,7 @@ WHERE NOT EXISTS (
   AND (%(queue)s::text IS NULL OR NOT EXISTS (
         SELECT 1 FROM konduit_workers k
         WHERE k.stopped_at IS NULL
-          AND k.last_heartbeat_at > clock_timestamp() - make_interval(secs => k.lease_seconds)
+          AND k.last_heartbeat_at > konduit_clock_timestamp() - make_interval(secs => k.lease_seconds)
           AND %(queue)s::text = ANY(k.queues) AND %(queue_workflow)s::text = ANY(k.workflows)))
 ON CONFLICT (kind, subject) WHERE resolved_at IS NULL
 DO UPDATE SET severity = EXCLUDED.severity,
@@ -166,7 +166,7 @@ RETURNING a.id, a.kind, a.subject, a.workflow, a.severity, a.message, a.details,
 -- name: alert_resolve_if_open_and_unconfirmed_since
 -- Resolve the open alert of (kind, subject) unless an evaluation newer than as_of confirmed it.
 UPDATE konduit_alerts
-SET resolved_at = greatest(clock_timestamp(), raised_at),
+SET resolved_at = greatest(konduit_clock_timestamp(), raised_at),
     details = details || %(resolution)s
 WHERE kind = %(kind)s
   AND subject = %(subject)s
@@ -208,8 +208,8 @@ ORDER BY kind;
 DELETE FROM konduit_alerts
 WHERE id IN (
     SELECT id FROM konduit_alerts
-    WHERE resolved_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
+    WHERE resolved_at < konduit_clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
     ORDER BY id
     LIMIT %(limit)s
 )
-  AND resolved_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s);
+  AND resolved_at < konduit_clock_timestamp() - make_interval(secs => %(older_than_seconds)s);

@@ -1,7 +1,7 @@
 -- name: attempt_finish_if_open
 -- Close the attempt a lease token identifies with how it ended.
 UPDATE konduit_attempts
-SET finished_at = clock_timestamp() - make_interval(secs => %(age_seconds)s),
+SET finished_at = konduit_clock_timestamp() - make_interval(secs => %(age_seconds)s),
     outcome = %(outcome)s,
     error = %(error)s
 WHERE lease_token = %(lease_token)s AND finished_at IS NULL;
@@ -12,7 +12,7 @@ WHERE lease_token = %(lease_token)s AND finished_at IS NULL;
 -- as outrun, and its worker is told at commit (its lease went with the task's end).
 WITH closed AS (
     UPDATE konduit_attempts a
-    SET finished_at = clock_timestamp()
+    SET finished_at = konduit_clock_timestamp()
                       - make_interval(secs => CASE WHEN a.lease_token = u.lease_token
                                                    THEN u.age ELSE 0 END),
         outcome = CASE WHEN a.lease_token = u.lease_token THEN u.outcome ELSE 'outrun' END,
@@ -39,7 +39,7 @@ SELECT pg_notify('konduit_outrun', lease_token::text) FROM closed WHERE outcome 
 -- name: attempt_finish_open_for_tasks
 -- Close the open attempts of tasks that were cancelled.
 UPDATE konduit_attempts
-SET finished_at = clock_timestamp(), outcome = %(outcome)s
+SET finished_at = konduit_clock_timestamp(), outcome = %(outcome)s
 WHERE task_id = ANY(%(task_ids)s::bigint[]) AND finished_at IS NULL;
 
 -- name: attempt_list_by_execution
@@ -62,9 +62,9 @@ WITH recent AS (
     WHERE split_part(t.workflow, '@', 1) = %(workflow_name)s
       AND t.step = %(step)s
       AND t.status = 'succeeded'
-      -- now(), not clock_timestamp(): a stable bound is an index condition, so the scan stops
+      -- konduit_now(), not konduit_clock_timestamp(): a stable bound is an index condition, so the scan stops
       -- at the window's start instead of filtering the step's older successes one by one.
-      AND t.finished_at > now() - make_interval(secs => %(window_seconds)s)
+      AND t.finished_at > konduit_now() - make_interval(secs => %(window_seconds)s)
     ORDER BY t.finished_at DESC
     LIMIT %(max_samples)s
 )
@@ -74,7 +74,7 @@ SELECT percentile_cont(%(quantile)s) WITHIN GROUP (
 FROM recent r
 JOIN konduit_attempts a ON a.task_id = r.id
 WHERE a.outcome = 'succeeded'
-  AND a.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s);
+  AND a.finished_at > konduit_clock_timestamp() - make_interval(secs => %(window_seconds)s);
 
 -- name: attempt_log_insert_many_if_closed
 -- Keep what handlers logged during attempts whose end this transaction recorded; an attempt

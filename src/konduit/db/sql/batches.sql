@@ -8,7 +8,7 @@
 -- (window_left_seconds: as in execution_lock).
 SELECT id, workflow_name, workflow_version, status, steps_pending, generation,
        CASE WHEN generation = 1
-            THEN extract(epoch FROM deadline_at - clock_timestamp())::float8 END AS window_left_seconds
+            THEN extract(epoch FROM deadline_at - konduit_clock_timestamp())::float8 END AS window_left_seconds
 FROM konduit_executions
 WHERE id = ANY(%(ids)s::uuid[])
 ORDER BY id
@@ -79,8 +79,8 @@ SET {{step_counters_set}},
     first_upstream_at = u.first_upstream_at,
     last_upstream_at = COALESCE(u.last_upstream_at, s.last_upstream_at),
     straggler = COALESCE(u.straggler, s.straggler),
-    fired_at = CASE WHEN u.fired THEN clock_timestamp() ELSE s.fired_at END,
-    ended_at = CASE WHEN u.ended THEN clock_timestamp() ELSE s.ended_at END
+    fired_at = CASE WHEN u.fired THEN konduit_clock_timestamp() ELSE s.fired_at END,
+    ended_at = CASE WHEN u.ended THEN konduit_clock_timestamp() ELSE s.ended_at END
 FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[], %(statuses)s::text[],
             %(up_pendings)s::int[], %(up_oks)s::int[], %(up_faileds)s::int[],
             %(up_required_faileds)s::int[], %(up_skippeds)s::int[], %(tasks_totals)s::int[],

@@ -22,7 +22,7 @@ WHERE execution_id = ANY(%(ids)s::uuid[])
 -- name: execution_status_many
 -- The status of each of a page's executions, for the live status cells of the executions list.
 SELECT id, status, error, created_at, finished_at,
-       extract(epoch FROM COALESCE(finished_at, clock_timestamp()) - created_at)::float8 AS took
+       extract(epoch FROM COALESCE(finished_at, konduit_clock_timestamp()) - created_at)::float8 AS took
 FROM konduit_executions
 WHERE id = ANY(%(ids)s::uuid[]);
 
@@ -44,10 +44,10 @@ LIMIT %(limit)s;
 -- backoff), and how long the oldest due one has waited to be claimed.
 SELECT queue, split_part(workflow, '@', 1) AS workflow,
        count(*) AS ready,
-       count(*) FILTER (WHERE run_at <= clock_timestamp()) AS due,
-       min(run_at) FILTER (WHERE run_at <= clock_timestamp()) AS oldest_due_at,
-       extract(epoch FROM clock_timestamp()
-               - min(run_at) FILTER (WHERE run_at <= clock_timestamp()))::float8 AS oldest_age
+       count(*) FILTER (WHERE run_at <= konduit_clock_timestamp()) AS due,
+       min(run_at) FILTER (WHERE run_at <= konduit_clock_timestamp()) AS oldest_due_at,
+       extract(epoch FROM konduit_clock_timestamp()
+               - min(run_at) FILTER (WHERE run_at <= konduit_clock_timestamp()))::float8 AS oldest_age
 FROM konduit_tasks
 WHERE status = 'ready'
 GROUP BY queue, split_part(workflow, '@', 1)
@@ -63,15 +63,15 @@ SELECT count(*) AS running FROM konduit_executions WHERE status = 'running';
 -- `leader`: it holds the maintenance lease of its deployment.
 SELECT id, hostname, pid, concurrency, queues, workflows, isolation, running, abandoned,
        started_at, last_heartbeat_at, stopped_at, lease_seconds,
-       extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8 AS heartbeat_age,
+       extract(epoch FROM konduit_clock_timestamp() - last_heartbeat_at)::float8 AS heartbeat_age,
        EXISTS (SELECT 1 FROM konduit_leaders l WHERE l.worker_id = konduit_workers.id
-                 AND l.expires_at > clock_timestamp()) AS leader,
+                 AND l.expires_at > konduit_clock_timestamp()) AS leader,
        CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
-            WHEN last_heartbeat_at > clock_timestamp() - make_interval(secs => lease_seconds)
+            WHEN last_heartbeat_at > konduit_clock_timestamp() - make_interval(secs => lease_seconds)
             THEN 'alive'
             ELSE 'dead' END AS state
 FROM konduit_workers
-WHERE last_heartbeat_at > clock_timestamp() - make_interval(secs => %(since_seconds)s)
+WHERE last_heartbeat_at > konduit_clock_timestamp() - make_interval(secs => %(since_seconds)s)
 ORDER BY stopped_at IS NOT NULL, hostname, started_at;
 
 -- name: attempt_list_open_with_worker
@@ -80,7 +80,7 @@ ORDER BY stopped_at IS NOT NULL, hostname, started_at;
 -- grow with the history of finished attempts.
 SELECT a.worker_id, t.id AS task_id, t.execution_id, t.step, t.map_index, a.attempt, a.hedge,
        a.started_at,
-       extract(epoch FROM clock_timestamp() - a.started_at)::float8 AS running_for
+       extract(epoch FROM konduit_clock_timestamp() - a.started_at)::float8 AS running_for
 FROM konduit_tasks t
 JOIN konduit_attempts a ON a.lease_token = t.lease_token OR a.lease_token = t.hedge_token
 WHERE t.status = 'running' AND a.outcome IS NULL
@@ -130,7 +130,7 @@ ORDER BY step, generation;
 -- the given map index on, with how long each took.
 SELECT id, map_index, generation, status, attempt, max_attempts, worker_id, item, error,
        started_at, finished_at,
-       extract(epoch FROM COALESCE(finished_at, clock_timestamp()) - started_at)::float8 AS took
+       extract(epoch FROM COALESCE(finished_at, konduit_clock_timestamp()) - started_at)::float8 AS took
 FROM konduit_tasks
 WHERE execution_id = %(execution_id)s AND step = %(step)s
   AND generation = (SELECT max(generation) FROM konduit_tasks

@@ -3,7 +3,7 @@
 -- seconds left in its window for the budgets of the tasks it creates (NULL: none, or a repair).
 SELECT id, workflow_name, workflow_version, status, steps_pending, generation,
        CASE WHEN generation = 1
-            THEN extract(epoch FROM deadline_at - clock_timestamp())::float8 END AS window_left_seconds
+            THEN extract(epoch FROM deadline_at - konduit_clock_timestamp())::float8 END AS window_left_seconds
 FROM konduit_executions
 WHERE id = %(id)s
 FOR NO KEY UPDATE;
@@ -37,7 +37,7 @@ SET status = %(status)s,
     error = %(error)s,
     steps_pending = %(steps_pending)s,
     output_version = output_version + 1,
-    finished_at = clock_timestamp()
+    finished_at = konduit_clock_timestamp()
 -- A scheduled execution (migration 0024) ends only stopped (cancelled) before its time, as does
 -- one pending a slot under max_running (migration 0026). `run_key`: the caller fills its slot.
 WHERE id = %(id)s AND status IN ('running', 'scheduled', 'pending')
@@ -66,7 +66,7 @@ SELECT pg_notify('konduit_stopped', %(id)s);
 -- Running executions past their hard timeout, oldest first.
 SELECT id
 FROM konduit_executions
-WHERE status = 'running' AND timeout_at < clock_timestamp()
+WHERE status = 'running' AND timeout_at < konduit_clock_timestamp()
 ORDER BY timeout_at
 LIMIT %(limit)s;
 

@@ -9,7 +9,7 @@ WITH wanted AS (
 ), lifted AS (
     UPDATE konduit_flow_limits f
     SET concurrency = NULL, rate_count = NULL, rate_seconds = NULL, starts = '{}',
-        updated_at = clock_timestamp()
+        updated_at = konduit_clock_timestamp()
     WHERE f.workflow = %(workflow)s
       AND (f.concurrency IS NOT NULL OR f.rate_count IS NOT NULL)
       AND f.step <> ALL(%(steps)s::text[])
@@ -27,7 +27,7 @@ SET concurrency = EXCLUDED.concurrency,
                   ELSE konduit_flow_limits.starts[
                       greatest(1, cardinality(konduit_flow_limits.starts) - EXCLUDED.rate_count + 1):]
              END,
-    updated_at = clock_timestamp()
+    updated_at = konduit_clock_timestamp()
 WHERE (konduit_flow_limits.concurrency, konduit_flow_limits.rate_count,
        konduit_flow_limits.rate_seconds, konduit_flow_limits.keyed)
       IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.rate_count, EXCLUDED.rate_seconds,
@@ -46,7 +46,7 @@ WHERE f.workflow = ANY(%(workflows)s::text[]) AND NOT f.keyed
   AND (f.throttled_since IS NOT NULL OR EXISTS (
       SELECT 1 FROM konduit_tasks t
       WHERE t.limited AND t.workflow = f.workflow AND t.step = f.step AND t.status = 'ready'
-        AND t.queue = ANY(%(queues)s::text[]) AND t.run_at <= clock_timestamp()))
+        AND t.queue = ANY(%(queues)s::text[]) AND t.run_at <= konduit_clock_timestamp()))
 ORDER BY f.workflow, f.step
 FOR UPDATE OF f SKIP LOCKED;
 
@@ -64,7 +64,7 @@ SELECT f.workflow, f.step, f.concurrency, f.rate_count, f.rate_seconds, f.keyed,
         WHERE t.limited AND t.workflow = f.workflow AND t.step = f.step
           AND t.status = 'ready')::int AS ready,
        f.throttled_seconds
-           + COALESCE(extract(epoch FROM clock_timestamp() - f.throttled_since), 0)::float8
+           + COALESCE(extract(epoch FROM konduit_clock_timestamp() - f.throttled_since), 0)::float8
            + COALESCE(k.throttled_seconds, 0) AS throttled_seconds,
        f.throttled_since IS NOT NULL OR COALESCE(k.throttled_now, 0) > 0 AS throttled_now,
        f.throttled_claims + COALESCE(k.throttled_claims, 0) AS throttled_claims,
@@ -73,7 +73,7 @@ FROM konduit_flow_limits f
 LEFT JOIN LATERAL (
     SELECT count(*)::int AS keys,
            (count(*) FILTER (WHERE fk.throttled_since IS NOT NULL))::int AS throttled_now,
-           sum(fk.throttled_seconds + COALESCE(extract(epoch FROM clock_timestamp()
+           sum(fk.throttled_seconds + COALESCE(extract(epoch FROM konduit_clock_timestamp()
                                                        - fk.throttled_since), 0))::float8
                AS throttled_seconds,
            sum(fk.throttled_claims)::bigint AS throttled_claims
@@ -92,7 +92,7 @@ FROM konduit_flow_limits f
 CROSS JOIN LATERAL (
     SELECT c.key, max(c.running)::int AS running,
            COALESCE(max(fk.throttled_seconds
-                        + COALESCE(extract(epoch FROM clock_timestamp() - fk.throttled_since),
+                        + COALESCE(extract(epoch FROM konduit_clock_timestamp() - fk.throttled_since),
                                    0)), 0)::float8 AS throttled_seconds,
            bool_or(fk.throttled_since IS NOT NULL) IS TRUE AS throttled_now
     FROM (SELECT t.limit_key AS key, count(*) AS running

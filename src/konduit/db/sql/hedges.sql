@@ -17,7 +17,7 @@ WITH hedged_steps AS (
     JOIN konduit_attempts a ON a.lease_token = t.lease_token
     WHERE t.status = 'running' AND t.hedge_token IS NULL
       AND t.hedged_attempt IS DISTINCT FROM t.attempt
-      AND a.started_at < clock_timestamp() - make_interval(secs => h.threshold)
+      AND a.started_at < konduit_clock_timestamp() - make_interval(secs => h.threshold)
       AND konduit_deadline_ahead(t.deadline_at)
       AND {{execution_running}}
     ORDER BY a.started_at
@@ -26,7 +26,7 @@ WITH hedged_steps AS (
 ), hedged AS (
     UPDATE konduit_tasks t
     SET hedge_token = gen_random_uuid(),
-        hedge_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+        hedge_expires_at = konduit_clock_timestamp() + make_interval(secs => %(lease_seconds)s),
         hedge_worker_id = %(worker_id)s,
         hedged_attempt = t.attempt
     FROM picked
@@ -41,7 +41,7 @@ WITH hedged_steps AS (
     SELECT id, attempt, %(worker_id)s, lease_token, true FROM hedged
 )
 SELECT {{claimed_row}},
-       extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
+       extract(epoch FROM t.deadline_at - konduit_clock_timestamp())::float8 AS deadline_remaining,
        true AS hedged, NULL::float8 AS fallback_age
 FROM hedged t
 JOIN konduit_executions e ON e.id = t.execution_id;
@@ -75,11 +75,11 @@ RETURNING t.id, (mine.hedge_token = %(lease_token)s) AS was_hedge;
 -- drop or promote the hedge re-check everything (task_drop_hedge_if_rescuable,
 -- task_promote_hedge_if_rescuable).
 SELECT t.id, t.lease_token, t.hedge_token, t.worker_id, t.hedge_worker_id,
-       t.lease_expires_at < clock_timestamp() AS primary_expired,
-       t.hedge_expires_at < clock_timestamp() AS hedge_expired
+       t.lease_expires_at < konduit_clock_timestamp() AS primary_expired,
+       t.hedge_expires_at < konduit_clock_timestamp() AS hedge_expired
 FROM konduit_tasks t
 WHERE t.hedge_token IS NOT NULL
-  AND (t.hedge_expires_at < clock_timestamp() OR t.lease_expires_at < clock_timestamp())
+  AND (t.hedge_expires_at < konduit_clock_timestamp() OR t.lease_expires_at < konduit_clock_timestamp())
 ORDER BY t.id
 LIMIT %(limit)s;
 
@@ -103,7 +103,7 @@ SET lease_token = t.hedge_token,
     worker_id = t.hedge_worker_id,
     {{hedge_cleared}}
 WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
-  AND t.hedge_token IS NOT NULL AND t.hedge_expires_at > clock_timestamp()
+  AND t.hedge_token IS NOT NULL AND t.hedge_expires_at > konduit_clock_timestamp()
   AND konduit_lease_rescuable(t.worker_id, t.lease_expires_at, %(lease_seconds)s)
   AND {{task_row_unheld}}
 RETURNING t.id;
@@ -119,6 +119,6 @@ SELECT percentile_cont(%(quantile)s) WITHIN GROUP (
 FROM konduit_attempts a
 JOIN konduit_tasks t ON t.id = a.task_id
 WHERE a.outcome IN ('succeeded', 'outrun') AND NOT a.hedge
-  AND a.finished_at > clock_timestamp() - make_interval(secs => %(window_seconds)s)
+  AND a.finished_at > konduit_clock_timestamp() - make_interval(secs => %(window_seconds)s)
   AND t.workflow = %(workflow)s
   AND t.step = %(step)s;

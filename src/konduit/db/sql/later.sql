@@ -10,7 +10,7 @@
 WITH due AS (
     SELECT id
     FROM konduit_executions
-    WHERE status = 'scheduled' AND run_at <= clock_timestamp()
+    WHERE status = 'scheduled' AND run_at <= konduit_clock_timestamp()
     ORDER BY run_at
     LIMIT %(limit)s
     FOR NO KEY UPDATE SKIP LOCKED
@@ -22,7 +22,7 @@ WITH due AS (
                                    WHERE s.workflow_name = e.workflow_name AND s.key = e.run_key)
                       THEN 'pending' ELSE 'running' END
     FROM due
-    WHERE e.id = due.id AND e.status = 'scheduled' AND e.run_at <= clock_timestamp()
+    WHERE e.id = due.id AND e.status = 'scheduled' AND e.run_at <= konduit_clock_timestamp()
     RETURNING e.id, e.status
 ), set_aside AS (
     UPDATE konduit_tasks t

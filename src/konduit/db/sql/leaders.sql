@@ -9,20 +9,20 @@ WITH taken AS (
     UPDATE konduit_leaders l
     SET worker_id = %(worker_id)s,
         elected_at = CASE WHEN l.worker_id = %(worker_id)s THEN l.elected_at
-                          ELSE clock_timestamp() END,
-        renewed_at = clock_timestamp(),
-        expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+                          ELSE konduit_clock_timestamp() END,
+        renewed_at = konduit_clock_timestamp(),
+        expires_at = konduit_clock_timestamp() + make_interval(secs => %(lease_seconds)s)
     WHERE l.name = %(name)s
       AND (l.worker_id = %(worker_id)s
-           OR l.expires_at < clock_timestamp()
+           OR l.expires_at < konduit_clock_timestamp()
            OR EXISTS (SELECT 1 FROM konduit_workers w
                       WHERE w.id = l.worker_id AND w.stopped_at IS NOT NULL)
            OR konduit_worker_session_gone(l.worker_id))
     RETURNING l.worker_id, l.elected_at
 ), created AS (
     INSERT INTO konduit_leaders (name, worker_id, elected_at, renewed_at, expires_at)
-    SELECT %(name)s, %(worker_id)s, clock_timestamp(), clock_timestamp(),
-           clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+    SELECT %(name)s, %(worker_id)s, konduit_clock_timestamp(), konduit_clock_timestamp(),
+           konduit_clock_timestamp() + make_interval(secs => %(lease_seconds)s)
     WHERE NOT EXISTS (SELECT 1 FROM konduit_leaders WHERE name = %(name)s)
     ON CONFLICT (name) DO NOTHING
     RETURNING worker_id, elected_at

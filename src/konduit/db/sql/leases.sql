@@ -23,10 +23,10 @@ locked AS (
 extended AS (
     UPDATE konduit_tasks t
     SET lease_expires_at = CASE WHEN t.lease_token = ANY(r.tokens)
-                                THEN clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+                                THEN konduit_clock_timestamp() + make_interval(secs => %(lease_seconds)s)
                                 ELSE t.lease_expires_at END,
         hedge_expires_at = CASE WHEN t.hedge_token = ANY(r.tokens)
-                                THEN clock_timestamp() + make_interval(secs => %(lease_seconds)s)
+                                THEN konduit_clock_timestamp() + make_interval(secs => %(lease_seconds)s)
                                 ELSE t.hedge_expires_at END
     FROM requested r
     WHERE t.id = r.id

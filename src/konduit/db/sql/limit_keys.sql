@@ -28,7 +28,7 @@ FROM unnest(%(workflow_names)s::text[], %(keys)s::text[], %(max_runnings)s::int[
      AS u(workflow_name, key, max_running)
 ORDER BY u.workflow_name, u.key
 ON CONFLICT (workflow_name, key) DO UPDATE
-SET max_running = EXCLUDED.max_running, updated_at = clock_timestamp();
+SET max_running = EXCLUDED.max_running, updated_at = konduit_clock_timestamp();
 
 -- name: execution_lock_run_slot
 -- Lock one max_running key's row (a finish of one of its executions); no row: nothing to fill.
@@ -145,7 +145,7 @@ FOR UPDATE OF s SKIP LOCKED;
 DELETE FROM konduit_run_slots s
 USING (SELECT workflow_name, key
        FROM konduit_run_slots r
-       WHERE r.updated_at < clock_timestamp() - make_interval(secs => %(idle_seconds)s)
+       WHERE r.updated_at < konduit_clock_timestamp() - make_interval(secs => %(idle_seconds)s)
          AND NOT EXISTS (SELECT 1 FROM konduit_executions e
                          WHERE e.workflow_name = r.workflow_name AND e.run_key = r.key
                            AND e.status IN ('scheduled', 'pending', 'running'))
@@ -166,9 +166,9 @@ WITH idle AS (
            fk.throttled_claims
     FROM konduit_flow_keys fk
     JOIN konduit_flow_limits f ON f.workflow = fk.workflow AND f.step = fk.step
-    WHERE fk.updated_at < clock_timestamp() - make_interval(secs => %(idle_seconds)s)
+    WHERE fk.updated_at < konduit_clock_timestamp() - make_interval(secs => %(idle_seconds)s)
       AND NOT EXISTS (SELECT 1 FROM unnest(fk.starts) AS s(at)
-                      WHERE s.at > clock_timestamp() - make_interval(
+                      WHERE s.at > konduit_clock_timestamp() - make_interval(
                           secs => COALESCE(f.rate_seconds, 0)))
       AND NOT EXISTS (SELECT 1 FROM konduit_tasks t
                       WHERE t.limit_key = fk.key AND t.workflow = fk.workflow

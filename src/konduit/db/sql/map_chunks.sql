@@ -11,7 +11,7 @@ VALUES (%(execution_id)s, %(step)s, %(generation)s, %(first_index)s, %(item_coun
         COALESCE(%(limited)s::bool, false), %(policy_revision)s, %(deadline_uncut)s::float8,
         %(deadline_reserve)s::float8,
         CASE WHEN %(deadline_uncut)s::float8 IS NOT NULL
-             THEN now() + make_interval(secs => %(deadline_seconds)s::float8) END)
+             THEN konduit_now() + make_interval(secs => %(deadline_seconds)s::float8) END)
 ON CONFLICT (execution_id, step, generation, first_index) DO NOTHING;
 
 -- name: map_chunk_notify_pending

@@ -16,7 +16,7 @@ SELECT e.id, %(workflow)s::text, %(generation)s::int, %(step)s::text,
        -- A budget the window cut is a moment (see task_insert_many), the same for every item
        -- of every chunk: counted from the transaction's start.
        CASE WHEN %(deadline_uncut)s::float8 IS NOT NULL
-            THEN now() + make_interval(secs => %(deadline_seconds)s::float8) END,
+            THEN konduit_now() + make_interval(secs => %(deadline_seconds)s::float8) END,
        konduit_task_turn(COALESCE((SELECT k.fair_turn FROM konduit_queue_clocks k
                                    WHERE k.queue = %(queue)s::text), 0),
                          %(first_index)s::int + u.ord - 1),

@@ -13,7 +13,7 @@ FROM konduit_executions e
 JOIN konduit_steps s ON s.execution_id = e.id
 WHERE e.workflow_name = %(workflow_name)s
   AND e.finished_at IS NOT NULL
-  AND e.created_at > clock_timestamp() - make_interval(secs => %(history_seconds)s)
+  AND e.created_at > konduit_clock_timestamp() - make_interval(secs => %(history_seconds)s)
   AND s.status IN ('succeeded', 'degraded')
   AND s.fired_at IS NOT NULL
   AND s.ended_at IS NOT NULL
@@ -32,7 +32,7 @@ WITH recent AS (
     FROM konduit_executions
     WHERE workflow_name = %(workflow_name)s
       AND status = 'succeeded'
-      AND created_at > clock_timestamp() - make_interval(secs => %(history_seconds)s)
+      AND created_at > konduit_clock_timestamp() - make_interval(secs => %(history_seconds)s)
     ORDER BY created_at DESC
     LIMIT %(max_executions)s
 ), tasks AS (

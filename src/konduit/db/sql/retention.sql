@@ -9,7 +9,7 @@
 WITH doomed AS (
     SELECT e.id
     FROM konduit_executions e
-    WHERE e.finished_at < now() - make_interval(secs => %(older_than_seconds)s)
+    WHERE e.finished_at < konduit_now() - make_interval(secs => %(older_than_seconds)s)
       AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
       AND (%(after_finished_at)s::timestamptz IS NULL
            OR (e.finished_at, e.id) > (%(after_finished_at)s::timestamptz, %(after_id)s::uuid))
@@ -23,7 +23,7 @@ WITH doomed AS (
 DELETE FROM konduit_executions e
 USING doomed d
 WHERE e.id = d.id
-  AND e.finished_at < now() - make_interval(secs => %(older_than_seconds)s)
+  AND e.finished_at < konduit_now() - make_interval(secs => %(older_than_seconds)s)
   AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
   AND (%(include_dead_letters)s::boolean OR NOT EXISTS (
         SELECT 1 FROM konduit_tasks t
@@ -39,14 +39,14 @@ SELECT count(*) AS finished,
             SELECT 1 FROM konduit_tasks t
             WHERE t.execution_id = e.id AND ({{task_dead_letter}}))) AS dead_letters
 FROM konduit_executions e
-WHERE e.finished_at < now() - make_interval(secs => %(older_than_seconds)s)
+WHERE e.finished_at < konduit_now() - make_interval(secs => %(older_than_seconds)s)
   AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled');
 
 -- name: worker_delete_silent_before
 -- Forget workers last heard from before the cutoff, and at least an hour ago: a live worker
 -- beats every few seconds, so a short cutoff never forgets one that runs.
 DELETE FROM konduit_workers
-WHERE last_heartbeat_at < now() - greatest(make_interval(secs => %(older_than_seconds)s),
+WHERE last_heartbeat_at < konduit_now() - greatest(make_interval(secs => %(older_than_seconds)s),
                                            interval '1 hour');
 
 -- name: fair_key_delete_stale

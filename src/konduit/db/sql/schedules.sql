@@ -7,7 +7,7 @@ INSERT INTO konduit_schedules AS s
      missed, definition_hash, last_tick)
 SELECT d.name, d.workflow_name, d.workflow_version, d.cron, d.every_seconds, d.timezone,
        d.input::jsonb, d.window_seconds, d.missed, d.definition_hash,
-       coalesce(%(now)s::timestamptz, clock_timestamp())
+       coalesce(%(now)s::timestamptz, konduit_clock_timestamp())
 FROM unnest(%(names)s::text[], %(workflow_names)s::text[], %(workflow_versions)s::int[],
             %(crons)s::text[], %(every_seconds)s::int[], %(timezones)s::text[],
             %(inputs)s::text[], %(window_seconds)s::float8[], %(misseds)s::text[],
@@ -30,13 +30,13 @@ SET workflow_name = EXCLUDED.workflow_name,
              IS NOT DISTINCT FROM (EXCLUDED.cron, EXCLUDED.every_seconds, EXCLUDED.timezone)
         THEN s.last_tick
         ELSE greatest(s.last_tick, EXCLUDED.last_tick) END,
-    updated_at = clock_timestamp()
+    updated_at = konduit_clock_timestamp()
 WHERE s.definition_hash <> EXCLUDED.definition_hash;
 
 -- name: schedule_list_by_names
 -- The state of some schedules, unlocked, with the database's clock: which of them are due.
 SELECT name, cron, every_seconds, timezone, last_tick, paused,
-       coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+       coalesce(%(now)s::timestamptz, konduit_clock_timestamp()) AS now
 FROM konduit_schedules
 WHERE name = ANY(%(names)s::text[])
 ORDER BY name;
@@ -45,7 +45,7 @@ ORDER BY name;
 -- Lock one schedule to start its due ticks, unless it is paused or another worker holds it
 -- (that worker is starting the same ticks: this one moves on instead of waiting).
 SELECT name, workflow_name, workflow_version, cron, every_seconds, timezone, input,
-       window_seconds, missed, last_tick, coalesce(%(now)s::timestamptz, clock_timestamp()) AS now
+       window_seconds, missed, last_tick, coalesce(%(now)s::timestamptz, konduit_clock_timestamp()) AS now
 FROM konduit_schedules
 WHERE name = %(name)s AND NOT paused
 FOR UPDATE SKIP LOCKED;
@@ -56,7 +56,7 @@ FOR UPDATE SKIP LOCKED;
 UPDATE konduit_schedules
 SET last_tick = %(tick)s,
     last_execution_id = coalesce(%(execution_id)s, last_execution_id),
-    updated_at = clock_timestamp()
+    updated_at = konduit_clock_timestamp()
 WHERE name = %(name)s AND last_tick < %(tick)s AND NOT paused
 RETURNING name;
 
@@ -73,8 +73,8 @@ WHERE e.id = u.id AND e.idempotency_key = u.key AND e.scheduled_at IS NULL;
 -- missed policy decides what becomes of the ticks that passed while it was paused.
 UPDATE konduit_schedules s
 SET paused = %(paused)s,
-    paused_at = CASE WHEN %(paused)s THEN coalesce(s.paused_at, clock_timestamp()) END,
-    updated_at = clock_timestamp()
+    paused_at = CASE WHEN %(paused)s THEN coalesce(s.paused_at, konduit_clock_timestamp()) END,
+    updated_at = konduit_clock_timestamp()
 FROM (SELECT name, paused FROM konduit_schedules WHERE name = %(name)s FOR UPDATE) AS before
 WHERE s.name = before.name
 RETURNING before.paused AS was_paused;
@@ -85,7 +85,7 @@ SELECT s.name, s.workflow_name, s.workflow_version, s.cron, s.every_seconds, s.t
        s.missed, s.window_seconds, s.input, s.paused, s.paused_at, s.last_tick,
        s.last_execution_id, e.status AS last_status, e.scheduled_at AS last_scheduled_at,
        e.created_at AS last_started_at, s.created_at, s.updated_at,
-       clock_timestamp() AS now
+       konduit_clock_timestamp() AS now
 FROM konduit_schedules s
 LEFT JOIN konduit_executions e ON e.id = s.last_execution_id
 ORDER BY s.name;

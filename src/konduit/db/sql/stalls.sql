@@ -31,7 +31,7 @@ FROM (VALUES (true)) AS one (x)
 LEFT JOIN LATERAL (
     SELECT s.id, s.workflow_name, s.workflow_version
     FROM scanned s
-    WHERE s.created_at < clock_timestamp() - make_interval(secs => %(grace_seconds)s)
+    WHERE s.created_at < konduit_clock_timestamp() - make_interval(secs => %(grace_seconds)s)
       AND NOT EXISTS (SELECT 1 FROM konduit_tasks t
                       WHERE t.execution_id = s.id AND t.status IN ('ready', 'running', 'waiting'))
       -- Items still to be created from a map's chunks (migration 0032) are work to come.
@@ -39,7 +39,7 @@ LEFT JOIN LATERAL (
       AND NOT EXISTS (SELECT 1 FROM konduit_steps st
                       WHERE st.execution_id = s.id
                         AND greatest(st.fired_at, st.ended_at)
-                            >= clock_timestamp() - make_interval(secs => %(grace_seconds)s))
+                            >= konduit_clock_timestamp() - make_interval(secs => %(grace_seconds)s))
       AND NOT EXISTS (SELECT 1 FROM konduit_alerts a
                       WHERE a.kind = 'execution_stalled' AND a.subject = s.id::text
                         AND a.resolved_at IS NULL)
@@ -56,7 +56,7 @@ SELECT e.id, e.status, e.workflow_name, e.workflow_version, e.generation, e.crea
                   WHERE c.execution_id = e.id AND c.generation = e.generation) AS live,
        (SELECT max(greatest(st.fired_at, st.ended_at)) FROM konduit_steps st
         WHERE st.execution_id = e.id) AS moved_at,
-       clock_timestamp() AS now
+       konduit_clock_timestamp() AS now
 FROM konduit_executions e
 WHERE e.id = %(id)s;
 
@@ -80,7 +80,7 @@ RETURNING id, kind, subject, workflow, severity, message, details,
 -- name: alert_resolve_stall_if_open
 -- Resolve the open execution_stalled alert of an execution the fan-in decision just healed (under its lock).
 UPDATE konduit_alerts
-SET resolved_at = greatest(clock_timestamp(), raised_at),
+SET resolved_at = greatest(konduit_clock_timestamp(), raised_at),
     details = details || %(resolution)s
 WHERE kind = 'execution_stalled'
   AND subject = %(subject)s
@@ -91,7 +91,7 @@ RETURNING id, kind, subject, workflow, severity, message, details,
 -- name: alert_resolve_stalls_if_execution_moved
 -- Resolve the open stall alerts (oldest first, a bounded batch) whose execution ended, is gone, or has a task that can run again, re-checked in this statement.
 UPDATE konduit_alerts a
-SET resolved_at = greatest(clock_timestamp(), a.raised_at),
+SET resolved_at = greatest(konduit_clock_timestamp(), a.raised_at),
     details = a.details || jsonb_build_object('resolution', CASE
         WHEN e.id IS NULL THEN 'execution no longer exists'
         WHEN e.status <> 'running' THEN 'execution ' || e.status

@@ -30,9 +30,9 @@ WITH request AS (
                               ord)
 ), timed AS MATERIALIZED (
     -- One reading of the clock per execution: its start decides its status and its tasks' run_at.
-    SELECT r.*, s.start_at, s.start_at > clock_timestamp() AS later
+    SELECT r.*, s.start_at, s.start_at > konduit_clock_timestamp() AS later
     FROM request r
-    CROSS JOIN LATERAL (SELECT COALESCE(r.run_at, clock_timestamp()
+    CROSS JOIN LATERAL (SELECT COALESCE(r.run_at, konduit_clock_timestamp()
                                         + make_interval(secs => r.delay)) AS start_at) AS s
 ), template AS (
     -- Array literals the client builds once per workflow and reuses.
@@ -111,7 +111,7 @@ WITH request AS (
     SELECT id, workflow_name, workflow_version, input::jsonb, input_hash, idempotency_key,
            steps_pending, deadline_at,
            -- A hard limit counts from the start (greatest ignores a NULL start_at).
-           greatest(start_at, clock_timestamp()) + make_interval(secs => timeout_seconds),
+           greatest(start_at, konduit_clock_timestamp()) + make_interval(secs => timeout_seconds),
            traceparent, tracestate, tags::jsonb, start_at, COALESCE(priority, 0),
            CASE WHEN later THEN 'scheduled' ELSE 'running' END, fair_key
     FROM timed
@@ -126,7 +126,7 @@ WITH request AS (
     INSERT INTO konduit_steps
         (execution_id, step, status, up_total, up_pending, tasks_total, tasks_pending, fired_at)
     SELECT c.id, t.step, t.status, t.up_total, t.up_total, t.tasks_total, t.tasks_pending,
-           CASE WHEN t.status = 'active' THEN clock_timestamp() END
+           CASE WHEN t.status = 'active' THEN konduit_clock_timestamp() END
     FROM created c JOIN template t ON t.name = c.workflow_name AND t.version = c.workflow_version
 ), tasks AS (
     -- Unordered: the claim orders an execution's tasks by their execution id, and sorting wide
@@ -141,7 +141,7 @@ WITH request AS (
                 THEN konduit_task_turn(t.clock,
                                        (%(first_ordinal)s::bigint + r.ord - 1) * t.width + t.nth)
                 ELSE konduit_slot_turn(s.first_slot + t.nth) END,
-           greatest(r.start_at, now()), t.policy_revision
+           greatest(r.start_at, konduit_now()), t.policy_revision
     FROM created c
     JOIN timed r ON r.id = c.id
     JOIN roots t ON t.name = c.workflow_name AND t.version = c.workflow_version
@@ -169,7 +169,7 @@ JOIN konduit_executions e
 -- name: execution_window_left_many
 -- Seconds left until the window (deadline_at) of new executions, by the database's clock: the
 -- budgets of their root tasks are cut by it (konduit.core.budgets).
-SELECT id, extract(epoch FROM deadline_at - clock_timestamp())::float8 AS left_seconds
+SELECT id, extract(epoch FROM deadline_at - konduit_clock_timestamp())::float8 AS left_seconds
 FROM konduit_executions
 WHERE id = ANY(%(ids)s::uuid[]) AND deadline_at IS NOT NULL AND generation = 1;
 
@@ -181,7 +181,7 @@ UPDATE konduit_tasks t
 SET deadline_seconds = u.seconds,
     deadline_uncut_seconds = u.uncut,
     deadline_reserve_seconds = u.reserve,
-    deadline_at = clock_timestamp() + make_interval(secs => u.seconds)
+    deadline_at = konduit_clock_timestamp() + make_interval(secs => u.seconds)
 FROM unnest(%(execution_ids)s::uuid[], %(steps)s::text[], %(seconds)s::float8[],
             %(uncuts)s::float8[], %(reserves)s::float8[])
      AS u(execution_id, step, seconds, uncut, reserve)

@@ -4,7 +4,7 @@ WITH recent AS (
     SELECT id, workflow_name, created_at
     FROM konduit_executions
     WHERE (%(workflow_name)s::text IS NULL OR workflow_name = %(workflow_name)s::text)
-      AND created_at > clock_timestamp() - make_interval(secs => %(history_seconds)s)
+      AND created_at > konduit_clock_timestamp() - make_interval(secs => %(history_seconds)s)
 ), tries AS (
     SELECT r.workflow_name, t.step,
            percentile_cont(0.5) WITHIN GROUP (
@@ -54,7 +54,7 @@ SELECT o.workflow_name, o.step, o.executions, o.succeeded, o.degraded, o.failed,
        COALESCE(t.hedges, 0) AS hedges,
        COALESCE(t.hedges_won, 0) AS hedges_won,
        t.last_success_at,
-       extract(epoch FROM clock_timestamp() - t.last_success_at)::float8 AS since_last_success
+       extract(epoch FROM konduit_clock_timestamp() - t.last_success_at)::float8 AS since_last_success
 FROM outcomes o
 LEFT JOIN tries t ON t.workflow_name = o.workflow_name AND t.step = o.step
 ORDER BY o.workflow_name, o.fired_after NULLS LAST, o.step;
@@ -68,7 +68,7 @@ WITH fired AS (
     FROM konduit_executions e
     JOIN konduit_steps s ON s.execution_id = e.id
     WHERE (%(workflow_name)s::text IS NULL OR e.workflow_name = %(workflow_name)s::text)
-      AND e.created_at > clock_timestamp() - make_interval(secs => %(history_seconds)s)
+      AND e.created_at > konduit_clock_timestamp() - make_interval(secs => %(history_seconds)s)
       AND s.up_total >= 2
       AND s.fired_at IS NOT NULL
       AND s.first_upstream_at IS NOT NULL
@@ -101,19 +101,19 @@ WITH waits AS (
     SELECT e.workflow_name, e.workflow_version, s.step, e.id AS execution_id, e.created_at,
            s.straggler, s.first_upstream_at,
            s.fired_at IS NULL AS waiting,
-           extract(epoch FROM COALESCE(s.fired_at, clock_timestamp()) - s.first_upstream_at)::float8
+           extract(epoch FROM COALESCE(s.fired_at, konduit_clock_timestamp()) - s.first_upstream_at)::float8
                AS wait,
            row_number() OVER (PARTITION BY e.workflow_name, s.step
                               ORDER BY e.created_at DESC, e.id DESC) AS newest
     FROM konduit_executions e
     JOIN konduit_steps s ON s.execution_id = e.id
     WHERE (%(workflow_name)s::text IS NULL OR e.workflow_name = %(workflow_name)s::text)
-      AND e.created_at > clock_timestamp() - make_interval(secs => %(history_seconds)s)
+      AND e.created_at > konduit_clock_timestamp() - make_interval(secs => %(history_seconds)s)
       AND s.up_total >= 2
       AND s.first_upstream_at IS NOT NULL
       AND (s.fired_at IS NOT NULL
            OR (e.status = 'running' AND s.status = 'waiting'
-               AND clock_timestamp() - s.first_upstream_at
+               AND konduit_clock_timestamp() - s.first_upstream_at
                    > make_interval(secs => %(threshold_seconds)s)))
 )
 SELECT w.workflow_name, w.workflow_version, w.step, w.execution_id, w.created_at, w.straggler,

@@ -25,7 +25,7 @@ WHERE execution_id = %(execution_id)s;
 -- name: step_cancel_unfinished
 -- End every step of a stopped execution that had not ended.
 UPDATE konduit_steps
-SET status = 'cancelled', ended_at = clock_timestamp()
+SET status = 'cancelled', ended_at = konduit_clock_timestamp()
 WHERE execution_id = %(execution_id)s AND status IN ('waiting', 'active');
 
 -- name: step_get_outcomes
@@ -42,7 +42,7 @@ SET {{step_counters_set}},
     first_upstream_at = NULL,
     last_upstream_at = NULL,
     straggler = NULL,
-    fired_at = CASE WHEN u.status = 'active' THEN clock_timestamp() END,
+    fired_at = CASE WHEN u.status = 'active' THEN konduit_clock_timestamp() END,
     ended_at = NULL
 FROM unnest(%(steps)s::text[], %(statuses)s::text[], %(up_pendings)s::int[], %(up_oks)s::int[],
             %(up_faileds)s::int[], %(up_required_faileds)s::int[], %(up_skippeds)s::int[],

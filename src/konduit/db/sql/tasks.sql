@@ -53,7 +53,7 @@ WHERE t.status = 'ready' AND t.queue = q.name AND t.workflow = w.name
   -- A limited step's tasks are claimed only under its flow row's lock
   -- (task_claim_batch_flow_limited); false for every other task.
   AND NOT t.limited
-  AND t.run_at <= clock_timestamp()
+  AND t.run_at <= konduit_clock_timestamp()
   AND {{execution_running}}
 ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
 LIMIT %(limit)s
@@ -95,7 +95,7 @@ SELECT %(execution_id)s, %(workflow)s, %(generation)s, u.step, u.map_index, u.it
                               WHERE e.id = %(execution_id)s), 0),
        u.max_attempts, u.deadline_seconds, COALESCE(u.limited, false), u.uncut, u.reserve,
        CASE WHEN u.uncut IS NOT NULL
-            THEN clock_timestamp() + make_interval(secs => u.deadline_seconds) END,
+            THEN konduit_clock_timestamp() + make_interval(secs => u.deadline_seconds) END,
        konduit_task_turn(COALESCE((SELECT k.fair_turn FROM konduit_queue_clocks k
                                    WHERE k.queue = u.queue), 0), u.nth - 1),
        %(policy_revision)s::int
@@ -158,12 +158,12 @@ WITH picked AS (
     SET status = 'running',
         attempt = t.attempt + 1,
         lease_token = gen_random_uuid(),
-        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+        lease_expires_at = konduit_clock_timestamp() + make_interval(secs => %(lease_seconds)s),
         worker_id = %(worker_id)s,
-        started_at = COALESCE(t.started_at, clock_timestamp()),
+        started_at = COALESCE(t.started_at, konduit_clock_timestamp()),
         -- The budget runs from the first claim and covers every retry of the task.
         deadline_at = COALESCE(t.deadline_at,
-                               clock_timestamp() + make_interval(secs => t.deadline_seconds))
+                               konduit_clock_timestamp() + make_interval(secs => t.deadline_seconds))
     FROM picked
     WHERE t.id = picked.id
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
@@ -174,7 +174,7 @@ WITH picked AS (
 ),
 {{queue_clocks_moved}}
 SELECT {{claimed_row}},
-       extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
+       extract(epoch FROM t.deadline_at - konduit_clock_timestamp())::float8 AS deadline_remaining,
        false AS hedged, NULL::float8 AS fallback_age
 FROM claimed t
 -- A lookup by primary key per claimed task under any plan (LIMIT keeps the subquery from being
@@ -191,7 +191,7 @@ CROSS JOIN LATERAL (SELECT {{claimed_execution}}
 -- attempts' start times and the window's new entries, so the starts stored are the starts decided.
 -- plan: custom, the ready backlog of the limited steps grows from nothing to a map's width.
 WITH clock AS MATERIALIZED (
-    SELECT clock_timestamp() AS at
+    SELECT konduit_clock_timestamp() AS at
 ), room AS MATERIALIZED (
     -- What the limits allow now (NULL: no limit left on the step).
     SELECT f.workflow, f.step, NULL::text AS key,
@@ -253,7 +253,7 @@ WITH clock AS MATERIALIZED (
                 FROM konduit_tasks t
                 WHERE t.limited AND t.workflow = a.workflow AND t.step = a.step
                   AND t.status = 'ready' AND t.queue = q.name
-                  AND t.run_at <= clock_timestamp()
+                  AND t.run_at <= konduit_clock_timestamp()
                   AND {{execution_running}}
                 ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
                 LIMIT a.n
@@ -270,7 +270,7 @@ WITH clock AS MATERIALIZED (
                 FROM konduit_tasks t
                 WHERE t.limit_key = a.key AND t.workflow = a.workflow AND t.step = a.step
                   AND t.status = 'ready' AND t.queue = q.name
-                  AND t.run_at <= clock_timestamp()
+                  AND t.run_at <= konduit_clock_timestamp()
                   AND {{execution_running}}
                 ORDER BY t.priority, t.fair_turn, t.execution_id, t.id
                 LIMIT a.n
@@ -399,7 +399,7 @@ SET status = u.outcome,
                   ELSE ARRAY(SELECT jsonb_array_elements_text(u.routes)) END,
     {{lease_cleared}},
     {{hedge_cleared}},
-    finished_at = clock_timestamp() - make_interval(secs => u.age)
+    finished_at = konduit_clock_timestamp() - make_interval(secs => u.age)
 FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
             %(output_hashes)s::text[], %(errors)s::text[], %(routes)s::jsonb[],
             %(ages)s::float8[])
@@ -425,7 +425,7 @@ WITH ended AS (
                       ELSE ARRAY(SELECT jsonb_array_elements_text(u.routes)) END,
         {{lease_cleared}},
         {{hedge_cleared}},
-        finished_at = clock_timestamp() - make_interval(secs => u.age)
+        finished_at = konduit_clock_timestamp() - make_interval(secs => u.age)
     FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(outcomes)s::text[],
                 %(output_hashes)s::text[], %(errors)s::text[], %(routes)s::jsonb[],
                 %(ages)s::float8[], %(attempt_outcomes)s::text[], %(payloads)s::text[],
@@ -449,7 +449,7 @@ WITH ended AS (
 ), closed AS (
     -- As attempt_finish_many_if_open (the comments there say why the lookup is LATERAL).
     UPDATE konduit_attempts a
-    SET finished_at = clock_timestamp()
+    SET finished_at = konduit_clock_timestamp()
                       - make_interval(secs => CASE WHEN a.lease_token = e.lease_token
                                                    THEN e.age ELSE 0 END),
         outcome = CASE WHEN a.lease_token = e.lease_token THEN e.attempt_outcome
@@ -485,7 +485,7 @@ FOR SHARE;
 -- the backoff ends before the task's deadline (else the caller ends the task instead).
 UPDATE konduit_tasks
 SET status = 'ready',
-    run_at = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
+    run_at = konduit_clock_timestamp() + make_interval(secs => %(delay_seconds)s),
     error = %(error)s,
     {{lease_cleared}}
 WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
@@ -500,7 +500,7 @@ RETURNING id, queue;
 -- of the task has started (such a task is being ended, never retried).
 UPDATE konduit_tasks t
 SET status = 'ready',
-    run_at = clock_timestamp() + make_interval(secs => %(delay_seconds)s),
+    run_at = konduit_clock_timestamp() + make_interval(secs => %(delay_seconds)s),
     error = %(error)s,
     {{lease_cleared}}
 WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
@@ -521,7 +521,7 @@ SET status = %(outcome)s,
     output_hash = %(output_hash)s,
     error = %(error)s,
     {{lease_cleared}},
-    finished_at = clock_timestamp()
+    finished_at = konduit_clock_timestamp()
 WHERE t.id = %(id)s AND konduit_lease_held(t.status, t.lease_token, %(lease_token)s)
   AND konduit_lease_rescuable(t.worker_id, t.lease_expires_at, %(lease_seconds)s)
   -- A live hedge takes over instead (task_promote_hedge_if_rescuable).
@@ -541,7 +541,7 @@ SET status = %(outcome)s,
     error = %(error)s,
     {{lease_cleared}},
     {{hedge_cleared}},
-    finished_at = clock_timestamp()
+    finished_at = konduit_clock_timestamp()
 WHERE t.id = %(id)s
   AND konduit_task_expirable(t.status, t.deadline_at, t.worker_id, t.hedge_worker_id,
                              %(grace_seconds)s)
@@ -559,10 +559,10 @@ RETURNING t.id, t.finished_at;
 -- ended without it). The caller must still hold what it read: its lease (or hedge lease) on the
 -- running task, or no lease on a ready or waiting one; a ready one is not claimed meanwhile.
 UPDATE konduit_tasks t
-SET fallback_started_at = clock_timestamp(),
+SET fallback_started_at = konduit_clock_timestamp(),
     run_at = CASE WHEN t.status = 'ready'
                   THEN GREATEST(t.run_at,
-                                clock_timestamp() + make_interval(secs => %(settle_seconds)s))
+                                konduit_clock_timestamp() + make_interval(secs => %(settle_seconds)s))
                   ELSE t.run_at END
 WHERE t.id = %(id)s AND t.fallback_started_at IS NULL
   AND CASE WHEN %(lease_token)s::uuid IS NULL
@@ -575,7 +575,7 @@ RETURNING t.id;
 -- Hand a task back unrun (graceful shutdown): ready at once, and the attempt does not count.
 UPDATE konduit_tasks
 SET status = 'ready',
-    run_at = clock_timestamp(),
+    run_at = konduit_clock_timestamp(),
     attempt = attempt - 1,
     {{lease_cleared}}
 WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
@@ -591,12 +591,12 @@ SET status = 'waiting',
     wait_event = %(event)s,
     wait_key = %(key)s,
     wait_until = COALESCE(%(until)s::timestamptz,
-                          clock_timestamp() + make_interval(secs => %(delay_seconds)s::float8)),
+                          konduit_clock_timestamp() + make_interval(secs => %(delay_seconds)s::float8)),
     wait_child = %(child)s
 WHERE id = %(id)s AND konduit_lease_held(status, lease_token, %(lease_token)s)
   AND hedge_token IS NULL
 RETURNING id, execution_id, step, wait_until,
-          extract(epoch FROM wait_until - clock_timestamp())::float8 AS wait_seconds;
+          extract(epoch FROM wait_until - konduit_clock_timestamp())::float8 AS wait_seconds;
 
 -- name: task_wake_if_waiting
 -- Wake: waiting -> terminal (the event's payload, the timer's None, the child's output). Only a
@@ -606,18 +606,18 @@ UPDATE konduit_tasks t
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
     error = %(error)s,
-    finished_at = clock_timestamp()
+    finished_at = konduit_clock_timestamp()
 WHERE t.id = %(id)s AND t.status = 'waiting'
-  AND (t.deadline_at IS NULL OR COALESCE(t.wait_until, clock_timestamp()) <= t.deadline_at)
+  AND (t.deadline_at IS NULL OR COALESCE(t.wait_until, konduit_clock_timestamp()) <= t.deadline_at)
 RETURNING t.id, t.finished_at;
 
 -- name: task_list_rescuable
 -- Running tasks whose worker is gone (lease expired, owner not live), oldest first; the write
 -- that reclaims one re-checks all of it (task_lose_if_rescuable).
 SELECT {{claimed_row}}, t.worker_id,
-       extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_remaining,
+       extract(epoch FROM t.deadline_at - konduit_clock_timestamp())::float8 AS deadline_remaining,
        false AS hedged,
-       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age
+       extract(epoch FROM konduit_clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status = 'running' AND konduit_lease_lapsed(t.worker_id, t.lease_expires_at)
@@ -639,7 +639,7 @@ SET status = 'cancelled',
     error = %(reason)s,
     {{lease_cleared}},
     {{hedge_cleared}},
-    finished_at = clock_timestamp()
+    finished_at = konduit_clock_timestamp()
 FROM doomed
 WHERE t.id = doomed.id AND t.status IN ('ready', 'running', 'waiting')
 RETURNING t.id;
@@ -670,11 +670,11 @@ LIMIT %(limit)s;
 -- or a queue outlasted the budget, or a wait was not over in time.
 SELECT {{claimed_row}}, t.status, t.worker_id,
        0.0::float8 AS deadline_remaining, false AS hedged,
-       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age
+       extract(epoch FROM konduit_clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age
 FROM konduit_tasks t
 JOIN konduit_executions e ON e.id = t.execution_id
 WHERE t.status IN ('ready', 'running', 'waiting') AND e.status = 'running'
-  AND t.deadline_at < clock_timestamp()  -- the deadline index's range; the rest per row:
+  AND t.deadline_at < konduit_clock_timestamp()  -- the deadline index's range; the rest per row:
   AND konduit_task_expirable(t.status, t.deadline_at, t.worker_id, t.hedge_worker_id,
                              %(grace_seconds)s)
   AND (t.status <> 'waiting' OR t.wait_until IS NULL OR t.wait_until > t.deadline_at)
@@ -700,7 +700,7 @@ WHERE id = %(id)s
 -- claimable at once. Re-checked in this statement: it is still ready, of this execution, after
 -- a failed attempt, and its next try is still ahead (a worker may have claimed it since).
 UPDATE konduit_tasks
-SET run_at = clock_timestamp()
+SET run_at = konduit_clock_timestamp()
 WHERE id = %(id)s AND execution_id = %(execution_id)s
-  AND status = 'ready' AND attempt > 0 AND run_at > clock_timestamp()
+  AND status = 'ready' AND attempt > 0 AND run_at > konduit_clock_timestamp()
 RETURNING id, queue;

@@ -49,7 +49,7 @@ FOR UPDATE SKIP LOCKED;
 -- the key its trigger's key= computed, if any.
 UPDATE konduit_trigger_events
 SET status = %(status)s, execution_id = %(execution_id)s, group_id = %(group_id)s,
-    error = %(error)s, done_at = clock_timestamp(), key = COALESCE(%(key)s::text, key)
+    error = %(error)s, done_at = konduit_clock_timestamp(), key = COALESCE(%(key)s::text, key)
 WHERE id = %(id)s AND status = 'pending'
 RETURNING id;
 
@@ -62,7 +62,7 @@ INSERT INTO konduit_trigger_groups AS g
     (workflow_name, workflow_version, event, mode, group_key, inputs, size, last_event_at,
      opened_at, due_at)
 VALUES (%(workflow_name)s, %(workflow_version)s, %(event)s, %(mode)s, %(group_key)s,
-        jsonb_build_array(%(input)s::text::jsonb), 1, %(event_at)s, clock_timestamp(),
+        jsonb_build_array(%(input)s::text::jsonb), 1, %(event_at)s, konduit_clock_timestamp(),
         %(event_at)s::timestamptz + make_interval(secs => %(wait_seconds)s))
 ON CONFLICT (workflow_name, event, group_key) DO UPDATE SET
     inputs = CASE WHEN g.mode = 'batch' THEN g.inputs || EXCLUDED.inputs
@@ -80,7 +80,7 @@ RETURNING id, size;
 -- them to be applied (they may belong to it).
 SELECT g.id
 FROM konduit_trigger_groups g
-WHERE g.due_at <= statement_timestamp()
+WHERE g.due_at <= konduit_statement_timestamp()
   AND g.workflow_name || '@' || g.workflow_version = ANY(%(workflows)s::text[])
   AND NOT EXISTS (SELECT 1 FROM konduit_trigger_events e
                   WHERE e.status = 'pending' AND e.workflow_name = g.workflow_name
@@ -96,7 +96,7 @@ LIMIT %(limit)s;
 DELETE FROM konduit_trigger_groups g
 WHERE g.id = %(id)s
   AND ((g.mode = 'batch' AND g.size >= %(full)s::int)
-       OR (g.due_at <= clock_timestamp()
+       OR (g.due_at <= konduit_clock_timestamp()
            AND NOT EXISTS (SELECT 1 FROM konduit_trigger_events e
                            WHERE e.status = 'pending' AND e.workflow_name = g.workflow_name
                              AND e.event = g.event AND e.created_at <= g.due_at)))
@@ -128,12 +128,12 @@ ORDER BY t.workflow_name, t.workflow_version DESC, t.event;
 -- name: trigger_event_delete_done_before
 -- Retention: events that came to an end (started, alone or in their group; failed) before
 -- the cutoff; a pending one, or one whose group is still open, stays. The bound is
--- statement_timestamp() (stable): an index condition on konduit_trigger_events_done, so a pass
+-- konduit_statement_timestamp() (stable): an index condition on konduit_trigger_events_done, so a pass
 -- with nothing to delete reads nothing.
 DELETE FROM konduit_trigger_events ev
 WHERE ev.id IN (
     SELECT e.id FROM konduit_trigger_events e
-    WHERE e.created_at < statement_timestamp() - make_interval(secs => %(older_than_seconds)s)
+    WHERE e.created_at < konduit_statement_timestamp() - make_interval(secs => %(older_than_seconds)s)
       AND e.status IN ('started', 'failed')
     ORDER BY e.created_at
     LIMIT %(limit)s

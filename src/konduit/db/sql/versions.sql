@@ -15,7 +15,7 @@ WITH running AS (
     SELECT w.name, w.version,
            coalesce(array_agg(k.id ORDER BY k.id) FILTER (
                WHERE k.stopped_at IS NULL
-                 AND k.last_heartbeat_at > clock_timestamp() - make_interval(secs => k.lease_seconds)),
+                 AND k.last_heartbeat_at > konduit_clock_timestamp() - make_interval(secs => k.lease_seconds)),
                '{}') AS workers,
            max(coalesce(k.stopped_at, k.last_heartbeat_at)) AS last_served_at
     FROM konduit_workflows w
@@ -28,7 +28,7 @@ SELECT w.name, w.version, w.policy_revision, w.created_at, w.policy_updated_at,
        CASE WHEN r.running > 0 AND cardinality(s.workers) = 0
             THEN greatest(s.last_served_at, r.oldest_running_at) END AS unserved_since,
        CASE WHEN r.running > 0 AND cardinality(s.workers) = 0
-            THEN extract(epoch FROM clock_timestamp()
+            THEN extract(epoch FROM konduit_clock_timestamp()
                          - greatest(s.last_served_at, r.oldest_running_at))::float8
             END AS unserved_seconds
 FROM konduit_workflows w
@@ -68,7 +68,7 @@ WHERE e.id = ANY(%(ids)s::uuid[]) AND e.status = 'running'
   AND NOT EXISTS (
       SELECT 1 FROM konduit_workers k
       WHERE k.stopped_at IS NULL
-        AND k.last_heartbeat_at > clock_timestamp() - make_interval(secs => k.lease_seconds)
+        AND k.last_heartbeat_at > konduit_clock_timestamp() - make_interval(secs => k.lease_seconds)
         AND (e.workflow_name || '@' || e.workflow_version) = ANY(k.workflows));
 
 -- name: workflow_policy_get

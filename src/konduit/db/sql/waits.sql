@@ -11,7 +11,7 @@ FROM (SELECT DISTINCT hashtextextended(k, 7477) AS h
 -- it (the sender at once, else a worker's maintenance) completes it with the event's payload,
 -- even past the deadline: the deadline sweep leaves a task that became due in time alone.
 UPDATE konduit_tasks
-SET wait_until = clock_timestamp()
+SET wait_until = konduit_clock_timestamp()
 WHERE id = %(id)s AND status = 'waiting' AND wait_kind = 'event' AND wait_until IS NULL
   AND konduit_deadline_ahead(deadline_at)
 RETURNING id;
@@ -38,7 +38,7 @@ FROM konduit_events
 WHERE name = %(name)s AND consumed_at IS NULL
   AND (key IS NULL OR key = %(key)s::text)
   AND (execution_id IS NULL OR execution_id = %(execution_id)s::uuid)
-  AND (expires_at IS NULL OR expires_at > clock_timestamp())
+  AND (expires_at IS NULL OR expires_at > konduit_clock_timestamp())
 ORDER BY id
 LIMIT 1
 FOR UPDATE;
@@ -47,16 +47,16 @@ FOR UPDATE;
 -- An event is consumed at most once: by this task, if no one took it first and it has not
 -- expired meanwhile.
 UPDATE konduit_events
-SET consumed_by = %(task_id)s, consumed_at = clock_timestamp()
+SET consumed_by = %(task_id)s, consumed_at = konduit_clock_timestamp()
 WHERE id = %(id)s AND consumed_at IS NULL
-  AND (expires_at IS NULL OR expires_at > clock_timestamp())
+  AND (expires_at IS NULL OR expires_at > konduit_clock_timestamp())
 RETURNING id;
 
 -- name: event_insert
 -- Keep an event: pending (consumed_by NULL) or, for the record, the one that woke a task.
 INSERT INTO konduit_events (name, key, execution_id, payload, consumed_by, consumed_at)
 VALUES (%(name)s, %(key)s, %(execution_id)s, %(payload)s::jsonb, %(consumed_by)s,
-        CASE WHEN %(consumed_by)s::bigint IS NULL THEN NULL ELSE clock_timestamp() END)
+        CASE WHEN %(consumed_by)s::bigint IS NULL THEN NULL ELSE konduit_clock_timestamp() END)
 RETURNING id;
 
 -- name: event_store_pending
@@ -64,7 +64,7 @@ RETURNING id;
 -- which): the first matching task that starts waiting before then consumes it.
 INSERT INTO konduit_events (name, key, execution_id, payload, expires_at)
 VALUES (%(name)s, %(key)s, %(execution_id)s, %(payload)s::jsonb,
-        clock_timestamp() + make_interval(secs => %(retention_seconds)s))
+        konduit_clock_timestamp() + make_interval(secs => %(retention_seconds)s))
 RETURNING id, expires_at;
 
 -- name: event_kept_until
@@ -118,24 +118,24 @@ SELECT count(*) > 0 AS possible, max(retention) AS retention_seconds FROM takers
 -- Waiting tasks the engine should wake now: timers due and events accepted (wait_until passed),
 -- and child workflows whose child execution ended. Each half reads its own partial index
 -- (konduit_tasks_waiting_until, konduit_tasks_waiting_child), never the ready backlog: the bound
--- is statement_timestamp(), not clock_timestamp(), so that it is an index condition (a volatile
+-- is konduit_statement_timestamp(), not konduit_clock_timestamp(), so that it is an index condition (a volatile
 -- one would be a filter over every waiting task). The wake re-checks each task in its own write.
 SELECT * FROM (
 -- A waiting task holds no lease (lease_token is NULL: konduit_tasks' CHECK on status).
 (SELECT {{claimed_row}},
         0.0::float8 AS deadline_remaining, false AS hedged,
-        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
+        extract(epoch FROM konduit_clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
         t.wait_kind, t.wait_child,
         NULL::text AS child_status, NULL::jsonb AS child_output, NULL::text AS child_error
  FROM konduit_tasks t
  JOIN konduit_executions e ON e.id = t.execution_id
- WHERE t.status = 'waiting' AND t.wait_until <= statement_timestamp() AND e.status = 'running'
+ WHERE t.status = 'waiting' AND t.wait_until <= konduit_statement_timestamp() AND e.status = 'running'
  ORDER BY t.wait_until
  LIMIT %(limit)s)
 UNION ALL
 (SELECT {{claimed_row}},
         0.0::float8, false,
-        extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8,
+        extract(epoch FROM konduit_clock_timestamp() - t.fallback_started_at)::float8,
         t.wait_kind, t.wait_child,
         c.status, c.output, c.error
  FROM konduit_tasks t
@@ -153,7 +153,7 @@ UNION ALL
 -- task waiting for this execution) and its execution runs. The wake itself is fenced again.
 SELECT {{claimed_row}},
        0.0::float8 AS deadline_remaining, false AS hedged,
-       extract(epoch FROM clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
+       extract(epoch FROM konduit_clock_timestamp() - t.fallback_started_at)::float8 AS fallback_age,
        t.wait_kind, t.wait_child,
        c.status AS child_status, c.output AS child_output, c.error AS child_error
 FROM konduit_tasks t
@@ -202,39 +202,39 @@ ORDER BY t.id;
 DELETE FROM konduit_events ev
 WHERE ev.id IN (
     SELECT e.id FROM konduit_events e
-    WHERE e.created_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
+    WHERE e.created_at < konduit_clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
       AND NOT EXISTS (SELECT 1 FROM konduit_tasks t
                       WHERE t.id = e.consumed_by AND t.status = 'waiting')
     ORDER BY e.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-  AND ev.created_at < clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
+  AND ev.created_at < konduit_clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
   AND NOT EXISTS (SELECT 1 FROM konduit_tasks t
                   WHERE t.id = ev.consumed_by AND t.status = 'waiting');
 
 -- name: event_delete_expired
 -- A batch of stored events past their retention, never consumed (nor ever to be: a consume
--- re-checks expires_at). The batch is read on konduit_events_expiring with statement_timestamp()
--- as its index condition (a volatile clock_timestamp() would filter every pending event, each
+-- re-checks expires_at). The batch is read on konduit_events_expiring with konduit_statement_timestamp()
+-- as its index condition (a volatile konduit_clock_timestamp() would filter every pending event, each
 -- worker's waits pass); SKIP LOCKED passes over one an arming holds; the outer WHERE re-checks
 -- in this statement what the batch was chosen by.
 DELETE FROM konduit_events ev
 WHERE ev.id IN (
     SELECT e.id FROM konduit_events e
     WHERE e.consumed_at IS NULL AND e.expires_at IS NOT NULL
-      AND e.expires_at <= statement_timestamp()
+      AND e.expires_at <= konduit_statement_timestamp()
     ORDER BY e.expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-  AND ev.consumed_at IS NULL AND ev.expires_at <= clock_timestamp();
+  AND ev.consumed_at IS NULL AND ev.expires_at <= konduit_clock_timestamp();
 
 -- name: event_count_stored
 -- Stored events not yet consumed nor expired, by name (konduit stats, the metrics).
 SELECT name, count(*)::bigint AS events, min(expires_at) AS next_expiry
 FROM konduit_events
-WHERE consumed_at IS NULL AND (expires_at IS NULL OR expires_at > clock_timestamp())
+WHERE consumed_at IS NULL AND (expires_at IS NULL OR expires_at > konduit_clock_timestamp())
 GROUP BY name
 ORDER BY name;
 

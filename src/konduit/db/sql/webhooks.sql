@@ -8,7 +8,7 @@ SELECT u.id, u.url, string_to_array(u.events, ',')
 FROM unnest(%(ids)s::text[], %(urls)s::text[], %(events)s::text[]) AS u(id, url, events)
 ORDER BY u.id
 ON CONFLICT (id) DO UPDATE
-SET events = EXCLUDED.events, registered_at = clock_timestamp()
+SET events = EXCLUDED.events, registered_at = konduit_clock_timestamp()
 WHERE konduit_webhook_subscriptions.events IS DISTINCT FROM EXCLUDED.events
    OR konduit_webhook_subscriptions.url IS DISTINCT FROM EXCLUDED.url;
 
@@ -56,7 +56,7 @@ ON CONFLICT DO NOTHING;
 WITH due AS (
     SELECT id
     FROM konduit_webhook_deliveries
-    WHERE status = 'pending' AND next_attempt_at <= clock_timestamp()
+    WHERE status = 'pending' AND next_attempt_at <= konduit_clock_timestamp()
       AND subscription_id = ANY(%(subscriptions)s::text[])
     ORDER BY next_attempt_at
     LIMIT %(limit)s
@@ -66,8 +66,8 @@ UPDATE konduit_webhook_deliveries d
 SET attempts = d.attempts + 1,
     lease_token = gen_random_uuid(),
     worker_id = %(worker_id)s,
-    last_attempt_at = clock_timestamp(),
-    next_attempt_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s),
+    last_attempt_at = konduit_clock_timestamp(),
+    next_attempt_at = konduit_clock_timestamp() + make_interval(secs => %(lease_seconds)s),
     body = CASE WHEN d.execution_id IS NOT NULL AND NOT d.body ? 'outcomes'
                 THEN d.body || jsonb_build_object('outcomes', (
                     SELECT coalesce(jsonb_object_agg(st.step, st.status ORDER BY st.step),
@@ -78,7 +78,7 @@ FROM due
 WHERE d.id = due.id AND d.status = 'pending'
 RETURNING d.id, d.subscription_id, d.url, d.event, d.execution_id, d.alert_id, d.body,
           d.attempts, d.lease_token,
-          extract(epoch FROM clock_timestamp() - d.created_at)::float8 AS age_seconds;
+          extract(epoch FROM konduit_clock_timestamp() - d.created_at)::float8 AS age_seconds;
 
 -- name: webhook_delivery_record_if_leased
 -- The end of one attempt: delivered, failed or refused for good, or pending again after
@@ -88,9 +88,9 @@ UPDATE konduit_webhook_deliveries
 SET status = %(status)s::text,
     last_error = coalesce(%(error)s, last_error),  -- a delivery keeps the error it got past
     last_status_code = %(status_code)s,
-    delivered_at = CASE WHEN %(status)s::text = 'delivered' THEN clock_timestamp() END,
+    delivered_at = CASE WHEN %(status)s::text = 'delivered' THEN konduit_clock_timestamp() END,
     next_attempt_at = CASE WHEN %(status)s::text = 'pending'
-                           THEN clock_timestamp() + make_interval(secs => %(retry_seconds)s)
+                           THEN konduit_clock_timestamp() + make_interval(secs => %(retry_seconds)s)
                            ELSE next_attempt_at END,
     lease_token = NULL
 WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'pending'
@@ -100,7 +100,7 @@ RETURNING id;
 -- Send a failed or refused delivery again, now (`konduit webhooks --retry`), with a fresh count
 -- of attempts (a delivery older than the age limit is still marked failed after one more).
 UPDATE konduit_webhook_deliveries
-SET status = 'pending', next_attempt_at = clock_timestamp(), lease_token = NULL,
+SET status = 'pending', next_attempt_at = konduit_clock_timestamp(), lease_token = NULL,
     attempts = 0
 WHERE id = %(id)s AND status IN ('failed', 'refused')
 RETURNING id;
@@ -128,5 +128,5 @@ GROUP BY status;
 DELETE FROM konduit_webhook_deliveries
 WHERE id IN (SELECT id FROM konduit_webhook_deliveries
              WHERE status <> 'pending'
-               AND created_at < now() - make_interval(secs => %(older_than_seconds)s)
+               AND created_at < konduit_now() - make_interval(secs => %(older_than_seconds)s)
              LIMIT %(limit)s);

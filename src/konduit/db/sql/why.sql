@@ -10,8 +10,8 @@ SELECT t.id, t.step, t.map_index, t.generation, t.status, t.attempt, t.max_attem
        (SELECT max(a.finished_at) FROM konduit_attempts a
         WHERE a.task_id = t.id AND a.outcome = 'waiting') AS waiting_since,
        w.hostname AS worker_hostname, w.pid AS worker_pid,
-       extract(epoch FROM clock_timestamp() - w.last_heartbeat_at)::float8 AS heartbeat_age,
-       t.status = 'ready' AND t.attempt > 0 AND t.run_at > clock_timestamp() AS in_backoff
+       extract(epoch FROM konduit_clock_timestamp() - w.last_heartbeat_at)::float8 AS heartbeat_age,
+       t.status = 'ready' AND t.attempt > 0 AND t.run_at > konduit_clock_timestamp() AS in_backoff
 FROM konduit_tasks t
 LEFT JOIN konduit_workers w ON w.id = t.worker_id AND t.status = 'running'
 WHERE t.execution_id = %(execution_id)s
@@ -26,11 +26,11 @@ LIMIT %(limit)s;
 -- plan: custom, reads every unfinished task (a backlog).
 SELECT queue, workflow,
        count(*) FILTER (WHERE status = 'ready') AS ready,
-       count(*) FILTER (WHERE status = 'ready' AND run_at <= clock_timestamp()) AS due,
+       count(*) FILTER (WHERE status = 'ready' AND run_at <= konduit_clock_timestamp()) AS due,
        count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'waiting') AS waiting,
-       extract(epoch FROM clock_timestamp() - min(run_at)
-               FILTER (WHERE status = 'ready' AND run_at <= clock_timestamp()))::float8
+       extract(epoch FROM konduit_clock_timestamp() - min(run_at)
+               FILTER (WHERE status = 'ready' AND run_at <= konduit_clock_timestamp()))::float8
            AS oldest_age
 FROM konduit_tasks
 WHERE status IN ('ready', 'running', 'waiting')

@@ -10,7 +10,7 @@ INSERT INTO konduit_workers (id, hostname, pid, concurrency, queues, workflows, 
                              lease_seconds)
 VALUES (%(id)s, %(hostname)s, %(pid)s, %(concurrency)s, %(queues)s, %(workflows)s,
         %(isolation)s, %(lease_seconds)s)
-ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = clock_timestamp(), stopped_at = NULL,
+ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = konduit_clock_timestamp(), stopped_at = NULL,
     workflows = EXCLUDED.workflows, queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency,
     isolation = EXCLUDED.isolation, lease_seconds = EXCLUDED.lease_seconds;
 
@@ -20,14 +20,14 @@ ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = clock_timestamp(), stopped_at
 -- says whether that lease is free to take (absent, expired, or its holder stopped or its session
 -- gone), so that watching the leader costs a follower no transaction of its own.
 UPDATE konduit_workers
-SET last_heartbeat_at = clock_timestamp(), running = %(running)s, abandoned = %(abandoned)s,
+SET last_heartbeat_at = konduit_clock_timestamp(), running = %(running)s, abandoned = %(abandoned)s,
     stopped_at = NULL
 WHERE id = %(id)s
 RETURNING %(leader)s::text IS NOT NULL AND NOT EXISTS (
     SELECT 1 FROM konduit_leaders l
     WHERE l.name = %(leader)s::text
       AND (l.worker_id = %(id)s
-           OR (l.expires_at >= clock_timestamp()
+           OR (l.expires_at >= konduit_clock_timestamp()
                AND NOT EXISTS (SELECT 1 FROM konduit_workers w
                                WHERE w.id = l.worker_id AND w.stopped_at IS NOT NULL)
                AND NOT konduit_worker_session_gone(l.worker_id)))) AS leader_free;
@@ -39,19 +39,19 @@ UPDATE konduit_workers SET session_pid = pg_backend_pid() WHERE id = %(id)s;
 
 -- name: worker_stop
 -- Record a worker shutting down cleanly.
-UPDATE konduit_workers SET stopped_at = clock_timestamp(), running = 0 WHERE id = %(id)s;
+UPDATE konduit_workers SET stopped_at = konduit_clock_timestamp(), running = 0 WHERE id = %(id)s;
 
 -- name: worker_list_live
 -- Workers that are up: not stopped, and heard from within `stale_seconds` (or their own lease);
 -- `leader`: it holds the maintenance lease of its deployment (konduit_leaders).
 SELECT id, hostname, pid, concurrency, queues, workflows, isolation, running, abandoned,
        started_at, last_heartbeat_at, lease_seconds,
-       extract(epoch FROM clock_timestamp() - last_heartbeat_at)::float8 AS heartbeat_age,
+       extract(epoch FROM konduit_clock_timestamp() - last_heartbeat_at)::float8 AS heartbeat_age,
        EXISTS (SELECT 1 FROM konduit_leaders l WHERE l.worker_id = konduit_workers.id
-                 AND l.expires_at > clock_timestamp()) AS leader
+                 AND l.expires_at > konduit_clock_timestamp()) AS leader
 FROM konduit_workers
 WHERE stopped_at IS NULL
-  AND last_heartbeat_at > clock_timestamp()
+  AND last_heartbeat_at > konduit_clock_timestamp()
       - make_interval(secs => COALESCE(%(stale_seconds)s, lease_seconds))
 ORDER BY hostname, started_at;
 
@@ -60,6 +60,6 @@ ORDER BY hostname, started_at;
 SELECT EXISTS (
     SELECT 1 FROM konduit_workers
     WHERE stopped_at IS NULL
-      AND last_heartbeat_at > clock_timestamp() - make_interval(secs => lease_seconds)
+      AND last_heartbeat_at > konduit_clock_timestamp() - make_interval(secs => lease_seconds)
       AND %(workflow)s = ANY(workflows)
 ) AS serving;

@@ -31,7 +31,7 @@ FOR UPDATE;
 WITH updated AS (
     UPDATE konduit_workflows
     SET spec_hash = %(spec_hash)s, spec = %(spec)s, shape_hash = %(shape_hash)s,
-        policy_revision = policy_revision + 1, policy_updated_at = now()
+        policy_revision = policy_revision + 1, policy_updated_at = konduit_now()
     WHERE name = %(name)s AND version = %(version)s
       AND spec_hash = %(old_spec_hash)s
       AND (shape_hash = %(shape_hash)s OR shape_hash IS NULL)
