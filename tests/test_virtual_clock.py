@@ -265,3 +265,25 @@ def test_real_clock_a_one_second_schedule_runs_each_tick_exactly_once():
     with konduit.testing.run([wf], **FAST):
         until(lambda: len(ticks) >= 3, what="three ticks", timeout=60)
     assert_each_tick_once(ticks, 3, timedelta(seconds=1))
+
+
+def test_every_statement_reads_the_time_through_the_clock_functions():
+    """A statement that read now() itself would not follow the virtual clock: every query file
+    but the ones kept on the server's own clock (migrations, replicas, the clock's own) reads
+    the time through konduit_now() and its siblings (comments aside)."""
+    import re
+    from importlib import resources
+
+    real = re.compile(r"(?<![a-z_])(now|clock_timestamp|statement_timestamp|"
+                      r"transaction_timestamp)\s*\(\)|\bcurrent_timestamp\b|\blocaltimestamp\b",
+                      re.IGNORECASE)
+    kept = {"migrations.sql", "replicas.sql", "schema.sql", "clock.sql"}
+    found = []
+    for path in resources.files("konduit.db").joinpath("sql").iterdir():
+        if not path.name.endswith(".sql") or path.name in kept:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("--", 1)[0]
+            if real.search(code):
+                found.append(f"{path.name}:{number}: {line.strip()}")
+    assert not found, "read the time through konduit_now() and its siblings:\n" + "\n".join(found)
