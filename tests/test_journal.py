@@ -118,9 +118,8 @@ def test_a_reordered_call_fails_with_a_determinism_error_naming_it(
         raise RuntimeError("each attempt fails after its calls")
 
     app = make_app(wf)
-    with running_worker(app):
-        with pytest.raises(konduit.ExecutionFailed) as failed:
-            app.start("journal-reordered", input={}).wait(timeout=60)
+    with running_worker(app), pytest.raises(konduit.ExecutionFailed) as failed:
+        app.start("journal-reordered", input={}).wait(timeout=60)
     eid = failed.value.result.id
     [exc] = caught
     assert (exc.step, exc.name, exc.seq, exc.recorded) == ("step", "charge-card", 1, "fetch-user")
