@@ -12,7 +12,6 @@ execution and starts with an empty journal. Retention deletes the journal with i
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from konduit.core.journal import CallJournal, Recorded
 from konduit.core.model import TaskAttempt
@@ -27,11 +26,11 @@ class DatabaseJournal:
         assert task.lease_token is not None
         self.db = db
         self.task = task
-        self._place: dict[str, Any] = {"execution_id": task.execution_id, "step": task.step,
-                                       "map_index": task.map_index}
 
     async def load(self) -> list[Recorded]:
-        rows = await self.db.all("journal_list_by_task", **self._place)
+        task = self.task
+        rows = await self.db.all("journal_list_by_task", execution_id=task.execution_id,
+                                 step=task.step, map_index=task.map_index)
         return [Recorded(r["seq"], r["name"], r["result"]) for r in rows]
 
     async def record(self, entry: Recorded, result_hash: str, duration: float) -> Recorded | None:
@@ -43,7 +42,9 @@ class DatabaseJournal:
             return entry
         # Nothing recorded: another attempt of the task (a hedge) recorded this position first,
         # or the lease is lost. The recorded entry, if any, is what counts.
-        found = await self.db.one("journal_get_entry", **self._place, seq=entry.seq)
+        task = self.task
+        found = await self.db.one("journal_get_entry", execution_id=task.execution_id,
+                                  step=task.step, map_index=task.map_index, seq=entry.seq)
         if found is None:
             return None
         if not await self._held():
@@ -56,9 +57,10 @@ class DatabaseJournal:
         return row is not None
 
     async def mark_replayed(self, seqs: list[int]) -> None:
-        await self.db.run("journal_mark_replayed_if_leased", **self._place, seqs=seqs,
-                          attempt=self.task.attempt, task_id=self.task.id,
-                          lease_token=self.task.lease_token)
+        task = self.task
+        await self.db.run("journal_mark_replayed_if_leased", execution_id=task.execution_id,
+                          step=task.step, map_index=task.map_index, seqs=seqs,
+                          attempt=task.attempt, task_id=task.id, lease_token=task.lease_token)
 
 
 def journal_for(db: Database, task: TaskAttempt, *,
