@@ -6,7 +6,8 @@ case is in tests/test_journal_processes.py."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -45,6 +46,12 @@ class Counting(WrapperModel):
     async def request(self, *args: Any, **kwargs: Any) -> ModelResponse:
         self.counts["requests"] += 1
         return await super().request(*args, **kwargs)
+
+    @asynccontextmanager
+    async def request_stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        self.counts["streams"] += 1
+        async with super().request_stream(*args, **kwargs) as stream:
+            yield stream
 
 
 def test_a_test_model_run_replayed_after_a_failed_attempt_asks_the_model_nothing_again(
@@ -162,3 +169,34 @@ def test_run_needs_the_step_s_context() -> None:
     durable = KonduitAgent(Agent(TestModel()))
     with pytest.raises(TypeError, match=r"konduit\.Context"):
         durable.run_sync("hi", ctx=object())  # type: ignore[arg-type]
+
+
+def test_a_streamed_run_is_journaled_whole_and_replayed(
+        make_app: Callable[..., konduit.App]) -> None:
+    counts: Counter[str] = Counter()
+    events: Counter[int] = Counter()
+    agent = Agent(Counting(TestModel(custom_output_text="streamed answer"), counts),
+                  name="streamer")
+    durable = KonduitAgent(agent)
+    wf = konduit.Workflow("agent-stream", version=1)
+
+    @wf.step(retry=RETRY)
+    async def ask(ctx: konduit.Context) -> str:
+        async def handler(run_ctx: Any, stream: Any) -> None:
+            async for _ in stream:
+                events[ctx.attempt] += 1
+
+        result = await durable.run("hello", ctx=ctx, event_stream_handler=handler)
+        if ctx.attempt == 1:
+            raise RuntimeError("dies after the run")
+        return str(result.output)
+
+    app = make_app(wf)
+    with running_worker(app):
+        handle = app.start("agent-stream", input={})
+        assert handle.wait(timeout=60).output == "streamed answer"
+    # The streamed request reached the model once; both attempts saw its events.
+    assert counts == Counter({"streams": 1}), counts
+    assert events[1] > 0 and events[1] == events[2], events
+    assert [(e.name, e.replays) for e in app.journal(handle.id)] == [
+        ("streamer:model-request", 1)]
