@@ -337,3 +337,23 @@ def test_a_context_built_by_hand_calls_through() -> None:
         return int(await ctx.call("double", double, 21))
 
     assert asyncio.run(doubled()) == 42
+
+
+def test_a_handler_in_a_child_process_is_told_it_cannot_journal(
+        make_app: Callable[..., konduit.App]) -> None:
+    wf = konduit.Workflow("journal-isolated", version=1)
+
+    @wf.step(retry=konduit.Retry(max_attempts=1))
+    def step(ctx: konduit.Context) -> str:
+        try:
+            ctx.call_sync("in-a-child", lambda: 1)
+        except konduit.JournalUnavailable as exc:
+            return str(exc)
+        return "recorded"
+
+    app = make_app(wf)
+    with running_worker(app, isolation="process"):
+        eid = app.start("journal-isolated", input={}).id
+        said = app.wait(eid, timeout=60).output
+    assert "'in-a-child'" in said and "--isolation process" in said
+    assert app.journal(eid) == []

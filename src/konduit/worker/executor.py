@@ -320,7 +320,7 @@ class Executor:
                 leave_attempt(scope)
         finally:
             attempt_logs.leave(token)
-            await _close_journal(ctx)
+        await _close_journal(ctx)  # not when cancelled: a cancelled attempt's counts can go
         # Most attempts log nothing: their completion carries no logs, and the round no rows.
         return dataclasses.replace(completion, logs=logs) if logs else completion
 
