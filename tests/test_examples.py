@@ -35,7 +35,7 @@ def scripts() -> list[Path]:
 def test_the_examples_are_there() -> None:
     names = {path.name for path in scripts()}
     assert {"content_pipeline.py", "human_approval.py", "nightly_schedule.py", "fan_out_100k.py",
-            "http_client.py"} <= names
+            "http_client.py", "durable_agent.py"} <= names
 
 
 @pytest.mark.parametrize("script", scripts(), ids=lambda path: path.name)

@@ -114,6 +114,7 @@ DOORS: dict[str, tuple[tuple[str, str] | None, str | None]] = {
     "schedules": (("get", "/api/v1/schedules"), "schedules"),
     "alerts": (("get", "/api/v1/alerts"), "alerts"),
     "attempt_logs": (("get", "/api/v1/executions/{execution_id}/logs"), None),
+    "journal": (("get", "/api/v1/executions/{execution_id}/journal"), None),
     "prune": (None, "prune"),
     "versions": (None, "versions"),
 }
@@ -123,6 +124,7 @@ NOT_AT_DOOR = {
     ("cli", "migrate"): "konduit migrate moves executions by workflow version (migrate_workflow)",
     ("cli", "workflows"): "konduit versions lists the registered versions with their workers",
     ("cli", "attempt_logs"): "konduit status --logs shows them",
+    ("cli", "journal"): "konduit status --journal shows it",
     ("http", "prune"): "deleting history is an operator's command, not an API call",
     ("http", "versions"): "GET /api/v1/workflows lists the versions",
 }

@@ -60,5 +60,5 @@ def test_schemathesis_finds_nothing(make_app: Callable[..., konduit.App], db_url
     # 17: with POST /executions/{id}/migrate, GET /executions/{id}/logs (attempt logs),
     # POST /executions/{id}/redrive, POST /executions:bulk and the bulk jobs (POST, GET),
     # POST /executions/{id}/fork; 22 with POST /executions/{id}/steps/{step}/answer and GET
-    # /inbox.
-    assert "22 selected / 22 total" in output and "Tested: 22" in output, output[-3000:]
+    # /inbox; 23 with GET /executions/{id}/journal (durable calls).
+    assert "23 selected / 23 total" in output and "Tested: 23" in output, output[-3000:]

@@ -74,7 +74,7 @@ def allowed(requirement: str) -> str | None:
     """Why ``requirement`` is fine, or None when it names someone else's package."""
     extras_known = set(PYPROJECT["project"]["optional-dependencies"])
     match = re.fullmatch(r"(?P<name>[A-Za-z0-9_.-]+|\.|/\S+\.whl|\S*dist/\S*\.whl)"
-                         r"(?:\[(?P<extras>[a-z0-9,]+)\])?", requirement)
+                         r"(?:\[(?P<extras>[a-z0-9,-]+)\])?", requirement)
     if match is None:
         return None
     name, extras = match["name"], (match["extras"] or "").split(",")

@@ -39,7 +39,8 @@ def prune_workflow() -> konduit.Workflow:
 
     @wf.step()
     def root(ctx: konduit.Context) -> list[int]:
-        return [1, 2, 3]
+        # A durable call: its journal row and result go with the execution too.
+        return list(ctx.call_sync("list-items", lambda: [1, 2, 3]))
 
     @wf.map(after=[root], over=lambda items: items)
     def square(ctx: konduit.Context) -> int:

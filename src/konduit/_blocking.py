@@ -28,7 +28,7 @@ from konduit.engine.retention import BATCH_SIZE, Prunable
 from konduit.engine.waits import SendResult
 from konduit.errors import KonduitError
 from konduit.reads import ReadModel
-from konduit.records import AlertRecord, Answer, AttemptLog, BulkResult, DeadLetter, ExecutionFound, MigrationRecord, OpenInput, OutputVersion, Payload, ScheduleRecord, StepRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
+from konduit.records import AlertRecord, Answer, AttemptLog, BulkResult, DeadLetter, ExecutionFound, JournalEntry, MigrationRecord, OpenInput, OutputVersion, Payload, ScheduleRecord, StepRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
 from konduit.tracing import TraceContext
 from collections.abc import Coroutine
 from typing import TypeVar
@@ -263,6 +263,12 @@ class Operations:
         """What the execution's handlers logged (``logging`` and ``ctx.log``), attempt by
         attempt, oldest first; attempts that logged nothing are left out."""
         return self._run(self._operations.attempt_logs(execution_id))
+
+    def journal(self, execution_id: ExecutionId) -> builtins.list[JournalEntry]:
+        """The durable calls an execution's handlers recorded (``ctx.call``; docs/journal.md),
+        by step, item and position: each call's name, the attempt that ran it live, how long it
+        took and how often later attempts replayed it."""
+        return self._run(self._operations.journal(execution_id))
 
     def auto_repair_status(self, execution_id: ExecutionId) -> str | None:
         """How the automatic repair (``repair_within``) of an execution stands, as one line

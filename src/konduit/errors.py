@@ -39,8 +39,10 @@ E = TypeVar("E", bound=KonduitError)
 __all__ = [
     "AlertError", "AmbiguousExecutionId", "CodecError", "DatabaseConflict", "DatabaseError",
     "DatabaseUnavailable",
-    "DefinitionWarning", "ExecutionFailed", "ExecutionNotFound", "IdempotencyConflict",
-    "InputValidationError", "KeyNeedsCode", "KonduitError", "LimitKeyError", "MigrationRefused",
+    "DefinitionWarning", "DeterminismError", "ExecutionFailed", "ExecutionNotFound",
+    "IdempotencyConflict",
+    "InputValidationError", "JournalUnavailable", "KeyNeedsCode", "KonduitError", "LeaseLost",
+    "LimitKeyError", "MigrationRefused",
     "NonRetryableError", "NotAnswerable", "NotForkable", "NotRedrivable", "NothingToRepair",
     "OutputInvalid",
     "PayloadError", "PayloadStoreError", "PayloadTooLarge", "PoolExhausted",
@@ -251,6 +253,45 @@ class NonRetryableError(KonduitError):
 
     def __init__(self, message: str = "", *args: Any):
         super().__init__(message, *args)
+
+
+class DeterminismError(NonRetryableError):
+    """A durable call (``ctx.call``, docs/journal.md) does not match the journal its task
+    recorded: the call at position ``seq`` of the step's handler is named ``name`` now, and was
+    ``recorded`` when it first ran (the handler's calls changed order, or a call was added or
+    removed before it). Replaying another call's result would be a silent wrong answer, so the
+    attempt fails at once, without retries. Carries ``step``, ``map_index``, ``name``, ``seq``
+    and ``recorded``."""
+
+    def __init__(self, message: str, *, step: str | None = None, map_index: int | None = None,
+                 name: str | None = None, seq: int | None = None, recorded: str | None = None):
+        super().__init__(message)
+        self.step = step
+        self.map_index = map_index
+        self.name = name
+        self.seq = seq
+        self.recorded = recorded
+
+
+class LeaseLost(KonduitError):
+    """A durable call's result could not be recorded because its attempt no longer holds the
+    task's lease (it was rescued by another worker, ended by its deadline, cancelled or outrun
+    by a hedge): the attempt ends here, and whatever it returns would be fenced off anyway.
+    Carries ``step``, ``name`` (the call's) and ``seq``."""
+
+    def __init__(self, message: str, *, step: str | None = None, name: str | None = None,
+                 seq: int | None = None):
+        super().__init__(message)
+        self.step = step
+        self.name = name
+        self.seq = seq
+
+
+class JournalUnavailable(KonduitError):
+    """A durable call (``ctx.call_sync``) made where no journal can be written: in a handler
+    that a worker runs with ``--isolation process`` (its child process has no database
+    connection), or ``ctx.call_sync`` on the event loop of an async handler (use ``await
+    ctx.call``)."""
 
 
 class OutputInvalid(KonduitError):

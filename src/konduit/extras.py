@@ -22,6 +22,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "otel": ("opentelemetry.trace", "opentelemetry.sdk"),
     "codecs": ("cryptography",),
     "s3": ("boto3",),
+    "pydantic-ai": ("pydantic_ai",),
 }
 """The modules each extra installs: the extra is there when all of them can be imported."""
 

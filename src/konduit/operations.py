@@ -54,6 +54,7 @@ from konduit.records import (
     BulkResult,
     DeadLetter,
     ExecutionFound,
+    JournalEntry,
     MigrationRecord,
     OpenInput,
     OutputVersion,
@@ -363,6 +364,12 @@ class AsyncOperations:
         """What the execution's handlers logged (``logging`` and ``ctx.log``), attempt by
         attempt, oldest first; attempts that logged nothing are left out."""
         return await (await self._reads()).attempt_logs(execution_id)
+
+    async def journal(self, execution_id: ExecutionId) -> builtins.list[JournalEntry]:
+        """The durable calls an execution's handlers recorded (``ctx.call``; docs/journal.md),
+        by step, item and position: each call's name, the attempt that ran it live, how long it
+        took and how often later attempts replayed it."""
+        return await (await self._reads()).journal(execution_id)
 
     async def auto_repair_status(self, execution_id: ExecutionId) -> str | None:
         """How the automatic repair (``repair_within``) of an execution stands, as one line

@@ -34,6 +34,7 @@ __all__ = [
     "ExecutionRecord",
     "ExecutionSummary",
     "FailedAttempt",
+    "JournalEntry",
     "MapItem",
     "MapStepCounts",
     "MigrationRecord",
@@ -516,6 +517,29 @@ class AttemptLog(Record):
     outcome: str | None
     records: list[dict[str, Any]]
     dropped: int
+
+
+@dataclass(frozen=True)
+class JournalEntry(Record):
+    """One recorded durable call of an execution (``ctx.call``, docs/journal.md): the step and
+    item that made it, its position (``seq``, from 1) and ``name``, the generation and attempt
+    that ran it live, how long it took, and how often later attempts replayed it
+    (``replays``, the last by ``last_replayed_attempt``). The result itself is stored once per
+    execution under ``content_hash``; ``result_bytes`` is its size as JSON."""
+
+    step: str
+    map_index: int
+    seq: int
+    name: str
+    generation: int
+    attempt: int
+    duration_seconds: float
+    recorded_at: datetime
+    replays: int
+    last_replayed_attempt: int | None
+    last_replayed_at: datetime | None
+    content_hash: str
+    result_bytes: int
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -39,7 +39,7 @@ from konduit.core.model import ExecutionStatus
 from konduit.core.requests import MAX_BATCH_SIZE, BulkRequest, CancelRequest, ForkRequest, doc
 from konduit.core.search import ExecutionFilter, parse_tags, search_filter
 from konduit.core.words import step_word
-from konduit.records import BulkResult, StepRecord, TaskRecord
+from konduit.records import BulkResult, JournalEntry, StepRecord, TaskRecord
 
 
 def start(
@@ -195,15 +195,34 @@ def step_table(steps: list[StepRecord], tasks: list[TaskRecord], origin: datetim
     return table
 
 
+def journal_table(calls: list[JournalEntry]) -> Table:
+    """The durable calls of an execution (``konduit status --journal``): one row a call."""
+    table = Table(title="journal (durable calls)", title_justify="left")
+    for column in ("step", "#", "call", "live in", "took", "replayed", "result"):
+        table.add_column(column, justify="right" if column in ("#", "took", "result") else "left")
+    for c in calls:
+        table.add_row(
+            escape(c.step + (f"[{c.map_index}]" if c.map_index else "")), str(c.seq),
+            escape(c.name),
+            f"attempt {c.attempt}" + (f" (run {c.generation})" if c.generation > 1 else ""),
+            seconds(timedelta(seconds=c.duration_seconds)),
+            f"{c.replays}x, last by attempt {c.last_replayed_attempt}" if c.replays else "no",
+            f"{c.result_bytes} B")
+    return table
+
+
 def status(
     execution_id: Annotated[str, typer.Argument(
         metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    journal: Annotated[bool, typer.Option(
+        "--journal", help="Also list the durable calls its handlers recorded (ctx.call).")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Show an execution: status, error, output and a table of its steps."""
     with opened(plain_app(database_url)) as app:
         result = app.status(execution_id)
+        calls = app.journal(result.id) if journal else None
         steps = app.steps(result.id)
         tasks = app.tasks(result.id)
         versions = app.outputs(result.id)
@@ -224,6 +243,7 @@ def status(
             "late_results": late, "served_by_live_worker": served, "hint": hint,
             "auto_repair": auto_repair, "waiting": waiting_json(tasks),
             "stalled": None if stall is None else stall.to_json(),
+            **({} if calls is None else {"journal": calls}),
         }))
         return
     took = between(result.created_at, result.finished_at)
@@ -252,6 +272,8 @@ def status(
     if steps:
         console.print(step_table(steps, tasks, result.created_at))
     print_waiting(tasks)
+    if calls is not None:
+        console.print(journal_table(calls) if calls else "no durable calls recorded")
     if hint:
         console.print(f"[yellow]hint:[/yellow] {escape(hint)}", soft_wrap=True)
     for payload in late:

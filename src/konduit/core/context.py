@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -12,6 +15,8 @@ from uuid import UUID
 
 from konduit.core import clock
 from konduit.core.attempt_logs import AttemptLogs
+from konduit.core.journal import Journal, call_directly, check_name
+from konduit.errors import JournalUnavailable
 
 _handler_log = logging.getLogger("konduit.handler")
 
@@ -39,6 +44,7 @@ class Context:
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _on_heartbeat: Callable[[], None] | None = field(default=None, repr=False)
     _logs: AttemptLogs | None = field(default=None, repr=False)
+    _journal: Journal | None = field(default=None, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -88,3 +94,46 @@ class Context:
         if self._logs is not None:
             self._logs.add(logging.getLevelName(number), text, logger="ctx.log")
         _handler_log.log(number, "%s", text)
+
+    def call(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        """A durable call, in an async handler: ``result = await ctx.call("fetch-page-3",
+        fetch, url)`` calls ``fn(*args, **kwargs)`` (awaiting what it returns when that is
+        awaitable) and records the result under this task before handing it back. A later
+        attempt of the task (a retry, a rescue after its worker died, a redrive or a repair)
+        replays the recorded results in order instead of calling again, and calls live from the
+        first call that has no record (docs/journal.md).
+
+        ``name`` names the call on the execution page and keys it with its position among the
+        handler's calls: on a replay, a call whose name is not the one recorded at its position
+        raises :class:`konduit.DeterminismError`. Results must be JSON (as step outputs); the
+        value handed back is the recorded one (a tuple comes back as a list, live or replayed).
+        A result that cannot be recorded because the attempt lost its lease raises
+        :class:`konduit.LeaseLost`. Use :meth:`call_sync` in a sync handler."""
+        check_name(name)
+        if self._journal is None:  # a context built by hand (a unit test): unrecorded
+            return call_directly(fn, args, kwargs)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise JournalUnavailable(
+                f"ctx.call({name!r}, ...) was called outside an event loop (a sync handler of "
+                f"step {self.step!r}?): use ctx.call_sync(...) there") from None
+        return self._journal.call(name, fn, args, kwargs)
+
+    def call_sync(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """A durable call, in a sync handler: ``result = ctx.call_sync("charge", charge,
+        order)``. The same as :meth:`call` (recorded before it returns, replayed on a later
+        attempt, :class:`konduit.DeterminismError` when the order changed), for handlers that
+        run on a thread; ``fn`` runs on the handler's thread. Not available in a handler a
+        worker runs with ``--isolation process`` (:class:`konduit.JournalUnavailable`)."""
+        check_name(name)
+        if self._journal is None:
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                if inspect.iscoroutine(value):
+                    value.close()
+                raise JournalUnavailable(
+                    f"ctx.call_sync({name!r}, ...) was handed a function that returns an "
+                    f"awaitable: use `await ctx.call(...)`")
+            return value
+        return self._journal.call_sync(name, fn, args, kwargs)

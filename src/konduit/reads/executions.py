@@ -33,6 +33,7 @@ from konduit.records import (
     ExecutionRecord,
     ExecutionSummary,
     FailedAttempt,
+    JournalEntry,
     MapItem,
     MapStepCounts,
     OpenTask,
@@ -177,6 +178,14 @@ class ExecutionReads(ReadBase):
         rows = await self.reads.all("attempt_log_list_by_execution",
                                  execution_id=coerce_execution_id(execution_id), limit=limit)
         return [AttemptLog.from_row(r) for r in rows]
+
+    async def journal(self, execution_id: UUID | str, *,
+                      limit: int | None = None) -> builtins.list[JournalEntry]:
+        """The recorded durable calls of an execution (``ctx.call``), by step, item and
+        position, at most ``limit`` of them."""
+        rows = await self.reads.all("journal_list_by_execution",
+                                 execution_id=await self.resolve(execution_id), limit=limit)
+        return [JournalEntry.from_row(r) for r in rows]
 
     async def failed_attempts(self, execution_id: UUID | str,
                               per_step: int) -> builtins.list[FailedAttempt]:

@@ -175,6 +175,25 @@ class AttemptLog(BaseModel):
     dropped: int
 
 
+class JournalEntry(BaseModel):
+    """One recorded durable call (``ctx.call``, docs/journal.md): where and when it ran live,
+    how long it took, and how often later attempts replayed it instead of calling again."""
+
+    step: str
+    map_index: int
+    seq: int
+    name: str
+    generation: int
+    attempt: int
+    duration_seconds: float
+    recorded_at: datetime
+    replays: int
+    last_replayed_attempt: int | None = None
+    last_replayed_at: datetime | None = None
+    content_hash: str
+    result_bytes: int
+
+
 class OutputVersion(BaseModel):
     version: int
     status: str

@@ -248,6 +248,16 @@ async def execution_logs(execution_id: str, ops: Ops) -> list[m.AttemptLog]:
     return [m.AttemptLog.model_validate(a.to_dict()) for a in await ops.attempt_logs(result.id)]
 
 
+@router.get("/executions/{execution_id}/journal", response_model=list[m.JournalEntry],
+            tags=["executions"], responses=problem_responses(404))
+async def execution_journal(execution_id: str, ops: Ops) -> list[m.JournalEntry]:
+    """The durable calls an execution's handlers recorded (``ctx.call``; docs/journal.md), by
+    step, item and position: each call's name, the attempt that ran it live, how long it took
+    and how often later attempts replayed it."""
+    result = await (await ops.model()).view(execution_id)  # 404 before anything else
+    return [m.JournalEntry.model_validate(e.to_dict()) for e in await ops.journal(result.id)]
+
+
 # -- commands ---------------------------------------------------------------------------------
 
 

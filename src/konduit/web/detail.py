@@ -22,6 +22,7 @@ Fields = dict[str, Any]
 
 FAILURES_PER_STEP = 20  # tracebacks shown per step on the page; the items page has the rest
 LOGGED_ATTEMPTS = 100  # attempts whose logs the page shows; the API has them all
+JOURNALED_CALLS = 500  # durable calls the page shows; the API has them all
 
 
 @dataclass
@@ -52,6 +53,8 @@ class Detail:
     # A fork's origin (forked_from, forked_at_step, origin_status), and the forks of this one.
     fork_origin: Fields | None = None
     forks: list[Fields] = field(default_factory=list)
+    # The durable calls its handlers recorded (ctx.call), by step, item and position.
+    journal: list[Fields] = field(default_factory=list)
 
 
 async def load_detail(model: ReadModel, execution_id: str, *, collapse_maps: bool = False) -> Detail:
@@ -91,7 +94,9 @@ async def load_detail(model: ReadModel, execution_id: str, *, collapse_maps: boo
                   [log_fields(a.to_dict()) for a in await model.attempt_logs(
                       result.id, limit=LOGGED_ATTEMPTS if collapse_maps else None)],
                   unserved, [p.to_dict() for p in await model.task_policies(result.id)],
-                  await model.fork_origin(result.id), await model.forks(result.id))
+                  await model.fork_origin(result.id), await model.forks(result.id),
+                  [e.to_dict() for e in await model.journal(
+                      result.id, limit=JOURNALED_CALLS if collapse_maps else None)])
     return detail
 
 

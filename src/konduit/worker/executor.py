@@ -31,6 +31,7 @@ from konduit.core.waits import Armed
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Database, Tx
 from konduit.engine.completer import record_late_result
+from konduit.engine.journal import journal_for
 from konduit.engine.outputs import Upstream, load_upstream
 from konduit.errors import DatabaseError, NonRetryableError, PayloadError
 from konduit.logs import enter_attempt, leave_attempt
@@ -204,6 +205,7 @@ class Executor:
             deadline=task.deadline_remaining,
             scheduled_at=task.scheduled_at,
             hedged=task.hedged,
+            _journal=journal_for(self.db, task, max_bytes=self.max_payload_bytes),
         )
 
     async def _call(
@@ -336,6 +338,7 @@ class Executor:
                 leave_attempt(scope)
         finally:
             attempt_logs.leave(token)
+        await _close_journal(ctx)  # not when cancelled: a cancelled attempt's counts can go
         # Most attempts log nothing: their completion carries no logs, and the round no rows.
         return dataclasses.replace(completion, logs=logs) if logs else completion
 
@@ -527,6 +530,17 @@ class Executor:
             attempt_outcome=verdict.attempt_outcome,
             **fields,
         )
+
+
+async def _close_journal(ctx: Context) -> None:
+    """Count the replays of the attempt's durable calls not counted yet (the execution page's
+    figures): bookkeeping, so a failure here is logged and ends nothing."""
+    if ctx._journal is None:
+        return
+    try:
+        await ctx._journal.close()
+    except DatabaseError as exc:
+        log.info("step %r: the replays of its durable calls were not counted (%s)", ctx.step, exc)
 
 
 def _handler_input(spec: WorkflowSpec, task: TaskAttempt) -> Any:

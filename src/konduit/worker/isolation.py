@@ -67,6 +67,7 @@ from typing import Any, NoReturn
 from konduit.core import attempt_logs
 from konduit.core.attempt_logs import AttemptLogs
 from konduit.core.context import Context
+from konduit.core.journal import RefusedJournal
 from konduit.core.validation import readable_last_line
 from konduit.errors import KonduitError, NonRetryableError, PayloadError
 
@@ -252,6 +253,10 @@ def _child_main(fn: Callable[[Context], Any], ctx: Context, wfd: int, parent_pid
         _child_setup(parent_pid)
         # The callback belongs to the parent's worker: calling it here would touch its loop.
         ctx._on_heartbeat = None
+        # The child has no database connection of its own: durable calls say so.
+        ctx._journal = RefusedJournal(
+            f"step {ctx.step!r} runs in a child process (--isolation process), where no "
+            f"journal can be written; run it in a worker with --isolation thread")
         # What the handler logs here is the parent's attempt's: collected afresh in this
         # process and sent back beside the answer (konduit.core.attempt_logs).
         logs = AttemptLogs() if attempt_logs.current() is not None else None
