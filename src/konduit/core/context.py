@@ -6,7 +6,6 @@ import asyncio
 import inspect
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
