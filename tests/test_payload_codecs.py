@@ -302,3 +302,28 @@ def test_the_api_and_the_page_show_encrypted_without_the_keys_and_decoded_with_t
             else:
                 assert "encrypted (key k1)" in page and MARK not in page
     keyless.close()
+
+
+def test_journal_records_are_sealed_and_replay_decoded(
+        make_app: Callable[..., konduit.App], worker: Callable[..., Any], db_url: str) -> None:
+    """A durable call's recorded result goes through the codec like every payload: no
+    plaintext in the journal's results, and a retry replays the decoded value."""
+    calls: list[int] = []
+    wf = konduit.Workflow("sealed-journal", version=1)
+
+    @wf.step(retry=konduit.Retry(max_attempts=2, backoff="fixed", base="50ms"))
+    def step(ctx: konduit.Context) -> dict[str, Any]:
+        got = ctx.call_sync("fetch", lambda: calls.append(1) or {"secret": MARK})
+        if ctx.attempt == 1:
+            raise RuntimeError("the first attempt dies after its call")
+        return {"replayed": got}
+
+    app = make_app(wf, codec=Encrypted(keys={"k1": K1}))
+    with worker(app):
+        result = app.start("sealed-journal", input={}).wait(timeout=60)
+    assert result.output == {"replayed": {"secret": MARK}}
+    assert calls == [1]  # the retry replayed it
+    with psycopg.connect(db_url) as conn:
+        texts = [t for (t,) in conn.execute("SELECT result::text FROM konduit_journal_results")]
+    assert texts and not [t for t in texts if MARK in t], "plaintext in the journal"
+    assert all('"$konduit"' in t for t in texts)

@@ -15,7 +15,7 @@ import asyncio
 
 from konduit.core.journal import CallJournal, Recorded
 from konduit.core.model import TaskAttempt
-from konduit.core.payloads import DEFAULT_MAX_BYTES
+from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json, is_sealed
 from konduit.db.database import Database
 
 
@@ -31,11 +31,24 @@ class DatabaseJournal:
         task = self.task
         rows = await self.db.all("journal_list_by_task", execution_id=task.execution_id,
                                  step=task.step, map_index=task.map_index)
-        return [Recorded(r["seq"], r["name"], r["result"]) for r in rows]
+        return [Recorded(r["seq"], r["name"], self._opened(r["result"])) for r in rows]
+
+    def _opened(self, text: str) -> str:
+        """A recorded result as stored (JSON text, an envelope under a payload codec), as the
+        canonical JSON of its value: :class:`~konduit.CodecError` when this process cannot
+        open it (the attempt fails; the call is not made again)."""
+        io = self.db.io
+        if not io.active:
+            return text
+        value = io.loads(text)
+        if is_sealed(value):
+            raise io.why_sealed(value)
+        return canonical_json(value, what="a recorded call's result")
 
     async def record(self, entry: Recorded, result_hash: str, duration: float) -> Recorded | None:
         row = await self.db.one(
             "journal_record_if_leased", task_id=self.task.id, lease_token=self.task.lease_token,
+            execution_id=self.task.execution_id,  # whose result (a payload store names by it)
             seq=entry.seq, name=entry.name, content_hash=result_hash, result=entry.result,
             attempt=self.task.attempt, duration_seconds=max(0.0, duration))
         if row is not None:
@@ -49,7 +62,7 @@ class DatabaseJournal:
             return None
         if not await self._held():
             return None
-        return Recorded(found["seq"], found["name"], found["result"])
+        return Recorded(found["seq"], found["name"], self._opened(found["result"]))
 
     async def _held(self) -> bool:
         row = await self.db.one("task_is_leased", id=self.task.id,

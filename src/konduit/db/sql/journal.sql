@@ -30,7 +30,7 @@ WHERE j.execution_id = %(execution_id)s AND j.step = %(step)s AND j.map_index = 
 WITH held AS (
     SELECT t.execution_id, t.step, t.map_index, t.generation
     FROM konduit_tasks t
-    WHERE t.id = %(task_id)s
+    WHERE t.id = %(task_id)s AND t.execution_id = %(execution_id)s
       AND konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token, %(lease_token)s)
     FOR SHARE OF t
 ), stored AS (
