@@ -37,6 +37,10 @@ from konduit.errors import (
     PayloadError,
     ScheduleNotFound,
     SchemaOutdated,
+    StreamError,
+    StreamFull,
+    StreamLeaseLost,
+    StreamNotFound,
     UserCodeInterrupted,
     UserCodeStuck,
     WorkerUnhealthy,
@@ -45,7 +49,7 @@ from konduit.errors import (
     WorkflowVersionConflict,
 )
 from konduit.extras import ExtraNotInstalled
-from konduit.records import AlertRecord
+from konduit.records import AlertRecord, StreamChunk
 
 __version__ = "0.1.0"
 
@@ -93,6 +97,11 @@ __all__ = [
     "SchemaOutdated",
     "SearchError",
     "StartRequest",
+    "StreamChunk",
+    "StreamError",
+    "StreamFull",
+    "StreamLeaseLost",
+    "StreamNotFound",
     "TriggerCodeFailed",
     "UserCodeInterrupted",
     "UserCodeStuck",

@@ -116,6 +116,14 @@ class Settings(BaseSettings):
         "How long an event no step waits for yet is kept, when the step declares no "
         "retention= and the App no event_retention= (a duration: 90m, 24h, or seconds)."))
 
+    # -- streams --------------------------------------------------------------------------------
+    stream_max_chunks: int = Field(default=10_000, ge=1, description=(
+        "Data chunks a durable stream (ctx.stream) keeps at most; a write past it raises "
+        "StreamFull naming the step."))
+    stream_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1, description=(
+        "Bytes of chunk JSON a durable stream (ctx.stream) keeps at most; a write past it "
+        "raises StreamFull naming the step."))
+
     # -- the command line, the dashboard and its API --------------------------------------------
     app: str | None = Field(default=None, description=(
         "module:attribute of the konduit.App that --app would name (konduit start, repair, "
@@ -148,7 +156,8 @@ class Settings(BaseSettings):
             return number
         return value
 
-    @field_validator("max_abandoned", "worker_metrics_port", mode="before")
+    @field_validator("max_abandoned", "worker_metrics_port", "stream_max_chunks",
+                     "stream_max_bytes", mode="before")
     @classmethod
     def _whole(cls, value: Any) -> Any:
         if isinstance(value, str):

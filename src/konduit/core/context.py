@@ -12,6 +12,8 @@ from typing import Any
 from uuid import UUID
 
 from konduit.core.attempt_logs import AttemptLogs
+from konduit.core.streams import Stream, Streams
+from konduit.errors import StreamError
 
 _handler_log = logging.getLogger("konduit.handler")
 
@@ -39,6 +41,7 @@ class Context:
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _on_heartbeat: Callable[[], None] | None = field(default=None, repr=False)
     _logs: AttemptLogs | None = field(default=None, repr=False)
+    _streams: Streams | None = field(default=None, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -88,3 +91,23 @@ class Context:
         if self._logs is not None:
             self._logs.add(logging.getLevelName(number), text, logger="ctx.log")
         _handler_log.log(number, "%s", text)
+
+    @property
+    def stream(self) -> Stream:
+        """This task's durable stream (docs/streams.md), named after its step (``step[i]`` for
+        an item of a map step): ``ctx.stream.write(chunk)`` appends a chunk, kept in the
+        database in order, which readers follow live (``client.stream(execution_id)``, the
+        API's ``/streams/{name}`` events, the execution page). A retried attempt's first write
+        is preceded by a restart record. Not available in a handler a worker runs with
+        ``--isolation process``."""
+        return self.streams()
+
+    def streams(self, name: str | None = None) -> Stream:
+        """The durable stream ``name`` of this task (its default stream, ``ctx.stream``, when
+        None). A name belongs to the first task that writes it: another task's write to it is
+        refused."""
+        if self._streams is None:
+            raise StreamError(f"step {self.step!r}: ctx.stream is only available in a handler a "
+                              "worker runs on its own threads or loop (not with --isolation "
+                              "process, nor outside a worker)", step=self.step)
+        return self._streams.get(name)

@@ -27,14 +27,17 @@ from konduit.core.model import Command, Completion, Outcome, OutputSource, TaskA
 from konduit.core.outcome import Ending, Final, RetryAt, Verdict, decide
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.results import Route
+from konduit.core.streams import Streams, stream_name
 from konduit.core.validation import OutputInvalid, readable_last_line
 from konduit.core.waits import Armed
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Database, Tx
 from konduit.engine.completer import record_late_result
+from konduit.engine import streams
 from konduit.engine.outputs import Upstream, load_upstream
-from konduit.errors import DatabaseError, NonRetryableError, PayloadError
+from konduit.errors import DatabaseError, NonRetryableError, PayloadError, StreamFull
 from konduit.logs import enter_attempt, leave_attempt
+from konduit.settings import settings
 from konduit.threads import HandlerThreads, process_abandoned
 from konduit.tracing import AttemptTracer
 from konduit.worker.created_with import CreatedWith
@@ -93,6 +96,13 @@ def _is_async(fn: Callable[[Context], Any]) -> bool:
         return found
     except TypeError:  # an unhashable callable: asked each time
         return inspect.iscoroutinefunction(fn)
+
+
+async def _flush_streams(ctx: Context) -> None:
+    """Wait for the stream writes an async handler did not await: its attempt ends after them,
+    and fails with the error of one that failed."""
+    if ctx._streams is not None:
+        await ctx._streams.flush()
 
 
 def _being_cancelled() -> bool:
@@ -186,7 +196,20 @@ class Executor:
             deadline=task.deadline_remaining,
             scheduled_at=task.scheduled_at,
             hedged=task.hedged,
+            _streams=None if task.lease_token is None else Streams(
+                step=task.step,
+                default=stream_name(task.step, task.map_index, spec[task.step].is_map),
+                send=lambda name, seq, payload: self._stream_append(task, name, seq, payload),
+                loop=asyncio.get_running_loop(), max_bytes=self.max_payload_bytes),
         )
+
+    async def _stream_append(self, task: TaskAttempt, name: str, seq: int, payload: str) -> int:
+        """Store one chunk a handler wrote to its stream (:mod:`konduit.engine.streams`),
+        within the bounds the settings give at the moment of the write."""
+        current = settings()
+        return await streams.append(
+            self.db, task, name=name, seq=seq, payload_json=payload,
+            limits=streams.StreamLimits(current.stream_max_chunks, current.stream_max_bytes))
 
     async def _call(
         self,
@@ -377,9 +400,11 @@ class Executor:
         try:
             if deadline is None:
                 result = await self._call(step.handler, ctx, late=task, started=started)
+                await _flush_streams(ctx)
             else:
                 async with deadline:
                     result = await self._call(step.handler, ctx, late=task, started=started)
+                    await _flush_streams(ctx)
             return Ending.RETURNED, None, result
         except asyncio.CancelledError as exc:
             if _being_cancelled():
@@ -393,11 +418,15 @@ class Executor:
         except (PayloadError, OutputInvalid) as exc:
             return Ending.INVALID_OUTPUT, str(exc), None
         except Exception as exc:
-            permanent = isinstance(exc, (NonRetryableError, *step.retry.non_retryable))
+            # A full stream stays full: another attempt would only find it so again.
+            permanent = isinstance(exc, (NonRetryableError, StreamFull, *step.retry.non_retryable))
             return (Ending.NON_RETRYABLE if permanent else Ending.RAISED), _describe(exc), None
         except BaseException as exc:  # SystemExit, KeyboardInterrupt... raised by user code
             permanent = isinstance(exc, step.retry.non_retryable)
             return (Ending.NON_RETRYABLE if permanent else Ending.RAISED), _describe(exc), None
+        finally:
+            if ctx._streams is not None:
+                ctx._streams.abandon()  # writes of an attempt that ended without them
 
     async def conclude(
         self,

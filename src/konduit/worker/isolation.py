@@ -252,6 +252,7 @@ def _child_main(fn: Callable[[Context], Any], ctx: Context, wfd: int, parent_pid
         _child_setup(parent_pid)
         # The callback belongs to the parent's worker: calling it here would touch its loop.
         ctx._on_heartbeat = None
+        ctx._streams = None  # a stream's writes go through the parent's loop: not from here
         # What the handler logs here is the parent's attempt's: collected afresh in this
         # process and sent back beside the answer (konduit.core.attempt_logs).
         logs = AttemptLogs() if attempt_logs.current() is not None else None
