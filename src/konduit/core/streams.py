@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 from konduit.core.payloads import canonical_json
@@ -64,6 +64,7 @@ class Stream:
         self._seq = 0
         self._last: asyncio.Task[int] | None = None
         self._pending: set[asyncio.Task[int]] = set()
+        self._failed: list[PendingWrite] = []
 
     def __repr__(self) -> str:
         return f"Stream({self.name!r})"
@@ -71,19 +72,22 @@ class Stream:
     def write(self, chunk: Any) -> Any:
         """Append ``chunk`` (anything JSON can hold) to the stream. In a sync handler: waits
         until it is stored and returns its offset. In an async handler: returns an awaitable
-        of its offset (await it to wait; the attempt waits for it anyway before it ends).
+        of its offset (await it to wait and to see its error; the attempt waits for a write not
+        awaited before it ends, and fails with its error).
 
         Raises :class:`~konduit.PayloadError` at once for a chunk that is not JSON or bigger
         than the payload limit; :class:`~konduit.StreamFull` past the stream's bounds and
-        :class:`~konduit.StreamLeaseLost` when this attempt no longer holds its task's lease
-        (nothing is stored then, nor after)."""
+        :class:`~konduit.StreamLeaseLost` when this attempt no longer holds its task's lease;
+        nothing of the chunk is stored then."""
         payload = encode_chunk(chunk, step=self.step, stream=self.name, max_bytes=self._max_bytes)
         try:
             on_loop = asyncio.get_running_loop() is self._loop
         except RuntimeError:
             on_loop = False
         if on_loop:
-            return self._enqueue(payload)
+            pending = PendingWrite(self._enqueue(payload))
+            self._watch(pending)
+            return pending
         if self._loop.is_closed():
             raise StreamError(f"stream {self.name!r} of step {self.step!r}: the worker that ran "
                               "this attempt has stopped", step=self.step, stream=self.name)
@@ -94,7 +98,7 @@ class Stream:
             task.add_done_callback(lambda t: _settle(done, t))
 
         self._loop.call_soon_threadsafe(enqueue)
-        return done.result()
+        return done.result()  # its error is raised to the writer here: it saw it
 
     def _enqueue(self, payload: str) -> asyncio.Task[int]:
         # On the loop only: seq and the chain are in write order.
@@ -105,26 +109,50 @@ class Stream:
         task.add_done_callback(self._pending.discard)
         return task
 
+    def _watch(self, pending: PendingWrite) -> None:
+        def ended(task: asyncio.Task[int]) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                self._failed.append(pending)
+
+        pending.task.add_done_callback(ended)
+
     async def _after(self, previous: asyncio.Task[int] | None, seq: int, payload: str) -> int:
         if previous is not None:
-            await asyncio.wait({previous})
-            if not previous.cancelled() and previous.exception() is not None:
-                # A chunk after one that was not stored would leave a gap: refused alike.
-                raise previous.exception()  # type: ignore[misc]
+            await asyncio.wait({previous})  # in order: after the write before it ended
         return await self._send(self.name, seq, payload)
 
     async def flush(self) -> None:
-        """Wait for every write made so far; raise the first one's error, if any failed."""
+        """Wait for every write made so far; raise the error of the first one that failed
+        and was never awaited (its writer did not see it)."""
         last = self._last
         if last is None:
             return
         await asyncio.wait({last})
-        last.result()
+        for pending in self._failed:
+            if not pending.observed:
+                exc = pending.task.exception()
+                assert exc is not None
+                raise exc
 
     def abandon(self) -> None:
         """Cancel the writes not stored yet (the attempt ended without waiting for them)."""
         for task in list(self._pending):
             task.cancel()
+
+
+class PendingWrite:
+    """A write of an async handler: ``await`` it for the chunk's offset (or its error)."""
+
+    def __init__(self, task: asyncio.Task[int]):
+        self.task = task
+        self.observed = False
+
+    def __await__(self) -> Generator[Any, None, int]:
+        self.observed = True
+        return (yield from self.task.__await__())
+
+    def __repr__(self) -> str:
+        return f"PendingWrite(done={self.task.done()})"
 
 
 def _settle(done: concurrent.futures.Future[int], task: asyncio.Task[int]) -> None:
