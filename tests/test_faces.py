@@ -32,7 +32,8 @@ from konduit.web import create_app, database_client
 ROOT = Path(__file__).resolve().parents[1]
 
 OPERATIONS = sorted(name for name, member in inspect.getmembers(AsyncOperations)
-                    if inspect.iscoroutinefunction(member) and not name.startswith("_"))
+                    if (inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member))
+                    and not name.startswith("_"))
 
 FACES: dict[str, type] = {"App": konduit.App, "Client": konduit.Client,
                           "AsyncClient": konduit.AsyncClient}
@@ -114,6 +115,8 @@ DOORS: dict[str, tuple[tuple[str, str] | None, str | None]] = {
     "schedules": (("get", "/api/v1/schedules"), "schedules"),
     "alerts": (("get", "/api/v1/alerts"), "alerts"),
     "attempt_logs": (("get", "/api/v1/executions/{execution_id}/logs"), None),
+    "stream": (("get", "/api/v1/executions/{execution_id}/streams/{name}"), "stream"),
+    "streams": (("get", "/api/v1/executions/{execution_id}/streams"), "status"),
     "prune": (None, "prune"),
     "versions": (None, "versions"),
 }

@@ -383,7 +383,7 @@ class AsyncOperations:
 
     async def streams(self, execution_id: ExecutionId) -> builtins.list[StreamRecord]:
         """Every durable stream of an execution, by name: its step, records, bytes, restarts."""
-        return await (await self._engine()).streams(execution_id)
+        return await (await self._reads()).streams(execution_id)
 
     async def auto_repair_status(self, execution_id: ExecutionId) -> str | None:
         """How the automatic repair (``repair_within``) of an execution stands, as one line

@@ -159,7 +159,7 @@ class StreamRequest:
     execution_id: Annotated[ExecutionId, Doc(
         "The execution (its id, or a unique start or end of it)")]
     name: Annotated[str | None, Doc(
-        "The stream's name (its step's, step[i] for a map item); null: the execution's only "
+        "The stream's name (its step's, step[i] for a map item); absent: the execution's only "
         "stream")] = None
     from_offset: Annotated[int, Doc(
         "The first offset to read: 0 for all, the last offset read + 1 to resume")] = 0

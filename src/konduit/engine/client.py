@@ -61,7 +61,6 @@ from konduit.records import (
     BulkResult,
     MigrationRecord,
     StreamChunk,
-    StreamRecord,
 )
 from konduit.tracing import TraceContext, Tracing, capture
 
@@ -306,11 +305,6 @@ class Client:
         async for chunk in streams.follow(self.db, eid, request.name,
                                           from_offset=request.from_offset, live=request.follow):
             yield chunk
-
-    async def streams(self, execution_id: UUID | str) -> builtins.list[StreamRecord]:
-        """Every durable stream of an execution, by name."""
-        eid = await self.resolve(execution_id)
-        return await streams.streams_of(self.db, eid)
 
     async def fork(self, request: ForkRequest) -> UUID:
         """Start a new execution of an execution's workflow and version that copies the outputs

@@ -52,6 +52,8 @@ class Detail:
     # A fork's origin (forked_from, forked_at_step, origin_status), and the forks of this one.
     fork_origin: Fields | None = None
     forks: list[Fields] = field(default_factory=list)
+    # Its durable streams (ctx.stream): the page follows each live (static/streams.js).
+    streams: list[Fields] = field(default_factory=list)
 
 
 async def load_detail(model: ReadModel, execution_id: str, *, collapse_maps: bool = False) -> Detail:
@@ -91,7 +93,8 @@ async def load_detail(model: ReadModel, execution_id: str, *, collapse_maps: boo
                   [log_fields(a.to_dict()) for a in await model.attempt_logs(
                       result.id, limit=LOGGED_ATTEMPTS if collapse_maps else None)],
                   unserved, [p.to_dict() for p in await model.task_policies(result.id)],
-                  await model.fork_origin(result.id), await model.forks(result.id))
+                  await model.fork_origin(result.id), await model.forks(result.id),
+                  [st.to_dict() for st in await model.streams(result.id)])
     return detail
 
 
