@@ -164,7 +164,7 @@ def generate() -> str:
         "from __future__ import annotations",
         "",
         *imports,
-        "from collections.abc import AsyncIterator, Coroutine, Iterator",
+        "from collections.abc import Coroutine, Iterator",
         "from typing import TypeVar",
         "from konduit.operations import AsyncOperations, ExecutionId",
         "",

@@ -214,7 +214,7 @@ def test_the_bounds_refuse_a_write_naming_the_step(make_app, monkeypatch):
     assert [c.data for c in app.stream(handle.id, "chunks")] == [0, 1, 2]
     assert tasks["unawaited"].status == "failed" and "StreamFull" in tasks["unawaited"].error
     assert [c.data for c in app.stream(handle.id, "unawaited")] == [0, 1, 2]
-    sized = [p for p in app.payloads(handle.id) if p.step == "sized"][0].payload
+    sized = next(p for p in app.payloads(handle.id) if p.step == "sized").payload
     assert sized["limit"] == "bytes" and sized["maximum"] == 20 and sized["step"] == "sized"
     assert "KONDUIT_STREAM_MAX_BYTES" in sized["message"]
     assert [c.data for c in app.stream(handle.id, "sized")] == ["x" * 10]

@@ -30,7 +30,7 @@ from konduit.errors import KonduitError
 from konduit.reads import ReadModel
 from konduit.records import AlertRecord, Answer, AttemptLog, BulkResult, DeadLetter, ExecutionFound, MigrationRecord, OpenInput, OutputVersion, Payload, ScheduleRecord, StepRecord, StreamChunk, StreamRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
 from konduit.tracing import TraceContext
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from typing import TypeVar
 from konduit.operations import AsyncOperations, ExecutionId
 

@@ -257,10 +257,11 @@ async def execution_streams(execution_id: str, ops: Ops) -> list[m.StreamOut]:
     return [m.StreamOut.model_validate(s.to_dict()) for s in await ops.streams(eid)]
 
 
-SSE_RESPONSE = {200: {"description": "Server-sent events: one per record, ``id`` its offset, "
-                      "``event`` its kind (data or restart), ``data`` the record as JSON; then "
-                      "an ``end`` event when the stream ended",
-                      "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+SSE_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
+    "description": "Server-sent events: one per record, ``id`` its offset, ``event`` its kind "
+                   "(data or restart), ``data`` the record as JSON; then an ``end`` event when "
+                   "the stream ended",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
 
 def sse_event(kind: str, data: Any, event_id: int | None = None) -> str:

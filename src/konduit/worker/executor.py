@@ -32,8 +32,8 @@ from konduit.core.validation import OutputInvalid, readable_last_line
 from konduit.core.waits import Armed
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Database, Tx
-from konduit.engine.completer import record_late_result
 from konduit.engine import streams
+from konduit.engine.completer import record_late_result
 from konduit.engine.outputs import Upstream, load_upstream
 from konduit.errors import DatabaseError, NonRetryableError, PayloadError, StreamFull
 from konduit.logs import enter_attempt, leave_attempt
