@@ -11,23 +11,24 @@
 WITH held AS (
     SELECT t.id
     FROM konduit_tasks t
-    WHERE t.id = %(task_id)s
-      AND konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token, %(lease_token)s)
+    WHERE t.id = %(task_id)s::bigint
+      AND konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token,
+                                      %(lease_token)s::uuid)
     FOR SHARE OF t
 ),
 already AS (
     SELECT c.chunk_offset
     FROM konduit_stream_chunks c
-    WHERE c.execution_id = %(execution_id)s AND c.name = %(name)s
-      AND c.writer_token = %(lease_token)s AND c.seq = %(seq)s
+    WHERE c.execution_id = %(execution_id)s::uuid AND c.name = %(name)s::text
+      AND c.writer_token = %(lease_token)s::uuid AND c.seq = %(seq)s::integer
 ),
 head AS (
     INSERT INTO konduit_streams AS s (execution_id, name, step, map_index, next_offset, chunks,
                                       bytes, writer_token, writer_attempt)
-    SELECT %(execution_id)s, %(name)s, %(step)s, %(map_index)s, 1, 1, %(bytes)s,
-           %(lease_token)s, %(attempt)s
+    SELECT %(execution_id)s::uuid, %(name)s::text, %(step)s::text, %(map_index)s::integer,
+           1, 1, %(bytes)s::bigint, %(lease_token)s::uuid, %(attempt)s::integer
     WHERE EXISTS (SELECT 1 FROM held) AND NOT EXISTS (SELECT 1 FROM already)
-      AND %(bytes)s <= %(max_bytes)s AND %(max_chunks)s >= 1
+      AND %(bytes)s::bigint <= %(max_bytes)s::bigint AND %(max_chunks)s::integer >= 1
     ON CONFLICT (execution_id, name) DO UPDATE
     SET next_offset = s.next_offset + CASE WHEN s.writer_token = EXCLUDED.writer_token
                                            THEN 1 ELSE 2 END,
@@ -43,18 +44,20 @@ head AS (
         writer_attempt = EXCLUDED.writer_attempt,
         updated_at = clock_timestamp()
     WHERE s.step = EXCLUDED.step AND s.map_index = EXCLUDED.map_index
-      AND s.chunks + 1 <= %(max_chunks)s AND s.bytes + EXCLUDED.bytes <= %(max_bytes)s
+      AND s.chunks + 1 <= %(max_chunks)s::integer
+      AND s.bytes + EXCLUDED.bytes <= %(max_bytes)s::bigint
     RETURNING s.next_offset, s.marker_offset, s.previous_attempt
 ),
 written AS (
     INSERT INTO konduit_stream_chunks (execution_id, name, chunk_offset, kind, attempt,
                                        previous_attempt, writer_token, seq, payload)
-    SELECT %(execution_id)s, %(name)s, h.marker_offset, 'restart', %(attempt)s,
-           h.previous_attempt, %(lease_token)s, 0, NULL
+    SELECT %(execution_id)s::uuid, %(name)s::text, h.marker_offset, 'restart',
+           %(attempt)s::integer, h.previous_attempt, %(lease_token)s::uuid, 0, NULL
     FROM head h WHERE h.marker_offset IS NOT NULL
     UNION ALL
-    SELECT %(execution_id)s, %(name)s, h.next_offset - 1, 'data', %(attempt)s, NULL,
-           %(lease_token)s, %(seq)s, %(payload)s::jsonb
+    SELECT %(execution_id)s::uuid, %(name)s::text, h.next_offset - 1, 'data',
+           %(attempt)s::integer, NULL, %(lease_token)s::uuid, %(seq)s::integer,
+           %(payload)s::jsonb
     FROM head h
     RETURNING chunk_offset, kind
 )
@@ -62,10 +65,10 @@ SELECT (SELECT w.chunk_offset FROM written w WHERE w.kind = 'data') AS chunk_off
        (SELECT w.chunk_offset FROM written w WHERE w.kind = 'restart') AS restart_offset,
        (SELECT a.chunk_offset FROM already a) AS already_offset,
        EXISTS (SELECT 1 FROM held) AS held,
-       (SELECT count(pg_notify('konduit_stream', %(execution_id)s::text)) FROM head) AS notified,
+       (SELECT count(pg_notify('konduit_stream', %(execution_id)s::uuid::text)) FROM head) AS notified,
        s.step AS owner_step, s.map_index AS owner_map_index, s.chunks, s.bytes
 FROM (SELECT 1) AS one
-LEFT JOIN konduit_streams s ON s.execution_id = %(execution_id)s AND s.name = %(name)s;
+LEFT JOIN konduit_streams s ON s.execution_id = %(execution_id)s::uuid AND s.name = %(name)s::text;
 
 -- name: stream_chunk_list_from
 -- A stream's records from an offset on, in offset order, at most `limit` of them (a primary-key
