@@ -39,6 +39,7 @@ def prune_workflow() -> konduit.Workflow:
 
     @wf.step()
     def root(ctx: konduit.Context) -> list[int]:
+        ctx.stream.write("rows in konduit_streams and konduit_stream_chunks, pruned too")
         return [1, 2, 3]
 
     @wf.map(after=[root], over=lambda items: items)

@@ -61,6 +61,26 @@ def test_sync_and_async_handlers_write_in_order_and_readers_get_each_record_once
         list(app.stream(handle.id, "first", from_offset=-1))
 
 
+def test_the_writes_of_an_attempt_that_raised_are_kept_before_the_restart(make_app):
+    wf = konduit.Workflow("stream-raised", version=1)
+
+    @wf.step(retry=konduit.Retry(max_attempts=2, backoff="fixed", base="0.1s"))
+    async def flaky(ctx):
+        for i in range(3):
+            ctx.stream.write(i)  # not awaited
+        if ctx.attempt == 1:
+            raise ValueError("the first attempt fails after writing")
+        return "ok"
+
+    app = make_app(wf)
+    with running_worker(app):
+        handle = app.start("stream-raised")
+        assert handle.wait(timeout=60).output == "ok"
+    assert [(c.kind, c.attempt, c.data) for c in app.stream(handle.id)] == [
+        ("data", 1, 0), ("data", 1, 1), ("data", 1, 2), ("restart", 2, None),
+        ("data", 2, 0), ("data", 2, 1), ("data", 2, 2)]
+
+
 def test_a_name_has_one_writer_task(make_app):
     """Map item 1 writes after item 0 took the name "shared": refused, naming the owner."""
     wf = konduit.Workflow("stream-owner", version=1)

@@ -107,6 +107,7 @@ class Stream:
         self._last = task
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+        task.add_done_callback(_retrieved)  # its error reaches its writer or flush(), not the log
         return task
 
     def _watch(self, pending: PendingWrite) -> None:
@@ -139,6 +140,14 @@ class Stream:
         for task in list(self._pending):
             task.cancel()
 
+    async def settle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the writes on their way, whatever they end in;
+        cancel those still not done then."""
+        pending = set(self._pending)
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        self.abandon()
+
 
 class PendingWrite:
     """A write of an async handler: ``await`` it for the chunk's offset (or its error)."""
@@ -153,6 +162,11 @@ class PendingWrite:
 
     def __repr__(self) -> str:
         return f"PendingWrite(done={self.task.done()})"
+
+
+def _retrieved(task: asyncio.Task[int]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _settle(done: concurrent.futures.Future[int], task: asyncio.Task[int]) -> None:
@@ -198,3 +212,8 @@ class Streams:
         """Cancel every write not stored yet."""
         for stream in self._open.values():
             stream.abandon()
+
+    async def settle(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` seconds each) for every stream's writes on their way."""
+        for stream in list(self._open.values()):
+            await stream.settle(timeout)

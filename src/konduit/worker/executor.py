@@ -50,6 +50,10 @@ FALLBACK_SETTLE_GRACE = 1.0
 (its caller, alive, records the outcome within its limit; one that died never will)."""
 
 
+STREAM_SETTLE_SECONDS = 5.0
+"""How long an attempt that raised waits for its stream writes still on their way."""
+
+
 Claimed = TaskAttempt
 """The old name of :class:`~konduit.core.model.TaskAttempt`, kept for its importers."""
 
@@ -103,6 +107,13 @@ async def _flush_streams(ctx: Context) -> None:
     and fails with the error of one that failed."""
     if ctx._streams is not None:
         await ctx._streams.flush()
+
+
+def _abandon_streams(ctx: Context) -> None:
+    """Cancel the stream writes of an attempt the worker ends (cancel, deadline) that are not
+    stored yet. An attempt that raised waits for its writes instead (``Streams.settle``)."""
+    if ctx._streams is not None:
+        ctx._streams.abandon()
 
 
 def _being_cancelled() -> bool:
@@ -351,6 +362,10 @@ class Executor:
         budget = task.deadline_remaining
         began = time.monotonic()
         ending, error, result = await self._attempt(step, task, ctx, budget, started)
+        if ctx._streams is not None and ending is not Ending.RETURNED \
+                and ending is not Ending.DEADLINE_PASSED:
+            # What an attempt wrote before it raised is kept, in order, before its end.
+            await ctx._streams.settle(STREAM_SETTLE_SECONDS)
         ended = time.monotonic()
         if self.metrics is not None:
             self.metrics.attempt(spec.name, task.step, ending.value, ended - began)
@@ -408,11 +423,13 @@ class Executor:
             return Ending.RETURNED, None, result
         except asyncio.CancelledError as exc:
             if _being_cancelled():
+                _abandon_streams(ctx)
                 raise
             # The handler raised CancelledError of its own: an error like any other.
             return Ending.RAISED, _describe(exc), None
         except TimeoutError as exc:
             if deadline is not None and deadline.expired():
+                _abandon_streams(ctx)
                 return Ending.DEADLINE_PASSED, None, None
             return Ending.RAISED, _describe(exc), None
         except (PayloadError, OutputInvalid) as exc:
@@ -424,9 +441,7 @@ class Executor:
         except BaseException as exc:  # SystemExit, KeyboardInterrupt... raised by user code
             permanent = isinstance(exc, step.retry.non_retryable)
             return (Ending.NON_RETRYABLE if permanent else Ending.RAISED), _describe(exc), None
-        finally:
-            if ctx._streams is not None:
-                ctx._streams.abandon()  # writes of an attempt that ended without them
+
 
     async def conclude(
         self,
