@@ -76,11 +76,26 @@ def _forwarded(args: ast.arguments) -> str:
     return ", ".join(out)
 
 
+def _yields(node: ast.AsyncFunctionDef) -> bool:
+    """Whether ``node`` is an async generator (a ``yield`` of its own, not of a nested def)."""
+    todo: list[ast.AST] = list(node.body)
+    while todo:
+        item = todo.pop()
+        if isinstance(item, ast.Yield | ast.YieldFrom):
+            return True
+        if not isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            todo.extend(ast.iter_child_nodes(item))
+    return False
+
+
 def _blocking_method(node: ast.AsyncFunctionDef) -> ast.FunctionDef:
     """``node`` as a method of ``Operations``: same signature and docstring, one hop."""
     returns = ast.unparse(node.returns) if node.returns is not None else "None"
     call = f"self._run(self._operations.{node.name}({_forwarded(node.args)}))"
-    if returns == "AsyncExecutionHandle":
+    if _yields(node):  # an async generator: a generator, each item fetched on the loop
+        returns = returns.replace("AsyncIterator[", "Iterator[", 1)
+        body = f"return self._iterate(self._operations.{node.name}({_forwarded(node.args)}))"
+    elif returns == "AsyncExecutionHandle":
         body = f"return ExecutionHandle(self, {call}.id)"
     elif returns == "builtins.list[AsyncExecutionHandle]":
         body = f"return [ExecutionHandle(self, h.id) for h in {call}]"
@@ -105,6 +120,28 @@ class Operations:
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         raise NotImplementedError
+
+    def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        """The items of an async generator of the async face, each fetched on the face's
+        loop (``_run``); leaving the loop early closes it there too."""
+
+        async def following() -> T:
+            return await items.__anext__()
+
+        async def closing() -> None:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+        try:
+            while True:
+                try:
+                    item = self._run(following())
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            self._run(closing())
 '''
 
 
@@ -127,7 +164,7 @@ def generate() -> str:
         "from __future__ import annotations",
         "",
         *imports,
-        "from collections.abc import Coroutine",
+        "from collections.abc import Coroutine, Iterator",
         "from typing import TypeVar",
         "from konduit.operations import AsyncOperations, ExecutionId",
         "",

@@ -32,7 +32,8 @@ from konduit.web import create_app, database_client
 ROOT = Path(__file__).resolve().parents[1]
 
 OPERATIONS = sorted(name for name, member in inspect.getmembers(AsyncOperations)
-                    if inspect.iscoroutinefunction(member) and not name.startswith("_"))
+                    if (inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(member))
+                    and not name.startswith("_"))
 
 FACES: dict[str, type] = {"App": konduit.App, "Client": konduit.Client,
                           "AsyncClient": konduit.AsyncClient}
@@ -115,6 +116,8 @@ DOORS: dict[str, tuple[tuple[str, str] | None, str | None]] = {
     "alerts": (("get", "/api/v1/alerts"), "alerts"),
     "attempt_logs": (("get", "/api/v1/executions/{execution_id}/logs"), None),
     "journal": (("get", "/api/v1/executions/{execution_id}/journal"), None),
+    "stream": (("get", "/api/v1/executions/{execution_id}/streams/{name}"), "stream"),
+    "streams": (("get", "/api/v1/executions/{execution_id}/streams"), "status"),
     "prune": (None, "prune"),
     "versions": (None, "versions"),
 }

@@ -39,6 +39,7 @@ def prune_workflow() -> konduit.Workflow:
 
     @wf.step()
     def root(ctx: konduit.Context) -> list[int]:
+        ctx.stream.write("rows in konduit_streams and konduit_stream_chunks, pruned too")
         # A durable call: its journal row and result go with the execution too.
         return list(ctx.call_sync("list-items", lambda: [1, 2, 3]))
 

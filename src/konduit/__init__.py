@@ -44,6 +44,10 @@ from konduit.errors import (
     PayloadTooLarge,
     ScheduleNotFound,
     SchemaOutdated,
+    StreamError,
+    StreamFull,
+    StreamLeaseLost,
+    StreamNotFound,
     UserCodeInterrupted,
     UserCodeStuck,
     WorkerUnhealthy,
@@ -52,7 +56,7 @@ from konduit.errors import (
     WorkflowVersionConflict,
 )
 from konduit.extras import ExtraNotInstalled
-from konduit.records import AlertRecord
+from konduit.records import AlertRecord, StreamChunk
 
 __version__ = "0.1.0"
 
@@ -106,6 +110,11 @@ __all__ = [
     "SchemaOutdated",
     "SearchError",
     "StartRequest",
+    "StreamChunk",
+    "StreamError",
+    "StreamFull",
+    "StreamLeaseLost",
+    "StreamNotFound",
     "TriggerCodeFailed",
     "UserCodeInterrupted",
     "UserCodeStuck",

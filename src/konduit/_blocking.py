@@ -14,12 +14,12 @@ thread may call it. :class:`ExecutionHandle` is :class:`konduit.AsyncExecutionHa
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 from konduit.core.durations import Duration
-from konduit.core.requests import AnswerRequest, BulkRequest, CancelRequest, EventRequest, ForkRequest, MigrateRequest, MigrateWorkflowRequest, PruneRequest, RedriveRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest
+from konduit.core.requests import AnswerRequest, BulkRequest, CancelRequest, EventRequest, ForkRequest, MigrateRequest, MigrateWorkflowRequest, PruneRequest, RedriveRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest, StreamRequest
 from konduit.core.results import ExecutionResult
 from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook
@@ -28,9 +28,9 @@ from konduit.engine.retention import BATCH_SIZE, Prunable
 from konduit.engine.waits import SendResult
 from konduit.errors import KonduitError
 from konduit.reads import ReadModel
-from konduit.records import AlertRecord, Answer, AttemptLog, BulkResult, DeadLetter, ExecutionFound, JournalEntry, MigrationRecord, OpenInput, OutputVersion, Payload, ScheduleRecord, StepRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
+from konduit.records import AlertRecord, Answer, AttemptLog, BulkResult, DeadLetter, ExecutionFound, JournalEntry, MigrationRecord, OpenInput, OutputVersion, Payload, ScheduleRecord, StepRecord, StreamChunk, StreamRecord, TaskRecord, TriggerRecord, VersionState, WebhookDelivery, WorkerRecord, WorkflowRecord
 from konduit.tracing import TraceContext
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import TypeVar
 from konduit.operations import AsyncOperations, ExecutionId
 
@@ -69,6 +69,27 @@ class Operations:
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         raise NotImplementedError
+
+    def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        """The items of an async generator of the async face, each fetched on the face's
+        loop (``_run``); leaving the loop early closes it there too."""
+
+        async def following() -> T:
+            return await items.__anext__()
+
+        async def closing() -> None:
+            aclose = getattr(items, 'aclose', None)
+            if aclose is not None:
+                await aclose()
+        try:
+            while True:
+                try:
+                    item = self._run(following())
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            self._run(closing())
 
     def start(self, workflow: str, input: Any=None, *, idempotency_key: str | None=None, version: int | None=None, deadline_at: datetime | None=None, timeout: Duration | None=None, tags: Mapping[str, str] | None=None, run_at: datetime | None=None, delay: Duration | None=None, priority: int=0, fair_key: str | None=None, trace_context: TraceContext | None=None) -> ExecutionHandle:
         """Start an execution of ``workflow`` (its newest registered version unless
@@ -269,6 +290,21 @@ class Operations:
         by step, item and position: each call's name, the attempt that ran it live, how long it
         took and how often later attempts replayed it."""
         return self._run(self._operations.journal(execution_id))
+
+    def stream(self, execution_id: ExecutionId, name: str | None=None, *, from_offset: int=0, follow: bool=True) -> Iterator[StreamChunk]:
+        """The records of an execution's durable stream ``name`` (``ctx.stream``; None: its
+        only stream), from ``from_offset`` on, in order, each once: data chunks, and a restart
+        record where a retried attempt started writing again (docs/streams.md). With
+        ``follow`` it then yields records as they are written and ends when the stream does
+        (its task or its execution ended); without, at the end of what is stored now. To
+        resume after a disconnect, call it again with the last offset read + 1. Raises
+        :class:`~konduit.StreamNotFound` when the execution has several streams and no
+        ``name`` is given."""
+        return self._iterate(self._operations.stream(execution_id, name, from_offset=from_offset, follow=follow))
+
+    def streams(self, execution_id: ExecutionId) -> builtins.list[StreamRecord]:
+        """Every durable stream of an execution, by name: its step, records, bytes, restarts."""
+        return self._run(self._operations.streams(execution_id))
 
     def auto_repair_status(self, execution_id: ExecutionId) -> str | None:
         """How the automatic repair (``repair_within``) of an execution stands, as one line

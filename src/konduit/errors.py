@@ -46,7 +46,8 @@ __all__ = [
     "NonRetryableError", "NotAnswerable", "NotForkable", "NotRedrivable", "NothingToRepair",
     "OutputInvalid",
     "PayloadError", "PayloadStoreError", "PayloadTooLarge", "PoolExhausted",
-    "ScheduleNotFound", "SchemaOutdated", "SettingsError", "UserCodeInterrupted", "UserCodeStuck",
+    "ScheduleNotFound", "SchemaOutdated", "SettingsError", "StreamError", "StreamFull",
+    "StreamLeaseLost", "StreamNotFound", "UserCodeInterrupted", "UserCodeStuck",
     "WorkerUnhealthy", "WorkflowDefinitionError", "WorkflowNotFound", "WorkflowVersionConflict",
 ]
 
@@ -322,6 +323,47 @@ class NotAnswerable(KonduitError):
     def __init__(self, message: str, *, step: str | None = None):
         super().__init__(message)
         self.step = step
+
+
+class StreamError(KonduitError):
+    """A durable stream refused a write or a read (docs/streams.md). ``step`` names the step
+    whose stream it is (None when unknown), ``stream`` the stream's name."""
+
+    def __init__(self, message: str, *, step: str | None = None, stream: str | None = None):
+        super().__init__(message)
+        self.step = step
+        self.stream = stream
+
+
+class StreamFull(StreamError):
+    """A ``ctx.stream.write`` past the stream's bound: ``limit`` is ``"chunks"`` or
+    ``"bytes"``, ``maximum`` the bound (``KONDUIT_STREAM_MAX_CHUNKS``,
+    ``KONDUIT_STREAM_MAX_BYTES``). Nothing of the refused chunk is kept."""
+
+    def __init__(self, message: str, *, step: str, stream: str, limit: str, maximum: int):
+        super().__init__(message, step=step, stream=stream)
+        self.limit = limit
+        self.maximum = maximum
+
+
+class StreamLeaseLost(StreamError):
+    """A ``ctx.stream.write`` from an attempt that no longer holds its task's lease (the task
+    was reclaimed, ended or cancelled): nothing was written. ``attempt`` is that attempt."""
+
+    def __init__(self, message: str, *, step: str, stream: str, attempt: int):
+        super().__init__(message, step=step, stream=stream)
+        self.attempt = attempt
+
+
+class StreamNotFound(StreamError):
+    """A read of a stream that cannot be chosen: the name belongs to no stream of the
+    execution while others exist, or several exist and no name was given. ``names`` lists the
+    execution's streams."""
+
+    def __init__(self, message: str, *, stream: str | None = None,
+                 names: list[str] | None = None):
+        super().__init__(message, stream=stream)
+        self.names = names or []
 
 
 class SettingsError(KonduitError, ValueError):

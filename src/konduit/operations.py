@@ -17,7 +17,7 @@ decided there, never here, so no door can change it.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -38,6 +38,7 @@ from konduit.core.requests import (
     RetryWebhookRequest,
     ScheduleRequest,
     StartRequest,
+    StreamRequest,
 )
 from konduit.core.results import ExecutionResult
 from konduit.core.search import ExecutionFilter
@@ -61,6 +62,8 @@ from konduit.records import (
     Payload,
     ScheduleRecord,
     StepRecord,
+    StreamChunk,
+    StreamRecord,
     TaskRecord,
     TriggerRecord,
     VersionState,
@@ -370,6 +373,23 @@ class AsyncOperations:
         by step, item and position: each call's name, the attempt that ran it live, how long it
         took and how often later attempts replayed it."""
         return await (await self._reads()).journal(execution_id)
+    async def stream(self, execution_id: ExecutionId, name: str | None = None, *,
+                     from_offset: int = 0, follow: bool = True) -> AsyncIterator[StreamChunk]:
+        """The records of an execution's durable stream ``name`` (``ctx.stream``; None: its
+        only stream), from ``from_offset`` on, in order, each once: data chunks, and a restart
+        record where a retried attempt started writing again (docs/streams.md). With
+        ``follow`` it then yields records as they are written and ends when the stream does
+        (its task or its execution ended); without, at the end of what is stored now. To
+        resume after a disconnect, call it again with the last offset read + 1. Raises
+        :class:`~konduit.StreamNotFound` when the execution has several streams and no
+        ``name`` is given."""
+        request = StreamRequest(execution_id, name, from_offset, follow)
+        async for chunk in (await self._engine()).stream(request):
+            yield chunk
+
+    async def streams(self, execution_id: ExecutionId) -> builtins.list[StreamRecord]:
+        """Every durable stream of an execution, by name: its step, records, bytes, restarts."""
+        return await (await self._reads()).streams(execution_id)
 
     async def auto_repair_status(self, execution_id: ExecutionId) -> str | None:
         """How the automatic repair (``repair_within``) of an execution stands, as one line

@@ -50,6 +50,8 @@ __all__ = [
     "StepBudget",
     "StepMark",
     "StepRecord",
+    "StreamChunk",
+    "StreamRecord",
     "TaskPolicy",
     "TaskRecord",
     "TriggerRecord",
@@ -794,3 +796,52 @@ class AlertRecord:
                 "resolved_at": None if self.resolved_at is None else self.resolved_at.isoformat(),
                 "open": self.open}
 
+
+
+# -- streams ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamChunk(Record):
+    """One record of a durable stream (docs/streams.md), at ``offset`` (dense from 0 in each
+    stream). ``kind`` is ``"data"``: ``data`` is what ``ctx.stream.write`` wrote, by attempt
+    ``attempt``; or ``"restart"``: attempt ``attempt`` of the task started writing again after
+    attempt ``previous_attempt`` wrote the records before this one (they stay; what follows is
+    the new attempt's), and ``data`` is None. A reader resumes with ``from_offset=offset + 1``."""
+
+    stream: str
+    offset: int
+    kind: str
+    attempt: int
+    previous_attempt: int | None
+    data: Any
+    written_at: datetime
+
+    @property
+    def restart(self) -> bool:
+        """True for a restart record: an attempt started writing again here."""
+        return self.kind == "restart"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the time as ISO 8601), the shape of the API's events."""
+        return {"stream": self.stream, "offset": self.offset, "kind": self.kind,
+                "attempt": self.attempt, "previous_attempt": self.previous_attempt,
+                "data": self.data, "written_at": self.written_at.isoformat()}
+
+
+@dataclass(frozen=True)
+class StreamRecord(Record):
+    """A durable stream of an execution: ``name``, the task writing it (``step``,
+    ``map_index``), the attempt that wrote last, ``next_offset`` (records so far, restart
+    records included), the data ``chunks`` and their ``bytes``, and ``restarts``."""
+
+    name: str
+    step: str
+    map_index: int
+    next_offset: int
+    chunks: int
+    bytes: int
+    writer_attempt: int
+    restarts: int
+    created_at: datetime
+    updated_at: datetime

@@ -139,6 +139,13 @@ class Settings(BaseSettings):
         "Bytes of JSON from which a payload goes to the payload store (default 256 KiB)."))
     payload_store_limit: int = Field(default=1024 * 1024 * 1024, description=(
         "Bytes of JSON a payload may have when a payload store is configured (default 1 GiB)."))
+    # -- streams --------------------------------------------------------------------------------
+    stream_max_chunks: int = Field(default=10_000, ge=1, description=(
+        "Data chunks a durable stream (ctx.stream) keeps at most; a write past it raises "
+        "StreamFull naming the step."))
+    stream_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1, description=(
+        "Bytes of chunk JSON a durable stream (ctx.stream) keeps at most; a write past it "
+        "raises StreamFull naming the step."))
 
     # -- the command line, the dashboard and its API --------------------------------------------
     app: str | None = Field(default=None, description=(
@@ -186,7 +193,8 @@ class Settings(BaseSettings):
                                  f"not {value!r}") from None
         return value
 
-    @field_validator("max_abandoned", "worker_metrics_port", mode="before")
+    @field_validator("max_abandoned", "worker_metrics_port", "stream_max_chunks",
+                     "stream_max_bytes", mode="before")
     @classmethod
     def _whole(cls, value: Any) -> Any:
         if isinstance(value, str):

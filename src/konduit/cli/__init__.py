@@ -93,6 +93,7 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
     ("", "migrate-executions", migrating.migrate,
      "Move running executions to another workflow version."),
     ("", "dead-letters", executions.dead_letters, "List dead-lettered tasks."),
+    ("", "stream", executions.stream, "Print an execution's durable stream; --follow for more."),
     ("", "prune", retention.prune, "Delete finished executions older than a duration."),
     ("", "dashboard", observe.dashboard, "Serve the web dashboard and the HTTP API."),
     ("", "metrics", observe.metrics, "Serve Prometheus metrics."),

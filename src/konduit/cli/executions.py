@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -36,7 +37,14 @@ from konduit.cli.common import (
 from konduit.cli.waits import print_waiting, waiting_json
 from konduit.core.ids import short_id
 from konduit.core.model import ExecutionStatus
-from konduit.core.requests import MAX_BATCH_SIZE, BulkRequest, CancelRequest, ForkRequest, doc
+from konduit.core.requests import (
+    MAX_BATCH_SIZE,
+    BulkRequest,
+    CancelRequest,
+    ForkRequest,
+    StreamRequest,
+    doc,
+)
 from konduit.core.search import ExecutionFilter, parse_tags, search_filter
 from konduit.core.words import step_word
 from konduit.records import BulkResult, JournalEntry, StepRecord, TaskRecord
@@ -229,6 +237,7 @@ def status(
         late = [p for p in app.payloads(result.id) if p.source == "late"]
         auto_repair = app.auto_repair_status(result.id)
         stall = None if result.finished else app.stall(result.id)
+        streams = app.streams(result.id)
         # A running execution nobody serves waits forever without a word: say so.
         served = None if result.finished else app.workflow_served(result.workflow, result.version)
     hint = None if served is not False else (
@@ -244,6 +253,7 @@ def status(
             "auto_repair": auto_repair, "waiting": waiting_json(tasks),
             "stalled": None if stall is None else stall.to_json(),
             **({} if calls is None else {"journal": calls}),
+            "streams": streams,
         }))
         return
     took = between(result.created_at, result.finished_at)
@@ -271,6 +281,11 @@ def status(
                           f"{dump_json(version.output)}", markup=False, soft_wrap=True)
     if steps:
         console.print(step_table(steps, tasks, result.created_at))
+    for kept in streams:
+        restarted = f", restarted {kept.restarts}x" if kept.restarts else ""
+        console.print(f"stream [bold]{escape(kept.name)}[/bold]: {kept.chunks} chunks, {kept.bytes} "
+                      f"bytes{restarted} (konduit stream {short_id(result.id)} --name "
+                      f"{escape(kept.name)})", soft_wrap=True)
     print_waiting(tasks)
     if calls is not None:
         console.print(journal_table(calls) if calls else "no durable calls recorded")
@@ -546,6 +561,37 @@ def repair(
                       f"{dump_json(version.output)}", soft_wrap=True)
     if result.status != "succeeded":
         raise typer.Exit(EXIT_FAILED)
+
+
+def stream(
+    execution_id: Annotated[str, typer.Argument(
+        metavar="EXECUTION_ID", help="The execution's id, or a unique start or end of it.")],
+    name: Annotated[str | None, typer.Option(
+        "--name", help=doc(StreamRequest, "name") + ".")] = None,
+    from_offset: Annotated[int, typer.Option(
+        "--from", min=0, metavar="N", help=doc(StreamRequest, "from_offset") + ".")] = 0,
+    follow: Annotated[bool, typer.Option(
+        "--follow", "-f", help="Wait for the records still to come until the stream ends.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="One JSON object per record and line (offset, kind, attempt, data).")
+    ] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Print an execution's durable stream (ctx.stream, docs/streams.md) from an offset: one
+    line per record, its offset first, and a line where a retried attempt started writing
+    again. With --follow, records are printed as they are written until the stream ends; to
+    resume, pass the last offset printed + 1 as --from."""
+    with opened(plain_app(database_url)) as app:
+        for chunk in app.stream(execution_id, name, from_offset=from_offset, follow=follow):
+            if as_json:
+                print(json.dumps(chunk.to_json(), ensure_ascii=False), flush=True)
+            elif chunk.restart:
+                console.print(f"{chunk.offset}  [yellow]-- attempt {chunk.attempt} started "
+                              f"again here (after attempt {chunk.previous_attempt}) --[/yellow]")
+            else:
+                console.print(f"{chunk.offset}  {escape(json.dumps(chunk.data, ensure_ascii=False))}",
+                              soft_wrap=True)
 
 
 def dead_letters(

@@ -15,7 +15,8 @@ from uuid import UUID
 from konduit.core import clock
 from konduit.core.attempt_logs import AttemptLogs
 from konduit.core.journal import Journal, call_directly, check_name
-from konduit.errors import JournalUnavailable
+from konduit.core.streams import Stream, Streams
+from konduit.errors import JournalUnavailable, StreamError
 
 _handler_log = logging.getLogger("konduit.handler")
 
@@ -44,6 +45,7 @@ class Context:
     _on_heartbeat: Callable[[], None] | None = field(default=None, repr=False)
     _logs: AttemptLogs | None = field(default=None, repr=False)
     _journal: Journal | None = field(default=None, repr=False)
+    _streams: Streams | None = field(default=None, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -136,3 +138,22 @@ class Context:
                     f"awaitable: use `await ctx.call(...)`")
             return value
         return self._journal.call_sync(name, fn, args, kwargs)
+    @property
+    def stream(self) -> Stream:
+        """This task's durable stream (docs/streams.md), named after its step (``step[i]`` for
+        an item of a map step): ``ctx.stream.write(chunk)`` appends a chunk, kept in the
+        database in order, which readers follow live (``client.stream(execution_id)``, the
+        API's ``/streams/{name}`` events, the execution page). A retried attempt's first write
+        is preceded by a restart record. Not available in a handler a worker runs with
+        ``--isolation process``."""
+        return self.streams()
+
+    def streams(self, name: str | None = None) -> Stream:
+        """The durable stream ``name`` of this task (its default stream, ``ctx.stream``, when
+        None). A name belongs to the first task that writes it: another task's write to it is
+        refused."""
+        if self._streams is None:
+            raise StreamError(f"step {self.step!r}: ctx.stream is only available in a handler a "
+                              "worker runs on its own threads or loop (not with --isolation "
+                              "process, nor outside a worker)", step=self.step)
+        return self._streams.get(name)

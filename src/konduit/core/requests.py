@@ -150,6 +150,35 @@ class ForkRequest:
         check_text(self.from_step, "from_step")
 
 
+@dataclass(frozen=True)
+class StreamRequest:
+    """Read a durable stream of an execution (docs/streams.md): its records from
+    ``from_offset`` on, in order, each once; with ``follow``, then as they are written until
+    the stream ends (its task or its execution ended)."""
+
+    execution_id: Annotated[ExecutionId, Doc(
+        "The execution (its id, or a unique start or end of it)")]
+    name: Annotated[str | None, Doc(
+        "The stream's name (its step's, step[i] for a map item); absent: the execution's only "
+        "stream")] = None
+    from_offset: Annotated[int, Doc(
+        "The first offset to read: 0 for all, the last offset read + 1 to resume")] = 0
+    follow: Annotated[bool, Doc(
+        "Wait for the records still to come until the stream ends")] = True
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            if not isinstance(self.name, str) or not self.name:
+                raise blamed(KonduitError("name must be a stream's name (non-empty text)"),
+                             "name")
+            check_text(self.name, "name")
+        if (isinstance(self.from_offset, bool) or not isinstance(self.from_offset, int)
+                or self.from_offset < 0):
+            raise blamed(KonduitError(
+                f"from_offset must be a whole number >= 0, not {self.from_offset!r}"),
+                "from_offset")
+
+
 BULK_ACTIONS = ("cancel", "redrive")
 """What a bulk operation does to each execution its filter finds."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 from uuid import UUID
 
@@ -27,6 +27,7 @@ from konduit.core.requests import (
     RetryWebhookRequest,
     ScheduleRequest,
     StartRequest,
+    StreamRequest,
 )
 from konduit.core.results import FINISHED, ExecutionResult
 from konduit.core.values import check_text
@@ -35,7 +36,7 @@ from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, translate_errors
 from konduit.db.replica import Reads
-from konduit.engine import forks, migration, retention, waits, webhooks
+from konduit.engine import forks, migration, retention, streams, waits, webhooks
 from konduit.engine.bulk import Progress, run_bulk
 from konduit.engine.finish import stop_execution
 from konduit.engine.ids import resolve_execution_id
@@ -59,6 +60,7 @@ from konduit.records import (
     Answer,
     BulkResult,
     MigrationRecord,
+    StreamChunk,
 )
 from konduit.tracing import TraceContext, Tracing, capture
 
@@ -295,6 +297,14 @@ class Client:
         async with self.db.transaction() as tx:
             return await repair_in(tx, self.specs, eid, max_payload_bytes=self.max_payload_bytes,
                                    redrive=redrive)
+
+    async def stream(self, request: StreamRequest) -> AsyncIterator[StreamChunk]:
+        """The records of a durable stream (:mod:`konduit.engine.streams`), read on the primary:
+        a follower waits for what is written next."""
+        eid = await self.resolve(request.execution_id)
+        async for chunk in streams.follow(self.db, eid, request.name,
+                                          from_offset=request.from_offset, live=request.follow):
+            yield chunk
 
     async def fork(self, request: ForkRequest) -> UUID:
         """Start a new execution of an execution's workflow and version that copies the outputs

@@ -43,6 +43,7 @@ from konduit.records import (
     StepBudget,
     StepMark,
     StepRecord,
+    StreamRecord,
     TaskRecord,
 )
 
@@ -186,6 +187,11 @@ class ExecutionReads(ReadBase):
         rows = await self.reads.all("journal_list_by_execution",
                                  execution_id=await self.resolve(execution_id), limit=limit)
         return [JournalEntry.from_row(r) for r in rows]
+    async def streams(self, execution_id: UUID | str) -> builtins.list[StreamRecord]:
+        """The durable streams of an execution (``ctx.stream``), by name."""
+        rows = await self.reads.all("stream_list_of_execution",
+                                    execution_id=await self.resolve(execution_id))
+        return [StreamRecord.from_row(r) for r in rows]
 
     async def failed_attempts(self, execution_id: UUID | str,
                               per_step: int) -> builtins.list[FailedAttempt]:

@@ -202,6 +202,22 @@ class OutputVersion(BaseModel):
     created_at: datetime
 
 
+class StreamOut(BaseModel):
+    """A durable stream of an execution (``ctx.stream``, docs/streams.md)."""
+
+    name: str = Field(description="Its name: its step's, step[i] for an item of a map step")
+    step: str = Field(description="The step whose task writes it")
+    map_index: int
+    next_offset: int = Field(description="Records so far (offsets are 0 to next_offset - 1), "
+                             "restart records included")
+    chunks: int = Field(description="Data chunks kept")
+    bytes: int = Field(description="Bytes of chunk JSON kept")
+    writer_attempt: int = Field(description="The attempt that wrote last")
+    restarts: int = Field(description="Restart records: times a retried attempt started again")
+    created_at: datetime
+    updated_at: datetime
+
+
 class ExecutionDetail(BaseModel):
     id: UUID
     workflow: str
@@ -229,6 +245,9 @@ class ExecutionDetail(BaseModel):
     stalled: AlertOut | None = Field(
         None, description="The open execution_stalled alert of a running execution in which "
         "nothing can run (details.reasons says why), else null")
+    streams: list[StreamOut] = Field(
+        default_factory=list, description="Its durable streams (GET .../streams/{name} follows "
+        "one as server-sent events)")
 
 
 class EventBody(request_body(  # type: ignore[misc]

@@ -13,13 +13,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from markupsafe import Markup, escape
 
 from konduit import doctext, tracing
@@ -236,7 +236,8 @@ async def execution(execution_id: str, ops: Ops) -> m.ExecutionDetail:
         output_versions=[m.OutputVersion.model_validate(v.to_dict())
                          for v in await ops.outputs(result.id)],
         stalled=None if result.finished or (stall := await ops.stall(result.id)) is None
-        else m.AlertOut.model_validate(stall.to_json()))
+        else m.AlertOut.model_validate(stall.to_json()),
+        streams=[m.StreamOut.model_validate(s.to_dict()) for s in await ops.streams(result.id)])
 
 
 @router.get("/executions/{execution_id}/logs", response_model=list[m.AttemptLog],
@@ -256,6 +257,68 @@ async def execution_journal(execution_id: str, ops: Ops) -> list[m.JournalEntry]
     and how often later attempts replayed it."""
     result = await (await ops.model()).view(execution_id)  # 404 before anything else
     return [m.JournalEntry.model_validate(e.to_dict()) for e in await ops.journal(result.id)]
+@router.get("/executions/{execution_id}/streams", response_model=list[m.StreamOut],
+            tags=["executions"], responses=problem_responses(404))
+async def execution_streams(execution_id: str, ops: Ops) -> list[m.StreamOut]:
+    """The execution's durable streams (``ctx.stream``), by name."""
+    eid = (await ops.status(execution_id)).id  # a unique prefix or tail too; 404 first
+    return [m.StreamOut.model_validate(s.to_dict()) for s in await ops.streams(eid)]
+
+
+SSE_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
+    "description": "Server-sent events: one per record, ``id`` its offset, ``event`` its kind "
+                   "(data or restart), ``data`` the record as JSON; then an ``end`` event when "
+                   "the stream ended",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+
+
+def sse_event(kind: str, data: Any, event_id: int | None = None) -> str:
+    """One server-sent event (``data`` as one line of JSON)."""
+    head = "" if event_id is None else f"id: {event_id}\n"
+    return f"{head}event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+@router.get("/executions/{execution_id}/streams/{name:path}", response_class=StreamingResponse,
+            tags=["executions"], responses={**SSE_RESPONSE, **problem_responses(404)})
+async def execution_stream(
+    execution_id: str, name: str, ops: Ops,
+    from_offset: Annotated[int, Query(ge=0, le=2**62, description=(
+        "The first offset to send (0: all); a Last-Event-ID header resumes after it "
+        "instead"))] = 0,
+    follow: Annotated[bool, Query(description=(
+        "Send the records still to come until the stream ends (else stop at the end of "
+        "what is stored now)"))] = True,
+    last_event_id: Annotated[str | None, Header(max_length=24, description=(
+        "The last offset received (EventSource sends it when it reconnects): the events "
+        "resume after it"))] = None,
+) -> StreamingResponse:
+    """Follow one durable stream of the execution as server-sent events (docs/streams.md):
+    each record once, in offset order, from ``from_offset`` (or after ``Last-Event-ID``);
+    restart records say where a retried attempt started writing again. The answer ends with
+    an ``end`` event once the stream ended (its task or its execution ended)."""
+    eid = (await ops.status(execution_id)).id  # 404 before the stream starts
+    start = from_offset
+    if last_event_id is not None:
+        try:
+            start = int(last_event_id) + 1
+        except ValueError:
+            raise Refused(400, f"Last-Event-ID must be an offset (a whole number), not "
+                          f"{last_event_id!r}", field="header.last-event-id") from None
+        if start < 0:
+            raise Refused(400, "Last-Event-ID must be an offset >= 0",
+                          field="header.last-event-id")
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for chunk in ops.stream(eid, name, from_offset=start, follow=follow):
+                yield sse_event(chunk.kind, chunk.to_json(), chunk.offset)
+        except KonduitError as exc:  # said in the stream: its status went out already
+            yield sse_event("error", {"detail": str(exc), "code": exc.code})
+            return
+        yield sse_event("end", {})
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 # -- commands ---------------------------------------------------------------------------------

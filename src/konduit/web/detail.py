@@ -55,6 +55,8 @@ class Detail:
     forks: list[Fields] = field(default_factory=list)
     # The durable calls its handlers recorded (ctx.call), by step, item and position.
     journal: list[Fields] = field(default_factory=list)
+    # Its durable streams (ctx.stream): the page follows each live (static/streams.js).
+    streams: list[Fields] = field(default_factory=list)
 
 
 async def load_detail(model: ReadModel, execution_id: str, *, collapse_maps: bool = False) -> Detail:
@@ -96,7 +98,8 @@ async def load_detail(model: ReadModel, execution_id: str, *, collapse_maps: boo
                   unserved, [p.to_dict() for p in await model.task_policies(result.id)],
                   await model.fork_origin(result.id), await model.forks(result.id),
                   [e.to_dict() for e in await model.journal(
-                      result.id, limit=JOURNALED_CALLS if collapse_maps else None)])
+                      result.id, limit=JOURNALED_CALLS if collapse_maps else None)],
+                  [st.to_dict() for st in await model.streams(result.id)])
     return detail
 
 

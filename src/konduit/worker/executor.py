@@ -26,15 +26,18 @@ from konduit.core.model import Command, Completion, Outcome, OutputSource, TaskA
 from konduit.core.outcome import Ending, Final, RetryAt, Verdict, decide
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json, is_sealed
 from konduit.core.results import Route
+from konduit.core.streams import Streams, stream_name
 from konduit.core.validation import OutputInvalid, readable_last_line
 from konduit.core.waits import Armed
 from konduit.core.workflow import StepSpec, WorkflowSpec
 from konduit.db.database import Database, Tx
+from konduit.engine import streams
 from konduit.engine.completer import record_late_result
 from konduit.engine.journal import journal_for
 from konduit.engine.outputs import Upstream, load_upstream
-from konduit.errors import DatabaseError, NonRetryableError, PayloadError
+from konduit.errors import DatabaseError, NonRetryableError, PayloadError, StreamFull
 from konduit.logs import enter_attempt, leave_attempt
+from konduit.settings import settings
 from konduit.threads import HandlerThreads, process_abandoned
 from konduit.tracing import AttemptTracer
 from konduit.worker.created_with import CreatedWith
@@ -45,6 +48,10 @@ log = logging.getLogger(__name__)
 FALLBACK_SETTLE_GRACE = 1.0
 """Seconds past a fallback's time limit before a worker that did not call it may end its task
 (its caller, alive, records the outcome within its limit; one that died never will)."""
+
+
+STREAM_SETTLE_SECONDS = 5.0
+"""How long an attempt that raised waits for its stream writes still on their way."""
 
 
 Claimed = TaskAttempt
@@ -112,6 +119,18 @@ def _sealed_payload(ctx: Context) -> tuple[str, Any] | None:
                 if is_sealed(payload[i]):
                     return f"item {i} of the output of step {step!r}", payload[i]
     return None
+async def _flush_streams(ctx: Context) -> None:
+    """Wait for the stream writes an async handler did not await: its attempt ends after them,
+    and fails with the error of one that failed."""
+    if ctx._streams is not None:
+        await ctx._streams.flush()
+
+
+def _abandon_streams(ctx: Context) -> None:
+    """Cancel the stream writes of an attempt the worker ends (cancel, deadline) that are not
+    stored yet. An attempt that raised waits for its writes instead (``Streams.settle``)."""
+    if ctx._streams is not None:
+        ctx._streams.abandon()
 
 
 def _being_cancelled() -> bool:
@@ -206,7 +225,20 @@ class Executor:
             scheduled_at=task.scheduled_at,
             hedged=task.hedged,
             _journal=journal_for(self.db, task, max_bytes=self.max_payload_bytes),
+            _streams=None if task.lease_token is None else Streams(
+                step=task.step,
+                default=stream_name(task.step, task.map_index, spec[task.step].is_map),
+                send=lambda name, seq, payload: self._stream_append(task, name, seq, payload),
+                loop=asyncio.get_running_loop(), max_bytes=self.max_payload_bytes),
         )
+
+    async def _stream_append(self, task: TaskAttempt, name: str, seq: int, payload: str) -> int:
+        """Store one chunk a handler wrote to its stream (:mod:`konduit.engine.streams`),
+        within the bounds the settings give at the moment of the write."""
+        current = settings()
+        return await streams.append(
+            self.db, task, name=name, seq=seq, payload_json=payload,
+            limits=streams.StreamLimits(current.stream_max_chunks, current.stream_max_bytes))
 
     async def _call(
         self,
@@ -349,6 +381,10 @@ class Executor:
         budget = task.deadline_remaining
         began = clock.monotonic()
         ending, error, result = await self._attempt(step, task, ctx, budget, started)
+        if ctx._streams is not None and ending is not Ending.RETURNED \
+                and ending is not Ending.DEADLINE_PASSED:
+            # What an attempt wrote before it raised is kept, in order, before its end.
+            await ctx._streams.settle(STREAM_SETTLE_SECONDS)
         ended = clock.monotonic()
         if self.metrics is not None:
             self.metrics.attempt(spec.name, task.step, ending.value, ended - began)
@@ -407,27 +443,33 @@ class Executor:
         try:
             if deadline is None:
                 result = await self._call(step.handler, ctx, late=task, started=started)
+                await _flush_streams(ctx)
             else:
                 async with deadline:
                     result = await self._call(step.handler, ctx, late=task, started=started)
+                    await _flush_streams(ctx)
             return Ending.RETURNED, None, result
         except asyncio.CancelledError as exc:
             if _being_cancelled():
+                _abandon_streams(ctx)
                 raise
             # The handler raised CancelledError of its own: an error like any other.
             return Ending.RAISED, _describe(exc), None
         except TimeoutError as exc:
             if deadline is not None and deadline.expired():
+                _abandon_streams(ctx)
                 return Ending.DEADLINE_PASSED, None, None
             return Ending.RAISED, _describe(exc), None
         except (PayloadError, OutputInvalid) as exc:
             return Ending.INVALID_OUTPUT, str(exc), None
         except Exception as exc:
-            permanent = isinstance(exc, (NonRetryableError, *step.retry.non_retryable))
+            # A full stream stays full: another attempt would only find it so again.
+            permanent = isinstance(exc, (NonRetryableError, StreamFull, *step.retry.non_retryable))
             return (Ending.NON_RETRYABLE if permanent else Ending.RAISED), _describe(exc), None
         except BaseException as exc:  # SystemExit, KeyboardInterrupt... raised by user code
             permanent = isinstance(exc, step.retry.non_retryable)
             return (Ending.NON_RETRYABLE if permanent else Ending.RAISED), _describe(exc), None
+
 
     async def conclude(
         self,

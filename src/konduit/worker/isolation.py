@@ -257,6 +257,7 @@ def _child_main(fn: Callable[[Context], Any], ctx: Context, wfd: int, parent_pid
         ctx._journal = RefusedJournal(
             f"step {ctx.step!r} runs in a child process (--isolation process), where no "
             f"journal can be written; run it in a worker with --isolation thread")
+        ctx._streams = None  # a stream's writes go through the parent's loop: not from here
         # What the handler logs here is the parent's attempt's: collected afresh in this
         # process and sent back beside the answer (konduit.core.attempt_logs).
         logs = AttemptLogs() if attempt_logs.current() is not None else None

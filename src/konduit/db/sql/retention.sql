@@ -2,10 +2,10 @@
 -- Delete the next batch of executions that finished before the cutoff (oldest first, after the
 -- last one deleted), never a pending or running one, nor one holding a dead letter
 -- (task_dead_letter, as the dashboard lists them) unless asked.
--- Every row hanging off an execution (steps, tasks, attempts, outputs, output versions) goes
--- with it by ON DELETE CASCADE. The batch is locked SKIP LOCKED, so a concurrent prune takes
--- other rows and a repair that holds an execution is not waited for; the DELETE re-checks the
--- whole condition on the rows it deletes.
+-- Every row hanging off an execution (steps, tasks, attempts, outputs, output versions, streams
+-- and their records) goes with it by ON DELETE CASCADE. The batch is locked SKIP LOCKED, so a
+-- concurrent prune takes other rows and a repair that holds an execution is not waited for; the
+-- DELETE re-checks the whole condition on the rows it deletes.
 WITH doomed AS (
     SELECT e.id
     FROM konduit_executions e
