@@ -327,3 +327,27 @@ def test_journal_records_are_sealed_and_replay_decoded(
         texts = [t for (t,) in conn.execute("SELECT result::text FROM konduit_journal_results")]
     assert texts and not [t for t in texts if MARK in t], "plaintext in the journal"
     assert all('"$konduit"' in t for t in texts)
+
+
+def test_stream_chunks_are_sealed_and_read_decoded(
+        make_app: Callable[..., konduit.App], worker: Callable[..., Any], db_url: str) -> None:
+    """A durable stream's chunks go through the codec: no plaintext in the chunks' rows, and a
+    reader with the keys gets the chunks as written."""
+    wf = konduit.Workflow("sealed-stream", version=1)
+
+    @wf.step()
+    def talk(ctx: konduit.Context) -> int:
+        for n in range(3):
+            ctx.stream.write({"n": n, "said": MARK})
+        return 3
+
+    app = make_app(wf, codec=Encrypted(keys={"k1": K1}))
+    with worker(app):
+        handle = app.start("sealed-stream", input={})
+        assert handle.wait(timeout=60).output == 3
+    chunks = [c for c in app.stream(handle.id, follow=False) if c.kind == "data"]
+    assert [c.data for c in chunks] == [{"n": n, "said": MARK} for n in range(3)]
+    with psycopg.connect(db_url) as conn:
+        texts = [t for (t,) in conn.execute(
+            "SELECT payload::text FROM konduit_stream_chunks WHERE payload IS NOT NULL")]
+    assert len(texts) == 3 and not [t for t in texts if MARK in t], "plaintext in a stream"

@@ -115,7 +115,7 @@ def _offset_or_refusal(row: Row, task: TaskAttempt, name: str, size: int,
 def _chunk(name: str, row: Row) -> StreamChunk:
     return StreamChunk(stream=name, offset=int(row["chunk_offset"]), kind=row["kind"],
                        attempt=int(row["attempt"]), previous_attempt=row["previous_attempt"],
-                       data=decode_chunk(row["payload"]), written_at=row["written_at"])
+                       data=decode_chunk(row["kind"], row["payload"]), written_at=row["written_at"])
 
 
 async def streams_of(db: Database, execution_id: UUID) -> builtins.list[StreamRecord]:

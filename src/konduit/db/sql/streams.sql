@@ -73,7 +73,7 @@ LEFT JOIN konduit_streams s ON s.execution_id = %(execution_id)s::uuid AND s.nam
 -- name: stream_chunk_list_from
 -- A stream's records from an offset on, in offset order, at most `limit` of them (a primary-key
 -- range: what it reads is what it returns).
-SELECT c.chunk_offset, c.kind, c.attempt, c.previous_attempt, c.payload::text AS payload,
+SELECT c.chunk_offset, c.kind, c.attempt, c.previous_attempt, c.payload,
        c.written_at
 FROM konduit_stream_chunks c
 WHERE c.execution_id = %(execution_id)s AND c.name = %(name)s
