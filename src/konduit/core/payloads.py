@@ -170,7 +170,7 @@ def canonical_json(
     size = len(text)  # json.dumps escapes non-ASCII: one byte per character
     if size > max_bytes:
         raise PayloadTooLarge(
-            f"{what} is {size:,} bytes ({size / 1e6:.1f} MB), over the limit of {max_bytes:,} "
+            f"{what} is {size} bytes, over the limit of {max_bytes} "
             f"bytes: return a reference to the data instead, or configure a payload store "
             f"(docs/payload-codecs.md)", what=what, size=size, limit=max_bytes,
             step=_step_of(what))

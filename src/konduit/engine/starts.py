@@ -274,8 +274,9 @@ def at_request(index: int, exc: KonduitError) -> KonduitError:
     message = f"start request {index}: {exc}"
     try:
         again = type(exc)(message)
-    except TypeError:  # an error class whose constructor wants more than a message
-        again = KonduitError(message)
+    except TypeError:  # an error class whose constructor wants more than a message: the same
+        again = type(exc).__new__(type(exc))  # class, its facts copied below
+        Exception.__init__(again, message)
     again.__dict__.update(exc.__dict__)  # what it carries besides (InputValidationError.errors)
     again.index = index
     return again
