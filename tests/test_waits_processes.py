@@ -118,7 +118,7 @@ def test_a_child_killed_mid_run_finishes_once_and_completes_its_parent_once(db_u
 
 def test_a_child_that_ends_wakes_its_parent_at_once_not_at_the_next_pass(db_url):
     """Real worker processes whose maintenance runs once a minute: the child's end wakes the
-    parent's step in the process that recorded it, within a fraction of a second."""
+    parent's step in the process that recorded it, long before the next pass."""
     app = konduit.App([waits_app.timer, waits_app.child, waits_app.parent], database_url=db_url)
     workers = [spawn(db_url, "--maintenance-interval", "60") for _ in range(2)]
     try:
@@ -132,7 +132,9 @@ def test_a_child_that_ends_wakes_its_parent_at_once_not_at_the_next_pass(db_url)
                  "FROM konduit_tasks t JOIN konduit_executions c ON c.id = t.wait_child "
                  "WHERE t.step = 'thumbs'")
     assert len(lags) == 4
-    assert all(0 <= lag < 0.5 for (lag,) in lags), lags  # type: ignore[operator]
+    # At once, not at the next pass: a minute away. Under a CPU hog "at once" took 0.74 s, so
+    # the bound is far from both (a wake left to the next pass would take 60 s).
+    assert all(0 <= lag < 15 for (lag,) in lags), lags  # type: ignore[operator]
 
 
 def test_cancelling_the_parent_cancels_the_child(make_app, db_url):
