@@ -317,7 +317,8 @@ def test_maps_tracebacks_repair_and_paging(make_app: Callable[..., konduit.App],
         assert not css(browser, "main img") and no_alert(browser)
         scripts = [s.get_attribute("src") for s in css(browser, "script")]
         # only the dashboard's own scripts
-        assert scripts == [f"{base}/static/live.js", f"{base}/static/copy.js"]
+        assert scripts == [f"{base}/static/live.js", f"{base}/static/copy.js",
+                           f"{base}/static/streams.js"]
         screenshot(browser, "ops-execution-traceback")
 
         # Paging keeps the filters: two failed executions, one per page.

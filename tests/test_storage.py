@@ -28,8 +28,9 @@ from konduit.db.queries import all_fragments, all_queries, parse_queries, q
 
 pytestmark = pytest.mark.storage
 
-ENTITIES = ("alert", "attempt", "clock", "event", "execution", "fair_key", "flow_limit", "leader",
-            "map_chunk", "output", "replica", "schedule", "schema_version", "step", "task",
+ENTITIES = ("alert", "attempt", "clock", "event", "execution", "fair_key", "flow_limit", "journal",
+            "leader",
+            "map_chunk", "output", "replica", "schedule", "schema_version", "step", "stream", "task",
             "trigger", "webhook_delivery", "webhook_subscription", "worker", "workflow")
 NOT_PREPARABLE = {  # DDL and a DO block: PREPARE takes DML only
     "schema_version_table_create_if_absent", "schema_version_drop_everything",

@@ -22,7 +22,19 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from konduit.aio import wait_event as _wait_event
+
+async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """:func:`konduit.aio.wait_event` (core imports only core): until ``event`` is set (True)
+    or ``timeout`` seconds passed; a cancellation is never swallowed."""
+    if event.is_set():
+        return True
+    try:
+        async with asyncio.timeout(max(0.0, timeout)):
+            await event.wait()
+    except TimeoutError:
+        return event.is_set()
+    return True
+
 
 __all__ = ["VirtualClock", "installed", "monotonic", "now", "sleep", "time", "timeout",
            "wait_event"]
