@@ -22,8 +22,8 @@ import pytest
 
 import konduit
 from konduit.db.database import Database
-from konduit.db.sealing import configured as configured_payloads
 from konduit.db.replica import Reads
+from konduit.db.sealing import configured as configured_payloads
 from konduit.engine import maps
 from konduit.engine.maps import MAP_CHUNK_ROWS, create_next_chunk
 from konduit.reads import ReadModel

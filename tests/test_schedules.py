@@ -135,7 +135,8 @@ def test_racing_starts_of_the_same_ticks_make_one_execution_each(db_url: str) ->
 
     async def main() -> list[list[Any]]:
         registry = Registry([wf])
-        dbs = [Database(db_url, min_size=1, max_size=2, payloads=configured_payloads()) for _ in range(8)]
+        dbs = [Database(db_url, min_size=1, max_size=2, payloads=configured_payloads())
+               for _ in range(8)]
         for db in dbs:
             await db.open()
         try:
@@ -178,7 +179,8 @@ def test_rounds_racing_on_one_schedule_start_each_tick_once(db_url: str) -> None
 
     async def main() -> list[int]:
         registry = Registry([wf])
-        dbs = [Database(db_url, min_size=1, max_size=2, payloads=configured_payloads()) for _ in range(6)]
+        dbs = [Database(db_url, min_size=1, max_size=2, payloads=configured_payloads())
+               for _ in range(6)]
         for db in dbs:
             await db.open()
         try:

@@ -43,7 +43,7 @@ def test_each_part_of_a_filter_finds_its_executions(make_app: Callable[..., kond
     assert ids(app.search(tags={"customer": "beta", "tier": "silver"})) == set()
     assert ids(app.search(idempotency_key="nightly-1")) == {str(acme.id)}
     if codec_on():  # PostgreSQL cannot look inside a sealed input: refused, naming the codec
-        with pytest.raises(konduit.SearchError, match="input: .*codec"):
+        with pytest.raises(konduit.SearchError, match=r"input: .*codec"):
             app.search(input={"episode": 42})
     else:
         assert ids(app.search(input={"episode": 42})) == {str(acme.id), str(other.id)}
@@ -165,7 +165,7 @@ def test_list_takes_the_parts_of_a_search(make_app: Callable[..., konduit.App]) 
     [found] = app.list(tags={"customer": "acme"})
     assert found.id == tagged.id and found.workflow == "searched" and found.status == "running"
     if codec_on():
-        with pytest.raises(konduit.SearchError, match="input: .*codec"):
+        with pytest.raises(konduit.SearchError, match=r"input: .*codec"):
             app.list(input={"episode": 3}, workflow="searched")
     else:
         assert [r.id for r in app.list(input={"episode": 3}, workflow="searched")] == [tagged.id]
