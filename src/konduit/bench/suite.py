@@ -43,7 +43,7 @@ from konduit.db.migrate import migrate
 from konduit.engine.completer import record, record_ended
 from konduit.engine.registry import Registry
 from konduit.errors import BenchError as BenchError
-from konduit.settings import settings
+from konduit.settings import settings, variable
 
 T = TypeVar("T")
 Json = dict[str, Any]
@@ -466,9 +466,9 @@ def use_codec(kind: str) -> str | None:
     chosen = kind.strip().lower()
     if chosen not in CODECS:
         raise BenchError(f"bench: --codec {kind!r}: one of {', '.join(CODECS)}")
-    os.environ["KONDUIT_CODEC"] = chosen
+    os.environ[variable("codec")] = chosen
     if chosen in ("encrypted", "aesgcm") and not settings().codec_keys:
-        os.environ["KONDUIT_CODEC_KEYS"] = "bench:" + base64.b64encode(os.urandom(32)).decode()
+        os.environ[variable("codec_keys")] = "bench:" + base64.b64encode(os.urandom(32)).decode()
     return codec_name()
 
 
