@@ -142,6 +142,14 @@ def test_search_by_input_is_refused_under_a_codec_and_tags_still_work(
         app.list(input={"word": "w"})
     assert refused.value.field == "input" and "tags" in str(refused.value)
     assert [e.id for e in app.list(tags={"customer": "acme"})] == [handle.id]
+    # A bulk action's filter is a search: by input it is refused too, not "none found".
+    for dry_run in (True, False):
+        with pytest.raises(konduit.SearchError, match="codec") as refused:
+            app.bulk("cancel", konduit.ExecutionFilter(input={"word": "w"}), dry_run=dry_run)
+        assert refused.value.field == "input"
+    assert app.status(handle.id).status == "running"
+    done = app.bulk("cancel", konduit.ExecutionFilter(tags={"customer": "acme"}))
+    assert (done.matched, done.done) == (1, 1)
 
 
 def test_an_output_over_the_limit_fails_at_once_naming_step_and_size(

@@ -274,8 +274,10 @@ def at_request(index: int, exc: KonduitError) -> KonduitError:
     message = f"start request {index}: {exc}"
     try:
         again = type(exc)(message)
-    except TypeError:  # an error class whose constructor wants more than a message
-        again = KonduitError(message)
+    except TypeError:  # a constructor that wants more than a message (PayloadTooLarge): the
+        # same class all the same, its facts copied below
+        again = type(exc).__new__(type(exc), message)
+        again.args = (message,)
     again.__dict__.update(exc.__dict__)  # what it carries besides (InputValidationError.errors)
     again.index = index
     return again
