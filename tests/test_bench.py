@@ -23,7 +23,7 @@ import pytest
 
 from konduit.bench.fleet import Observer, commits_between
 from konduit.bench.soak import SoakSettings, compare
-from konduit.bench.suite import BENCHMARKS, FULL_ONLY, ON_REQUEST
+from konduit.bench.suite import BENCHMARKS, FULL_ONLY, ON_REQUEST, codec_name, use_codec
 from konduit.errors import BenchError
 
 pytestmark = [pytest.mark.storage]
@@ -220,6 +220,27 @@ def test_soak_compares_the_first_windows_with_the_last():
     assert faster["ratio"] == 0.909 and faster["within_10_percent"] is True
     assert compare(windows, [[0.01]] * 3 + [[0.005]], 1)["checks"]["join_dispatch_p99"] == {
         "ratio": 0.5, "within_10_percent": False, "no_worse_than_10_percent": True}
+
+
+def test_bench_codec_goes_into_the_environment_its_worker_processes_inherit(monkeypatch):
+    """``konduit bench --codec``: the worker processes the bench starts take the environment
+    the bench has, so the codec is set there (with a key made for the run when none is given);
+    an unknown codec is refused naming the option."""
+    for name in ("KONDUIT_CODEC", "KONDUIT_CODEC_KEYS"):  # restored after the test
+        monkeypatch.setenv(name, "none")
+        monkeypatch.delenv(name)
+    assert use_codec("Encrypted") == "zlib+aesgcm" == codec_name()
+    assert os.environ["KONDUIT_CODEC"] == "encrypted"
+    ring = os.environ["KONDUIT_CODEC_KEYS"]
+    assert ring.startswith("bench:") and len(ring) > 40
+    assert use_codec("aesgcm") == "aesgcm" and os.environ["KONDUIT_CODEC_KEYS"] == ring
+    assert use_codec("none") is None and codec_name() is None
+    with pytest.raises(BenchError, match="--codec 'rot13'"):
+        use_codec("rot13")
+    # The keys a user gave are the ones used.
+    monkeypatch.setenv("KONDUIT_CODEC_KEYS", "mine:" + "A" * 43 + "=")
+    use_codec("encrypted")
+    assert os.environ["KONDUIT_CODEC_KEYS"].startswith("mine:")
 
 
 def test_soak_settings_refuse_a_retention_that_would_prune_a_window_before_it_is_read():

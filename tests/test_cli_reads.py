@@ -17,6 +17,7 @@ import pytest
 
 import konduit
 from konduit.cli import COMMANDS
+from tests.support.payloads import opened_rows
 from tests.test_cli import KONDUIT
 
 APP = '''
@@ -120,7 +121,8 @@ def test_start_reads_its_input_from_a_file_or_standard_input_and_answers_json(
     assert from_stdin.returncode == 0, from_stdin.stderr
     ids = [json.loads(p.stdout)["id"] for p in (from_file, from_stdin)]
     with psycopg.connect(db_url) as conn:
-        inputs = dict(conn.execute("SELECT id::text, input FROM konduit_executions").fetchall())
+        inputs = dict(opened_rows(conn.execute("SELECT id::text, input FROM konduit_executions")
+                                  .fetchall()))
     assert inputs == {ids[0]: {"name": "file"}, ids[1]: {"name": "stdin"}}
 
     missing = run("start", "cli-reads", "--input", "@nope.json", *common, cwd=app_dir)

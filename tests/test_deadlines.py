@@ -124,13 +124,11 @@ def test_late_result_of_an_abandoned_sync_handler_is_kept_but_never_fires_again(
         release.set()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            late = rows(app.database_url,
-                        "SELECT payload FROM konduit_outputs WHERE execution_id = %s"
-                        " AND source = 'late'", handle.id)
+            late = [p.payload for p in app.payloads(handle.id) if p.source == "late"]
             if late:
                 break
             time.sleep(0.1)
-    assert late == [("late real result",)]
+    assert late == ["late real result"]
     joins = rows(app.database_url,
                  "SELECT count(*) FROM konduit_tasks WHERE execution_id = %s AND step = 'publish'",
                  handle.id)

@@ -23,6 +23,7 @@ import pytest
 import konduit
 from konduit.db.database import Database
 from konduit.db.replica import Reads
+from konduit.db.sealing import configured as configured_payloads
 from konduit.engine import maps
 from konduit.engine.maps import MAP_CHUNK_ROWS, create_next_chunk
 from konduit.reads import ReadModel
@@ -167,7 +168,7 @@ def test_takers_that_collide_never_double_an_item(
 
     def take(i: int) -> None:
         async def go() -> None:
-            db = Database(db_url, min_size=1, max_size=2)
+            db = Database(db_url, min_size=1, max_size=2, payloads=configured_payloads())
             await db.open()
             try:
                 start.wait(30)
@@ -240,7 +241,7 @@ def test_the_worker_claims_while_a_big_fan_out_is_made(
 
 
 async def _map_counts(db_url: str, execution_id: UUID) -> Any:
-    db = Database(db_url, min_size=1, max_size=2)
+    db = Database(db_url, min_size=1, max_size=2, payloads=configured_payloads())
     await db.open()
     try:
         (counts,) = await ReadModel(Reads(db)).map_counts(execution_id, ["item"])

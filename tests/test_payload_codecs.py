@@ -142,6 +142,14 @@ def test_search_by_input_is_refused_under_a_codec_and_tags_still_work(
         app.list(input={"word": "w"})
     assert refused.value.field == "input" and "tags" in str(refused.value)
     assert [e.id for e in app.list(tags={"customer": "acme"})] == [handle.id]
+    # A bulk action's filter is a search: by input it is refused too, not "none found".
+    for dry_run in (True, False):
+        with pytest.raises(konduit.SearchError, match="codec") as refused:
+            app.bulk("cancel", konduit.ExecutionFilter(input={"word": "w"}), dry_run=dry_run)
+        assert refused.value.field == "input"
+    assert app.status(handle.id).status == "running"
+    done = app.bulk("cancel", konduit.ExecutionFilter(tags={"customer": "acme"}))
+    assert (done.matched, done.done) == (1, 1)
 
 
 def test_an_output_over_the_limit_fails_at_once_naming_step_and_size(
@@ -351,3 +359,36 @@ def test_stream_chunks_are_sealed_and_read_decoded(
         texts = [t for (t,) in conn.execute(
             "SELECT payload::text FROM konduit_stream_chunks WHERE payload IS NOT NULL")]
     assert len(texts) == 3 and not [t for t in texts if MARK in t], "plaintext in a stream"
+
+
+def test_the_journal_shows_the_size_of_a_result_not_of_its_envelope(
+        make_app: Callable[..., konduit.App], worker: Callable[..., Any], db_url: str,
+        tmp_path: Path) -> None:
+    """``result_bytes`` (the journal's API, page and command line) is the size of the result
+    as JSON: under a codec, not the size of the envelope the row holds; with a payload store,
+    the size its reference records, the object left unfetched."""
+    small, big = {"secret": MARK, "n": [1, 2.5, "é"]}, "x" * 5000
+    wf = konduit.Workflow("sized-journal", version=1)
+
+    @wf.step()
+    def step(ctx: konduit.Context) -> int:
+        ctx.call_sync("small", lambda: small)
+        ctx.call_sync("big", lambda: big)
+        return 1
+
+    store = konduit.stores.Directory(tmp_path / "payloads", threshold=1024)
+    app = make_app(wf, codec=Encrypted(keys={"k1": K1}), payload_store=store)
+    with worker(app):
+        eid = app.start("sized-journal", input={}).wait(timeout=60).id
+    with psycopg.connect(db_url) as conn:  # what PostgreSQL says of the plain values
+        plain = {name: conn.execute("SELECT octet_length(%s::jsonb::text)",
+                                    (canonical_json(v, what=name),)).fetchone()[0]
+                 for name, v in (("small", small), ("big", big))}
+        stored = {t for (t,) in conn.execute("SELECT result::text FROM konduit_journal_results")}
+    assert all('"$konduit"' in t for t in stored) and any('"stored"' in t for t in stored)
+    shown = {e.name: e.result_bytes for e in app.journal(eid)}
+    assert shown == plain and plain["big"] == 5002
+    # A process without the key shows the size of what is stored, the store's size still.
+    with konduit.Client(db_url, codec=Compressed(), payload_store=store) as keyless:
+        sizes = {e.name: e.result_bytes for e in keyless.journal(eid)}
+    assert sizes["big"] == 5002 and sizes["small"] == min(len(t.encode()) for t in stored)

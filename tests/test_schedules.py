@@ -21,11 +21,13 @@ import pytest
 import konduit
 from konduit.core.schedules import tick_key
 from konduit.db.database import Database
+from konduit.db.sealing import configured as configured_payloads
 from konduit.engine import starts
 from konduit.engine.client import Client
 from konduit.engine.registry import Registry
 from konduit.engine.schedules import Schedules
 from tests.support.db import rows
+from tests.support.payloads import opened, opened_rows
 from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
@@ -56,7 +58,7 @@ def scheduled(missed: str = "latest", every: str = "1m", input: Any = None,
 def run(url: str, workflows: list[konduit.Workflow],
         body: Callable[[Schedules], Awaitable[T]]) -> T:
     async def main() -> T:
-        db = Database(url, min_size=1, max_size=4)
+        db = Database(url, min_size=1, max_size=4, payloads=configured_payloads())
         await db.open()
         try:
             registry = Registry(workflows)
@@ -74,8 +76,8 @@ def keys_started(url: str) -> list[str]:
 
 
 def state(url: str) -> tuple[Any, ...]:
-    return rows(url, "SELECT last_tick, paused, updated_at, input FROM konduit_schedules "
-                     "WHERE name = 'nightly'")[0]
+    return opened_rows(rows(url, "SELECT last_tick, paused, updated_at, input "
+                                 "FROM konduit_schedules WHERE name = 'nightly'"))[0]
 
 
 @pytest.mark.parametrize(("missed", "after_resume"), [
@@ -108,7 +110,7 @@ def test_missed_policy_after_a_pause(db_url: str, missed: str,
     ):
         assert key == tick_key("nightly", scheduled_at)
         assert deadline_at == scheduled_at + timedelta(minutes=30)  # window="30m"
-        assert input_ == {"channel": "web"}
+        assert opened(input_) == {"channel": "web"}
     assert state(db_url)[0] == utc(2026, 11, 30, 4, 11)
 
 
@@ -133,7 +135,8 @@ def test_racing_starts_of_the_same_ticks_make_one_execution_each(db_url: str) ->
 
     async def main() -> list[list[Any]]:
         registry = Registry([wf])
-        dbs = [Database(db_url, min_size=1, max_size=2) for _ in range(8)]
+        dbs = [Database(db_url, min_size=1, max_size=2, payloads=configured_payloads())
+               for _ in range(8)]
         for db in dbs:
             await db.open()
         try:
@@ -176,7 +179,8 @@ def test_rounds_racing_on_one_schedule_start_each_tick_once(db_url: str) -> None
 
     async def main() -> list[int]:
         registry = Registry([wf])
-        dbs = [Database(db_url, min_size=1, max_size=2) for _ in range(6)]
+        dbs = [Database(db_url, min_size=1, max_size=2, payloads=configured_payloads())
+               for _ in range(6)]
         for db in dbs:
             await db.open()
         try:
@@ -274,8 +278,8 @@ def test_a_tick_whose_key_was_taken_by_hand_is_not_started_again(make_app, db_ur
                                                            utc(2026, 11, 30, 4, 3)]
     assert sorted(keys_started(db_url)) == [tick_key("nightly", utc(2026, 11, 30, 4, m))
                                             for m in (1, 2, 3)]
-    assert rows(db_url, "SELECT input, scheduled_at FROM konduit_executions WHERE id = %s",
-                taken.id) == [({"by": "hand"}, None)]
+    assert opened_rows(rows(db_url, "SELECT input, scheduled_at FROM konduit_executions "
+                                    "WHERE id = %s", taken.id)) == [({"by": "hand"}, None)]
     assert state(db_url)[0] == utc(2026, 11, 30, 4, 3)
 
 

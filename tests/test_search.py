@@ -12,6 +12,7 @@ import pytest
 
 import konduit
 from konduit.core.search import id_bounds, parse_input, parse_tags, parse_workflow
+from tests.support.payloads import codec_on
 
 pytestmark = [pytest.mark.storage]
 
@@ -41,9 +42,13 @@ def test_each_part_of_a_filter_finds_its_executions(make_app: Callable[..., kond
     assert ids(app.search(tags={"customer": "beta", "tier": "gold"})) == {str(beta.id)}
     assert ids(app.search(tags={"customer": "beta", "tier": "silver"})) == set()
     assert ids(app.search(idempotency_key="nightly-1")) == {str(acme.id)}
-    assert ids(app.search(input={"episode": 42})) == {str(acme.id), str(other.id)}
-    assert ids(app.search(input={"show": {"name": "x"}})) == {str(acme.id)}
-    assert ids(app.search(input={"episode": 42}, workflow="other")) == {str(other.id)}
+    if codec_on():  # PostgreSQL cannot look inside a sealed input: refused, naming the codec
+        with pytest.raises(konduit.SearchError, match=r"input: .*codec"):
+            app.search(input={"episode": 42})
+    else:
+        assert ids(app.search(input={"episode": 42})) == {str(acme.id), str(other.id)}
+        assert ids(app.search(input={"show": {"name": "x"}})) == {str(acme.id)}
+        assert ids(app.search(input={"episode": 42}, workflow="other")) == {str(other.id)}
     assert ids(app.search(workflow="searched", version=1)) == {str(acme.id), str(beta.id)}
     assert ids(app.search(workflow="searched", version=2)) == set()
     assert ids(app.search(status="running")) == {str(acme.id), str(beta.id), str(other.id)}
@@ -65,8 +70,11 @@ def test_each_part_of_a_filter_finds_its_executions(make_app: Callable[..., kond
     assert found.tags == {"customer": "acme"}
     assert found.workflow_name == "searched" and found.priority == 0 and found.run_at is None
     # Newest first, and a filter object is the same search.
-    newest = app.search(konduit.ExecutionFilter(input={"episode": 42}))
-    assert [str(f.id) for f in newest] == [str(other.id), str(acme.id)]
+    newest = app.search(konduit.ExecutionFilter(since=now - timedelta(minutes=5)))
+    assert [str(f.id) for f in newest] == [str(other.id), str(beta.id), str(acme.id)]
+    if not codec_on():
+        newest = app.search(konduit.ExecutionFilter(input={"episode": 42}))
+        assert [str(f.id) for f in newest] == [str(other.id), str(acme.id)]
 
 
 @pytest.mark.parametrize("tags, fault", [
@@ -156,7 +164,11 @@ def test_list_takes_the_parts_of_a_search(make_app: Callable[..., konduit.App]) 
     assert len(app.list()) == 2
     [found] = app.list(tags={"customer": "acme"})
     assert found.id == tagged.id and found.workflow == "searched" and found.status == "running"
-    assert [r.id for r in app.list(input={"episode": 3}, workflow="searched")] == [tagged.id]
+    if codec_on():
+        with pytest.raises(konduit.SearchError, match=r"input: .*codec"):
+            app.list(input={"episode": 3}, workflow="searched")
+    else:
+        assert [r.id for r in app.list(input={"episode": 3}, workflow="searched")] == [tagged.id]
     with pytest.raises(TypeError, match="colour"):
         app.list(colour="red")  # type: ignore[call-arg]
 

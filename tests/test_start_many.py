@@ -23,6 +23,7 @@ import konduit
 from konduit.db.database import Database, Tx
 from konduit.engine.client import Client
 from konduit.engine.registry import Registry
+from tests.support.payloads import opened_rows
 from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
@@ -195,7 +196,7 @@ def test_dicts_and_requests_mix_and_every_option_is_honoured(make_app, db_url):
                 "SELECT workflow_name, workflow_version, input, idempotency_key, steps_pending,"
                 " deadline_at, timeout_at - created_at AS timeout FROM konduit_executions"
                 " WHERE id = %s", (h.id,)).fetchone()
-    got = [rows[h.id] for h in handles]
+    got = [opened_rows([rows[h.id]])[0] for h in handles]
     assert [g[:5] for g in got] == [
         ("versioned", 2, [1], None, 4),
         ("other", 1, "x", None, 5),

@@ -14,9 +14,11 @@ import pytest
 
 import konduit
 from konduit.db.database import Database
+from konduit.db.sealing import configured as configured_payloads
 from konduit.engine import starts, triggers
 from konduit.engine.registry import Registry
 from tests.support.db import rows, value
+from tests.support.payloads import opened
 from tests.support.waiting import until
 from tests.support.workers import running_worker
 
@@ -37,8 +39,10 @@ def echo(name: str, event: str, **on_event: Any) -> konduit.Workflow:
 
 
 def executions(url: str, workflow: str) -> list[Any]:
-    return [r[0] for r in rows(url, "SELECT input FROM konduit_executions WHERE workflow_name = %s "
-                                    "ORDER BY created_at, id", workflow)]
+    """The inputs of the workflow's executions, oldest first (opened under a payload codec)."""
+    return [opened(r[0]) for r in rows(url, "SELECT input FROM konduit_executions "
+                                            "WHERE workflow_name = %s ORDER BY created_at, id",
+                                       workflow)]
 
 
 def trigger_events(url: str, workflow: str) -> list[tuple[Any, ...]]:
@@ -333,7 +337,7 @@ def test_racing_senders_and_racing_workers_start_each_group_once(make_app, db_ur
 
         def run() -> None:
             async def go() -> None:
-                db = Database(db_url, min_size=1, max_size=2)
+                db = Database(db_url, min_size=1, max_size=2, payloads=configured_payloads())
                 await db.open()
                 try:
                     barrier.wait(timeout=60)
@@ -441,7 +445,7 @@ def test_an_event_that_moves_a_due_burst_while_it_starts_keeps_it_open(make_app,
 
     def start() -> None:
         async def go() -> Any:
-            db = Database(db_url, min_size=1, max_size=1)
+            db = Database(db_url, min_size=1, max_size=1, payloads=configured_payloads())
             await db.open()
             try:
                 return await db.atomic(

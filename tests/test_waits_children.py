@@ -14,6 +14,7 @@ import pytest
 
 import konduit
 from konduit.db.database import Database
+from konduit.db.sealing import configured as configured_payloads
 from konduit.engine import starts, waits
 from konduit.engine.finish import ChildEnded
 from konduit.engine.registry import Registry
@@ -224,7 +225,8 @@ def test_the_prompt_wake_and_racing_maintenance_passes_end_the_step_once(make_ap
                  "AND status = 'waiting'") == [(trials,)]
 
     async def race() -> list[int]:
-        dbs = [Database(db_url, min_size=1, max_size=2) for _ in range(4)]
+        dbs = [Database(db_url, min_size=1, max_size=2, payloads=configured_payloads())
+               for _ in range(4)]
         for db in dbs:
             await db.open()
         registry = Registry(flows)

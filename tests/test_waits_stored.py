@@ -18,6 +18,7 @@ from konduit.core.waits import Armed, WaitKind
 from konduit.engine.waits import arm, send_event
 from konduit.errors import KonduitError, WorkflowDefinitionError
 from tests.support.db import rows, value
+from tests.support.payloads import opened_rows
 from tests.support.waiting import until, wait_for_passes
 from tests.support.workers import running_worker
 from tests.test_waits_events import FAST, review_workflow
@@ -211,9 +212,9 @@ def test_two_armings_and_a_sender_racing_each_event_taken_once(arming_threads, d
     for trial in range(TRIALS):
         answers, ids = racing_arms(app, threads, trial, sender=True)
         assert answers[0] == "stored" and answers[1] in ("stored", "woke"), answers
-        taken = rows(db_url, "SELECT e.payload #>> '{}', t.execution_id::text "
-                             "FROM konduit_events e JOIN konduit_tasks t ON t.id = e.consumed_by "
-                             "WHERE e.key = %s ORDER BY 1", f"r{trial}")
+        taken = sorted(opened_rows(rows(
+            db_url, "SELECT e.payload #>> '{}', t.execution_id::text FROM konduit_events e "
+                    "JOIN konduit_tasks t ON t.id = e.consumed_by WHERE e.key = %s", f"r{trial}")))
         # Two events, two waiters: each event taken by exactly one, each waiter took one.
         assert [p for p, _ in taken] == ["first", "second"], taken
         assert sorted(e for _, e in taken) == sorted(ids)

@@ -43,7 +43,7 @@ from konduit.db.migrate import migrate
 from konduit.engine.completer import record, record_ended
 from konduit.engine.registry import Registry
 from konduit.errors import BenchError as BenchError
-from konduit.settings import settings
+from konduit.settings import settings, variable
 
 T = TypeVar("T")
 Json = dict[str, Any]
@@ -453,6 +453,33 @@ BENCHMARKS = ("commit_probe", "throughput", "db_cost", "workers", "latency", "st
 a full run; ``map_1m``, ``fan_out_1m`` and ``soak``, minutes each, only when named with
 ``--only``)."""
 
+CODECS = ("none", "zlib", "encrypted", "aesgcm")
+"""What ``konduit bench --codec`` takes: the values of ``KONDUIT_CODEC``."""
+
+
+def use_codec(kind: str) -> str | None:
+    """Make ``kind`` (one of :data:`CODECS`) the payload codec of this process and of the worker
+    processes it starts, which inherit its environment: ``KONDUIT_CODEC``, and for an encrypting
+    codec without ``KONDUIT_CODEC_KEYS`` a key made for this run. The codec's name, or None."""
+    import base64
+
+    chosen = kind.strip().lower()
+    if chosen not in CODECS:
+        raise BenchError(f"bench: --codec {kind!r}: one of {', '.join(CODECS)}")
+    os.environ[variable("codec")] = chosen
+    if chosen in ("encrypted", "aesgcm") and not settings().codec_keys:
+        os.environ[variable("codec_keys")] = "bench:" + base64.b64encode(os.urandom(32)).decode()
+    return codec_name()
+
+
+def codec_name() -> str | None:
+    """The name of the payload codec the environment configures (None without one)."""
+    from konduit import codecs
+
+    codec = codecs.from_settings()
+    return None if codec is None else str(codec.name)
+
+
 FULL_ONLY = ("history", "idle_fleet", "prune_day")
 """Benchmarks left out of a quick run."""
 
@@ -475,7 +502,10 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
     curve = workers or ([1, 2] if quick else [1, 2, 4])
     executions = 50 if quick else 200
     report: Json = {"started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "quick": quick, "machine": server.describe(), "benchmarks": {}}
+                    "quick": quick, "machine": server.describe(),
+                    # The processes the benchmarks start (workers, Apps) take it from the
+                    # environment: KONDUIT_CODEC..., or konduit bench --codec.
+                    "payload_codec": codec_name(), "benchmarks": {}}
 
     def probe() -> float:
         found = report["benchmarks"].get("commit_probe")

@@ -108,6 +108,10 @@ def bench(
     output: Annotated[str | None, typer.Option(
         "--output", "-o", metavar="FILE", help="Also write the JSON report to FILE.",
         show_default=False)] = None,
+    codec: Annotated[str | None, typer.Option(
+        "--codec", metavar="KIND", help="Run with this payload codec (none, zlib, encrypted, "
+        "aesgcm; default: KONDUIT_CODEC...), the worker processes too; an encrypting one "
+        "without KONDUIT_CODEC_KEYS gets a key made for the run.", show_default=False)] = None,
     database_url: DatabaseUrl = None,
 ) -> None:
     """Measure the engine: a commit probe (what this storage commits per second), throughput
@@ -122,7 +126,7 @@ def bench(
 
     from konduit.bench.fleet import PROFILE_ENV
     from konduit.bench.soak import SoakSettings
-    from konduit.bench.suite import run_bench
+    from konduit.bench.suite import run_bench, use_codec
 
     if output is not None and not Path(output).absolute().parent.is_dir():
         raise CliError(f"--output: directory {Path(output).absolute().parent} does not exist")
@@ -137,6 +141,8 @@ def bench(
     if profile is not None:
         Path(profile).mkdir(parents=True, exist_ok=True)
         os.environ[PROFILE_ENV] = str(Path(profile).absolute())
+    if codec is not None:
+        use_codec(codec)
     report = run_bench(reachable(database_url, schema=False), quick=quick, workers=curve,
                        only=only,
                        soak=SoakSettings(duration=duration, window=window, rate=rate,

@@ -190,6 +190,23 @@ class PayloadIO:
                              f"{self.codec.name}", key_id=env.get("key"))
         return json.loads(self.codec.decode(data))
 
+    def plain_size(self, text: str) -> int | None:
+        """The size in bytes of the payload that JSON ``text`` read from the database
+        (``payload::text``) holds, as PostgreSQL writes a plain one out (``octet_length(
+        payload::text)``): ``text``'s own when it is no envelope, the size a payload store's
+        reference records (its canonical JSON, not fetched), else the opened value's; None when
+        this process cannot open it. An envelope's own size tells nothing of its payload's."""
+        if _MARK_TEXT not in text:
+            return len(text.encode())
+        outer = json.loads(text)
+        if (type(outer) is dict and outer.get(MARK) == "stored"
+                and type(outer.get("size")) is int):
+            return int(outer["size"])
+        value = self.loads(text)
+        if is_sealed(value):
+            return None
+        return len(json.dumps(value, ensure_ascii=False).encode())
+
     def why_sealed(self, value: Any) -> KonduitError:
         """The error that says why ``value`` (an envelope left sealed) cannot be opened."""
         try:

@@ -33,6 +33,7 @@ from konduit.db.database import Row, Tx
 from konduit.engine import waits
 from konduit.engine.finish import ChildEnded, stop_execution
 from konduit.engine.repairs import REDRIVE_FROM, repair_in
+from konduit.engine.search import check_searchable
 from konduit.engine.stored import refuse_map_repair_without_code
 from konduit.errors import DatabaseError, KonduitError
 from konduit.records import BulkResult
@@ -61,6 +62,7 @@ async def run_bulk(client: Client, request: BulkRequest, *,
     began = time.monotonic()
     applies = CANCEL_FROM if request.action == "cancel" else REDRIVE_FROM
     p = request.where.params()
+    check_searchable(client.db, p)  # by input under a codec: refused, never "none found"
     before: tuple[object, object] = (None, None)
     matched = batches = 0
     longest = 0.0

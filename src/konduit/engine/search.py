@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from konduit.core.search import MAX_LIMIT, ExecutionFilter, SearchError
 from konduit.db.database import Database
 from konduit.errors import blamed
 from konduit.records import ExecutionFound
+
+
+def check_searchable(db: Database, params: dict[str, Any]) -> None:
+    """Refuse, with :class:`SearchError` naming the field ``input``, a filter (``where.params()``)
+    by input under a payload codec: inputs are stored sealed, and PostgreSQL cannot look inside
+    them (docs/payload-codecs.md). A search and a bulk action alike."""
+    if params["input"] is not None and db.io.codec is not None:
+        raise blamed(SearchError(
+            f"input: executions cannot be found by input while a payload codec "
+            f"({db.io.codec.name}) encodes payloads; search by tags, which stay plain text"),
+            "input")
 
 
 async def search_executions(db: Database, where: ExecutionFilter, *,
@@ -19,12 +31,7 @@ async def search_executions(db: Database, where: ExecutionFilter, *,
         raise SearchError(f"limit {limit!r}: a whole number from 1 to {MAX_LIMIT}")
     before_at, before_id = before if before is not None else (None, None)
     p = where.params()
-    if p["input"] is not None and db.io.codec is not None:
-        # Inputs are stored sealed: PostgreSQL cannot look inside them (docs/payload-codecs.md).
-        raise blamed(SearchError(
-            f"input: executions cannot be found by input while a payload codec "
-            f"({db.io.codec.name}) encodes payloads; search by tags, which stay plain text"),
-            "input")
+    check_searchable(db, p)
     rows = await db.all(
         "execution_search", id_low=p["id_low"], id_high=p["id_high"], id_tail=p["id_tail"],
         idempotency_key=p["idempotency_key"], tags=p["tags"], input=p["input"],

@@ -184,9 +184,21 @@ class ExecutionReads(ReadBase):
                       limit: int | None = None) -> builtins.list[JournalEntry]:
         """The recorded durable calls of an execution (``ctx.call``), by step, item and
         position, at most ``limit`` of them."""
+        io = self.reads.io
         rows = await self.reads.all("journal_list_by_execution",
-                                 execution_id=await self.resolve(execution_id), limit=limit)
-        return [JournalEntry.from_row(r) for r in rows]
+                                 execution_id=await self.resolve(execution_id), limit=limit,
+                                 sealed=io.active)
+        if not io.active:
+            return [JournalEntry.from_row(r) for r in rows]
+        # Under a codec or a payload store the size is the result's, not its envelope's (the
+        # envelope's only when this process cannot open it).
+        entries = []
+        for r in rows:
+            size = io.plain_size(r["result_text"])
+            entries.append(JournalEntry.from_row(
+                r if size is None else {**r, "result_bytes": size}))
+        return entries
+
     async def streams(self, execution_id: UUID | str) -> builtins.list[StreamRecord]:
         """The durable streams of an execution (``ctx.stream``), by name."""
         rows = await self.reads.all("stream_list_of_execution",

@@ -24,7 +24,7 @@ from markupsafe import Markup, escape
 
 from konduit import doctext, tracing
 from konduit.core.requests import BulkRequest, StartRequest
-from konduit.core.search import search_filter
+from konduit.core.search import SearchError, search_filter
 from konduit.errors import (
     DatabaseError,
     IdempotencyConflict,
@@ -202,7 +202,11 @@ async def executions(ops: Ops, status: m.ExecutionStatus | None = None,
     except KonduitError as exc:  # the parameter at fault, when the error names one
         raise Refused(422, str(exc), "query" if exc.field is None else f"query.{exc.field}",
                       code=exc.code) from None
-    rows = await ops.search(where, before=before, limit=limit + 1)
+    try:
+        rows = await ops.search(where, before=before, limit=limit + 1)
+    except SearchError as exc:  # by input under a payload codec: named like a bad filter
+        raise Refused(422, str(exc), "query" if exc.field is None else f"query.{exc.field}",
+                      code=exc.code) from None
     items = [m.ExecutionSummary(id=r.id, workflow=r.workflow_name,
                                 version=r.workflow_version, status=r.status,  # type: ignore[arg-type]
                                 error=r.error, idempotency_key=r.idempotency_key,

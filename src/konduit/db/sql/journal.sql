@@ -65,11 +65,14 @@ WHERE j.execution_id = %(execution_id)s AND j.step = %(step)s AND j.map_index = 
 -- name: journal_list_by_execution
 -- Every recorded call of one execution, by step, item and position: its name, the attempt (and
 -- generation) that made it live, how long it took, its result's size and how often later
--- attempts replayed it.
+-- attempts replayed it. Under a payload codec or store (%(sealed)s) the result column holds an
+-- envelope, whose size is not the result's: its text comes too, for the reader to measure
+-- (as text: a reference to a payload store is not followed).
 -- plan: custom, as many rows as the execution recorded calls (a map: every item's).
 SELECT j.step, j.map_index, j.seq, j.name, j.generation, j.attempt, j.duration_seconds,
        j.recorded_at, j.replays, j.last_replayed_attempt, j.last_replayed_at, j.content_hash,
-       octet_length(r.result::text) AS result_bytes
+       octet_length(r.result::text) AS result_bytes,
+       CASE WHEN %(sealed)s::boolean THEN r.result::text END AS result_text
 FROM konduit_journal j
 JOIN konduit_journal_results r
     ON r.execution_id = j.execution_id AND r.content_hash = j.content_hash
