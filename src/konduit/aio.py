@@ -24,3 +24,11 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     except TimeoutError:
         return event.is_set()
     return True
+
+
+def cancelling() -> bool:
+    """Whether the current task is being cancelled: a loop that logs and goes on after a
+    failed round must not go on when the failure was its own cancellation, turned into another
+    error on its way up (a driver's, a database error): it would swallow the stop."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -34,6 +34,7 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from konduit.aio import cancelling
 from konduit.core.alerts import (
     DEFAULT_QUEUE_UNSERVED,
     DEFAULT_VERSION_UNSERVED,
@@ -186,8 +187,12 @@ class Alerting:
                     await self.evaluate(graces=False)
                     passed()
                 except (DatabaseError, KonduitError) as exc:
+                    if cancelling():
+                        raise  # the stop, not a failed evaluation
                     log.warning("alert evaluation failed: %s", exc)
                 except Exception:  # a bug in a rule must not end alerting for the worker's life
+                    if cancelling():
+                        raise
                     log.exception("alert evaluation failed")
         finally:
             graces.cancel()
@@ -206,8 +211,12 @@ class Alerting:
                 try:
                     crossing = (await self.evaluate_graces(kinds))[1]
                 except (DatabaseError, KonduitError) as exc:
+                    if cancelling():
+                        raise  # the stop, not a failed look
                     log.warning("alert evaluation failed: %s", exc)
                 except Exception:
+                    if cancelling():
+                        raise
                     log.exception("alert evaluation failed")
                 for kind in kinds:
                     soon, poll = crossing.get(kind), grace_poll(self.graces[kind])

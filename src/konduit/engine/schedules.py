@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from konduit.aio import cancelling
 from konduit.core import clock
 from konduit.core.payloads import DEFAULT_MAX_BYTES, canonical_json
 from konduit.core.requests import StartRequest
@@ -222,6 +223,8 @@ class Schedules:
                 _, wait = await self.run_due()
                 passed()
             except (DatabaseError, KonduitError) as exc:
+                if cancelling():
+                    raise  # the stop, not a failed round
                 log.warning("schedules round failed: %s", exc)
                 wait = 1.0
             await clock.sleep(wait)
