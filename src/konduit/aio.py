@@ -12,18 +12,10 @@ from __future__ import annotations
 
 import asyncio
 
+# The one definition is core's (core imports only core): the same wait, on the real clock.
+from konduit.core.clock import wait_for_event as wait_event
 
-async def wait_event(event: asyncio.Event, timeout: float) -> bool:
-    """Wait until ``event`` is set or ``timeout`` seconds passed; True when it was set. A
-    cancellation is never swallowed, whatever the event does meanwhile."""
-    if event.is_set():
-        return True
-    try:
-        async with asyncio.timeout(max(0.0, timeout)):
-            await event.wait()
-    except TimeoutError:
-        return event.is_set()
-    return True
+__all__ = ["cancelling", "wait_event"]
 
 
 def cancelling() -> bool:

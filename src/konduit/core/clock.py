@@ -23,9 +23,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 
-async def _wait_event(event: asyncio.Event, timeout: float) -> bool:
-    """:func:`konduit.aio.wait_event` (core imports only core): until ``event`` is set (True)
-    or ``timeout`` seconds passed; a cancellation is never swallowed."""
+async def wait_for_event(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set or ``timeout`` seconds passed, on the real clock; True when
+    it was set. A cancellation is never swallowed (``asyncio.timeout``, not ``wait_for``: see
+    :mod:`konduit.aio`, which exports it as ``wait_event``)."""
     if event.is_set():
         return True
     try:
@@ -156,7 +157,7 @@ async def wait_event(event: asyncio.Event, seconds: float) -> bool:
     ``seconds`` passed on it (False)."""
     clock = _virtual
     if clock is None:
-        return await _wait_event(event, seconds)
+        return await wait_for_event(event, seconds)
     return await _virtual_wait(clock, event, seconds)
 
 
@@ -173,7 +174,7 @@ async def _virtual_wait(clock: VirtualClock, event: asyncio.Event | None, second
                 return False
             moved.clear()
             if event is None:
-                await _wait_event(moved, left)
+                await wait_for_event(moved, left)
                 continue
             waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(moved.wait())}
             try:
