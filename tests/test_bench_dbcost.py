@@ -18,9 +18,10 @@ pytestmark = [pytest.mark.storage]
 
 def test_the_bare_protocol_fires_every_join_exactly_once(db_url: str) -> None:
     """The baseline must be a correct fan-in, or its figures flatter nothing: 8 threads
-    collide on 30 executions of 10 branches; every execution gets one join, run once."""
+    collide on 30 executions of 10 branches (10 of them the warm-up, outside the meter); every
+    execution gets one join, run once."""
     meter = ServerMeter(db_url)
-    found = bare_protocol(db_url, executions=30, width=10, concurrency=8, meter=meter)
+    found = bare_protocol(db_url, executions=20, width=10, concurrency=8, meter=meter, warm=10)
     assert found["wal_bytes"] > 0
     with psycopg.connect(db_url) as conn:
         joins = conn.execute("SELECT execution_id, count(*), bool_and(status = 'succeeded')"
@@ -44,7 +45,9 @@ def test_a_local_servers_cpu_is_read_from_proc(db_url: str) -> None:
 
 def test_db_cost_reports_wal_and_cpu_per_task_with_ratios_and_a_breakdown(
         admin_url: str) -> None:
-    report = db_cost(Server(admin_url).fresh_database, executions=5, width=10, repeats=1)
+    report = db_cost(Server(admin_url).fresh_database, executions=5, width=10, repeats=1,
+                     warm=2)
+    assert report["parameters"]["warm_executions"] == 2
     ours, bare = report["results"]["konduit"], report["results"]["bare_protocol"]
     for figures in (ours, bare):
         assert figures["wal_bytes_per_branch_task"] > 0

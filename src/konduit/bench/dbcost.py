@@ -194,17 +194,18 @@ RETURNING id, execution_id, step
 
 
 def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
-                  meter: ServerMeter) -> Json:
+                  meter: ServerMeter, warm: int = 0) -> Json:
     """``executions`` x ``width`` branches + a join through the bare protocol, on
-    ``concurrency`` threads with a connection each; one transaction per task."""
+    ``concurrency`` threads with a connection each; one transaction per task. ``warm``
+    executions run first, outside the meter, on the same connections (as Konduit's warm-up)."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(BARE_SCHEMA)
 
-    def create() -> None:
+    def create(first: int, count: int) -> None:
         # Inside the meter: Konduit's run pays for starting its executions (their rows and
         # their tasks' rows), so the baseline pays for creating its own.
         with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
-            for e in range(executions):
+            for e in range(first, first + count):
                 conn.execute("INSERT INTO bare.executions (id, remaining) VALUES (%s, %s)",
                              (e, width))
                 conn.execute("INSERT INTO bare.tasks (execution_id, step)"
@@ -212,7 +213,7 @@ def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
 
     done = threading.Event()
     finished = [0]
-    lock = threading.Lock()
+    reached = threading.Condition()
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -240,30 +241,42 @@ def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
                             else:
                                 c.execute("UPDATE bare.executions SET status = 'succeeded'"
                                           " WHERE id = %s", (execution,))
-                                with lock:
+                                with reached:
                                     finished[0] += 1
-                                    if finished[0] == executions:
-                                        done.set()
+                                    reached.notify_all()
                     if idle:
                         time.sleep(0.001)
         except BaseException as exc:  # reported below; a thread must not die silently
             errors.append(exc)
             done.set()
+            with reached:
+                reached.notify_all()
+
+    def wait_for(count: int) -> None:
+        with reached:
+            reached.wait_for(lambda: finished[0] >= count or done.is_set(),
+                             timeout=max(120.0, executions * width / 20))
 
     threads = [threading.Thread(target=run, name=f"bare-{i}") for i in range(concurrency)]
-    with metered(meter) as cost:
-        began = time.perf_counter()
-        create()
-        for t in threads:
-            t.start()
-        done.wait(timeout=max(120.0, executions * width / 20))
+    for t in threads:
+        t.start()
+    try:
+        if warm:
+            create(0, warm)
+            wait_for(warm)
+        with metered(meter) as cost:
+            began = time.perf_counter()
+            create(warm, executions)
+            wait_for(warm + executions)
+            seconds = time.perf_counter() - began
+    finally:
         done.set()
         for t in threads:
             t.join()
-        seconds = time.perf_counter() - began
     if errors:
         raise errors[0]
-    _check(finished[0] == executions, f"bare protocol: {finished[0]} of {executions} finished")
+    _check(finished[0] == warm + executions,
+           f"bare protocol: {finished[0] - warm} of {executions} finished")
     return {"seconds": _r(seconds), **cost}
 
 
@@ -274,7 +287,7 @@ def per_task(cost: Json, branches: int) -> Json:
 
 
 def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: int = 20,
-            concurrency: int = 8) -> Json:
+            concurrency: int = 8, warm: int = 30) -> Json:
     """Konduit's throughput workload (``executions`` x ``width`` branches + a join, one worker
     process x ``concurrency`` slots) and the bare protocol on the same server, ``repeats``
     times each, alternating; medians per branch task, and their ratios."""
@@ -298,7 +311,7 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
                 with metered(meter, breakdown=False) as whole:
                     run = throughput_run(url, executions=executions, width=width,
                                          concurrency=concurrency, label="db-cost",
-                                         work_span=work)
+                                         work_span=work, warm=warm)
                 [cost] = spans
                 whole_run = per_task(whole, branches)
                 konduit_runs.append({
@@ -316,7 +329,7 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
             meter = ServerMeter(url)
             try:
                 bare = bare_protocol(url, executions=executions, width=width,
-                                     concurrency=concurrency, meter=meter)
+                                     concurrency=concurrency, meter=meter, warm=warm)
                 bare_runs.append({**per_task(bare, branches), "wal_bytes": bare["wal_bytes"],
                                   "branch_tasks_per_second": _r(branches / bare["seconds"])})
             finally:
@@ -341,7 +354,12 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
                        "span": "Konduit: from the start of its executions to the last one "
                                "finished, its worker process up and idle before (as the bare "
                                "protocol's threads are); whole_run: also the worker's start and "
-                               "stop and the bench's own reads"},
+                               "stop and the bench's own reads",
+                       "warm_executions": warm,
+                       "warm": "both sides first run this many executions to the end on the "
+                               "same connections, outside the meter: a long-running worker's "
+                               "statements are prepared (PostgreSQL plans a prepared statement "
+                               "5 times per connection before it keeps a plan)"},
         "results": {"konduit": ours, "bare_protocol": theirs,
                     "konduit_runs": konduit_runs, "bare_runs": bare_runs,
                     "konduit_wal_breakdown": breakdown},

@@ -332,11 +332,15 @@ def _task_figures(obs: Observer, since: Any = None) -> Json:
 
 def throughput_run(url: str, *, executions: int, width: int = 20, processes: int = 1,
                    concurrency: int = 8, label: str = "throughput",
-                   work_span: Callable[[], AbstractContextManager[Any]] | None = None) -> Json:
+                   work_span: Callable[[], AbstractContextManager[Any]] | None = None,
+                   warm: int = 0) -> Json:
     """``executions`` x (``width`` no-op root branches + a join) through ``processes`` worker
     processes of ``concurrency`` slots, started together once the workers are up. ``work_span``
     (a context manager factory) wraps the work alone: from the start of the executions to the
-    last one finished, the workers up and idle before it (a meter of the database's cost)."""
+    last one finished, the workers up and idle before it (a meter of the database's cost).
+    ``warm``: executions run to the end first, outside the span and the figures, as a
+    long-running worker's statements are prepared and its caches full (production shape:
+    PostgreSQL plans a prepared statement 5 times per connection before it keeps a plan)."""
     workflow = f"bench-roots-{width}"
     obs = Observer(url)
     try:
@@ -345,6 +349,10 @@ def throughput_run(url: str, *, executions: int, width: int = 20, processes: int
             before = obs.commits()
             with worker_processes(url, obs, processes, concurrency=concurrency,
                                   label=label) as workers:
+                if warm:
+                    warmed = obs.finished() + warm
+                    start_all(app, [{"workflow": workflow}] * warm)
+                    obs.wait_finished(warmed, timeout=max(120, warm * width / 20))
                 already, since = obs.finished(), obs.now()
                 cpu_before = [w.cpu_seconds() for w in workers]
                 with work_span() if work_span is not None else nullcontext():

@@ -523,7 +523,8 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
             server.fresh_database, executions=executions, repeats=1 if quick else 3,
             probe=probe(), idle=1.0 if quick else 3.0)),
         ("db_cost", lambda: dbcost.db_cost(
-            server.fresh_database, executions=20 if quick else 50, repeats=1 if quick else 3)),
+            server.fresh_database, executions=20 if quick else 50, repeats=1 if quick else 3,
+            warm=10 if quick else 30)),
         ("workers", lambda: fleet.workers_curve(
             server.fresh_database, processes=curve, executions=executions, probe=probe(),
             one=_get(report, "benchmarks", "throughput", "results"))),
