@@ -14,14 +14,16 @@ import asyncio
 import os
 import subprocess
 import time
+from collections.abc import Iterator
+from typing import Any
 from uuid import uuid4
 
 import psycopg
 import pytest
 
 import konduit
-from konduit.db.database import Database
-from konduit.db.queries import all_queries, parse_queries
+from konduit.db.database import Database, Tx
+from konduit.db.queries import all_queries, parse_queries, pinned_plans, q
 from tests.apps import own_lock_app, wide_map_app
 from tests.support.workers import spawn_worker, stop_workers
 
@@ -50,8 +52,123 @@ def test_the_plan_marker_is_parsed_and_every_cardinality_dependent_statement_has
     assert parsed["a_get"].custom_plan and parsed["a_get"].description == "One row. because."
     assert not parsed["b_get"].custom_plan
     queries = all_queries()
-    missing = sorted(n for n in CARDINALITY_DEPENDENT if not queries[n].custom_plan)
-    assert not missing, f"statements that must be planned per run: {missing}"
+    missing = sorted(n for n in CARDINALITY_DEPENDENT
+                     if not (queries[n].custom_plan or queries[n].pinned_plan))
+    assert not missing, f"statements that must be planned per run or pinned: {missing}"
+    assert parse_queries("-- name: c_get\n-- One.\n-- plan: pinned, why.\nSELECT 3;\n"
+                         )["c_get"].pinned_plan
+    assert pinned_plans() == {"task_claim_batch"}
+
+
+CLAIM_PARAMS = ["queues", "workflows", "limit", "lease_seconds", "worker_id"]
+
+
+def _numbered(sql: str) -> str:
+    for number, name in enumerate(CLAIM_PARAMS, start=1):
+        sql = sql.replace(f"%({name})s", f"${number}")
+    return sql
+
+
+def _task_rows(conn: psycopg.Connection[Any], n: int, step: str) -> None:
+    conn.execute("INSERT INTO konduit_executions (id, workflow_name, workflow_version, input_hash,"
+                 " steps_pending) SELECT gen_random_uuid(), 'wf', 1, 'h', 1"
+                 " FROM generate_series(1, %s)", (max(1, n // 100),))
+    conn.execute("INSERT INTO konduit_tasks (execution_id, workflow, step, map_index, max_attempts)"
+                 " SELECT (SELECT id FROM konduit_executions ORDER BY id LIMIT 1), 'wf@1', %s, g, 3"
+                 " FROM generate_series(1, %s) g", (step, n))
+
+
+def _kept_claim_plan_on_a_grown_backlog(db_url: str, *, pinned: bool) -> dict[str, Any] | None:
+    """The claim's generic plan made while every table is tiny (3 ready tasks), run once the
+    ready backlog has grown to 100,000 rows and the executions to 1,000 with no ANALYZE since
+    (a map that just fanned out): its EXPLAIN ANALYZE, or None if it ran past 10 s."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO konduit_workflows (name, version, spec_hash, spec)"
+                     " VALUES ('wf', 1, 'h', '{}')")
+        _task_rows(conn, 3, "small")
+        conn.execute("ANALYZE")
+    with psycopg.connect(db_url) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        if pinned:
+            conn.execute(q("task_claim_plan_pinned"))
+        conn.execute(f"PREPARE claim AS {_numbered(q('task_claim_batch'))}".encode())
+        args = "('{default}', '{wf@1}', 8, 15.0, 'w')"
+        conn.execute(f"EXECUTE claim{args}".encode())  # the plan is made and kept here
+        conn.commit()  # the pin's settings end with the transaction; the kept plan stays
+        with psycopg.connect(db_url, autocommit=True) as grow:
+            _task_rows(grow, 100_000, "big")
+        conn.execute("SET statement_timeout = '10s'")
+        try:
+            row = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim{args}".encode()
+                               ).fetchone()
+        except psycopg.errors.QueryCanceled:
+            return None
+        finally:
+            conn.rollback()
+        assert row is not None
+        return dict(row[0][0]["Plan"])
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _task_rows_read(plan: dict[str, Any]) -> float:
+    return sum((n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0))
+               * n.get("Actual Loops", 1)
+               for n in _nodes(plan) if n.get("Relation Name") == "konduit_tasks"
+               and "Scan" in n["Node Type"])
+
+
+def test_the_pinned_claims_kept_plan_reads_a_grown_backlog_by_index(db_url):
+    """The claim is prepared (planning it each time was a third of its server time) and its
+    plan kept; made under task_claim_plan_pinned while the tables were tiny, that plan still
+    claims 8 of a 100,000-task backlog by reading about 8 task rows."""
+    plan = _kept_claim_plan_on_a_grown_backlog(db_url, pinned=True)
+    assert plan is not None, "the pinned claim ran past 10 s"
+    [claimed] = [n for n in _nodes(plan) if n["Node Type"] == "ModifyTable"
+                 and n.get("Relation Name") == "konduit_tasks"]
+    assert claimed["Actual Rows"] == 8
+    assert _task_rows_read(plan) <= 2 * 8, f"read {_task_rows_read(plan):.0f} task rows"
+
+
+@pytest.mark.fresh_database
+def test_without_the_pin_the_kept_plan_reads_the_whole_backlog(db_url):
+    """The control: the same kept plan made without the pin reads the backlog (or runs past
+    the 10 s the check allows; a claim takes about a millisecond)."""
+    plan = _kept_claim_plan_on_a_grown_backlog(db_url, pinned=False)
+    assert plan is None or _task_rows_read(plan) > 1_000
+
+
+def test_a_pinned_statement_is_refused_outside_a_pinned_transaction(db_url):
+    async def go() -> None:
+        db = Database(db_url, min_size=1, max_size=1)
+        await db.open()
+        try:
+            with pytest.raises(RuntimeError, match="task_claim_plan_pinned"):
+                await db.all("task_claim_batch", queues=["default"], workflows=["x@1"],
+                             limit=1, lease_seconds=1.0, worker_id="w")
+            async with db.transaction() as tx:
+                with pytest.raises(RuntimeError, match="task_claim_plan_pinned"):
+                    await tx.all("task_claim_batch", queues=["default"], workflows=["x@1"],
+                                 limit=1, lease_seconds=1.0, worker_id="w")
+            # In autocommit the pin would end with its own statement: it does not count.
+            async def unpinned_autocommit(tx: Tx) -> None:
+                await tx.run("task_claim_plan_pinned")
+                await tx.all("task_claim_batch", queues=["default"], workflows=["x@1"],
+                             limit=1, lease_seconds=1.0, worker_id="w")
+            with pytest.raises(RuntimeError, match="task_claim_plan_pinned"):
+                await db.single(unpinned_autocommit)
+            async with db.transaction() as tx:
+                await tx.send("task_claim_plan_pinned")
+                assert await tx.all("task_claim_batch", queues=["default"], workflows=["x@1"],
+                                    limit=1, lease_seconds=1.0, worker_id="w") == []
+        finally:
+            await db.close()
+
+    asyncio.run(go())
 
 
 def test_a_custom_plan_statement_is_never_prepared_and_the_others_are(db_url):

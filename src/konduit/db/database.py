@@ -45,7 +45,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from konduit.db.arrays import with_array_literals
-from konduit.db.queries import q, statement
+from konduit.db.queries import PLAN_PIN, pinned_plans, q, statement
 from konduit.db.sealing import PLAIN, PayloadIO
 from konduit.errors import DatabaseConflict, DatabaseError, DatabaseUnavailable, PoolExhausted
 from konduit.settings import settings
@@ -262,11 +262,26 @@ class Tx:
     surfaces at that next call, and fails the transaction as a whole."""
 
     def __init__(self, conn: psycopg.AsyncConnection[Row],
-                 pipeline: psycopg.AsyncPipeline | None = None, io: PayloadIO = PLAIN):
+                 pipeline: psycopg.AsyncPipeline | None = None, io: PayloadIO = PLAIN,
+                 atomic: bool = True):
         self.conn = conn
+        self.atomic = atomic
+        """A transaction (False: each statement its own, autocommit)."""
         self.pipeline = pipeline
         self.io = io
         """The codec and payload store its parameters are sealed with (konduit.db.sealing)."""
+        self.plan_pinned = False
+        """Whether :data:`~konduit.db.queries.PLAN_PIN` ran in this transaction."""
+
+    def _statement(self, query: str) -> tuple[str, bool | None]:
+        """:func:`~konduit.db.queries.statement`, refusing a ``-- plan: pinned`` statement
+        outside a transaction that ran the pin (its kept plan would be made without it)."""
+        if query == PLAN_PIN:
+            self.plan_pinned = self.atomic
+        elif query in pinned_plans() and not self.plan_pinned:
+            raise RuntimeError(f"{query} runs only after {PLAN_PIN} in its transaction "
+                               "(konduit/db/queries.py: plan: pinned)")
+        return statement(query)
 
     async def _sealed(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` with their payloads sealed (a payload bound for the store is written
@@ -277,7 +292,7 @@ class Tx:
         return io.sealed_params(params)
 
     async def one(self, query: str, /, **params: Any) -> Row | None:
-        sql, prepare = statement(query)
+        sql, prepare = self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -287,7 +302,7 @@ class Tx:
             raise translated(exc) from exc
 
     async def all(self, query: str, /, **params: Any) -> list[Row]:
-        sql, prepare = statement(query)
+        sql, prepare = self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -297,7 +312,7 @@ class Tx:
             raise translated(exc) from exc
 
     async def run(self, query: str, /, **params: Any) -> int:
-        sql, prepare = statement(query)
+        sql, prepare = self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -310,7 +325,7 @@ class Tx:
 
     async def send(self, query: str, /, **params: Any) -> None:
         """Run a statement whose result nobody reads (queued in a pipelined transaction)."""
-        sql, prepare = statement(query)
+        sql, prepare = self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -321,7 +336,7 @@ class Tx:
     async def later(self, query: str, /, **params: Any) -> Callable[[], Awaitable[list[Row]]]:
         """Send a statement now and return what fetches its rows (in a pipelined transaction
         the statement is queued, and awaiting the fetch sends it with whatever else is)."""
-        sql, prepare = statement(query)
+        sql, prepare = self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -616,7 +631,7 @@ class Database:
         three). Rerun on a conflict as :meth:`atomic` does."""
         async def run() -> T:
             async with self.connection() as conn:
-                return await body(Tx(conn, io=self.io))
+                return await body(Tx(conn, io=self.io, atomic=False))
 
         return await _rerun_on_conflict(run, attempts, "the statement")
 

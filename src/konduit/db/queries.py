@@ -16,7 +16,15 @@ which kind it is:
 - a statement whose cost grows with data of one execution or one step (the rows of a map, a
   step's history, a backlog) carries ``-- plan: custom`` among its description lines, with
   why. It is never prepared: each run is planned with its own parameters and the table sizes
-  of that moment (an unnamed statement; PgBouncer-safe too).
+  of that moment (an unnamed statement; PgBouncer-safe too);
+- such a statement that runs so often that planning it each time costs too much (the claim)
+  carries ``-- plan: pinned`` instead: it is prepared, and runs only after
+  ``task_claim_plan_pinned`` in its transaction (:class:`konduit.db.database.Tx` refuses it
+  otherwise), which restricts the planner to index paths and nested loops for the rest of the
+  transaction: the plan PostgreSQL keeps is made under those settings, so it reads indexes in
+  order and looks rows up by key whatever the table sizes were when it was made (the statement
+  must be written so that such a plan exists: tests/test_plan_stability.py checks it on a
+  backlog grown after the plan was made).
 
 Fragments. A piece of SQL several statements must write alike (the columns a claimed task row
 carries, the SET list that clears a lease) stands once, under a ``-- fragment: noun_words``
@@ -39,7 +47,7 @@ from functools import cache
 from importlib import resources
 
 _HEADER = re.compile(r"^-- (?P<kind>name|fragment): (?P<name>[a-z_]+)\s*$", re.MULTILINE)
-_PLAN = re.compile(r"^plan:\s*custom\b")
+_PLAN = re.compile(r"^plan:\s*(?P<kind>custom|pinned)\b")
 _INCLUDE = re.compile(r"\{\{(?P<name>[a-z_]+)\}\}")
 
 
@@ -52,6 +60,8 @@ class Query:
     """Plan each run with its own parameters (never prepared): see the module docstring."""
     fragments: frozenset[str] = frozenset()
     """The fragments its text includes."""
+    pinned_plan: bool = False
+    """Prepared, run only after :data:`PLAN_PIN` in its transaction: see the module docstring."""
 
 
 def _sections(text: str) -> Iterator[tuple[str, str, str]]:
@@ -110,12 +120,14 @@ def parse_queries(text: str, source: str = "<sql>",
             continue
         body = section.strip().splitlines()
         description_lines = []
-        custom_plan = False
+        custom_plan = pinned_plan = False
         while body and body[0].startswith("--"):
             line = body.pop(0).lstrip("-").strip()
-            if _PLAN.match(line):
-                custom_plan = True
-                line = line.removeprefix("plan:").strip().removeprefix("custom").strip(" ,:-")
+            plan = _PLAN.match(line)
+            if plan:
+                custom_plan = plan["kind"] == "custom"
+                pinned_plan = plan["kind"] == "pinned"
+                line = line.removeprefix("plan:").strip().removeprefix(plan["kind"]).strip(" ,:-")
             if line:
                 description_lines.append(line)
         written = "\n".join(body).strip().rstrip(";")
@@ -125,7 +137,7 @@ def parse_queries(text: str, source: str = "<sql>",
         if name in found:
             raise ValueError(f"{source}: query {name!r} is defined twice")
         found[name] = Query(name, " ".join(description_lines), sql, custom_plan,
-                            frozenset(_INCLUDE.findall(written)))
+                            frozenset(_INCLUDE.findall(written)), pinned_plan)
     return found
 
 
@@ -162,6 +174,16 @@ def prepare_flag(name: str) -> bool | None:
     """psycopg's ``prepare=`` for the query called ``name``: False (never prepared) for a
     ``-- plan: custom`` statement, else None (prepared once it has run a few times)."""
     return False if all_queries()[name].custom_plan else None
+
+
+PLAN_PIN = "task_claim_plan_pinned"
+"""The statement a ``-- plan: pinned`` one runs after, in its transaction."""
+
+
+@cache
+def pinned_plans() -> frozenset[str]:
+    """The names of the ``-- plan: pinned`` statements."""
+    return frozenset(n for n, query in all_queries().items() if query.pinned_plan)
 
 
 _STATEMENTS: dict[str, tuple[str, bool | None]] = {}

@@ -88,10 +88,18 @@ async def claim(
     kept from one claim to the next."""
     params = claim_params(queues, workflows, limit, lease_seconds, worker_id, turn)
     if not limited:
-        return Claim(await db.all("task_claim_batch", **params))
+        if isinstance(db, Tx):
+            return await _claim_plain(db, params)
+        return await db.atomic(lambda tx: _claim_plain(tx, params), pipeline=True)
     if isinstance(db, Tx):
         return await _claim_flow(db, params, key_cursors)
     return await db.atomic(lambda tx: _claim_flow(tx, params, key_cursors))
+
+
+async def _claim_plain(tx: Tx, params: dict[str, Any]) -> Claim:
+    """The plain claim, its kept plan pinned to index paths (task_claim_plan_pinned)."""
+    await tx.send("task_claim_plan_pinned")
+    return Claim(await tx.all("task_claim_batch", **params))
 
 
 def claim_params(queues: Sequence[str], workflows: Sequence[str], limit: int,
@@ -108,6 +116,7 @@ async def claim_later(tx: Tx, queues: Sequence[str], workflows: Sequence[str], l
     """The plain claim of :func:`claim` (no flow limits), sent now in ``tx`` (queued, in a
     pipelined transaction) and answered when the returned function is awaited: a completion
     round sends it with its COMMIT and reads the claimed rows once it has committed."""
+    await tx.send("task_claim_plan_pinned")
     rows = await tx.later("task_claim_batch", **claim_params(
         queues, workflows, limit, lease_seconds, worker_id, turn))
 
@@ -154,7 +163,7 @@ async def _claim_flow(tx: Tx, params: dict[str, Any],
                           workflows=params["workflows"])
     keys = [] if key_cursors is None else await _lock_keys(tx, params, key_cursors)
     if not locked and not keys:
-        return Claim(await tx.all("task_claim_batch", **params))
+        return await _claim_plain(tx, params)
     rows = Claim(await tx.all(
         "task_claim_batch_flow_limited",
         flow_workflows=[r["workflow"] for r in locked],

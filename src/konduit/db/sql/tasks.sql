@@ -124,16 +124,31 @@ WHERE EXISTS (
     WHERE t.status = 'ready'
 );
 
+-- name: task_claim_plan_pinned
+-- Sent before task_claim_batch in its transaction: for the rest of it, the planner takes index
+-- paths and nested loops only, no JIT, and a prepared statement runs its kept (generic) plan.
+-- The claim is prepared; the plan PostgreSQL keeps of it, made under these settings, reads the
+-- ready index and looks rows up by key whatever the table sizes were when it was made (one made
+-- while the tables were tiny would otherwise sort or scan a map's million-row backlog on every
+-- claim), and it is used every time (left to choose, PostgreSQL went on planning the claim at
+-- every run, its generic plan's estimate being above the custom ones'). JIT: before PostgreSQL
+-- 18 a disabled path type counts as a huge cost, which would compile every claim.
+SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
+       set_config('enable_sort', 'off', true), set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true), set_config('enable_material', 'off', true),
+       set_config('jit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true);
+
 -- name: task_claim_batch
 -- Lease up to `limit` ready tasks of the given queues and workflow versions, skipping rows other
 -- workers hold: within a priority by fair turn (an execution's share: migration 0019), then the
 -- older execution; the queues take turns; the queue's clock moves to the latest turn taken.
 -- Its cost is bounded by the claim (`limit` rows per queue and workflow version read, in index
--- order) under any plan: each LATERAL below is parameterized by its queue and workflow, so it can
--- only run once per pair, and its ORDER BY ... LIMIT is the order of konduit_tasks_ready under
--- the equalities that lead it. Ready work the worker does not serve is never read.
--- plan: custom, the ready backlog goes from empty to a million rows in seconds (a map fans out):
--- a generic plan built on a tiny table may sort a pair's whole backlog instead of reading the index.
+-- order) under any plan made under task_claim_plan_pinned, which runs before it in its
+-- transaction: each LATERAL below is parameterized by its queue and workflow, so it can only run
+-- once per pair, and its ORDER BY ... LIMIT is the order of konduit_tasks_ready under the
+-- equalities that lead it; the claimed rows are updated by key (`= ANY`, so no join order can
+-- put the table first). Ready work the worker does not serve is never read.
+-- plan: pinned, prepared (planning it was a third of its server time) under task_claim_plan_pinned.
 WITH picked AS (
     SELECT c.id
     FROM (SELECT name, min(pos) AS pos
@@ -164,8 +179,7 @@ WITH picked AS (
         -- The budget runs from the first claim and covers every retry of the task.
         deadline_at = COALESCE(t.deadline_at,
                                konduit_clock_timestamp() + make_interval(secs => t.deadline_seconds))
-    FROM picked
-    WHERE t.id = picked.id
+    WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING t.id, t.execution_id, t.step, t.map_index, t.item, t.attempt, t.max_attempts,
               t.lease_token, t.queue, t.deadline_at, t.generation, t.fair_turn, t.policy_revision
 ), attempts AS (
