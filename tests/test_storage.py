@@ -23,8 +23,15 @@ from psycopg.types.json import Jsonb
 
 import konduit
 from konduit.db.database import Database
-from konduit.db.migrate import current_version, latest_version, migrate, migrations
+from konduit.db.migrate import (
+    current_version,
+    ensure_current,
+    latest_version,
+    migrate,
+    migrations,
+)
 from konduit.db.queries import all_fragments, all_queries, parse_queries, q
+from konduit.errors import SchemaOutdated
 
 pytestmark = pytest.mark.storage
 
@@ -238,6 +245,41 @@ def test_migrations_are_numbered_and_idempotent(empty_db_url):
     with psycopg.connect(empty_db_url) as c:
         rows = c.execute("SELECT version, name FROM konduit_schema_version ORDER BY version")
         assert rows.fetchall() == [(m.version, m.name) for m in found]
+
+
+def test_a_migration_skipped_by_an_earlier_build_is_applied_and_workers_refuse_until_then(
+        empty_db_url, monkeypatch):
+    """A database migrated by a build that had migration N+1 and not N (a development branch)
+    records N+1 as its newest: comparing with it alone would skip N for good. The worker's
+    check names N, and `migrate` applies it (out of order, with a warning)."""
+    import konduit.db.migrate as migrating
+
+    real = migrations()
+    top = real[-1].version
+    probe_a = migrating.Migration(top + 1, "probe_a", "CREATE TABLE konduit_probe_a (x int)")
+    probe_b = migrating.Migration(top + 2, "probe_b", "CREATE TABLE konduit_probe_b (x int)")
+
+    async def go() -> tuple[str, list[Any], list[Any]]:
+        db = Database(empty_db_url, min_size=1, max_size=2)
+        await db.open()
+        try:
+            monkeypatch.setattr(migrating, "migrations", lambda: [*real, probe_b])
+            await migrate(db)  # the branch's build: it had N+1 (probe_b) and not N (probe_a)
+            monkeypatch.setattr(migrating, "migrations", lambda: [*real, probe_a, probe_b])
+            with pytest.raises(SchemaOutdated) as refused:
+                await ensure_current(db)
+            applied = await migrate(db)
+            await ensure_current(db)
+            return str(refused.value), applied, await migrate(db)
+        finally:
+            await db.close()
+
+    refused, applied, again = run(go())
+    assert f"{probe_a.version:04d}_probe_a" in refused and "probe_b" not in refused
+    assert [m.name for m in applied] == ["probe_a"]
+    assert again == []
+    with psycopg.connect(empty_db_url) as c:
+        assert c.execute("SELECT to_regclass('konduit_probe_a') IS NOT NULL").fetchone() == (True,)
 
 
 def test_migrating_an_already_migrated_database_applies_nothing(db_url):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from importlib import resources
 
 from konduit.db.database import Database
-from konduit.errors import SchemaOutdated
+from konduit.errors import DatabaseError, SchemaOutdated
+
+log = logging.getLogger(__name__)
 
 _FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
@@ -42,20 +45,44 @@ async def current_version(db: Database) -> int:
     return int(row["version"]) if row else 0
 
 
+async def missing_versions(db: Database) -> list[Migration]:
+    """The migrations this konduit has that the database never applied, newest recorded or not
+    (a database migrated by a build that had a later migration and not an earlier one)."""
+    present = await db.one("schema_version_table_exists")
+    if not present or not present["present"]:
+        return migrations()
+    applied = {int(r["version"]) for r in await db.all("schema_version_list")}
+    return [m for m in migrations() if m.version not in applied]
+
+
 async def migrate(db: Database) -> list[Migration]:
-    """Apply every migration newer than the database's, in one transaction, under an advisory
-    lock so that concurrent migrators (several workers starting at once) apply each exactly once.
-    Returns what was applied."""
+    """Apply every migration the database has not applied, in order, in one transaction, under
+    an advisory lock so that concurrent migrators (several workers starting at once) apply each
+    exactly once. Returns what was applied.
+
+    A migration older than the newest one applied (a database a development build migrated
+    past it) is applied too, with a warning: skipping it, as comparing with the newest version
+    alone would, left its tables or functions missing. If it cannot apply there, the error's
+    note names it and the transaction takes nothing."""
     async with db.transaction() as tx:
         await tx.one("schema_version_lock")
         await tx.run("schema_version_table_create_if_absent")
         row = await tx.one("schema_version_get")
         current = int(row["version"]) if row else 0
+        applied_before = {int(r["version"]) for r in await tx.all("schema_version_list")}
         applied = []
         for migration in migrations():
-            if migration.version <= current:
+            if migration.version in applied_before:
                 continue
-            await tx.script(migration.sql)
+            if migration.version < current:
+                log.warning("migration %04d_%s was never applied to this database, which has "
+                            "migration %04d: applying it now, out of order", migration.version,
+                            migration.name, current)
+            try:
+                await tx.script(migration.sql)
+            except DatabaseError as exc:
+                exc.add_note(f"in migration {migration.version:04d}_{migration.name}")
+                raise
             await tx.run("schema_version_insert", version=migration.version, name=migration.name)
             applied.append(migration)
         return applied
@@ -71,11 +98,19 @@ async def reset(db: Database) -> list[Migration]:
 
 
 async def ensure_current(db: Database, *, command_hint: str = "konduit db migrate") -> None:
-    """Refuse to run against an older schema, naming the command that fixes it."""
+    """Refuse to run against an older schema, or one that lacks a migration this konduit has,
+    naming the command that fixes it."""
     current = await current_version(db)
     latest = latest_version()
     if current < latest:
         raise SchemaOutdated(
             f"the database schema is at version {current}, this konduit needs {latest}: "
             f"run `{command_hint}` first"
+        )
+    missing = [m for m in await missing_versions(db) if m.version <= latest]
+    if missing:
+        names = ", ".join(f"{m.version:04d}_{m.name}" for m in missing)
+        raise SchemaOutdated(
+            f"the database schema is at version {current} but never applied {names}: "
+            f"run `{command_hint}` first (it applies them)"
         )

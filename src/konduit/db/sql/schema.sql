@@ -14,6 +14,10 @@ SELECT pg_advisory_xact_lock(hashtext('konduit_migrate'));
 -- The highest applied migration, or 0 when there is none (check the table exists first).
 SELECT COALESCE(max(version), 0) AS version FROM konduit_schema_version;
 
+-- name: schema_version_list
+-- Every applied migration's number (check the table exists first).
+SELECT version FROM konduit_schema_version ORDER BY version;
+
 -- name: schema_version_table_exists
 -- Whether the database has ever been migrated.
 SELECT to_regclass('konduit_schema_version') IS NOT NULL AS present;
