@@ -138,3 +138,29 @@ def test_the_execution_page_shows_a_stream_live(make_app: Callable[..., konduit.
         browser.get(f"{base}/executions/{eid}")
         eventually(browser, lambda d: len(css(d, "#streams .stream-record")) == 4, timeout=60)
         screenshot(browser, "stream-ended")
+
+
+def test_a_quiet_followed_stream_sends_keep_alive_comments(make_app, db_url, monkeypatch):
+    """A proxy closes a connection idle past its timeout: while the stream is quiet the answer
+    carries SSE comments (ignored by readers), and the records still arrive once, in order."""
+    import konduit.web.api_v1 as api
+
+    monkeypatch.setattr(api, "SSE_KEEPALIVE_SECONDS", 0.2)
+    gate = threading.Event()
+    app = make_app(talker(gate, "stream-quiet"))
+    with running_worker(app), \
+            serving(create_app(database_client(db_url, app), app)) as base, \
+            httpx.Client(base_url=base, timeout=60) as http:
+        eid = str(app.start("stream-quiet").id)
+        until(lambda: len(list(app.stream(eid, "talk", follow=False))) == 2, 60, "two chunks")
+        lines: list[str] = []
+        with http.stream("GET", f"/api/v1/executions/{eid}/streams/talk") as answer:
+            for line in answer.iter_lines():
+                lines.append(line)
+                if lines.count(": keep-alive") == 3:
+                    gate.set()  # the rest of the records come after three quiet beats
+                if line.startswith("event: end"):
+                    break
+    assert lines.count(": keep-alive") >= 3
+    ids = [line for line in lines if line.startswith("id: ")]
+    assert ids == ["id: 0", "id: 1", "id: 2", "id: 3"]

@@ -10,6 +10,7 @@ fault and the error's ``code``, read from the error's attributes (:mod:`konduit.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -276,6 +277,41 @@ SSE_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
     "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
 
+SSE_KEEPALIVE_SECONDS = 15.0
+"""A quiet followed stream sends an SSE comment this often: proxies and load balancers close
+a connection idle for their timeout (often 30-60 s), and the reader would reconnect for
+nothing; a comment is no event to the reader (EventSource ignores it)."""
+
+
+async def with_keepalive(source: AsyncIterator[str], every: float) -> AsyncIterator[str]:
+    """``source``'s items, and ``": keep-alive"`` comments while it has sent nothing for
+    ``every`` seconds. The next item is awaited in a task of its own (never cancelled by a
+    keep-alive), so a slow source is waited for, not restarted."""
+    it = source.__aiter__()
+    pending: asyncio.Future[str] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield ": keep-alive\n\n"
+                continue
+            finished, pending = pending, None
+            try:
+                item = finished.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.wait({pending})  # its outcome is not ours to raise
+        close = getattr(it, "aclose", None)
+        if close is not None:
+            await close()
+
+
 def sse_event(kind: str, data: Any, event_id: int | None = None) -> str:
     """One server-sent event (``data`` as one line of JSON)."""
     head = "" if event_id is None else f"id: {event_id}\n"
@@ -321,7 +357,8 @@ async def execution_stream(
             return
         yield sse_event("end", {})
 
-    return StreamingResponse(events(), media_type="text/event-stream",
+    return StreamingResponse(with_keepalive(events(), SSE_KEEPALIVE_SECONDS),
+                             media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
