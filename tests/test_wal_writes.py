@@ -5,6 +5,7 @@ them must not come back unnoticed."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections import Counter
 from typing import Any
@@ -13,9 +14,11 @@ import psycopg
 import pytest
 
 import konduit
+from konduit.db.database import Database
+from konduit.db.migrate import migrate, migrations
 from tests.support.workers import running_worker
 
-pytestmark = [pytest.mark.storage, pytest.mark.fresh_database]
+pytestmark = [pytest.mark.storage]
 
 _BLOCK = re.compile(r"blkref #0: rel (\d+)/(\d+)/(\d+)")
 
@@ -60,6 +63,7 @@ def of_table(entries: Counter[str], table: str) -> dict[str, int]:
     return {name: n for name, n in entries.items() if name.startswith(table + "_")}
 
 
+@pytest.mark.fresh_database  # pg_walinspect is created in it
 def test_an_attempt_writes_an_entry_into_its_key_and_its_tasks_index_only(make_app) -> None:
     """An attempt is keyed by its lease token (migration 0040): each claim's attempt adds one
     entry to the table's key and one to konduit_attempts_task, and none to an index of its
@@ -84,3 +88,78 @@ def test_an_attempt_writes_an_entry_into_its_key_and_its_tasks_index_only(make_a
     assert row == (6, 6)
     assert of_table(entries, "konduit_attempts") == {
         "konduit_attempts_pkey": 6, "konduit_attempts_task": 6}, entries
+
+
+def _at_version_before(url: str, before: int) -> None:
+    """Apply the migrations older than ``before`` by hand, as an older konduit did."""
+    with psycopg.connect(url) as conn:
+        conn.execute("CREATE TABLE konduit_schema_version (version integer PRIMARY KEY, "
+                     "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+        for m in migrations():
+            if m.version < before:
+                conn.execute(m.sql.encode())
+                conn.execute("INSERT INTO konduit_schema_version (version, name) VALUES (%s, %s)",
+                             (m.version, m.name))
+
+
+@pytest.mark.parametrize("prebuilt", [False, True], ids=["built-by-the-migration", "prebuilt"])
+def test_0040_keys_a_history_of_attempts_by_lease_token(empty_db_url: str,
+                                                        prebuilt: bool) -> None:
+    """Migration 0040 on a history: every attempt keeps its row and its logs, the lease token is
+    the primary key (an index an operator built beforehand, concurrently, as
+    docs/internals/schema.md says, becomes it), the id has no index, the logs' foreign key still
+    holds and still cascades."""
+    _at_version_before(empty_db_url, 40)
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO konduit_workflows (name, version, spec_hash, spec) "
+                     "VALUES ('old', 1, 'h', '{}')")
+        conn.execute("INSERT INTO konduit_executions (id, workflow_name, workflow_version,"
+                     " status, input_hash, steps_pending, finished_at)"
+                     " VALUES (gen_random_uuid(), 'old', 1, 'succeeded', 'h', 0, now())")
+        conn.execute("""
+            WITH t AS (
+                INSERT INTO konduit_tasks (execution_id, workflow, step, map_index, status,
+                                           max_attempts, attempt, finished_at)
+                SELECT (SELECT id FROM konduit_executions), 'old@1', 's', g, 'succeeded', 2, 2,
+                       now()
+                FROM generate_series(0, 499) g
+                RETURNING id)
+            INSERT INTO konduit_attempts (task_id, attempt, worker_id, lease_token, finished_at,
+                                          outcome)
+            SELECT t.id, n, 'w', gen_random_uuid(), now(),
+                   CASE n WHEN 1 THEN 'retry' ELSE 'succeeded' END
+            FROM t CROSS JOIN generate_series(1, 2) AS n""")
+        conn.execute("INSERT INTO konduit_attempt_logs (lease_token, records)"
+                     " SELECT lease_token, '[]' FROM konduit_attempts WHERE attempt = 1")
+        if prebuilt:
+            conn.execute("CREATE UNIQUE INDEX CONCURRENTLY konduit_attempts_lease_token_pkey"
+                         " ON konduit_attempts (lease_token)")
+
+    async def go() -> list[int]:
+        db = Database(empty_db_url, min_size=1, max_size=1)
+        await db.open()
+        try:
+            return [m.version for m in await migrate(db)]
+        finally:
+            await db.close()
+
+    assert 40 in asyncio.run(go())
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        indexes = dict(conn.execute(
+            "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE i.indrelid = 'konduit_attempts'::regclass").fetchall())
+        assert set(indexes) == {"konduit_attempts_pkey", "konduit_attempts_task"}, indexes
+        assert indexes["konduit_attempts_pkey"].endswith("USING btree (lease_token)")
+        assert conn.execute("SELECT count(*), count(DISTINCT id) FROM konduit_attempts"
+                            ).fetchone() == (1000, 1000)
+        fk = conn.execute("SELECT convalidated, pg_get_constraintdef(oid) FROM pg_constraint"
+                          " WHERE conname = 'konduit_attempt_logs_lease_token_fkey'").fetchone()
+        assert fk is not None and fk[0], fk
+        assert "ON DELETE CASCADE" in fk[1]
+        conn.execute("DELETE FROM konduit_tasks WHERE map_index < 100")
+        assert conn.execute("SELECT (SELECT count(*) FROM konduit_attempts),"
+                            " (SELECT count(*) FROM konduit_attempt_logs)").fetchone() == (800, 400)
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            conn.execute("INSERT INTO konduit_attempt_logs (lease_token, records)"
+                         " VALUES (gen_random_uuid(), '[]')")
