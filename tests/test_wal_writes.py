@@ -65,7 +65,7 @@ def of_table(entries: Counter[str], table: str) -> dict[str, int]:
 
 @pytest.mark.fresh_database  # pg_walinspect is created in it
 def test_an_attempt_writes_an_entry_into_its_key_and_its_tasks_index_only(make_app) -> None:
-    """An attempt is keyed by its lease token (migration 0040): each claim's attempt adds one
+    """An attempt is keyed by its lease token (migration 0039): each claim's attempt adds one
     entry to the table's key and one to konduit_attempts_task, and none to an index of its
     identity id (there is none), nor when the attempt ends (a heap-only update)."""
     wf = konduit.Workflow("wal-attempts", version=1)
@@ -103,13 +103,13 @@ def _at_version_before(url: str, before: int) -> None:
 
 
 @pytest.mark.parametrize("prebuilt", [False, True], ids=["built-by-the-migration", "prebuilt"])
-def test_0040_keys_a_history_of_attempts_by_lease_token(empty_db_url: str,
+def test_0039_keys_a_history_of_attempts_by_lease_token(empty_db_url: str,
                                                         prebuilt: bool) -> None:
-    """Migration 0040 on a history: every attempt keeps its row and its logs, the lease token is
+    """Migration 0039 on a history: every attempt keeps its row and its logs, the lease token is
     the primary key (an index an operator built beforehand, concurrently, as
     docs/internals/schema.md says, becomes it), the id has no index, the logs' foreign key still
     holds and still cascades."""
-    _at_version_before(empty_db_url, 40)
+    _at_version_before(empty_db_url, 39)
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         conn.execute("INSERT INTO konduit_workflows (name, version, spec_hash, spec) "
                      "VALUES ('old', 1, 'h', '{}')")

@@ -29,7 +29,7 @@ WITH closed AS (
                         WHERE o.task_id = u.task_id AND o.outcome IS NULL
                         LIMIT 2) AS open_attempt
     -- Re-checked on the row itself (outcome IS NULL is finished_at IS NULL, by the table's
-    -- CHECK), found by its key (the lease token: migration 0040). The task id is re-checked
+    -- CHECK), found by its key (the lease token: migration 0039). The task id is re-checked
     -- too, so the row is reached through its execution's key (one shard on Citus).
     WHERE a.lease_token = open_attempt.token AND a.task_id = u.task_id AND a.outcome IS NULL
     RETURNING a.lease_token, a.outcome
