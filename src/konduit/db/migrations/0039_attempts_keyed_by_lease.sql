@@ -1,4 +1,4 @@
--- Konduit schema, version 40: an attempt is keyed by its lease token; no index on its id.
+-- Konduit schema, version 39: an attempt is keyed by its lease token; no index on its id.
 --
 -- Every claim inserts an attempt row, and each insert wrote an entry into each of the table's
 -- three indexes: the identity id's primary key, the lease token's unique key and the task's
