@@ -200,7 +200,7 @@ def test_without_the_ready_index_the_same_check_fails(history_url):
 def test_the_rescue_list_reads_only_leased_tasks(history_url):
     with psycopg.connect(history_url) as conn:
         plan = explain(conn, q("task_list_rescuable"), {"limit": 100})
-    assert problems(plan, "konduit_tasks_leased", STUCK) == []
+    assert problems(plan, "konduit_tasks_running", STUCK) == []
 
 
 def test_the_deadline_sweep_list_reads_only_tasks_with_a_deadline(history_url):

@@ -25,13 +25,13 @@ WITH closed AS (
     -- handful it ever has). As a plain join, a generic plan built while the table was tiny read
     -- a whole index and hashed it, so each round cost grew with the attempts before it (a
     -- 30,000-item map fell from 1,000 to 270 items/s).
-    CROSS JOIN LATERAL (SELECT o.id FROM konduit_attempts o
+    CROSS JOIN LATERAL (SELECT o.lease_token AS token FROM konduit_attempts o
                         WHERE o.task_id = u.task_id AND o.outcome IS NULL
                         LIMIT 2) AS open_attempt
     -- Re-checked on the row itself (outcome IS NULL is finished_at IS NULL, by the table's
-    -- CHECK). The task id is re-checked too, so the row is reached through its execution's key
-    -- (one shard on Citus).
-    WHERE a.id = open_attempt.id AND a.task_id = u.task_id AND a.outcome IS NULL
+    -- CHECK), found by its key (the lease token: migration 0039). The task id is re-checked
+    -- too, so the row is reached through its execution's key (one shard on Citus).
+    WHERE a.lease_token = open_attempt.token AND a.task_id = u.task_id AND a.outcome IS NULL
     RETURNING a.lease_token, a.outcome
 )
 SELECT pg_notify('konduit_outrun', lease_token::text) FROM closed WHERE outcome = 'outrun';

@@ -76,7 +76,7 @@ ORDER BY stopped_at IS NOT NULL, hostname, started_at;
 
 -- name: attempt_list_open_with_worker
 -- The attempts running now (hedges included), with the worker running each, for the workers page:
--- found through the running tasks (konduit_tasks_leased) and their leases, so the read does not
+-- found through the running tasks (konduit_tasks_running) and their leases, so the read does not
 -- grow with the history of finished attempts.
 SELECT a.worker_id, t.id AS task_id, t.execution_id, t.step, t.map_index, a.attempt, a.hedge,
        a.started_at,

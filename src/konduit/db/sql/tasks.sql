@@ -471,11 +471,11 @@ WITH ended AS (
         error = CASE WHEN a.lease_token = e.lease_token THEN e.error
                      ELSE 'another attempt of the task finished first' END
     FROM ended e
-    CROSS JOIN LATERAL (SELECT o.id FROM konduit_attempts o
+    CROSS JOIN LATERAL (SELECT o.lease_token AS token FROM konduit_attempts o
                         WHERE o.task_id = e.id AND o.outcome IS NULL
                         LIMIT 2) AS open_attempt
     WHERE e.lease_token IS NOT NULL
-      AND a.id = open_attempt.id AND a.task_id = e.id AND a.outcome IS NULL
+      AND a.lease_token = open_attempt.token AND a.task_id = e.id AND a.outcome IS NULL
     RETURNING a.lease_token, a.outcome
 ), outrun AS (
     -- The other attempt of a hedged task is told at commit that it was outrun.
