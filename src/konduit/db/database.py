@@ -45,7 +45,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from konduit.db.arrays import with_array_literals
-from konduit.db.queries import PLAN_PIN, pinned_plans, q, statement
+from konduit.db.queries import custom_plans, pinned_plans, q, statement
 from konduit.db.sealing import PLAIN, PayloadIO
 from konduit.errors import DatabaseConflict, DatabaseError, DatabaseUnavailable, PoolExhausted
 from konduit.settings import settings
@@ -271,16 +271,23 @@ class Tx:
         self.io = io
         """The codec and payload store its parameters are sealed with (konduit.db.sealing)."""
         self.plan_pinned = False
-        """Whether :data:`~konduit.db.queries.PLAN_PIN` ran in this transaction."""
+        """Whether this transaction's planner settings are the pin's (task_claim_plan_pinned)."""
 
-    def _statement(self, query: str) -> tuple[str, bool | None]:
-        """:func:`~konduit.db.queries.statement`, refusing a ``-- plan: pinned`` statement
-        outside a transaction that ran the pin (its kept plan would be made without it)."""
-        if query == PLAN_PIN:
-            self.plan_pinned = self.atomic
-        elif query in pinned_plans() and not self.plan_pinned:
-            raise RuntimeError(f"{query} runs only after {PLAN_PIN} in its transaction "
-                               "(konduit/db/queries.py: plan: pinned)")
+    async def _statement(self, query: str) -> tuple[str, bool | None]:
+        """:func:`~konduit.db.queries.statement`, under the planner settings its kind asks for
+        (konduit/db/queries.py): before the transaction's first ``-- plan: pinned`` statement
+        the pin is sent (queued in a pipeline); before a ``-- plan: custom`` one in a pinned
+        transaction, the settings go back to the session's. Outside a transaction a pinned
+        statement is planned per run, never prepared (a pin would end with its own statement)."""
+        if query in pinned_plans():
+            if not self.atomic:
+                return q(query), False
+            if not self.plan_pinned:
+                self.plan_pinned = True
+                await self.send("task_claim_plan_pinned")  # queued in a pipeline
+        elif self.plan_pinned and query in custom_plans():
+            self.plan_pinned = False
+            await self.send("task_claim_plan_unpinned")
         return statement(query)
 
     async def _sealed(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -292,7 +299,7 @@ class Tx:
         return io.sealed_params(params)
 
     async def one(self, query: str, /, **params: Any) -> Row | None:
-        sql, prepare = self._statement(query)
+        sql, prepare = await self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -302,7 +309,7 @@ class Tx:
             raise translated(exc) from exc
 
     async def all(self, query: str, /, **params: Any) -> list[Row]:
-        sql, prepare = self._statement(query)
+        sql, prepare = await self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -312,7 +319,7 @@ class Tx:
             raise translated(exc) from exc
 
     async def run(self, query: str, /, **params: Any) -> int:
-        sql, prepare = self._statement(query)
+        sql, prepare = await self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -325,7 +332,7 @@ class Tx:
 
     async def send(self, query: str, /, **params: Any) -> None:
         """Run a statement whose result nobody reads (queued in a pipelined transaction)."""
-        sql, prepare = self._statement(query)
+        sql, prepare = await self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -336,7 +343,7 @@ class Tx:
     async def later(self, query: str, /, **params: Any) -> Callable[[], Awaitable[list[Row]]]:
         """Send a statement now and return what fetches its rows (in a pipelined transaction
         the statement is queued, and awaiting the fetch sends it with whatever else is)."""
-        sql, prepare = self._statement(query)
+        sql, prepare = await self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:

@@ -17,14 +17,18 @@ which kind it is:
   step's history, a backlog) carries ``-- plan: custom`` among its description lines, with
   why. It is never prepared: each run is planned with its own parameters and the table sizes
   of that moment (an unnamed statement; PgBouncer-safe too);
-- such a statement that runs so often that planning it each time costs too much (the claim)
-  carries ``-- plan: pinned`` instead: it is prepared, and runs only after
-  ``task_claim_plan_pinned`` in its transaction (:class:`konduit.db.database.Tx` refuses it
-  otherwise), which restricts the planner to index paths and nested loops for the rest of the
-  transaction: the plan PostgreSQL keeps is made under those settings, so it reads indexes in
-  order and looks rows up by key whatever the table sizes were when it was made (the statement
-  must be written so that such a plan exists: tests/test_plan_stability.py checks it on a
-  backlog grown after the plan was made).
+- a statement that runs at every claim or round, where planning it each time costs too much
+  (PostgreSQL re-plans a prepared statement whose kept plan it estimates dearer than its
+  custom ones: those taking arrays, most of the round's), carries ``-- plan: pinned``: in a
+  transaction :class:`konduit.db.database.Tx` sends ``task_claim_plan_pinned`` before the first
+  of them, which restricts the planner to index paths and nested loops (no JIT) for the rest of
+  the transaction and makes a prepared statement run its kept plan. That plan is made under
+  those settings, so it reads indexes in order and looks rows up by key whatever the table
+  sizes were when it was made (a pinned statement must be written so that such a plan exists:
+  tests/test_plan_stability.py checks the claim's on a backlog grown after the plan was made).
+  A ``-- plan: custom`` statement later in the transaction first gets the session's settings
+  back (``task_claim_plan_unpinned``); outside a transaction a pinned statement is planned per
+  run, never prepared.
 
 Fragments. A piece of SQL several statements must write alike (the columns a claimed task row
 carries, the SET list that clears a lease) stands once, under a ``-- fragment: noun_words``
@@ -61,7 +65,8 @@ class Query:
     fragments: frozenset[str] = frozenset()
     """The fragments its text includes."""
     pinned_plan: bool = False
-    """Prepared, run only after :data:`PLAN_PIN` in its transaction: see the module docstring."""
+    """Prepared, run after ``task_claim_plan_pinned`` in its transaction: see the module
+    docstring."""
 
 
 def _sections(text: str) -> Iterator[tuple[str, str, str]]:
@@ -176,14 +181,18 @@ def prepare_flag(name: str) -> bool | None:
     return False if all_queries()[name].custom_plan else None
 
 
-PLAN_PIN = "task_claim_plan_pinned"
-"""The statement a ``-- plan: pinned`` one runs after, in its transaction."""
 
 
 @cache
 def pinned_plans() -> frozenset[str]:
     """The names of the ``-- plan: pinned`` statements."""
     return frozenset(n for n, query in all_queries().items() if query.pinned_plan)
+
+
+@cache
+def custom_plans() -> frozenset[str]:
+    """The names of the ``-- plan: custom`` statements."""
+    return frozenset(n for n, query in all_queries().items() if query.custom_plan)
 
 
 _STATEMENTS: dict[str, tuple[str, bool | None]] = {}

@@ -97,8 +97,7 @@ async def claim(
 
 
 async def _claim_plain(tx: Tx, params: dict[str, Any]) -> Claim:
-    """The plain claim, its kept plan pinned to index paths (task_claim_plan_pinned)."""
-    await tx.send("task_claim_plan_pinned")
+    """The plain claim (its transaction pinned: konduit/db/queries.py, plan: pinned)."""
     return Claim(await tx.all("task_claim_batch", **params))
 
 
@@ -116,7 +115,6 @@ async def claim_later(tx: Tx, queues: Sequence[str], workflows: Sequence[str], l
     """The plain claim of :func:`claim` (no flow limits), sent now in ``tx`` (queued, in a
     pipelined transaction) and answered when the returned function is awaited: a completion
     round sends it with its COMMIT and reads the claimed rows once it has committed."""
-    await tx.send("task_claim_plan_pinned")
     rows = await tx.later("task_claim_batch", **claim_params(
         queues, workflows, limit, lease_seconds, worker_id, turn))
 

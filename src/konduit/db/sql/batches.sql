@@ -27,6 +27,7 @@ ON CONFLICT DO NOTHING;
 -- name: task_hold_many_if_leased
 -- Before handlers start: which of these tasks do our leases (or hedge leases) still hold? FOR
 -- SHARE, in id order, holds off a cancel until the handlers have started.
+-- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
 SELECT t.id
 FROM konduit_tasks t
 JOIN unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS u(id, lease_token)
@@ -38,6 +39,7 @@ FOR SHARE OF t;
 -- name: step_get_many_across_executions
 -- Join state of the steps a round of outcomes touches, of several locked executions at once:
 -- each (execution, step) pair addressed by its own key.
+-- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
 SELECT s.execution_id, s.step, s.status, s.up_pending, s.up_ok, s.up_failed,
        s.up_required_failed, s.up_skipped, s.tasks_total, s.tasks_pending, s.tasks_ok,
        s.tasks_degraded, s.tasks_failed, s.first_upstream_at
@@ -47,6 +49,7 @@ JOIN konduit_steps s ON s.execution_id = k.execution_id AND s.step = k.step;
 -- name: step_update_many_across_executions
 -- Apply the fan-in decisions of a round to the steps they changed, of several executions, in
 -- (execution, step) order; fired and ended steps get their timestamps.
+-- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
 {{steps_updated_from_decisions}};
 
 -- name: step_update_many_across_executions_with_steps_pending
@@ -55,6 +58,7 @@ JOIN konduit_steps s ON s.execution_id = k.execution_id AND s.step = k.step;
 -- decisions ended steps writes its step rows and its executions' counts of steps not ended
 -- together. The execution rows are the round's own (locked first); the count is written only
 -- while the execution runs, and only where it changed.
+-- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
 WITH written AS (
     {{steps_updated_from_decisions}}
 )

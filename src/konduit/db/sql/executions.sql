@@ -31,6 +31,7 @@ LIMIT %(limit)s;
 -- registered, so the caller writes the deliveries in this transaction (webhooks.sql: the outbox).
 -- `idempotency_key` names the parent's task when this is a child workflow (konduit-child:<id>):
 -- the caller wakes that task after commit, with no statement more for any other execution.
+-- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
 UPDATE konduit_executions
 SET status = %(status)s,
     output = %(output)s,
@@ -75,6 +76,7 @@ LIMIT %(limit)s;
 -- succeeded degraded one of a workflow with repair_within= arms its automatic repair (due at
 -- finished_at + repair_delay, from the registered spec). The execution row is written again only
 -- then, or to disarm a repair that a clean finish made needless: never for an ordinary finish.
+-- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
 WITH o AS (
     INSERT INTO konduit_execution_outputs (execution_id, version, status, output, degraded)
     SELECT e.id, %(version)s, e.status, e.output,

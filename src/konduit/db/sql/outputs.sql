@@ -38,6 +38,7 @@ ORDER BY o.step, o.map_index, o.created_at;
 -- Outcome and current payload of the task of each of some steps none of which is a map: its
 -- latest generation (a repair adds one). One task a generation, so a few rows a step under any
 -- plan. Payloads as JSON text, so a big one (what a map fans out over) is decoded off the loop.
+-- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
 {{latest_task_output_of_steps}};
 
 -- name: output_get_for_steps_with_outcomes
@@ -45,6 +46,7 @@ ORDER BY o.step, o.map_index, o.created_at;
 -- row, as step_get_outcomes reads it) beside the outcome and current payload of its task's
 -- latest generation (as output_get_for_steps reads them). A row a step that has a step row or a
 -- task, the other side's columns NULL where it has none; a few rows a step under any plan.
+-- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
 WITH outcomes AS (
     SELECT step, status
     FROM konduit_steps

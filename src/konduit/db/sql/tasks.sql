@@ -86,6 +86,7 @@ reached AS (
 -- A budget the execution's window cut (deadline_uncut set) is a moment: its deadline starts now.
 -- They take their fair turns from their queue's clock on, 8 a turn (migration 0019).
 -- A task's priority is its step's plus its execution's (start(priority=), migration 0024).
+-- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
 INSERT INTO konduit_tasks
     (execution_id, workflow, generation, step, map_index, item, queue, priority, max_attempts,
      deadline_seconds, limited, deadline_uncut_seconds, deadline_reserve_seconds, deadline_at,
@@ -137,6 +138,12 @@ SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan'
        set_config('enable_sort', 'off', true), set_config('enable_hashjoin', 'off', true),
        set_config('enable_mergejoin', 'off', true), set_config('enable_material', 'off', true),
        set_config('jit', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true);
+
+-- name: task_claim_plan_unpinned
+-- The session's planner settings back for the rest of the transaction (what RESET would give),
+-- after task_claim_plan_pinned: sent before a `plan: custom` statement in a pinned transaction.
+SELECT set_config(name, reset_val, true) FROM pg_settings
+WHERE name = ANY('{enable_seqscan,enable_bitmapscan,enable_sort,enable_hashjoin,enable_mergejoin,enable_material,jit,plan_cache_mode}'::text[]);
 
 -- name: task_claim_batch
 -- Lease up to `limit` ready tasks of the given queues and workflow versions, skipping rows other
@@ -430,6 +437,7 @@ RETURNING t.id, t.finished_at;
 -- output and the attempt are written only for the tasks whose fenced end this same statement
 -- made (they join its RETURNING), so each still rests on the lease check of its own statement.
 -- Outputs go in (execution, step, map_index) order, the order of every multi-row output write.
+-- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
 WITH ended AS (
     UPDATE konduit_tasks t
     SET status = u.outcome,
