@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.generators import send as send_all
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
@@ -303,7 +304,8 @@ class Tx:
         try:
             cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
             if self.pipeline is not None:
-                await self.pipeline.sync()  # the count is only known once the answer is in
+                # The count is only known once the answer is in.
+                await synced(self.conn, self.pipeline)
             return cur.rowcount
         except psycopg.Error as exc:
             raise translated(exc) from exc
@@ -361,6 +363,20 @@ class Tx:
             await self.conn.execute(sql.encode())
 
 
+async def synced(conn: psycopg.AsyncConnection[Any], pipeline: psycopg.AsyncPipeline) -> None:
+    """``pipeline.sync()``, once what the statements queued so far left in the driver's output
+    buffer is sent. psycopg hands each statement to libpq and writes what the socket takes at
+    once; its sync then queues the Sync message, writes once more and waits for the answer. A
+    statement of a few megabytes (a big map's items, a step's large output) can still be partly
+    in the buffer by then: the server waits for the rest of it (ClientRead), the driver for the
+    answer, forever. Sent here first (reading what the server answers meanwhile, so that neither
+    side waits on a full socket), the sync's own few bytes go out with its first write."""
+    if conn.pgconn.flush():  # 1: some of it is still in the buffer
+        async with conn.lock:
+            await conn.wait(send_all(conn.pgconn))
+    await pipeline.sync()
+
+
 @asynccontextmanager
 async def _pipelined(conn: psycopg.AsyncConnection[Row],
                      queued: psycopg.AsyncPipeline) -> AsyncIterator[None]:
@@ -376,17 +392,17 @@ async def _pipelined(conn: psycopg.AsyncConnection[Row],
     except BaseException:
         try:
             try:
-                await queued.sync()
+                await synced(conn, queued)
             except psycopg.Error:
                 pass  # the error being raised, or one the failed transaction makes of it
             await conn.execute(b"ROLLBACK")
-            await queued.sync()
+            await synced(conn, queued)
         except psycopg.Error as exc:
             # A broken connection: the pool discards it (or rolls it back when it comes back).
             log.debug("rolling back a pipelined transaction failed: %s", exc)
         raise
     await conn.execute(b"COMMIT")
-    await queued.sync()
+    await synced(conn, queued)
 
 
 class Database:
