@@ -105,7 +105,7 @@ async def create_map_tasks(
     max_payload_bytes: int = DEFAULT_MAX_BYTES,
 ) -> int:
     """Expand a map step into one task per item; returns how many. The user's ``over()`` and
-    the encoding of every item run on a thread, for at most :data:`MAP_OVER_SECONDS`, and the
+    the encoding of every item (sealed by the payload codec or store, if any) run on a thread, for at most :data:`MAP_OVER_SECONDS`, and the
     tasks are inserted in chunks: a map of a million items must not stall the event loop that
     also runs this worker's heartbeats and other tasks. Raises :class:`CannotFanOut` when the
     items cannot be made (in time)."""
@@ -117,9 +117,18 @@ async def create_map_tasks(
     over = spec.map_over
     assert over is not None
 
+    io = tx.io
+
     def expand() -> list[str]:
-        source = map_source(workflow, spec, rows, tx.io.loads)
-        return expand_map(over, source, max_items=spec.max_items, max_bytes=max_payload_bytes)
+        source = map_source(workflow, spec, rows, io.loads)
+        items = expand_map(over, source, max_items=spec.max_items, max_bytes=max_payload_bytes)
+        if io.active:
+            # Sealed here, on the thread that made them, each as its own payload (they are
+            # joined into one text below): encrypting 100,000 items on the event loop stalled
+            # it for over a second, past a short lease's heartbeat.
+            scope = str(execution_id)
+            items = [io.seal(item, scope=scope) for item in items]
+        return items
 
     try:
         items = await call_within(_over_threads, expand, MAP_OVER_SECONDS)
@@ -138,8 +147,6 @@ async def create_map_tasks(
             f"{type(raised).__name__}: {raised}") from exc
     if not items:
         return 0
-    if tx.io.active:  # joined into one text below: each item sealed here, as its own payload
-        items = await tx.io.seal_many(items, [execution_id] * len(items))
     (budget,) = await task_budgets(tx, workflow, [spec], window_left)
     cut = cut_columns([budget])
     facts = {
