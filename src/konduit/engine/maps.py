@@ -56,6 +56,11 @@ chunk_hook: Callable[[UUID, int], Awaitable[None]] | None = None
 tasks were inserted and before it commits; what it raises rolls the chunk back."""
 
 
+class _SealingFailed(Exception):
+    """The payload codec or store failed to seal an item (the cause): raised as it is, not as
+    ``over()``'s failure."""
+
+
 class MapTooLarge(Exception):
     """``over()`` produced more items than the map step's ``max_items``."""
 
@@ -127,11 +132,19 @@ async def create_map_tasks(
             # joined into one text below): encrypting 100,000 items on the event loop stalled
             # it for over a second, past a short lease's heartbeat.
             scope = str(execution_id)
-            items = [io.seal(item, scope=scope) for item in items]
+            try:
+                items = [io.seal(item, scope=scope) for item in items]
+            except Exception as exc:  # the codec's or the store's: not over()'s fault
+                raise _SealingFailed from exc
         return items
 
     try:
         items = await call_within(_over_threads, expand, MAP_OVER_SECONDS)
+    except _SealingFailed as failed:
+        # As any payload that cannot be sealed: the round fails and is tried again, the
+        # execution does not (a payload store that is down for a while).
+        assert failed.__cause__ is not None
+        raise failed.__cause__ from None
     except TimeoutError:
         log.warning("map step %r: over() still running after %g s (%d such calls abandoned)",
                     step, MAP_OVER_SECONDS, _over_threads.abandoned)
