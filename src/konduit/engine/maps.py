@@ -211,17 +211,24 @@ async def create_next_chunk(db: Database) -> int | None:
         chunk = await tx.one("map_chunk_take_next")
         if chunk is None:
             return None
-        row = await tx.one("task_insert_map_chunk_taken", id=chunk["id"])
-        assert row is not None
-        made = int(row["made"])
-        if chunk["live"] and made != chunk["item_count"]:
-            # The tasks' unique key refused some: they existed already, which the chunk's row
-            # (gone with the tasks it made) should make impossible. Worth a line if it happens.
-            log.warning("map step %r of execution %s: the chunk at item %d created %d of its %d "
-                        "items (the others existed)", chunk["step"], chunk["execution_id"],
-                        chunk["first_index"], made, chunk["item_count"])
-        if chunk_hook is not None:
-            await chunk_hook(chunk["execution_id"], chunk["first_index"])
+        try:
+            row = await tx.one("task_insert_map_chunk_taken", id=chunk["id"])
+            assert row is not None
+            made = int(row["made"])
+            if chunk["live"] and made != chunk["item_count"]:
+                # The tasks' unique key refused some: they existed already, which the chunk's
+                # row (gone with the tasks it made) should make impossible. Worth a line.
+                log.warning("map step %r of execution %s: the chunk at item %d created %d of "
+                            "its %d items (the others existed)", chunk["step"],
+                            chunk["execution_id"], chunk["first_index"], made,
+                            chunk["item_count"])
+            if chunk_hook is not None:
+                await chunk_hook(chunk["execution_id"], chunk["first_index"])
+        except Exception as exc:  # whoever logs it can say which chunk failed
+            first = chunk["first_index"]
+            exc.add_note(f"map step {chunk['step']!r} of execution {chunk['execution_id']}, "
+                         f"items {first} to {first + chunk['item_count'] - 1}")
+            raise
         return made
 
     return await db.atomic(take)
