@@ -579,12 +579,21 @@ class Database:
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
         """A pooled connection for the block (committed, or rolled back on error, on exit)."""
+        task = asyncio.current_task()
+        asked = 0 if task is None else task.cancelling()
         try:
             conn = await self.pool.getconn()
         except PoolTimeout as exc:
             raise await self._timed_out(exc) from exc
         except psycopg.Error as exc:
             raise translated(exc) from exc
+        if task is not None and task.cancelling() > asked:
+            # Cancelled while it waited for a free connection, and handed one at that moment:
+            # the pool's wait (asyncio.wait_for, Python 3.11) then returns the connection and
+            # the cancellation is lost. The caller would run on as if never cancelled (a
+            # worker's loop that never stops); it is cancelled here, as it was asked to be.
+            await self.pool.putconn(conn)
+            raise asyncio.CancelledError
         try:
             with translate_errors():
                 async with conn:  # what the pool's own connection() does: commit or roll back

@@ -110,9 +110,10 @@ async def create_map_tasks(
     max_payload_bytes: int = DEFAULT_MAX_BYTES,
 ) -> int:
     """Expand a map step into one task per item; returns how many. The user's ``over()`` and
-    the encoding of every item (sealed by the payload codec or store, if any) run on a thread, for at most :data:`MAP_OVER_SECONDS`, and the
-    tasks are inserted in chunks: a map of a million items must not stall the event loop that
-    also runs this worker's heartbeats and other tasks. Raises :class:`CannotFanOut` when the
+    the encoding of every item (sealed by the payload codec or store, if any) run on a thread,
+    for at most :data:`MAP_OVER_SECONDS`, and the tasks are inserted in chunks: a map of a
+    million items must not stall the event loop that also runs this worker's heartbeats and
+    other tasks. Raises :class:`CannotFanOut` when the
     items cannot be made (in time)."""
     step = spec.name
     # The upstream payload may be the big list the map fans out over: it is decoded on the

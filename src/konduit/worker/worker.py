@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 from uuid import UUID
 
-from konduit.aio import wait_event
+from konduit.aio import cancelling, wait_event
 from konduit.core.context import Context
 from konduit.core.model import (
     Command,
@@ -770,6 +770,8 @@ class Worker:
                     if "full" in due:
                         self.passes.done("maintenance")
                 except (DatabaseError, KonduitError) as exc:
+                    if cancelling():
+                        raise  # the stop, not a failed read
                     if isinstance(exc, DatabaseUnavailable):
                         self.connectivity.disconnected()
                     log.warning("maintenance failed to read what comes due: %s", exc)
