@@ -243,6 +243,36 @@ def test_bench_codec_goes_into_the_environment_its_worker_processes_inherit(monk
     assert os.environ["KONDUIT_CODEC_KEYS"].startswith("mine:")
 
 
+def test_the_in_process_benchmarks_seal_their_payloads_under_the_bench_codec(
+        monkeypatch, db_url, admin_url):
+    """The benchmarks that drive the completer in the bench's own process record outputs as a
+    worker does, sealed by ``--codec``'s codec (they were written plain); the search bench,
+    whose rows SQL writes plain and whose searches by input a codec refuses, runs without one,
+    and the report says so beside its results."""
+    import asyncio
+
+    from konduit.bench import search
+    from konduit.bench.suite import WITHOUT_CODEC, batching, run_bench
+
+    for name in ("KONDUIT_CODEC", "KONDUIT_CODEC_KEYS"):  # restored after the test
+        monkeypatch.setenv(name, "none")
+        monkeypatch.delenv(name)
+    use_codec("encrypted")
+    asyncio.run(batching(db_url, 10, 1))
+    with psycopg.connect(db_url) as conn:
+        outputs = [t for (t,) in conn.execute("SELECT payload::text FROM konduit_outputs")]
+    assert len(outputs) >= 20  # the root's, the branches' and the join's, twice
+    assert all('"$konduit": "sealed"' in t for t in outputs), outputs[:3]
+    search.search(db_url, executions=20_000, repeats=3)  # by input: refused under the codec before
+    report = run_bench(admin_url, quick=True, only=["commit_probe", "batching"])
+    assert report["payload_codec"] == "zlib+aesgcm"
+    assert report["benchmarks"]["batching"]["payload_codec"] == "zlib+aesgcm"
+    probe = report["benchmarks"]["commit_probe"]
+    assert probe["payload_codec"] is None
+    assert probe["payload_codec_note"] == WITHOUT_CODEC["commit_probe"]
+    assert set(WITHOUT_CODEC) <= set(BENCHMARKS)
+
+
 def test_soak_settings_refuse_a_retention_that_would_prune_a_window_before_it_is_read():
     resolved = SoakSettings().resolved()
     assert (resolved.duration, resolved.window, resolved.retention) == (1800, 30, 120)

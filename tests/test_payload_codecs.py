@@ -152,6 +152,46 @@ def test_search_by_input_is_refused_under_a_codec_and_tags_still_work(
     assert (done.matched, done.done) == (1, 1)
 
 
+def test_a_bulk_action_by_input_is_refused_under_a_codec_at_every_door(
+        make_app: Callable[..., konduit.App], db_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The background job too: refused before it exists (422 naming the filter's field), not
+    accepted and then failed as a job; the page's form and the command line say the same."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from tests.test_api_v1 import api, refused
+    from tests.test_cli import assert_clean_error, konduit_cli
+
+    app = make_app(flow(), codec=Encrypted(keys={"k1": K1}))
+    handle = app.start("sealed", input={"word": "w"}, tags={"customer": "acme"})
+    by_input = {"input": ["word=w"]}
+    with api(app, db_url) as http:
+        for path in ("/api/v1/bulk-jobs", "/api/v1/executions:bulk"):
+            for dry_run in (False, True):
+                problem = refused(http.post(path, json={
+                    "action": "cancel", "where": by_input, "dry_run": dry_run}),
+                    422, "body.where.input")
+                assert "codec" in problem["detail"] and "tags" in problem["detail"]
+        # The dashboard's confirmation page and its form.
+        page = http.get("/bulk", params={"action": "cancel", "scope": "all", "input": "word=w"})
+        assert page.status_code == 200 and "cannot be found by input" in page.text
+        posted = http.post("/bulk", data={"action": "redrive", "scope": "all", "confirm": "yes",
+                                          "input": "word=w"}, follow_redirects=False)
+        assert posted.status_code == 303
+        (said,) = parse_qs(urlsplit(posted.headers["location"]).query)["error"]
+        assert said.startswith("nothing redriven: input: ") and "codec" in said
+        # By tags, the job runs.
+        job = http.post("/api/v1/bulk-jobs", json={
+            "action": "cancel", "where": {"tag": ["customer=acme"]}, "dry_run": True})
+        assert job.status_code == 202, job.text
+    # The command line, with the codec's key in its environment.
+    monkeypatch.setenv("KONDUIT_CODEC_KEYS", "k1:" + base64.b64encode(K1).decode())
+    for command in ("cancel", "redrive"):
+        proc = konduit_cli(command, "--database-url", db_url, "--input", "word=w")
+        assert_clean_error(proc, "input: ", "codec")
+    assert app.status(handle.id).status == "running"
+
+
 def test_an_output_over_the_limit_fails_at_once_naming_step_and_size(
         make_app: Callable[..., konduit.App], worker: Callable[..., Any]) -> None:
     wf = konduit.Workflow("huge", version=1)

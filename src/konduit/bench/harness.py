@@ -14,8 +14,10 @@ from typing import Any, TypeVar
 
 from konduit import loop_thread
 from konduit.core.model import Completion, Outcome, Recorded, TaskAttempt
+from konduit.core.payloads import canonical_json
 from konduit.db.connect import open_database
 from konduit.db.database import Database
+from konduit.db.sealing import PayloadIO
 from konduit.engine import transitions
 from konduit.engine.client import Client
 from konduit.engine.completer import record
@@ -32,9 +34,13 @@ def _check(condition: bool, message: str) -> None:
 
 
 @asynccontextmanager
-async def opened(url: str, size: int) -> AsyncIterator[Database]:
+async def opened(url: str, size: int, *,
+                 payloads: PayloadIO | None = None) -> AsyncIterator[Database]:
+    """A pool on ``url`` with the environment's payload codec (``konduit bench --codec``), or
+    ``payloads``."""
     # Scratch databases are migrated explicitly (fresh_database): no schema check here.
-    db = await open_database(url, max_size=size, name=WORKER_ID, check_schema=False)
+    db = await open_database(url, max_size=size, name=WORKER_ID, check_schema=False,
+                             payloads=payloads)
     try:
         yield db
     finally:
@@ -42,7 +48,10 @@ async def opened(url: str, size: int) -> AsyncIterator[Database]:
 
 
 def completion_for(task: TaskAttempt) -> Completion:
-    return task.completion(Outcome.SUCCEEDED, payload_json="1", payload=1)
+    """A success whose output is a payload as a worker makes it (``canonical_json``): sealed
+    by the connection's codec, when there is one, as a worker's output is."""
+    return task.completion(Outcome.SUCCEEDED, payload_json=canonical_json(1, what="output"),
+                           payload=1)
 
 
 async def claim(db: Database, registry: Registry, limit: int) -> list[TaskAttempt]:

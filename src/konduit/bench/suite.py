@@ -472,6 +472,18 @@ def use_codec(kind: str) -> str | None:
     return codec_name()
 
 
+WITHOUT_CODEC = {
+    "commit_probe": "no payloads: plain commits",
+    "search": "its million executions are written plain by SQL, and a search by input is "
+              "refused under a codec: it searches without one",
+    "history": "the finished history is written plain by SQL; what it then runs is sealed",
+    "prune_day": "the day it prunes is written plain by SQL (a prune reads no payload)",
+}
+"""Benchmarks whose payloads do not go through ``konduit bench --codec``'s codec, and why: the
+report says so beside their results (``payload_codec`` null, ``payload_codec_note``). Every
+other benchmark's processes, in-process Apps and completions seal theirs."""
+
+
 def codec_name() -> str | None:
     """The name of the payload codec the environment configures (None without one)."""
     from konduit import codecs
@@ -572,6 +584,11 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
         step_began = time.perf_counter()
         report["benchmarks"][name] = bench()
         report["benchmarks"][name]["seconds"] = _r(time.perf_counter() - step_began)
+        if report["payload_codec"] is not None:
+            codec = None if name in WITHOUT_CODEC else report["payload_codec"]
+            report["benchmarks"][name]["payload_codec"] = codec
+            if codec is None:
+                report["benchmarks"][name]["payload_codec_note"] = WITHOUT_CODEC[name]
     if "commit_probe" in report["benchmarks"]:
         # The storage may drift during a long run: probe again at the end, report both.
         with server.fresh_database() as url:

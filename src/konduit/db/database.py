@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.generators import send as send_all
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
@@ -325,7 +326,8 @@ class Tx:
         try:
             cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
             if self.pipeline is not None:
-                await self.pipeline.sync()  # the count is only known once the answer is in
+                # The count is only known once the answer is in.
+                await synced(self.conn, self.pipeline)
             return cur.rowcount
         except psycopg.Error as exc:
             raise translated(exc) from exc
@@ -383,6 +385,20 @@ class Tx:
             await self.conn.execute(sql.encode())
 
 
+async def synced(conn: psycopg.AsyncConnection[Any], pipeline: psycopg.AsyncPipeline) -> None:
+    """``pipeline.sync()``, once what the statements queued so far left in the driver's output
+    buffer is sent. psycopg hands each statement to libpq and writes what the socket takes at
+    once; its sync then queues the Sync message, writes once more and waits for the answer. A
+    statement of a few megabytes (a big map's items, a step's large output) can still be partly
+    in the buffer by then: the server waits for the rest of it (ClientRead), the driver for the
+    answer, forever. Sent here first (reading what the server answers meanwhile, so that neither
+    side waits on a full socket), the sync's own few bytes go out with its first write."""
+    if conn.pgconn.flush():  # 1: some of it is still in the buffer
+        async with conn.lock:
+            await conn.wait(send_all(conn.pgconn))
+    await pipeline.sync()
+
+
 @asynccontextmanager
 async def _pipelined(conn: psycopg.AsyncConnection[Row],
                      queued: psycopg.AsyncPipeline) -> AsyncIterator[None]:
@@ -398,17 +414,17 @@ async def _pipelined(conn: psycopg.AsyncConnection[Row],
     except BaseException:
         try:
             try:
-                await queued.sync()
+                await synced(conn, queued)
             except psycopg.Error:
                 pass  # the error being raised, or one the failed transaction makes of it
             await conn.execute(b"ROLLBACK")
-            await queued.sync()
+            await synced(conn, queued)
         except psycopg.Error as exc:
             # A broken connection: the pool discards it (or rolls it back when it comes back).
             log.debug("rolling back a pipelined transaction failed: %s", exc)
         raise
     await conn.execute(b"COMMIT")
-    await queued.sync()
+    await synced(conn, queued)
 
 
 class Database:
@@ -585,12 +601,21 @@ class Database:
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
         """A pooled connection for the block (committed, or rolled back on error, on exit)."""
+        task = asyncio.current_task()
+        asked = 0 if task is None else task.cancelling()
         try:
             conn = await self.pool.getconn()
         except PoolTimeout as exc:
             raise await self._timed_out(exc) from exc
         except psycopg.Error as exc:
             raise translated(exc) from exc
+        if task is not None and task.cancelling() > asked:
+            # Cancelled while it waited for a free connection, and handed one at that moment:
+            # the pool's wait (asyncio.wait_for, Python 3.11) then returns the connection and
+            # the cancellation is lost. The caller would run on as if never cancelled (a
+            # worker's loop that never stops); it is cancelled here, as it was asked to be.
+            await self.pool.putconn(conn)
+            raise asyncio.CancelledError
         try:
             with translate_errors():
                 async with conn:  # what the pool's own connection() does: commit or roll back

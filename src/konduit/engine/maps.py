@@ -56,6 +56,11 @@ chunk_hook: Callable[[UUID, int], Awaitable[None]] | None = None
 tasks were inserted and before it commits; what it raises rolls the chunk back."""
 
 
+class _SealingFailed(Exception):
+    """The payload codec or store failed to seal an item (the cause): raised as it is, not as
+    ``over()``'s failure."""
+
+
 class MapTooLarge(Exception):
     """``over()`` produced more items than the map step's ``max_items``."""
 
@@ -105,9 +110,10 @@ async def create_map_tasks(
     max_payload_bytes: int = DEFAULT_MAX_BYTES,
 ) -> int:
     """Expand a map step into one task per item; returns how many. The user's ``over()`` and
-    the encoding of every item run on a thread, for at most :data:`MAP_OVER_SECONDS`, and the
-    tasks are inserted in chunks: a map of a million items must not stall the event loop that
-    also runs this worker's heartbeats and other tasks. Raises :class:`CannotFanOut` when the
+    the encoding of every item (sealed by the payload codec or store, if any) run on a thread,
+    for at most :data:`MAP_OVER_SECONDS`, and the tasks are inserted in chunks: a map of a
+    million items must not stall the event loop that also runs this worker's heartbeats and
+    other tasks. Raises :class:`CannotFanOut` when the
     items cannot be made (in time)."""
     step = spec.name
     # The upstream payload may be the big list the map fans out over: it is decoded on the
@@ -117,12 +123,29 @@ async def create_map_tasks(
     over = spec.map_over
     assert over is not None
 
+    io = tx.io
+
     def expand() -> list[str]:
-        source = map_source(workflow, spec, rows, tx.io.loads)
-        return expand_map(over, source, max_items=spec.max_items, max_bytes=max_payload_bytes)
+        source = map_source(workflow, spec, rows, io.loads)
+        items = expand_map(over, source, max_items=spec.max_items, max_bytes=max_payload_bytes)
+        if io.active:
+            # Sealed here, on the thread that made them, each as its own payload (they are
+            # joined into one text below): encrypting 100,000 items on the event loop stalled
+            # it for over a second, past a short lease's heartbeat.
+            scope = str(execution_id)
+            try:
+                items = [io.seal(item, scope=scope) for item in items]
+            except Exception as exc:  # the codec's or the store's: not over()'s fault
+                raise _SealingFailed from exc
+        return items
 
     try:
         items = await call_within(_over_threads, expand, MAP_OVER_SECONDS)
+    except _SealingFailed as failed:
+        # As any payload that cannot be sealed: the round fails and is tried again, the
+        # execution does not (a payload store that is down for a while).
+        assert failed.__cause__ is not None
+        raise failed.__cause__ from None
     except TimeoutError:
         log.warning("map step %r: over() still running after %g s (%d such calls abandoned)",
                     step, MAP_OVER_SECONDS, _over_threads.abandoned)
@@ -138,8 +161,6 @@ async def create_map_tasks(
             f"{type(raised).__name__}: {raised}") from exc
     if not items:
         return 0
-    if tx.io.active:  # joined into one text below: each item sealed here, as its own payload
-        items = await tx.io.seal_many(items, [execution_id] * len(items))
     (budget,) = await task_budgets(tx, workflow, [spec], window_left)
     cut = cut_columns([budget])
     facts = {
@@ -191,17 +212,24 @@ async def create_next_chunk(db: Database) -> int | None:
         chunk = await tx.one("map_chunk_take_next")
         if chunk is None:
             return None
-        row = await tx.one("task_insert_map_chunk_taken", id=chunk["id"])
-        assert row is not None
-        made = int(row["made"])
-        if chunk["live"] and made != chunk["item_count"]:
-            # The tasks' unique key refused some: they existed already, which the chunk's row
-            # (gone with the tasks it made) should make impossible. Worth a line if it happens.
-            log.warning("map step %r of execution %s: the chunk at item %d created %d of its %d "
-                        "items (the others existed)", chunk["step"], chunk["execution_id"],
-                        chunk["first_index"], made, chunk["item_count"])
-        if chunk_hook is not None:
-            await chunk_hook(chunk["execution_id"], chunk["first_index"])
+        try:
+            row = await tx.one("task_insert_map_chunk_taken", id=chunk["id"])
+            assert row is not None
+            made = int(row["made"])
+            if chunk["live"] and made != chunk["item_count"]:
+                # The tasks' unique key refused some: they existed already, which the chunk's
+                # row (gone with the tasks it made) should make impossible. Worth a line.
+                log.warning("map step %r of execution %s: the chunk at item %d created %d of "
+                            "its %d items (the others existed)", chunk["step"],
+                            chunk["execution_id"], chunk["first_index"], made,
+                            chunk["item_count"])
+            if chunk_hook is not None:
+                await chunk_hook(chunk["execution_id"], chunk["first_index"])
+        except Exception as exc:  # whoever logs it can say which chunk failed
+            first = chunk["first_index"]
+            exc.add_note(f"map step {chunk['step']!r} of execution {chunk['execution_id']}, "
+                         f"items {first} to {first + chunk['item_count'] - 1}")
+            raise
         return made
 
     return await db.atomic(take)

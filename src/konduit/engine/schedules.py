@@ -126,6 +126,8 @@ class Schedules:
                     started += await self.db.atomic(
                         functools.partial(self._start_due, name=row["name"], now=now))
                 except (DatabaseError, KonduitError) as exc:
+                    if cancelling():
+                        raise  # the stop, not a schedule that failed to start
                     log.warning("schedule %r: could not start its due ticks (%s); the next "
                                 "round tries again", row["name"], exc)
                 # Handled now (here or by the worker that held it): next is what follows now.

@@ -464,7 +464,7 @@ async def bulk(body: m.BulkBody, ops: Ops) -> m.BulkDone:
     except NOT_THE_CALLERS:
         raise
     except KonduitError as exc:
-        raise Refused.of(exc) from None
+        raise _bulk_refused(exc) from None
     return m.BulkDone(**{**done.to_dict(), "ids": list(done.ids[:m.MAX_BULK_IDS])})
 
 
@@ -485,6 +485,15 @@ def _bulk_request(body: m.BulkBody) -> BulkRequest:
         raise Refused.of(exc) from None
 
 
+def _bulk_refused(exc: KonduitError) -> Refused:
+    """A bulk operation's refusal: a search's (by input under a payload codec) names the
+    filter's field, ``body.where.input``, as a bad filter is named."""
+    if isinstance(exc, SearchError):
+        return Refused(422, str(exc), "body.where" if exc.field is None
+                       else f"body.where.{exc.field}", code=exc.code)
+    return Refused.of(exc)
+
+
 def _job_out(job: BulkJob) -> m.BulkJobOut:
     done = job.progress
     return m.BulkJobOut(
@@ -501,8 +510,17 @@ async def start_bulk_job(body: m.BulkBody, ops: Ops) -> m.BulkJobOut:
     """``POST /api/v1/executions:bulk`` in the background: answers at once (``202``) with the
     job, whose progress ``GET /api/v1/bulk-jobs/{id}`` reports after each batch. A job lives
     in this server process: a restart forgets it (the batches it finished stay done; the same
-    filter again skips them)."""
-    return _job_out(ops.start_bulk_job(_bulk_request(body)))
+    filter again skips them). What the operation refuses before its first batch (a filter
+    by input under a payload codec) is refused here, ``422`` naming the field, and no job
+    starts."""
+    request = _bulk_request(body)
+    try:
+        job = await ops.start_bulk_job(request)
+    except NOT_THE_CALLERS:
+        raise
+    except KonduitError as exc:
+        raise _bulk_refused(exc) from None
+    return _job_out(job)
 
 
 @router.get("/bulk-jobs/{job_id}", response_model=m.BulkJobOut, tags=["executions"],

@@ -17,6 +17,7 @@ from konduit.app import App
 from konduit.core.requests import BulkRequest
 from konduit.db.replica import Reads
 from konduit.engine.client import Client
+from konduit.engine.search import check_searchable
 from konduit.errors import DatabaseError
 from konduit.observe.metrics import KonduitCollector
 from konduit.operations import AsyncOperations
@@ -116,9 +117,13 @@ class ServerOperations(AsyncOperations):
         wrote them (a replica may not have them yet)."""
         return {r.id: r.status for r in await (await self._reads()).on_primary().progress(ids)}
 
-    def start_bulk_job(self, request: BulkRequest) -> BulkJob:
+    async def start_bulk_job(self, request: BulkRequest) -> BulkJob:
         """Start a bulk cancel or redrive in the background (:mod:`konduit.web.jobs`): the job,
-        whose progress is updated after each batch."""
+        whose progress is updated after each batch. What the operation refuses before its
+        first batch is refused here, before a job exists (a filter by input under a payload
+        codec: :class:`~konduit.SearchError`), not reported later as a failed job."""
+        check_searchable((await self._engine()).db, request.where.params())
+
         async def run(request: BulkRequest,
                       progress: Callable[[BulkResult], None]) -> BulkResult:
             return await (await self._engine()).bulk(request, progress=progress)

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from konduit.aio import wait_event
+from konduit.aio import cancelling, wait_event
 from konduit.db.database import Database
 from konduit.engine.maps import create_next_chunk
 from konduit.errors import DatabaseError
@@ -48,9 +48,19 @@ class ChunkTaker:
                     # Let the claim loop and the rounds in between two chunks.
                     await asyncio.sleep(0)
                 self.passed()
-            except DatabaseError as exc:
-                log.warning("creating a map's items from a chunk failed (%s); retrying", exc)
-            except Exception:  # a bug must not end the taker: the chunk rolled back, it stays
-                log.exception("creating a map's items from a chunk failed; retrying")
+            except Exception as exc:  # the chunk rolled back: it stays, for the next look
+                if cancelling():
+                    raise  # the stop, turned into another error on its way up: not a failure
+                # Which chunk (create_next_chunk notes it), and when it is tried again.
+                which = "; ".join(getattr(exc, "__notes__", ())) or "a chunk"
+                again = (f"at the next look (every {self.poll:g} s)" if self.polls()
+                         else "when the next fan-in announces chunks, or at the "
+                              "maintenance leader's next look")
+                if isinstance(exc, DatabaseError):
+                    log.warning("creating a map's items failed (%s): %s; tried again %s",
+                                which, exc, again)
+                else:  # a bug must not end the taker
+                    log.exception("creating a map's items failed (%s); tried again %s",
+                                  which, again)
             while not await wait_event(self._wake, self.poll) and not self.polls():
                 pass

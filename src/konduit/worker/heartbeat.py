@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from konduit.aio import wait_event
+from konduit.aio import cancelling, wait_event
 from konduit.core.model import TaskAttempt
 from konduit.db.database import Database, Row, Tx
 from konduit.errors import DatabaseError, DatabaseUnavailable
@@ -99,6 +99,8 @@ async def beat(db: Database, config: WorkerConfig, connectivity: Connectivity, *
                     lease_seconds=config.lease_seconds,
                 ) if tasks else []
             except DatabaseError as exc:
+                if cancelling():
+                    raise  # the stop, not a failed beat
                 if isinstance(exc, DatabaseUnavailable):
                     connectivity.disconnected()
                 log.warning("heartbeat failed: %s", exc)

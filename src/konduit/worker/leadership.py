@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from konduit.aio import wait_event
+from konduit.aio import cancelling, wait_event
 from konduit.db.database import Database
 from konduit.errors import DatabaseError
 
@@ -115,6 +115,8 @@ class Leadership:
             row = await self.db.one("leader_take", name=self.name, worker_id=self.worker_id,
                                     lease_seconds=self.lease_seconds)
         except DatabaseError as exc:
+            if cancelling():
+                raise  # the stop, not a failed try
             log.warning("leader lease %s: %s", "renewal failed" if self._leading
                         else "try failed", exc)
             return self.leading

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Container
 
+from konduit.aio import cancelling
 from konduit.db.database import Database
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ async def listen(db: Database, *, queues: Container[str], hedged: bool,
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if cancelling():
+                raise  # the stop, turned into another error on its way up
             log.debug("listener lost (%s); polling until it is back", exc)
             await asyncio.sleep(1.0)
         finally:

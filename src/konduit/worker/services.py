@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
+from konduit.aio import cancelling
 from konduit.errors import DatabaseError, DatabaseUnavailable, KonduitError
 from konduit.worker.connectivity import Connectivity
 from konduit.worker.passes import Passes
@@ -62,13 +63,15 @@ async def run_passes(services: Iterable[Service], due: set[str], *, leading: boo
             await service.run()
         except asyncio.CancelledError:
             raise
-        except DatabaseUnavailable as exc:
-            connectivity.disconnected()
-            log.warning("maintenance pass %r failed: %s", service.name, exc)
-        except (DatabaseError, KonduitError) as exc:
-            log.warning("maintenance pass %r failed: %s", service.name, exc)
-        except Exception:  # a bug in one pass must not stop the others
-            log.exception("maintenance pass %r failed", service.name)
+        except Exception as exc:
+            if cancelling():
+                raise  # the stop, turned into another error on its way up: not a failed pass
+            if isinstance(exc, DatabaseUnavailable):
+                connectivity.disconnected()
+            if isinstance(exc, DatabaseError | KonduitError):
+                log.warning("maintenance pass %r failed: %s", service.name, exc)
+            else:  # a bug in one pass must not stop the others
+                log.exception("maintenance pass %r failed", service.name)
         else:
             passes.done(service.name)  # only a pass that ran to its end counts
             continue

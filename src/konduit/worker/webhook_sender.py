@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from konduit.aio import wait_event
+from konduit.aio import cancelling, wait_event
 from konduit.core.model import DeliveryStatus
 from konduit.core.webhooks import (
     DELIVERY_HEADER,
@@ -82,6 +82,8 @@ class WebhookSender:
                 try:
                     claimed = await self.round()
                 except (DatabaseError, KonduitError) as exc:
+                    if cancelling():
+                        raise  # the stop, not a failed round
                     level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
                     log.log(level, "webhook round failed: %s", exc)
                 if claimed == 0 or len(self._inflight) >= self.concurrency:

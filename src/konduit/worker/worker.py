@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 from uuid import UUID
 
-from konduit.aio import wait_event
+from konduit.aio import cancelling, wait_event
 from konduit.core.context import Context
 from konduit.core.model import (
     Command,
@@ -88,6 +88,12 @@ BATCH_COMPLETIONS = 500
 """Most terminal outcomes recorded in one transaction."""
 BATCH_EXECUTIONS = 100
 """Most executions whose outcomes one transaction records (and whose rows it keeps locked)."""
+
+RELEASE_SECONDS = 5.0
+"""How long handing a task back at shutdown may wait (at most the lease). Its row may be held by
+a transaction that does not end before the worker does: this worker's own completion round
+recording the task's outcome, stuck in a database call. Waiting for it was a stop that never
+ended; the lease expires instead, as after a crash."""
 
 
 class Worker:
@@ -665,12 +671,17 @@ class Worker:
         completion = task.completion(
             Command.RELEASE, error=f"released by worker {self.config.worker_id} at shutdown"
         )
+        within = min(RELEASE_SECONDS, self.config.lease_seconds)
         try:
-            outcome, _ = await record(self.db, self.registry, completion,
-                                max_payload_bytes=self.executor.max_payload_bytes)
+            async with asyncio.timeout(within):
+                outcome, _ = await record(self.db, self.registry, completion,
+                                          max_payload_bytes=self.executor.max_payload_bytes)
             log.info("task %s (%s) released: %s", task.id, task.step, outcome.value)
         except DatabaseError as exc:
             log.warning("could not release task %s (%s); its lease will expire", task.id, exc)
+        except TimeoutError:
+            log.warning("could not release task %s within %g s (another transaction holds it); "
+                        "its lease will expire", task.id, within)
 
     async def _start(self, spec: WorkflowSpec, task: TaskAttempt) -> asyncio.Task[Completion] | None:
         """Start one task's handler; None if its lease no longer holds (:class:`Starter`)."""
@@ -759,6 +770,8 @@ class Worker:
                     if "full" in due:
                         self.passes.done("maintenance")
                 except (DatabaseError, KonduitError) as exc:
+                    if cancelling():
+                        raise  # the stop, not a failed read
                     if isinstance(exc, DatabaseUnavailable):
                         self.connectivity.disconnected()
                     log.warning("maintenance failed to read what comes due: %s", exc)
