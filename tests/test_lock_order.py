@@ -106,9 +106,12 @@ def test_old_heartbeat_deadlocks_with_an_ender(two_leased: Any) -> None:
         heartbeat.execute("SET deadlock_timeout = '30s'")
         # The old statement locks in the order its plan meets the rows: the worker's list (a
         # nested loop fetching each by primary key, the plan on a real-sized table) or lease
-        # expiry (the partial index of running tasks, on a tiny one). Make both say "higher
-        # task first", the order opposite to the ender's.
+        # expiry (the partial index of running tasks the old release had, on a tiny one: made
+        # here, as migration 0040 keys that index by worker). Make both say "higher task
+        # first", the order opposite to the ender's.
         with psycopg.connect(url, autocommit=True) as setup:
+            setup.execute("CREATE INDEX konduit_tasks_leased ON konduit_tasks"
+                          " (lease_expires_at) WHERE status = 'running'")
             setup.execute(
                 "UPDATE konduit_tasks SET lease_expires_at = clock_timestamp()"
                 " + make_interval(mins => CASE WHEN id = %s THEN 10 ELSE 20 END)"
