@@ -12,26 +12,15 @@ import psycopg
 
 from konduit.core.search import ExecutionFilter
 from konduit.db.database import Database
-from konduit.db.migrate import migrate, migrations
+from konduit.db.migrate import migrate
 from konduit.engine.search import search_executions
+from tests.support.db import migrated_before
 
 BEFORE = 24
 
 
-def _at_version_before(url: str) -> None:
-    """Apply the migrations older than 0024 by hand, as an older konduit did."""
-    with psycopg.connect(url) as conn:
-        conn.execute("CREATE TABLE konduit_schema_version (version integer PRIMARY KEY, "
-                     "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
-        for m in migrations():
-            if m.version < BEFORE:
-                conn.execute(m.sql.encode())
-                conn.execute("INSERT INTO konduit_schema_version (version, name) VALUES (%s, %s)",
-                             (m.version, m.name))
-
-
 def test_0024_migrates_a_history_and_keeps_a_prebuilt_index(empty_db_url: str) -> None:
-    _at_version_before(empty_db_url)
+    migrated_before(empty_db_url, BEFORE)
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         conn.execute("INSERT INTO konduit_workflows (name, version, spec_hash, spec) "
                      "VALUES ('old', 1, 'h', '{}')")

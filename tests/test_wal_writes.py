@@ -15,7 +15,8 @@ import pytest
 
 import konduit
 from konduit.db.database import Database
-from konduit.db.migrate import migrate, migrations
+from konduit.db.migrate import migrate
+from tests.support.db import migrated_before
 from tests.support.workers import running_worker
 
 pytestmark = [pytest.mark.storage]
@@ -90,18 +91,6 @@ def test_an_attempt_writes_an_entry_into_its_key_and_its_tasks_index_only(make_a
         "konduit_attempts_pkey": 6, "konduit_attempts_task": 6}, entries
 
 
-def _at_version_before(url: str, before: int) -> None:
-    """Apply the migrations older than ``before`` by hand, as an older konduit did."""
-    with psycopg.connect(url) as conn:
-        conn.execute("CREATE TABLE konduit_schema_version (version integer PRIMARY KEY, "
-                     "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
-        for m in migrations():
-            if m.version < before:
-                conn.execute(m.sql.encode())
-                conn.execute("INSERT INTO konduit_schema_version (version, name) VALUES (%s, %s)",
-                             (m.version, m.name))
-
-
 @pytest.mark.parametrize("prebuilt", [False, True], ids=["built-by-the-migration", "prebuilt"])
 def test_0039_keys_a_history_of_attempts_by_lease_token(empty_db_url: str,
                                                         prebuilt: bool) -> None:
@@ -109,7 +98,7 @@ def test_0039_keys_a_history_of_attempts_by_lease_token(empty_db_url: str,
     the primary key (an index an operator built beforehand, concurrently, as
     docs/internals/schema.md says, becomes it), the id has no index, the logs' foreign key still
     holds and still cascades."""
-    _at_version_before(empty_db_url, 39)
+    migrated_before(empty_db_url, 39)
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         conn.execute("INSERT INTO konduit_workflows (name, version, spec_hash, spec) "
                      "VALUES ('old', 1, 'h', '{}')")

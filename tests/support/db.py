@@ -35,3 +35,18 @@ def wait_until_blocked(url: str, pid: int, timeout: float = 30.0) -> None:
                 return
             time.sleep(0.01)
     raise AssertionError(f"backend {pid} never waited on a lock within {timeout} s")
+
+
+def migrated_before(url: str, before: int) -> None:
+    """Apply the migrations older than ``before`` by hand, as an older konduit did (a database
+    to test a migration on, with rows the older schema allowed)."""
+    from konduit.db.migrate import migrations
+
+    with psycopg.connect(url) as conn:
+        conn.execute("CREATE TABLE konduit_schema_version (version integer PRIMARY KEY, "
+                     "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+        for m in migrations():
+            if m.version < before:
+                conn.execute(m.sql.encode())
+                conn.execute("INSERT INTO konduit_schema_version (version, name) VALUES (%s, %s)",
+                             (m.version, m.name))
