@@ -85,10 +85,23 @@ def _kept_claim_plan_on_a_grown_backlog(db_url: str, *, pinned: bool,
     ready backlog has grown to 100,000 rows and the executions to 1,000 with no ANALYZE since
     (a map that just fanned out): its EXPLAIN ANALYZE, or None if it ran past 10 s."""
     with psycopg.connect(db_url, autocommit=True) as conn:
+        # Autovacuum would analyze the grown tables, and PostgreSQL re-plans a kept plan when
+        # its tables' statistics change: the plan run would then not be the one kept.
+        for table in ("konduit_tasks", "konduit_executions"):
+            conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)".encode())
         conn.execute("INSERT INTO konduit_workflows (name, version, spec_hash, spec)"
                      " VALUES ('wf', 1, 'h', '{}')")
         _task_rows(conn, 3, "small")
         conn.execute("ANALYZE")
+    try:
+        return _run_kept_plan(db_url, pinned=pinned, index_scans=index_scans)
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            for table in ("konduit_tasks", "konduit_executions"):
+                conn.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)".encode())
+
+
+def _run_kept_plan(db_url: str, *, pinned: bool, index_scans: bool) -> dict[str, Any] | None:
     with psycopg.connect(db_url) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
         if not index_scans:  # the plan a tiny table may get: no index is worth reading
