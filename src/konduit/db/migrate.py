@@ -67,9 +67,8 @@ async def migrate(db: Database) -> list[Migration]:
     async with db.transaction() as tx:
         await tx.one("schema_version_lock")
         await tx.run("schema_version_table_create_if_absent")
-        row = await tx.one("schema_version_get")
-        current = int(row["version"]) if row else 0
         applied_before = {int(r["version"]) for r in await tx.all("schema_version_list")}
+        current = max(applied_before, default=0)
         applied = []
         for migration in migrations():
             if migration.version in applied_before:

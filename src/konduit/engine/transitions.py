@@ -90,7 +90,11 @@ async def claim(
     if not limited:
         if isinstance(db, Tx):
             return await _claim_plain(db, params)
-        return await db.atomic(lambda tx: _claim_plain(tx, params), pipeline=True)
+        # Its own pipelined transaction (the pin needs one): BEGIN, the pin, the claim and
+        # COMMIT go out together and the rows are read once it committed, one round trip as
+        # the autocommit claim was.
+        fetch = await db.atomic(lambda tx: tx.later("task_claim_batch", **params), pipeline=True)
+        return Claim(await fetch())
     if isinstance(db, Tx):
         return await _claim_flow(db, params, key_cursors)
     return await db.atomic(lambda tx: _claim_flow(tx, params, key_cursors))
