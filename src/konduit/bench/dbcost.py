@@ -111,6 +111,15 @@ class ServerMeter:
             return None
         try:
             with self._connect() as conn:
+                # The span ends at the WAL's insert position; pg_walinspect reads only what is
+                # flushed ("cannot accept future end LSN" before PostgreSQL 16): the WAL writer
+                # flushes the rest within its delay (200 ms by default), so wait for it.
+                for _ in range(100):
+                    row = conn.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn",
+                                       (after.lsn,)).fetchone()
+                    if row is not None and row[0]:
+                        break
+                    time.sleep(0.05)
                 return self._breakdown(conn, before, after, top)
         except psycopg.Error as exc:
             # On a busy server a checkpoint may recycle the span's WAL before it is read
