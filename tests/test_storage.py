@@ -36,7 +36,7 @@ from konduit.errors import SchemaOutdated
 pytestmark = pytest.mark.storage
 
 ENTITIES = ("alert", "attempt", "clock", "event", "execution", "fair_key", "flow_limit", "journal",
-            "leader",
+            "history", "leader",
             "map_chunk", "output", "replica", "schedule", "schema_version", "step", "stream", "task",
             "trigger", "webhook_delivery", "webhook_subscription", "worker", "workflow")
 NOT_PREPARABLE = {  # DDL and a DO block: PREPARE takes DML only

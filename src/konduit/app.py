@@ -30,6 +30,7 @@ from konduit.db.replica import Reads, read_settings
 from konduit.db.sealing import payload_limits, payload_settings
 from konduit.engine.client import Client, coerce_execution_id
 from konduit.engine.registry import Registry
+from konduit.engine.history import history_seconds
 from konduit.engine.retention import retention_seconds
 from konduit.engine.waits import event_retention as event_retention_seconds
 from konduit.errors import KonduitError, WorkflowDefinitionError
@@ -59,6 +60,11 @@ class App(Operations):
 
     ``retention="30d"``: every worker of this App prunes executions that finished more than that
     long ago, every few minutes (see :meth:`prune`); None (the default) keeps everything.
+
+    ``history_after="1d"``: the deployment's leader moves executions that finished more than that
+    long ago (and hold no dead letter) out of the tables the workers write into the history,
+    tables partitioned by day, which ``retention`` then drops a day at a time; they read the
+    same through every door (docs/retention.md, "History"). None (the default) moves nothing.
 
     ``event_retention="24h"``: how long :meth:`send_event` keeps an event no step waits for yet
     when the step that may take it declares no ``retention=`` (None: ``KONDUIT_EVENT_RETENTION``,
@@ -98,6 +104,7 @@ class App(Operations):
         pool_size: int = 10,
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
         retention: Duration | None = None,
+        history_after: Duration | None = None,
         tracing: Tracing = None,
         webhooks: Iterable[Webhook] = (),
         read_database_url: str | None = None,
@@ -117,6 +124,7 @@ class App(Operations):
         self.tracing = check_tracing(tracing)
         self.webhooks = check_unique(webhooks)
         self.retention = None if retention is None else retention_seconds(retention)
+        self.history_after = None if history_after is None else history_seconds(history_after)
         self.event_retention = event_retention_seconds(event_retention)
         self._check_retention()
         self._database_url = database_url
@@ -411,7 +419,8 @@ class _WorkerRun:
             log.info("worker stopped before the database answered")
             return self._idle()
         self.worker = Worker(db, app.registry, config, max_payload_bytes=app.max_payload_bytes,
-                             retention=app.retention, webhooks=app.webhooks)
+                             retention=app.retention, history_after=app.history_after,
+                             webhooks=app.webhooks)
         self.worker._stop_watch = self.watch
         # Tasks and handler threads the worker starts inherit these (logs and spans name it).
         bind_worker(config.worker_id)

@@ -96,6 +96,9 @@ class Settings(BaseSettings):
         "Seconds a fallback may run; one that hangs or raises ends its task timed_out."))
     retention_interval: float = Field(default=300.0, description=(
         "Seconds between retention rounds when the App sets retention=."))
+    history_interval: float = Field(default=60.0, description=(
+        "Seconds between the leader's moves of finished executions into the history when the "
+        "App sets history_after=."))
     alert_interval: float = Field(default=5.0, description=(
         "Seconds between evaluations of the alert rules; 0 turns them off in that worker."))
     alert_version_unserved: float = Field(default=300.0, description=(

@@ -56,10 +56,8 @@ WITH ns AS (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
 SELECT what FROM (
     SELECT format('%s %s', CASE c.relkind WHEN 'm' THEN 'materialized view'
                                           WHEN 'f' THEN 'foreign table'
-                                          WHEN 'p' THEN 'partitioned table'
-                                          WHEN 'I' THEN 'partitioned index'
                                           WHEN 'c' THEN 'composite type' END, c.relname)
-    FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relkind IN ('m', 'f', 'p', 'I', 'c')
+    FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relkind IN ('m', 'f', 'c')
     UNION ALL
     SELECT format('type %s (typtype %s)', t.typname, t.typtype) FROM pg_type t
     WHERE t.typnamespace = (SELECT oid FROM ns) AND t.typtype NOT IN ('c', 'b')
@@ -116,9 +114,10 @@ ORDER BY what
 _RELATIONS = """
 SELECT c.oid, c.relname AS name, quote_ident(c.relname) AS q, c.relkind AS kind,
        c.relpersistence AS persistence, c.reloptions AS options, c.relreplident AS replident,
-       obj_description(c.oid, 'pg_class') AS comment
+       obj_description(c.oid, 'pg_class') AS comment,
+       CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) END AS partition_key
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'v', 'S', 'i')
+WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'S', 'i', 'I')
 ORDER BY c.relname
 """
 
@@ -149,7 +148,7 @@ LEFT JOIN LATERAL (
     WHERE dep.classid = 'pg_class'::regclass AND dep.refclassid = 'pg_class'::regclass
       AND dep.refobjid = a.attrelid AND dep.refobjsubid = a.attnum AND dep.deptype = 'i'
 ) s ON a.attidentity <> ''
-WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'v') AND a.attnum > 0
+WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v') AND a.attnum > 0
   AND NOT a.attisdropped
 ORDER BY a.attrelid, a.attnum
 """.replace("{options}", _COLUMN_OPTIONS.format("a.attoptions"))
@@ -247,6 +246,7 @@ class _Relation:
     options: list[str] | None
     replident: str
     comment: str | None
+    partition_key: str | None
     columns: list[dict[str, Any]] = field(default_factory=list)
     constraints: list[dict[str, Any]] = field(default_factory=list)
     indexes: list[dict[str, Any]] = field(default_factory=list)
@@ -410,7 +410,7 @@ def render(conn: psycopg.Connection[Any]) -> str:
     views = {v["rel"]: v for v in _rows(conn, _VIEWS)}
     functions = _rows(conn, _FUNCTIONS)
 
-    tables, deferred = _in_creation_order([r for r in relations.values() if r.kind == "r"])
+    tables, deferred = _in_creation_order([r for r in relations.values() if r.kind in ("r", "p")])
     versions = [t for t in tables if t.name == VERSION_TABLE]
     version_rows = [(int(v), str(n)) for v, n in conn.execute(
         f"SELECT version, name FROM {versions[0].q} ORDER BY version".encode()).fetchall()
@@ -522,8 +522,9 @@ def _table(table: _Relation, sequences: dict[int, dict[str, Any]],
         else:  # NOT VALID: only ALTER TABLE can say it
             later.append(f"ALTER TABLE {table.q} ADD CONSTRAINT {c['q']} {c['def']};")
     unlogged = "UNLOGGED " if table.persistence == "u" else ""
+    partitioned = f" PARTITION BY {table.partition_key}" if table.partition_key else ""
     lines = [f"CREATE {unlogged}TABLE {table.q} (", ",\n".join(items),
-             f"){f' WITH ({_options(table.options)})' if table.options else ''};"]
+             f"){partitioned}{f' WITH ({_options(table.options)})' if table.options else ''};"]
     lines += later
     if table.replident != "d":
         lines.append(f"ALTER TABLE {table.q} REPLICA IDENTITY "
@@ -553,6 +554,9 @@ def _table(table: _Relation, sequences: dict[int, dict[str, Any]],
         lines.append("")
     for index in table.indexes:
         statement = _unqualified(index["def"], index["qualified_table"], table.q)
+        # A partitioned table's index reads ON ONLY (made on the parent alone); made with the
+        # table, before any partition, it is the same index.
+        statement = statement.replace(f" ON ONLY {table.q} ", f" ON {table.q} ")
         lines.append(_wrapped(statement, " WHERE ", " INCLUDE ") + ";")
         if index["comment"] is not None:
             lines.append(f"COMMENT ON INDEX {index['q']} IS {_literal(index['comment'])};")

@@ -61,6 +61,8 @@ class WorkerConfig:
     """Seconds a fallback may run; one that hangs or raises ends its task timed_out."""
     retention_interval: float = _setting("retention_interval")
     """Seconds between retention rounds when the App sets ``retention=`` (each deletes in batches)."""
+    history_interval: float = _setting("history_interval")
+    """Seconds between the leader's moves into the history when the App sets ``history_after=``."""
     auto_repair: bool = True
     """Whether this worker takes the automatic repairs (``repair_within=``) that come due: at
     their due time and at every maintenance pass. False leaves them to other workers."""
@@ -101,6 +103,8 @@ class WorkerConfig:
             raise ValueError(f"stall_grace must be > 0, got {self.stall_grace}")
         if self.retention_interval <= 0:
             raise ValueError("retention_interval must be > 0")
+        if self.history_interval <= 0:
+            raise ValueError("history_interval must be > 0")
         if self.alert_interval < 0 or self.alert_fan_in_wait <= 0 or self.alert_fan_in_consecutive < 1:
             raise ValueError("alert_interval must be >= 0, alert_fan_in_wait > 0 and "
                              "alert_fan_in_consecutive >= 1")

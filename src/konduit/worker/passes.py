@@ -25,6 +25,7 @@ SERVICES: tuple[str, ...] = (
     "stalls",       # the stall watchdog
     "repair",       # automatic repairs that are due
     "retention",    # pruning of old executions (when retention is set)
+    "history",      # moves of finished executions into the history (when history_after is set)
     "alerts",       # alert rules (fan-in waits, windows)
     "schedules",    # schedule ticks
     "hedging",      # the hedger's look for straggling attempts

@@ -52,6 +52,7 @@ from konduit.engine.alerting import Alerting
 from konduit.engine.auto_repair import AutoRepairer
 from konduit.engine.completer import record, record_many
 from konduit.engine.registry import Registry
+from konduit.engine.history import HistoryMover
 from konduit.engine.retention import Retention
 from konduit.engine.schedules import Schedules
 from konduit.errors import (
@@ -105,6 +106,7 @@ class Worker:
         *,
         max_payload_bytes: int = DEFAULT_MAX_BYTES,
         retention: float | None = None,
+        history_after: float | None = None,
         webhooks: Sequence[Webhook] = (),
     ):
         self.db = db
@@ -124,6 +126,8 @@ class Worker:
         # Housekeeping on the maintenance loop, each at its own (longer) interval.
         self.retention = None if retention is None else Retention(
             db, retention, interval=self.config.retention_interval)
+        self.history = None if history_after is None else HistoryMover(
+            db, history_after, interval=self.config.history_interval)
         self.auto_repairer = AutoRepairer(db, registry, max_payload_bytes=max_payload_bytes)
         self.alerting = Alerting(db, registry, fan_in_wait=self.config.alert_fan_in_wait,
                                  consecutive=self.config.alert_fan_in_consecutive,
@@ -194,7 +198,7 @@ class Worker:
         self.leadership = Leadership(
             db, name=deployment(registry.keys(), settings=(
                 ("auto_repair", cfg.auto_repair), ("alerts", cfg.alert_interval > 0),
-                ("retention", retention))),
+                ("retention", retention), ("history_after", history_after))),
             worker_id=cfg.worker_id, lease_seconds=cfg.leader_lease,
             changed=self._leading_changed, tried=functools.partial(self.passes.done, "leader"))
         self._leading = asyncio.Event()
@@ -207,7 +211,7 @@ class Worker:
         """The maintenance passes, in the order a full pass runs them."""
         cfg, m = self.config, self.maintenance
         every = cfg.maintenance_interval
-        retention = self.retention
+        retention, history = self.retention, self.history
         return [
             Service("rescue", m.rescue, every, enabled=lambda: self.may_rescue),
             Service("deadlines", lambda: m.sweep_deadlines(self.running), every,
@@ -224,6 +228,7 @@ class Worker:
                     enabled=lambda: cfg.auto_repair, own=True),
             *([Service("retention", retention.run_if_due, every)] if retention is not None
               else []),
+            *([Service("history", history.run_if_due, every)] if history is not None else []),
         ]
 
     @property
