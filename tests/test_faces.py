@@ -119,6 +119,7 @@ DOORS: dict[str, tuple[tuple[str, str] | None, str | None]] = {
     "stream": (("get", "/api/v1/executions/{execution_id}/streams/{name}"), "stream"),
     "streams": (("get", "/api/v1/executions/{execution_id}/streams"), "status"),
     "prune": (None, "prune"),
+    "move_to_history": (None, "move-history"),
     "versions": (None, "versions"),
 }
 
@@ -129,6 +130,7 @@ NOT_AT_DOOR = {
     ("cli", "attempt_logs"): "konduit status --logs shows them",
     ("cli", "journal"): "konduit status --journal shows it",
     ("http", "prune"): "deleting history is an operator's command, not an API call",
+    ("http", "move_to_history"): "moving history is an operator's command, not an API call",
     ("http", "versions"): "GET /api/v1/workflows lists the versions",
 }
 

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 from konduit.core.durations import Duration
-from konduit.core.requests import AnswerRequest, BulkRequest, CancelRequest, EventRequest, ForkRequest, MigrateRequest, MigrateWorkflowRequest, PruneRequest, RedriveRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest, StreamRequest
+from konduit.core.requests import AnswerRequest, BulkRequest, CancelRequest, EventRequest, ForkRequest, MigrateRequest, MigrateWorkflowRequest, HistoryMoveRequest, PruneRequest, RedriveRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest, StreamRequest
 from konduit.core.results import ExecutionResult
 from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook
@@ -221,6 +221,15 @@ class Operations:
         were deleted. Pending and running executions are never touched; executions holding a
         dead letter that no repair superseded are kept unless ``include_dead_letters``."""
         return self._run(self._operations.prune(older_than, include_dead_letters=include_dead_letters, batch_size=batch_size))
+
+    def move_to_history(self, older_than: Duration, *, batch_size: int=BATCH_SIZE) -> int:
+        """Move executions that finished more than ``older_than`` ago (``"1d"``, or seconds) out
+        of the tables the workers write into the history (tables partitioned by the day they
+        finished, which :meth:`prune` drops a day at a time), ``batch_size`` per transaction;
+        returns how many moved. They read the same after the move; pending and running
+        executions, and those holding a dead letter, stay. ``App(history_after=...)`` makes
+        the workers' leader do this every minute (docs/retention.md, "History")."""
+        return self._run(self._operations.move_to_history(older_than, batch_size=batch_size))
 
     def count_prunable(self, older_than: Duration) -> Prunable:
         """What :meth:`prune` with the same ``older_than`` would consider, deleting nothing:

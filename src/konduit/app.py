@@ -29,8 +29,8 @@ from konduit.db.migrate import migrate
 from konduit.db.replica import Reads, read_settings
 from konduit.db.sealing import payload_limits, payload_settings
 from konduit.engine.client import Client, coerce_execution_id
-from konduit.engine.registry import Registry
 from konduit.engine.history import history_seconds
+from konduit.engine.registry import Registry
 from konduit.engine.retention import retention_seconds
 from konduit.engine.waits import event_retention as event_retention_seconds
 from konduit.errors import KonduitError, WorkflowDefinitionError

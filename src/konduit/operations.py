@@ -29,6 +29,7 @@ from konduit.core.requests import (
     CancelRequest,
     EventRequest,
     ForkRequest,
+    HistoryMoveRequest,
     MigrateRequest,
     MigrateWorkflowRequest,
     PruneRequest,
@@ -278,6 +279,16 @@ class AsyncOperations:
         dead letter that no repair superseded are kept unless ``include_dead_letters``."""
         return await (await self._engine()).prune(
             PruneRequest(older_than, include_dead_letters, batch_size))
+
+    async def move_to_history(self, older_than: Duration, *, batch_size: int = BATCH_SIZE) -> int:
+        """Move executions that finished more than ``older_than`` ago (``"1d"``, or seconds) out
+        of the tables the workers write into the history (tables partitioned by the day they
+        finished, which :meth:`prune` drops a day at a time), ``batch_size`` per transaction;
+        returns how many moved. They read the same after the move; pending and running
+        executions, and those holding a dead letter, stay. ``App(history_after=...)`` makes
+        the workers' leader do this every minute (docs/retention.md, "History")."""
+        return await (await self._engine()).move_to_history(
+            HistoryMoveRequest(older_than, batch_size))
 
     async def count_prunable(self, older_than: Duration) -> Prunable:
         """What :meth:`prune` with the same ``older_than`` would consider, deleting nothing:

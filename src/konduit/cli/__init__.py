@@ -95,6 +95,8 @@ COMMANDS: list[tuple[str, str, Callable[..., Any], str]] = [
     ("", "dead-letters", executions.dead_letters, "List dead-lettered tasks."),
     ("", "stream", executions.stream, "Print an execution's durable stream; --follow for more."),
     ("", "prune", retention.prune, "Delete finished executions older than a duration."),
+    ("", "move-history", retention.move_history,
+     "Move finished executions older than a duration into the history."),
     ("", "dashboard", observe.dashboard, "Serve the web dashboard and the HTTP API."),
     ("", "metrics", observe.metrics, "Serve Prometheus metrics."),
     ("", "stats", observe.stats, "Latency of every branch and join, from history."),

@@ -50,3 +50,25 @@ def prune(
     if kept and not include_dead_letters:
         console.print(f"kept {kept} holding a dead letter (see `konduit dead-letters`; "
                       "--include-dead-letters prunes them too)")
+
+
+def move_history(
+    older_than: Annotated[str, typer.Option(
+        "--older-than", metavar="DURATION",
+        help="Move executions that finished longer ago than this (e.g. 1d, 12h).")],
+    batch_size: Annotated[int, typer.Option(
+        min=1, help="Executions moved per transaction.")] = BATCH_SIZE,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the count as JSON.")] = False,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Move finished executions older than --older-than, with all their rows, out of the tables
+    the workers write into the history (tables partitioned by day, which prune drops a day at a
+    time). They read the same after the move. Pending and running executions, and those
+    holding a dead letter, stay. App(history_after=...) has the workers do it every minute."""
+    with opened(plain_app(database_url)) as app:
+        moved = app.move_to_history(older_than, batch_size=batch_size)
+    if as_json:
+        print(dump_json({"moved": moved}))
+        return
+    console.print(f"moved {moved} execution(s) that finished more than {older_than} ago "
+                  "into the history")

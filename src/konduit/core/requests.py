@@ -317,6 +317,15 @@ class PruneRequest:
 
 
 @dataclass(frozen=True)
+class HistoryMoveRequest:
+    """Move executions that finished long ago out of the tables the workers write into the
+    history, tables partitioned by day (:meth:`konduit.App.move_to_history`)."""
+
+    older_than: Annotated[Duration, Doc("Finished more than this long ago (\"1d\", or seconds)")]
+    batch_size: Annotated[int, Doc("Executions moved per transaction")] = 500
+
+
+@dataclass(frozen=True)
 class RetryWebhookRequest:
     """Send a failed or refused webhook delivery again now
     (:meth:`konduit.App.retry_webhook_delivery`)."""
@@ -340,6 +349,7 @@ COMMANDS: tuple[type, ...] = (
     StartRequest, CancelRequest, RepairRequest, RedriveRequest, ForkRequest, BulkRequest,
     EventRequest,
     MigrateRequest,
-    MigrateWorkflowRequest, RetryNowRequest, ScheduleRequest, PruneRequest, RetryWebhookRequest,
+    MigrateWorkflowRequest, RetryNowRequest, ScheduleRequest, PruneRequest, HistoryMoveRequest,
+    RetryWebhookRequest,
 )
 """The request types of the operations that change something."""

@@ -18,6 +18,7 @@ from konduit.core.requests import (
     CancelRequest,
     EventRequest,
     ForkRequest,
+    HistoryMoveRequest,
     MigrateRequest,
     MigrateWorkflowRequest,
     PruneRequest,
@@ -36,7 +37,7 @@ from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, translate_errors
 from konduit.db.replica import Reads
-from konduit.engine import forks, migration, retention, streams, waits, webhooks
+from konduit.engine import forks, history, migration, retention, streams, waits, webhooks
 from konduit.engine.bulk import Progress, run_bulk
 from konduit.engine.finish import stop_execution
 from konduit.engine.ids import resolve_execution_id
@@ -478,6 +479,12 @@ class Client:
         return await retention.prune(self.db, request.older_than,
                                      include_dead_letters=request.include_dead_letters,
                                      batch_size=request.batch_size)
+
+    async def move_to_history(self, request: HistoryMoveRequest) -> int:
+        """Move executions that finished more than ``older_than`` ago (holding no dead letter)
+        into the history; returns how many moved (see :mod:`konduit.engine.history`)."""
+        return await history.move_finished(self.db, request.older_than,
+                                           batch_size=request.batch_size)
 
     async def retry_now(self, request: RetryNowRequest) -> bool:
         """Make a task waiting out its backoff (ready again after a failed attempt) claimable

@@ -51,8 +51,8 @@ from konduit.engine.advancer import Advanced
 from konduit.engine.alerting import Alerting
 from konduit.engine.auto_repair import AutoRepairer
 from konduit.engine.completer import record, record_many
-from konduit.engine.registry import Registry
 from konduit.engine.history import HistoryMover
+from konduit.engine.registry import Registry
 from konduit.engine.retention import Retention
 from konduit.engine.schedules import Schedules
 from konduit.errors import (
