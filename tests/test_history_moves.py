@@ -8,6 +8,7 @@ its idempotency key in tests/test_history_keys.py; what it costs and saves in
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable
 from uuid import UUID
@@ -265,3 +266,23 @@ def test_the_migration_is_online_on_a_database_with_history(empty_db_url: str) -
         assert app.prune("1h") == 2_000
     assert value(db_url, "SELECT count(*) FROM konduit_executions_all") == 0
     assert value(db_url, "SELECT count(*) FROM konduit_tasks_all") == 0
+
+
+def test_the_hot_paths_never_read_the_history() -> None:
+    """What the workers run per task (the claim, the round: every statement with a kept plan),
+    every write and every row lock reads the hot tables only; the history is read by the reads
+    of one execution (through the konduit_<table>_all views) and by the history's own
+    statements. A statement of the round that joined a view would read every day's partitions."""
+    from konduit.db.queries import all_queries
+
+    history = re.compile(r"\bkonduit_(history_\w+|\w+_all)\b")
+    writes = re.compile(r"\b(INSERT|UPDATE|DELETE|FOR UPDATE|FOR SHARE|FOR NO KEY UPDATE)\b")
+    own = {"execution_move_to_history_if_still_finished", "history_day_list_ended_before",
+           "history_execution_list_ids_of_day", "history_day_drop"}
+    found = []
+    for query in all_queries().values():
+        if query.name in own or not history.search(query.sql):
+            continue
+        if query.pinned_plan or writes.search(query.sql) or query.name.startswith("task_claim"):
+            found.append(query.name)
+    assert found == []
