@@ -190,7 +190,9 @@ def test_prune_drops_the_days_of_history_that_ended_before_the_cutoff(
                               " FROM unnest(konduit_history_tables()) t))"))
     assert parts == len(days) * len(tables(db_url))
     # A cutoff of 1 day: every day that ended more than a day ago goes, today's stays.
+    assert app.count_prunable("1d").finished == 4
     assert app.prune("1d") == 4
+    assert app.count_prunable("1d").finished == 0
     assert {r[0] for r in rows(db_url, "SELECT id FROM konduit_executions_all")} \
         == {h.id for h in today}
     left = [r[0] for r in rows(db_url, "SELECT konduit_history_days()")]

@@ -33,8 +33,15 @@ RETURNING e.id, e.finished_at;
 -- name: execution_count_prunable
 -- How many executions finished before the cutoff, and how many of them hold a dead letter (a
 -- failed task no repair has re-run: task_dead_letter, the dashboard's definition), which prune
--- keeps unless told otherwise.
-SELECT count(*) AS finished,
+-- keeps unless told otherwise. With the executions of the days of history (migration 0041)
+-- that ended before the cutoff, which prune drops whole (none holds a dead letter).
+SELECT count(*) + (SELECT count(*) FROM konduit_history_executions h
+                   WHERE h.history_finished_at < (
+                         SELECT max((d + 1)::timestamp AT TIME ZONE 'UTC')
+                         FROM konduit_history_days() d
+                         WHERE ((d + 1)::timestamp AT TIME ZONE 'UTC')
+                               <= konduit_now() - make_interval(secs => %(older_than_seconds)s)))
+         AS finished,
        count(*) FILTER (WHERE EXISTS (
             SELECT 1 FROM konduit_tasks t
             WHERE t.execution_id = e.id AND ({{task_dead_letter}}))) AS dead_letters
