@@ -311,7 +311,8 @@ async def start_requests(db: Database, specs: StoredSpecs, requests: list[StartR
         if not specs.is_stored(spec):  # a definition read from the database is registered
             await register(spec)
     distinct = [p for i, p in enumerate(batch) if owner[i] == i]
-    ids = await db.atomic(lambda tx: insert_executions(tx, distinct))
+    # Pipelined: BEGIN, the keys' lock and the insert go out in one round trip.
+    ids = await db.atomic(lambda tx: insert_executions(tx, distinct), pipeline=True)
     by_index = dict(zip((i for i in range(len(batch)) if owner[i] == i), ids, strict=True))
     return [by_index[owner[i]] for i in range(len(batch))]
 
@@ -416,6 +417,7 @@ async def insert_executions(tx: Tx, batch: list[Prepared], *, roots: bool = True
     :class:`IdempotencyConflict`. Ids come back in batch order. Without ``roots`` no task is
     created (a fork, :mod:`konduit.engine.forks`, starts the steps its plan says itself, after
     rewriting their join state)."""
+    await _lock_idempotency_keys(tx, batch)
     specs = {workflow_key(p.spec.name, p.spec.version): p.spec for p in batch}
     template = await template_for(tx, specs.values())
     if not roots:
@@ -469,6 +471,19 @@ async def insert_executions(tx: Tx, batch: list[Prepared], *, roots: bool = True
     for i, eid in zip(taken, existing, strict=True):
         ids[i] = eid
     return ids
+
+
+async def _lock_idempotency_keys(tx: Tx, batch: list[Prepared]) -> None:
+    """Hold the batch's idempotency keys against a move into the history (migration 0041,
+    ``execution_lock_idempotency_keys``) before the insert, in a statement of its own: the
+    insert's snapshot then sees a move that committed meanwhile (its key's history row), and a
+    move that comes later skips these keys until this transaction ends. Only a start with keys
+    sends it; queued in a pipelined transaction (no round trip of its own)."""
+    keyed = [p for p in batch if p.idempotency_key is not None]
+    if keyed:
+        await tx.send("execution_lock_idempotency_keys",
+                      workflow_names=[p.spec.name for p in keyed],
+                      idempotency_keys=[p.idempotency_key for p in keyed])
 
 
 async def _lock_fair_keys(tx: Tx, batch: list[Prepared]) -> None:

@@ -117,6 +117,14 @@ WITH request AS (
     FROM timed
     -- The fair keys first (an InitPlan runs before the first row): see `keyed`.
     WHERE (SELECT count(*) FROM keyed) >= 0
+      -- A key whose execution moved into the history (migration 0041) stays taken. The start
+      -- holds the key's lock (execution_lock_idempotency_keys, a statement before this one), so
+      -- a move of it either committed before this statement's snapshot (its history row is
+      -- seen here) or waits for this transaction (its hot row is the conflict below).
+      AND (idempotency_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM konduit_history_executions h
+            WHERE h.workflow_name = timed.workflow_name
+              AND h.idempotency_key = timed.idempotency_key))
     -- Keys are taken in one order by every batch: two batches that share keys wait for each
     -- other instead of deadlocking.
     ORDER BY workflow_name, idempotency_key, id
@@ -159,12 +167,33 @@ SELECT coalesce(array_agg(id), '{}') AS created, (SELECT queues FROM woken) AS w
 FROM created;
 
 -- name: execution_get_by_idempotency_keys
--- The executions some idempotency keys already started (one key per workflow name each).
+-- The executions some idempotency keys already started (one key per workflow name each), hot
+-- or moved into the history (migration 0041): the history keeps a key taken.
 SELECT e.id, e.workflow_name, e.idempotency_key, e.input_hash
 FROM unnest(%(workflow_names)s::text[], %(idempotency_keys)s::text[])
      AS k(workflow_name, idempotency_key)
 JOIN konduit_executions e
-    ON e.workflow_name = k.workflow_name AND e.idempotency_key = k.idempotency_key;
+    ON e.workflow_name = k.workflow_name AND e.idempotency_key = k.idempotency_key
+UNION ALL
+SELECT h.id, h.workflow_name, h.idempotency_key, h.input_hash
+FROM unnest(%(workflow_names)s::text[], %(idempotency_keys)s::text[])
+     AS k(workflow_name, idempotency_key)
+JOIN konduit_history_executions h
+    ON h.workflow_name = k.workflow_name AND h.idempotency_key = k.idempotency_key;
+
+-- name: execution_lock_idempotency_keys
+-- Hold the idempotency keys a start is about to use against a move into the history
+-- (konduit_history_move takes the same lock without waiting, and skips a key held here): a
+-- statement of its own, before the insert, so that the insert's snapshot (READ COMMITTED, taken
+-- when it begins) sees a move that committed while this one waited for it. Shared: starts of
+-- one key do not wait for each other here (the unique index orders them). Locks are taken in
+-- one order (by their number), though a shared lock waits only for a move, which never waits.
+SELECT count(pg_advisory_xact_lock_shared(h))::int AS locked
+FROM (SELECT DISTINCT konduit_history_key_lock(k.workflow_name, k.idempotency_key) AS h
+      FROM unnest(%(workflow_names)s::text[], %(idempotency_keys)s::text[])
+           AS k(workflow_name, idempotency_key)
+      WHERE k.idempotency_key IS NOT NULL
+      ORDER BY 1) AS s;
 
 -- name: execution_window_left_many
 -- Seconds left until the window (deadline_at) of new executions, by the database's clock: the
