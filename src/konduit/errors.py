@@ -39,7 +39,8 @@ E = TypeVar("E", bound=KonduitError)
 __all__ = [
     "AlertError", "AmbiguousExecutionId", "CodecError", "DatabaseConflict", "DatabaseError",
     "DatabaseUnavailable",
-    "DefinitionWarning", "DeterminismError", "ExecutionFailed", "ExecutionNotFound",
+    "DefinitionWarning", "DeterminismError", "ExecutionFailed", "ExecutionInHistory",
+    "ExecutionNotFound",
     "IdempotencyConflict",
     "InputValidationError", "JournalUnavailable", "KeyNeedsCode", "KonduitError", "LeaseLost",
     "LimitKeyError", "MigrationRefused",
@@ -121,6 +122,22 @@ class IdempotencyConflict(KonduitError):
 
 class ExecutionNotFound(KonduitError):
     """No execution has that id."""
+
+
+class ExecutionInHistory(KonduitError):
+    """A write (cancel, repair, redrive, answer, an event sent to it, retry_now, migrate) to an
+    execution that finished and was moved into the history (``App(history_after=)``,
+    docs/retention.md): it reads as it did, but nothing acts on it any more. ``execution_id``
+    names it; ``status``, ``finished_at`` and ``moved_at`` (None when unknown) say how it
+    ended and when it moved. The HTTP API answers 409."""
+
+    def __init__(self, message: str, *, execution_id: Any = None, status: str | None = None,
+                 finished_at: Any = None, moved_at: Any = None):
+        super().__init__(message)
+        self.execution_id = execution_id
+        self.status = status
+        self.finished_at = finished_at
+        self.moved_at = moved_at
 
 
 class AmbiguousExecutionId(KonduitError):

@@ -40,6 +40,7 @@ from konduit.db.replica import Reads
 from konduit.engine import forks, history, migration, retention, streams, waits, webhooks
 from konduit.engine.bulk import Progress, run_bulk
 from konduit.engine.finish import stop_execution
+from konduit.engine.history import refuse_if_moved
 from konduit.engine.ids import resolve_execution_id
 from konduit.engine.registration import register_in
 from konduit.engine.registry import Registry, workflow_key
@@ -215,12 +216,13 @@ class Client:
         return await resolve_execution_id(self.db, execution_id)
 
     async def get(self, execution_id: UUID | str) -> ExecutionResult:
-        """An execution's status and result, by its id or a unique prefix or tail of it."""
+        """An execution's status and result, by its id or a unique prefix or tail of it (one
+        moved into the history too: it reads as it did)."""
         eid = await self.resolve(execution_id)
-        row = await self.db.one("execution_get", id=eid)
+        row = await self.db.one("execution_get_with_history", id=eid)
         if row is None:
             raise ExecutionNotFound(f"no execution with id {eid}")
-        steps = await self.db.all("step_get_all", execution_id=eid)
+        steps = await self.db.all("step_get_all_with_history", execution_id=eid)
         return execution_result(row, {s["step"]: s["status"] for s in steps})
 
     async def wait(self, execution_id: UUID | str, timeout: float | None = None) -> ExecutionResult:
@@ -262,8 +264,13 @@ class Client:
         running handlers lose their lease. Returns False when it had already finished."""
         check_text(request.reason, "reason")
         eid = await self.resolve(request.execution_id)
-        async with self.db.transaction() as tx:
-            finished = await stop_execution(tx, eid, ExecutionStatus.CANCELLED, request.reason)
+        try:
+            async with self.db.transaction() as tx:
+                finished = await stop_execution(tx, eid, ExecutionStatus.CANCELLED,
+                                                request.reason)
+        except ExecutionNotFound:
+            await refuse_if_moved(self.db, eid, "cancel")
+            raise
         if finished is not None and finished.child_ended is not None:
             # A child workflow: fail (or leave to a worker's fallback) its parent's step now.
             await waits.wake_parents(self.db, self.registry, finished.child_ended,
@@ -291,6 +298,7 @@ class Client:
         eid = await self.resolve(execution_id)
         row = await self.db.one("execution_get", id=eid)
         if row is None:
+            await refuse_if_moved(self.db, eid, "redrive" if redrive else "repair")
             raise ExecutionNotFound(f"no execution with id {eid}")
         # Without the workflow's code, from its registered definition.
         await self.specs.load(self.db, row["workflow_name"], row["workflow_version"])
@@ -368,6 +376,8 @@ class Client:
         with blame("execution_id"):
             eid = (None if request.execution_id is None
                    else await self.resolve(request.execution_id))
+        if eid is not None:
+            await refuse_if_moved(self.db, eid, f"send event {request.name!r} to")
         # This process's workflows are known to the database before it decides: an event sent
         # by key for one of them is kept even when no worker or start registered it yet.
         await self.register_all()
@@ -421,6 +431,7 @@ class Client:
         step = request.step
         row = await self.db.one("task_get_for_answer", execution_id=eid, step=step)
         if row is None:
+            await refuse_if_moved(self.db, eid, f"answer step {step!r} of")
             raise ExecutionNotFound(f"no execution with id {eid}")
         name, version = row["workflow_name"], row["workflow_version"]
         await self.specs.load(self.db, name, version)
@@ -496,6 +507,8 @@ class Client:
                                execution_id=eid)
             if row is not None:
                 await tx.one("task_notify_ready", queue=row["queue"])
+        if row is None:
+            await refuse_if_moved(self.db, eid, "retry a task of")
         return row is not None
 
     def with_registry(self, registry: Registry, *, max_payload_bytes: int,

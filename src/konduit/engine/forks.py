@@ -56,7 +56,9 @@ async def copy_stored(tx: Tx, execution_id: UUID) -> None:
 async def fork(client: Client, request: ForkRequest) -> UUID:
     """What :meth:`konduit.engine.client.Client.fork` does; returns the new execution's id."""
     eid = await client.resolve(request.execution_id)
-    row = await client.db.one("execution_get", id=eid)
+    # The origin may have moved into the history: it finished and no longer changes, and a
+    # fork only reads it (its rows, through the views of migration 0041).
+    row = await client.db.one("execution_get_with_history", id=eid)
     if row is None:
         raise ExecutionNotFound(f"no execution with id {eid}")
     name, version = row["workflow_name"], row["workflow_version"]
@@ -72,11 +74,13 @@ async def fork(client: Client, request: ForkRequest) -> UUID:
         await client.register(spec)
     async with client.db.transaction() as tx:
         origin = await tx.one("execution_lock", id=eid)
-        if origin is None:
+        if origin is None and await tx.one("execution_get_in_history", id=eid) is None:
             raise ExecutionNotFound(f"no execution with id {eid}")
-        statuses = {s["step"]: s["status"] for s in await tx.all("step_get_all", execution_id=eid)}
+        statuses = {s["step"]: s["status"]
+                    for s in await tx.all("step_get_all_with_history", execution_id=eid)}
         routes = {r["step"]: frozenset(r["routes"]) if r["routes"] is not None else None
-                  for r in await tx.all("task_list_routes_latest", execution_id=eid)}
+                  for r in await tx.all("task_list_routes_latest_with_history",
+                                        execution_id=eid)}
         with blame("from_step"):
             planned = plan_fork(spec, statuses, routes, request.from_step)
         plan = planned.plan

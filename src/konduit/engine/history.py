@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import date, datetime
+from collections.abc import Mapping
+from datetime import UTC, date, datetime
+from typing import Any
 from uuid import UUID
 
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.values import MAX_INT
 from konduit.db.database import Database
-from konduit.errors import KonduitError, blamed
+from konduit.errors import ExecutionInHistory, KonduitError, blamed
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,33 @@ async def drop_days(db: Database, older_than_seconds: float) -> int:
         dropped += int(held["executions"])
         log.info("dropped the history of %s (%s execution(s))", day, held["executions"])
     return dropped
+
+
+async def refuse_if_moved(db: Database, execution_id: UUID, action: str) -> None:
+    """Raise :class:`ExecutionInHistory` when ``execution_id`` was moved into the history: a
+    write that found nothing to act on in the hot tables says why (``action``: what it was,
+    ``"cancel"``, ``"repair"``...), rather than "not found" or nothing at all."""
+    row = await db.one("execution_get_in_history", id=execution_id)
+    if row is not None:
+        raise in_history(row, action)
+
+
+def in_history(row: Mapping[str, Any], action: str) -> ExecutionInHistory:
+    """The error of a write (``action``) to the moved execution of ``row``
+    (``execution_get_in_history``)."""
+    finished: datetime = row["finished_at"]
+    moved: datetime | None = row["moved_at"]
+    when = (f"on {_day(moved)}" if moved is not None
+            else "after it finished")
+    return ExecutionInHistory(
+        f"cannot {action} execution {row['id']}: it finished {row['status']} on "
+        f"{_day(finished)} and was moved into the history {when} (history_after=); it reads "
+        "as before, but nothing acts on it any more", execution_id=row["id"],
+        status=row["status"], finished_at=finished, moved_at=moved)
+
+
+def _day(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 class HistoryMover:

@@ -31,6 +31,7 @@ from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Row, Tx
 from konduit.engine.advancer import Advancer
 from konduit.engine.finish import finish_execution
+from konduit.engine.history import refuse_if_moved
 from konduit.engine.outputs import final_output
 from konduit.engine.registry import Registry, workflow_key
 from konduit.engine.step_rows import state_columns
@@ -192,6 +193,7 @@ async def migrate(db: Database, registry: Registry, eid: UUID, to_version: int, 
     refuses a different definition under the same version)."""
     row = await db.one("execution_get", id=eid)
     if row is None:
+        await refuse_if_moved(db, eid, "migrate")
         raise ExecutionNotFound(f"no execution with id {eid}")
     check_version(to_version)
     code = target_code(registry, row["workflow_name"], to_version)

@@ -17,7 +17,7 @@ from konduit.core.search import ExecutionFilter
 from konduit.core.values import MAX_BIGINT, check_whole
 from konduit.db.database import Database
 from konduit.engine import retention
-from konduit.engine.client import coerce_execution_id, execution_result
+from konduit.engine.client import execution_result
 from konduit.engine.retention import Prunable
 from konduit.engine.search import search_executions
 from konduit.errors import ExecutionNotFound, KonduitError
@@ -57,10 +57,10 @@ class ExecutionReads(ReadBase):
         eid = await self.resolve(execution_id)
 
         async def read(db: Database) -> ExecutionResult:
-            row = await db.one("execution_get", id=eid)
+            row = await db.one("execution_get_with_history", id=eid)
             if row is None:
                 raise ExecutionNotFound(f"no execution with id {eid}")
-            steps = await db.all("step_get_all", execution_id=eid)
+            steps = await db.all("step_get_all_with_history", execution_id=eid)
             return execution_result(row, {s["step"]: s["status"] for s in steps})
 
         return await self.reads.call(read)
@@ -71,7 +71,7 @@ class ExecutionReads(ReadBase):
         eid = await self.resolve(execution_id)
 
         async def read(db: Database) -> ExecutionRecord:
-            row = await db.one("execution_get", id=eid)
+            row = await db.one("execution_get_with_history", id=eid)
             if row is None:  # raised inside: a replica that lacks it hands over to the primary
                 raise ExecutionNotFound(f"no execution with id {eid}")
             return ExecutionRecord.from_row(row)
@@ -156,7 +156,8 @@ class ExecutionReads(ReadBase):
 
     async def steps(self, execution_id: UUID | str) -> builtins.list[StepRecord]:
         """Every step of an execution with its join counters and timings (fan-in wait)."""
-        rows = await self.reads.all("step_get_all", execution_id=await self.resolve(execution_id))
+        rows = await self.reads.all("step_get_all_with_history",
+                                    execution_id=await self.resolve(execution_id))
         return [StepRecord.from_row(r) for r in rows]
 
     async def attempts(self, execution_id: UUID | str, *,
@@ -177,7 +178,7 @@ class ExecutionReads(ReadBase):
         """What the handlers of an execution logged, attempt by attempt, oldest first (only
         attempts that logged anything, at most ``limit`` of them; see ``Context.log``)."""
         rows = await self.reads.all("attempt_log_list_by_execution",
-                                 execution_id=coerce_execution_id(execution_id), limit=limit)
+                                 execution_id=await self.resolve(execution_id), limit=limit)
         return [AttemptLog.from_row(r) for r in rows]
 
     async def journal(self, execution_id: UUID | str, *,

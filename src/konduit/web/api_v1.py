@@ -28,6 +28,7 @@ from konduit.core.requests import BulkRequest, StartRequest
 from konduit.core.search import SearchError, search_filter
 from konduit.errors import (
     DatabaseError,
+    ExecutionInHistory,
     IdempotencyConflict,
     InputValidationError,
     KonduitError,
@@ -63,7 +64,10 @@ class Refused(Exception):
     @classmethod
     def of(cls, exc: KonduitError, status: int = 422, where: str = "body.") -> Refused:
         """The problem of a refused operation: the field at fault as the error names it
-        (``exc.field``, under ``where``: ``body.``, ``query.``), and its ``code``."""
+        (``exc.field``, under ``where``: ``body.``, ``query.``), and its ``code``. A write to
+        an execution moved into the history is a conflict (409), whatever the route."""
+        if isinstance(exc, ExecutionInHistory):
+            status = 409
         return cls(status, str(exc), None if exc.field is None else where + exc.field,
                    code=exc.code)
 

@@ -37,6 +37,7 @@ from konduit.errors import (
     DashboardError,
     DatabaseError,
     DatabaseUnavailable,
+    ExecutionInHistory,
     ExecutionNotFound,
     KonduitError,
     SchemaOutdated,
@@ -109,6 +110,11 @@ def error_handlers(web: FastAPI, site: Site) -> None:
     @web.exception_handler(ExecutionNotFound)
     async def not_found(request: Request, exc: ExecutionNotFound) -> Response:
         return site.problem(request, 404, "No such execution", str(exc), code=exc.code)
+
+    @web.exception_handler(ExecutionInHistory)
+    async def in_history(request: Request, exc: ExecutionInHistory) -> Response:
+        # It exists and reads as before: a write to it conflicts with where it is.
+        return site.problem(request, 409, "Execution in the history", str(exc), code=exc.code)
 
     @web.exception_handler(AmbiguousExecutionId)
     async def ambiguous(request: Request, exc: AmbiguousExecutionId) -> Response:

@@ -47,8 +47,8 @@ WHERE task_id = ANY(%(task_ids)s::bigint[]) AND finished_at IS NULL;
 -- plan: custom, as many rows as the execution has attempts (a map: every item).
 SELECT a.task_id, t.step, t.map_index, t.generation, a.attempt, a.worker_id, a.started_at,
        a.finished_at, a.outcome, a.error, a.hedge
-FROM konduit_attempts a
-JOIN konduit_tasks t ON t.id = a.task_id
+FROM konduit_attempts_all a
+JOIN konduit_tasks_all t ON t.id = a.task_id
 WHERE t.execution_id = %(execution_id)s
 ORDER BY a.started_at, a.id;
 
@@ -92,9 +92,9 @@ ON CONFLICT (lease_token) DO NOTHING;
 -- plan: custom, as many rows as the execution has attempts that logged (a map: every item).
 SELECT t.step, t.map_index, t.generation, a.attempt, a.started_at, a.outcome, l.records,
        l.dropped
-FROM konduit_tasks t
-JOIN konduit_attempts a ON a.task_id = t.id
-JOIN konduit_attempt_logs l ON l.lease_token = a.lease_token
+FROM konduit_tasks_all t
+JOIN konduit_attempts_all a ON a.task_id = t.id
+JOIN konduit_attempt_logs_all l ON l.lease_token = a.lease_token
 WHERE t.execution_id = %(execution_id)s
 ORDER BY a.started_at, a.id
 LIMIT %(limit)s;

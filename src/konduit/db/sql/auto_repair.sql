@@ -50,9 +50,9 @@ RETURNING id;
 -- One execution's automatic repair: its state, its workflow's contract (from the stored spec)
 -- and the steps its current output went out degraded with.
 SELECT e.status, e.finished_at, e.auto_repair_at, e.auto_repair_error, w.spec,
-       coalesce((SELECT o.degraded FROM konduit_execution_outputs o
+       coalesce((SELECT o.degraded FROM konduit_execution_outputs_all o
                  WHERE o.execution_id = e.id AND o.version = e.output_version),
                 '{}'::text[]) AS degraded
-FROM konduit_executions e
+FROM konduit_executions_all e
 JOIN konduit_workflows w ON w.name = e.workflow_name AND w.version = e.workflow_version
 WHERE e.id = %(id)s;

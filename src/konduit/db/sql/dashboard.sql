@@ -92,8 +92,8 @@ LIMIT %(limit)s;
 -- execution page shows as one summary row each.
 SELECT a.task_id, t.step, t.map_index, t.generation, a.attempt, a.worker_id, a.started_at,
        a.finished_at, a.outcome, a.error, a.hedge
-FROM konduit_attempts a
-JOIN konduit_tasks t ON t.id = a.task_id
+FROM konduit_attempts_all a
+JOIN konduit_tasks_all t ON t.id = a.task_id
 WHERE t.execution_id = %(execution_id)s
   AND NOT (t.step = ANY(%(steps)s::text[]))
 ORDER BY a.started_at, a.id;
@@ -103,7 +103,7 @@ ORDER BY a.started_at, a.id;
 -- status, their tries, and the spread of the finished ones' durations, for collapsed map steps;
 -- `creating`: its items still waiting in chunks to be created (migration 0032).
 SELECT step, generation, count(*) AS tasks, sum(attempt) AS tries,
-       (SELECT coalesce(sum(c.item_count), 0) FROM konduit_map_chunks c
+       (SELECT coalesce(sum(c.item_count), 0) FROM konduit_map_chunks_all c
         WHERE c.execution_id = %(execution_id)s AND c.step = t.step
           AND c.generation = t.generation)::bigint AS creating,
        count(*) FILTER (WHERE status = 'ready') AS ready,
@@ -120,7 +120,7 @@ SELECT step, generation, count(*) AS tasks, sum(attempt) AS tries,
        percentile_cont(0.95) WITHIN GROUP (
            ORDER BY extract(epoch FROM finished_at - started_at)) AS p95,
        max(extract(epoch FROM finished_at - started_at))::float8 AS longest
-FROM konduit_tasks t
+FROM konduit_tasks_all t
 WHERE execution_id = %(execution_id)s AND step = ANY(%(steps)s::text[])
 GROUP BY step, generation
 ORDER BY step, generation;
@@ -131,9 +131,9 @@ ORDER BY step, generation;
 SELECT id, map_index, generation, status, attempt, max_attempts, worker_id, item, error,
        started_at, finished_at,
        extract(epoch FROM COALESCE(finished_at, konduit_clock_timestamp()) - started_at)::float8 AS took
-FROM konduit_tasks
+FROM konduit_tasks_all
 WHERE execution_id = %(execution_id)s AND step = %(step)s
-  AND generation = (SELECT max(generation) FROM konduit_tasks
+  AND generation = (SELECT max(generation) FROM konduit_tasks_all
                     WHERE execution_id = %(execution_id)s AND step = %(step)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
   AND map_index >= %(from_index)s
@@ -150,8 +150,8 @@ FROM (
            a.worker_id, a.started_at, a.finished_at,
            row_number() OVER (PARTITION BY t.step ORDER BY a.started_at, a.id) AS nth,
            count(*) OVER (PARTITION BY t.step) AS failed_in_step
-    FROM konduit_attempts a
-    JOIN konduit_tasks t ON t.id = a.task_id
+    FROM konduit_attempts_all a
+    JOIN konduit_tasks_all t ON t.id = a.task_id
     WHERE t.execution_id = %(execution_id)s AND a.error IS NOT NULL
 ) failed
 WHERE nth <= %(per_step)s
@@ -161,6 +161,6 @@ ORDER BY started_at, step, map_index, attempt;
 -- Each step's time budget in an execution's latest generation (a map step: its items' longest),
 -- and, when the execution's window cut it, the step's own budget and the reserve kept free.
 SELECT DISTINCT ON (step) step, deadline_seconds, deadline_uncut_seconds, deadline_reserve_seconds
-FROM konduit_tasks
+FROM konduit_tasks_all
 WHERE execution_id = %(execution_id)s AND deadline_seconds IS NOT NULL
 ORDER BY step, generation DESC, deadline_seconds DESC;

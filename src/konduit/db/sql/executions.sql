@@ -16,6 +16,25 @@ SELECT id, workflow_name, workflow_version, status, input, output, error, idempo
 FROM konduit_executions
 WHERE id = %(id)s;
 
+-- name: execution_get_with_history
+-- One execution, whole, where it is: in the hot table or moved into the history (migration
+-- 0041; the view's history side is read through each partition's id index). For the reads
+-- that show an execution; a write reads execution_get (the hot table) and, finding nothing,
+-- asks execution_get_in_history why.
+SELECT id, workflow_name, workflow_version, status, input, output, error, idempotency_key,
+       steps_pending, deadline_at, timeout_at, generation, output_version, created_at,
+       finished_at, tags, run_at, priority, fair_key
+FROM konduit_executions_all
+WHERE id = %(id)s;
+
+-- name: execution_get_in_history
+-- An execution moved into the history (no row while it is in the hot table, or unknown): when
+-- it finished, with what status, and when it moved (NULL: moved before migration 0042). A
+-- write that finds nothing to act on says why with it (ExecutionInHistory).
+SELECT id, status, finished_at, history_moved_at AS moved_at
+FROM konduit_history_executions
+WHERE id = %(id)s;
+
 -- name: execution_list
 -- Recent executions, newest first, optionally of one status and one workflow.
 SELECT id, workflow_name, workflow_version, status, error, idempotency_key, created_at,
@@ -100,7 +119,7 @@ WHERE e.id = o.execution_id AND e.auto_repair_at IS NULL
 -- name: execution_output_list
 -- Every output version of one execution, oldest first.
 SELECT version, status, output, degraded, created_at
-FROM konduit_execution_outputs
+FROM konduit_execution_outputs_all
 WHERE execution_id = %(id)s
 ORDER BY version;
 

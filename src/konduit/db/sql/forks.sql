@@ -8,7 +8,7 @@ RETURNING generation, status;
 
 -- name: step_copy_ended_from_origin
 -- A fork: its copied steps take the state they ended with in the origin (status, counters and
--- times), read from the origin's step rows.
+-- times), read from the origin's step rows (in the hot table or the history).
 UPDATE konduit_steps s
 SET status = o.status, up_pending = o.up_pending, up_ok = o.up_ok, up_failed = o.up_failed,
     up_required_failed = o.up_required_failed, up_skipped = o.up_skipped,
@@ -16,13 +16,14 @@ SET status = o.status, up_pending = o.up_pending, up_ok = o.up_ok, up_failed = o
     tasks_degraded = o.tasks_degraded, tasks_failed = o.tasks_failed,
     first_upstream_at = o.first_upstream_at, last_upstream_at = o.last_upstream_at,
     straggler = o.straggler, fired_at = o.fired_at, ended_at = o.ended_at
-FROM konduit_steps o
+FROM konduit_steps_all o
 WHERE s.execution_id = %(id)s AND o.execution_id = %(origin_id)s AND o.step = s.step
   AND s.step = ANY(%(steps)s::text[]);
 
 -- name: task_copy_ended_from_origin
 -- A fork: a task for each task of the origin's copied steps (the latest generation of each
--- item; every item of a map step), ended as it ended there, as the fork's first generation.
+-- item; every item of a map step), ended as it ended there, as the fork's first generation
+-- (the origin read in the hot table or the history).
 -- plan: custom, as many rows as the copied steps have tasks (a map: every item).
 INSERT INTO konduit_tasks
     (execution_id, workflow, step, map_index, generation, item, status, queue, priority, run_at,
@@ -32,19 +33,20 @@ SELECT %(id)s, t.workflow, t.step, t.map_index, 1, t.item, t.status, t.queue, t.
        t.run_at, t.attempt, t.max_attempts, t.deadline_seconds, t.routes, t.output_hash, t.error,
        t.created_at, t.started_at, t.finished_at, t.limited, t.policy_revision, t.limit_key
 FROM (SELECT DISTINCT ON (step, map_index) *
-      FROM konduit_tasks
+      FROM konduit_tasks_all
       WHERE execution_id = %(origin_id)s AND step = ANY(%(steps)s::text[])
       ORDER BY step, map_index, generation DESC) AS t
 ORDER BY t.step, t.map_index;
 
 -- name: output_copy_from_origin
 -- A fork: the current payload of each task its copied steps took from the origin
--- (task_copy_ended_from_origin), under the same content hash.
+-- (task_copy_ended_from_origin), under the same content hash (the origin's in the hot table or
+-- the history).
 -- plan: custom, as many rows as the copied steps have tasks (a map: every item).
 INSERT INTO konduit_outputs (execution_id, step, map_index, content_hash, payload, source)
 SELECT t.execution_id, o.step, o.map_index, o.content_hash, o.payload, o.source
 FROM konduit_tasks t
-JOIN konduit_outputs o
+JOIN konduit_outputs_all o
     ON o.execution_id = %(origin_id)s AND o.step = t.step AND o.map_index = t.map_index
    AND o.content_hash = t.output_hash
 WHERE t.execution_id = %(id)s AND t.step = ANY(%(steps)s::text[])
@@ -53,7 +55,7 @@ ON CONFLICT DO NOTHING;
 -- name: execution_list_forks
 -- The forks of one execution, oldest first, with the step each was forked from.
 SELECT id, status, forked_at_step, created_at
-FROM konduit_executions
+FROM konduit_executions_all
 WHERE forked_from = %(id)s
 ORDER BY created_at, id
 LIMIT %(limit)s;
@@ -62,8 +64,8 @@ LIMIT %(limit)s;
 -- Where a fork came from: its origin's id and the step, with the origin's status (NULL when the
 -- origin was pruned since). No row for an execution that is not a fork.
 SELECT e.forked_from, e.forked_at_step, o.status AS origin_status
-FROM konduit_executions e
-LEFT JOIN konduit_executions o ON o.id = e.forked_from
+FROM konduit_executions_all e
+LEFT JOIN konduit_executions_all o ON o.id = e.forked_from
 WHERE e.id = %(id)s AND e.forked_from IS NOT NULL;
 
 -- name: output_list_stored_by_execution

@@ -73,8 +73,8 @@ SELECT j.step, j.map_index, j.seq, j.name, j.generation, j.attempt, j.duration_s
        j.recorded_at, j.replays, j.last_replayed_attempt, j.last_replayed_at, j.content_hash,
        octet_length(r.result::text) AS result_bytes,
        CASE WHEN %(sealed)s::boolean THEN r.result::text END AS result_text
-FROM konduit_journal j
-JOIN konduit_journal_results r
+FROM konduit_journal_all j
+JOIN konduit_journal_results_all r
     ON r.execution_id = j.execution_id AND r.content_hash = j.content_hash
 WHERE j.execution_id = %(execution_id)s
 ORDER BY j.step, j.map_index, j.seq

@@ -22,6 +22,16 @@ SELECT step, status, up_total, up_pending, up_ok, up_failed, up_skipped, tasks_t
 FROM konduit_steps
 WHERE execution_id = %(execution_id)s;
 
+-- name: step_get_all_with_history
+-- Every step of one execution, in the hot table or moved into the history (migration 0041),
+-- for the reads that show it, by name.
+SELECT step, status, up_total, up_pending, up_ok, up_failed, up_skipped, tasks_total,
+       tasks_pending, tasks_ok, tasks_degraded, tasks_failed, first_upstream_at,
+       last_upstream_at, straggler, fired_at, ended_at
+FROM konduit_steps_all
+WHERE execution_id = %(execution_id)s
+ORDER BY step;  -- its two sides' physical orders differ: one order, whichever side answers
+
 -- name: step_cancel_unfinished
 -- End every step of a stopped execution that had not ended.
 UPDATE konduit_steps

@@ -75,7 +75,7 @@ LEFT JOIN konduit_streams s ON s.execution_id = %(execution_id)s::uuid AND s.nam
 -- range: what it reads is what it returns).
 SELECT c.chunk_offset, c.kind, c.attempt, c.previous_attempt, c.payload,
        c.written_at
-FROM konduit_stream_chunks c
+FROM konduit_stream_chunks_all c
 WHERE c.execution_id = %(execution_id)s AND c.name = %(name)s
   AND c.chunk_offset >= %(from_offset)s
 ORDER BY c.chunk_offset
@@ -89,11 +89,11 @@ LIMIT %(limit)s;
 -- holds none.
 SELECT e.status AS execution_status, s.name, s.step, s.map_index, s.next_offset, s.chunks,
        s.bytes, s.writer_attempt, s.restarts,
-       (SELECT t.status FROM konduit_tasks t
+       (SELECT t.status FROM konduit_tasks_all t
         WHERE t.execution_id = s.execution_id AND t.step = s.step AND t.map_index = s.map_index
         ORDER BY t.generation DESC LIMIT 1) AS task_status
-FROM konduit_executions e
-LEFT JOIN konduit_streams s ON s.execution_id = e.id AND s.name = %(name)s
+FROM konduit_executions_all e
+LEFT JOIN konduit_streams_all s ON s.execution_id = e.id AND s.name = %(name)s
 WHERE e.id = %(execution_id)s;
 
 -- name: stream_list_of_execution
@@ -101,6 +101,6 @@ WHERE e.id = %(execution_id)s;
 -- data chunks and bytes it keeps, its next offset and how many times an attempt restarted it.
 SELECT s.name, s.step, s.map_index, s.next_offset, s.chunks, s.bytes, s.writer_attempt,
        s.restarts, s.created_at, s.updated_at
-FROM konduit_streams s
+FROM konduit_streams_all s
 WHERE s.execution_id = %(execution_id)s
 ORDER BY s.name;

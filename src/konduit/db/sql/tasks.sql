@@ -672,7 +672,7 @@ RETURNING t.id;
 SELECT id, step, map_index, generation, status, attempt, max_attempts, worker_id, error,
        routes, deadline_seconds, deadline_at, created_at, started_at, finished_at, run_at,
        wait_kind, wait_event, wait_key, wait_until, wait_child
-FROM konduit_tasks
+FROM konduit_tasks_all
 WHERE execution_id = %(execution_id)s
 ORDER BY id;
 
@@ -707,6 +707,14 @@ LIMIT %(limit)s;
 -- The routing choice of each step's latest task (a repair rebuilds join state from it).
 SELECT DISTINCT ON (step) step, routes
 FROM konduit_tasks
+WHERE execution_id = %(execution_id)s
+ORDER BY step, generation DESC, map_index;
+
+-- name: task_list_routes_latest_with_history
+-- The routing choice of each step's latest task of an execution in the hot table or moved into
+-- the history (migration 0041): a fork reads its origin's, wherever the origin is.
+SELECT DISTINCT ON (step) step, routes
+FROM konduit_tasks_all
 WHERE execution_id = %(execution_id)s
 ORDER BY step, generation DESC, map_index;
 

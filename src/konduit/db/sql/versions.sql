@@ -46,8 +46,8 @@ SELECT t.step, t.generation, count(*) AS tasks, min(t.map_index) AS first_index,
        t.max_attempts, t.deadline_seconds, t.queue, t.priority,
        coalesce(t.policy_revision, r.revision) AS policy_revision,
        min(t.created_at) AS created_at
-FROM konduit_tasks t
-JOIN konduit_executions e ON e.id = t.execution_id
+FROM konduit_tasks_all t
+JOIN konduit_executions_all e ON e.id = t.execution_id
 LEFT JOIN LATERAL (
     SELECT p.revision FROM konduit_workflow_policies p
     WHERE t.policy_revision IS NULL

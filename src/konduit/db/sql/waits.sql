@@ -174,7 +174,7 @@ ORDER BY c.id;
 -- name: execution_parent_of
 -- The execution (and step) whose child-workflow step started this execution, if any.
 SELECT t.execution_id, t.step
-FROM konduit_tasks t
+FROM konduit_tasks_all t
 WHERE t.wait_child = %(execution_id)s AND t.wait_kind = 'child'
 LIMIT 1;
 
@@ -190,8 +190,8 @@ ORDER BY wait_kind;
 -- The child executions an execution's child-workflow steps started, with their status (the
 -- execution page links them).
 SELECT t.step, c.id, c.status, c.workflow_name
-FROM konduit_tasks t
-JOIN konduit_executions c ON c.id = t.wait_child
+FROM konduit_tasks_all t
+JOIN konduit_executions_all c ON c.id = t.wait_child
 WHERE t.execution_id = %(execution_id)s AND t.wait_kind = 'child'
 ORDER BY t.id;
 
