@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 from konduit.core.durations import Duration
-from konduit.core.requests import AnswerRequest, BulkRequest, CancelRequest, EventRequest, ForkRequest, MigrateRequest, MigrateWorkflowRequest, HistoryMoveRequest, PruneRequest, RedriveRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest, StreamRequest
+from konduit.core.requests import AnswerRequest, BulkRequest, CancelRequest, EventRequest, ForkRequest, HistoryMoveRequest, MigrateRequest, MigrateWorkflowRequest, PruneRequest, RedriveRequest, RepairRequest, RetryNowRequest, RetryWebhookRequest, ScheduleRequest, StartRequest, StreamRequest
 from konduit.core.results import ExecutionResult
 from konduit.core.search import ExecutionFilter
 from konduit.core.webhooks import Webhook
