@@ -298,3 +298,23 @@ def test_the_hot_paths_never_read_the_history() -> None:
         if query.pinned_plan or writes.search(query.sql) or query.name.startswith("task_claim"):
             found.append(query.name)
     assert found == []
+
+
+def test_a_moved_key_is_kept_in_one_table_until_its_day_is_dropped(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    wf = fan()
+    app = make_app(wf)
+    with running_worker(app, poll_interval=0.05):
+        old = app.start(wf.name, {}, idempotency_key="old")
+        new = app.start(wf.name, {}, idempotency_key="new")
+        old.wait(timeout=60)
+        new.wait(timeout=60)
+    age(db_url, [old.id], days=3)
+    assert move(app) == 2
+    assert {r[0]: r[1] for r in rows(db_url, "SELECT idempotency_key, execution_id"
+                                             " FROM konduit_history_keys")} \
+        == {"old": old.id, "new": new.id}
+    assert app.start(wf.name, {}, idempotency_key="old").id == old.id
+    assert app.prune("1d") == 1
+    assert [r[0] for r in rows(db_url, "SELECT idempotency_key FROM konduit_history_keys")] \
+        == ["new"]

@@ -122,7 +122,7 @@ WITH request AS (
       -- a move of it either committed before this statement's snapshot (its history row is
       -- seen here) or waits for this transaction (its hot row is the conflict below).
       AND (idempotency_key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM konduit_history_executions h
+            SELECT 1 FROM konduit_history_keys h
             WHERE h.workflow_name = timed.workflow_name
               AND h.idempotency_key = timed.idempotency_key))
     -- Keys are taken in one order by every batch: two batches that share keys wait for each
@@ -168,17 +168,18 @@ FROM created;
 
 -- name: execution_get_by_idempotency_keys
 -- The executions some idempotency keys already started (one key per workflow name each), hot
--- or moved into the history (migration 0041): the history keeps a key taken.
+-- or moved into the history (migration 0041; its keys in konduit_history_keys, migration 0043):
+-- the history keeps a key taken.
 SELECT e.id, e.workflow_name, e.idempotency_key, e.input_hash
 FROM unnest(%(workflow_names)s::text[], %(idempotency_keys)s::text[])
      AS k(workflow_name, idempotency_key)
 JOIN konduit_executions e
     ON e.workflow_name = k.workflow_name AND e.idempotency_key = k.idempotency_key
 UNION ALL
-SELECT h.id, h.workflow_name, h.idempotency_key, h.input_hash
+SELECT h.execution_id, h.workflow_name, h.idempotency_key, h.input_hash
 FROM unnest(%(workflow_names)s::text[], %(idempotency_keys)s::text[])
      AS k(workflow_name, idempotency_key)
-JOIN konduit_history_executions h
+JOIN konduit_history_keys h
     ON h.workflow_name = k.workflow_name AND h.idempotency_key = k.idempotency_key;
 
 -- name: execution_lock_idempotency_keys
