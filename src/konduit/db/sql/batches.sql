@@ -28,11 +28,15 @@ ON CONFLICT DO NOTHING;
 -- Before handlers start: which of these tasks do our leases (or hedge leases) still hold? FOR
 -- SHARE, in id order, holds off a cancel until the handlers have started.
 -- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
+-- The ids are one array searched in the primary key, which yields them in id order (the lock
+-- order): joined to an unnest instead, the pinned plan (sorts disabled) walked the whole
+-- primary key in id order to avoid sorting a handful of rows, every row of a big history. A
+-- lease token is one attempt's: the task's own among ours is the task's lease.
 SELECT t.id
 FROM konduit_tasks t
-JOIN unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS u(id, lease_token)
-  ON t.id = u.id
-WHERE konduit_lease_or_hedge_held(t.status, t.lease_token, t.hedge_token, u.lease_token)
+WHERE t.id = ANY(%(ids)s::bigint[])
+  AND konduit_lease_or_hedge_held_any(t.status, t.lease_token, t.hedge_token,
+                                      %(lease_tokens)s::uuid[])
 ORDER BY t.id
 FOR SHARE OF t;
 
