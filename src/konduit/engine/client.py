@@ -229,6 +229,7 @@ class Client:
             if row is None:
                 raise ExecutionNotFound(f"no execution with id {eid}")
             steps = await self.db.all("step_get_all_with_history", execution_id=eid)
+        assert row is not None
         return execution_result(row, {s["step"]: s["status"] for s in steps})
 
     async def wait(self, execution_id: UUID | str, timeout: float | None = None) -> ExecutionResult:
