@@ -501,6 +501,5 @@ def soak(url: str, settings: SoakSettings | None = None, *,
             "join_dispatch_p99_last_over_first":
                 comparison["checks"]["join_dispatch_p99"]["ratio"],
             "worker_rss_last_over_first": comparison["checks"]["worker_rss"]["ratio"],
-            "capacity_end_over_first_span": capacity,
-            "dead_tuples_last_over_first": trend["last_over_first"]}.items() if v is not None},
+            "capacity_end_over_first_span": capacity}.items() if v is not None},
     }
