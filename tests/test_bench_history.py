@@ -60,6 +60,8 @@ def test_history_load_runs_the_load_beside_a_history_and_beside_the_same_rows_ho
     # executions hot in the other, nothing in the empty one.
     assert results["databases"]["history"]["executions_history"] == 300
     assert results["databases"]["history"]["executions_hot"] == 0
+    assert results["databases"]["history"]["tasks_hot"] == 0
+    assert results["databases"]["history"]["tasks_history"] == 600
     assert results["databases"]["history"]["history_days"] == 3
     assert results["databases"]["hot"]["executions_hot"] == 300
     assert results["databases"]["hot"]["executions_history"] == 0
@@ -67,6 +69,7 @@ def test_history_load_runs_the_load_beside_a_history_and_beside_the_same_rows_ho
     for name in VARIANTS:
         assert results[f"{name}_tasks_per_second"] > 0
         assert len(results["runs_tasks_per_second"][name]) == 1
+        assert results["runs_failed"][name] == []
     assert set(found["ratios"]) == {"history_over_empty", "hot_over_empty", "history_over_hot"}
     assert all(v is not None and v > 0 for v in found["ratios"].values())
     assert found["parameters"]["history_rows"] == 300 * 9
