@@ -320,10 +320,11 @@ def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
 
 def dead_tuple_trend(windows: list[Json], count: int) -> Json:
     """The hot tables' dead tuples window by window (read at each window's end), their slope
-    over the run and over its second half, and the last ``count`` windows' mean against the
-    first ``count``'s: ``grows`` when the last mean is more than 10 % above the first (and
-    above it by more than a hundred tuples: vacuum's sawtooth on nearly clean tables is not
-    growth)."""
+    over the run and over its second half, the last ``count`` windows' mean against the first
+    ``count``'s and the peak of the second half against the first's. Vacuum makes a sawtooth
+    of it, and the first span starts from an empty database (its mean is low for that alone),
+    so ``grows`` asks for both: the last mean more than 10 % above the first (and by more than
+    a hundred tuples) and the second half's peak more than 10 % above the first half's."""
     series = [{"from_s": w["from_s"], "dead": w["state"]["dead_rows"],
                "live": w["state"]["live_rows"],
                "dead_fraction": _r(w["state"]["dead_rows"] / max(
@@ -332,13 +333,18 @@ def dead_tuple_trend(windows: list[Json], count: int) -> Json:
     points = [(float(w["from_s"]), float(w["dead"])) for w in series]
     first = statistics.fmean(p["dead"] for p in series[:count]) if series else 0.0
     last = statistics.fmean(p["dead"] for p in series[-count:]) if series else 0.0
+    half = len(series) // 2
+    peaks = (max((p["dead"] for p in series[:half]), default=0),
+             max((p["dead"] for p in series[half:]), default=0))
     return {"series": series,
             "slope_per_minute": slope_per_minute(points),
-            "second_half_slope_per_minute": slope_per_minute(points[len(points) // 2:]),
+            "second_half_slope_per_minute": slope_per_minute(points[half:]),
             "first_mean": _r(first), "last_mean": _r(last),
             "max": max((p["dead"] for p in series), default=0),
+            "first_half_max": peaks[0], "second_half_max": peaks[1],
             "last_over_first": ratio(last, first),
-            "grows": last > (1 + TOLERANCE) * first and last - first > 100}
+            "grows": (last > (1 + TOLERANCE) * first and last - first > 100
+                      and peaks[1] > (1 + TOLERANCE) * peaks[0])}
 
 
 # -- the run -----------------------------------------------------------------------------------------
