@@ -118,7 +118,7 @@ def test_the_dead_tuple_trend_tells_growth_from_a_sawtooth() -> None:
     assert sawtooth["grows"] is False and sawtooth["max"] == 2100
     assert dead_tuple_trend(windows([0, 0, 3, 0]), 1)["grows"] is False
     # A sawtooth that starts from an empty database: the first span's mean is low, but the
-    # peaks do not rise (the 10-minute soak of docs/benchmarks.md, in short).
+    # peaks do not rise.
     ramp = dead_tuple_trend(windows([6000, 30000, 172000, 73000, 157000, 32000]), 2)
     assert ramp["last_over_first"] > 1.1 and ramp["grows"] is False
     assert (ramp["first_half_max"], ramp["second_half_max"]) == (172000, 157000)
