@@ -4,7 +4,8 @@ A worker is its own process (``python -m konduit.cli worker konduit.bench.apps:a
 workflows it serves must be importable by name: they live here, in the package. ``app`` holds
 the small ones; ``wide_app_{w}`` (e.g. ``wide_app_10000``) adds a ``w``-wide join, built only
 when asked for (a 10,000-step workflow takes seconds to validate, which every other worker would
-pay); ``soak_app_{s}`` serves the soak's workflow with ``App(retention=s seconds)``.
+pay); ``soak_app_{s}`` serves the soak's workflow with ``App(retention=s seconds)``,
+``soak_history_app_{s}_{h}`` with ``history_after=h seconds`` too.
 
 Handlers are trivial on purpose: the benchmarks measure the engine, not the work.
 """
@@ -154,6 +155,12 @@ def __getattr__(name: str) -> Any:
     prefix = "soak_app_"  # soak_app_120: bench-soak with App(retention=120 s)
     if name.startswith(prefix) and name[len(prefix):].isdigit():
         soak = konduit.App([soak_workflow()], retention=int(name[len(prefix):]))
+        globals()[name] = soak
+        return soak
+    prefix = "soak_history_app_"  # soak_history_app_120_60: retention=120 s, history_after=60 s
+    retention, _, after = name[len(prefix):].partition("_")
+    if name.startswith(prefix) and retention.isdigit() and after.isdigit():
+        soak = konduit.App([soak_workflow()], retention=int(retention), history_after=int(after))
         globals()[name] = soak
         return soak
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

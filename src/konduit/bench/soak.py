@@ -14,6 +14,13 @@ Throughput under a fixed offered load is the offered load as long as the worker 
 separate **capacity** figure is taken too: a burst of executions started at once, with the steady
 load paused, after the first span and again at the end, on the database the soak left behind.
 
+With ``history_after`` (``--history-after SECONDS``), the worker's App moves finished
+executions into the history (migration 0041) that long after they finished, every
+``history_interval`` seconds, and retention drops whole days of it: the hot tables then see only
+the moves' deletes. Either way, every window reads ``n_dead_tup`` and ``n_live_tup`` of the hot
+tables (``pg_stat_user_tables``): the report's ``dead_tuples`` is that series, its slope, and the
+last span's mean against the first's (do dead tuples grow, or does vacuum keep up?).
+
 Not in CI and not in a full ``konduit bench`` run: only when asked for. Not part of the API.
 """
 
@@ -72,17 +79,29 @@ class SoakSettings:
     concurrency: int = 8
     sample_every: float = 5.0
     """Seconds between readings of the worker's RSS (at most a third of a window)."""
+    history_after: int | None = None
+    """``App(history_after=...)`` in seconds (None: no history, retention deletes rows). At least
+    two windows, as the retention (a window's rows are read in the hot tables after it ends),
+    and shorter than the retention (which would delete them first)."""
+    history_interval: float | None = None
+    """Seconds between the leader's moves (``KONDUIT_HISTORY_INTERVAL``); default
+    history_after / 4, at most 15."""
 
     def resolved(self) -> SoakSettings:
         window = float(self.window)
         retention = self.retention if self.retention is not None else max(120, int(4 * window))
         interval = self.retention_interval if self.retention_interval is not None else \
             max(0.5, min(15.0, retention / 8))
+        after = None if self.history_after is None else int(self.history_after)
+        moves = None if after is None else float(
+            self.history_interval if self.history_interval is not None
+            else max(0.5, min(15.0, after / 4)))
         return SoakSettings(
             duration=float(self.duration), window=window, rate=float(self.rate),
             retention=int(retention), retention_interval=float(interval),
             compare=float(self.compare), burst=int(self.burst), concurrency=self.concurrency,
-            sample_every=min(float(self.sample_every), window / 3))
+            sample_every=min(float(self.sample_every), window / 3), history_after=after,
+            history_interval=moves)
 
     def validate(self) -> None:
         _check(self.window > 0 and self.duration >= 2 * self.window,
@@ -92,6 +111,13 @@ class SoakSettings:
                f"the retention ({self.retention} s) must be at least two windows "
                f"({2 * self.window:g} s): a window is read after it ends")
         _check(self.burst >= 0 and self.compare > 0, "--burst must be >= 0 and compare > 0")
+        _check(self.history_after is None or self.history_after >= 2 * self.window,
+               f"--history-after ({self.history_after} s) must be at least two windows "
+               f"({2 * self.window:g} s): a window is read in the hot tables after it ends")
+        _check(self.history_after is None or self.retention is None
+               or self.history_after < self.retention,
+               f"--history-after ({self.history_after} s) must be shorter than the retention "
+               f"({self.retention} s): retention would delete the executions before they move")
 
 
 # -- the load -----------------------------------------------------------------------------------
@@ -174,12 +200,18 @@ def state(obs: Observer) -> Json:
                (SELECT count(*) FROM konduit_tasks WHERE status = 'ready'),
                (SELECT count(*) FROM konduit_tasks WHERE status = 'running'),
                (SELECT count(*) FROM konduit_executions WHERE finished_at IS NULL)""")[0]
-    dead, vacuums = obs.rows("""
-        SELECT coalesce(sum(n_dead_tup), 0), coalesce(sum(autovacuum_count), 0)
-        FROM pg_stat_user_tables WHERE relname = ANY(%s)""", (list(TABLES),))[0]
+    tuples = {name: (int(dead), int(live), int(vacuums)) for name, dead, live, vacuums in obs.rows("""
+        SELECT relname::text, n_dead_tup, n_live_tup, autovacuum_count + vacuum_count
+        FROM pg_stat_user_tables WHERE relname = ANY(%s)""", (list(TABLES),))}
+    history = int(obs.one("SELECT count(*) FROM konduit_history_executions"))
     return {"rows": {t.removeprefix("konduit_"): int(n) for t, n in zip(TABLES, counts, strict=True)},
-            "database_mb": _r(int(size) / 2**20), "dead_rows": int(dead),
-            "autovacuums": int(vacuums), "tasks_ready": int(ready),
+            "executions_in_history": history,
+            "database_mb": _r(int(size) / 2**20),
+            "dead_rows": sum(d for d, _, _ in tuples.values()),
+            "live_rows": sum(live for _, live, _ in tuples.values()),
+            "dead_tuples": {t.removeprefix("konduit_"): d for t, (d, _, _) in tuples.items()},
+            "live_tuples": {t.removeprefix("konduit_"): live for t, (_, live, _) in tuples.items()},
+            "autovacuums": sum(v for _, _, v in tuples.values()), "tasks_ready": int(ready),
             "tasks_running": int(running), "executions_unfinished": int(unfinished)}
 
 
@@ -274,6 +306,47 @@ def compare(windows: list[Json], joins: list[list[float]], count: int) -> Json:
             "passed_no_worse": all(c["no_worse_than_10_percent"] is True for c in checks.values())}
 
 
+def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
+    """The least-squares slope of (seconds, value) points, per minute (None under two)."""
+    if len(points) < 2:
+        return None
+    mx = statistics.fmean(x for x, _ in points)
+    my = statistics.fmean(y for _, y in points)
+    den = sum((x - mx) ** 2 for x, _ in points)
+    if den == 0:
+        return None
+    return _r(60 * sum((x - mx) * (y - my) for x, y in points) / den)
+
+
+def dead_tuple_trend(windows: list[Json], count: int) -> Json:
+    """The hot tables' dead tuples window by window (read at each window's end), their slope
+    over the run and over its second half, the last ``count`` windows' mean against the first
+    ``count``'s and the peak of the second half against the first's. Vacuum makes a sawtooth
+    of it, and the first span starts from an empty database (its mean is low for that alone),
+    so ``grows`` asks for both: the last mean more than 10 % above the first (and by more than
+    a hundred tuples) and the second half's peak more than 10 % above the first half's."""
+    series = [{"from_s": w["from_s"], "dead": w["state"]["dead_rows"],
+               "live": w["state"]["live_rows"],
+               "dead_fraction": _r(w["state"]["dead_rows"] / max(
+                   1, w["state"]["dead_rows"] + w["state"]["live_rows"])),
+               "by_table": w["state"]["dead_tuples"]} for w in windows]
+    points = [(float(w["from_s"]), float(w["dead"])) for w in series]
+    first = statistics.fmean(p["dead"] for p in series[:count]) if series else 0.0
+    last = statistics.fmean(p["dead"] for p in series[-count:]) if series else 0.0
+    half = len(series) // 2
+    peaks = (max((p["dead"] for p in series[:half]), default=0),
+             max((p["dead"] for p in series[half:]), default=0))
+    return {"series": series,
+            "slope_per_minute": slope_per_minute(points),
+            "second_half_slope_per_minute": slope_per_minute(points[half:]),
+            "first_mean": _r(first), "last_mean": _r(last),
+            "max": max((p["dead"] for p in series), default=0),
+            "first_half_max": peaks[0], "second_half_max": peaks[1],
+            "last_over_first": ratio(last, first),
+            "grows": (last > (1 + TOLERANCE) * first and last - first > 100
+                      and peaks[1] > (1 + TOLERANCE) * peaks[0])}
+
+
 # -- the run -----------------------------------------------------------------------------------------
 
 
@@ -326,7 +399,9 @@ class Run:
                     "worker_rss_mb_samples": samples[k],
                     "worker_rss_mb": _r(statistics.fmean(samples[k])) if samples[k] else None,
                     "state": now_state,
-                    "executions_pruned_so_far": started - now_state["rows"]["executions"]})
+                    "executions_pruned_so_far": started - now_state["rows"]["executions"]
+                    - now_state["executions_in_history"],
+                    "executions_moved_so_far": now_state["executions_in_history"]})
                 self.joins.append(joins)
                 w = self.windows[-1]
                 self.progress(
@@ -334,7 +409,9 @@ class Run:
                     f"{w['tasks_per_second']} tasks/s, join dispatch p99 "
                     f"{w['join_dispatch_latency'].get('p99_ms')} ms, worker RSS "
                     f"{w['worker_rss_mb']} MB, {now_state['rows']['executions']} executions "
-                    f"in the tables ({w['executions_pruned_so_far']} pruned so far), "
+                    f"in the tables ({w['executions_pruned_so_far']} pruned, "
+                    f"{w['executions_moved_so_far']} in the history so far), "
+                    f"{now_state['dead_rows']} dead tuples in the hot tables, "
                     f"{now_state['database_mb']} MB")
         finally:
             load.stop()
@@ -360,10 +437,17 @@ def soak(url: str, settings: SoakSettings | None = None, *,
     per_span = max(1, min(count // 2, round(s.compare / s.window)))
     env = {"KONDUIT_RETENTION_INTERVAL": str(s.retention_interval),
            "KONDUIT_MAINTENANCE_INTERVAL": str(min(2.0, s.retention_interval))}
+    app_spec = f"konduit.bench.apps:soak_app_{s.retention}"
+    if s.history_after is not None:
+        assert s.history_interval is not None
+        env["KONDUIT_HISTORY_INTERVAL"] = str(s.history_interval)
+        env["KONDUIT_MAINTENANCE_INTERVAL"] = str(min(2.0, s.retention_interval,
+                                                      s.history_interval))
+        app_spec = f"konduit.bench.apps:soak_history_app_{s.retention}_{s.history_after}"
     obs = Observer(url)
     bursts: Json = {}
     worker = WorkerProcess(url, concurrency=s.concurrency, label="soak", env=env,
-                           app_spec=f"konduit.bench.apps:soak_app_{s.retention}")
+                           app_spec=app_spec)
     try:
         with konduit.App([apps.soak_workflow()], database_url=url) as app:
             worker.wait_ready(obs)
@@ -389,6 +473,7 @@ def soak(url: str, settings: SoakSettings | None = None, *,
     _check(code == 0, f"the worker exited with {code}")
     windows, joins = run.windows, run.joins
     comparison = compare(windows, joins, per_span)
+    trend = dead_tuple_trend(windows, per_span)
     every_join = [x for js in joins for x in js]
     capacity = ratio(bursts["end"]["tasks_per_second"],
                      bursts["after_first_span"]["tasks_per_second"]) if bursts else None
@@ -399,8 +484,8 @@ def soak(url: str, settings: SoakSettings | None = None, *,
                        "workflow": "bench-soak: root -> 3 branches -> join -> map of 4 items -> "
                                    f"total ({TASKS_EACH} tasks an execution)",
                        "offered_tasks_per_second": _r(s.rate * TASKS_EACH), "processes": 1,
-                       "worker": f"python -m konduit.cli worker konduit.bench.apps:soak_app_"
-                                 f"{s.retention} --concurrency {s.concurrency}",
+                       "worker": f"python -m konduit.cli worker {app_spec} "
+                                 f"--concurrency {s.concurrency}",
                        "capacity": "a burst of `burst` executions in one start_many with the "
                                    "steady load paused, after the first span and at the end"},
         "results": {
@@ -408,7 +493,10 @@ def soak(url: str, settings: SoakSettings | None = None, *,
             "checks": comparison["checks"], "passed": comparison["passed"],
             "passed_no_worse": comparison["passed_no_worse"],
             "executions_started": run.started,
-            "executions_pruned": run.started - final["rows"]["executions"],
+            "executions_pruned": run.started - final["rows"]["executions"]
+            - final["executions_in_history"],
+            "executions_moved": final["executions_in_history"],
+            "dead_tuples": trend,
             "executions_not_succeeded": sum(w["executions_not_succeeded"] for w in windows),
             "most_behind_schedule_s": _r(run.most_behind),
             "join_dispatch_latency": dist_ms(every_join),

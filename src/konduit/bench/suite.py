@@ -34,6 +34,7 @@ from konduit.bench.harness import (
     opened,
     record_each,
 )
+from konduit.bench.history_load import history_load
 from konduit.bench.soak import SoakSettings
 from konduit.bench.soak import soak as run_soak
 from konduit.core.model import Completion, Recorded, TaskAttempt
@@ -161,6 +162,27 @@ class Server:
             url = with_database(self.admin_url, name)
             asyncio.run(_migrate(url))
             yield url
+        finally:
+            with psycopg.connect(self.admin_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                             .format(sql.Identifier(name)))
+
+
+    @contextmanager
+    def copy_of(self, url: str) -> Iterator[str]:
+        """A copy of the database of ``url`` (no session may be connected to it), dropped
+        afterwards: a file copy of a filled database, quicker than filling another."""
+        name = f"konduit_bench_{os.getpid()}_{next(self._numbers)}"
+        source = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            version = int(conn.execute("SHOW server_version_num").fetchone()[0])  # type: ignore[index]
+            # FILE_COPY (PostgreSQL 15+; before, the only way): a checkpoint and a copy of the
+            # files, not every block through the WAL.
+            strategy = sql.SQL(" STRATEGY FILE_COPY") if version >= 150000 else sql.SQL("")
+            conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}{}").format(
+                sql.Identifier(name), sql.Identifier(str(source)), strategy))
+        try:
+            yield with_database(self.admin_url, name)
         finally:
             with psycopg.connect(self.admin_url, autocommit=True) as conn:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
@@ -448,10 +470,10 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
 BENCHMARKS = ("commit_probe", "throughput", "db_cost", "workers", "latency", "start", "wide",
               "collide", "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish",
               "batching", "map_10k", "fair_share", "wide_map", "search", "shapes", "idle_fleet",
-              "prune_day", "map_1m", "fan_out_1m", "soak")
+              "prune_day", "map_1m", "fan_out_1m", "history_load", "soak")
 """Every benchmark, in the order they run (``history``, ``idle_fleet`` and ``prune_day`` only in
-a full run; ``map_1m``, ``fan_out_1m`` and ``soak``, minutes each, only when named with
-``--only``)."""
+a full run; ``map_1m``, ``fan_out_1m``, ``history_load`` and ``soak``, minutes each, only when
+named with ``--only``)."""
 
 CODECS = ("none", "zlib", "encrypted", "aesgcm")
 """What ``konduit bench --codec`` takes: the values of ``KONDUIT_CODEC``."""
@@ -478,6 +500,7 @@ WITHOUT_CODEC = {
               "refused under a codec: it searches without one",
     "history": "the finished history is written plain by SQL; what it then runs is sealed",
     "prune_day": "the day it prunes is written plain by SQL (a prune reads no payload)",
+    "history_load": "the finished history is written plain by SQL; what it then runs is sealed",
 }
 """Benchmarks whose payloads do not go through ``konduit bench --codec``'s codec, and why: the
 report says so beside their results (``payload_codec`` null, ``payload_codec_note``). Every
@@ -495,17 +518,20 @@ def codec_name() -> str | None:
 FULL_ONLY = ("history", "idle_fleet", "prune_day")
 """Benchmarks left out of a quick run."""
 
-ON_REQUEST = ("map_1m", "fan_out_1m", "soak")
+ON_REQUEST = ("map_1m", "fan_out_1m", "history_load", "soak")
 """Benchmarks that run only when named (``--only soak``): 30 minutes is no part of a full run."""
 
 
 def run_bench(database_url: str | None = None, *, quick: bool = False,
               workers: list[int] | None = None, only: list[str] | None = None,
-              soak: SoakSettings | None = None,
+              soak: SoakSettings | None = None, history_executions: int = 1_000_000,
+              prune_executions: int = 100_000,
               progress: Callable[[str], None] = lambda _: None) -> Json:
     """Run the benchmarks (``only`` some of them), each in its own fresh database; returns the
     JSON report. ``workers`` is the process counts of the ``workers`` curve; ``soak`` the
-    settings of the soak (when ``only`` names it)."""
+    settings of the soak (when ``only`` names it); ``history_executions`` the finished
+    executions of ``history_load``'s history, ``prune_executions`` those of ``prune_day``'s
+    day."""
     server = Server(database_url)
     unknown = sorted(set(only or ()) - set(BENCHMARKS))
     if unknown:
@@ -569,10 +595,13 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
             server.fresh_database, executions=10 if quick else executions,
             map_items=200 if quick else 20_000)),
         ("idle_fleet", lambda: idle.idle_cost(server.fresh_database, fleet=10, window=15.0)),
-        ("prune_day", in_fresh(lambda u: prune.prune_day(u, executions=100_000))),
+        ("prune_day", in_fresh(lambda u: prune.prune_day(u, executions=prune_executions))),
         ("map_1m", lambda: maps.wide_map(
             server.fresh_database, items=1_000_000, executions=executions)),
         ("fan_out_1m", in_fresh(lambda u: maps.fan_out_run(u, 1_000_000))),
+        ("history_load", lambda: history_load(
+            server.fresh_database, server.copy_of, history=history_executions,
+            executions=50, repeats=3 if quick else 5, progress=progress)),
         ("soak", in_fresh(lambda u: run_soak(u, soak, progress=progress))),
     ]
     began = time.perf_counter()

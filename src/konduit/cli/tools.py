@@ -85,7 +85,8 @@ def bench(
         "throughput, db_cost, workers, latency, start, wide, collide, backlog, history, "
         "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share, wide_map, "
         "search, shapes, idle_fleet, prune_day; "
-        "map_1m, fan_out_1m and soak run only when named).", show_default=False)] = None,
+        "map_1m, fan_out_1m, history_load and soak run only when named).",
+        show_default=False)] = None,
     duration: Annotated[float, typer.Option(
         "--duration", metavar="SECONDS", min=1,
         help="Soak only: seconds of steady load.")] = 1800.0,
@@ -102,6 +103,16 @@ def bench(
     burst: Annotated[int, typer.Option(
         "--burst", metavar="N", min=0,
         help="Soak only: executions of the capacity burst before and after the soak.")] = 300,
+    history_after: Annotated[int | None, typer.Option(
+        "--history-after", metavar="SECONDS", min=1,
+        help="Soak only: the worker's App(history_after=...): finished executions move into "
+        "the history (default: no history).", show_default=False)] = None,
+    history_executions: Annotated[int, typer.Option(
+        "--history-executions", metavar="N", min=1,
+        help="history_load only: finished executions in the history.")] = 1_000_000,
+    prune_executions: Annotated[int, typer.Option(
+        "--prune-executions", metavar="N", min=1,
+        help="prune_day only: executions of the day pruned.")] = 100_000,
     profile: Annotated[str | None, typer.Option(
         "--profile", metavar="DIR", help="Run every worker process under cProfile and write "
         "its profile (.prof) into DIR.", show_default=False)] = None,
@@ -120,7 +131,8 @@ def bench(
     fan-in protocol's own costs. Prints one JSON document; its summary puts each figure beside
     its target. Each benchmark runs in its own scratch database on the server, created and
     dropped here. ``--only soak`` runs the soak (steady load with retention on for
-    --duration seconds; not part of a full run)."""
+    --duration seconds, with --history-after the history too; not part of a full run);
+    ``--only history_load`` the throughput beside a history of --history-executions."""
     import os
     from pathlib import Path
 
@@ -146,7 +158,10 @@ def bench(
     report = run_bench(reachable(database_url, schema=False), quick=quick, workers=curve,
                        only=only,
                        soak=SoakSettings(duration=duration, window=window, rate=rate,
-                                         retention=retention, burst=burst),
+                                         retention=retention, burst=burst,
+                                         history_after=history_after),
+                       history_executions=history_executions,
+                       prune_executions=prune_executions,
                        progress=lambda message: err_console.print(message, markup=False))
     text = json.dumps(report, indent=2)
     if output is not None:
