@@ -23,6 +23,7 @@ from uuid import UUID
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.values import MAX_INT
 from konduit.db.database import Database
+from konduit.engine.retention import Rounds, remove_stored
 from konduit.errors import ExecutionInHistory, KonduitError, blamed
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,6 @@ async def drop_days(db: Database, older_than_seconds: float) -> int:
                             older_than_seconds=older_than_seconds):
         day: date = row["day"]
         if db.io.store is not None:
-            from konduit.engine.retention import remove_stored
             ids = [r["id"] for r in await db.all("history_execution_list_ids_of_day", day=day)]
             if ids:
                 await remove_stored(db, ids)
@@ -127,19 +127,16 @@ def _day(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-class HistoryMover:
+class HistoryMover(Rounds):
     """The leader's moves into the history: at most one per ``interval`` seconds."""
 
     def __init__(self, db: Database, after: float, *, interval: float = HISTORY_INTERVAL):
+        super().__init__(interval)
         self.db = db
         self.after = after
-        self.interval = interval
-        self._next_at = 0.0
 
     async def run_if_due(self) -> int | None:
         """Move if a pass is due; returns how many executions moved (None: not due)."""
-        now = time.monotonic()
-        if now < self._next_at:
+        if not self.due():
             return None
-        self._next_at = now + self.interval
         return await move_finished(self.db, self.after, max_batches=ROUND_BATCHES)

@@ -30,7 +30,7 @@ from uuid import UUID
 from konduit.core.durations import Duration, parse_duration
 from konduit.core.values import MAX_INT
 from konduit.db.database import Database
-from konduit.engine import history, webhooks
+from konduit.engine import webhooks
 from konduit.errors import KonduitError, blamed
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,8 @@ async def prune(
     # The history (migration 0041) first: a day that ended before the cutoff goes whole, its
     # partitions dropped (no row deleted, nothing left for vacuum). A day the cutoff falls in
     # stays until it ended, up to a day longer than ``older_than`` (docs/retention.md).
+    from konduit.engine import history  # it builds on this module's rounds
+
     deleted = await history.drop_days(db, seconds)
     batches = 0
     after_at: datetime | None = None
@@ -165,19 +167,33 @@ async def count_prunable(db: Database, older_than: Duration) -> Prunable:
     return Prunable(int(row["finished"]), int(row["dead_letters"]))
 
 
-class Retention:
-    """A worker's retention rounds: at most one per ``interval`` seconds, the first at once."""
+class Rounds:
+    """Rounds of a housekeeping pass: at most one per ``interval`` seconds, the first at once
+    (the pass's cadence is longer than the maintenance interval that calls it)."""
 
-    def __init__(self, db: Database, retention: float, *, interval: float = RETENTION_INTERVAL):
-        self.db = db
-        self.retention = retention
+    def __init__(self, interval: float):
         self.interval = interval
         self._next_at = 0.0
 
-    async def run_if_due(self) -> int | None:
-        """Prune if a round is due; returns how many executions it deleted (None: not due)."""
+    def due(self) -> bool:
+        """Whether a round is due now; if so, the next one is ``interval`` from now."""
         now = time.monotonic()
         if now < self._next_at:
-            return None
+            return False
         self._next_at = now + self.interval
+        return True
+
+
+class Retention(Rounds):
+    """A worker's retention rounds: at most one per ``interval`` seconds, the first at once."""
+
+    def __init__(self, db: Database, retention: float, *, interval: float = RETENTION_INTERVAL):
+        super().__init__(interval)
+        self.db = db
+        self.retention = retention
+
+    async def run_if_due(self) -> int | None:
+        """Prune if a round is due; returns how many executions it deleted (None: not due)."""
+        if not self.due():
+            return None
         return await prune(self.db, self.retention, max_batches=ROUND_BATCHES)
