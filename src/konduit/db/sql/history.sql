@@ -8,8 +8,7 @@
 WITH picked AS (
     SELECT e.id
     FROM konduit_executions e
-    WHERE e.finished_at < konduit_now() - make_interval(secs => %(older_than_seconds)s)
-      AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
+    WHERE {{execution_finished_before_cutoff}}
       AND (%(after_finished_at)s::timestamptz IS NULL
            OR (e.finished_at, e.id) > (%(after_finished_at)s::timestamptz, %(after_id)s::uuid))
       AND NOT EXISTS (

@@ -1,3 +1,10 @@
+-- fragment: execution_finished_before_cutoff
+-- An execution `e` that finished (succeeded, failed, timed out or was cancelled) more than
+-- older_than_seconds ago: what a prune deletes and a move into the history takes (both keep
+-- the dead letters out on their own terms).
+e.finished_at < konduit_now() - make_interval(secs => %(older_than_seconds)s)
+  AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
+
 -- name: execution_delete_finished_batch_if_still_finished
 -- Delete the next batch of executions that finished before the cutoff (oldest first, after the
 -- last one deleted), never a pending or running one, nor one holding a dead letter
@@ -9,8 +16,7 @@
 WITH doomed AS (
     SELECT e.id
     FROM konduit_executions e
-    WHERE e.finished_at < konduit_now() - make_interval(secs => %(older_than_seconds)s)
-      AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
+    WHERE {{execution_finished_before_cutoff}}
       AND (%(after_finished_at)s::timestamptz IS NULL
            OR (e.finished_at, e.id) > (%(after_finished_at)s::timestamptz, %(after_id)s::uuid))
       AND (%(include_dead_letters)s::boolean OR NOT EXISTS (
@@ -23,8 +29,7 @@ WITH doomed AS (
 DELETE FROM konduit_executions e
 USING doomed d
 WHERE e.id = d.id
-  AND e.finished_at < konduit_now() - make_interval(secs => %(older_than_seconds)s)
-  AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
+  AND {{execution_finished_before_cutoff}}
   AND (%(include_dead_letters)s::boolean OR NOT EXISTS (
         SELECT 1 FROM konduit_tasks t
         WHERE t.execution_id = e.id AND ({{task_dead_letter}})))
@@ -46,8 +51,7 @@ SELECT count(*) + (SELECT count(*) FROM konduit_history_executions h
             SELECT 1 FROM konduit_tasks t
             WHERE t.execution_id = e.id AND ({{task_dead_letter}}))) AS dead_letters
 FROM konduit_executions e
-WHERE e.finished_at < konduit_now() - make_interval(secs => %(older_than_seconds)s)
-  AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled');
+WHERE {{execution_finished_before_cutoff}};
 
 -- name: worker_delete_silent_before
 -- Forget workers last heard from before the cutoff, and at least an hour ago: a live worker
