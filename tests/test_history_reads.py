@@ -341,3 +341,188 @@ def test_the_reads_of_a_moved_execution_use_the_history_indexes(make_app, db_url
         assert row is not None
         assert any(n["Node Type"] == "Seq Scan" and n.get("Relation Name") in partitions
                    for n in nodes(row[0][0]["Plan"]))
+
+
+def found_everywhere(app: konduit.App, db_url: str, tmp_path: Any) -> dict[str, Any]:
+    """What every face's search and list finds of the batch (ids, newest first)."""
+    from datetime import UTC, datetime, timedelta
+
+    def ids(results: Any) -> list[str]:
+        return [str(r.id) for r in results]
+
+    since = datetime.now(UTC) - timedelta(days=3)
+    read: dict[str, Any] = {}
+    read["app.list"] = ids(app.list(workflow="hist-child"))
+    read["app.list.status"] = ids(app.list(status="succeeded", workflow="hist-child"))
+    read["app.list.tag"] = ids(app.list(tags={"batch": "b"}))
+    for name, where in {
+        "tag": {"tags": {"batch": "b"}},
+        "key": {"idempotency_key": "k2"},
+        "input": {"input": {"n": 2}},
+        "since": {"since": since, "workflow": "hist-child"},
+        "until": {"until": datetime.now(UTC) - timedelta(days=1), "workflow": "hist-child"},
+        "status": {"status": "succeeded", "tags": {"batch": "b"}},
+    }.items():
+        read[f"app.search.{name}"] = ids(app.search(**where))
+    # A keyset walk two at a time crosses from the hot table into the history and back.
+    walked: list[str] = []
+    before = None
+    while True:
+        page = app.search(tags={"batch": "b"}, before=before, limit=2)
+        if not page:
+            break
+        walked += ids(page)
+        before = (page[-1].created_at, page[-1].id)
+    read["app.search.walk"] = walked
+    with konduit.Client(db_url) as client:
+        read["client.search"] = ids(client.search(tags={"batch": "b"}))
+        read["client.list"] = ids(client.list(workflow="hist-child"))
+        some = read["app.search.tag"][2]
+        read["client.search.id_start"] = ids(client.search(id_prefix=some[:8]))
+        read["client.search.id_end"] = ids(client.search(id_prefix=some[-8:]))
+
+    async def by_async() -> list[str]:
+        async with konduit.AsyncClient(db_url) as client:
+            return ids(await client.search(tags={"batch": "b"}))
+    read["async.search"] = asyncio.run(by_async())
+
+    with api(None, db_url) as http:
+        walked, cursor = [], None
+        while True:
+            response = http.get("/api/v1/executions", params={
+                "tag": "batch=b", "limit": 2, **({"cursor": cursor} if cursor else {})})
+            assert response.status_code == 200, response.text
+            body = response.json()
+            walked += [item["id"] for item in body["items"]]
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+        read["http.walk"] = walked
+        page = http.get("/", params={"tag": "batch=b"})
+        assert page.status_code == 200, page.text[:300]
+        read["http.page"] = [i for i in read["app.search.tag"] if i in page.text]
+    proc = run("list", "--tag", "batch=b", "--json", "--database-url", db_url, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    read["cli.list"] = [e["id"] for e in json.loads(proc.stdout)]
+    return read
+
+
+def test_a_moved_execution_is_found_by_every_search_and_list(make_app, db_url, tmp_path):
+    """Search and list read the history beside the hot table (migration 0044): what every face
+    finds is the same before and after half of it moved, in the same order, each once; a
+    keyset walk crosses between the two. A bulk action acts on the hot table only."""
+    app = make_app(*workflows())
+    with running_worker(app, poll_interval=0.05):
+        handles = [app.start("hist-child", {"n": n}, idempotency_key=f"k{n}",
+                             tags={"batch": "b"}) for n in range(6)]
+        for h in handles:
+            h.wait(timeout=60)
+    eids = [h.id for h in handles]
+    aged = eids[0::2]
+    with psycopg.connect(db_url) as conn:
+        # All created two days ago (their order kept); every other one also finished then, so
+        # a move of what finished a day ago takes those and the newest-first order interleaves.
+        conn.execute("UPDATE konduit_executions SET"
+                     " created_at = created_at - interval '2 days',"
+                     " finished_at = finished_at - CASE WHEN id = ANY(%s)"
+                     " THEN interval '2 days' ELSE interval '0' END WHERE id = ANY(%s)",
+                     (aged, eids))
+    before = found_everywhere(app, db_url, tmp_path)
+    newest_first = [str(e) for e in reversed(eids)]
+    assert before["app.search.tag"] == newest_first
+    assert before["app.search.walk"] == newest_first and before["http.walk"] == newest_first
+    assert before["app.search.key"] == [str(eids[2])]
+    assert before["app.search.until"] == newest_first  # all created two days ago
+
+    async def move_aged() -> int:
+        client = await app.client_async()
+        return await history.move_finished(client.db, 86400.0)
+    assert app._run(move_aged()) == 3
+    with psycopg.connect(db_url) as conn:
+        moved = {r[0] for r in conn.execute("SELECT id FROM konduit_history_executions")}
+    assert moved == set(aged)
+
+    after = found_everywhere(app, db_url, tmp_path)
+    differ = sorted(k for k in before if before[k] != after[k])
+    assert differ == [], {k: (before[k], after[k]) for k in differ}
+
+    # A bulk action writes: it finds the hot executions only (a moved one takes no write).
+    result = app.bulk("cancel", konduit.ExecutionFilter(tags={"batch": "b"}), dry_run=True)
+    assert result.matched == 3
+
+
+def test_a_search_of_the_history_reads_its_indexes(make_app, db_url):
+    """Each part of a search (and the list's page) reads the history's partitions through the
+    index migration 0044 made for it, as the hot table's (tests/test_search_plans.py); the
+    control drops one and sees its partitions scanned."""
+    from datetime import UTC, datetime, timedelta
+
+    from konduit.core.search import ExecutionFilter
+    from konduit.db.queries import q
+    from tests.test_history import nodes
+
+    wf = konduit.Workflow("hist-search", version=1)
+    wf.step(name="only")(lambda ctx: 1)
+    app = make_app(wf)
+    with running_worker(app, poll_interval=0.05):
+        handles = [app.start("hist-search", {"n": n}, tags={"t": str(n)},
+                             idempotency_key=f"s{n}") for n in range(3)]
+        for h in handles:
+            h.wait(timeout=60)
+    assert move(app) == 3
+    some = str(handles[1].id)
+    filters = {
+        "tag": ExecutionFilter(tags={"t": "1"}),
+        "key": ExecutionFilter(idempotency_key="s1"),
+        "id_start": ExecutionFilter(id_prefix=some[:18]),
+        "id_end": ExecutionFilter(id_prefix=some[-12:]),
+        "input": ExecutionFilter(input={"n": 1}),
+        "since": ExecutionFilter(since=datetime.now(UTC) - timedelta(hours=1)),
+        "workflow": ExecutionFilter(workflow="hist-search"),
+        "none": ExecutionFilter(),
+    }
+
+    def history_scans(conn: psycopg.Connection[Any], where: ExecutionFilter) -> list[str]:
+        row = conn.execute(f"EXPLAIN (FORMAT JSON) {q('execution_search_with_history')}"
+                           .encode(), {**where.params(), "before_at": None, "before_id": None,
+                                       "limit": 50}).fetchone()
+        assert row is not None
+        read = [n for n in nodes(row[0][0]["Plan"]) if n.get("Relation Name") in partitions]
+        assert read, "the search does not read the history"
+        return [n["Relation Name"] for n in read if n["Node Type"] == "Seq Scan"]
+
+    def indexes(conn: psycopg.Connection[Any], where: ExecutionFilter) -> set[str]:
+        row = conn.execute(f"EXPLAIN (FORMAT JSON) {q('execution_search_with_history')}"
+                           .encode(), {**where.params(), "before_at": None, "before_id": None,
+                                       "limit": 50}).fetchone()
+        assert row is not None
+        return {n["Index Name"] for n in nodes(row[0][0]["Plan"]) if "Index Name" in n}
+
+    with psycopg.connect(db_url) as conn:
+        partitions = {r[0] for r in conn.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid")}
+        conn.execute("SET enable_seqscan = off")
+        scanned = {kind: s for kind, where in filters.items() if (s := history_scans(conn, where))}
+        assert scanned == {}
+        # Each part by its own index (the partitions' copies are named after their columns).
+        expected = {"tag": "_tags_idx", "key": "_idempotency_key_idx", "id_start": "_id_idx",
+                    "id_end": "_reverse_idx", "input": "_input_idx",
+                    "since": "_created_at_id_idx", "workflow": "_workflow_name_created_at_idx"}
+        used = {kind: indexes(conn, filters[kind]) for kind in expected}
+        missed = {kind: used[kind] for kind, suffix in expected.items()
+                  if not any(i.startswith("konduit_history") and i.endswith(suffix)
+                             for i in used[kind])}
+        assert missed == {}
+        row = conn.execute(f"EXPLAIN (FORMAT JSON) {q('execution_list_older_than_cursor')}"
+                           .encode(), {"status": "succeeded", "workflow_name": None,
+                                       "before_at": None, "before_id": None,
+                                       "limit": 50}).fetchone()
+        assert row is not None
+        assert not [n for n in nodes(row[0][0]["Plan"])
+                    if n.get("Relation Name") in partitions and n["Node Type"] == "Seq Scan"]
+        with conn.transaction(force_rollback=True):
+            used = {i for i in indexes(conn, filters["tag"]) if i.startswith("konduit_history")}
+            assert any("tags" in i for i in used), used
+            conn.execute("DROP INDEX konduit_history_executions_tags")
+            used = {i for i in indexes(conn, filters["tag"]) if i.startswith("konduit_history")}
+            assert not any("tags" in i for i in used), used

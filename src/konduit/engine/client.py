@@ -81,8 +81,8 @@ def coerce_execution_id(execution_id: UUID | str) -> UUID:
 
 
 def execution_result(row: Row, outcomes: dict[str, str]) -> ExecutionResult:
-    """The result of an execution from its row (``execution_get``, ``execution_list``) and the
-    outcome of each step."""
+    """The result of an execution from its row (``execution_get``,
+    ``execution_list_older_than_cursor``) and the outcome of each step."""
     return ExecutionResult(
         id=UUID(str(row["id"])),
         workflow=row["workflow_name"],

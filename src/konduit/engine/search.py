@@ -1,4 +1,5 @@
-"""Find any execution: one statement (``execution_search``) for every face's search."""
+"""Find any execution, of the hot tables or the history: one statement
+(``execution_search_with_history``) for every face's search."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ async def search_executions(db: Database, where: ExecutionFilter, *,
     p = where.params()
     check_searchable(db, p)
     rows = await db.all(
-        "execution_search", id_low=p["id_low"], id_high=p["id_high"], id_tail=p["id_tail"],
+        "execution_search_with_history", id_low=p["id_low"], id_high=p["id_high"],
+        id_tail=p["id_tail"],
         idempotency_key=p["idempotency_key"], tags=p["tags"], input=p["input"],
         status=p["status"], workflow_name=p["workflow_name"],
         workflow_version=p["workflow_version"], since=p["since"], until=p["until"],

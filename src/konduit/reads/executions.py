@@ -123,8 +123,9 @@ class ExecutionReads(ReadBase):
         ``idempotency_key``, ``input``, ``since``, ``until``, ``id_prefix``, ``version``: see
         :class:`~konduit.core.search.ExecutionFilter`) the ones :meth:`search` finds."""
         if not search:
-            rows = await self.reads.all("execution_list", status=status, workflow_name=workflow,
-                                     limit=limit)
+            rows = await self.reads.all("execution_list_older_than_cursor", status=status,
+                                        workflow_name=workflow, before_at=None, before_id=None,
+                                        limit=limit)
             return [execution_result(r, {}) for r in rows]
         try:
             where = ExecutionFilter(status=status, workflow=workflow, **search)

@@ -1,14 +1,33 @@
+-- fragment: execution_in_list_page
+-- An execution (of the hot table or of the history: the same columns) of the list's page:
+-- optionally of one status and one workflow, older than the cursor (created_at, id) of the
+-- previous page's last row.
+(%(status)s::text IS NULL OR status = %(status)s)
+AND (%(workflow_name)s::text IS NULL OR workflow_name = %(workflow_name)s)
+AND (%(before_at)s::timestamptz IS NULL
+     OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+
 -- name: execution_list_older_than_cursor
--- A page of executions, newest first, optionally of one status and one workflow, older than the
--- cursor (created_at, id) of the previous page's last row: keyset paging, stable while new
--- executions arrive.
-SELECT id, workflow_name, workflow_version, status, error, idempotency_key, created_at,
-       finished_at
-FROM konduit_executions
-WHERE (%(status)s::text IS NULL OR status = %(status)s)
-  AND (%(workflow_name)s::text IS NULL OR workflow_name = %(workflow_name)s)
-  AND (%(before_at)s::timestamptz IS NULL
-       OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+-- A page of executions, newest first (execution_in_list_page): keyset paging, stable while new
+-- executions arrive. The hot table and the history (migration 0041) alike, in one statement
+-- (one snapshot: an execution a move takes meanwhile is listed once); each side a page of its
+-- own, merged.
+SELECT *
+FROM ((
+    SELECT id, workflow_name, workflow_version, status, error, idempotency_key, created_at,
+           finished_at
+    FROM konduit_executions
+    WHERE {{execution_in_list_page}}
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(limit)s
+) UNION ALL (
+    SELECT id, workflow_name, workflow_version, status, error, idempotency_key, created_at,
+           finished_at
+    FROM konduit_history_executions
+    WHERE {{execution_in_list_page}}
+    ORDER BY created_at DESC, id DESC
+    LIMIT %(limit)s
+)) AS found
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 

@@ -35,16 +35,6 @@ SELECT id, status, finished_at, history_moved_at AS moved_at
 FROM konduit_history_executions
 WHERE id = %(id)s;
 
--- name: execution_list
--- Recent executions, newest first, optionally of one status and one workflow.
-SELECT id, workflow_name, workflow_version, status, error, idempotency_key, created_at,
-       finished_at
-FROM konduit_executions
-WHERE (%(status)s::text IS NULL OR status = %(status)s)
-  AND (%(workflow_name)s::text IS NULL OR workflow_name = %(workflow_name)s)
-ORDER BY created_at DESC
-LIMIT %(limit)s;
-
 -- name: execution_finish_if_running
 -- End a running execution with its status, output and error. `webhooks`: some webhook is
 -- registered, so the caller writes the deliveries in this transaction (webhooks.sql: the outbox).
