@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.storage]
 ROWS = 5_000
 
 
-def plan_of(conn: psycopg.Connection[Any], where: ExecutionFilter) -> dict[str, Any]:
-    row = conn.execute(f"EXPLAIN (FORMAT JSON) {q('execution_search')}".encode(),
+def plan_of(conn: psycopg.Connection[Any], where: ExecutionFilter,
+            statement: str = "execution_search") -> dict[str, Any]:
+    row = conn.execute(f"EXPLAIN (FORMAT JSON) {q(statement)}".encode(),
                        {**where.params(), "before_at": None, "before_id": None,
                         "limit": 50}).fetchone()
     assert row is not None
@@ -50,7 +51,10 @@ def history(db_url: str) -> list[str]:
             "SELECT id FROM konduit_executions ORDER BY id LIMIT 3")]
 
 
-def test_each_search_reads_its_index_not_the_table(db_url: str, history: list[str]) -> None:
+@pytest.mark.parametrize("statement", ["execution_search", "execution_search_with_history"])
+def test_each_search_reads_its_index_not_the_table(db_url: str, history: list[str],
+                                                   statement: str) -> None:
+    """The bulk actions' search (the hot table) and every face's (the history beside it)."""
     some_id = history[1]
     expected = {
         "tag": (ExecutionFilter(tags={"customer": "c1234"}), "konduit_executions_tags"),
@@ -66,7 +70,7 @@ def test_each_search_reads_its_index_not_the_table(db_url: str, history: list[st
     }
     with psycopg.connect(db_url) as conn:
         for kind, (where, index) in expected.items():
-            plan = plan_of(conn, where)
+            plan = plan_of(conn, where, statement)
             read = scans(plan)
             assert not any(t == "Seq Scan" for t, _ in read), (kind, read)
             assert index in {name for _, name in read}, (kind, read)
