@@ -16,13 +16,20 @@ from konduit.bench.suite import Server
 pytestmark = [pytest.mark.storage]
 
 
-def test_the_bare_protocol_fires_every_join_exactly_once(db_url: str) -> None:
+@pytest.mark.parametrize("leased", [False, True], ids=["bare", "leased"])
+def test_the_bare_protocol_fires_every_join_exactly_once(db_url: str, leased: bool) -> None:
     """The baseline must be a correct fan-in, or its figures flatter nothing: 8 threads
     collide on 30 executions of 10 branches (10 of them the warm-up, outside the meter); every
-    execution gets one join, run once."""
+    execution gets one join, run once. The leased protocol leaves no lease behind."""
     meter = ServerMeter(db_url)
-    found = bare_protocol(db_url, executions=20, width=10, concurrency=8, meter=meter, warm=10)
+    found = bare_protocol(db_url, executions=20, width=10, concurrency=8, meter=meter, warm=10,
+                          leased=leased)
     assert found["wal_bytes"] > 0
+    if leased:
+        with psycopg.connect(db_url) as conn:
+            assert conn.execute("SELECT count(*) FILTER (WHERE lease_token IS NULL"
+                                " AND finished_at IS NOT NULL AND worker_id IS NOT NULL),"
+                                " count(*) FROM bare.tasks").fetchone() == (330, 330)
     with psycopg.connect(db_url) as conn:
         joins = conn.execute("SELECT execution_id, count(*), bool_and(status = 'succeeded')"
                              " FROM bare.tasks WHERE step = 'join' GROUP BY 1").fetchall()
@@ -49,15 +56,20 @@ def test_db_cost_reports_wal_and_cpu_per_task_with_ratios_and_a_breakdown(
                      warm=2)
     assert report["parameters"]["warm_executions"] == 2
     ours, bare = report["results"]["konduit"], report["results"]["bare_protocol"]
-    for figures in (ours, bare):
+    leased = report["results"]["leased_protocol"]
+    for figures in (ours, bare, leased):
         assert figures["wal_bytes_per_branch_task"] > 0
         assert figures["branch_tasks_per_second"] > 0
     # The work alone is metered; the whole run (the worker's start and stop, the bench's own
     # reads) is said beside it, and costs more.
     [run] = report["results"]["konduit_runs"]
     assert run["whole_run"]["wal_bytes_per_branch_task"] > run["wal_bytes_per_branch_task"]
-    ratio = report["ratios"]["wal_per_task_over_bare"]
-    assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0
+    for name in ("wal_per_task_over_bare", "leased_wal_per_task_over_bare",
+                 "wal_per_task_over_leased"):
+        ratio = report["ratios"][name]
+        assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0, name
+    # A lease costs a commit and a row version more than the bare protocol, never less.
+    assert leased["wal_bytes_per_branch_task"] > bare["wal_bytes_per_branch_task"]
     breakdown = report["results"]["konduit_wal_breakdown"]
     assert breakdown is not None, "pg_walinspect is part of PostgreSQL 15+'s contrib"
     if "unavailable" in breakdown:

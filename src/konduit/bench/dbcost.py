@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -194,6 +195,23 @@ CREATE TABLE bare.tasks (
 CREATE INDEX bare_tasks_ready ON bare.tasks (id) WHERE status = 'ready';
 """
 
+LEASED_SCHEMA = """
+ALTER TABLE bare.tasks ADD COLUMN lease_token uuid, ADD COLUMN lease_expires_at timestamptz,
+    ADD COLUMN worker_id text, ADD COLUMN started_at timestamptz, ADD COLUMN finished_at timestamptz;
+CREATE INDEX bare_tasks_running ON bare.tasks (lease_expires_at) WHERE status = 'running';
+"""
+"""The leased protocol: the bare one with what a worker that may die needs and holds no
+transaction open through a handler: the claim commits a lease (token, expiry, worker) on its
+own, the rescue finds lapsed leases by an index, and the completion re-checks the lease."""
+
+LEASED_CLAIM = """
+UPDATE bare.tasks SET status = 'running', lease_token = %(token)s,
+       lease_expires_at = now() + interval '15 seconds', worker_id = %(worker)s, started_at = now()
+WHERE id = (SELECT id FROM bare.tasks WHERE status = 'ready'
+            ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1)
+RETURNING id, execution_id, step
+"""
+
 BARE_CLAIM = """
 UPDATE bare.tasks SET status = 'running'
 WHERE id = (SELECT id FROM bare.tasks WHERE status = 'ready'
@@ -203,12 +221,15 @@ RETURNING id, execution_id, step
 
 
 def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
-                  meter: ServerMeter, warm: int = 0) -> Json:
+                  meter: ServerMeter, warm: int = 0, leased: bool = False) -> Json:
     """``executions`` x ``width`` branches + a join through the bare protocol, on
-    ``concurrency`` threads with a connection each; one transaction per task. ``warm``
-    executions run first, outside the meter, on the same connections (as Konduit's warm-up)."""
+    ``concurrency`` threads with a connection each; one transaction per task (``leased``: the
+    leased protocol, :data:`LEASED_SCHEMA`, two). ``warm`` executions run first, outside the
+    meter, on the same connections (as Konduit's warm-up)."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(BARE_SCHEMA)
+        if leased:
+            conn.execute(LEASED_SCHEMA)
 
     def create(first: int, count: int) -> None:
         # Inside the meter: Konduit's run pays for starting its executions (their rows and
@@ -228,9 +249,16 @@ def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
     def run() -> None:
         try:
             with psycopg.connect(url) as c:
+                worker = f"bare-{threading.get_ident()}"
                 while not done.is_set():
+                    token = uuid.uuid4()
+                    claimed = None
+                    if leased:  # the lease commits before the handler would run
+                        with c.transaction():
+                            claimed = c.execute(LEASED_CLAIM, {"token": token,
+                                                               "worker": worker}).fetchone()
                     with c.transaction():
-                        row = c.execute(BARE_CLAIM).fetchone()
+                        row = claimed if leased else c.execute(BARE_CLAIM).fetchone()
                         if row is None:
                             idle = True
                         else:
@@ -238,8 +266,15 @@ def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
                             task, execution, step = row
                             c.execute("SELECT 1 FROM bare.executions WHERE id = %s FOR UPDATE",
                                       (execution,))
-                            c.execute("UPDATE bare.tasks SET status = 'succeeded', output = '1'"
-                                      " WHERE id = %s AND status = 'running'", (task,))
+                            if leased:
+                                c.execute("UPDATE bare.tasks SET status = 'succeeded',"
+                                          " output = '1', lease_token = NULL,"
+                                          " lease_expires_at = NULL, finished_at = now()"
+                                          " WHERE id = %s AND lease_token = %s", (task, token))
+                            else:
+                                c.execute("UPDATE bare.tasks SET status = 'succeeded',"
+                                          " output = '1' WHERE id = %s AND status = 'running'",
+                                          (task,))
                             if step == "branch":
                                 left = c.execute(
                                     "UPDATE bare.executions SET remaining = remaining - 1"
@@ -303,6 +338,7 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
     branches = executions * width
     konduit_runs: list[Json] = []
     bare_runs: list[Json] = []
+    leased_runs: list[Json] = []
     breakdown: Json | None = None
     for _ in range(repeats):
         with fresh() as url:
@@ -334,15 +370,17 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
                 breakdown = cost["breakdown"]
             finally:
                 meter.close()
-        with fresh() as url:
-            meter = ServerMeter(url)
-            try:
-                bare = bare_protocol(url, executions=executions, width=width,
-                                     concurrency=concurrency, meter=meter, warm=warm)
-                bare_runs.append({**per_task(bare, branches), "wal_bytes": bare["wal_bytes"],
-                                  "branch_tasks_per_second": _r(branches / bare["seconds"])})
-            finally:
-                meter.close()
+        for runs, leased in ((bare_runs, False), (leased_runs, True)):
+            with fresh() as url:
+                meter = ServerMeter(url)
+                try:
+                    bare = bare_protocol(url, executions=executions, width=width,
+                                         concurrency=concurrency, meter=meter, warm=warm,
+                                         leased=leased)
+                    runs.append({**per_task(bare, branches), "wal_bytes": bare["wal_bytes"],
+                                 "branch_tasks_per_second": _r(branches / bare["seconds"])})
+                finally:
+                    meter.close()
 
     def median(runs: list[Json], key: str) -> float | None:
         values = sorted(r[key] for r in runs if r[key] is not None)
@@ -352,12 +390,19 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
             "branch_tasks_per_second")
     ours = {k: median(konduit_runs, k) for k in keys}
     theirs = {k: median(bare_runs, k) for k in keys}
+    floor = {k: median(leased_runs, k) for k in keys}
     return {
         "parameters": {"executions": executions, "width": width, "processes": 1,
                        "concurrency": concurrency, "repeats": repeats,
                        "bare_protocol": "its executions and tasks created (in one transaction), "
                                         "then claim with SKIP LOCKED, complete and fan in under "
                                         "the execution's row lock, one transaction per task",
+                       "leased_protocol": "the bare protocol with a lease: the claim commits "
+                                          "a lease (token, expiry, worker) in a transaction "
+                                          "of its own, lapsed leases are found by an index, "
+                                          "the completion re-checks the lease: the least a "
+                                          "worker that holds no transaction through a "
+                                          "handler writes",
                        "wal": "server-wide WAL position before and after each run: run on a "
                               "quiet server",
                        "span": "Konduit: from the start of its executions to the last one "
@@ -369,13 +414,18 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
                                "same connections, outside the meter: a long-running worker's "
                                "statements are prepared (PostgreSQL plans a prepared statement "
                                "5 times per connection before it keeps a plan)"},
-        "results": {"konduit": ours, "bare_protocol": theirs,
+        "results": {"konduit": ours, "bare_protocol": theirs, "leased_protocol": floor,
                     "konduit_runs": konduit_runs, "bare_runs": bare_runs,
+                    "leased_runs": leased_runs,
                     "konduit_wal_breakdown": breakdown},
         "ratios": {
             "wal_per_task_over_bare": ratio(ours["wal_bytes_per_branch_task"],
                                             theirs["wal_bytes_per_branch_task"]),
             "server_cpu_per_task_over_bare": ratio(ours["server_cpu_ms_per_branch_task"],
                                                    theirs["server_cpu_ms_per_branch_task"]),
+            "leased_wal_per_task_over_bare": ratio(floor["wal_bytes_per_branch_task"],
+                                                   theirs["wal_bytes_per_branch_task"]),
+            "wal_per_task_over_leased": ratio(ours["wal_bytes_per_branch_task"],
+                                              floor["wal_bytes_per_branch_task"]),
         },
     }
