@@ -526,3 +526,87 @@ def test_a_search_of_the_history_reads_its_indexes(make_app, db_url):
             conn.execute("DROP INDEX konduit_history_executions_tags")
             used = {i for i in indexes(conn, filters["tag"]) if i.startswith("konduit_history")}
             assert not any("tags" in i for i in used), used
+
+
+def test_a_steps_durations_are_read_from_the_history_too(make_app, db_url):
+    """An adaptive deadline's quantile, the steps' spans (``konduit plan``, a window's reserve)
+    and the workflow's overheads read the history beside the hot tables (migration 0045): what
+    they give is the same before and after every run moved. A nightly pipeline's runs are
+    mostly in the history once history_after= is set; read from the hot tables alone, its
+    adaptive deadline would fall back to its default for want of samples."""
+    from datetime import UTC, datetime, timedelta
+
+    from konduit.engine.deadlines import (
+        MAX_SAMPLES,
+        MIN_SAMPLES,
+        OVERHEAD_EXECUTIONS,
+        RESERVE_HISTORY,
+    )
+    from tests.test_history import nodes
+
+    wf = konduit.Workflow("hist-durations", version=1)
+
+    @wf.step(deadline=konduit.Deadline.adaptive())
+    def fetch(ctx: konduit.Context) -> int:
+        return 1
+
+    @wf.step(after=[fetch])
+    def store(ctx: konduit.Context) -> int:
+        return 2
+
+    app = make_app(wf)
+    runs = MIN_SAMPLES + 2
+    with running_worker(app, poll_interval=0.05):
+        handles = [app.start(wf.name, {"n": n}) for n in range(runs)]
+        for h in handles:
+            h.wait(timeout=60)
+    reads = {
+        "step_duration_quantile": {"workflow_name": wf.name, "step": "fetch", "quantile": 0.99,
+                                   "window_seconds": 7 * 86400.0, "max_samples": MAX_SAMPLES},
+        "step_span_quantiles_by_workflow": {"workflow_name": wf.name,
+                                            "history_seconds": RESERVE_HISTORY},
+        "workflow_overhead_quantiles": {"workflow_name": wf.name,
+                                        "history_seconds": RESERVE_HISTORY,
+                                        "max_executions": OVERHEAD_EXECUTIONS},
+    }
+
+    def read_all() -> dict[str, Any]:
+        from konduit.db.queries import q
+        with psycopg.connect(db_url) as conn:
+            return {name: conn.execute(q(name).encode(), params).fetchall()  # type: ignore
+                    for name, params in reads.items()}
+
+    before = read_all()
+    assert before["step_duration_quantile"][0][1] == runs  # every run a sample
+    assert {r[0]: r[4] for r in before["step_span_quantiles_by_workflow"]} \
+        == {"fetch": runs, "store": runs}
+    assert move(app) == runs
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM konduit_tasks").fetchone() == (0,)
+    after = read_all()
+    assert after == before
+
+    # The quantile reads the history's partitions by their index of a step's successes, and
+    # the window prunes the days that ended before it (none here: one day, today's).
+    from konduit.db.queries import q
+    with psycopg.connect(db_url) as conn:
+        conn.execute("SET enable_seqscan = off")
+        row = conn.execute(f"EXPLAIN (FORMAT JSON) {q('step_duration_quantile')}".encode(),
+                           reads["step_duration_quantile"]).fetchone()  # type: ignore[arg-type]
+        assert row is not None
+        used = {n.get("Index Name", "") for n in nodes(row[0][0]["Plan"])}
+        assert any(i.startswith("konduit_history_tasks_p") and "split_part" in i for i in used), used
+        # A day that ended before the window began is not read: a partition 30 days old is
+        # pruned from a read over 7 days, and read over 60.
+        old = (datetime.now(UTC) - timedelta(days=30)).date()
+        conn.execute("SELECT konduit_history_partition(%s)", (old,))
+        partition = f"konduit_history_tasks_p{old:%Y%m%d}"
+
+        def reads_partition(days: float) -> bool:
+            params = {**reads["step_duration_quantile"], "window_seconds": days * 86400.0}
+            row = conn.execute(f"EXPLAIN (FORMAT JSON) {q('step_duration_quantile')}".encode(),
+                               params).fetchone()  # type: ignore[arg-type]
+            assert row is not None
+            return partition in {n.get("Relation Name") for n in nodes(row[0][0]["Plan"])}
+        assert not reads_partition(7)
+        assert reads_partition(60)

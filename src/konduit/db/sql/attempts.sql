@@ -54,27 +54,58 @@ ORDER BY a.started_at, a.id;
 
 -- name: step_duration_quantile
 -- A quantile of one step's successful attempt durations over a recent window (adaptive
--- deadlines), over its max_samples most recent successful tasks: an index range scan
--- (konduit_tasks_succeeded_by_step) of bounded size however long the history.
+-- deadlines), over its max_samples most recent successful tasks, of the hot tables and of the
+-- history (an execution moved with history_after= still counts: a nightly pipeline's history
+-- is mostly there). Each side is an index range scan (konduit_tasks_succeeded_by_step, and its
+-- copy in the history, migration 0045) of bounded size however long the history; a day of the
+-- history that ended before the window cannot hold a task that finished in it (an execution
+-- finishes after its tasks), so its partitions are pruned, and an attempt is looked up in its
+-- task's own day.
 WITH recent AS (
-    SELECT t.id
-    FROM konduit_tasks t
-    WHERE split_part(t.workflow, '@', 1) = %(workflow_name)s
-      AND t.step = %(step)s
-      AND t.status = 'succeeded'
-      -- konduit_now(), not konduit_clock_timestamp(): a stable bound is an index condition, so the scan stops
-      -- at the window's start instead of filtering the step's older successes one by one.
-      AND t.finished_at > konduit_now() - make_interval(secs => %(window_seconds)s)
-    ORDER BY t.finished_at DESC
+    SELECT *
+    FROM ((
+        SELECT t.id, t.finished_at, NULL::timestamptz AS history_finished_at
+        FROM konduit_tasks t
+        WHERE split_part(t.workflow, '@', 1) = %(workflow_name)s
+          AND t.step = %(step)s
+          AND t.status = 'succeeded'
+          -- konduit_now(), not konduit_clock_timestamp(): a stable bound is an index condition,
+          -- so the scan stops at the window's start instead of filtering the step's older
+          -- successes one by one.
+          AND t.finished_at > konduit_now() - make_interval(secs => %(window_seconds)s)
+        ORDER BY t.finished_at DESC
+        LIMIT %(max_samples)s
+    ) UNION ALL (
+        SELECT t.id, t.finished_at, t.history_finished_at
+        FROM konduit_history_tasks t
+        WHERE split_part(t.workflow, '@', 1) = %(workflow_name)s
+          AND t.step = %(step)s
+          AND t.status = 'succeeded'
+          AND t.finished_at > konduit_now() - make_interval(secs => %(window_seconds)s)
+          AND t.history_finished_at > konduit_now() - make_interval(secs => %(window_seconds)s)
+        ORDER BY t.finished_at DESC
+        LIMIT %(max_samples)s
+    )) AS both_sides
+    ORDER BY finished_at DESC
     LIMIT %(max_samples)s
+), durations AS (
+    SELECT a.started_at, a.finished_at
+    FROM recent r
+    JOIN konduit_attempts a ON a.task_id = r.id
+    WHERE r.history_finished_at IS NULL
+      AND a.outcome = 'succeeded'
+    UNION ALL
+    SELECT a.started_at, a.finished_at
+    FROM recent r
+    JOIN konduit_history_attempts a
+      ON a.task_id = r.id AND a.history_finished_at = r.history_finished_at
+    WHERE a.outcome = 'succeeded'
 )
 SELECT percentile_cont(%(quantile)s) WITHIN GROUP (
-           ORDER BY extract(epoch FROM a.finished_at - a.started_at)) AS seconds,
+           ORDER BY extract(epoch FROM d.finished_at - d.started_at)) AS seconds,
        count(*) AS samples
-FROM recent r
-JOIN konduit_attempts a ON a.task_id = r.id
-WHERE a.outcome = 'succeeded'
-  AND a.finished_at > konduit_clock_timestamp() - make_interval(secs => %(window_seconds)s);
+FROM durations d
+WHERE d.finished_at > konduit_clock_timestamp() - make_interval(secs => %(window_seconds)s);
 
 -- name: attempt_log_insert_many_if_closed
 -- Keep what handlers logged during attempts whose end this transaction recorded; an attempt
