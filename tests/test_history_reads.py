@@ -529,9 +529,10 @@ def test_a_search_of_the_history_reads_its_indexes(make_app, db_url):
 
 
 def test_a_steps_durations_are_read_from_the_history_too(make_app, db_url):
-    """An adaptive deadline's quantile, the steps' spans (``konduit plan``, a window's reserve)
-    and the workflow's overheads read the history beside the hot tables (migration 0045): what
-    they give is the same before and after every run moved. A nightly pipeline's runs are
+    """An adaptive deadline's quantile, the steps' spans (``konduit plan``, a window's reserve),
+    the workflow's overheads and ``konduit stats`` (attempts, joins, fan-in waits) read the
+    history beside the hot tables (migration 0045): what they give is the same before and after
+    every run moved. A nightly pipeline's runs are
     mostly in the history once history_after= is set; read from the hot tables alone, its
     adaptive deadline would fall back to its default for want of samples."""
     from datetime import UTC, datetime, timedelta
@@ -550,7 +551,11 @@ def test_a_steps_durations_are_read_from_the_history_too(make_app, db_url):
     def fetch(ctx: konduit.Context) -> int:
         return 1
 
-    @wf.step(after=[fetch])
+    @wf.step()
+    def side(ctx: konduit.Context) -> int:
+        return 3
+
+    @wf.step(after=[fetch, side])
     def store(ctx: konduit.Context) -> int:
         return 2
 
@@ -568,18 +573,34 @@ def test_a_steps_durations_are_read_from_the_history_too(make_app, db_url):
         "workflow_overhead_quantiles": {"workflow_name": wf.name,
                                         "history_seconds": RESERVE_HISTORY,
                                         "max_executions": OVERHEAD_EXECUTIONS},
+        # konduit stats and the fan-in alerts: the latency of every branch and every join.
+        "step_attempt_stats_by_workflow": {"workflow_name": None, "history_seconds": 86400.0},
+        "step_join_stats_by_workflow": {"workflow_name": wf.name, "history_seconds": 86400.0},
+        "step_join_waits_recent": {"workflow_name": None, "history_seconds": 86400.0,
+                                   "threshold_seconds": 60.0, "per_join": 100},
     }
 
     def read_all() -> dict[str, Any]:
+        from psycopg.rows import dict_row
+
         from konduit.db.queries import q
-        with psycopg.connect(db_url) as conn:
-            return {name: conn.execute(q(name).encode(), params).fetchall()  # type: ignore
+        with psycopg.connect(db_url, row_factory=dict_row) as conn:
+            # How long ago the last success was moves on between two reads: left out.
+            return {name: [{k: v for k, v in row.items() if k != "since_last_success"}
+                           for row in conn.execute(q(name).encode(), params)]  # type: ignore
                     for name, params in reads.items()}
 
     before = read_all()
-    assert before["step_duration_quantile"][0][1] == runs  # every run a sample
-    assert {r[0]: r[4] for r in before["step_span_quantiles_by_workflow"]} \
-        == {"fetch": runs, "store": runs}
+    assert before["step_duration_quantile"][0]["samples"] == runs  # every run a sample
+    assert {r["step"]: r["samples"] for r in before["step_span_quantiles_by_workflow"]} \
+        == {"fetch": runs, "side": runs, "store": runs}
+    assert {r["step"]: r["attempts"] for r in before["step_attempt_stats_by_workflow"]} \
+        == {"fetch": runs, "side": runs, "store": runs}
+    assert [(r["step"], r["samples"]) for r in before["step_join_stats_by_workflow"]] \
+        == [("store", runs)]
+    assert len(before["step_join_waits_recent"]) == runs
+    assert all(set(r["ends"]) == {"fetch", "side", "store"}
+               for r in before["step_join_waits_recent"])
     assert move(app) == runs
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT count(*) FROM konduit_tasks").fetchone() == (0,)
