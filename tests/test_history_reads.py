@@ -298,7 +298,8 @@ BY_EXECUTION = ["execution_get_with_history", "step_get_all_with_history",
                 "execution_get_fork_origin", "execution_list_forks",
                 "task_list_open_or_waited_by_execution", "execution_get_auto_repair",
                 "task_policy_list_by_execution", "execution_list_ids_by_prefix_or_tail",
-                "attempt_list_failed_by_execution", "task_list_budgets_by_execution"]
+                "attempt_list_failed_by_execution", "task_list_budgets_by_execution",
+                "event_list_answers_by_execution"]
 
 
 def test_the_reads_of_a_moved_execution_use_the_history_indexes(make_app, db_url):
@@ -631,3 +632,34 @@ def test_a_steps_durations_are_read_from_the_history_too(make_app, db_url):
             return partition in {n.get("Relation Name") for n in nodes(row[0][0]["Plan"])}
         assert not reads_partition(7)
         assert reads_partition(60)
+
+
+def test_the_answers_of_a_moved_execution_stay_readable(make_app, db_url):
+    """Who answered a person's step, what and when is the execution's audit record: it reads the
+    same through the App and the clients after the execution moved into the history (its
+    events stay where they are, kept by the same retention)."""
+    from tests.support.waiting import until
+    from tests.test_people_waits import FAST, approval_workflow, waiting_in_inbox
+
+    app = make_app(approval_workflow(name="hist-answers"))
+    with running_worker(app, **FAST):
+        handle = app.start("hist-answers", input={"claim": 7})
+        until(lambda: waiting_in_inbox(app, handle.id), what="the inbox row")
+        app.answer(handle.id, "approve", {"decision": "approve", "amount": 40},
+                   answered_by="ada")
+        handle.wait(timeout=30)
+
+    def answers() -> dict[str, Any]:
+        with konduit.Client(db_url) as client:
+            read = {"app": app.answers(handle.id), "client": client.answers(handle.id)}
+
+        async def by_async() -> Any:
+            async with konduit.AsyncClient(db_url) as client:
+                return await client.answers(handle.id)
+        return {**read, "async": asyncio.run(by_async())}
+
+    before = answers()
+    assert [(a.step, a.answered_by) for a in before["app"]] == [("approve", "ada")]
+    assert before["client"] == before["app"] == before["async"]
+    assert move(app) == 1
+    assert answers() == before

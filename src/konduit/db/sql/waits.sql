@@ -275,11 +275,12 @@ LIMIT %(limit)s;
 
 -- name: event_list_answers_by_execution
 -- The answers given to an execution's wait_for_input steps: who answered each and when (the
--- moment its event was taken), oldest first.
+-- moment its event was taken), oldest first; of an execution moved into the history too (its
+-- events stay where they are, kept as long as the execution by the same retention).
 -- The event's payload whole ({value, answered_by}): under a payload codec it is one sealed
 -- envelope, opened where it is read (Answer.from_event_row), not picked apart here.
 SELECT t.execution_id, t.step, t.generation, ev.payload, ev.consumed_at AS answered_at
-FROM konduit_tasks t
+FROM konduit_tasks_all t
 JOIN konduit_events ev ON ev.consumed_by = t.id
 WHERE t.execution_id = %(execution_id)s
   AND starts_with(ev.name, 'konduit-input:')
