@@ -318,3 +318,43 @@ def test_a_moved_key_is_kept_in_one_table_until_its_day_is_dropped(
     assert app.prune("1d") == 1
     assert [r[0] for r in rows(db_url, "SELECT idempotency_key FROM konduit_history_keys")] \
         == ["new"]
+
+
+def test_a_child_its_parent_still_waits_for_is_not_moved(
+        make_app: Callable[..., konduit.App], db_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's wake after its child ended can be missed (the worker died right after, or
+    the child ran on workers without the parent's workflow): the workers' waits pass is the
+    backstop, and it finds the child in the hot tables. A move must leave such a child there
+    (migration 0046), or the parent waits for ever; once the parent woke, the child moves."""
+    from konduit.engine import waits
+
+    child = konduit.Workflow("awaited-child", version=1)
+    child.step(name="only")(lambda ctx: {"child_of": ctx.input})
+    parent = konduit.Workflow("awaited-parent", version=1)
+    parent.subworkflow(name="call", workflow="awaited-child", input=lambda ctx: 7)
+    app = make_app(child, parent)
+
+    async def missed(*args: object, **kwargs: object) -> None:
+        return None  # the prompt wake never happens
+
+    monkeypatch.setattr(waits, "wake_parent", missed)
+    with running_worker(app, poll_interval=0.05, maintenance_interval=3600.0):
+        handle = app.start("awaited-parent", {})
+
+        def child_ended() -> bool:
+            kids = app._read(lambda m: m.children(handle.id))
+            return bool(kids) and app.status(kids[0].id).status == "succeeded"
+        wait_for(child_ended, timeout=60)
+    monkeypatch.undo()
+    [kid] = app._read(lambda m: m.children(handle.id))
+    assert app.status(handle.id).status == "running"
+    assert value(db_url, "SELECT status FROM konduit_tasks WHERE execution_id = %s",
+                 handle.id) == "waiting"
+
+    assert move(app) == 0  # the parent runs; its child is awaited
+    assert value(db_url, "SELECT count(*) FROM konduit_executions WHERE id = %s", kid.id) == 1
+
+    with running_worker(app, poll_interval=0.05, maintenance_interval=0.2):
+        assert handle.wait(timeout=60).output == {"child_of": 7}
+    assert move(app) == 2

@@ -1,7 +1,8 @@
 -- name: execution_move_to_history_if_still_finished
 -- Move the next batch of executions that finished before the cutoff (oldest first, after the
 -- last one moved) into the history (migration 0041), never a pending or running one, nor one
--- holding a dead letter (task_dead_letter: it stays where a repair finds it). The batch is
+-- holding a dead letter (task_dead_letter: it stays where a repair finds it), nor a child its
+-- parent still waits for (konduit_execution_awaited, migration 0046). The batch is
 -- locked SKIP LOCKED (a prune, a repair or another move holding a row is not waited for), and
 -- konduit_history_move re-checks, on the locked rows, that each is still finished and that no
 -- start holds its idempotency key.
@@ -14,6 +15,8 @@ WITH picked AS (
       AND NOT EXISTS (
             SELECT 1 FROM konduit_tasks t
             WHERE t.execution_id = e.id AND ({{task_dead_letter}}))
+      -- A child its parent still waits for stays where the parent's wake finds it.
+      AND NOT konduit_execution_awaited(e.id)
     ORDER BY e.finished_at, e.id
     LIMIT %(batch_size)s
     FOR UPDATE OF e SKIP LOCKED
