@@ -325,8 +325,9 @@ def test_a_child_its_parent_still_waits_for_is_not_moved(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The parent's wake after its child ended can be missed (the worker died right after, or
     the child ran on workers without the parent's workflow): the workers' waits pass is the
-    backstop, and it finds the child in the hot tables. A move must leave such a child there
-    (migration 0046), or the parent waits for ever; once the parent woke, the child moves."""
+    backstop, and it finds the child in the hot tables. A move (or a prune) must leave such a
+    child there (migration 0046), or the parent waits for ever; once the parent woke, the
+    child moves."""
     from konduit.engine import waits
 
     child = konduit.Workflow("awaited-child", version=1)
@@ -352,7 +353,9 @@ def test_a_child_its_parent_still_waits_for_is_not_moved(
     assert value(db_url, "SELECT status FROM konduit_tasks WHERE execution_id = %s",
                  handle.id) == "waiting"
 
+    age(db_url, [kid.id], days=2)
     assert move(app) == 0  # the parent runs; its child is awaited
+    assert app.prune("1d") == 0  # nor does a prune delete it
     assert value(db_url, "SELECT count(*) FROM konduit_executions WHERE id = %s", kid.id) == 1
 
     with running_worker(app, poll_interval=0.05, maintenance_interval=0.2):

@@ -15,8 +15,6 @@ WITH picked AS (
       AND NOT EXISTS (
             SELECT 1 FROM konduit_tasks t
             WHERE t.execution_id = e.id AND ({{task_dead_letter}}))
-      -- A child its parent still waits for stays where the parent's wake finds it.
-      AND NOT konduit_execution_awaited(e.id)
     ORDER BY e.finished_at, e.id
     LIMIT %(batch_size)s
     FOR UPDATE OF e SKIP LOCKED

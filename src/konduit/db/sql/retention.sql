@@ -1,9 +1,12 @@
 -- fragment: execution_finished_before_cutoff
 -- An execution `e` that finished (succeeded, failed, timed out or was cancelled) more than
 -- older_than_seconds ago: what a prune deletes and a move into the history takes (both keep
--- the dead letters out on their own terms).
+-- the dead letters out on their own terms). Never a child its parent still waits for
+-- (konduit_execution_awaited, migration 0046): the waits pass that wakes the parent, should
+-- its prompt wake be missed, reads the child's end from the hot tables.
 e.finished_at < konduit_now() - make_interval(secs => %(older_than_seconds)s)
   AND e.status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
+  AND NOT konduit_execution_awaited(e.id)
 
 -- name: execution_delete_finished_batch_if_still_finished
 -- Delete the next batch of executions that finished before the cutoff (oldest first, after the
