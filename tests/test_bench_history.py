@@ -141,3 +141,19 @@ def test_the_benchmarks_help_names_the_history_options() -> None:
     for option in ("--history-after", "--history-executions", "--prune-executions",
                    "history_load"):
         assert option in text, option
+
+
+def test_the_search_bench_finds_executions_in_the_history_too(db_url: str) -> None:
+    """``konduit bench --only search_history``: the older half of the filled executions moved
+    into the history; every kind of search still finds what it looks for (the bench checks it)
+    and reads each side through its index."""
+    from konduit.bench import search
+
+    report = search.search(db_url, executions=4_000, repeats=3, history_fraction=0.5)
+    found = report["results"]
+    assert 1_500 <= found["history_executions"] <= 2_500, found["history_executions"]
+    assert found["history_days"] >= 1
+    for kind in ("tag", "key", "input"):
+        indexes = found["server"][kind]["indexes"]
+        assert any(i.startswith("konduit_history_executions_p") for i in indexes), (kind, indexes)
+        assert any(i.startswith("konduit_executions_") for i in indexes), (kind, indexes)

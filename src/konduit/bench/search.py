@@ -7,7 +7,9 @@ tail), one every 100 ms, an input ``{"episode": i, "show": "show-<i % 100>"}``, 
 key on half of them, tags ``{"customer": "c<i % 10000>", "region": ...}`` (100 executions a
 customer). Then the search (``Client.search``, the statement every face runs) is timed for each
 kind of part: a tag, a key, the start of an id, the end of an id, an input field, and a tag with
-a status and a time range, each ``repeats`` times with a different value.
+a status and a time range, each ``repeats`` times with a different value. ``search_history``
+first moves the older half into the history (``App(history_after=)``'s tables): every search
+reads both sides.
 
 Not part of the API.
 """
@@ -114,7 +116,8 @@ def server_ms(url: str, filters: dict[str, list[ExecutionFilter]], count: int = 
             plans, runs, indexes = [], [], set()
             for where in wheres[:count]:
                 row = conn.execute(
-                    f"EXPLAIN (ANALYZE, FORMAT JSON) {q('execution_search')}".encode(),
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) {q('execution_search_with_history')}"
+                    .encode(),
                     {**where.params(), "before_at": None, "before_id": None, "limit": 50},
                 ).fetchone()
                 assert row is not None
@@ -134,14 +137,39 @@ def _indexes(plan: Json) -> set[str]:
     return found
 
 
-def search(url: str, *, executions: int = 1_000_000, repeats: int = 200) -> Json:
-    """Fill ``executions`` and time ``repeats`` searches of each kind (p50/p95 in ms)."""
+async def _move_older(url: str, executions: int, fraction: float) -> tuple[int, float]:
+    """Move the older ``fraction`` of the filled executions into the history (as
+    ``App(history_after=)`` would have): how many moved, in how many seconds."""
+    from konduit.engine.history import move_finished
+
+    began = time.perf_counter()
+    async with opened(url, 1, payloads=PLAIN) as db:
+        # One execution every 100 ms, the newest now: the older fraction finished before this.
+        moved = await move_finished(db, executions * 0.1 * (1 - fraction), batch_size=5_000)
+    return moved, time.perf_counter() - began
+
+
+def search(url: str, *, executions: int = 1_000_000, repeats: int = 200,
+           history_fraction: float = 0.0) -> Json:
+    """Fill ``executions`` and time ``repeats`` searches of each kind (p50/p95 in ms);
+    ``history_fraction``: first move the older part of them into the history, and find them
+    there (``search_history``)."""
     fill_seconds = fill(url, executions)
-    with psycopg.connect(url) as conn:
+    moved, move_seconds = (asyncio.run(_move_older(url, executions, history_fraction))
+                           if history_fraction else (0, 0.0))
+    with psycopg.connect(url, autocommit=True) as conn:
+        if moved:
+            conn.execute("VACUUM ANALYZE konduit_history_executions")
         ids = [str(r[0]) for r in conn.execute(
-            "SELECT id FROM konduit_executions TABLESAMPLE SYSTEM (1) LIMIT 2000")]
+            "(SELECT id FROM konduit_executions TABLESAMPLE SYSTEM (1) LIMIT 1000) UNION ALL"
+            " (SELECT id FROM konduit_history_executions TABLESAMPLE SYSTEM (1) LIMIT 1000)")]
+        if len(ids) < 100:  # a small fill: a page in a hundred may hold none of it
+            ids = [str(r[0]) for r in conn.execute(
+                "(SELECT id FROM konduit_executions ORDER BY random() LIMIT 1000) UNION ALL"
+                " (SELECT id FROM konduit_history_executions ORDER BY random() LIMIT 1000)")]
         size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('konduit_executions'))"
                             ).fetchone()
+        days = conn.execute("SELECT count(*) FROM konduit_history_days()").fetchone()
     _check(len(ids) > 0, "the filled table has no rows")
     filters = _filters(ids, executions, repeats, random.Random(18))
     seconds, found = asyncio.run(_measure(url, filters))
@@ -150,10 +178,14 @@ def search(url: str, *, executions: int = 1_000_000, repeats: int = 200) -> Json
     results: Json = {
         "executions": executions, "fill_seconds": _r(fill_seconds),
         "table_size": size[0] if size else None,
+        **({"history_executions": moved, "history_days": days[0] if days else None,
+            "move_seconds": _r(move_seconds)} if history_fraction else {}),
         "searches": {kind: {**dist_ms(s), "rows_found_max": max(found[kind])}
                      for kind, s in seconds.items()},
         "server": server_ms(url, filters),
     }
     worst = max(r["p95_ms"] for r in results["searches"].values())
-    return {"parameters": {"executions": executions, "repeats": repeats, "limit": 50},
+    return {"parameters": {"executions": executions, "repeats": repeats, "limit": 50,
+                           **({"history_fraction": history_fraction} if history_fraction
+                              else {})},
             "results": results, "ratios": {"worst_p95_ms": worst}}

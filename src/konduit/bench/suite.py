@@ -470,10 +470,10 @@ def collide(url: str, widths: list[int], trials: int, worker_trials: int) -> Jso
 BENCHMARKS = ("commit_probe", "throughput", "db_cost", "workers", "latency", "start", "wide",
               "collide", "backlog", "history", "fan_in_cost_by_width", "simultaneous_finish",
               "batching", "map_10k", "fair_share", "wide_map", "search", "shapes", "idle_fleet",
-              "prune_day", "map_1m", "fan_out_1m", "history_load", "soak")
+              "prune_day", "map_1m", "fan_out_1m", "history_load", "search_history", "soak")
 """Every benchmark, in the order they run (``history``, ``idle_fleet`` and ``prune_day`` only in
-a full run; ``map_1m``, ``fan_out_1m``, ``history_load`` and ``soak``, minutes each, only when
-named with ``--only``)."""
+a full run; ``map_1m``, ``fan_out_1m``, ``history_load``, ``search_history`` and ``soak``,
+minutes each, only when named with ``--only``)."""
 
 CODECS = ("none", "zlib", "encrypted", "aesgcm")
 """What ``konduit bench --codec`` takes: the values of ``KONDUIT_CODEC``."""
@@ -498,6 +498,8 @@ WITHOUT_CODEC = {
     "commit_probe": "no payloads: plain commits",
     "search": "its million executions are written plain by SQL, and a search by input is "
               "refused under a codec: it searches without one",
+    "search_history": "its million executions are written plain by SQL, and a search by "
+                      "input is refused under a codec: it searches without one",
     "history": "the finished history is written plain by SQL; what it then runs is sealed",
     "prune_day": "the day it prunes is written plain by SQL (a prune reads no payload)",
     "history_load": "the finished history is written plain by SQL; what it then runs is sealed",
@@ -518,7 +520,7 @@ def codec_name() -> str | None:
 FULL_ONLY = ("history", "idle_fleet", "prune_day")
 """Benchmarks left out of a quick run."""
 
-ON_REQUEST = ("map_1m", "fan_out_1m", "history_load", "soak")
+ON_REQUEST = ("map_1m", "fan_out_1m", "history_load", "search_history", "soak")
 """Benchmarks that run only when named (``--only soak``): 30 minutes is no part of a full run."""
 
 
@@ -602,6 +604,9 @@ def run_bench(database_url: str | None = None, *, quick: bool = False,
         ("history_load", lambda: history_load(
             server.fresh_database, server.copy_of, history=history_executions,
             executions=50, repeats=3 if quick else 5, progress=progress)),
+        ("search_history", in_fresh(lambda u: search.search(
+            u, executions=20_000 if quick else 1_000_000, repeats=10 if quick else 200,
+            history_fraction=0.5))),
         ("soak", in_fresh(lambda u: run_soak(u, soak, progress=progress))),
     ]
     began = time.perf_counter()

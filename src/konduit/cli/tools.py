@@ -85,7 +85,7 @@ def bench(
         "throughput, db_cost, workers, latency, start, wide, collide, backlog, history, "
         "fan_in_cost_by_width, simultaneous_finish, batching, map_10k, fair_share, wide_map, "
         "search, shapes, idle_fleet, prune_day; "
-        "map_1m, fan_out_1m, history_load and soak run only when named).",
+        "map_1m, fan_out_1m, history_load, search_history and soak run only when named).",
         show_default=False)] = None,
     duration: Annotated[float, typer.Option(
         "--duration", metavar="SECONDS", min=1,
