@@ -432,3 +432,65 @@ def test_the_journal_shows_the_size_of_a_result_not_of_its_envelope(
     with konduit.Client(db_url, codec=Compressed(), payload_store=store) as keyless:
         sizes = {e.name: e.result_bytes for e in keyless.journal(eid)}
     assert sizes["big"] == 5002 and sizes["small"] == min(len(t.encode()) for t in stored)
+
+
+class _WhereEncoded:
+    """zlib, noting the thread each encode ran on."""
+
+    name = "zlib"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.threads: list[int] = []
+        self._ident = threading.get_ident
+
+    def encode(self, data: bytes) -> bytes:
+        import zlib
+
+        self.threads.append(self._ident())
+        return zlib.compress(data)
+
+    def decode(self, data: bytes) -> bytes:
+        import zlib
+
+        return zlib.decompress(data)
+
+
+def test_a_big_batch_is_sealed_off_the_event_loop(db_url: str) -> None:
+    """start_many's inputs (and a statement's payloads) of more than OFF_LOOP_BYTES in all go
+    through the codec on a thread of their own, not on the event loop that beats the worker's
+    heartbeats; a small batch stays on the loop (a thread hop would cost more than it)."""
+    import asyncio
+    import threading
+
+    from konduit.db.sealing import OFF_LOOP_BYTES, PayloadIO
+
+    wf = konduit.Workflow("sealed-batch", version=1)
+    wf.step(name="only")(lambda ctx: None)
+    codec = _WhereEncoded()
+    with konduit.App([wf], database_url=db_url, codec=codec) as app:
+        app.migrate()
+        loop_thread = app._run(_current_thread())
+        app.start_many([{"workflow": "sealed-batch", "input": {"n": i}} for i in range(10)])
+        assert codec.threads and set(codec.threads) == {loop_thread}
+        codec.threads.clear()
+        pad = "x" * (OFF_LOOP_BYTES // 50)
+        app.start_many([{"workflow": "sealed-batch", "input": {"n": i, "pad": pad}}
+                        for i in range(100)])
+        assert codec.threads and loop_thread not in set(codec.threads)
+
+    io = PayloadIO(codec=codec)
+    from konduit.core.payloads import Payload
+    assert not io.heavy({"payload": Payload("{}")})
+    assert io.heavy({"payloads": [Payload("x" * OFF_LOOP_BYTES), Payload("{}")]})
+    assert not PayloadIO().heavy({"payloads": [Payload("x" * OFF_LOOP_BYTES)]})
+    codec.threads.clear()
+    asyncio.run(io.seal_many(["x" * (OFF_LOOP_BYTES + 1)], [None]))
+    assert codec.threads and codec.threads[0] != threading.get_ident()
+
+
+async def _current_thread() -> int:
+    import threading
+
+    return threading.get_ident()

@@ -292,10 +292,10 @@ class Tx:
         return statement(query)
 
     async def _sealed(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``params`` with their payloads sealed (a payload bound for the store is written
-        there off the event loop)."""
+        """``params`` with their payloads sealed (off the event loop when one goes to the store
+        or there is much for the codec: :meth:`PayloadIO.heavy`)."""
         io = self.io
-        if io.store is not None and io.heavy(params):
+        if io.heavy(params):
             return await asyncio.to_thread(io.sealed_params, params)
         return io.sealed_params(params)
 

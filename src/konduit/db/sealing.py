@@ -38,6 +38,12 @@ log = logging.getLogger("konduit.payloads")
 _MARK_BYTES = f'"{MARK}"'.encode()
 _MARK_TEXT = f'"{MARK}"'
 
+OFF_LOOP_BYTES = 64 * 1024
+"""A codec's work on more than this many bytes of payload at once (a start_many's inputs, a
+round's outputs) is done off the event loop, as a write to the payload store is: compressing
+and encrypting it holds the loop about a millisecond per 64 KiB on a 2-core machine, and the
+loop beats the worker's heartbeats and wakes its other slots meanwhile."""
+
 
 class PayloadIO:
     """A codec and a payload store, as the database boundary applies them. ``active`` is
@@ -119,21 +125,27 @@ class PayloadIO:
         def sealed() -> list[str]:
             return [self.seal(t, scope=_scope(s)) for t, s in zip(texts, scopes, strict=True)]
 
-        if self.store is not None and any(self.goes_to_store(t) for t in texts):
+        if (self.codec is not None and sum(map(len, texts)) > OFF_LOOP_BYTES) or (
+                self.store is not None and any(self.goes_to_store(t) for t in texts)):
             return await asyncio.to_thread(sealed)
         return sealed()
 
     def heavy(self, params: dict[str, Any]) -> bool:
-        """Whether sealing ``params`` writes to the store (then it is done off the loop)."""
-        if self.store is None:
-            return False
+        """Whether sealing ``params`` writes to the store, or puts more than
+        :data:`OFF_LOOP_BYTES` through the codec (then it is done off the loop)."""
+        size = 0
         for value in params.values():
-            if type(value) is Payload and self.goes_to_store(value):
-                return True
-            if type(value) is list and any(type(v) is Payload and self.goes_to_store(v)
-                                           for v in value):
-                return True
-        return False
+            if type(value) is Payload:
+                if self.goes_to_store(value):
+                    return True
+                size += len(value)
+            elif type(value) is list:
+                for v in value:
+                    if type(v) is Payload:
+                        if self.goes_to_store(v):
+                            return True
+                        size += len(v)
+        return self.codec is not None and size > OFF_LOOP_BYTES
 
     # -- out --------------------------------------------------------------------------------
 
