@@ -40,6 +40,16 @@ A fragment may include others (never itself, even through another), and every fr
 used (tests/test_queries_fitness.py).
 Guards (a WHERE condition several statements re-check) are not fragments but inlinable SQL
 functions (migration 0020_lease_guards.sql), so each statement still says what it checks.
+
+The history. A read of one execution's own rows reads the ``konduit_<table>_all`` views (the
+hot table and its history, migration 0041) and carries ``-- history: one execution`` among its
+description lines. The views' history side is partitioned by day, and a read through it plans
+and probes every day's partition (a year kept: seconds for an execution page). So such a
+statement, keyed by its ``execution_id`` (or ``id``) parameter, first asks whether the execution
+is in the hot tables (``execution_find_in_hot_tables``); if so it runs on the hot tables alone
+(``Query.hot_sql``, the views' names read as the tables') and asks again after: still there, it
+was there all along (a move takes an execution's rows out in one transaction, and none comes
+back), else it reads again through the views (:meth:`konduit.db.database.Tx.one`).
 """
 
 from __future__ import annotations
@@ -52,6 +62,8 @@ from importlib import resources
 
 _HEADER = re.compile(r"^-- (?P<kind>name|fragment): (?P<name>[a-z_]+)\s*$", re.MULTILINE)
 _PLAN = re.compile(r"^plan:\s*(?P<kind>custom|pinned)\b")
+_ONE_EXECUTION = re.compile(r"^history:\s*one execution\b")
+_VIEW = re.compile(r"\bkonduit_(\w+)_all\b")
 _INCLUDE = re.compile(r"\{\{(?P<name>[a-z_]+)\}\}")
 
 
@@ -67,6 +79,10 @@ class Query:
     pinned_plan: bool = False
     """Prepared, run after ``task_claim_plan_pinned`` in its transaction: see the module
     docstring."""
+    hot_sql: str | None = None
+    """A ``-- history: one execution`` statement's text on the hot tables alone (each
+    ``konduit_<table>_all`` view read as ``konduit_<table>``): what it runs for an execution
+    that is not in the history (see the module docstring)."""
 
 
 def _sections(text: str) -> Iterator[tuple[str, str, str]]:
@@ -125,7 +141,7 @@ def parse_queries(text: str, source: str = "<sql>",
             continue
         body = section.strip().splitlines()
         description_lines = []
-        custom_plan = pinned_plan = False
+        custom_plan = pinned_plan = one_execution = False
         while body and body[0].startswith("--"):
             line = body.pop(0).lstrip("-").strip()
             plan = _PLAN.match(line)
@@ -133,6 +149,8 @@ def parse_queries(text: str, source: str = "<sql>",
                 custom_plan = plan["kind"] == "custom"
                 pinned_plan = plan["kind"] == "pinned"
                 line = line.removeprefix("plan:").strip().removeprefix(plan["kind"]).strip(" ,:-")
+            if _ONE_EXECUTION.match(line):
+                one_execution = True
             if line:
                 description_lines.append(line)
         written = "\n".join(body).strip().rstrip(";")
@@ -141,8 +159,12 @@ def parse_queries(text: str, source: str = "<sql>",
             raise ValueError(f"{source}: query {name!r} needs a description line and a body")
         if name in found:
             raise ValueError(f"{source}: query {name!r} is defined twice")
+        if one_execution and not _VIEW.search(sql):
+            raise ValueError(f"{source}: query {name!r} says 'history: one execution' and reads"
+                             " no konduit_<table>_all view")
         found[name] = Query(name, " ".join(description_lines), sql, custom_plan,
-                            frozenset(_INCLUDE.findall(written)), pinned_plan)
+                            frozenset(_INCLUDE.findall(written)), pinned_plan,
+                            _VIEW.sub(r"konduit_\1", sql) if one_execution else None)
     return found
 
 
@@ -195,16 +217,25 @@ def custom_plans() -> frozenset[str]:
     return frozenset(n for n, query in all_queries().items() if query.custom_plan)
 
 
-_STATEMENTS: dict[str, tuple[str, bool | None]] = {}
+@cache
+def one_execution_queries() -> frozenset[str]:
+    """The names of the ``-- history: one execution`` statements."""
+    return frozenset(n for n, query in all_queries().items() if query.hot_sql is not None)
 
 
-def statement(name: str) -> tuple[str, bool | None]:
-    """The SQL text of the query called ``name`` and its :func:`prepare_flag`, looked up once:
-    every statement a worker runs asks for both."""
+_STATEMENTS: dict[tuple[str, bool], tuple[str, bool | None]] = {}
+
+
+def statement(name: str, hot: bool = False) -> tuple[str, bool | None]:
+    """The SQL text of the query called ``name`` (``hot``: its text on the hot tables alone,
+    when it has one) and its :func:`prepare_flag`, looked up once: every statement a worker
+    runs asks for both."""
     try:
-        return _STATEMENTS[name]
+        return _STATEMENTS[name, hot]
     except KeyError:
-        found = _STATEMENTS[name] = (q(name), prepare_flag(name))
+        query = all_queries().get(name)
+        text = query.hot_sql if hot and query is not None and query.hot_sql else q(name)
+        found = _STATEMENTS[name, hot] = (text, prepare_flag(name))
         return found
 
 

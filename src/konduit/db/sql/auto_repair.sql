@@ -49,6 +49,7 @@ RETURNING id;
 -- name: execution_get_auto_repair
 -- One execution's automatic repair: its state, its workflow's contract (from the stored spec)
 -- and the steps its current output went out degraded with.
+-- history: one execution (read where it is: konduit/db/queries.py).
 SELECT e.status, e.finished_at, e.auto_repair_at, e.auto_repair_error, w.spec,
        coalesce((SELECT o.degraded FROM konduit_execution_outputs_all o
                  WHERE o.execution_id = e.id AND o.version = e.output_version),

@@ -69,6 +69,7 @@ WHERE j.execution_id = %(execution_id)s AND j.step = %(step)s AND j.map_index = 
 -- envelope, whose size is not the result's: its text comes too, for the reader to measure
 -- (as text: a reference to a payload store is not followed).
 -- plan: custom, as many rows as the execution recorded calls (a map: every item's).
+-- history: one execution (read where it is: konduit/db/queries.py).
 SELECT j.step, j.map_index, j.seq, j.name, j.generation, j.attempt, j.duration_seconds,
        j.recorded_at, j.replays, j.last_replayed_attempt, j.last_replayed_at, j.content_hash,
        octet_length(r.result::text) AS result_bytes,

@@ -23,6 +23,7 @@ ON CONFLICT DO NOTHING;
 -- name: output_list_by_execution
 -- Every stored payload of one execution, with where it came from and whether it is current.
 -- plan: custom, as many rows as the execution has outputs (a map: every item).
+-- history: one execution (read where it is: konduit/db/queries.py).
 SELECT o.step, o.map_index, o.content_hash, o.payload, o.source, o.created_at,
        EXISTS (SELECT 1 FROM konduit_tasks_all t
                WHERE t.execution_id = o.execution_id AND t.step = o.step

@@ -25,6 +25,7 @@ WHERE execution_id = %(execution_id)s;
 -- name: step_get_all_with_history
 -- Every step of one execution, in the hot table or moved into the history (migration 0041),
 -- for the reads that show it, by name.
+-- history: one execution (read where it is: konduit/db/queries.py).
 SELECT step, status, up_total, up_pending, up_ok, up_failed, up_skipped, tasks_total,
        tasks_pending, tasks_ok, tasks_degraded, tasks_failed, first_upstream_at,
        last_upstream_at, straggler, fired_at, ended_at

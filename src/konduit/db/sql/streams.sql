@@ -73,6 +73,7 @@ LEFT JOIN konduit_streams s ON s.execution_id = %(execution_id)s::uuid AND s.nam
 -- name: stream_chunk_list_from
 -- A stream's records from an offset on, in offset order, at most `limit` of them (a primary-key
 -- range: what it reads is what it returns).
+-- history: one execution (read where it is: konduit/db/queries.py).
 SELECT c.chunk_offset, c.kind, c.attempt, c.previous_attempt, c.payload,
        c.written_at
 FROM konduit_stream_chunks_all c
@@ -87,6 +88,7 @@ LIMIT %(limit)s;
 -- newest generation of the task that writes it (NULL when it has none). A stream ends when
 -- that task or its execution has ended: every write holds the task's lease, and an ended task
 -- holds none.
+-- history: one execution (read where it is: konduit/db/queries.py).
 SELECT e.status AS execution_status, s.name, s.step, s.map_index, s.next_offset, s.chunks,
        s.bytes, s.writer_attempt, s.restarts,
        (SELECT t.status FROM konduit_tasks_all t
@@ -99,6 +101,7 @@ WHERE e.id = %(execution_id)s;
 -- name: stream_list_of_execution
 -- Every stream of an execution, by name: its writer (step, map index, latest attempt), how many
 -- data chunks and bytes it keeps, its next offset and how many times an attempt restarted it.
+-- history: one execution (read where it is: konduit/db/queries.py).
 SELECT s.name, s.step, s.map_index, s.next_offset, s.chunks, s.bytes, s.writer_attempt,
        s.restarts, s.created_at, s.updated_at
 FROM konduit_streams_all s

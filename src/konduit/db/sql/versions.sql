@@ -42,6 +42,7 @@ ORDER BY w.name, w.version;
 -- per policy): what it stores (tries, budget, queue, priority) and the revision of its version's
 -- policy its creator applied (a task from before migration 0022: the revision in effect then).
 -- plan: custom: it reads every task of the execution, a map's too.
+-- history: one execution (read where it is: konduit/db/queries.py).
 SELECT t.step, t.generation, count(*) AS tasks, min(t.map_index) AS first_index,
        t.max_attempts, t.deadline_seconds, t.queue, t.priority,
        coalesce(t.policy_revision, r.revision) AS policy_revision,

@@ -4,6 +4,7 @@
 -- ago it was heard from, for the execution page's step details and wait bars. Bounded: a map
 -- step of many items is summarised elsewhere.
 -- plan: custom, as many rows as the execution has open tasks (a map: its open items).
+-- history: one execution (read where it is: konduit/db/queries.py).
 SELECT t.id, t.step, t.map_index, t.generation, t.status, t.attempt, t.max_attempts,
        t.worker_id, t.run_at, t.deadline_at, t.started_at, t.finished_at, t.wait_kind,
        t.wait_event, t.wait_key, t.wait_until, t.wait_child,
