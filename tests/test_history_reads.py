@@ -663,3 +663,55 @@ def test_the_answers_of_a_moved_execution_stay_readable(make_app, db_url):
     assert before["client"] == before["app"] == before["async"]
     assert move(app) == 1
     assert answers() == before
+
+
+def test_a_read_of_one_execution_plans_only_the_days_it_can_be_in(make_app, db_url):
+    """With a year of days kept in the history, a read of one execution does not plan (nor
+    probe) every day's partition: for an execution in the hot tables it reads them alone, for
+    one in the history (and its parent, children and forks) the days from the one before its
+    id was made (migration 0047). A read through the views, the control, plans them all."""
+    from datetime import UTC, datetime, timedelta
+
+    from konduit.db.queries import all_queries, one_execution_queries, q, statement
+    from tests.test_history import nodes
+
+    wf = konduit.Workflow("hist-days", version=1)
+    wf.step(name="only")(lambda ctx: 1)
+    app = make_app(wf)
+    with running_worker(app, poll_interval=0.05):
+        handle = app.start("hist-days", {})
+        handle.wait(timeout=60)
+    eid = handle.id
+    today = datetime.now(UTC).date()
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for back in range(60):
+            conn.execute("SELECT konduit_history_partition(%s)", (today - timedelta(days=back),))
+
+    values = {"id": eid, "execution_id": eid, "limit": 10, "sealed": False, "steps": ["only"],
+              "step": "only", "status": None, "from_index": 0, "name": "s", "from_offset": 0,
+              "per_step": 5}
+
+    def history_read(sql: str, params: dict[str, Any]) -> set[str]:
+        with psycopg.connect(db_url) as conn:
+            row = conn.execute(f"EXPLAIN (FORMAT JSON) {sql}".encode(), params).fetchone()
+        assert row is not None
+        return {n["Relation Name"] for n in nodes(row[0][0]["Plan"])
+                if n.get("Relation Name", "").startswith("konduit_history_")}
+
+    wide = {}
+    for name in sorted(one_execution_queries()):
+        params = {k: v for k, v in values.items() if f"%({k})s" in q(name)}
+        assert history_read(statement(name, "hot")[0], params) == set(), name
+        days = {r.rsplit("_p", 1)[1] for r in history_read(statement(name, "since")[0], params)}
+        if len(days) > 2:  # the id's day and the one before (the clocks' margin)
+            wide[name] = sorted(days)
+    for name in ("execution_parent_of", "execution_children_list", "execution_list_forks"):
+        params = {k: v for k, v in values.items() if f"%({k})s" in q(name)}
+        days = {r.rsplit("_p", 1)[1] for r in history_read(q(name), params)}
+        if len(days) > 2:
+            wide[name] = sorted(days)
+    assert wide == {}
+    # The control: the views' text plans every day.
+    name = "task_list_by_execution"
+    assert len({r.rsplit("_p", 1)[1] for r in history_read(
+        all_queries()[name].sql, {"execution_id": eid})}) == 60

@@ -275,7 +275,7 @@ class Tx:
         self.plan_pinned = False
         """Whether this transaction's planner settings are the pin's (task_claim_plan_pinned)."""
 
-    async def _statement(self, query: str, hot: bool = False) -> tuple[str, bool | None]:
+    async def _statement(self, query: str, side: str = "") -> tuple[str, bool | None]:
         """:func:`~konduit.db.queries.statement`, under the planner settings its kind asks for
         (konduit/db/queries.py): before the transaction's first ``-- plan: pinned`` statement
         the pin is sent (queued in a pipeline); before a ``-- plan: custom`` one in a pinned
@@ -290,7 +290,7 @@ class Tx:
         elif self.plan_pinned and query in custom_plans():
             self.plan_pinned = False
             await self.send("task_claim_plan_unpinned")
-        return statement(query, hot)
+        return statement(query, side)
 
     async def _sealed(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` with their payloads sealed (off the event loop when one goes to the store
@@ -310,8 +310,8 @@ class Tx:
             return await self._where_it_is(query, params, self._all)
         return await self._all(query, params)
 
-    async def _one(self, query: str, params: dict[str, Any], hot: bool = False) -> Row | None:
-        sql, prepare = await self._statement(query, hot)
+    async def _one(self, query: str, params: dict[str, Any], side: str = "") -> Row | None:
+        sql, prepare = await self._statement(query, side)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -320,8 +320,8 @@ class Tx:
         except psycopg.Error as exc:
             raise translated(exc) from exc
 
-    async def _all(self, query: str, params: dict[str, Any], hot: bool = False) -> list[Row]:
-        sql, prepare = await self._statement(query, hot)
+    async def _all(self, query: str, params: dict[str, Any], side: str = "") -> list[Row]:
+        sql, prepare = await self._statement(query, side)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -331,17 +331,19 @@ class Tx:
             raise translated(exc) from exc
 
     async def _where_it_is(self, query: str, params: dict[str, Any],
-                           fetch: Callable[[str, dict[str, Any], bool], Awaitable[R]]) -> R:
+                           fetch: Callable[[str, dict[str, Any], str], Awaitable[R]]) -> R:
         """A ``-- history: one execution`` read (konduit/db/queries.py, "The history"): on the
-        hot tables alone when its execution is there before and after it, else through the
-        views, which find it in the history's partitions."""
+        hot tables alone when its execution is there before and after it, else on the hot
+        tables and the history's days from the one its id was made."""
         eid = params.get("execution_id", params.get("id"))
-        if eid is None or await self.one("execution_find_in_hot_tables", id=eid) is None:
-            return await fetch(query, params, False)  # in the history, or nowhere
-        found = await fetch(query, dict(params), True)
+        if eid is None:
+            return await fetch(query, params, "")
+        if await self.one("execution_find_in_hot_tables", id=eid) is None:
+            return await fetch(query, params, "since")  # in the history, or nowhere
+        found = await fetch(query, dict(params), "hot")
         if await self.one("execution_find_in_hot_tables", id=eid) is not None:
             return found
-        return await fetch(query, params, False)  # moved meanwhile: read where it is now
+        return await fetch(query, params, "since")  # moved meanwhile: read where it is now
 
     async def run(self, query: str, /, **params: Any) -> int:
         sql, prepare = await self._statement(query)

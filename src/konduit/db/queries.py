@@ -49,7 +49,10 @@ statement, keyed by its ``execution_id`` (or ``id``) parameter, first asks wheth
 is in the hot tables (``execution_find_in_hot_tables``); if so it runs on the hot tables alone
 (``Query.hot_sql``, the views' names read as the tables') and asks again after: still there, it
 was there all along (a move takes an execution's rows out in one transaction, and none comes
-back), else it reads again through the views (:meth:`konduit.db.database.Tx.one`).
+back), else it reads again. An execution in the history is read through
+``konduit_<table>_since`` from the day before its id was made (``Query.since_sql``, migration
+0047): it finished after it began, so the days before are pruned when the statement is planned
+(:meth:`konduit.db.database.Tx.one`).
 """
 
 from __future__ import annotations
@@ -83,6 +86,10 @@ class Query:
     """A ``-- history: one execution`` statement's text on the hot tables alone (each
     ``konduit_<table>_all`` view read as ``konduit_<table>``): what it runs for an execution
     that is not in the history (see the module docstring)."""
+    since_sql: str | None = None
+    """Its text for an execution in the history: each view read as
+    ``konduit_<table>_since`` from the day before the execution's id was made (migration
+    0047), so the history's earlier days are pruned when it is planned."""
 
 
 def _sections(text: str) -> Iterator[tuple[str, str, str]]:
@@ -130,6 +137,14 @@ def expand(sql: str, fragments: Mapping[str, str], source: str = "<sql>",
     return _INCLUDE.sub(include, sql)
 
 
+def _since(sql: str) -> str:
+    """``sql`` with each ``konduit_<table>_all`` view read as ``konduit_<table>_since`` from a
+    day before its execution's id (its ``execution_id`` parameter, else its ``id``) was made."""
+    key = "execution_id" if "%(execution_id)s" in sql else "id"
+    return _VIEW.sub(
+        rf"konduit_\1_since(konduit_history_from(%({key})s::uuid))", sql)
+
+
 def parse_queries(text: str, source: str = "<sql>",
                   fragments: Mapping[str, str] | None = None) -> dict[str, Query]:
     """Split a ``.sql`` file into its named queries, its fragments (and ``fragments``, those of
@@ -164,7 +179,8 @@ def parse_queries(text: str, source: str = "<sql>",
                              " no konduit_<table>_all view")
         found[name] = Query(name, " ".join(description_lines), sql, custom_plan,
                             frozenset(_INCLUDE.findall(written)), pinned_plan,
-                            _VIEW.sub(r"konduit_\1", sql) if one_execution else None)
+                            _VIEW.sub(r"konduit_\1", sql) if one_execution else None,
+                            _since(sql) if one_execution else None)
     return found
 
 
@@ -223,19 +239,21 @@ def one_execution_queries() -> frozenset[str]:
     return frozenset(n for n, query in all_queries().items() if query.hot_sql is not None)
 
 
-_STATEMENTS: dict[tuple[str, bool], tuple[str, bool | None]] = {}
+_STATEMENTS: dict[tuple[str, str], tuple[str, bool | None]] = {}
 
 
-def statement(name: str, hot: bool = False) -> tuple[str, bool | None]:
-    """The SQL text of the query called ``name`` (``hot``: its text on the hot tables alone,
-    when it has one) and its :func:`prepare_flag`, looked up once: every statement a worker
-    runs asks for both."""
+def statement(name: str, side: str = "") -> tuple[str, bool | None]:
+    """The SQL text of the query called ``name`` and its :func:`prepare_flag`, looked up once:
+    every statement a worker runs asks for both. ``side``: a ``-- history: one execution``
+    statement's text for an execution in the hot tables (``"hot"``) or in the history
+    (``"since"``), when it has them."""
     try:
-        return _STATEMENTS[name, hot]
+        return _STATEMENTS[name, side]
     except KeyError:
         query = all_queries().get(name)
-        text = query.hot_sql if hot and query is not None and query.hot_sql else q(name)
-        found = _STATEMENTS[name, hot] = (text, prepare_flag(name))
+        text = ((query.hot_sql if side == "hot" else query.since_sql if side == "since"
+                 else None) if query is not None else None) or q(name)
+        found = _STATEMENTS[name, side] = (text, prepare_flag(name))
         return found
 
 

@@ -385,7 +385,7 @@ _HEADER = """\
 -- database (`psql -1 -f schema.sql`) it gives the schema they give, and records them as applied
 -- in {table}, so `konduit db migrate` has nothing left to do.
 -- Functions first, then the tables in the order the migrations created them, each with its
--- indexes and triggers.
+-- indexes and triggers, then the views and the functions that return a table's rows.
 """
 
 
@@ -423,6 +423,12 @@ def render(conn: psycopg.Connection[Any]) -> str:
             "-- defined further down, and the triggers need the functions first.",
             "SET check_function_bodies = false;", ""]
 
+    # A function returning a table's rows (RETURNS SETOF konduit_tasks) needs the table's
+    # type: it comes after the tables and views.
+    names = {r.name for r in relations.values()}
+    of_rows = [f for f in functions
+               if f["returns_set"] and f["result"].removeprefix("SETOF ") in names]
+    functions = [f for f in functions if f not in of_rows]
     if functions:
         out += [_heading("functions"), ""]
         for f in functions:
@@ -468,6 +474,10 @@ def render(conn: psycopg.Connection[Any]) -> str:
         out += [_heading("views"), ""]
         for view in view_list:
             out += _view(view, views[view.oid])
+    if of_rows:
+        out += [_heading("functions returning a table's rows"), ""]
+        for f in of_rows:
+            out += [_function(f), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

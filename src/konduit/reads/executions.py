@@ -252,7 +252,10 @@ class ExecutionReads(ReadBase):
         for an execution that is not a fork."""
         row = await self.reads.one("execution_get_fork_origin",
                                    id=await self.resolve(execution_id))
-        return None if row is None else dict(row)
+        if row is None:
+            return None
+        origin = await self.reads.one("execution_get_with_history", id=row["forked_from"])
+        return {**row, "origin_status": None if origin is None else origin["status"]}
 
     async def forks(self, execution_id: UUID | str, *,
                     limit: int = 100) -> builtins.list[dict[str, Any]]:

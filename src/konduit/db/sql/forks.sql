@@ -53,20 +53,23 @@ WHERE t.execution_id = %(id)s AND t.step = ANY(%(steps)s::text[])
 ON CONFLICT DO NOTHING;
 
 -- name: execution_list_forks
--- The forks of one execution, oldest first, with the step each was forked from.
+-- The forks of one execution, oldest first, with the step each was forked from: in the hot
+-- tables or the history (a fork begins after its origin, so only the history's days from the
+-- one before the origin's id was made: konduit_executions_since, migration 0047).
 SELECT id, status, forked_at_step, created_at
-FROM konduit_executions_all
+FROM konduit_executions_since(konduit_history_from(%(id)s::uuid))
 WHERE forked_from = %(id)s
 ORDER BY created_at, id
 LIMIT %(limit)s;
 
 -- name: execution_get_fork_origin
--- Where a fork came from: its origin's id and the step, with the origin's status (NULL when the
--- origin was pruned since). No row for an execution that is not a fork.
-SELECT e.forked_from, e.forked_at_step, o.status AS origin_status
-FROM konduit_executions_all e
-LEFT JOIN konduit_executions_all o ON o.id = e.forked_from
-WHERE e.id = %(id)s AND e.forked_from IS NOT NULL;
+-- Where a fork came from: its origin's id and the step (the origin's status is read where the
+-- origin is, on its own: execution_get_with_history). No row for an execution that is not a
+-- fork.
+-- history: one execution (read where it is: konduit/db/queries.py).
+SELECT forked_from, forked_at_step
+FROM konduit_executions_all
+WHERE id = %(id)s AND forked_from IS NOT NULL;
 
 -- name: output_list_stored_by_execution
 -- The payloads of one execution that a payload store keeps, as their envelopes' JSON text (a

@@ -172,9 +172,11 @@ WHERE t.execution_id = %(execution_id)s AND t.wait_kind = 'child' AND c.status =
 ORDER BY c.id;
 
 -- name: execution_parent_of
--- The execution (and step) whose child-workflow step started this execution, if any.
+-- The execution (and step) whose child-workflow step started this execution, if any: in the
+-- hot tables or the history (a parent ends after its child began, so only the history's days
+-- from the one before this execution's id was made: konduit_tasks_since, migration 0047).
 SELECT t.execution_id, t.step
-FROM konduit_tasks_all t
+FROM konduit_tasks_since(konduit_history_from(%(execution_id)s::uuid)) t
 WHERE t.wait_child = %(execution_id)s AND t.wait_kind = 'child'
 LIMIT 1;
 
@@ -188,10 +190,17 @@ ORDER BY wait_kind;
 
 -- name: execution_children_list
 -- The child executions an execution's child-workflow steps started, with their status (the
--- execution page links them).
+-- execution page links them): in the hot tables or the history. The execution and its
+-- children began when its id was made or later, so only the history's days from the one
+-- before (konduit_<table>_since, migration 0047).
+-- Each child is looked up by its id (a lateral read: a probe of each side's id index).
 SELECT t.step, c.id, c.status, c.workflow_name
-FROM konduit_tasks_all t
-JOIN konduit_executions_all c ON c.id = t.wait_child
+FROM konduit_tasks_since(konduit_history_from(%(execution_id)s::uuid)) t
+CROSS JOIN LATERAL (
+    SELECT x.id, x.status, x.workflow_name
+    FROM konduit_executions_since(konduit_history_from(%(execution_id)s::uuid)) x
+    WHERE x.id = t.wait_child
+    LIMIT 1) c
 WHERE t.execution_id = %(execution_id)s AND t.wait_kind = 'child'
 ORDER BY t.id;
 
