@@ -225,8 +225,8 @@ def _hot_tables(url: str) -> set[str]:
 def test_the_history_keeps_every_table_an_execution_owns_with_the_same_columns(db_url: str) -> None:
     """A fitness test for migrations to come: a table added with rows that go with their
     execution must move with it (else a move deletes them), and a column added to a hot table
-    must be added to its history table, view and konduit_<table>_since function (else a move
-    fails, or a read loses it)."""
+    must be added to its history table, view and konduit_<table>_since and _of functions (else
+    a move fails, or a read loses it)."""
     kept = {f"konduit_{t}" for t in tables(db_url)}
     assert _hot_tables(db_url) == kept
     for t in tables(db_url):
@@ -244,11 +244,12 @@ def test_the_history_keeps_every_table_an_execution_owns_with_the_same_columns(d
         assert all(n.startswith("history_") for n, _, _ in kept[len(hot):]), t
         assert [(n, ty) for n, ty, _ in columns(f"konduit_{t}_all")] \
             == [(n, ty) for n, ty, _ in hot], t
-        # And konduit_<table>_since (migration 0047) returns them: its body lists them.
+        # And konduit_<table>_since and _of (migration 0047) return them: their bodies list them.
         with psycopg.connect(db_url) as conn:
-            cursor = conn.execute(f"SELECT * FROM konduit_{t}_since('-infinity') LIMIT 0")
-            assert cursor.description is not None
-            assert [c.name for c in cursor.description] == [n for n, _, _ in hot], t
+            for call in (f"konduit_{t}_since('-infinity')", f"konduit_{t}_of(gen_random_uuid())"):
+                cursor = conn.execute(f"SELECT * FROM {call} LIMIT 0".encode())
+                assert cursor.description is not None
+                assert [c.name for c in cursor.description] == [n for n, _, _ in hot], call
 
 
 def test_the_migration_is_online_on_a_database_with_history(empty_db_url: str) -> None:
@@ -287,7 +288,7 @@ def test_the_hot_paths_never_read_the_history() -> None:
     statements. A statement of the round that joined a view would read every day's partitions."""
     from konduit.db.queries import all_queries
 
-    history = re.compile(r"\bkonduit_(history_\w+|\w+_all)\b")
+    history = re.compile(r"\bkonduit_(history_\w+|\w+_all\b|\w+_(of|since)\()")
     writes = re.compile(r"\b(INSERT|UPDATE|DELETE|FOR UPDATE|FOR SHARE|FOR NO KEY UPDATE)\b")
     own = {"execution_move_to_history_if_still_finished", "history_day_list_ended_before",
            "history_execution_list_ids_of_day", "history_day_drop",

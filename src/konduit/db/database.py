@@ -46,7 +46,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from konduit.db.arrays import with_array_literals
-from konduit.db.queries import custom_plans, one_execution_queries, pinned_plans, q, statement
+from konduit.db.queries import custom_plans, pinned_plans, q, statement
 from konduit.db.sealing import PLAIN, PayloadIO
 from konduit.errors import DatabaseConflict, DatabaseError, DatabaseUnavailable, PoolExhausted
 from konduit.settings import settings
@@ -55,7 +55,6 @@ log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 T = TypeVar("T")
-R = TypeVar("R")
 
 CONFLICT_ATTEMPTS = 5
 """How many times a transaction runs before a conflict it keeps meeting is raised."""
@@ -275,7 +274,7 @@ class Tx:
         self.plan_pinned = False
         """Whether this transaction's planner settings are the pin's (task_claim_plan_pinned)."""
 
-    async def _statement(self, query: str, side: str = "") -> tuple[str, bool | None]:
+    async def _statement(self, query: str) -> tuple[str, bool | None]:
         """:func:`~konduit.db.queries.statement`, under the planner settings its kind asks for
         (konduit/db/queries.py): before the transaction's first ``-- plan: pinned`` statement
         the pin is sent (queued in a pipeline); before a ``-- plan: custom`` one in a pinned
@@ -290,7 +289,7 @@ class Tx:
         elif self.plan_pinned and query in custom_plans():
             self.plan_pinned = False
             await self.send("task_claim_plan_unpinned")
-        return statement(query, side)
+        return statement(query)
 
     async def _sealed(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` with their payloads sealed (off the event loop when one goes to the store
@@ -301,17 +300,7 @@ class Tx:
         return io.sealed_params(params)
 
     async def one(self, query: str, /, **params: Any) -> Row | None:
-        if query in one_execution_queries():
-            return await self._where_it_is(query, params, self._one)
-        return await self._one(query, params)
-
-    async def all(self, query: str, /, **params: Any) -> list[Row]:
-        if query in one_execution_queries():
-            return await self._where_it_is(query, params, self._all)
-        return await self._all(query, params)
-
-    async def _one(self, query: str, params: dict[str, Any], side: str = "") -> Row | None:
-        sql, prepare = await self._statement(query, side)
+        sql, prepare = await self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -320,8 +309,8 @@ class Tx:
         except psycopg.Error as exc:
             raise translated(exc) from exc
 
-    async def _all(self, query: str, params: dict[str, Any], side: str = "") -> list[Row]:
-        sql, prepare = await self._statement(query, side)
+    async def all(self, query: str, /, **params: Any) -> list[Row]:
+        sql, prepare = await self._statement(query)
         if self.io.active:
             params = await self._sealed(params)
         try:
@@ -329,21 +318,6 @@ class Tx:
             return await cur.fetchall()
         except psycopg.Error as exc:
             raise translated(exc) from exc
-
-    async def _where_it_is(self, query: str, params: dict[str, Any],
-                           fetch: Callable[[str, dict[str, Any], str], Awaitable[R]]) -> R:
-        """A ``-- history: one execution`` read (konduit/db/queries.py, "The history"): on the
-        hot tables alone when its execution is there before and after it, else on the hot
-        tables and the history's days from the one its id was made."""
-        eid = params.get("execution_id", params.get("id"))
-        if eid is None:
-            return await fetch(query, params, "")
-        if await self.one("execution_find_in_hot_tables", id=eid) is None:
-            return await fetch(query, params, "since")  # in the history, or nowhere
-        found = await fetch(query, dict(params), "hot")
-        if await self.one("execution_find_in_hot_tables", id=eid) is not None:
-            return found
-        return await fetch(query, params, "since")  # moved meanwhile: read where it is now
 
     async def run(self, query: str, /, **params: Any) -> int:
         sql, prepare = await self._statement(query)

@@ -41,18 +41,13 @@ used (tests/test_queries_fitness.py).
 Guards (a WHERE condition several statements re-check) are not fragments but inlinable SQL
 functions (migration 0020_lease_guards.sql), so each statement still says what it checks.
 
-The history. A read of one execution's own rows reads the ``konduit_<table>_all`` views (the
-hot table and its history, migration 0041) and carries ``-- history: one execution`` among its
-description lines. The views' history side is partitioned by day, and a read through it plans
-and probes every day's partition (a year kept: seconds for an execution page). So such a
-statement, keyed by its ``execution_id`` (or ``id``) parameter, first asks whether the execution
-is in the hot tables (``execution_find_in_hot_tables``); if so it runs on the hot tables alone
-(``Query.hot_sql``, the views' names read as the tables') and asks again after: still there, it
-was there all along (a move takes an execution's rows out in one transaction, and none comes
-back), else it reads again. An execution in the history is read through
-``konduit_<table>_since`` from the day before its id was made (``Query.since_sql``, migration
-0047): it finished after it began, so the days before are pruned when the statement is planned
-(:meth:`konduit.db.database.Tx.one`).
+The history. A read of one execution's own rows reads them through
+``konduit_<table>_of(execution)`` (migration 0047): the hot table and the history's days from
+the one before the execution's id was made. A read of an execution's parent, children or forks
+reads
+``konduit_<table>_since(konduit_history_from(id))``. Both prune the history's days when the
+statement is planned; the ``konduit_<table>_all`` views, which plan every day, are for reads
+that know no execution (an id's start or tail).
 """
 
 from __future__ import annotations
@@ -65,8 +60,6 @@ from importlib import resources
 
 _HEADER = re.compile(r"^-- (?P<kind>name|fragment): (?P<name>[a-z_]+)\s*$", re.MULTILINE)
 _PLAN = re.compile(r"^plan:\s*(?P<kind>custom|pinned)\b")
-_ONE_EXECUTION = re.compile(r"^history:\s*one execution\b")
-_VIEW = re.compile(r"\bkonduit_(\w+)_all\b")
 _INCLUDE = re.compile(r"\{\{(?P<name>[a-z_]+)\}\}")
 
 
@@ -82,14 +75,6 @@ class Query:
     pinned_plan: bool = False
     """Prepared, run after ``task_claim_plan_pinned`` in its transaction: see the module
     docstring."""
-    hot_sql: str | None = None
-    """A ``-- history: one execution`` statement's text on the hot tables alone (each
-    ``konduit_<table>_all`` view read as ``konduit_<table>``): what it runs for an execution
-    that is not in the history (see the module docstring)."""
-    since_sql: str | None = None
-    """Its text for an execution in the history: each view read as
-    ``konduit_<table>_since`` from the day before the execution's id was made (migration
-    0047), so the history's earlier days are pruned when it is planned."""
 
 
 def _sections(text: str) -> Iterator[tuple[str, str, str]]:
@@ -137,14 +122,6 @@ def expand(sql: str, fragments: Mapping[str, str], source: str = "<sql>",
     return _INCLUDE.sub(include, sql)
 
 
-def _since(sql: str) -> str:
-    """``sql`` with each ``konduit_<table>_all`` view read as ``konduit_<table>_since`` from a
-    day before its execution's id (its ``execution_id`` parameter, else its ``id``) was made."""
-    key = "execution_id" if "%(execution_id)s" in sql else "id"
-    return _VIEW.sub(
-        rf"konduit_\1_since(konduit_history_from(%({key})s::uuid))", sql)
-
-
 def parse_queries(text: str, source: str = "<sql>",
                   fragments: Mapping[str, str] | None = None) -> dict[str, Query]:
     """Split a ``.sql`` file into its named queries, its fragments (and ``fragments``, those of
@@ -156,7 +133,7 @@ def parse_queries(text: str, source: str = "<sql>",
             continue
         body = section.strip().splitlines()
         description_lines = []
-        custom_plan = pinned_plan = one_execution = False
+        custom_plan = pinned_plan = False
         while body and body[0].startswith("--"):
             line = body.pop(0).lstrip("-").strip()
             plan = _PLAN.match(line)
@@ -164,8 +141,6 @@ def parse_queries(text: str, source: str = "<sql>",
                 custom_plan = plan["kind"] == "custom"
                 pinned_plan = plan["kind"] == "pinned"
                 line = line.removeprefix("plan:").strip().removeprefix(plan["kind"]).strip(" ,:-")
-            if _ONE_EXECUTION.match(line):
-                one_execution = True
             if line:
                 description_lines.append(line)
         written = "\n".join(body).strip().rstrip(";")
@@ -174,13 +149,8 @@ def parse_queries(text: str, source: str = "<sql>",
             raise ValueError(f"{source}: query {name!r} needs a description line and a body")
         if name in found:
             raise ValueError(f"{source}: query {name!r} is defined twice")
-        if one_execution and not _VIEW.search(sql):
-            raise ValueError(f"{source}: query {name!r} says 'history: one execution' and reads"
-                             " no konduit_<table>_all view")
         found[name] = Query(name, " ".join(description_lines), sql, custom_plan,
-                            frozenset(_INCLUDE.findall(written)), pinned_plan,
-                            _VIEW.sub(r"konduit_\1", sql) if one_execution else None,
-                            _since(sql) if one_execution else None)
+                            frozenset(_INCLUDE.findall(written)), pinned_plan)
     return found
 
 
@@ -233,27 +203,16 @@ def custom_plans() -> frozenset[str]:
     return frozenset(n for n, query in all_queries().items() if query.custom_plan)
 
 
-@cache
-def one_execution_queries() -> frozenset[str]:
-    """The names of the ``-- history: one execution`` statements."""
-    return frozenset(n for n, query in all_queries().items() if query.hot_sql is not None)
+_STATEMENTS: dict[str, tuple[str, bool | None]] = {}
 
 
-_STATEMENTS: dict[tuple[str, str], tuple[str, bool | None]] = {}
-
-
-def statement(name: str, side: str = "") -> tuple[str, bool | None]:
+def statement(name: str) -> tuple[str, bool | None]:
     """The SQL text of the query called ``name`` and its :func:`prepare_flag`, looked up once:
-    every statement a worker runs asks for both. ``side``: a ``-- history: one execution``
-    statement's text for an execution in the hot tables (``"hot"``) or in the history
-    (``"since"``), when it has them."""
+    every statement a worker runs asks for both."""
     try:
-        return _STATEMENTS[name, side]
+        return _STATEMENTS[name]
     except KeyError:
-        query = all_queries().get(name)
-        text = ((query.hot_sql if side == "hot" else query.since_sql if side == "since"
-                 else None) if query is not None else None) or q(name)
-        found = _STATEMENTS[name, side] = (text, prepare_flag(name))
+        found = _STATEMENTS[name] = (q(name), prepare_flag(name))
         return found
 
 

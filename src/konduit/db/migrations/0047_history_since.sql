@@ -15,7 +15,15 @@
 -- konduit_<table>_since(from): the table's rows and those of its history from that day on (the
 -- views' rows, less the history's partitions that ended before `from`), one for each of the
 -- history's tables: an SQL function of one SELECT, which PostgreSQL inlines into the statement
--- that calls it, so the statement's conditions reach both sides as they reach a view's.
+-- that calls it, so the statement's conditions reach both sides as they reach a view's. For
+-- the executions an execution is linked to (its parent, children, forks).
+--
+-- konduit_<table>_of(execution): where one execution's rows of the table can be, for a read of
+-- them: the hot table's and the history's from the day before its id was made
+-- (konduit_<table>_since(konduit_history_from(execution))). A recent execution's read plans
+-- and probes a day or two of the history whatever the days kept. (A check that skips the
+-- history for an execution in the hot tables would keep PostgreSQL from pushing a join's key
+-- into the history's side: a read of attempts by their tasks would scan the day whole.)
 --
 -- Online: new functions.
 
@@ -28,21 +36,32 @@ AS $$
                 ELSE '-infinity'::timestamptz END
 $$;
 
+-- The day's bound stands outside the UNION ALL, on a column the hot side has NULL: so the
+-- union is flattened and a join's key still reaches each side's index (a condition written on
+-- the history's side of the union would make it a subquery that a join scans whole), and
+-- PostgreSQL still prunes the history's days by it when the statement is planned.
 DO $$
 DECLARE
     t text;
     cols text;
+    body text;
 BEGIN
     FOREACH t IN ARRAY konduit_history_tables() LOOP
         SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
         INTO cols
         FROM pg_attribute a
         WHERE a.attrelid = ('konduit_' || t)::regclass AND a.attnum > 0 AND NOT a.attisdropped;
+        body := format('SELECT %s FROM (SELECT %s, NULL::timestamptz AS history_finished_at '
+                       'FROM %I UNION ALL SELECT %s, history_finished_at FROM %I) u '
+                       'WHERE u.history_finished_at IS NULL OR u.history_finished_at >= %%s',
+                       cols, cols, 'konduit_' || t, cols, 'konduit_history_' || t);
         EXECUTE format('CREATE FUNCTION %I(p_from timestamptz) RETURNS SETOF %I '
-                       'LANGUAGE sql STABLE AS $f$ SELECT %s FROM %I UNION ALL SELECT %s FROM %I '
-                       'WHERE history_finished_at >= p_from $f$',
-                       'konduit_' || t || '_since', 'konduit_' || t, cols, 'konduit_' || t,
-                       cols, 'konduit_history_' || t);
+                       'LANGUAGE sql STABLE AS $f$ %s $f$',
+                       'konduit_' || t || '_since', 'konduit_' || t, format(body, 'p_from'));
+        EXECUTE format('CREATE FUNCTION %I(p_execution uuid) RETURNS SETOF %I '
+                       'LANGUAGE sql STABLE AS $f$ %s $f$',
+                       'konduit_' || t || '_of', 'konduit_' || t,
+                       format(body, 'konduit_history_from(p_execution)'));
     END LOOP;
 END
 $$;

@@ -45,11 +45,10 @@ WHERE task_id = ANY(%(task_ids)s::bigint[]) AND finished_at IS NULL;
 -- name: attempt_list_by_execution
 -- Every attempt of one execution's tasks, for timelines.
 -- plan: custom, as many rows as the execution has attempts (a map: every item).
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT a.task_id, t.step, t.map_index, t.generation, a.attempt, a.worker_id, a.started_at,
        a.finished_at, a.outcome, a.error, a.hedge
-FROM konduit_attempts_all a
-JOIN konduit_tasks_all t ON t.id = a.task_id
+FROM konduit_attempts_of(%(execution_id)s::uuid) a
+JOIN konduit_tasks_of(%(execution_id)s::uuid) t ON t.id = a.task_id
 WHERE t.execution_id = %(execution_id)s
 ORDER BY a.started_at, a.id;
 
@@ -122,12 +121,11 @@ ON CONFLICT (lease_token) DO NOTHING;
 -- What the handlers of one execution logged, attempt by attempt, oldest first, at most limit
 -- attempts (NULL: all).
 -- plan: custom, as many rows as the execution has attempts that logged (a map: every item).
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT t.step, t.map_index, t.generation, a.attempt, a.started_at, a.outcome, l.records,
        l.dropped
-FROM konduit_tasks_all t
-JOIN konduit_attempts_all a ON a.task_id = t.id
-JOIN konduit_attempt_logs_all l ON l.lease_token = a.lease_token
+FROM konduit_tasks_of(%(execution_id)s::uuid) t
+JOIN konduit_attempts_of(%(execution_id)s::uuid) a ON a.task_id = t.id
+JOIN konduit_attempt_logs_of(%(execution_id)s::uuid) l ON l.lease_token = a.lease_token
 WHERE t.execution_id = %(execution_id)s
 ORDER BY a.started_at, a.id
 LIMIT %(limit)s;

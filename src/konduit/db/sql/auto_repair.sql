@@ -49,11 +49,10 @@ RETURNING id;
 -- name: execution_get_auto_repair
 -- One execution's automatic repair: its state, its workflow's contract (from the stored spec)
 -- and the steps its current output went out degraded with.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT e.status, e.finished_at, e.auto_repair_at, e.auto_repair_error, w.spec,
-       coalesce((SELECT o.degraded FROM konduit_execution_outputs_all o
+       coalesce((SELECT o.degraded FROM konduit_execution_outputs_of(%(id)s::uuid) o
                  WHERE o.execution_id = e.id AND o.version = e.output_version),
                 '{}'::text[]) AS degraded
-FROM konduit_executions_all e
+FROM konduit_executions_of(%(id)s::uuid) e
 JOIN konduit_workflows w ON w.name = e.workflow_name AND w.version = e.workflow_version
 WHERE e.id = %(id)s;

@@ -109,11 +109,10 @@ LIMIT %(limit)s;
 -- name: attempt_list_by_execution_except_steps
 -- Every attempt of one execution's tasks except those of the given (map) steps, which the
 -- execution page shows as one summary row each.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT a.task_id, t.step, t.map_index, t.generation, a.attempt, a.worker_id, a.started_at,
        a.finished_at, a.outcome, a.error, a.hedge
-FROM konduit_attempts_all a
-JOIN konduit_tasks_all t ON t.id = a.task_id
+FROM konduit_attempts_of(%(execution_id)s::uuid) a
+JOIN konduit_tasks_of(%(execution_id)s::uuid) t ON t.id = a.task_id
 WHERE t.execution_id = %(execution_id)s
   AND NOT (t.step = ANY(%(steps)s::text[]))
 ORDER BY a.started_at, a.id;
@@ -122,9 +121,8 @@ ORDER BY a.started_at, a.id;
 -- One row per step and generation of the given steps of an execution: how many tasks in each
 -- status, their tries, and the spread of the finished ones' durations, for collapsed map steps;
 -- `creating`: its items still waiting in chunks to be created (migration 0032).
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT step, generation, count(*) AS tasks, sum(attempt) AS tries,
-       (SELECT coalesce(sum(c.item_count), 0) FROM konduit_map_chunks_all c
+       (SELECT coalesce(sum(c.item_count), 0) FROM konduit_map_chunks_of(%(execution_id)s::uuid) c
         WHERE c.execution_id = %(execution_id)s AND c.step = t.step
           AND c.generation = t.generation)::bigint AS creating,
        count(*) FILTER (WHERE status = 'ready') AS ready,
@@ -141,7 +139,7 @@ SELECT step, generation, count(*) AS tasks, sum(attempt) AS tries,
        percentile_cont(0.95) WITHIN GROUP (
            ORDER BY extract(epoch FROM finished_at - started_at)) AS p95,
        max(extract(epoch FROM finished_at - started_at))::float8 AS longest
-FROM konduit_tasks_all t
+FROM konduit_tasks_of(%(execution_id)s::uuid) t
 WHERE execution_id = %(execution_id)s AND step = ANY(%(steps)s::text[])
 GROUP BY step, generation
 ORDER BY step, generation;
@@ -149,13 +147,12 @@ ORDER BY step, generation;
 -- name: task_list_by_step_page
 -- A page of one step's tasks (a map step's items) in item order, optionally of one status, from
 -- the given map index on, with how long each took.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT id, map_index, generation, status, attempt, max_attempts, worker_id, item, error,
        started_at, finished_at,
        extract(epoch FROM COALESCE(finished_at, konduit_clock_timestamp()) - started_at)::float8 AS took
-FROM konduit_tasks_all
+FROM konduit_tasks_of(%(execution_id)s::uuid)
 WHERE execution_id = %(execution_id)s AND step = %(step)s
-  AND generation = (SELECT max(generation) FROM konduit_tasks_all
+  AND generation = (SELECT max(generation) FROM konduit_tasks_of(%(execution_id)s::uuid)
                     WHERE execution_id = %(execution_id)s AND step = %(step)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
   AND map_index >= %(from_index)s
@@ -165,7 +162,6 @@ LIMIT %(limit)s;
 -- name: attempt_list_failed_by_execution
 -- The attempts of one execution that ended with an error (failed, retried, timed out, lost...),
 -- with the full error text, at most `per_step` per step, for the tracebacks on its page.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT task_id, step, map_index, generation, attempt, outcome, error, worker_id, started_at,
        finished_at, failed_in_step
 FROM (
@@ -173,8 +169,8 @@ FROM (
            a.worker_id, a.started_at, a.finished_at,
            row_number() OVER (PARTITION BY t.step ORDER BY a.started_at, a.id) AS nth,
            count(*) OVER (PARTITION BY t.step) AS failed_in_step
-    FROM konduit_attempts_all a
-    JOIN konduit_tasks_all t ON t.id = a.task_id
+    FROM konduit_attempts_of(%(execution_id)s::uuid) a
+    JOIN konduit_tasks_of(%(execution_id)s::uuid) t ON t.id = a.task_id
     WHERE t.execution_id = %(execution_id)s AND a.error IS NOT NULL
 ) failed
 WHERE nth <= %(per_step)s
@@ -183,8 +179,7 @@ ORDER BY started_at, step, map_index, attempt;
 -- name: task_list_budgets_by_execution
 -- Each step's time budget in an execution's latest generation (a map step: its items' longest),
 -- and, when the execution's window cut it, the step's own budget and the reserve kept free.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT DISTINCT ON (step) step, deadline_seconds, deadline_uncut_seconds, deadline_reserve_seconds
-FROM konduit_tasks_all
+FROM konduit_tasks_of(%(execution_id)s::uuid)
 WHERE execution_id = %(execution_id)s AND deadline_seconds IS NOT NULL
 ORDER BY step, generation DESC, deadline_seconds DESC;

@@ -16,21 +16,15 @@ SELECT id, workflow_name, workflow_version, status, input, output, error, idempo
 FROM konduit_executions
 WHERE id = %(id)s;
 
--- name: execution_find_in_hot_tables
--- Whether an execution is in the hot tables (not moved into the history, migration 0041): asked
--- before and after a `-- history: one execution` read (konduit/db/queries.py, "The history").
-SELECT 1 AS found FROM konduit_executions WHERE id = %(id)s;
-
 -- name: execution_get_with_history
 -- One execution, whole, where it is: in the hot table or moved into the history (migration
 -- 0041; the view's history side is read through each partition's id index). For the reads
 -- that show an execution; a write reads execution_get (the hot table) and, finding nothing,
 -- asks execution_get_in_history why.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT id, workflow_name, workflow_version, status, input, output, error, idempotency_key,
        steps_pending, deadline_at, timeout_at, generation, output_version, created_at,
        finished_at, tags, run_at, priority, fair_key
-FROM konduit_executions_all
+FROM konduit_executions_of(%(id)s::uuid)
 WHERE id = %(id)s;
 
 -- name: execution_get_in_history
@@ -114,9 +108,8 @@ WHERE e.id = o.execution_id AND e.auto_repair_at IS NULL
 
 -- name: execution_output_list
 -- Every output version of one execution, oldest first.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT version, status, output, degraded, created_at
-FROM konduit_execution_outputs_all
+FROM konduit_execution_outputs_of(%(id)s::uuid)
 WHERE execution_id = %(id)s
 ORDER BY version;
 

@@ -16,7 +16,7 @@ SET status = o.status, up_pending = o.up_pending, up_ok = o.up_ok, up_failed = o
     tasks_degraded = o.tasks_degraded, tasks_failed = o.tasks_failed,
     first_upstream_at = o.first_upstream_at, last_upstream_at = o.last_upstream_at,
     straggler = o.straggler, fired_at = o.fired_at, ended_at = o.ended_at
-FROM konduit_steps_all o
+FROM konduit_steps_of(%(origin_id)s::uuid) o
 WHERE s.execution_id = %(id)s AND o.execution_id = %(origin_id)s AND o.step = s.step
   AND s.step = ANY(%(steps)s::text[]);
 
@@ -33,7 +33,7 @@ SELECT %(id)s, t.workflow, t.step, t.map_index, 1, t.item, t.status, t.queue, t.
        t.run_at, t.attempt, t.max_attempts, t.deadline_seconds, t.routes, t.output_hash, t.error,
        t.created_at, t.started_at, t.finished_at, t.limited, t.policy_revision, t.limit_key
 FROM (SELECT DISTINCT ON (step, map_index) *
-      FROM konduit_tasks_all
+      FROM konduit_tasks_of(%(origin_id)s::uuid)
       WHERE execution_id = %(origin_id)s AND step = ANY(%(steps)s::text[])
       ORDER BY step, map_index, generation DESC) AS t
 ORDER BY t.step, t.map_index;
@@ -46,7 +46,7 @@ ORDER BY t.step, t.map_index;
 INSERT INTO konduit_outputs (execution_id, step, map_index, content_hash, payload, source)
 SELECT t.execution_id, o.step, o.map_index, o.content_hash, o.payload, o.source
 FROM konduit_tasks t
-JOIN konduit_outputs_all o
+JOIN konduit_outputs_of(%(origin_id)s::uuid) o
     ON o.execution_id = %(origin_id)s AND o.step = t.step AND o.map_index = t.map_index
    AND o.content_hash = t.output_hash
 WHERE t.execution_id = %(id)s AND t.step = ANY(%(steps)s::text[])
@@ -66,9 +66,8 @@ LIMIT %(limit)s;
 -- Where a fork came from: its origin's id and the step (the origin's status is read where the
 -- origin is, on its own: execution_get_with_history). No row for an execution that is not a
 -- fork.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT forked_from, forked_at_step
-FROM konduit_executions_all
+FROM konduit_executions_of(%(id)s::uuid)
 WHERE id = %(id)s AND forked_from IS NOT NULL;
 
 -- name: output_list_stored_by_execution

@@ -69,13 +69,12 @@ WHERE j.execution_id = %(execution_id)s AND j.step = %(step)s AND j.map_index = 
 -- envelope, whose size is not the result's: its text comes too, for the reader to measure
 -- (as text: a reference to a payload store is not followed).
 -- plan: custom, as many rows as the execution recorded calls (a map: every item's).
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT j.step, j.map_index, j.seq, j.name, j.generation, j.attempt, j.duration_seconds,
        j.recorded_at, j.replays, j.last_replayed_attempt, j.last_replayed_at, j.content_hash,
        octet_length(r.result::text) AS result_bytes,
        CASE WHEN %(sealed)s::boolean THEN r.result::text END AS result_text
-FROM konduit_journal_all j
-JOIN konduit_journal_results_all r
+FROM konduit_journal_of(%(execution_id)s::uuid) j
+JOIN konduit_journal_results_of(%(execution_id)s::uuid) r
     ON r.execution_id = j.execution_id AND r.content_hash = j.content_hash
 WHERE j.execution_id = %(execution_id)s
 ORDER BY j.step, j.map_index, j.seq

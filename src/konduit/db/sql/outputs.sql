@@ -23,15 +23,14 @@ ON CONFLICT DO NOTHING;
 -- name: output_list_by_execution
 -- Every stored payload of one execution, with where it came from and whether it is current.
 -- plan: custom, as many rows as the execution has outputs (a map: every item).
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT o.step, o.map_index, o.content_hash, o.payload, o.source, o.created_at,
-       EXISTS (SELECT 1 FROM konduit_tasks_all t
+       EXISTS (SELECT 1 FROM konduit_tasks_of(%(execution_id)s::uuid) t
                WHERE t.execution_id = o.execution_id AND t.step = o.step
                  AND t.map_index = o.map_index AND t.output_hash = o.content_hash
-                 AND t.generation = (SELECT max(generation) FROM konduit_tasks_all t2
+                 AND t.generation = (SELECT max(generation) FROM konduit_tasks_of(%(execution_id)s::uuid) t2
                                      WHERE t2.execution_id = o.execution_id AND t2.step = o.step))
            AS current
-FROM konduit_outputs_all o
+FROM konduit_outputs_of(%(execution_id)s::uuid) o
 WHERE o.execution_id = %(execution_id)s
 ORDER BY o.step, o.map_index, o.created_at;
 

@@ -25,11 +25,10 @@ WHERE execution_id = %(execution_id)s;
 -- name: step_get_all_with_history
 -- Every step of one execution, in the hot table or moved into the history (migration 0041),
 -- for the reads that show it, by name.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT step, status, up_total, up_pending, up_ok, up_failed, up_skipped, tasks_total,
        tasks_pending, tasks_ok, tasks_degraded, tasks_failed, first_upstream_at,
        last_upstream_at, straggler, fired_at, ended_at
-FROM konduit_steps_all
+FROM konduit_steps_of(%(execution_id)s::uuid)
 WHERE execution_id = %(execution_id)s
 ORDER BY step;  -- its two sides' physical orders differ: one order, whichever side answers
 

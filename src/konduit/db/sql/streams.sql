@@ -73,10 +73,9 @@ LEFT JOIN konduit_streams s ON s.execution_id = %(execution_id)s::uuid AND s.nam
 -- name: stream_chunk_list_from
 -- A stream's records from an offset on, in offset order, at most `limit` of them (a primary-key
 -- range: what it reads is what it returns).
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT c.chunk_offset, c.kind, c.attempt, c.previous_attempt, c.payload,
        c.written_at
-FROM konduit_stream_chunks_all c
+FROM konduit_stream_chunks_of(%(execution_id)s::uuid) c
 WHERE c.execution_id = %(execution_id)s AND c.name = %(name)s
   AND c.chunk_offset >= %(from_offset)s
 ORDER BY c.chunk_offset
@@ -88,22 +87,20 @@ LIMIT %(limit)s;
 -- newest generation of the task that writes it (NULL when it has none). A stream ends when
 -- that task or its execution has ended: every write holds the task's lease, and an ended task
 -- holds none.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT e.status AS execution_status, s.name, s.step, s.map_index, s.next_offset, s.chunks,
        s.bytes, s.writer_attempt, s.restarts,
-       (SELECT t.status FROM konduit_tasks_all t
+       (SELECT t.status FROM konduit_tasks_of(%(execution_id)s::uuid) t
         WHERE t.execution_id = s.execution_id AND t.step = s.step AND t.map_index = s.map_index
         ORDER BY t.generation DESC LIMIT 1) AS task_status
-FROM konduit_executions_all e
-LEFT JOIN konduit_streams_all s ON s.execution_id = e.id AND s.name = %(name)s
+FROM konduit_executions_of(%(execution_id)s::uuid) e
+LEFT JOIN konduit_streams_of(%(execution_id)s::uuid) s ON s.execution_id = e.id AND s.name = %(name)s
 WHERE e.id = %(execution_id)s;
 
 -- name: stream_list_of_execution
 -- Every stream of an execution, by name: its writer (step, map index, latest attempt), how many
 -- data chunks and bytes it keeps, its next offset and how many times an attempt restarted it.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT s.name, s.step, s.map_index, s.next_offset, s.chunks, s.bytes, s.writer_attempt,
        s.restarts, s.created_at, s.updated_at
-FROM konduit_streams_all s
+FROM konduit_streams_of(%(execution_id)s::uuid) s
 WHERE s.execution_id = %(execution_id)s
 ORDER BY s.name;

@@ -669,11 +669,10 @@ RETURNING t.id;
 -- name: task_list_by_execution
 -- Every task of one execution, in DAG-independent order, for status pages.
 -- plan: custom, as many rows as the execution has tasks (a map: every item).
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT id, step, map_index, generation, status, attempt, max_attempts, worker_id, error,
        routes, deadline_seconds, deadline_at, created_at, started_at, finished_at, run_at,
        wait_kind, wait_event, wait_key, wait_until, wait_child
-FROM konduit_tasks_all
+FROM konduit_tasks_of(%(execution_id)s::uuid)
 WHERE execution_id = %(execution_id)s
 ORDER BY id;
 
@@ -714,9 +713,8 @@ ORDER BY step, generation DESC, map_index;
 -- name: task_list_routes_latest_with_history
 -- The routing choice of each step's latest task of an execution in the hot table or moved into
 -- the history (migration 0041): a fork reads its origin's, wherever the origin is.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT DISTINCT ON (step) step, routes
-FROM konduit_tasks_all
+FROM konduit_tasks_of(%(execution_id)s::uuid)
 WHERE execution_id = %(execution_id)s
 ORDER BY step, generation DESC, map_index;
 

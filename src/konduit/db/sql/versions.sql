@@ -42,13 +42,12 @@ ORDER BY w.name, w.version;
 -- per policy): what it stores (tries, budget, queue, priority) and the revision of its version's
 -- policy its creator applied (a task from before migration 0022: the revision in effect then).
 -- plan: custom: it reads every task of the execution, a map's too.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT t.step, t.generation, count(*) AS tasks, min(t.map_index) AS first_index,
        t.max_attempts, t.deadline_seconds, t.queue, t.priority,
        coalesce(t.policy_revision, r.revision) AS policy_revision,
        min(t.created_at) AS created_at
-FROM konduit_tasks_all t
-JOIN konduit_executions_all e ON e.id = t.execution_id
+FROM konduit_tasks_of(%(execution_id)s::uuid) t
+JOIN konduit_executions_of(%(execution_id)s::uuid) e ON e.id = t.execution_id
 LEFT JOIN LATERAL (
     SELECT p.revision FROM konduit_workflow_policies p
     WHERE t.policy_revision IS NULL

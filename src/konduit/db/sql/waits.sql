@@ -288,9 +288,8 @@ LIMIT %(limit)s;
 -- events stay where they are, kept as long as the execution by the same retention).
 -- The event's payload whole ({value, answered_by}): under a payload codec it is one sealed
 -- envelope, opened where it is read (Answer.from_event_row), not picked apart here.
--- history: one execution (read where it is: konduit/db/queries.py).
 SELECT t.execution_id, t.step, t.generation, ev.payload, ev.consumed_at AS answered_at
-FROM konduit_tasks_all t
+FROM konduit_tasks_of(%(execution_id)s::uuid) t
 JOIN konduit_events ev ON ev.consumed_by = t.id
 WHERE t.execution_id = %(execution_id)s
   AND starts_with(ev.name, 'konduit-input:')
