@@ -185,6 +185,10 @@ def _redrive_10k(door: str, app: konduit.App, request: pytest.FixtureRequest) ->
         assert len(counts["ids"]) == 1000  # the answer's list is bounded; the counts are whole
         return float(counts["longest_batch_seconds"])
     driver = request.getfixturevalue("browser")
+    # The confirm's POST answers once the whole redrive is done, and the click waits for that
+    # page: the driver's own HTTP timeout (120 s) must not cut it short on a busy machine (a CI
+    # run took 112 s), only the page load timeout below.
+    driver.command_executor._client_config.timeout = 600
     with serving(web) as base:
         driver.set_page_load_timeout(600)
         driver.get(f"{base}/?status=failed&tag=load%3D10k")
