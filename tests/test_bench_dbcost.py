@@ -68,8 +68,6 @@ def test_db_cost_reports_wal_and_cpu_per_task_with_ratios_and_a_breakdown(
                  "wal_per_task_over_leased"):
         ratio = report["ratios"][name]
         assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0, name
-    # A lease costs a commit and a row version more than the bare protocol, never less.
-    assert leased["wal_bytes_per_branch_task"] > bare["wal_bytes_per_branch_task"]
     breakdown = report["results"]["konduit_wal_breakdown"]
     assert breakdown is not None, "pg_walinspect is part of PostgreSQL 15+'s contrib"
     if "unavailable" in breakdown:
