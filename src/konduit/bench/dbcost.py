@@ -8,6 +8,12 @@ under the execution's row lock; the branch that brings the count to zero inserts
 One transaction per task, no attempts, no outputs table, no history: every figure of Konduit's
 is also given as a ratio to it.
 
+Two more baselines run beside it, each a floor a redesign could aim at: the **leased protocol**
+(:data:`LEASED_SCHEMA`: a lease committed before the handler runs, fenced completions, an index
+of lapsed leases) and the **lean protocol** (:data:`LEAN_SCHEMA`: the leased one with Konduit's
+idempotency key, UUID execution ids and outputs, laid out so that every update of a task row is
+heap-only).
+
 - **WAL** is the server's WAL position before and after (``pg_current_wal_lsn``): server-wide,
   so run it on a quiet server. With ``pg_walinspect`` (PostgreSQL 15+; the extension is created
   in the scratch database) the WAL of the run is also broken down by relation (PostgreSQL 16+:
@@ -212,6 +218,81 @@ WHERE id = (SELECT id FROM bare.tasks WHERE status = 'ready'
 RETURNING id, execution_id, step
 """
 
+LEAN_SCHEMA = """
+CREATE SCHEMA IF NOT EXISTS lean;
+DROP TABLE IF EXISTS lean.leases, lean.ready, lean.tasks, lean.executions;
+CREATE TABLE lean.executions (
+    id uuid PRIMARY KEY,
+    remaining integer NOT NULL,
+    status text NOT NULL DEFAULT 'running'
+) WITH (fillfactor = 50);
+CREATE TABLE lean.tasks (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    execution_id uuid NOT NULL REFERENCES lean.executions (id),
+    step text NOT NULL,
+    map_index integer NOT NULL DEFAULT -1,
+    generation integer NOT NULL DEFAULT 0,
+    status text NOT NULL DEFAULT 'ready',
+    attempt integer NOT NULL DEFAULT 0,
+    worker_id text,
+    started_at timestamptz,
+    finished_at timestamptz,
+    output jsonb,
+    UNIQUE (execution_id, step, map_index, generation)
+) WITH (fillfactor = 50);
+CREATE TABLE lean.ready (task_id bigint PRIMARY KEY);
+CREATE TABLE lean.leases (
+    task_id bigint PRIMARY KEY,
+    attempt integer NOT NULL,
+    token uuid NOT NULL,
+    worker_id text NOT NULL,
+    started_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX lean_leases_expiry ON lean.leases (expires_at);
+"""
+"""The lean protocol: the leased one laid out for the least WAL a design with Konduit's
+guarantees could write per task, the floor for a redesign of Konduit's task row. The task row
+keeps Konduit's idempotency key (execution, step, map index, generation), UUID execution ids and
+its output; nothing indexed on it ever changes, so its one update (the completion, which also
+records the attempt) is heap-only. The ready queue and the leases are rows of their own: the
+claim deletes a ready row and inserts a lease (with its attempt, worker and start) and writes
+nothing to the task; the completion deletes the lease, fenced by its token, in the statement that
+records the outcome. The lapsed-lease index stays (a rescue must find them)."""
+
+LEAN_CLAIM = """
+WITH claimed AS (
+    DELETE FROM lean.ready
+    WHERE task_id = (SELECT task_id FROM lean.ready ORDER BY task_id FOR UPDATE SKIP LOCKED LIMIT 1)
+    RETURNING task_id
+), leased AS (
+    INSERT INTO lean.leases (task_id, attempt, token, worker_id, started_at, expires_at)
+    SELECT t.id, t.attempt + 1, %(token)s, %(worker)s, now(), now() + interval '15 seconds'
+    FROM claimed JOIN lean.tasks t ON t.id = claimed.task_id
+    RETURNING task_id
+)
+SELECT t.id, t.execution_id, t.step FROM leased JOIN lean.tasks t ON t.id = leased.task_id
+"""
+
+LEAN_COMPLETE = """
+WITH fenced AS (
+    DELETE FROM lean.leases WHERE task_id = %(task)s AND token = %(token)s
+    RETURNING task_id, attempt, worker_id, started_at
+)
+UPDATE lean.tasks t SET status = 'succeeded', output = '1', attempt = fenced.attempt,
+       worker_id = fenced.worker_id, started_at = fenced.started_at, finished_at = now()
+FROM fenced WHERE t.id = fenced.task_id
+"""
+
+LEAN_ENQUEUE = """
+WITH made AS (
+    INSERT INTO lean.tasks (execution_id, step, map_index)
+    SELECT %(execution)s, %(step)s, g FROM generate_series(1, %(count)s) g
+    ON CONFLICT DO NOTHING RETURNING id
+)
+INSERT INTO lean.ready (task_id) SELECT id FROM made
+"""
+
 BARE_CLAIM = """
 UPDATE bare.tasks SET status = 'running'
 WHERE id = (SELECT id FROM bare.tasks WHERE status = 'ready'
@@ -220,15 +301,27 @@ RETURNING id, execution_id, step
 """
 
 
+PROTOCOLS = ("bare", "leased", "lean")
+
+
 def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
-                  meter: ServerMeter, warm: int = 0, leased: bool = False) -> Json:
+                  meter: ServerMeter, warm: int = 0, leased: bool = False,
+                  protocol: str | None = None) -> Json:
     """``executions`` x ``width`` branches + a join through the bare protocol, on
-    ``concurrency`` threads with a connection each; one transaction per task (``leased``: the
-    leased protocol, :data:`LEASED_SCHEMA`, two). ``warm`` executions run first, outside the
-    meter, on the same connections (as Konduit's warm-up)."""
+    ``concurrency`` threads with a connection each; one transaction per task. ``protocol``
+    (or ``leased``) picks a baseline of :data:`PROTOCOLS`: ``leased`` (:data:`LEASED_SCHEMA`)
+    and ``lean`` (:data:`LEAN_SCHEMA`) take two transactions per task, the claim's and the
+    completion's. ``warm`` executions run first, outside the meter, on the same connections
+    (as Konduit's warm-up)."""
+    kind = protocol or ("leased" if leased else "bare")
+    if kind not in PROTOCOLS:
+        raise ValueError(f"protocol {kind!r}: expected one of {', '.join(PROTOCOLS)}")
+    lean = kind == "lean"
+    leased = kind != "bare"
+    ids = [uuid.uuid4() for _ in range(warm + executions)] if lean else []
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(BARE_SCHEMA)
-        if leased:
+        conn.execute(LEAN_SCHEMA if lean else BARE_SCHEMA)
+        if kind == "leased":
             conn.execute(LEASED_SCHEMA)
 
     def create(first: int, count: int) -> None:
@@ -236,6 +329,12 @@ def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
         # their tasks' rows), so the baseline pays for creating its own.
         with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
             for e in range(first, first + count):
+                if lean:
+                    conn.execute("INSERT INTO lean.executions (id, remaining) VALUES (%s, %s)",
+                                 (ids[e], width))
+                    conn.execute(LEAN_ENQUEUE, {"execution": ids[e], "step": "branch",
+                                                "count": width})
+                    continue
                 conn.execute("INSERT INTO bare.executions (id, remaining) VALUES (%s, %s)",
                              (e, width))
                 conn.execute("INSERT INTO bare.tasks (execution_id, step)"
@@ -255,8 +354,8 @@ def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
                     claimed = None
                     if leased:  # the lease commits before the handler would run
                         with c.transaction():
-                            claimed = c.execute(LEASED_CLAIM, {"token": token,
-                                                               "worker": worker}).fetchone()
+                            claimed = c.execute(LEAN_CLAIM if lean else LEASED_CLAIM,
+                                                {"token": token, "worker": worker}).fetchone()
                     with c.transaction():
                         row = claimed if leased else c.execute(BARE_CLAIM).fetchone()
                         if row is None:
@@ -264,9 +363,12 @@ def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
                         else:
                             idle = False
                             task, execution, step = row
-                            c.execute("SELECT 1 FROM bare.executions WHERE id = %s FOR UPDATE",
-                                      (execution,))
-                            if leased:
+                            schema = "lean" if lean else "bare"
+                            c.execute(f"SELECT 1 FROM {schema}.executions WHERE id = %s"
+                                      " FOR UPDATE", (execution,))
+                            if lean:
+                                c.execute(LEAN_COMPLETE, {"task": task, "token": token})
+                            elif leased:
                                 c.execute("UPDATE bare.tasks SET status = 'succeeded',"
                                           " output = '1', lease_token = NULL,"
                                           " lease_expires_at = NULL, finished_at = now()"
@@ -277,13 +379,16 @@ def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
                                           (task,))
                             if step == "branch":
                                 left = c.execute(
-                                    "UPDATE bare.executions SET remaining = remaining - 1"
+                                    f"UPDATE {schema}.executions SET remaining = remaining - 1"
                                     " WHERE id = %s RETURNING remaining", (execution,)).fetchone()
-                                if left is not None and left[0] == 0:
+                                if left is not None and left[0] == 0 and lean:
+                                    c.execute(LEAN_ENQUEUE, {"execution": execution,
+                                                             "step": "join", "count": 1})
+                                elif left is not None and left[0] == 0:
                                     c.execute("INSERT INTO bare.tasks (execution_id, step)"
                                               " VALUES (%s, 'join')", (execution,))
                             else:
-                                c.execute("UPDATE bare.executions SET status = 'succeeded'"
+                                c.execute(f"UPDATE {schema}.executions SET status = 'succeeded'"
                                           " WHERE id = %s", (execution,))
                                 with reached:
                                     finished[0] += 1
@@ -320,7 +425,7 @@ def bare_protocol(url: str, *, executions: int, width: int, concurrency: int,
     if errors:
         raise errors[0]
     _check(finished[0] == warm + executions,
-           f"bare protocol: {finished[0] - warm} of {executions} finished")
+           f"{kind} protocol: {finished[0] - warm} of {executions} finished")
     return {"seconds": _r(seconds), **cost}
 
 
@@ -333,12 +438,13 @@ def per_task(cost: Json, branches: int) -> Json:
 def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: int = 20,
             concurrency: int = 8, warm: int = 30) -> Json:
     """Konduit's throughput workload (``executions`` x ``width`` branches + a join, one worker
-    process x ``concurrency`` slots) and the bare protocol on the same server, ``repeats``
-    times each, alternating; medians per branch task, and their ratios."""
+    process x ``concurrency`` slots) and the bare, leased and lean protocols on the same
+    server, ``repeats`` times each, alternating; medians per branch task, and their ratios."""
     branches = executions * width
     konduit_runs: list[Json] = []
     bare_runs: list[Json] = []
     leased_runs: list[Json] = []
+    lean_runs: list[Json] = []
     breakdown: Json | None = None
     for _ in range(repeats):
         with fresh() as url:
@@ -370,13 +476,14 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
                 breakdown = cost["breakdown"]
             finally:
                 meter.close()
-        for runs, leased in ((bare_runs, False), (leased_runs, True)):
+        for runs, protocol in ((bare_runs, "bare"), (leased_runs, "leased"),
+                               (lean_runs, "lean")):
             with fresh() as url:
                 meter = ServerMeter(url)
                 try:
                     bare = bare_protocol(url, executions=executions, width=width,
                                          concurrency=concurrency, meter=meter, warm=warm,
-                                         leased=leased)
+                                         protocol=protocol)
                     runs.append({**per_task(bare, branches), "wal_bytes": bare["wal_bytes"],
                                  "branch_tasks_per_second": _r(branches / bare["seconds"])})
                 finally:
@@ -391,6 +498,7 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
     ours = {k: median(konduit_runs, k) for k in keys}
     theirs = {k: median(bare_runs, k) for k in keys}
     floor = {k: median(leased_runs, k) for k in keys}
+    lean = {k: median(lean_runs, k) for k in keys}
     return {
         "parameters": {"executions": executions, "width": width, "processes": 1,
                        "concurrency": concurrency, "repeats": repeats,
@@ -403,6 +511,13 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
                                           "the completion re-checks the lease: the least a "
                                           "worker that holds no transaction through a "
                                           "handler writes",
+                       "lean_protocol": "the leased protocol laid out for the least WAL with "
+                                        "Konduit's guarantees: its idempotency key and UUID "
+                                        "execution ids on the task row, the output on it, the "
+                                        "ready queue and the leases in tables of their own, "
+                                        "nothing indexed on the task row ever changed (its one "
+                                        "update, the completion, is heap-only): the floor for "
+                                        "a redesign of Konduit's task row",
                        "wal": "server-wide WAL position before and after each run: run on a "
                               "quiet server",
                        "span": "Konduit: from the start of its executions to the last one "
@@ -415,8 +530,9 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
                                "statements are prepared (PostgreSQL plans a prepared statement "
                                "5 times per connection before it keeps a plan)"},
         "results": {"konduit": ours, "bare_protocol": theirs, "leased_protocol": floor,
+                    "lean_protocol": lean,
                     "konduit_runs": konduit_runs, "bare_runs": bare_runs,
-                    "leased_runs": leased_runs,
+                    "leased_runs": leased_runs, "lean_runs": lean_runs,
                     "konduit_wal_breakdown": breakdown},
         "ratios": {
             "wal_per_task_over_bare": ratio(ours["wal_bytes_per_branch_task"],
@@ -427,5 +543,9 @@ def db_cost(fresh: Callable[[], Any], *, executions: int, repeats: int, width: i
                                                    theirs["wal_bytes_per_branch_task"]),
             "wal_per_task_over_leased": ratio(ours["wal_bytes_per_branch_task"],
                                               floor["wal_bytes_per_branch_task"]),
+            "lean_wal_per_task_over_bare": ratio(lean["wal_bytes_per_branch_task"],
+                                                 theirs["wal_bytes_per_branch_task"]),
+            "wal_per_task_over_lean": ratio(ours["wal_bytes_per_branch_task"],
+                                            lean["wal_bytes_per_branch_task"]),
         },
     }
