@@ -637,7 +637,7 @@ def test_a_steps_durations_are_read_from_the_history_too(make_app, db_url):
 def test_the_answers_of_a_moved_execution_stay_readable(make_app, db_url):
     """Who answered a person's step, what and when is the execution's audit record: it reads the
     same through the App and the clients after the execution moved into the history (its
-    events stay where they are, kept by the same retention)."""
+    events stay where they are, and retention keeps them as long as the execution)."""
     from tests.support.waiting import until
     from tests.test_people_waits import FAST, approval_workflow, waiting_in_inbox
 
@@ -662,6 +662,13 @@ def test_the_answers_of_a_moved_execution_stay_readable(make_app, db_url):
     assert [(a.step, a.answered_by) for a in before["app"]] == [("approve", "ada")]
     assert before["client"] == before["app"] == before["async"]
     assert move(app) == 1
+    assert answers() == before
+    # Retention keeps the answers as long as their execution, wherever it is kept: an old
+    # answer of a moved execution is not pruned.
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("UPDATE konduit_events SET created_at = created_at - interval"
+                            " '2 days' WHERE execution_id = %s", (handle.id,)).rowcount == 1
+    app.prune(older_than="1d")
     assert answers() == before
 
 

@@ -472,6 +472,67 @@ def test_prune_deletes_old_events_but_not_one_a_waiting_task_has_yet_to_be_woken
     assert left == ["old-accepted", "recent-pending"]
 
 
+def test_an_answer_stays_as_long_as_the_execution_that_took_it(
+        make_app: Callable[..., konduit.App], db_url: str) -> None:
+    """Who answered a person's step, what and when is its execution's record: retention deletes
+    an old answer with its execution, not before. An execution that holds a dead letter (kept
+    past the retention), and one still running (waiting for its second answer), keep their
+    answers; a pruned execution's answers go in the same prune."""
+    from tests.test_people_waits import Approval, waiting_in_inbox
+
+    wf = konduit.Workflow("prune-answers", version=1)
+    first = wf.wait_for_input("first", model=Approval)
+    second = wf.wait_for_input("second", model=Approval, after=[first])
+
+    @wf.step(after=[second], retry=konduit.Retry(max_attempts=1))
+    def book(ctx):
+        if ctx.input.get("fail"):
+            raise RuntimeError("the booking fails for good")
+        return "booked"
+
+    app = make_app(wf)
+
+    def answer(handle: konduit.ExecutionHandle, step: str) -> None:
+        wait_for(lambda: [i for i in waiting_in_inbox(app, handle.id) if i.step == step] != [])
+        app.answer(handle.id, step, {"decision": "approve"}, answered_by=f"ada-{step}")
+
+    with running_worker(app, poll_interval=0.1, maintenance_interval=0.3):
+        done, dead, running = (app.start("prune-answers", input=i)
+                               for i in ({}, {"fail": True}, {}))
+        for handle in (done, dead):
+            answer(handle, "first")
+            answer(handle, "second")
+        answer(running, "first")
+        wait_for(lambda: waiting_in_inbox(app, running.id) != [])
+        assert done.wait(timeout=30).status == "succeeded"
+        with pytest.raises(konduit.ExecutionFailed):
+            dead.wait(timeout=30)
+    age(db_url, [done.id, dead.id])
+    with psycopg.connect(db_url) as conn:
+        aged = conn.execute("UPDATE konduit_events SET created_at = created_at - interval '2 days'"
+                            " WHERE execution_id = ANY(%s)",
+                            ([done.id, dead.id, running.id],)).rowcount
+    assert aged == 5
+
+    def kept(handle: konduit.ExecutionHandle) -> list[tuple[str, str | None]]:
+        return [(a.step, a.answered_by) for a in app.answers(handle.id)]
+
+    before = {h.id: kept(h) for h in (done, dead, running)}
+    assert before[dead.id] == [("first", "ada-first"), ("second", "ada-second")]
+    assert app.prune(older_than="1d") == 1  # the succeeded one; the dead letter stays
+    assert kept(dead) == before[dead.id]
+    assert kept(running) == before[running.id] == [("first", "ada-first")]
+    with psycopg.connect(db_url) as conn:
+        left = conn.execute("SELECT execution_id, count(*) FROM konduit_events"
+                            " GROUP BY 1").fetchall()
+    assert dict(left) == {dead.id: 2, running.id: 1}  # the pruned execution's answers went
+    assert app.prune(older_than="1d", include_dead_letters=True) == 1
+    with psycopg.connect(db_url) as conn:
+        left = conn.execute("SELECT execution_id, count(*) FROM konduit_events"
+                            " GROUP BY 1").fetchall()
+    assert dict(left) == {running.id: 1}
+
+
 def test_a_repair_cancelled_before_it_started_leaves_a_dead_letter_to_prune_and_dashboard_alike(
         make_app: Callable[..., konduit.App], db_url: str) -> None:
     """One definition of a dead letter (the task_dead_letter fragment): a failed task whose

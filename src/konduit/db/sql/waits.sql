@@ -206,21 +206,33 @@ ORDER BY t.id;
 
 -- name: event_delete_before
 -- Retention: a batch of events sent before the cutoff, consumed or never taken, except one
--- whose task still waits to be woken with its payload. SKIP LOCKED passes over an event being
--- consumed right now; the outer WHERE re-checks in this statement what the batch was chosen by.
+-- whose task still waits to be woken with its payload, and one an execution took that is
+-- still kept (running, holding a dead letter, or in the history): an event sent to an
+-- execution by id and taken by it (a person's answer: who answered, what, when) is that
+-- execution's record and goes when the execution is gone, not before. SKIP LOCKED passes
+-- over an event being consumed right now; the outer WHERE re-checks in this statement what
+-- the batch was chosen by.
 DELETE FROM konduit_events ev
 WHERE ev.id IN (
     SELECT e.id FROM konduit_events e
     WHERE e.created_at < konduit_clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
       AND NOT EXISTS (SELECT 1 FROM konduit_tasks t
                       WHERE t.id = e.consumed_by AND t.status = 'waiting')
+      AND NOT (e.execution_id IS NOT NULL AND e.consumed_by IS NOT NULL
+               AND EXISTS (SELECT 1
+                           FROM konduit_executions_since(konduit_history_from(e.execution_id)) x
+                           WHERE x.id = e.execution_id))
     ORDER BY e.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
   AND ev.created_at < konduit_clock_timestamp() - make_interval(secs => %(older_than_seconds)s)
   AND NOT EXISTS (SELECT 1 FROM konduit_tasks t
-                  WHERE t.id = ev.consumed_by AND t.status = 'waiting');
+                  WHERE t.id = ev.consumed_by AND t.status = 'waiting')
+  AND NOT (ev.execution_id IS NOT NULL AND ev.consumed_by IS NOT NULL
+           AND EXISTS (SELECT 1
+                       FROM konduit_executions_since(konduit_history_from(ev.execution_id)) x
+                       WHERE x.id = ev.execution_id));
 
 -- name: event_delete_expired
 -- A batch of stored events past their retention, never consumed (nor ever to be: a consume
@@ -285,7 +297,7 @@ LIMIT %(limit)s;
 -- name: event_list_answers_by_execution
 -- The answers given to an execution's wait_for_input steps: who answered each and when (the
 -- moment its event was taken), oldest first; of an execution moved into the history too (its
--- events stay where they are, kept as long as the execution by the same retention).
+-- events stay where they are: retention keeps them as long as the execution, event_delete_before).
 -- The event's payload whole ({value, answered_by}): under a payload codec it is one sealed
 -- envelope, opened where it is read (Answer.from_event_row), not picked apart here.
 SELECT t.execution_id, t.step, t.generation, ev.payload, ev.consumed_at AS answered_at
