@@ -191,13 +191,18 @@ def test_the_command_line_lists_the_inbox_and_answers(make_app, db_url):
 
     app = make_app(approval_workflow(name="expense-cli"))
     with running_worker(app, **FAST):
+        other = app.start("expense-cli", input={"claim": 5})
         handle = app.start("expense-cli", input={"claim": 6})
         until(lambda: waiting_in_inbox(app, handle.id), what="the inbox row")
+        until(lambda: waiting_in_inbox(app, other.id), what="the other's inbox row")
         listed = konduit_cli("inbox", "--database-url", db_url)
         assert listed.returncode == 0, listed.stderr
         assert "expense-cli" in listed.stdout and "finance team" in listed.stdout
         as_json = json.loads(konduit_cli("inbox", "--json", "--database-url", db_url).stdout)
-        assert as_json[0]["step"] == "approve"
+        assert {r["execution_id"] for r in as_json} == {str(handle.id), str(other.id)}
+        mine = json.loads(konduit_cli("inbox", "--json", "--execution", str(handle.id)[:13],
+                                      "--database-url", db_url).stdout)
+        assert [(r["execution_id"], r["step"]) for r in mine] == [(str(handle.id), "approve")]
         assert_clean_error(konduit_cli("answer", str(handle.id), "approve", "--value",
                                        '{"decision": "approve", "amount": "x"}',
                                        "--database-url", db_url), "amount")
@@ -206,7 +211,26 @@ def test_the_command_line_lists_the_inbox_and_answers(make_app, db_url):
                            "--database-url", db_url)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["answered_by"] == "lin"
+        # konduit status waits for it, then shows who answered, as the API's detail does.
+        shown = konduit_cli("status", str(handle.id), "--wait", "--timeout", "60",
+                            "--database-url", db_url)
+        assert shown.returncode == 0, shown.stderr
+        assert "answered approve by lin" in " ".join(shown.stdout.split())
+        shown = json.loads(konduit_cli("status", str(handle.id), "--json",
+                                       "--database-url", db_url).stdout)
+        assert shown["status"] == "succeeded"
+        assert [(a["step"], a["answered_by"], a["value"]) for a in shown["answers"]] == [
+            ("approve", "lin", {"decision": "approve"})]
         assert handle.wait(timeout=30).output["booked"]["decision"] == "approve"
+        # --wait on one still waiting: --timeout passes, exit 124, the execution goes on.
+        waited = konduit_cli("status", str(other.id), "--wait", "--timeout", "0.5",
+                             "--database-url", db_url)
+        assert waited.returncode == 124, (waited.stdout, waited.stderr)
+        assert waiting_in_inbox(app, other.id)
+        app.cancel(other.id)
+        failed = konduit_cli("status", str(other.id), "--wait", "--json",
+                             "--database-url", db_url)
+        assert failed.returncode == 1 and json.loads(failed.stdout)["status"] == "cancelled"
     assert_clean_error(konduit_cli("answer", str(handle.id), "approve", "--value",
                                    '{"decision": "approve"}', "--database-url", db_url),
                        "is succeeded")

@@ -225,11 +225,20 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     journal: Annotated[bool, typer.Option(
         "--journal", help="Also list the durable calls its handlers recorded (ctx.call).")] = False,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="First wait for it to finish.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Seconds --wait waits at most.")] = None,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Show an execution: status, error, output and a table of its steps."""
+    """Show an execution: status, error, output, a table of its steps and the answers of its
+    people's steps.
+
+    Exit codes: 0, 1 any error; with --wait as for ``start --wait``: 0 it succeeded, 1 it
+    failed, timed out or was cancelled, 124 --timeout passed while it still runs."""
     with opened(plain_app(database_url)) as app:
         result = app.status(execution_id)
+        if wait:
+            result = _wait(app, result.id, timeout)
         calls = app.journal(result.id) if journal else None
         steps = app.steps(result.id)
         tasks = app.tasks(result.id)
@@ -238,6 +247,7 @@ def status(
         auto_repair = app.auto_repair_status(result.id)
         stall = None if result.finished else app.stall(result.id)
         streams = app.streams(result.id)
+        answers = app.answers(result.id)
         # A running execution nobody serves waits forever without a word: say so.
         served = None if result.finished else app.workflow_served(result.workflow, result.version)
     hint = None if served is not False else (
@@ -253,8 +263,10 @@ def status(
             "auto_repair": auto_repair, "waiting": waiting_json(tasks),
             "stalled": None if stall is None else stall.to_json(),
             **({} if calls is None else {"journal": calls}),
-            "streams": streams,
+            "streams": streams, "answers": answers,
         }))
+        if wait and result.status != "succeeded":
+            raise typer.Exit(EXIT_FAILED)
         return
     took = between(result.created_at, result.finished_at)
     console.print(f"execution [bold]{result.id}[/bold]  {escape(result.workflow)} "
@@ -286,6 +298,10 @@ def status(
         console.print(f"stream [bold]{escape(kept.name)}[/bold]: {kept.chunks} chunks, {kept.bytes} "
                       f"bytes{restarted} (konduit stream {short_id(result.id)} --name "
                       f"{escape(kept.name)})", soft_wrap=True)
+    for given in answers:
+        console.print(f"answered [bold]{escape(given.step)}[/bold] by "
+                      f"{escape(given.answered_by or '?')} at {stamp(given.answered_at)}: "
+                      f"{escape(dump_json(given.value))}", soft_wrap=True)
     print_waiting(tasks)
     if calls is not None:
         console.print(journal_table(calls) if calls else "no durable calls recorded")
@@ -296,6 +312,8 @@ def status(
         console.print(f"[yellow]late result[/yellow] of {escape(where)} (after its deadline; "
                       f"the join did not use it): {escape(dump_json(payload.payload))}",
                       soft_wrap=True)
+    if wait and result.status != "succeeded":
+        raise typer.Exit(EXIT_FAILED)
 
 
 # The options of a bulk cancel or redrive: the search's (as `konduit list` takes them).

@@ -125,6 +125,10 @@ def _system_user() -> str | None:
 def inbox(
     limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many, oldest "
                                                              "first.")] = 100,
+    execution_id: Annotated[str | None, typer.Option(
+        "--execution", metavar="ID",
+        help="Only the waits of this execution (its id, or a unique start or end of it).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the open waits as JSON.")
                        ] = False,
     database_url: DatabaseUrl = None,
@@ -132,7 +136,7 @@ def inbox(
     """List the steps waiting for a person's answer (wf.wait_for_input), oldest first:
     workflow, execution, step, waiting since, deadline and who may answer."""
     with opened(plain_app(database_url)) as app:
-        rows = app.inbox(limit=limit)
+        rows = app.inbox(execution_id=execution_id, limit=limit)
     if as_json:
         print(dump_json(rows))
         return

@@ -33,6 +33,10 @@ def webhooks(
         help="Send this failed or refused delivery again now (with a fresh attempt count).",
         show_default=False)] = None,
     limit: Annotated[int, typer.Option(min=1, help="Show at most this many, newest first.")] = 100,
+    execution_id: Annotated[str | None, typer.Option(
+        "--execution", metavar="ID",
+        help="Only the deliveries of this execution (its id, or a unique start or end of it).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the deliveries as JSON.")] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
@@ -47,7 +51,8 @@ def webhooks(
                 raise typer.Exit(1)
             console.print(f"delivery {retry} is due again")
             return
-        found = app.webhook_deliveries(status=status, limit=limit)
+        found = app.webhook_deliveries(status=status, execution_id=execution_id,
+                                       limit=limit)
     finally:
         app.close()
     if as_json:

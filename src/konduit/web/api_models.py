@@ -218,6 +218,16 @@ class StreamOut(BaseModel):
     updated_at: datetime
 
 
+class AnswerOut(BaseModel):
+    """The answer recorded: the step's output, who answered and when."""
+
+    execution_id: UUID
+    step: str
+    value: Any
+    answered_by: str | None
+    answered_at: datetime
+
+
 class ExecutionDetail(BaseModel):
     id: UUID
     workflow: str
@@ -248,6 +258,12 @@ class ExecutionDetail(BaseModel):
     streams: list[StreamOut] = Field(
         default_factory=list, description="Its durable streams (GET .../streams/{name} follows "
         "one as server-sent events)")
+    answers: list[AnswerOut] = Field(
+        default_factory=list, description="The answers given to its wait_for_input steps: the "
+        "value, who answered and when, oldest first")
+    auto_repair: str | None = Field(
+        None, description="How its automatic repair (repair_within) stands, as one line; null "
+        "when it has none")
 
 
 class EventBody(request_body(  # type: ignore[misc]
@@ -268,16 +284,6 @@ class AnswerBody(request_body(  # type: ignore[misc]
         answered_by=Annotated[str | None, Field(min_length=1, max_length=200)])):
     """An answer to a ``wait_for_input`` step. ``answered_by`` is the person's own name for
     it: the server records it with the token that sent it (``ada via op token 1a2b3c4d``)."""
-
-
-class AnswerOut(BaseModel):
-    """The answer recorded: the step's output, who answered and when."""
-
-    execution_id: UUID
-    step: str
-    value: Any
-    answered_by: str | None
-    answered_at: datetime
 
 
 class InboxItem(BaseModel):

@@ -226,7 +226,8 @@ async def executions(ops: Ops, status: m.ExecutionStatus | None = None,
 @router.get("/executions/{execution_id}", response_model=m.ExecutionDetail, tags=["executions"],
             responses=problem_responses(404, 409))
 async def execution(execution_id: str, ops: Ops) -> m.ExecutionDetail:
-    """One execution whole: input, output, each step, every attempt with its full error."""
+    """One execution whole: input, output, each step, every attempt with its full error, the
+    answers of its ``wait_for_input`` steps, and how its automatic repair stands."""
     model = await ops.model()
     result = await model.view(execution_id)
     row = await model.execution(result.id)
@@ -246,7 +247,11 @@ async def execution(execution_id: str, ops: Ops) -> m.ExecutionDetail:
                          for v in await ops.outputs(result.id)],
         stalled=None if result.finished or (stall := await ops.stall(result.id)) is None
         else m.AlertOut.model_validate(stall.to_json()),
-        streams=[m.StreamOut.model_validate(s.to_dict()) for s in await ops.streams(result.id)])
+        streams=[m.StreamOut.model_validate(s.to_dict()) for s in await ops.streams(result.id)],
+        answers=[m.AnswerOut(execution_id=a.execution_id, step=a.step, value=a.value,
+                             answered_by=a.answered_by, answered_at=a.answered_at)
+                 for a in await ops.answers(result.id)],
+        auto_repair=await ops.auto_repair_status(result.id))
 
 
 @router.get("/executions/{execution_id}/logs", response_model=list[m.AttemptLog],
@@ -623,15 +628,19 @@ async def answer(execution_id: str, step: str, body: m.AnswerBody, request: Requ
                        answered_at=done.answered_at)
 
 
-@router.get("/inbox", response_model=list[m.InboxItem], tags=["executions"])
-async def inbox(ops: Ops, limit: Limit = 100) -> list[m.InboxItem]:
-    """Every ``wait_for_input`` step waiting for a person's answer, oldest first: workflow,
-    execution, step, waiting since, deadline, who may answer, and the JSON Schema of the
-    answer (docs/people-in-the-loop.md)."""
+@router.get("/inbox", response_model=list[m.InboxItem], tags=["executions"],
+            responses=problem_responses(404, 409))
+async def inbox(ops: Ops, limit: Limit = 100,
+                execution_id: Annotated[str | None, Query(
+                    max_length=100, description="Only the waits of this execution (its id, or "
+                    "a unique start or end of it)")] = None) -> list[m.InboxItem]:
+    """Every ``wait_for_input`` step waiting for a person's answer (of one execution, or of
+    all), oldest first: workflow, execution, step, waiting since, deadline, who may answer, and
+    the JSON Schema of the answer (docs/people-in-the-loop.md)."""
     return [m.InboxItem(execution_id=i.execution_id, workflow=i.workflow_name,
                         version=i.workflow_version, step=i.step, waiting_since=i.waiting_since,
                         deadline_at=i.deadline_at, who=i.who, answer_schema=i.schema)
-            for i in await ops.inbox(limit=limit)]
+            for i in await ops.inbox(execution_id=execution_id or None, limit=limit)]
 
 
 # -- the fleet --------------------------------------------------------------------------------
