@@ -294,11 +294,19 @@ def rows_as_dicts(db_url: str, sql: str) -> list[dict[str, Any]]:
 def test_cli_lists_deliveries_and_retries_a_failed_one(make_app, db_url):
     app = make_app(waiting(), webhooks=[konduit.Webhook("https://hooks.example.com/k",
                                                         events=EVENTS, secret=SECRET)])
-    app.cancel(app.start("parked").id)
+    parked = app.start("parked").id
+    app.cancel(parked)
     (delivery,) = deliveries(db_url)
     proc = konduit_cli("webhooks", "--json", "--database-url", db_url)
     assert proc.returncode == 0, proc.stderr
     (listed,) = json.loads(proc.stdout)
+    # One execution's deliveries (by a piece of its id), as app.webhook_deliveries takes it.
+    mine = konduit_cli("webhooks", "--json", "--execution", str(parked)[-8:],
+                       "--database-url", db_url)
+    assert json.loads(mine.stdout) == [listed]
+    other = konduit_cli("webhooks", "--json", "--execution", str(app.start("parked").id),
+                        "--database-url", db_url)
+    assert json.loads(other.stdout) == []
     assert (listed["event"], listed["status"], listed["attempts"]) == \
         ("execution.finished", "pending", 0)
     assert listed["url"] == "https://hooks.example.com/k" and listed["next_attempt_at"]
