@@ -1,7 +1,7 @@
 """Durable calls under hedging (docs/journal.md, "Fenced by the lease"; docs/hedging.md): a
 hedged task's two attempts (the straggler and its hedge) share one journal. When both make the
 same call at the same position, the first to record it wins and the other is handed that
-result.
+result; a call one attempt recorded before the other reaches it is replayed, not made again.
 
 A real worker (on a thread) runs both attempts; barriers keyed by the execution line the two
 attempts up at the call, so the collision happens on every trial, whatever the machine's load.
@@ -166,3 +166,75 @@ def test_both_attempts_make_the_same_call_the_first_record_wins_both_see_it(
                                                             ["dropped", "succeeded"]), outcomes
     # Which attempt records first is the race's; both outcomes are fine (not asserted).
     print(f"first recorder over {trials} trials: {dict(winners)}")
+
+
+@pytest.mark.parametrize("leader", ["primary", "hedge"])
+def test_a_call_the_other_attempt_recorded_first_is_replayed_not_made_again(
+        make_app: Callable[..., konduit.App], db_url: str, leader: str) -> None:
+    """One attempt (the leader) records a call while the other is already running and has read
+    the journal; the other then reaches the call: it is handed the recorded result without
+    making the call (the docs: calls live from the first call that has no record; a finished
+    model request is never paid for twice). Then both make a third call at once: still one
+    record. The guarded side effects run once each, the third's once per attempt at most."""
+    trials = 4
+    meet = Rendezvous()
+    made: Counter[tuple[uuid.UUID, str]] = Counter()  # (execution, call name)
+    seen: dict[uuid.UUID, list[tuple[str, list[str]]]] = defaultdict(list)
+    lock = threading.Lock()
+    wf = konduit.Workflow(f"journal-hedged-lead-{leader}", version=1)
+
+    def effect(execution_id: uuid.UUID, name: str, me: str) -> str:
+        with lock:
+            made[(execution_id, name)] += 1
+        return f"{name} by the {me}"
+
+    @wf.step(hedge="0.2s", deadline="120s")
+    def step(ctx: konduit.Context) -> list[str]:
+        eid, me = ctx.execution_id, who(ctx.hedged)
+        got = []
+        # Call one: the primary makes it before the hedge starts; the hedge replays it (and so
+        # has read the journal before call two is recorded).
+        if not ctx.hedged:
+            got.append(ctx.call_sync("one", effect, eid, "one", me))
+        meet.meet(eid, "started")
+        if ctx.hedged:
+            got.append(ctx.call_sync("one", effect, eid, "one", me))
+        meet.meet(eid, "journal read")
+        # Call two: the leader makes it; the other waits until it is recorded, then reaches it.
+        if me == leader:
+            got.append(ctx.call_sync("two", effect, eid, "two", me))
+            meet.event(eid, "two recorded").set()
+        else:
+            assert meet.event(eid, "two recorded").wait(MEET)
+            got.append(ctx.call_sync("two", effect, eid, "two", me))
+        # Call three: both at once.
+        meet.meet(eid, "three")
+        got.append(ctx.call_sync("three", effect, eid, "three", me))
+        with lock:
+            seen[eid].append((me, got))
+        meet.meet(eid, "handed back")
+        return got
+
+    app = make_app(wf)
+    with running_worker(app, concurrency=4, heartbeat_interval=0.5, lease_seconds=30):
+        for trial in range(trials):
+            result = app.start(wf.name, input={}).wait(timeout=90)
+            eid = result.id
+            assert result.status == "succeeded", (trial, result)
+            journal = recorders(db_url, eid)
+            assert [(seq, name) for seq, name, _, _ in journal] == [
+                (1, "one"), (2, "two"), (3, "three")], (trial, journal)
+            recorded = [r for _, _, r, _ in journal]
+            assert journal[0][2:] == ("one by the primary", "primary")
+            assert journal[1][2:] == (f"two by the {leader}", leader), (trial, journal)
+            assert recorded[2] == f"three by the {journal[2][3]}"
+            # Calls one and two ran once; three ran in one or both attempts (the collision).
+            assert made[(eid, "one")] == 1 and made[(eid, "two")] == 1, (trial, made)
+            assert made[(eid, "three")] in (1, 2), (trial, made)
+            # Both attempts saw the journal's results, and the output is them.
+            assert sorted(seen[eid]) == [("hedge", recorded), ("primary", recorded)], \
+                (trial, seen[eid], journal)
+            assert result.output == recorded
+            # The replays were counted: call one by the hedge, call two by the other attempt.
+            replays = {e.seq: e.replays for e in app.journal(eid)}
+            assert replays[1] == 1 and replays[2] == 1, (trial, replays)
