@@ -62,6 +62,10 @@ class JournalStore(Protocol):
     async def load(self) -> list[Recorded]:
         """Every recorded call of the task's place, in position order."""
 
+    async def entry(self, seq: int) -> Recorded | None:
+        """The call recorded at position ``seq`` now (another attempt of the task, a hedge, may
+        have recorded it since :meth:`load`), or None."""
+
     async def record(self, entry: Recorded, result_hash: str, duration: float) -> Recorded | None:
         """Record ``entry`` while the attempt holds the task's lease: the entry now recorded at
         its position (``entry``, or what another attempt of the task recorded there first), or
@@ -85,13 +89,20 @@ def check_name(name: object) -> str:
 class CallJournal:
     """The journal of one attempt: hands out positions, replays what is recorded, records what
     runs live. One per attempt; the async path runs on the worker's loop, the sync path on the
-    handler's thread (its storage work is sent to ``loop``)."""
+    handler's thread (its storage work is sent to ``loop``).
+
+    ``shared``: another attempt of the task may record calls while this one runs (its step is
+    hedged). The journal is read once, at the first call; a call with no record in what was
+    read is then looked up again before it runs live, so a call the other attempt recorded
+    since is replayed, not made again."""
 
     def __init__(self, store: JournalStore, *, step: str, map_index: int,
-                 loop: asyncio.AbstractEventLoop, max_bytes: int = DEFAULT_MAX_BYTES):
+                 loop: asyncio.AbstractEventLoop, max_bytes: int = DEFAULT_MAX_BYTES,
+                 shared: bool = False):
         self._store = store
         self.step = step
         self.map_index = map_index
+        self.shared = shared
         self._loop = loop
         self._max_bytes = max_bytes
         self._lock = threading.Lock()
@@ -175,7 +186,15 @@ class CallJournal:
             entries = await asyncio.shield(self._loading)
             if self._entries is None:
                 self._entries = {e.seq: e for e in entries}
-        return self._entries.get(seq)
+            return self._entries.get(seq)  # just read: nothing to look up again
+        found = self._entries.get(seq)
+        if found is None and self.shared:
+            # Read earlier: the other attempt (a hedge, or the straggler it hedges) may have
+            # recorded this call since.
+            found = await self._store.entry(seq)
+            if found is not None:
+                self._entries[seq] = found
+        return found
 
     def _mismatch(self, seq: int, name: str, recorded: str) -> DeterminismError:
         return DeterminismError(

@@ -33,6 +33,13 @@ class DatabaseJournal:
                                  step=task.step, map_index=task.map_index)
         return [Recorded(r["seq"], r["name"], self._opened(r["result"])) for r in rows]
 
+    async def entry(self, seq: int) -> Recorded | None:
+        task = self.task
+        found = await self.db.one("journal_get_entry", execution_id=task.execution_id,
+                                  step=task.step, map_index=task.map_index, seq=seq)
+        return None if found is None else Recorded(found["seq"], found["name"],
+                                                   self._opened(found["result"]))
+
     def _opened(self, text: str) -> str:
         """A recorded result as stored (JSON text, an envelope under a payload codec), as the
         canonical JSON of its value: :class:`~konduit.CodecError` when this process cannot
@@ -55,14 +62,10 @@ class DatabaseJournal:
             return entry
         # Nothing recorded: another attempt of the task (a hedge) recorded this position first,
         # or the lease is lost. The recorded entry, if any, is what counts.
-        task = self.task
-        found = await self.db.one("journal_get_entry", execution_id=task.execution_id,
-                                  step=task.step, map_index=task.map_index, seq=entry.seq)
-        if found is None:
+        found = await self.entry(entry.seq)
+        if found is None or not await self._held():
             return None
-        if not await self._held():
-            return None
-        return Recorded(found["seq"], found["name"], self._opened(found["result"]))
+        return found
 
     async def _held(self) -> bool:
         row = await self.db.one("task_is_leased", id=self.task.id,
@@ -76,10 +79,13 @@ class DatabaseJournal:
                           attempt=task.attempt, task_id=task.id, lease_token=task.lease_token)
 
 
-def journal_for(db: Database, task: TaskAttempt, *,
-                max_bytes: int = DEFAULT_MAX_BYTES) -> CallJournal | None:
-    """The journal of an attempt a worker runs (None for one without a lease)."""
+def journal_for(db: Database, task: TaskAttempt, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                hedged_step: bool = False) -> CallJournal | None:
+    """The journal of an attempt a worker runs (None for one without a lease).
+    ``hedged_step``: the step has ``hedge=``, so the task's other attempt may record calls
+    while this one runs (a call is looked up again before it runs live)."""
     if task.lease_token is None:
         return None
     return CallJournal(DatabaseJournal(db, task), step=task.step, map_index=task.map_index,
-                       loop=asyncio.get_running_loop(), max_bytes=max_bytes)
+                       loop=asyncio.get_running_loop(), max_bytes=max_bytes,
+                       shared=hedged_step or task.hedged)

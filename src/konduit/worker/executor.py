@@ -224,7 +224,8 @@ class Executor:
             deadline=task.deadline_remaining,
             scheduled_at=task.scheduled_at,
             hedged=task.hedged,
-            _journal=journal_for(self.db, task, max_bytes=self.max_payload_bytes),
+            _journal=journal_for(self.db, task, max_bytes=self.max_payload_bytes,
+                                 hedged_step=spec[task.step].hedge is not None),
             _streams=None if task.lease_token is None else Streams(
                 step=task.step,
                 default=stream_name(task.step, task.map_index, spec[task.step].is_map),

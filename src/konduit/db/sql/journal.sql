@@ -12,7 +12,8 @@ ORDER BY j.seq;
 
 -- name: journal_get_entry
 -- One recorded call of a task's place, with its result as JSON text: what another attempt of
--- the task (a hedge) recorded at that position first.
+-- the task (a hedge, or the straggler it hedges) recorded at that position, first or since this
+-- attempt read the journal.
 SELECT j.seq, j.name, r.result::text AS result
 FROM konduit_journal j
 JOIN konduit_journal_results r
