@@ -144,6 +144,37 @@ def test_an_unmigrated_database_says_which_command_fixes_it(empty_db_url: str) -
     assert "no executions" in proc.stdout
 
 
+def test_a_database_with_a_migration_missing_below_its_newest_is_refused(
+        empty_db_url: str) -> None:
+    """`konduit db migrate`, App.migrate() and `konduit health` refuse a database that recorded
+    a later migration and not an earlier one, naming it, and apply nothing."""
+    import psycopg
+
+    from konduit.db.migrate import migrations
+
+    assert konduit_cli("db", "migrate", "--database-url", empty_db_url).returncode == 0
+    gap = migrations()[-2]
+    name = f"{gap.version:04d}_{gap.name}.sql"
+
+    def recorded() -> list[tuple[int, str]]:
+        with psycopg.connect(empty_db_url) as c:
+            return c.execute("SELECT version, name FROM konduit_schema_version "
+                             "ORDER BY version").fetchall()
+
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        c.execute("DELETE FROM konduit_schema_version WHERE version = %s", (gap.version,))
+    before = recorded()
+    assert_clean_error(konduit_cli("db", "migrate", "--database-url", empty_db_url),
+                       f"never applied {name}", "konduit db reset --yes")
+    with pytest.raises(konduit.SchemaGap) as refused, \
+            konduit.App([], database_url=empty_db_url) as app:
+        app.migrate()
+    assert refused.value.files == (name,)
+    assert_clean_error(konduit_cli("health", "--database-url", empty_db_url),
+                       f"never applied {name}")
+    assert recorded() == before
+
+
 def test_list_and_status_of_running_and_finished_executions(make_app, db_url: str) -> None:
     app = make_app(_diamond())
     first = app.start("cli-diamond", {"n": 1}).id

@@ -31,7 +31,6 @@ from konduit.db.migrate import (
     migrations,
 )
 from konduit.db.queries import all_fragments, all_queries, parse_queries, q
-from konduit.errors import SchemaOutdated
 
 pytestmark = pytest.mark.storage
 
@@ -249,39 +248,155 @@ def test_migrations_are_numbered_and_idempotent(empty_db_url):
         assert rows.fetchall() == [(m.version, m.name) for m in found]
 
 
-def test_a_migration_skipped_by_an_earlier_build_is_applied_and_workers_refuse_until_then(
-        empty_db_url, monkeypatch):
+def _probe(version: int, name: str, answer: str) -> Any:
+    """A migration past this konduit's: a table of its own, and konduit_probe() saying which
+    migration defined it last."""
+    from konduit.db.migrate import Migration
+
+    return Migration(version, name, f"CREATE TABLE konduit_{name} (x int); "
+                                    f"CREATE OR REPLACE FUNCTION konduit_probe() RETURNS text "
+                                    f"LANGUAGE sql AS $$ SELECT '{answer}' $$;")
+
+
+def _schema(url: str) -> tuple[list[Any], list[Any], Any]:
+    """The migrations recorded, konduit's tables, and what konduit_probe() says."""
+    with psycopg.connect(url) as c:
+        recorded = c.execute("SELECT version, name FROM konduit_schema_version "
+                             "ORDER BY version").fetchall()
+        tables = c.execute("SELECT relname FROM pg_class WHERE relname LIKE 'konduit_probe%' "
+                           "ORDER BY relname").fetchall()
+        probe = c.execute("SELECT konduit_probe()").fetchone()
+    return recorded, tables, probe
+
+
+def _sql(url: str, statement: str) -> None:
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(statement.encode())
+
+
+def test_a_gap_below_the_newest_recorded_migration_is_refused_naming_it(empty_db_url,
+                                                                         monkeypatch):
     """A database migrated by a build that had migration N+1 and not N (a development branch)
-    records N+1 as its newest: comparing with it alone would skip N for good. The worker's
-    check names N, and `migrate` applies it (out of order, with a warning)."""
+    records N+1 as its newest. Applying N now, after N+1, would let N's konduit_probe() replace
+    N+1's: `migrate` and the worker's check refuse, naming N by number and file, and nothing is
+    applied (not even N+2, which follows the gap). Recording N, as the error says, proceeds."""
     import konduit.db.migrate as migrating
 
     real = migrations()
     top = real[-1].version
-    probe_a = migrating.Migration(top + 1, "probe_a", "CREATE TABLE konduit_probe_a (x int)")
-    probe_b = migrating.Migration(top + 2, "probe_b", "CREATE TABLE konduit_probe_b (x int)")
+    probe_a = _probe(top + 1, "probe_a", "a")
+    probe_b = _probe(top + 2, "probe_b", "b")
+    probe_c = _probe(top + 3, "probe_c", "c")
 
-    async def go() -> tuple[str, list[Any], list[Any]]:
+    async def go() -> tuple[Any, Any, Any, tuple[Any, ...], list[Any]]:
         db = Database(empty_db_url, min_size=1, max_size=2)
         await db.open()
         try:
             monkeypatch.setattr(migrating, "migrations", lambda: [*real, probe_b])
             await migrate(db)  # the branch's build: it had N+1 (probe_b) and not N (probe_a)
-            monkeypatch.setattr(migrating, "migrations", lambda: [*real, probe_a, probe_b])
-            with pytest.raises(SchemaOutdated) as refused:
+            before = _schema(empty_db_url)
+            monkeypatch.setattr(migrating, "migrations",
+                                lambda: [*real, probe_a, probe_b, probe_c])
+            with pytest.raises(konduit.SchemaGap) as refused:
+                await migrate(db)
+            with pytest.raises(konduit.SchemaGap) as checked:
                 await ensure_current(db)
+            after = _schema(empty_db_url)
+            # The way on the error gives: probe_a checked and applied by hand, and recorded.
+            _sql(empty_db_url, "CREATE TABLE konduit_probe_a (x int)")
+            _sql(empty_db_url, "INSERT INTO konduit_schema_version (version, name) "
+                             f"VALUES ({top + 1}, 'probe_a')")
             applied = await migrate(db)
             await ensure_current(db)
-            return str(refused.value), applied, await migrate(db)
+            return before, after, refused.value, (checked.value,), applied
         finally:
             await db.close()
 
-    refused, applied, again = run(go())
-    assert f"{probe_a.version:04d}_probe_a" in refused and "probe_b" not in refused
-    assert [m.name for m in applied] == ["probe_a"]
-    assert again == []
-    with psycopg.connect(empty_db_url) as c:
-        assert c.execute("SELECT to_regclass('konduit_probe_a') IS NOT NULL").fetchone() == (True,)
+    before, after, refused, (checked,), applied = run(go())
+    assert isinstance(refused, konduit.SchemaOutdated)
+    assert refused.code == "schema_gap"
+    assert refused.versions == (top + 1,)
+    assert refused.files == (f"{top + 1:04d}_probe_a.sql",)
+    assert refused.newest == top + 2
+    message = str(refused)
+    assert f"recorded migration {top + 2:04d} but never applied {top + 1:04d}_probe_a.sql" \
+        in message
+    assert "probe_b.sql" not in message and "probe_c" not in message
+    assert "konduit db reset --yes" in message
+    assert (f"INSERT INTO konduit_schema_version (version, name) VALUES ({top + 1}, 'probe_a')"
+            in message)
+    assert "\n" not in message  # the command line prints it on one line
+    assert str(checked) == message
+    # Nothing applied: the same records, no probe_a nor probe_c, N+1's function still.
+    assert after == before
+    assert after[1] == [("konduit_probe_b",)] and after[2] == ("b",)
+    assert [m.name for m in applied] == ["probe_c"]
+
+
+def test_a_renumbered_migration_is_refused_with_the_record_to_renumber(empty_db_url,
+                                                                       monkeypatch):
+    """A branch's migration moved to a free number after a database applied it under its old
+    one (0040_attempts_keyed_by_lease became 0039 while a development database had it as
+    0040): the database lacks the new number, and what this konduit has under the old number
+    is another migration. The error says which record to renumber; renumbered, `migrate`
+    applies the other one."""
+    import konduit.db.migrate as migrating
+
+    real = migrations()
+    top = real[-1].version
+    moved = _probe(top + 1, "probe_moved", "moved")
+    other = _probe(top + 2, "probe_other", "other")
+
+    async def go() -> tuple[Any, Any, Any, list[Any]]:
+        db = Database(empty_db_url, min_size=1, max_size=2)
+        await db.open()
+        try:
+            monkeypatch.setattr(migrating, "migrations",
+                                lambda: [*real, _probe(top + 2, "probe_moved", "moved")])
+            await migrate(db)
+            before = _schema(empty_db_url)
+            monkeypatch.setattr(migrating, "migrations", lambda: [*real, moved, other])
+            with pytest.raises(konduit.SchemaGap) as refused:
+                await migrate(db)
+            after = _schema(empty_db_url)
+            _sql(empty_db_url, f"UPDATE konduit_schema_version SET version = {top + 1} "
+                             f"WHERE version = {top + 2}")
+            return before, after, refused.value, await migrate(db)
+        finally:
+            await db.close()
+
+    before, after, refused, applied = run(go())
+    assert after == before
+    assert refused.files == (f"{top + 1:04d}_probe_moved.sql",)
+    assert (f"It recorded probe_moved as {top + 2:04d}, which this konduit numbers "
+            f"{top + 1:04d}") in str(refused)
+    assert (f"UPDATE konduit_schema_version SET version = {top + 1} WHERE version = {top + 2}"
+            in str(refused))
+    assert "INSERT INTO" not in str(refused)  # not a migration to apply: it was
+    assert [m.name for m in applied] == ["probe_other"]
+
+
+def test_migrations_this_konduit_does_not_have_are_left_alone(empty_db_url, monkeypatch):
+    """A database a newer konduit migrated records migrations this one does not have: no gap,
+    so `migrate` applies nothing and the worker's check lets it run, as before."""
+    import konduit.db.migrate as migrating
+
+    real = migrations()
+    newer = _probe(real[-1].version + 1, "probe_newer", "newer")
+
+    async def go() -> list[Any]:
+        db = Database(empty_db_url, min_size=1, max_size=2)
+        await db.open()
+        try:
+            monkeypatch.setattr(migrating, "migrations", lambda: [*real, newer])
+            await migrate(db)
+            monkeypatch.setattr(migrating, "migrations", lambda: real)
+            await ensure_current(db)
+            return await migrate(db)
+        finally:
+            await db.close()
+
+    assert run(go()) == []
 
 
 def test_migrating_an_already_migrated_database_applies_nothing(db_url):

@@ -47,7 +47,7 @@ __all__ = [
     "NonRetryableError", "NotAnswerable", "NotForkable", "NotRedrivable", "NothingToRepair",
     "OutputInvalid",
     "PayloadError", "PayloadStoreError", "PayloadTooLarge", "PoolExhausted",
-    "ScheduleNotFound", "SchemaOutdated", "SettingsError", "StreamError", "StreamFull",
+    "ScheduleNotFound", "SchemaGap", "SchemaOutdated", "SettingsError", "StreamError", "StreamFull",
     "StreamLeaseLost", "StreamNotFound", "UserCodeInterrupted", "UserCodeStuck",
     "WorkerUnhealthy", "WorkflowDefinitionError", "WorkflowNotFound", "WorkflowVersionConflict",
 ]
@@ -253,6 +253,21 @@ class UserCodeStuck(KonduitError):
 
 class SchemaOutdated(KonduitError):
     """The database schema is older than this version of konduit expects."""
+
+
+class SchemaGap(SchemaOutdated):
+    """The database recorded a migration newer than one it never applied (a build with other
+    migrations, a development branch's, migrated it): the migrator applies nothing there, since
+    the missing one, run after those that came later, could undo them. ``versions`` are the
+    missing migrations' numbers, ``files`` their file names (``0041_history.sql``), ``newest``
+    the newest migration the database recorded."""
+
+    def __init__(self, message: str, *, versions: tuple[int, ...], files: tuple[str, ...],
+                 newest: int):
+        super().__init__(message)
+        self.versions = versions
+        self.files = files
+        self.newest = newest
 
 
 class ExecutionFailed(KonduitError):

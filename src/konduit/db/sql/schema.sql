@@ -15,8 +15,8 @@ SELECT pg_advisory_xact_lock(hashtext('konduit_migrate'));
 SELECT COALESCE(max(version), 0) AS version FROM konduit_schema_version;
 
 -- name: schema_version_list
--- Every applied migration's number (check the table exists first).
-SELECT version FROM konduit_schema_version ORDER BY version;
+-- Every applied migration's number and name (check the table exists first).
+SELECT version, name FROM konduit_schema_version ORDER BY version;
 
 -- name: schema_version_table_exists
 -- Whether the database has ever been migrated.
