@@ -142,15 +142,15 @@ def test_the_execution_page_shows_a_stream_live(make_app: Callable[..., konduit.
 
 def test_a_quiet_followed_stream_sends_keep_alive_comments(make_app, db_url, monkeypatch):
     """A proxy closes a connection idle past its timeout: while the stream is quiet the answer
-    carries SSE comments (ignored by readers), and the records still arrive once, in order."""
-    import konduit.web.api_v1 as api
-
-    monkeypatch.setattr(api, "SSE_KEEPALIVE_SECONDS", 0.2)
+    carries SSE comments (ignored by readers) every KONDUIT_STREAM_KEEPALIVE seconds, and the
+    records still arrive once, in order. The client plays a proxy whose idle timeout (5 s) is
+    shorter than the default interval (15 s) and far longer than the one set (0.2 s)."""
+    monkeypatch.setenv("KONDUIT_STREAM_KEEPALIVE", "0.2")  # read by the server per request
     gate = threading.Event()
     app = make_app(talker(gate, "stream-quiet"))
     with running_worker(app), \
             serving(create_app(database_client(db_url, app), app)) as base, \
-            httpx.Client(base_url=base, timeout=60) as http:
+            httpx.Client(base_url=base, timeout=httpx.Timeout(60, read=5)) as http:
         eid = str(app.start("stream-quiet").id)
         until(lambda: len(list(app.stream(eid, "talk", follow=False))) == 2, 60, "two chunks")
         lines: list[str] = []

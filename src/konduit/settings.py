@@ -33,7 +33,7 @@ ENV_PREFIX = "KONDUIT_"
 _SECONDS = ("read_max_lag", "poll_interval", "lease_seconds", "heartbeat_interval",
             "maintenance_interval", "stall_grace", "fallback_timeout", "retention_interval",
             "alert_interval", "alert_version_unserved", "alert_queue_unserved", "leader_lease",
-            "stop_stuck_after")
+            "stop_stuck_after", "stream_keepalive")
 _TRUE = {"1", "true", "yes", "on", "transaction"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -149,6 +149,10 @@ class Settings(BaseSettings):
     stream_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1, description=(
         "Bytes of chunk JSON a durable stream (ctx.stream) keeps at most; a write past it "
         "raises StreamFull naming the step."))
+    stream_keepalive: float = Field(default=15.0, gt=0, description=(
+        "Seconds a followed stream's server-sent events may go quiet before the answer carries "
+        "a keep-alive comment, so a proxy or load balancer does not close it as idle (keep it "
+        "below their idle timeout: nginx's is 60 s)."))
 
     # -- the command line, the dashboard and its API --------------------------------------------
     app: str | None = Field(default=None, description=(

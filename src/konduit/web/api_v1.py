@@ -39,6 +39,7 @@ from konduit.errors import (
     WorkflowNotFound,
     WorkflowVersionConflict,
 )
+from konduit.settings import settings
 from konduit.web import api_models as m
 from konduit.web.jobs import BulkJob
 from konduit.web.problems import FieldError, problem, problem_responses
@@ -286,12 +287,6 @@ SSE_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
     "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
 
-SSE_KEEPALIVE_SECONDS = 15.0
-"""A quiet followed stream sends an SSE comment this often: proxies and load balancers close
-a connection idle for their timeout (often 30-60 s), and the reader would reconnect for
-nothing; a comment is no event to the reader (EventSource ignores it)."""
-
-
 async def with_keepalive(source: AsyncIterator[str], every: float) -> AsyncIterator[str]:
     """``source``'s items, and ``": keep-alive"`` comments while it has sent nothing for
     ``every`` seconds. The next item is awaited in a task of its own (never cancelled by a
@@ -366,7 +361,10 @@ async def execution_stream(
             return
         yield sse_event("end", {})
 
-    return StreamingResponse(with_keepalive(events(), SSE_KEEPALIVE_SECONDS),
+    # A quiet followed stream sends an SSE comment every KONDUIT_STREAM_KEEPALIVE seconds:
+    # proxies and load balancers close a connection idle for their timeout (often 30-60 s),
+    # and the reader would reconnect for nothing; a comment is no event to the reader.
+    return StreamingResponse(with_keepalive(events(), settings().stream_keepalive),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

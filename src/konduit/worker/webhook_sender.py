@@ -10,6 +10,14 @@ is recorded under its lease: delivered on a 2xx; else retried with backoff (2 s,
 an hour) until :data:`~konduit.core.webhooks.MAX_ATTEMPTS` attempts or
 :data:`~konduit.core.webhooks.MAX_AGE`, then failed; refused at once, with nothing sent, when
 the host resolves to an internal address.
+
+Nothing ends the sender but its own cancellation (the worker's stop). What the HTTP call
+raises, ``BaseException`` included, is a failed attempt, recorded and retried like any other;
+what else a delivery or a round raises is logged, the delivery's lease runs out and it is sent
+again. A ``KeyboardInterrupt`` or ``SystemExit`` set on a future the loop awaits, or let out of
+one of its tasks, would end the worker's event loop itself (asyncio re-raises them out of
+``run_forever``): the call's come back as :class:`~konduit.errors.UserCodeInterrupted`
+(:func:`konduit.threads.interrupted`), and the loop's tasks keep the rest.
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ from konduit.core.webhooks import (
     signature,
 )
 from konduit.db.database import Database, Row
-from konduit.errors import DatabaseError, DatabaseUnavailable, KonduitError
+from konduit.errors import DatabaseError, DatabaseUnavailable, KonduitError, UserCodeInterrupted
+from konduit.threads import interrupted
 from konduit.worker import webhook_http
 
 log = logging.getLogger(__name__)
@@ -81,11 +90,18 @@ class WebhookSender:
                 claimed = 0
                 try:
                     claimed = await self.round()
-                except (DatabaseError, KonduitError) as exc:
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:
                     if cancelling():
                         raise  # the stop, not a failed round
-                    level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
-                    log.log(level, "webhook round failed: %s", exc)
+                    if isinstance(exc, DatabaseError | KonduitError):
+                        level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) \
+                            else logging.WARNING
+                        log.log(level, "webhook round failed: %s", exc)
+                    else:  # a bug, KeyboardInterrupt...: this round only (module docstring)
+                        log.error("webhook round failed: %s escaped it; the sender runs on",
+                                  type(exc).__name__, exc_info=exc)
                 if claimed == 0 or len(self._inflight) >= self.concurrency:
                     self._done.clear()
                     await wait_event(self._done, self.poll_interval)
@@ -116,6 +132,22 @@ class WebhookSender:
             log.warning("webhook delivery failed to record: %s", task.exception())
 
     async def _deliver(self, row: Row) -> None:
+        """Send one claimed delivery and record its attempt. What fails here beyond the call
+        (recording it, a bug) ends this delivery's attempt only: its lease runs out and it is
+        sent again."""
+        try:
+            await self._send(row)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            if cancelling():
+                raise  # the stop
+            level = logging.WARNING if isinstance(exc, Exception) else logging.ERROR
+            log.log(level, "webhook delivery %s: %s: %s; sent again once its lease runs out",
+                    row["id"], type(exc).__name__, exc,
+                    exc_info=None if isinstance(exc, DatabaseError) else exc)
+
+    async def _send(self, row: Row) -> None:
         hook = self.hooks[row["subscription_id"]]
         delivery_id = str(row["id"])
         body = encode_body(row["event"], delivery_id, row["body"])
@@ -127,13 +159,18 @@ class WebhookSender:
         loop = asyncio.get_running_loop()
         status_code: int | None = None
         try:
-            answer = await loop.run_in_executor(self._threads, self.post, hook, body, headers)
+            answer = await loop.run_in_executor(self._threads, _call, self.post, hook, body,
+                                                headers)
         except webhook_http.Refused as exc:
             log.warning("webhook delivery %s to %s refused: %s", delivery_id, hook.host, exc)
             await self._record(row, DeliveryStatus.REFUSED, f"refused: {exc}", None)
             return
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            error = _describe(exc)
+        except Exception as exc:  # anything else the call raised: a failed attempt too
+            error = _describe(exc)
+            log.warning("webhook delivery %s to %s: the call raised %s", delivery_id, hook.host,
+                        error, exc_info=exc)
         else:
             status_code = answer.status
             if 200 <= answer.status < 300:
@@ -160,3 +197,27 @@ class WebhookSender:
         if await self.db.one("webhook_delivery_record_if_leased", **params) is None:
             log.info("webhook delivery %s: lease ran out before its attempt was recorded",
                      row["id"])
+
+
+def _call(post: Post, hook: Webhook, body: bytes, headers: dict[str, str]) -> webhook_http.Response:
+    """``post(hook, body, headers)`` on a sender thread; what it raises that is no
+    ``Exception`` comes back as :class:`~konduit.errors.UserCodeInterrupted` (see the module's
+    docstring)."""
+    try:
+        return post(hook, body, headers)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise interrupted(exc) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    """The error kept with a failed attempt: ``Type: message`` (the interrupt itself, for a
+    :class:`~konduit.errors.UserCodeInterrupted`)."""
+    if isinstance(exc, UserCodeInterrupted) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    try:
+        text = str(exc)
+    except Exception:
+        text = "(unprintable)"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
