@@ -14,7 +14,9 @@ Checked here, on real PostgreSQL:
   of 2/s never has 3 starts within a second for any key (attempt start times);
 - max_running: racing starts (threads released by a barrier, many trials) never leave more than
   N running per key; pending executions start in start order as slots free (a finish fills
-  the slot in its own transaction);
+  the slot in its own transaction); a repaired or redriven execution takes a slot again, one
+  started before the workflow had max_running too (its key computed then: none, a path, a
+  function), under a real worker, from the App and from a code-less Client;
 - a million keys cost storage, not claim time: with 200,000 idle key rows and 200,000 finished
   keyed tasks, the claim's lock statement touches a few buffers (EXPLAIN ANALYZE BUFFERS);
 - idle key rows are retired by the maintenance pass, their throttled time kept on the step.
@@ -36,7 +38,7 @@ from konduit.core.flow import FlowLimit, KeyContext, parse_flow_limit
 from konduit.db.database import Database
 from konduit.db.queries import q
 from konduit.engine import later, limit_keys, transitions
-from konduit.errors import LimitKeyError, WorkflowDefinitionError
+from konduit.errors import KeyNeedsCode, LimitKeyError, WorkflowDefinitionError
 from konduit.observe.metrics import metric_families
 from konduit.observe.stats import load_stats, stats_renderables
 from konduit.web import create_app, database_client
@@ -392,6 +394,115 @@ def test_a_redriven_execution_takes_a_slot_of_its_key_again(db_url):
             assert [app.wait(i, timeout=30).output for i in (second, first)] == [2, 1]
     finally:
         app.close()
+
+
+def _rerun_probe(name: str, **limit: Any) -> tuple[konduit.Workflow, dict[str, Any]]:
+    """A workflow whose one step fails while ``state["broken"]``, blocks the execution of input
+    n="holder" until ``state["release"]`` is set (``state["holding"]`` says it runs), and keeps
+    the most handlers it saw running at once in ``state["peak"]``."""
+    wf = konduit.Workflow(name, version=1, **limit)
+    state: dict[str, Any] = {"broken": True, "release": threading.Event(),
+                             "holding": threading.Event(), "running": 0, "peak": 0,
+                             "lock": threading.Lock()}
+
+    @wf.step(retry=konduit.Retry(max_attempts=1))
+    def only(ctx: konduit.Context) -> str:
+        with state["lock"]:
+            state["running"] += 1
+            state["peak"] = max(state["peak"], state["running"])
+        try:
+            if ctx.input["n"] == "holder":
+                state["holding"].set()
+                assert state["release"].wait(120)
+            elif state["broken"]:
+                raise konduit.NonRetryableError("the service is down")
+            return str(ctx.input["n"])
+        finally:
+            with state["lock"]:
+                state["running"] -= 1
+
+    return wf, state
+
+
+@pytest.mark.parametrize("how", ["redrive", "repair"])
+@pytest.mark.parametrize("key", [None, "input.k", "function"])
+def test_a_rerun_started_before_max_running_was_set_takes_a_slot(db_url, how, key):
+    """max_running is an operating setting (out of the definition's hash): a workflow gets one
+    while executions started without it exist. Running one of those again (redrive, repair)
+    takes a slot like a start: with the slots taken it waits pending, its key (none, a path or a
+    function of its input) computed now and kept; it starts when a slot frees. A real worker
+    runs them: at no moment do two handlers run."""
+    name = f"mr-rerun-{how}-{'global' if key is None else 'path' if key == 'input.k' else 'fn'}"
+    before, broken = _rerun_probe(name)
+    app = konduit.App([before], database_url=db_url)
+    try:
+        with running_worker(app, concurrency=4):
+            old = app.start(name, input={"k": "a", "n": "old"})
+            with pytest.raises(konduit.ExecutionFailed):
+                old.wait(timeout=60)
+    finally:
+        app.close()
+    limit: dict[str, Any] = {"max_running": 1}
+    if key is not None:
+        limit["key"] = (lambda i: i["k"]) if key == "function" else key
+    wf, state = _rerun_probe(name, **limit)
+    app = konduit.App([wf], database_url=db_url)
+    try:
+        with running_worker(app, concurrency=4):
+            holder = app.start(name, input={"k": "a", "n": "holder"}).id
+            assert state["holding"].wait(60)
+            state["broken"] = False
+            assert getattr(app, how)(old.id) == ["only"]
+            # The slot is the holder's: the re-run waits, out of every claim's reach.
+            assert app.status(old.id).status == "pending"
+            with psycopg.connect(db_url) as conn:
+                assert conn.execute(
+                    "SELECT run_key FROM konduit_executions WHERE id = %s", (old.id,)
+                ).fetchone() == ("" if key is None else "a",)
+                assert conn.execute("SELECT count(*) FROM konduit_tasks WHERE execution_id = %s "
+                                    "AND status = 'ready' AND NOT limited",
+                                    (old.id,)).fetchone() == (0,)
+            state["release"].set()
+            assert app.wait(holder, timeout=60).output == "holder"
+            assert app.wait(old.id, timeout=60).output == "old"
+        assert state["peak"] == 1 and broken["peak"] == 1
+    finally:
+        state["release"].set()
+        app.close()
+
+
+def test_a_code_less_client_reruns_one_started_before_max_running_under_its_limit(db_url):
+    """Without the workflow's code (konduit.Client, the CLI, the API, the dashboard), the key of
+    an execution started before max_running comes from the registered definition: a path is
+    read from its input; a function refuses the redrive (KeyNeedsCode), as it refuses a start
+    by name, rather than run the execution past its limit."""
+    for key in ("input.k", "function"):
+        name = f"mr-rerun-codeless-{'path' if key == 'input.k' else 'fn'}"
+        before, _ = _rerun_probe(name)
+        app = konduit.App([before], database_url=db_url)
+        try:
+            old = app.start(name, input={"k": "a", "n": "old"}).id
+            assert app.cancel(old)
+        finally:
+            app.close()
+        wf, _ = _rerun_probe(name, max_running=1,
+                             key=(lambda i: i["k"]) if key == "function" else key)
+        app = konduit.App([wf], database_url=db_url)
+        try:
+            holder = app.start(name, input={"k": "a", "n": "holder"}).id
+            with konduit.Client(db_url) as client:
+                if key == "function":
+                    with pytest.raises(KeyNeedsCode):
+                        client.redrive(old)
+                    assert app.status(old).status == "cancelled"
+                    assert app.redrive(old) == ["only"]  # with the code: its key computed
+                else:
+                    assert client.redrive(old) == ["only"]
+            assert _statuses(db_url, name) == {"a": ["pending", "running"]}
+            assert app.cancel(holder)
+            assert _statuses(db_url, name) == {"a": ["running", "cancelled"]}
+        finally:
+            app.close()
 
 
 def test_a_fork_takes_a_slot_of_its_key(db_url):

@@ -25,9 +25,11 @@ from uuid import UUID
 from konduit.core.advance import ExecutionState
 from konduit.core.model import ExecutionStatus
 from konduit.core.repair import REDRIVABLE, REPAIRABLE, plan_repair
+from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Tx
 from konduit.engine import limit_keys
 from konduit.engine.advancer import Advancer
+from konduit.engine.starts import run_key_off_loop
 from konduit.engine.step_rows import state_columns
 from konduit.engine.stored import SpecSource
 from konduit.errors import ExecutionNotFound, KonduitError, NotRedrivable
@@ -72,9 +74,10 @@ async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_byte
          for r in routes},
         REDRIVABLE if redrive else REPAIRABLE,
     )
+    run_key = await _run_key_if_unkeyed(tx, spec, eid)
     reopened = await tx.one(
         "execution_reopen_if_finished", id=eid, steps_pending=len(plan.rerun),
-        from_statuses=list(REDRIVE_FROM if redrive else REPAIR_FROM),
+        from_statuses=list(REDRIVE_FROM if redrive else REPAIR_FROM), run_key=run_key,
     )
     assert reopened is not None
     names = list(plan.rerun)
@@ -91,7 +94,22 @@ async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_byte
     )
     await advancer.start_steps(list(plan.start))
     if reopened["run_key"] is not None and spec.max_running is not None:
-        # Workflow(max_running=): running again takes a slot of its key, as a start does.
+        # Workflow(max_running=): running again takes a slot of its key, as a start does (the
+        # reopen gave a key to one started before the workflow had max_running).
         await limit_keys.admit_reopened(tx, eid, row["workflow_name"], reopened["run_key"],
                                         spec.max_running)
     return names
+
+
+async def _run_key_if_unkeyed(tx: Tx, spec: WorkflowSpec, eid: UUID) -> str | None:
+    """The key under ``Workflow(max_running=)`` for an execution started without one (before
+    its workflow had ``max_running``: an operating setting, changed without a new version), so
+    that running again takes a slot as its start would have; None when the workflow has no
+    max_running or the execution has its key (the reopen keeps the key it has). Raised before
+    anything is written: a key function's refusal refuses this repair or redrive only."""
+    if spec.max_running is None:
+        return None
+    if spec.run_key is None:
+        return ""  # one slot set for the whole workflow: no input to read
+    row = await tx.one("execution_get_input_if_unkeyed", id=eid)
+    return None if row is None else await run_key_off_loop(spec, row["input"])

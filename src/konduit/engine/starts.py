@@ -248,6 +248,27 @@ def _computed_keys(spec: WorkflowSpec,
             limit_keys.run_key(spec.name, spec.max_running, spec.run_key, checked, value))
 
 
+async def run_key_off_loop(spec: WorkflowSpec, stored: Any) -> str | None:
+    """The key under ``max_running`` its start would have given an execution whose input as
+    stored is ``stored``: for a repair or redrive of one started before its workflow had
+    ``max_running``. A key function runs as a start runs it (on a thread, for at most
+    :data:`START_CODE_SECONDS`); a refusal is a start's (:class:`~konduit.errors.KeyNeedsCode`
+    without the code, :class:`~konduit.errors.LimitKeyError` naming the function)."""
+
+    def compute() -> str | None:
+        return limit_keys.run_key(spec.name, spec.max_running, spec.run_key, stored,
+                                  lambda: input_model(spec, stored))
+
+    if spec.run_key is None or isinstance(spec.run_key, KeyPath):
+        return compute()  # no user code: computed here
+    try:
+        return await call_within(_start_threads, compute, START_CODE_SECONDS)
+    except TimeoutError:
+        raise KonduitError(
+            f"workflow {spec.name!r}: its max_running key function did not return within "
+            f"{START_CODE_SECONDS:g} s") from None
+
+
 def input_model(spec: WorkflowSpec, checked: Any) -> Any:
     """The input as handlers see it (the declared model's instance), for the start's key
     functions: the model's validators are user code, and whatever they raise

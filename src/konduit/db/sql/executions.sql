@@ -113,15 +113,22 @@ FROM konduit_execution_outputs_of(%(id)s::uuid)
 WHERE execution_id = %(id)s
 ORDER BY version;
 
+-- name: execution_get_input_if_unkeyed
+-- The input of an execution with no key under max_running (started before its workflow had
+-- max_running), read under the caller's lock of it: a repair or redrive computes its key.
+SELECT input FROM konduit_executions WHERE id = %(id)s AND run_key IS NULL;
+
 -- name: execution_reopen_if_finished
 -- Repair or redrive: run a finished execution again as a new generation of the steps being
--- re-run, if it still ended in one of the statuses the operation accepts.
+-- re-run, if it still ended in one of the statuses the operation accepts. `run_key`: the key
+-- under max_running of one started without (NULL: none); a key it has is kept.
 UPDATE konduit_executions
 SET status = 'running',
     generation = generation + 1,
     steps_pending = %(steps_pending)s,
     error = NULL,
     finished_at = NULL,
+    run_key = coalesce(run_key, %(run_key)s::text),
     auto_repair_due_at = NULL  -- re-armed, if need be, when this run finishes
 WHERE id = %(id)s
   AND status IN ('succeeded', 'failed', 'timed_out', 'cancelled')
