@@ -30,7 +30,7 @@ from uuid import UUID
 from konduit.core.model import ExecutionStatus
 from konduit.core.requests import BulkRequest
 from konduit.db.database import Row, Tx
-from konduit.engine import waits
+from konduit.engine import limit_keys, waits
 from konduit.engine.finish import ChildEnded, stop_execution
 from konduit.engine.repairs import REDRIVE_FROM, repair_in
 from konduit.engine.search import check_searchable
@@ -142,12 +142,18 @@ async def _with_definitions(client: Client, rows: list[Row], skipped: Counter[st
 
 
 async def _act(client: Client, tx: Tx, *, request: BulkRequest, rows: list[Row]) -> _Batch:
-    """One batch, in the caller's transaction: each execution locked in id order and cancelled
-    or redriven; one the action no longer applies to is counted by the refusal's code. Every
-    refusal comes before its execution's first write, so the batch goes on without it."""
+    """One batch, in the caller's transaction: its executions locked in id order, then the rows
+    of their max_running keys in key order (:func:`konduit.engine.limit_keys.lock_for_batch`),
+    then each cancelled or redriven; one the action no longer applies to is counted by the
+    refusal's code. Every refusal comes before its execution's first write, so the batch goes
+    on without it."""
     batch = _Batch()
-    for row in sorted(rows, key=lambda r: UUID(str(r["id"]))):
-        eid = UUID(str(row["id"]))
+    ids = sorted(UUID(str(r["id"])) for r in rows)
+    # Every execution, then every key row (in a start's order), before the first action.
+    await limit_keys.lock_for_batch(
+        tx, ids, None if request.action == "cancel"
+        else lambda name, version: client.specs.get(name, version).max_running)
+    for eid in ids:
         try:
             if request.action == "cancel":
                 finished = await stop_execution(tx, eid, ExecutionStatus.CANCELLED,

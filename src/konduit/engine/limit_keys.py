@@ -12,7 +12,7 @@ pending executions (:func:`maintain`), so a missed fill only waits for the next 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -64,6 +64,34 @@ async def admit_reopened(tx: Tx, execution_id: UUID, workflow_name: str, key: st
     row = await tx.one("execution_hold_many_over_max_running", ids=[execution_id],
                        workflow_names=[workflow_name], run_keys=[key])
     return row is not None and bool(row["held"])
+
+
+async def lock_for_batch(tx: Tx, ids: Sequence[UUID],
+                         max_running: Callable[[str, int], int | None] | None) -> None:
+    """Lock a batch of executions (a bulk cancel or redrive) in id order, then the rows of
+    their max_running keys in the order a start locks them (workflow, key), before the caller
+    acts on any of them: each finish (its fill) or reopen (its admission) of the batch then
+    finds its key's row already held. Acting first locked a key's row per execution, in id
+    order: a batch crossing keys b then a held b while it waited for a, which a start of a and
+    b held while it waited for b (a deadlock, one side run again). With ``max_running`` (the
+    workflow's limit by name and version: a redrive takes a slot) a missing row is made, as
+    the reopen's admission would make it; without (a cancel: only a row's fill) only rows
+    that exist are locked."""
+    locked = await tx.all("execution_lock_many_with_run_keys", ids=list(ids))
+    keyed = [r for r in locked if r["run_key"] is not None]
+    if max_running is None:
+        if keyed:
+            await tx.all("execution_lock_run_slots_existing",
+                         workflow_names=[r["workflow_name"] for r in keyed],
+                         keys=[r["run_key"] for r in keyed])
+        return
+    limits = [(r, max_running(r["workflow_name"], r["workflow_version"])) for r in keyed]
+    limited = [(r, n) for r, n in limits if n is not None]
+    if limited:
+        await tx.run("execution_lock_run_slots_many",
+                     workflow_names=[r["workflow_name"] for r, _ in limited],
+                     keys=[r["run_key"] for r, _ in limited],
+                     max_runnings=[n for _, n in limited])
 
 
 async def fill_after_finish(tx: Tx, workflow_name: str, key: str) -> list[UUID]:

@@ -37,6 +37,28 @@ FROM konduit_run_slots
 WHERE workflow_name = %(workflow_name)s AND key = %(key)s
 FOR UPDATE;
 
+-- name: execution_lock_many_with_run_keys
+-- A bulk batch's executions, locked in id order before anything else of the batch, with their
+-- max_running keys: the batch locks those keys' rows next (in key order, as a start does), so
+-- it never holds one key's row while it waits for an execution or for another key's row out
+-- of order (konduit.engine.bulk).
+SELECT id, workflow_name, workflow_version, run_key
+FROM konduit_executions
+WHERE id = ANY(%(ids)s::uuid[])
+ORDER BY id
+FOR NO KEY UPDATE;
+
+-- name: execution_lock_run_slots_existing
+-- Lock the rows of these max_running keys that exist, in the order execution_lock_run_slots_many
+-- takes them (a bulk cancel: its finishes fill these keys; a key with no row has nothing to fill).
+SELECT s.workflow_name, s.key
+FROM konduit_run_slots s
+JOIN (SELECT DISTINCT u.workflow_name, u.key
+      FROM unnest(%(workflow_names)s::text[], %(keys)s::text[]) AS u(workflow_name, key)) AS u
+  ON s.workflow_name = u.workflow_name AND s.key = u.key
+ORDER BY s.workflow_name, s.key
+FOR UPDATE OF s;
+
 -- name: execution_hold_many_over_max_running
 -- Under the keys' row locks: the new executions past their key's max_running wait `pending`
 -- (the newest first), as does every new one of a key with older executions still pending
