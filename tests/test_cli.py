@@ -175,6 +175,67 @@ def test_a_database_with_a_migration_missing_below_its_newest_is_refused(
     assert recorded() == before
 
 
+def test_a_database_a_newer_konduit_migrated_is_accepted_and_said(
+        empty_db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """`konduit db migrate` and App.migrate() accept a database with migrations this konduit
+    does not have (a rolling upgrade: a newer konduit migrated it) and name them, rather than
+    calling it current; `konduit health` passes with a note naming them."""
+    import logging
+
+    import psycopg
+
+    from konduit.db.migrate import latest_version
+
+    assert konduit_cli("db", "migrate", "--database-url", empty_db_url).returncode == 0
+    newer = latest_version() + 1
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        c.execute("INSERT INTO konduit_schema_version (version, name) VALUES (%s, %s)",
+                  (newer, "from_a_newer_release"))
+    said = f"migrations this konduit does not know: {newer:04d}_from_a_newer_release"
+
+    proc = konduit_cli("db", "migrate", "--database-url", empty_db_url)
+    assert proc.returncode == 0, proc.stderr
+    assert "already current" not in proc.stdout
+    assert f"schema is at version {newer}, newer than this konduit's {latest_version()}" \
+        in proc.stdout
+    assert said in proc.stdout
+    assert said not in proc.stderr  # said once
+
+    caplog.set_level(logging.WARNING, logger="konduit.db.migrate")
+    with konduit.App([], database_url=empty_db_url) as app:
+        assert app.migrate() == []
+    assert any(said in r.getMessage() for r in caplog.records if r.name == "konduit.db.migrate")
+
+    proc = konduit_cli("health", "--database-url", empty_db_url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ok: ")
+    assert f"note: the database has {said}" in proc.stdout
+
+
+def test_another_migration_under_one_of_this_konduits_numbers_is_refused(
+        empty_db_url: str) -> None:
+    """`konduit db migrate`, App.migrate() and `konduit health` refuse a database that recorded
+    another name under one of this konduit's numbers, naming both."""
+    import psycopg
+
+    from konduit.db.migrate import migrations
+
+    assert konduit_cli("db", "migrate", "--database-url", empty_db_url).returncode == 0
+    last = migrations()[-1]
+    with psycopg.connect(empty_db_url, autocommit=True) as c:
+        c.execute("UPDATE konduit_schema_version SET name = 'a_branchs_migration' "
+                  "WHERE version = %s", (last.version,))
+    said = (f"recorded migration {last.version:04d} as a_branchs_migration, where this konduit "
+            f"has {last.version:04d}_{last.name}.sql")
+    assert_clean_error(konduit_cli("db", "migrate", "--database-url", empty_db_url), said,
+                       f"SET name = '{last.name}'")
+    with pytest.raises(konduit.SchemaConflict) as refused, \
+            konduit.App([], database_url=empty_db_url) as app:
+        app.migrate()
+    assert refused.value.recorded == ("a_branchs_migration",)
+    assert_clean_error(konduit_cli("health", "--database-url", empty_db_url), said)
+
+
 def test_list_and_status_of_running_and_finished_executions(make_app, db_url: str) -> None:
     app = make_app(_diamond())
     first = app.start("cli-diamond", {"n": 1}).id

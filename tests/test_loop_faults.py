@@ -387,6 +387,68 @@ def test_what_a_round_raises_ends_that_round_only(
     assert raised in record.getMessage() and record.exc_info is not None
 
 
+def test_rounds_that_keep_failing_back_off_and_a_good_round_resets_it(
+        db_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every claim fails for a while: the sender's wait after each failed round doubles from
+    its poll interval up to ROUND_BACKOFF_MAX, the first failure is logged with its traceback
+    and the next ones counted, one line each; after a good round the next run of failures
+    starts from the poll interval again. Counted by round, each wait recorded as it is asked
+    for (and not slept), so no clock decides it."""
+    import konduit.worker.webhook_sender as sending_module
+
+    caplog.set_level(logging.INFO, logger="konduit.worker.webhook_sender")
+    monkeypatch.setattr(sending_module, "ROUND_BACKOFF_MAX", 0.4)
+    original = Database.all
+    claims: list[str] = []  # each round's claim: "failed" or "ok"
+    failing = [7]  # claims left to fail
+    waits: list[float] = []
+    second_run = asyncio.Event()
+
+    async def failing_claims(self: Database, name: str, /, **params: Any) -> Any:
+        if name == "webhook_delivery_claim_due":
+            if failing[0] > 0:
+                failing[0] -= 1
+                claims.append("failed")
+                raise RuntimeError("injected")
+            claims.append("ok")
+        return await original(self, name, **params)
+
+    async def back_off(self: WebhookSender, seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 10:
+            second_run.set()
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(Database, "all", failing_claims)
+    monkeypatch.setattr(WebhookSender, "_back_off", back_off)
+
+    async def test(db: Database, sender: asyncio.Task[None]) -> Any:
+        await raise_alert(db, 1)
+        row = await delivered(db, 1, sender)
+        failing[0] = 3  # a second run of failures, after good rounds
+        await until_set(second_run, sender, "the second run of failed rounds")
+        return row
+
+    row = sending(db_url, Posts(), test)
+    assert row["attempts"] == 1
+    # 0.05 s poll interval: doubled after each failed round in a row, at most 0.4 s; a good
+    # round in between, and the next run starts over.
+    assert waits == [0.05, 0.1, 0.2, 0.4, 0.4, 0.4, 0.4, 0.05, 0.1, 0.2], waits
+    first_ok = claims.index("ok")
+    assert claims[:first_ok] == ["failed"] * 7
+    assert claims.count("failed") == 10
+    failures = logged(caplog, "konduit.worker.webhook_sender", "webhook round failed")
+    assert len(failures) == 10  # one line a failed round, never more
+    assert failures[0].exc_info is not None and "RuntimeError escaped it" in \
+        failures[0].getMessage()
+    assert all(r.exc_info is None for r in failures[1:7] + failures[8:])
+    assert "failed again, 7 in a row: RuntimeError: injected; next round in 0.4 s" in \
+        failures[6].getMessage()
+    assert failures[7].exc_info is not None  # a new run: its first failure in full
+    (recovered, *_) = logged(caplog, "konduit.worker.webhook_sender", "claim again after")
+    assert "after 7 failed round(s)" in recovered.getMessage()
+
+
 @pytest.mark.parametrize("raised", list(RAISED))
 def test_what_recording_a_delivery_raises_ends_that_attempt_only(
         db_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,

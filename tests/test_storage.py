@@ -376,27 +376,124 @@ def test_a_renumbered_migration_is_refused_with_the_record_to_renumber(empty_db_
     assert [m.name for m in applied] == ["probe_other"]
 
 
-def test_migrations_this_konduit_does_not_have_are_left_alone(empty_db_url, monkeypatch):
+def test_migrations_this_konduit_does_not_have_are_left_alone_and_named(empty_db_url, monkeypatch,
+                                                                        caplog):
     """A database a newer konduit migrated records migrations this one does not have: no gap,
-    so `migrate` applies nothing and the worker's check lets it run, as before."""
+    so `migrate` applies nothing and the worker's check lets it run, as before; both say which
+    migrations this konduit does not know (the check returns them, `migrate` logs them)."""
+    import logging
+
     import konduit.db.migrate as migrating
 
     real = migrations()
     newer = _probe(real[-1].version + 1, "probe_newer", "newer")
 
-    async def go() -> list[Any]:
+    async def go() -> tuple[dict[int, str], list[Any]]:
         db = Database(empty_db_url, min_size=1, max_size=2)
         await db.open()
         try:
             monkeypatch.setattr(migrating, "migrations", lambda: [*real, newer])
             await migrate(db)
+            assert await ensure_current(db) == {}
             monkeypatch.setattr(migrating, "migrations", lambda: real)
-            await ensure_current(db)
-            return await migrate(db)
+            caplog.clear()
+            return await ensure_current(db), await migrate(db)
         finally:
             await db.close()
 
-    assert run(go()) == []
+    caplog.set_level(logging.WARNING, logger="konduit.db.migrate")
+    unknown, applied = run(go())
+    assert applied == []
+    assert unknown == {newer.version: "probe_newer"}
+    (record,) = [r for r in caplog.records if r.name == "konduit.db.migrate"]
+    assert record.levelno == logging.WARNING
+    assert (f"migrations this konduit does not know: {newer.version:04d}_probe_newer"
+            in record.getMessage())
+    assert f"this konduit's schema is {real[-1].version:04d}" in record.getMessage()
+
+
+def test_another_migration_under_one_of_this_konduits_numbers_is_refused_naming_both(
+        empty_db_url, monkeypatch):
+    """A database recorded N as a branch's migration (or before the file was renamed), where
+    this konduit has another name at N: the two look alike in the record, and if it is another
+    migration, this konduit's N was never applied. `migrate` and the worker's check refuse with
+    SchemaConflict naming both, and nothing is applied (not N+1 either). Renaming the record, as
+    the error says for a renamed file, proceeds."""
+    import konduit.db.migrate as migrating
+
+    real = migrations()
+    top = real[-1].version
+    theirs = _probe(top + 1, "probe_theirs", "theirs")
+    ours = _probe(top + 1, "probe_ours", "ours")
+    after = _probe(top + 2, "probe_after", "after")
+
+    async def go() -> tuple[Any, Any, Any, Any, list[Any]]:
+        db = Database(empty_db_url, min_size=1, max_size=2)
+        await db.open()
+        try:
+            monkeypatch.setattr(migrating, "migrations", lambda: [*real, theirs])
+            await migrate(db)  # the branch's build
+            before = _schema(empty_db_url)
+            monkeypatch.setattr(migrating, "migrations", lambda: [*real, ours, after])
+            with pytest.raises(konduit.SchemaConflict) as refused:
+                await migrate(db)
+            with pytest.raises(konduit.SchemaConflict) as checked:
+                await ensure_current(db)
+            unchanged = _schema(empty_db_url)
+            _sql(empty_db_url, f"UPDATE konduit_schema_version SET name = 'probe_ours' "
+                             f"WHERE version = {top + 1}")
+            applied = await migrate(db)
+            await ensure_current(db)
+            return before, unchanged, refused.value, checked.value, applied
+        finally:
+            await db.close()
+
+    before, unchanged, refused, checked, applied = run(go())
+    assert isinstance(refused, konduit.SchemaOutdated)
+    assert refused.code == "schema_conflict"
+    assert refused.versions == (top + 1,)
+    assert refused.recorded == ("probe_theirs",)
+    assert refused.files == (f"{top + 1:04d}_probe_ours.sql",)
+    message = str(refused)
+    assert (f"recorded migration {top + 1:04d} as probe_theirs, where this konduit has "
+            f"{top + 1:04d}_probe_ours.sql") in message
+    assert (f"UPDATE konduit_schema_version SET name = 'probe_ours' WHERE version = {top + 1}"
+            in message)
+    assert "konduit db reset --yes" in message and "\n" not in message
+    assert str(checked) == message
+    assert unchanged == before and unchanged[1] == [("konduit_probe_theirs",)]
+    assert [m.name for m in applied] == ["probe_after"]
+
+
+def test_two_of_this_konduits_migrations_recorded_under_each_others_numbers_are_refused(
+        empty_db_url, monkeypatch):
+    """Recorded names that this konduit has under other numbers are other migrations, not
+    renamed files: refused, and no record rename is offered."""
+    import konduit.db.migrate as migrating
+
+    real = migrations()
+    top = real[-1].version
+    first, second = _probe(top + 1, "probe_one", "one"), _probe(top + 2, "probe_two", "two")
+
+    async def go() -> Any:
+        db = Database(empty_db_url, min_size=1, max_size=2)
+        await db.open()
+        try:
+            monkeypatch.setattr(migrating, "migrations", lambda: [
+                *real, _probe(top + 1, "probe_two", "two"), _probe(top + 2, "probe_one", "one")])
+            await migrate(db)
+            monkeypatch.setattr(migrating, "migrations", lambda: [*real, first, second])
+            with pytest.raises(konduit.SchemaConflict) as refused:
+                await migrate(db)
+            return refused.value
+        finally:
+            await db.close()
+
+    refused = run(go())
+    assert refused.versions == (top + 1, top + 2)
+    assert refused.recorded == ("probe_two", "probe_one")
+    assert f"probe_two is this konduit's {top + 2:04d}: another migration" in str(refused)
+    assert "UPDATE" not in str(refused)
 
 
 def test_migrating_an_already_migrated_database_applies_nothing(db_url):

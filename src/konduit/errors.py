@@ -47,7 +47,8 @@ __all__ = [
     "NonRetryableError", "NotAnswerable", "NotForkable", "NotRedrivable", "NothingToRepair",
     "OutputInvalid",
     "PayloadError", "PayloadStoreError", "PayloadTooLarge", "PoolExhausted",
-    "ScheduleNotFound", "SchemaGap", "SchemaOutdated", "SettingsError", "StreamError", "StreamFull",
+    "ScheduleNotFound", "SchemaConflict", "SchemaGap", "SchemaOutdated", "SettingsError",
+    "StreamError", "StreamFull",
     "StreamLeaseLost", "StreamNotFound", "UserCodeInterrupted", "UserCodeStuck",
     "WorkerUnhealthy", "WorkflowDefinitionError", "WorkflowNotFound", "WorkflowVersionConflict",
 ]
@@ -268,6 +269,23 @@ class SchemaGap(SchemaOutdated):
         self.versions = versions
         self.files = files
         self.newest = newest
+
+
+class SchemaConflict(SchemaOutdated):
+    """The database recorded a migration under a number at which this konduit has another name
+    (a migration file renamed, or another build's migration under the same number: a
+    development branch's): konduit cannot tell the two apart, and if it is another migration,
+    this konduit's under that number was never applied, so the migrator applies nothing there
+    and workers refuse to start. ``versions`` are the numbers, ``recorded`` the names the
+    database recorded under them, ``files`` this konduit's migrations there
+    (``0041_history.sql``)."""
+
+    def __init__(self, message: str, *, versions: tuple[int, ...], recorded: tuple[str, ...],
+                 files: tuple[str, ...]):
+        super().__init__(message)
+        self.versions = versions
+        self.recorded = recorded
+        self.files = files
 
 
 class ExecutionFailed(KonduitError):

@@ -30,7 +30,12 @@ from konduit.cli.common import (
 )
 from konduit.core.durations import format_elapsed
 from konduit.db.connect import open_database
-from konduit.db.migrate import latest_version
+from konduit.db.migrate import (
+    describe_unknown,
+    latest_version,
+    recorded_versions,
+    unknown_migrations,
+)
 from konduit.db.migrate import reset as reset_schema
 from konduit.errors import CliError
 from konduit.settings import default, described, settings, variable
@@ -49,13 +54,35 @@ def db_migrate(database_url: DatabaseUrl = None) -> None:
     """Apply the schema migrations this konduit needs to its database's tables (a no-op when
     the schema is current). This changes konduit's tables, not your executions: moving running
     executions to a new version of their workflow is `konduit migrate-executions`."""
+    # Said below, on standard output, rather than twice (the migrator logs it too).
+    logging.getLogger("konduit.db.migrate").setLevel(logging.ERROR)
     with opened(konduit.App([], database_url=reachable(database_url, schema=False))) as app:
         applied = app.migrate()
+        unknown = _unknown_migrations(database_url)
     if applied:
         for name in applied:
             console.print(f"applied [green]{name}[/green]")
-    console.print(f"schema is at version {latest_version()}"
-                  + ("" if applied else " (already current)"))
+    if unknown:
+        console.print(f"schema is at version {max(unknown)}, newer than this konduit's "
+                      f"{latest_version()}")
+        console.print(f"note: {escape(describe_unknown(unknown))}", soft_wrap=True)
+    else:
+        console.print(f"schema is at version {latest_version()}"
+                      + ("" if applied else " (already current)"))
+
+
+def _unknown_migrations(database_url: str | None) -> dict[int, str]:
+    """The migrations the database recorded that this konduit does not have (a newer
+    konduit's)."""
+    async def go() -> dict[int, str]:
+        db = await open_database(database_url, max_size=1, name="konduit-cli",
+                                 check_schema=False, migrate_embedded=False)
+        try:
+            return unknown_migrations(await recorded_versions(db))
+        finally:
+            await db.close()
+
+    return asyncio.run(go())
 
 
 def db_reset(
@@ -275,7 +302,8 @@ def health(
 ) -> None:
     """Exit 0 when the database answers and has the schema this konduit needs (and, with
     --worker, a worker of this host is live); else exit 1 with one line saying why. The
-    container image's HEALTHCHECK; a probe's command in Kubernetes."""
+    container image's HEALTHCHECK; a probe's command in Kubernetes. A schema a newer konduit
+    migrated is no failure: a note names its migrations this konduit does not know."""
     if not (database_url or settings().database_url):
         raise CliError("konduit health checks a database of your own: set "
                        f"{variable('database_url')} or pass --database-url")
@@ -284,5 +312,8 @@ def health(
     host = socket.gethostname()
     if worker and not any(w.hostname == host for w in live):
         raise CliError(f"no live worker on {host} (konduit workers lists the live ones)")
+    unknown = _unknown_migrations(database_url)
     console.print(f"ok: {describe_url(database_url or settings().database_url)}"
                   + (f", a live worker on {host}" if worker else ""))
+    if unknown:
+        console.print(f"note: {escape(describe_unknown(unknown))}", soft_wrap=True)

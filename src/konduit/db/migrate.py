@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from importlib import resources
 
 from konduit.db.database import Database
-from konduit.errors import DatabaseError, SchemaGap, SchemaOutdated
+from konduit.errors import DatabaseError, SchemaConflict, SchemaGap, SchemaOutdated
 
+log = logging.getLogger(__name__)
 _FILE = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
 
@@ -95,6 +97,65 @@ def schema_gap(recorded: dict[int, str]) -> SchemaGap | None:
                      newest=newest)
 
 
+def schema_conflict(recorded: dict[int, str]) -> SchemaConflict | None:
+    """The refusal of a database that recorded, under a number this konduit has, a migration of
+    another name, else None. A file renamed since the database applied it and another build's
+    migration under the same number (a development branch's) look alike in the record: in the
+    second case this konduit's migration was never applied, and taking the number as applied
+    would leave it out for good. So konduit refuses, naming both, and says how to go on."""
+    known = migrations()
+    numbered = {m.name: m.version for m in known}
+    clashes = [(m, recorded[m.version]) for m in known
+               if m.version in recorded and recorded[m.version] != m.name]
+    if not clashes:
+        return None
+    files = tuple(f"{m.version:04d}_{m.name}.sql" for m, _ in clashes)
+    parts = []
+    for m, name in clashes:
+        part = (f"the database recorded migration {m.version:04d} as {name}, where this konduit "
+                f"has {m.version:04d}_{m.name}.sql")
+        if name in numbered:
+            part += (f" (and {name} is this konduit's {numbered[name]:04d}: another migration, "
+                     f"not a renamed file)")
+        parts.append(part)
+    message = "; ".join(parts) + (
+        ": konduit applies no migration to it, since under that number this konduit's "
+        "migration may never have been applied.")
+    renamed = [(m, name) for m, name in clashes if name not in numbered]
+    if renamed:
+        updates = "; ".join(f"UPDATE konduit_schema_version SET name = '{m.name}' WHERE "
+                            f"version = {m.version}" for m, _ in renamed)
+        message += (f" If the file was renamed and is the same migration, rename its record "
+                    f"({updates}) and run `konduit db migrate` again.")
+    message += (
+        " If it is another build's migration (a development branch's): on a development "
+        "database `konduit db reset --yes` rebuilds the schema (deleting everything konduit "
+        "stored there); otherwise restore a backup from before it, or check "
+        f"{', '.join(files)} against the database, apply it yourself and rename its record as "
+        "above.")
+    return SchemaConflict(message, versions=tuple(m.version for m, _ in clashes),
+                          recorded=tuple(name for _, name in clashes), files=files)
+
+
+def unknown_migrations(recorded: dict[int, str]) -> dict[int, str]:
+    """The recorded migrations this konduit does not have (a newer konduit's), number to name."""
+    known = {m.version for m in migrations()}
+    return {v: name for v, name in sorted(recorded.items()) if v not in known}
+
+
+def describe_unknown(unknown: dict[int, str]) -> str:
+    """One line saying that the database has migrations this konduit does not know."""
+    names = ", ".join(f"{v:04d}_{name}" for v, name in unknown.items())
+    return (f"the database has migrations this konduit does not know: {names} (a newer konduit "
+            f"migrated it); this konduit's schema is {latest_version():04d}, and its workers run "
+            f"on the newer one (as during a rolling upgrade): upgrade them to the release with "
+            f"these migrations")
+
+
+def _refusal(recorded: dict[int, str]) -> SchemaOutdated | None:
+    return schema_gap(recorded) or schema_conflict(recorded)
+
+
 async def migrate(db: Database) -> list[Migration]:
     """Apply every migration the database has not applied, in order, in one transaction, under
     an advisory lock so that concurrent migrators (several workers starting at once) apply each
@@ -112,9 +173,12 @@ async def migrate(db: Database) -> list[Migration]:
         await tx.run("schema_version_table_create_if_absent")
         recorded = {int(r["version"]): str(r["name"])
                     for r in await tx.all("schema_version_list")}
-        gap = schema_gap(recorded)
-        if gap is not None:
-            raise gap
+        refused = _refusal(recorded)
+        if refused is not None:
+            raise refused
+        unknown = unknown_migrations(recorded)
+        if unknown:
+            log.warning("%s", describe_unknown(unknown))
         applied = []
         for migration in migrations():
             if migration.version in recorded:
@@ -138,15 +202,18 @@ async def reset(db: Database) -> list[Migration]:
     return await migrate(db)
 
 
-async def ensure_current(db: Database, *, command_hint: str = "konduit db migrate") -> None:
+async def ensure_current(db: Database, *,
+                         command_hint: str = "konduit db migrate") -> dict[int, str]:
     """Refuse to run against an older schema, naming the command that fixes it, or against one
     with a gap (:class:`~konduit.errors.SchemaGap`: a migration never applied below the newest
-    recorded, which ``konduit db migrate`` refuses too). A schema newer than this konduit's is
-    accepted."""
+    recorded) or another migration under one of this konduit's numbers
+    (:class:`~konduit.errors.SchemaConflict`), which ``konduit db migrate`` refuses too. A
+    schema newer than this konduit's is accepted: returns the migrations it has that this
+    konduit does not know (:func:`unknown_migrations`), for the caller to say."""
     recorded = await recorded_versions(db)
-    gap = schema_gap(recorded)
-    if gap is not None:
-        raise gap
+    refused = _refusal(recorded)
+    if refused is not None:
+        raise refused
     current = max(recorded, default=0)
     latest = latest_version()
     if current < latest:
@@ -154,3 +221,4 @@ async def ensure_current(db: Database, *, command_hint: str = "konduit db migrat
             f"the database schema is at version {current}, this konduit needs {latest}: "
             f"run `{command_hint}` first"
         )
+    return unknown_migrations(recorded)

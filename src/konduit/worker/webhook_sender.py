@@ -14,8 +14,14 @@ the host resolves to an internal address.
 Nothing ends the sender but its own cancellation (the worker's stop). What the HTTP call
 raises, ``BaseException`` included, is a failed attempt, recorded and retried like any other;
 what else a delivery or a round raises is logged, the delivery's lease runs out and it is sent
-again. A ``KeyboardInterrupt`` or ``SystemExit`` set on a future the loop awaits, or let out of
-one of its tasks, would end the worker's event loop itself (asyncio re-raises them out of
+again. After a failed round the sender waits before claiming again, twice as long after each
+failed round in a row (its poll interval first, at most :data:`ROUND_BACKOFF_MAX`), and as
+usual again after a good one: a fault that repeats every round (a query the schema refuses, a
+bug) is logged once in full (a bug with its traceback), then in one line a round, each saying
+how many failed in a row, rather than every second.
+
+A ``KeyboardInterrupt`` or ``SystemExit`` set on a future the loop awaits, or let out of one of
+its tasks, would end the worker's event loop itself (asyncio re-raises them out of
 ``run_forever``): the call's come back as :class:`~konduit.errors.UserCodeInterrupted`
 (:func:`konduit.threads.interrupted`), and the loop's tasks keep the rest.
 """
@@ -51,6 +57,9 @@ log = logging.getLogger(__name__)
 
 POLL_INTERVAL = 1.0
 """Seconds between two claims when nothing was due (a first retry is due 2 s after a failure)."""
+ROUND_BACKOFF_MAX = 30.0
+"""Seconds at most between two claims while every round fails (the poll interval doubled after
+each failed round in a row, up to this)."""
 CONCURRENCY = 8
 """Deliveries one worker sends at once (threads)."""
 
@@ -85,9 +94,9 @@ class WebhookSender:
     async def run(self) -> None:
         """Claim and send until cancelled. A call in flight when the worker stops is abandoned:
         its lease runs out and the delivery is sent again (by this App's next worker)."""
+        failed = 0  # rounds failed in a row
         try:
             while True:
-                claimed = 0
                 try:
                     claimed = await self.round()
                 except asyncio.CancelledError:
@@ -95,13 +104,15 @@ class WebhookSender:
                 except BaseException as exc:
                     if cancelling():
                         raise  # the stop, not a failed round
-                    if isinstance(exc, DatabaseError | KonduitError):
-                        level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) \
-                            else logging.WARNING
-                        log.log(level, "webhook round failed: %s", exc)
-                    else:  # a bug, KeyboardInterrupt...: this round only (module docstring)
-                        log.error("webhook round failed: %s escaped it; the sender runs on",
-                                  type(exc).__name__, exc_info=exc)
+                    failed += 1
+                    pause = self.backoff(failed)
+                    _log_failed_round(exc, failed, pause)
+                    await self._back_off(pause)
+                    continue
+                if failed:
+                    log.info("webhook rounds claim again after %d failed round(s) in a row",
+                             failed)
+                    failed = 0
                 if claimed == 0 or len(self._inflight) >= self.concurrency:
                     self._done.clear()
                     await wait_event(self._done, self.poll_interval)
@@ -109,6 +120,18 @@ class WebhookSender:
             for task in list(self._inflight):
                 task.cancel()
             self._threads.shutdown(wait=False, cancel_futures=True)
+
+    def backoff(self, failed: int) -> float:
+        """Seconds to wait after the ``failed``-th failed round in a row: the poll interval,
+        doubled after each further one, at most :data:`ROUND_BACKOFF_MAX` (or the poll interval
+        when that is longer)."""
+        return min(self.poll_interval * 2.0 ** min(failed - 1, 32),
+                   max(ROUND_BACKOFF_MAX, self.poll_interval))
+
+    async def _back_off(self, seconds: float) -> None:
+        """The wait after a failed round: a plain sleep (a delivery ending meanwhile does not
+        cut it short, as it does the wait between good rounds)."""
+        await asyncio.sleep(seconds)
 
     async def round(self) -> int:
         """Claim what is due (up to the free threads) and start sending it; returns how many."""
@@ -197,6 +220,26 @@ class WebhookSender:
         if await self.db.one("webhook_delivery_record_if_leased", **params) is None:
             log.info("webhook delivery %s: lease ran out before its attempt was recorded",
                      row["id"])
+
+
+def _log_failed_round(exc: BaseException, failed: int, pause: float) -> None:
+    """The first failed round of a run of them with its traceback (a bug's), the next ones in
+    one line each, counted; as the wait between rounds doubles, so does the time between lines.
+    A database that does not answer is said at debug level (the worker reports the outage)."""
+    if isinstance(exc, DatabaseError | KonduitError):
+        level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
+        trace = None
+    else:  # a bug, KeyboardInterrupt...: this round only (module docstring)
+        level, trace = logging.ERROR, exc
+    if failed == 1:
+        if trace is None:
+            log.log(level, "webhook round failed: %s; next round in %.3g s", exc, pause)
+        else:
+            log.log(level, "webhook round failed: %s escaped it; the sender runs on, next "
+                    "round in %.3g s", type(exc).__name__, pause, exc_info=trace)
+    else:
+        log.log(level, "webhook round failed again, %d in a row: %s: %s; next round in %.3g s",
+                failed, type(exc).__name__, exc, pause)
 
 
 def _call(post: Post, hook: Webhook, body: bytes, headers: dict[str, str]) -> webhook_http.Response:

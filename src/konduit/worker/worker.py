@@ -44,7 +44,7 @@ from konduit.core.payloads import DEFAULT_MAX_BYTES
 from konduit.core.webhooks import Webhook
 from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Database, Tx
-from konduit.db.migrate import ensure_current
+from konduit.db.migrate import describe_unknown, ensure_current
 from konduit.engine import transitions
 from konduit.engine import webhooks as webhook_store
 from konduit.engine.advancer import Advanced
@@ -284,7 +284,9 @@ class Worker:
 
     async def _live(self) -> None:
         cfg = self.config
-        await ensure_current(self.db)
+        unknown = await ensure_current(self.db)
+        if unknown:
+            log.warning("%s", describe_unknown(unknown))
         from konduit.engine.client import Client
 
         await Client(self.db, self.registry).register_all()
