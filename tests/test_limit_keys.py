@@ -396,6 +396,74 @@ def test_a_redriven_execution_takes_a_slot_of_its_key_again(db_url):
         app.close()
 
 
+def test_a_rerun_waits_behind_the_executions_already_pending(db_url):
+    """A re-run (redrive, repair) waits from its re-run, not from its first start: with one
+    slot taken and an execution already pending, a redrive of an older execution queues
+    behind that one; the slot freed goes to the one waiting longer. A real worker then runs
+    them one at a time, in that order."""
+    wf = konduit.Workflow("mr-requeue", version=1, max_running=1, key=lambda i: i["k"])
+
+    @wf.step()
+    def only(ctx: konduit.Context) -> int:
+        return int(ctx.input["n"])
+
+    app = konduit.App([wf], database_url=db_url)
+    try:
+        old = app.start("mr-requeue", input={"k": "a", "n": 1}).id
+        assert app.cancel(old)
+        holder = app.start("mr-requeue", input={"k": "a", "n": 2}).id
+        waiting = app.start("mr-requeue", input={"k": "a", "n": 3}).id
+        assert app.redrive(old) == ["only"]
+        assert [app.status(i).status for i in (old, holder, waiting)] == [
+            "pending", "running", "pending"]
+        assert app.cancel(holder)  # frees the slot: the one waiting longer starts
+        assert [app.status(i).status for i in (old, waiting)] == ["pending", "running"]
+        with running_worker(app, concurrency=2):
+            assert app.wait(old, timeout=60).output == 1
+            assert app.wait(waiting, timeout=60).output == 3
+        with psycopg.connect(db_url) as conn:
+            done = [r[0] for r in conn.execute(
+                "SELECT (input->>'n')::int FROM konduit_executions WHERE status = 'succeeded' "
+                "AND workflow_name = 'mr-requeue' ORDER BY finished_at").fetchall()]
+        assert done == [3, 1]
+    finally:
+        app.close()
+
+
+def test_a_start_later_waits_from_its_time_not_from_its_start_call(db_url):
+    """An execution started later (delay=) begins waiting for a slot when its time comes: one
+    already pending then starts before it, though it was started after the delayed one's
+    start call."""
+    wf = konduit.Workflow("mr-later-order", version=1, max_running=1, key=lambda i: i["k"])
+
+    @wf.step()
+    def only(ctx: konduit.Context) -> int:
+        return int(ctx.input["n"])
+
+    app = konduit.App([wf], database_url=db_url)
+
+    async def due_pass() -> None:
+        db = Database(db_url, min_size=1, max_size=2)
+        await db.open()
+        try:
+            await later.start_due(db)
+        finally:
+            await db.close()
+
+    try:
+        delayed = app.start("mr-later-order", input={"k": "a", "n": 1}, delay="0.2s").id
+        holder = app.start("mr-later-order", input={"k": "a", "n": 2}).id
+        waiting = app.start("mr-later-order", input={"k": "a", "n": 3}).id
+        time.sleep(0.3)
+        asyncio.run(due_pass())
+        assert [app.status(i).status for i in (delayed, holder, waiting)] == [
+            "pending", "running", "pending"]
+        assert app.cancel(holder)  # frees the slot: the one waiting longer starts
+        assert [app.status(i).status for i in (delayed, waiting)] == ["pending", "running"]
+    finally:
+        app.close()
+
+
 def _rerun_probe(name: str, **limit: Any) -> tuple[konduit.Workflow, dict[str, Any]]:
     """A workflow whose one step fails while ``state["broken"]``, blocks the execution of input
     n="holder" until ``state["release"]`` is set (``state["holding"]`` says it runs), and keeps

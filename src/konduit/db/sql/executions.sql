@@ -121,9 +121,11 @@ SELECT input FROM konduit_executions WHERE id = %(id)s AND run_key IS NULL;
 -- name: execution_reopen_if_finished
 -- Repair or redrive: run a finished execution again as a new generation of the steps being
 -- re-run, if it still ended in one of the statuses the operation accepts. `run_key`: the key
--- under max_running of one started without (NULL: none); a key it has is kept.
+-- under max_running of one started without (NULL: none); a key it has is kept. Under
+-- max_running it begins waiting for a slot now: its place among the key's pending executions.
 UPDATE konduit_executions
 SET status = 'running',
+    queued_at = konduit_now(),
     generation = generation + 1,
     steps_pending = %(steps_pending)s,
     error = NULL,
