@@ -539,6 +539,75 @@ def test_a_rerun_started_before_max_running_was_set_takes_a_slot(db_url, how, ke
         app.close()
 
 
+def _step_limit_probe(name: str, limit: Any = None) -> tuple[konduit.Workflow, dict[str, Any]]:
+    """_rerun_probe's step, with ``limit`` as its ``concurrency=``."""
+    wf = konduit.Workflow(name, version=1)
+    state: dict[str, Any] = {"broken": True, "release": threading.Event(),
+                             "holding": threading.Event(), "running": 0, "peak": 0,
+                             "lock": threading.Lock()}
+
+    @wf.step(retry=konduit.Retry(max_attempts=1), concurrency=limit)
+    def only(ctx: konduit.Context) -> str:
+        with state["lock"]:
+            state["running"] += 1
+            state["peak"] = max(state["peak"], state["running"])
+        try:
+            if ctx.input["n"] == "holder":
+                state["holding"].set()
+                assert state["release"].wait(120)
+            elif state["broken"]:
+                raise konduit.NonRetryableError("the service is down")
+            return str(ctx.input["n"])
+        finally:
+            with state["lock"]:
+                state["running"] -= 1
+
+    return wf, state
+
+
+@pytest.mark.parametrize("how", ["redrive", "repair"])
+@pytest.mark.parametrize("key", ["input.k", "function"])
+def test_a_rerun_started_before_a_step_was_limited_per_key_takes_its_key(db_url, how, key):
+    """A step's per-key limit (concurrency= with key=) is an operating setting too: one added
+    after an execution started leaves that execution without the step's key. Running it again
+    (redrive, repair) gives its re-run tasks the key its start would compute now (kept on the
+    execution, as a start keeps it), so the re-run waits for the key's running task: a real
+    worker never runs two handlers of the key at once."""
+    name = f"fk-rerun-{how}-{'path' if key == 'input.k' else 'fn'}"
+    before, broken = _step_limit_probe(name)
+    app = konduit.App([before], database_url=db_url)
+    try:
+        with running_worker(app, concurrency=4):
+            old = app.start(name, input={"k": "a", "n": "old"})
+            with pytest.raises(konduit.ExecutionFailed):
+                old.wait(timeout=60)
+    finally:
+        app.close()
+    wf, state = _step_limit_probe(name, konduit.Limit(
+        1, key=(lambda c: c.input["k"]) if key == "function" else key))
+    app = konduit.App([wf], database_url=db_url)
+    try:
+        with running_worker(app, concurrency=4):
+            holder = app.start(name, input={"k": "a", "n": "holder"}).id
+            assert state["holding"].wait(60)
+            state["broken"] = False
+            assert getattr(app, how)(old.id) == ["only"]
+            with psycopg.connect(db_url) as conn:
+                assert conn.execute("SELECT limit_keys FROM konduit_executions WHERE id = %s",
+                                    (old.id,)).fetchone() == ({"only": "a"},)
+                # Its re-run task carries the key: the holder's running task keeps it waiting.
+                assert conn.execute(
+                    "SELECT limit_key FROM konduit_tasks WHERE execution_id = %s "
+                    "ORDER BY generation DESC LIMIT 1", (old.id,)).fetchone() == ("a",)
+            state["release"].set()
+            assert app.wait(holder, timeout=60).output == "holder"
+            assert app.wait(old.id, timeout=60).output == "old"
+        assert state["peak"] == 1 and broken["peak"] == 1
+    finally:
+        state["release"].set()
+        app.close()
+
+
 def test_a_code_less_client_reruns_one_started_before_max_running_under_its_limit(db_url):
     """Without the workflow's code (konduit.Client, the CLI, the API, the dashboard), the key of
     an execution started before max_running comes from the registered definition: a path is
