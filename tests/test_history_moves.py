@@ -237,11 +237,11 @@ def test_the_history_keeps_every_table_an_execution_owns_with_the_same_columns(d
                 ORDER BY attnum""", rel)]
         hot = columns(f"konduit_{t}")
         kept = columns(f"konduit_history_{t}")
-        # The hot table's columns in its order, then the history's own (history_finished_at,
-        # the partition key, first).
-        assert kept[:len(hot) + 1] == [*hot, ("history_finished_at", "timestamp with time zone",
-                                              True)], t
-        assert all(n.startswith("history_") for n, _, _ in kept[len(hot):]), t
+        # The hot table's columns in its order, and the history's own (history_finished_at,
+        # the partition key); a column added to the hot table after migration 0041 comes after
+        # them in the history (ALTER TABLE appends: the move inserts by name).
+        assert [c for c in kept if not c[0].startswith("history_")] == hot, t
+        assert ("history_finished_at", "timestamp with time zone", True) in kept, t
         assert [(n, ty) for n, ty, _ in columns(f"konduit_{t}_all")] \
             == [(n, ty) for n, ty, _ in hot], t
         # And konduit_<table>_since and _of (migration 0047) return them: their bodies list them.

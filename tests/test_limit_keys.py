@@ -396,6 +396,74 @@ def test_a_redriven_execution_takes_a_slot_of_its_key_again(db_url):
         app.close()
 
 
+def test_a_rerun_waits_behind_the_executions_already_pending(db_url):
+    """A re-run (redrive, repair) waits from its re-run, not from its first start: with one
+    slot taken and an execution already pending, a redrive of an older execution queues
+    behind that one; the slot freed goes to the one waiting longer. A real worker then runs
+    them one at a time, in that order."""
+    wf = konduit.Workflow("mr-requeue", version=1, max_running=1, key=lambda i: i["k"])
+
+    @wf.step()
+    def only(ctx: konduit.Context) -> int:
+        return int(ctx.input["n"])
+
+    app = konduit.App([wf], database_url=db_url)
+    try:
+        old = app.start("mr-requeue", input={"k": "a", "n": 1}).id
+        assert app.cancel(old)
+        holder = app.start("mr-requeue", input={"k": "a", "n": 2}).id
+        waiting = app.start("mr-requeue", input={"k": "a", "n": 3}).id
+        assert app.redrive(old) == ["only"]
+        assert [app.status(i).status for i in (old, holder, waiting)] == [
+            "pending", "running", "pending"]
+        assert app.cancel(holder)  # frees the slot: the one waiting longer starts
+        assert [app.status(i).status for i in (old, waiting)] == ["pending", "running"]
+        with running_worker(app, concurrency=2):
+            assert app.wait(old, timeout=60).output == 1
+            assert app.wait(waiting, timeout=60).output == 3
+        with psycopg.connect(db_url) as conn:
+            done = [r[0] for r in conn.execute(
+                "SELECT (input->>'n')::int FROM konduit_executions WHERE status = 'succeeded' "
+                "AND workflow_name = 'mr-requeue' ORDER BY finished_at").fetchall()]
+        assert done == [3, 1]
+    finally:
+        app.close()
+
+
+def test_a_start_later_waits_from_its_time_not_from_its_start_call(db_url):
+    """An execution started later (delay=) begins waiting for a slot when its time comes: one
+    already pending then starts before it, though it was started after the delayed one's
+    start call."""
+    wf = konduit.Workflow("mr-later-order", version=1, max_running=1, key=lambda i: i["k"])
+
+    @wf.step()
+    def only(ctx: konduit.Context) -> int:
+        return int(ctx.input["n"])
+
+    app = konduit.App([wf], database_url=db_url)
+
+    async def due_pass() -> None:
+        db = Database(db_url, min_size=1, max_size=2)
+        await db.open()
+        try:
+            await later.start_due(db)
+        finally:
+            await db.close()
+
+    try:
+        delayed = app.start("mr-later-order", input={"k": "a", "n": 1}, delay="0.2s").id
+        holder = app.start("mr-later-order", input={"k": "a", "n": 2}).id
+        waiting = app.start("mr-later-order", input={"k": "a", "n": 3}).id
+        time.sleep(0.3)
+        asyncio.run(due_pass())
+        assert [app.status(i).status for i in (delayed, holder, waiting)] == [
+            "pending", "running", "pending"]
+        assert app.cancel(holder)  # frees the slot: the one waiting longer starts
+        assert [app.status(i).status for i in (delayed, waiting)] == ["pending", "running"]
+    finally:
+        app.close()
+
+
 def _rerun_probe(name: str, **limit: Any) -> tuple[konduit.Workflow, dict[str, Any]]:
     """A workflow whose one step fails while ``state["broken"]``, blocks the execution of input
     n="holder" until ``state["release"]`` is set (``state["holding"]`` says it runs), and keeps
@@ -462,6 +530,75 @@ def test_a_rerun_started_before_max_running_was_set_takes_a_slot(db_url, how, ke
                 assert conn.execute("SELECT count(*) FROM konduit_tasks WHERE execution_id = %s "
                                     "AND status = 'ready' AND NOT limited",
                                     (old.id,)).fetchone() == (0,)
+            state["release"].set()
+            assert app.wait(holder, timeout=60).output == "holder"
+            assert app.wait(old.id, timeout=60).output == "old"
+        assert state["peak"] == 1 and broken["peak"] == 1
+    finally:
+        state["release"].set()
+        app.close()
+
+
+def _step_limit_probe(name: str, limit: Any = None) -> tuple[konduit.Workflow, dict[str, Any]]:
+    """_rerun_probe's step, with ``limit`` as its ``concurrency=``."""
+    wf = konduit.Workflow(name, version=1)
+    state: dict[str, Any] = {"broken": True, "release": threading.Event(),
+                             "holding": threading.Event(), "running": 0, "peak": 0,
+                             "lock": threading.Lock()}
+
+    @wf.step(retry=konduit.Retry(max_attempts=1), concurrency=limit)
+    def only(ctx: konduit.Context) -> str:
+        with state["lock"]:
+            state["running"] += 1
+            state["peak"] = max(state["peak"], state["running"])
+        try:
+            if ctx.input["n"] == "holder":
+                state["holding"].set()
+                assert state["release"].wait(120)
+            elif state["broken"]:
+                raise konduit.NonRetryableError("the service is down")
+            return str(ctx.input["n"])
+        finally:
+            with state["lock"]:
+                state["running"] -= 1
+
+    return wf, state
+
+
+@pytest.mark.parametrize("how", ["redrive", "repair"])
+@pytest.mark.parametrize("key", ["input.k", "function"])
+def test_a_rerun_started_before_a_step_was_limited_per_key_takes_its_key(db_url, how, key):
+    """A step's per-key limit (concurrency= with key=) is an operating setting too: one added
+    after an execution started leaves that execution without the step's key. Running it again
+    (redrive, repair) gives its re-run tasks the key its start would compute now (kept on the
+    execution, as a start keeps it), so the re-run waits for the key's running task: a real
+    worker never runs two handlers of the key at once."""
+    name = f"fk-rerun-{how}-{'path' if key == 'input.k' else 'fn'}"
+    before, broken = _step_limit_probe(name)
+    app = konduit.App([before], database_url=db_url)
+    try:
+        with running_worker(app, concurrency=4):
+            old = app.start(name, input={"k": "a", "n": "old"})
+            with pytest.raises(konduit.ExecutionFailed):
+                old.wait(timeout=60)
+    finally:
+        app.close()
+    wf, state = _step_limit_probe(name, konduit.Limit(
+        1, key=(lambda c: c.input["k"]) if key == "function" else key))
+    app = konduit.App([wf], database_url=db_url)
+    try:
+        with running_worker(app, concurrency=4):
+            holder = app.start(name, input={"k": "a", "n": "holder"}).id
+            assert state["holding"].wait(60)
+            state["broken"] = False
+            assert getattr(app, how)(old.id) == ["only"]
+            with psycopg.connect(db_url) as conn:
+                assert conn.execute("SELECT limit_keys FROM konduit_executions WHERE id = %s",
+                                    (old.id,)).fetchone() == ({"only": "a"},)
+                # Its re-run task carries the key: the holder's running task keeps it waiting.
+                assert conn.execute(
+                    "SELECT limit_key FROM konduit_tasks WHERE execution_id = %s "
+                    "ORDER BY generation DESC LIMIT 1", (old.id,)).fetchone() == ("a",)
             state["release"].set()
             assert app.wait(holder, timeout=60).output == "holder"
             assert app.wait(old.id, timeout=60).output == "old"

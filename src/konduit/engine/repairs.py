@@ -20,6 +20,7 @@ a late completion of one of those is fenced by its lease, as every completion is
 
 from __future__ import annotations
 
+import json
 from uuid import UUID
 
 from konduit.core.advance import ExecutionState
@@ -29,7 +30,7 @@ from konduit.core.workflow import WorkflowSpec
 from konduit.db.database import Tx
 from konduit.engine import limit_keys
 from konduit.engine.advancer import Advancer
-from konduit.engine.starts import run_key_off_loop
+from konduit.engine.starts import rerun_keys_off_loop
 from konduit.engine.step_rows import state_columns
 from konduit.engine.stored import SpecSource
 from konduit.errors import ExecutionNotFound, KonduitError, NotRedrivable
@@ -74,10 +75,11 @@ async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_byte
          for r in routes},
         REDRIVABLE if redrive else REPAIRABLE,
     )
-    run_key = await _run_key_if_unkeyed(tx, spec, eid)
+    run_key, step_keys = await _keys_if_missing(tx, spec, eid)
     reopened = await tx.one(
         "execution_reopen_if_finished", id=eid, steps_pending=len(plan.rerun),
         from_statuses=list(REDRIVE_FROM if redrive else REPAIR_FROM), run_key=run_key,
+        limit_keys=None if step_keys is None else json.dumps(step_keys),
     )
     assert reopened is not None
     names = list(plan.rerun)
@@ -101,15 +103,22 @@ async def repair_in(tx: Tx, registry: SpecSource, eid: UUID, *, max_payload_byte
     return names
 
 
-async def _run_key_if_unkeyed(tx: Tx, spec: WorkflowSpec, eid: UUID) -> str | None:
-    """The key under ``Workflow(max_running=)`` for an execution started without one (before
-    its workflow had ``max_running``: an operating setting, changed without a new version), so
-    that running again takes a slot as its start would have; None when the workflow has no
-    max_running or the execution has its key (the reopen keeps the key it has). Raised before
-    anything is written: a key function's refusal refuses this repair or redrive only."""
-    if spec.max_running is None:
-        return None
-    if spec.run_key is None:
-        return ""  # one slot set for the whole workflow: no input to read
-    row = await tx.one("execution_get_input_if_unkeyed", id=eid)
-    return None if row is None else await run_key_off_loop(spec, row["input"])
+async def _keys_if_missing(tx: Tx, spec: WorkflowSpec,
+                           eid: UUID) -> tuple[str | None, dict[str, str] | None]:
+    """The keys its start would give now an execution started without them (before its
+    workflow had ``max_running``, or before a step of it had a per-key ``concurrency=`` or
+    ``rate=``: operating settings, changed without a new version), so that running again is
+    limited as its start would have been: its key under ``max_running`` (None when the workflow
+    has none or the execution has its key) and the keys of its per-key limited steps it lacks
+    (None when none: the reopen keeps the keys it has). Raised before anything is written: a
+    key function's refusal refuses this repair or redrive only."""
+    if spec.max_running is None and not spec.flow_keys:
+        return None, None
+    row = await tx.one("execution_get_input_if_keys_missing", id=eid,
+                       run_key=spec.max_running is not None, steps=list(spec.flow_keys))
+    if row is None:
+        return None, None
+    if spec.run_key is None and not row["steps_missing"]:
+        return "", None  # one slot set for the whole workflow: no key function to run
+    return await rerun_keys_off_loop(spec, row["input"], run_key=row["run_key_missing"],
+                                     steps=row["steps_missing"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -248,24 +248,36 @@ def _computed_keys(spec: WorkflowSpec,
             limit_keys.run_key(spec.name, spec.max_running, spec.run_key, checked, value))
 
 
-async def run_key_off_loop(spec: WorkflowSpec, stored: Any) -> str | None:
-    """The key under ``max_running`` its start would have given an execution whose input as
-    stored is ``stored``: for a repair or redrive of one started before its workflow had
-    ``max_running``. A key function runs as a start runs it (on a thread, for at most
+async def rerun_keys_off_loop(spec: WorkflowSpec, stored: Any, *, run_key: bool,
+                              steps: Collection[str]) -> tuple[str | None, dict[str, str] | None]:
+    """The keys its start would have given an execution whose input as stored is ``stored``,
+    for a repair or redrive of one started before its workflow had them (``max_running``, a
+    step's per-key limit: operating settings, changed without a new version): its key under
+    ``max_running`` when ``run_key`` (else None), and the keys of ``steps`` (None when none).
+    Key functions run as a start runs them (on a thread, for at most
     :data:`START_CODE_SECONDS`); a refusal is a start's (:class:`~konduit.errors.KeyNeedsCode`
     without the code, :class:`~konduit.errors.LimitKeyError` naming the function)."""
+    flow_keys = {s: k for s, k in spec.flow_keys.items() if s in steps}
+    made: list[Any] = []
 
-    def compute() -> str | None:
-        return limit_keys.run_key(spec.name, spec.max_running, spec.run_key, stored,
-                                  lambda: input_model(spec, stored))
+    def value() -> Any:
+        if not made:
+            made.append(input_model(spec, stored))
+        return made[0]
 
-    if spec.run_key is None or isinstance(spec.run_key, KeyPath):
+    def compute() -> tuple[str | None, dict[str, str] | None]:
+        return (limit_keys.run_key(spec.name, spec.max_running, spec.run_key, stored, value)
+                if run_key else None,
+                limit_keys.step_keys(spec.name, flow_keys, stored, value))
+
+    keys = [*flow_keys.values(), *([spec.run_key] if run_key else [])]
+    if all(k is None or isinstance(k, KeyPath) for k in keys):
         return compute()  # no user code: computed here
     try:
         return await call_within(_start_threads, compute, START_CODE_SECONDS)
     except TimeoutError:
         raise KonduitError(
-            f"workflow {spec.name!r}: its max_running key function did not return within "
+            f"workflow {spec.name!r}: its key functions did not return within "
             f"{START_CODE_SECONDS:g} s") from None
 
 

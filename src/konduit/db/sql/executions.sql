@@ -113,22 +113,35 @@ FROM konduit_execution_outputs_of(%(id)s::uuid)
 WHERE execution_id = %(id)s
 ORDER BY version;
 
--- name: execution_get_input_if_unkeyed
--- The input of an execution with no key under max_running (started before its workflow had
--- max_running), read under the caller's lock of it: a repair or redrive computes its key.
-SELECT input FROM konduit_executions WHERE id = %(id)s AND run_key IS NULL;
+-- name: execution_get_input_if_keys_missing
+-- The input of an execution missing keys its start would give it now (started before its
+-- workflow had max_running, `run_key`: whether it has it; before those of `steps` were limited
+-- per key), read under the caller's lock of it, with what is missing: a repair or redrive
+-- computes those keys. No row: nothing missing.
+SELECT m.input, m.run_key_missing, m.steps_missing
+FROM (SELECT e.input, %(run_key)s AND e.run_key IS NULL AS run_key_missing,
+             ARRAY(SELECT s FROM unnest(%(steps)s::text[]) AS s
+                   WHERE NOT coalesce(e.limit_keys ? s, false)) AS steps_missing
+      FROM konduit_executions e
+      WHERE e.id = %(id)s) AS m
+WHERE m.run_key_missing OR cardinality(m.steps_missing) > 0;
 
 -- name: execution_reopen_if_finished
 -- Repair or redrive: run a finished execution again as a new generation of the steps being
 -- re-run, if it still ended in one of the statuses the operation accepts. `run_key`: the key
--- under max_running of one started without (NULL: none); a key it has is kept.
+-- under max_running of one started without (NULL: none); `limit_keys`: the keys of steps
+-- limited per key since it started (NULL: none); a key it has is kept, either kind. Under
+-- max_running it begins waiting for a slot now: its place among the key's pending executions.
 UPDATE konduit_executions
 SET status = 'running',
+    queued_at = konduit_now(),
     generation = generation + 1,
     steps_pending = %(steps_pending)s,
     error = NULL,
     finished_at = NULL,
     run_key = coalesce(run_key, %(run_key)s::text),
+    limit_keys = CASE WHEN %(limit_keys)s::jsonb IS NULL THEN limit_keys
+                      ELSE %(limit_keys)s::jsonb || coalesce(limit_keys, '{}'::jsonb) END,
     auto_repair_due_at = NULL  -- re-armed, if need be, when this run finishes
 WHERE id = %(id)s
   AND status IN ('succeeded', 'failed', 'timed_out', 'cancelled')

@@ -20,7 +20,8 @@ WITH due AS (
     -- never start a pending execution: without one, it starts as before.
     SET status = CASE WHEN EXISTS (SELECT 1 FROM konduit_run_slots s
                                    WHERE s.workflow_name = e.workflow_name AND s.key = e.run_key)
-                      THEN 'pending' ELSE 'running' END
+                      THEN 'pending' ELSE 'running' END,
+        queued_at = konduit_now()  -- it begins waiting for a slot now, not at its start call
     FROM due
     WHERE e.id = due.id AND e.status = 'scheduled' AND e.run_at <= konduit_clock_timestamp()
     RETURNING e.id, e.status

@@ -61,8 +61,8 @@ FOR UPDATE OF s;
 
 -- name: execution_hold_many_over_max_running
 -- Under the keys' row locks: the new executions past their key's max_running wait `pending`
--- (the newest first), as does every new one of a key with older executions still pending
--- (they start first). A held execution's ready tasks are set aside from every claim (limited,
+-- (the last to begin waiting first), as does every new one of a key with executions already
+-- pending (they start first). A held execution's ready tasks are set aside from every claim (limited,
 -- with no key: no claim reads them) until execution_start_pending_in_run_slots starts it.
 WITH mine AS (
     SELECT u.id, u.workflow_name, u.run_key
@@ -82,7 +82,8 @@ WITH mine AS (
     SELECT m.id
     FROM (SELECT m.id, s.excess, s.queued,
                  row_number() OVER (PARTITION BY m.workflow_name, m.run_key
-                                    ORDER BY e.created_at DESC, e.id DESC) AS nth
+                                    ORDER BY coalesce(e.queued_at, e.created_at) DESC,
+                                             e.id DESC) AS nth
           FROM mine m
           JOIN slots s ON s.workflow_name = m.workflow_name AND s.key = m.run_key
           JOIN konduit_executions e ON e.id = m.id AND e.status = 'running') AS m
@@ -104,9 +105,11 @@ WITH mine AS (
 SELECT coalesce(array_agg(id), '{}') AS held FROM held;
 
 -- name: execution_start_pending_in_run_slots
--- Under the caller's lock of these keys' rows: start the oldest pending executions of each
--- while it has fewer running than its max_running, skipping one another transaction holds (a
--- cancel: never waited for, so a cancel and a fill cannot deadlock). Their tasks get their
+-- Under the caller's lock of these keys' rows: start the pending executions of each that began
+-- waiting first (queued_at, migration 0048: a re-run or a started-later one waits from then,
+-- any other from its start) while it has fewer running than its max_running, skipping one
+-- another transaction holds (a cancel: never waited for, so a cancel and a fill cannot
+-- deadlock). Their tasks get their
 -- keys and limits back; the workers of their queues are woken.
 WITH slots AS (
     SELECT s.workflow_name, s.key,
@@ -122,7 +125,7 @@ WITH slots AS (
         SELECT e.id
         FROM konduit_executions e
         WHERE e.workflow_name = s.workflow_name AND e.run_key = s.key AND e.status = 'pending'
-        ORDER BY e.created_at, e.id
+        ORDER BY coalesce(e.queued_at, e.created_at), e.id
         LIMIT greatest(s.free, 0)
         FOR NO KEY UPDATE SKIP LOCKED
     ) AS p
