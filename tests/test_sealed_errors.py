@@ -177,3 +177,20 @@ def test_a_text_that_only_looks_like_an_envelope_is_read_as_it_is() -> None:
     # Written back by a process without the key, it stays the envelope it was.
     assert io.seal_text(keyless) == sealed
     assert PayloadIO().seal_text("plain") == "plain"
+
+
+def test_every_statement_that_writes_an_error_text_seals_it() -> None:
+    """A statement that sets an error column from a parameter names it on its ``-- sealed:``
+    line: one that did not would store a handler's message in plaintext under a codec."""
+    import re
+
+    from konduit.db.queries import all_queries
+
+    written = re.compile(r"\b(?:error|auto_repair_error)\s*=\s*%\((\w+)\)s|%\((errors)\)s")
+    unsealed = {}
+    for name, query in all_queries().items():
+        params = {a or b for a, b in written.findall(query.sql)}
+        if params - query.sealed_texts:
+            unsealed[name] = sorted(params - query.sealed_texts)
+    assert unsealed == {}
+    assert len([q for q in all_queries().values() if q.sealed_texts]) >= 14
