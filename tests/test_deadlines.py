@@ -17,6 +17,7 @@ import konduit
 from konduit.engine.deadlines import MIN_SAMPLES, adaptive_budget
 from tests.support.db import rows
 from tests.support.load import scaled
+from tests.support.payloads import opened
 from tests.support.workers import running_worker
 
 pytestmark = pytest.mark.storage
@@ -77,7 +78,7 @@ def test_branch_past_its_deadline_degrades_and_the_join_fires_on_time(make_app, 
     (error,) = rows(app.database_url,
                     "SELECT error FROM konduit_tasks WHERE execution_id = %s AND step = 'slow'",
                     handle.id)[0]
-    assert "deadline exceeded" in str(error)
+    assert "deadline exceeded" in str(opened(error))
     sources = rows(app.database_url,
                    "SELECT source FROM konduit_outputs WHERE execution_id = %s AND step = 'slow'",
                    handle.id)
@@ -250,7 +251,7 @@ def test_malformed_payload_fails_the_attempt_at_once(make_app, declared):
     assert calls == [1]  # non-retryable: one attempt only
     (error,) = rows(app.database_url,
                     "SELECT error FROM konduit_tasks WHERE execution_id = %s", handle.id)[0]
-    assert "captions" in str(error) and "language" in str(error)
+    assert "captions" in str(opened(error)) and "language" in str(opened(error))
 
 
 def test_declared_output_is_stored_in_its_json_form(make_app):
@@ -366,7 +367,7 @@ def test_routing_to_a_step_that_is_not_downstream_fails_clearly(make_app):
         h.wait(timeout=15)
     (error,) = rows(app.database_url,
                     "SELECT error FROM konduit_tasks WHERE step = 'classify'")[0]
-    assert "nowhere" in str(error)
+    assert "nowhere" in str(opened(error))
 
 
 @pytest.mark.parametrize("items", [0, 1, 10_000])

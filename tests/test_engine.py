@@ -17,6 +17,7 @@ import pytest
 
 import konduit
 from konduit.records import TaskRecord
+from tests.support.payloads import opened
 from tests.support.workers import running_worker
 
 pytestmark = pytest.mark.storage
@@ -36,9 +37,10 @@ def quick(max_attempts: int = 1, **kwargs: Any) -> konduit.Retry:
 
 
 def attempts_of(db_url: str, execution_id: Any) -> list[tuple[str, int, int, str | None, str | None]]:
-    """(step, map_index, attempt, outcome, error) of every attempt of one execution."""
+    """(step, map_index, attempt, outcome, error) of every attempt of one execution (the error
+    opened: under a codec it is sealed, docs/payload-codecs.md)."""
     with psycopg.connect(db_url) as conn:
-        return conn.execute(
+        return [(*r[:4], opened(r[4])) for r in conn.execute(
             """
             SELECT t.step, t.map_index, a.attempt, a.outcome, a.error
             FROM konduit_attempts a JOIN konduit_tasks t ON t.id = a.task_id
@@ -46,7 +48,7 @@ def attempts_of(db_url: str, execution_id: Any) -> list[tuple[str, int, int, str
             ORDER BY t.step, t.map_index, a.attempt
             """,
             (execution_id,),
-        ).fetchall()
+        ).fetchall()]
 
 
 def tasks_by_step(app: konduit.App, execution_id: Any) -> dict[str, list[TaskRecord]]:

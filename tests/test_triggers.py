@@ -46,8 +46,10 @@ def executions(url: str, workflow: str) -> list[Any]:
 
 
 def trigger_events(url: str, workflow: str) -> list[tuple[Any, ...]]:
-    return rows(url, "SELECT status, key, execution_id, error FROM konduit_trigger_events "
-                     "WHERE workflow_name = %s ORDER BY id", workflow)
+    # (the error opened: under a codec it is sealed, docs/payload-codecs.md)
+    return [(*r[:3], opened(r[3])) for r in rows(
+        url, "SELECT status, key, execution_id, error FROM konduit_trigger_events "
+             "WHERE workflow_name = %s ORDER BY id", workflow)]
 
 
 # -- definition ----------------------------------------------------------------------------------

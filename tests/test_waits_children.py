@@ -20,6 +20,7 @@ from konduit.engine.finish import ChildEnded
 from konduit.engine.registry import Registry
 from tests.support.db import rows
 from tests.support.load import scaled
+from tests.support.payloads import opened
 from tests.support.waiting import until
 from tests.support.workers import running_worker
 
@@ -117,6 +118,7 @@ def test_a_failed_child_fails_its_parent_step_at_once(make_app, db_url):
     eid = result_id(db_url, "caller")
     [(error,)] = rows(db_url, "SELECT error FROM konduit_tasks WHERE execution_id = %s "
                        "AND step = 'call'", eid)
+    error = opened(error)
     assert "ended failed" in str(error) and "the child broke" in str(error)
     assert lag(db_url, eid, "call") < PROMPT
 

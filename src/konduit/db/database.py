@@ -46,7 +46,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from konduit.db.arrays import with_array_literals
-from konduit.db.queries import custom_plans, pinned_plans, q, statement
+from konduit.db.queries import custom_plans, pinned_plans, q, sealed_texts, statement
 from konduit.db.sealing import PLAIN, PayloadIO
 from konduit.errors import DatabaseConflict, DatabaseError, DatabaseUnavailable, PoolExhausted
 from konduit.settings import settings
@@ -247,6 +247,28 @@ def open_payloads(conn: psycopg.AsyncConnection[Any], io: PayloadIO) -> None:
     conn.adapters.register_loader("jsonb", OpeningBinary)
 
 
+def open_texts(conn: psycopg.AsyncConnection[Any], io: PayloadIO) -> None:
+    """Read every ``text`` value of ``conn`` through ``io.open_text``: an error text sealed
+    under a codec (a statement's ``-- sealed:`` parameter) is opened, or reads ``encrypted
+    (key k1)`` where this process cannot open it. On every connection, with a codec or not: a
+    process without one must not show the envelope as the text."""
+    from psycopg.types.string import TextBinaryLoader, TextLoader
+
+    def opening(text: str | bytes) -> Any:
+        return io.open_text(text) if type(text) is str else text
+
+    class Opening(TextLoader):
+        def load(self, data: Any) -> Any:
+            return opening(super().load(data))
+
+    class OpeningBinary(TextBinaryLoader):
+        def load(self, data: Any) -> Any:
+            return opening(super().load(data))
+
+    conn.adapters.register_loader("text", Opening)
+    conn.adapters.register_loader("text", OpeningBinary)
+
+
 class Tx:
     """Named-query calls inside one transaction.
 
@@ -291,18 +313,20 @@ class Tx:
             await self.send("task_claim_plan_unpinned")
         return statement(query)
 
-    async def _sealed(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``params`` with their payloads sealed (off the event loop when one goes to the store
-        or there is much for the codec: :meth:`PayloadIO.heavy`)."""
+    async def _sealed(self, query: str, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` with their payloads sealed, and the texts ``query`` names on its
+        ``-- sealed:`` line (off the event loop when one goes to the store or there is much for
+        the codec: :meth:`PayloadIO.heavy`)."""
         io = self.io
+        texts = sealed_texts(query)
         if io.heavy(params):
-            return await asyncio.to_thread(io.sealed_params, params)
-        return io.sealed_params(params)
+            return await asyncio.to_thread(io.sealed_params, params, texts)
+        return io.sealed_params(params, texts)
 
     async def one(self, query: str, /, **params: Any) -> Row | None:
         sql, prepare = await self._statement(query)
         if self.io.active:
-            params = await self._sealed(params)
+            params = await self._sealed(query, params)
         try:
             cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
             return await cur.fetchone()
@@ -312,7 +336,7 @@ class Tx:
     async def all(self, query: str, /, **params: Any) -> list[Row]:
         sql, prepare = await self._statement(query)
         if self.io.active:
-            params = await self._sealed(params)
+            params = await self._sealed(query, params)
         try:
             cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
             return await cur.fetchall()
@@ -322,7 +346,7 @@ class Tx:
     async def run(self, query: str, /, **params: Any) -> int:
         sql, prepare = await self._statement(query)
         if self.io.active:
-            params = await self._sealed(params)
+            params = await self._sealed(query, params)
         try:
             cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
             if self.pipeline is not None:
@@ -336,7 +360,7 @@ class Tx:
         """Run a statement whose result nobody reads (queued in a pipelined transaction)."""
         sql, prepare = await self._statement(query)
         if self.io.active:
-            params = await self._sealed(params)
+            params = await self._sealed(query, params)
         try:
             await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
         except psycopg.Error as exc:
@@ -347,7 +371,7 @@ class Tx:
         the statement is queued, and awaiting the fetch sends it with whatever else is)."""
         sql, prepare = await self._statement(query)
         if self.io.active:
-            params = await self._sealed(params)
+            params = await self._sealed(query, params)
         try:
             cur = await self.conn.execute(sql, with_array_literals(params), prepare=prepare)
         except psycopg.Error as exc:
@@ -374,7 +398,7 @@ class Tx:
         with translate_errors():
             async with self.conn.cursor(name=f"konduit_{query}") as cur:
                 if self.io.active:
-                    params = await self._sealed(params)
+                    params = await self._sealed(query, params)
                 await cur.execute(q(query), with_array_literals(params))
                 while rows := await cur.fetchmany(page_rows):
                     yield rows
@@ -493,11 +517,10 @@ class Database:
     def _configure_with(
         self, configure: Callable[[psycopg.AsyncConnection[Row]], Awaitable[None]] | None
     ) -> Callable[[psycopg.AsyncConnection[Row]], Awaitable[None]] | None:
-        if not self.io.active:
-            return configure
-
         async def configured(conn: psycopg.AsyncConnection[Row]) -> None:
-            open_payloads(conn, self.io)
+            open_texts(conn, self.io)
+            if self.io.active:
+                open_payloads(conn, self.io)
             if configure is not None:
                 await configure(conn)
 

@@ -30,6 +30,13 @@ which kind it is:
   back (``task_claim_plan_unpinned``); outside a transaction a pinned statement is planned per
   run, never prepared.
 
+Sealed texts. A statement that writes an error text or a message that may carry payload data
+(a handler's exception and traceback, a trigger's error) into a ``text`` column names those
+parameters on a ``-- sealed: error, errors`` line among its description lines: under an
+encrypting codec each such value (or each item of a list) is stored as the JSON text of an
+envelope, and read back opened (:meth:`konduit.db.sealing.PayloadIO.seal_text`), wherever
+the text was written from.
+
 Fragments. A piece of SQL several statements must write alike (the columns a claimed task row
 carries, the SET list that clears a lease) stands once, under a ``-- fragment: noun_words``
 header with its ``--`` description, in any ``.sql`` file. A statement names it as
@@ -60,6 +67,7 @@ from importlib import resources
 
 _HEADER = re.compile(r"^-- (?P<kind>name|fragment): (?P<name>[a-z_]+)\s*$", re.MULTILINE)
 _PLAN = re.compile(r"^plan:\s*(?P<kind>custom|pinned)\b")
+_SEALED = re.compile(r"^sealed:\s*(?P<names>[a-z_]+(?:\s*,\s*[a-z_]+)*)\s*$")
 _INCLUDE = re.compile(r"\{\{(?P<name>[a-z_]+)\}\}")
 
 
@@ -75,6 +83,9 @@ class Query:
     pinned_plan: bool = False
     """Prepared, run after ``task_claim_plan_pinned`` in its transaction: see the module
     docstring."""
+    sealed_texts: frozenset[str] = frozenset()
+    """The parameters that are error texts or messages, sealed with the codec as texts (a
+    ``-- sealed: error, errors`` line): see the module docstring."""
 
 
 def _sections(text: str) -> Iterator[tuple[str, str, str]]:
@@ -134,8 +145,13 @@ def parse_queries(text: str, source: str = "<sql>",
         body = section.strip().splitlines()
         description_lines = []
         custom_plan = pinned_plan = False
+        sealed: frozenset[str] = frozenset()
         while body and body[0].startswith("--"):
             line = body.pop(0).lstrip("-").strip()
+            texts = _SEALED.match(line)
+            if texts:
+                sealed = sealed | {n.strip() for n in texts["names"].split(",")}
+                continue
             plan = _PLAN.match(line)
             if plan:
                 custom_plan = plan["kind"] == "custom"
@@ -150,7 +166,7 @@ def parse_queries(text: str, source: str = "<sql>",
         if name in found:
             raise ValueError(f"{source}: query {name!r} is defined twice")
         found[name] = Query(name, " ".join(description_lines), sql, custom_plan,
-                            frozenset(_INCLUDE.findall(written)), pinned_plan)
+                            frozenset(_INCLUDE.findall(written)), pinned_plan, sealed)
     return found
 
 
@@ -201,6 +217,12 @@ def pinned_plans() -> frozenset[str]:
 def custom_plans() -> frozenset[str]:
     """The names of the ``-- plan: custom`` statements."""
     return frozenset(n for n, query in all_queries().items() if query.custom_plan)
+
+
+@cache
+def sealed_texts(name: str) -> frozenset[str]:
+    """The parameters of the query called ``name`` sealed as texts (``-- sealed:``)."""
+    return all_queries()[name].sealed_texts
 
 
 _STATEMENTS: dict[str, tuple[str, bool | None]] = {}

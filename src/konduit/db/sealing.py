@@ -45,6 +45,34 @@ and encrypting it holds the loop about a millisecond per 64 KiB on a 2-core mach
 loop beats the worker's heartbeats and wakes its other slots meanwhile."""
 
 
+SEALED_TEXT_PREFIX = f'{{"{MARK}":"sealed"'
+"""How a sealed text (:meth:`PayloadIO.seal_text`) read from a ``text`` column begins."""
+
+
+def sealed_words(env: dict[str, Any]) -> str:
+    """What a door shows for an envelope this process could not open: ``encrypted (key k1)``
+    (``kept in the payload store (N bytes)`` for a stored one without a codec), never its
+    bytes."""
+    if env.get(MARK) == "stored" and not env.get("codec"):
+        return f"kept in the payload store ({env.get('size')} bytes)"
+    key = env.get("key")
+    return "encrypted" + (f" (key {key})" if key else "")
+
+
+class SealedText(str):
+    """A sealed text this process read and could not open (it lacks the codec or the key): it
+    reads ``encrypted (key k1)``, as the dashboard shows a payload it cannot open, and
+    ``envelope`` keeps what was read, so that a statement that writes it back (sealed as a text,
+    :meth:`PayloadIO.seal_text`) writes the envelope, not these words."""
+
+    envelope: str
+
+    def __new__(cls, shown: str, *, envelope: str) -> SealedText:
+        made = super().__new__(cls, shown)
+        made.envelope = envelope
+        return made
+
+
 class PayloadIO:
     """A codec and a payload store, as the database boundary applies them. ``active`` is
     false when there is neither: then nothing is sealed and nothing costs anything."""
@@ -96,12 +124,46 @@ class PayloadIO:
         """A content address as stored: keyed by the codec when it encrypts."""
         return str(self.codec.digest(plain)) if self.keyed else str(plain)
 
-    def sealed_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    def seal_text(self, text: str) -> str:
+        """The text to store in a ``text`` column for an error text or a message that may
+        carry payload data (a handler's exception, a traceback): the JSON text of an envelope
+        of the codec's output when the codec is set, else ``text`` itself. A
+        :class:`SealedText` (one this process read and could not open) goes back as it was read.
+        Never to the payload store: such texts are bounded, and a text column keeps them."""
+        if type(text) is SealedText:
+            return text.envelope
+        if self.codec is None or not isinstance(text, str):
+            return text
+        return self.seal(json.dumps(text, ensure_ascii=False))
+
+    def open_text(self, text: str) -> str:
+        """A text read from a ``text`` column, opened when it is a sealed envelope
+        (:meth:`seal_text`): the text itself, or a :class:`SealedText` that reads
+        ``encrypted (key k1)`` when this process cannot open it. Never raises."""
+        if not text.startswith(SEALED_TEXT_PREFIX):
+            return text
+        try:
+            value = self.loads(text)
+        except ValueError:  # a text that only starts like an envelope
+            return text
+        if type(value) is str:
+            return value
+        if is_sealed(value):
+            return SealedText(sealed_words(value), envelope=text)
+        return text
+
+    def sealed_params(self, params: dict[str, Any],
+                      texts: frozenset[str] = frozenset()) -> dict[str, Any]:
         """``params`` with every Payload sealed (scoped by the statement's ``execution_id`` or,
         for a list, the matching item of ``execution_ids``) and every Digest keyed."""
         for name, value in params.items():
             kind = type(value)
-            if kind is Payload:
+            if name in texts:
+                if kind is list:
+                    params[name] = [None if v is None else self.seal_text(v) for v in value]
+                elif value is not None:
+                    params[name] = self.seal_text(value)
+            elif kind is Payload:
                 params[name] = self.seal(value, scope=_scope(params.get("execution_id")
                                                              or params.get("id")))
             elif kind is Digest:
@@ -318,5 +380,5 @@ def payload_limits(io: PayloadIO, max_payload_bytes: int, limit: int | str | Non
     return chosen
 
 
-__all__ = ["PLAIN", "PayloadIO", "configured", "is_sealed", "payload_io", "payload_limits",
-           "payload_settings"]
+__all__ = ["PLAIN", "SEALED_TEXT_PREFIX", "PayloadIO", "SealedText", "configured", "is_sealed",
+           "payload_io", "payload_limits", "payload_settings", "sealed_words"]

@@ -46,7 +46,7 @@ from konduit.core.model import (
     Recorded,
     Transition,
 )
-from konduit.core.payloads import DEFAULT_MAX_BYTES, content_hash
+from konduit.core.payloads import DEFAULT_MAX_BYTES, Payload, content_hash
 from konduit.db.database import Row, Tx
 from konduit.engine import step_rows, transitions
 from konduit.engine.advancer import Advanced, Advancer
@@ -401,6 +401,7 @@ async def store_logs(tx: Tx, closed: Sequence[Completion]) -> None:
     await tx.send(
         "attempt_log_insert_many_if_closed",
         lease_tokens=[c.lease_token for c in logged],
-        records=[json.dumps(records, ensure_ascii=False) for records, _ in states],
+        # A payload each: sealed with the codec (what a handler logs may carry its data).
+        records=[Payload(json.dumps(records, ensure_ascii=False)) for records, _ in states],
         droppeds=[dropped for _, dropped in states],
     )

@@ -10,12 +10,14 @@ from typing import Any
 from uuid import UUID
 
 from konduit.core.durations import Duration
+from konduit.core.payloads import is_sealed
 from konduit.core.repair_contract import AutoRepairState, RepairContract
 from konduit.core.repair_contract import describe as describe_auto_repair
 from konduit.core.results import ExecutionResult
 from konduit.core.search import ExecutionFilter
 from konduit.core.values import MAX_BIGINT, check_whole
 from konduit.db.database import Database
+from konduit.db.sealing import sealed_words
 from konduit.engine import retention
 from konduit.engine.client import execution_result
 from konduit.engine.retention import Prunable
@@ -180,7 +182,7 @@ class ExecutionReads(ReadBase):
         attempts that logged anything, at most ``limit`` of them; see ``Context.log``)."""
         rows = await self.reads.all("attempt_log_list_by_execution",
                                  execution_id=await self.resolve(execution_id), limit=limit)
-        return [AttemptLog.from_row(r) for r in rows]
+        return [AttemptLog.from_row(_logs_shown(r)) for r in rows]
 
     async def journal(self, execution_id: UUID | str, *,
                       limit: int | None = None) -> builtins.list[JournalEntry]:
@@ -312,3 +314,13 @@ class ExecutionReads(ReadBase):
         """What :meth:`konduit.engine.client.Client.prune` with the same ``older_than`` would
         consider, deleting nothing."""
         return await retention.count_prunable(self.db, older_than)
+
+
+def _logs_shown(row: Any) -> Any:
+    """An attempt's log row with its records as a door shows them: sealed by a codec this
+    process cannot open, one record that says so (``encrypted (key k1)``), never the envelope."""
+    records = row["records"]
+    if not is_sealed(records):
+        return row
+    return {**row, "records": [{"at": row["started_at"].timestamp(), "level": "",
+                                "logger": "konduit", "message": sealed_words(records)}]}

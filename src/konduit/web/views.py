@@ -16,6 +16,7 @@ from typing import Any
 from konduit.core.durations import format_elapsed
 from konduit.core.payloads import is_sealed
 from konduit.core.words import STEP_WORDS, step_word
+from konduit.db.sealing import sealed_words
 
 STEP_STATUSES = STEP_WORDS  # the words the page shows (konduit.core.words), not the stored ones
 ATTEMPT_OUTCOMES = ("running", "waiting", "succeeded", "degraded", "retry", "failed", "timed_out", "lost",
@@ -253,10 +254,7 @@ def unsealed(value: Any) -> Any:
     keys, or the payload store) shown as what it is: ``"encrypted (key k1)"``, never its bytes
     (docs/payload-codecs.md)."""
     if is_sealed(value):
-        if value.get("$konduit") == "stored" and not value.get("codec"):
-            return f"kept in the payload store ({value.get('size')} bytes)"
-        key = value.get("key")
-        return "encrypted" + (f" (key {key})" if key else "")
+        return sealed_words(value)
     if type(value) is dict:
         return {k: unsealed(v) for k, v in value.items()}
     if type(value) is list:

@@ -1,5 +1,6 @@
 -- name: attempt_finish_if_open
 -- Close the attempt a lease token identifies with how it ended.
+-- sealed: error
 UPDATE konduit_attempts
 SET finished_at = konduit_clock_timestamp() - make_interval(secs => %(age_seconds)s),
     outcome = %(outcome)s,
@@ -10,6 +11,7 @@ WHERE lease_token = %(lease_token)s AND finished_at IS NULL;
 -- Close the attempts of tasks that just ended, each identified by its lease token, with how they
 -- ended; the other open attempt of a hedged task (the one that did not finish first) is closed
 -- as outrun, and its worker is told at commit (its lease went with the task's end).
+-- sealed: errors
 WITH closed AS (
     UPDATE konduit_attempts a
     SET finished_at = konduit_clock_timestamp()

@@ -41,6 +41,7 @@ RETURNING e.id, e.auto_repair_at;
 -- name: execution_mark_auto_repair_impossible_if_untaken
 -- Record once why the automatic repair of an execution could not start (its join policy cannot
 -- fire with the outcomes that stand, say), so that no worker tries it again.
+-- sealed: error
 UPDATE konduit_executions
 SET auto_repair_at = konduit_clock_timestamp(), auto_repair_error = %(error)s
 WHERE id = %(id)s AND status = 'succeeded' AND auto_repair_at IS NULL

@@ -41,6 +41,7 @@ WHERE id = %(id)s;
 -- `idempotency_key` names the parent's task when this is a child workflow (konduit-child:<id>):
 -- the caller wakes that task after commit, with no statement more for any other execution.
 -- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
+-- sealed: error
 UPDATE konduit_executions
 SET status = %(status)s,
     output = %(output)s,

@@ -412,6 +412,7 @@ CROSS JOIN LATERAL (SELECT {{claimed_execution}}
 -- task's lease or its hedge's (whichever attempt finishes first ends the task, and the other's
 -- lease goes with it). Only a success ends a task while its other attempt runs (a failure
 -- drops its own attempt first: task_drop_attempt_if_leased).
+-- sealed: errors
 UPDATE konduit_tasks t
 SET status = u.outcome,
     output_hash = u.output_hash,
@@ -438,6 +439,7 @@ RETURNING t.id, t.finished_at;
 -- made (they join its RETURNING), so each still rests on the lease check of its own statement.
 -- Outputs go in (execution, step, map_index) order, the order of every multi-row output write.
 -- plan: pinned, it runs at every round (or start) and, taking arrays, was re-planned at every run.
+-- sealed: errors
 WITH ended AS (
     UPDATE konduit_tasks t
     SET status = u.outcome,
@@ -505,6 +507,7 @@ FOR SHARE;
 -- name: task_retry_if_leased_before_deadline
 -- Return a failed attempt's task to ready after a backoff, while the caller holds its lease and
 -- the backoff ends before the task's deadline (else the caller ends the task instead).
+-- sealed: error
 UPDATE konduit_tasks
 SET status = 'ready',
     run_at = konduit_clock_timestamp() + make_interval(secs => %(delay_seconds)s),
@@ -520,6 +523,7 @@ RETURNING id, queue;
 -- expired, the server has been up for a lease, the owner is not a live worker whose lease on
 -- the task ran out less than a lease ago (a heartbeat may be about to land), and no fallback
 -- of the task has started (such a task is being ended, never retried).
+-- sealed: error
 UPDATE konduit_tasks t
 SET status = 'ready',
     run_at = konduit_clock_timestamp() + make_interval(secs => %(delay_seconds)s),
@@ -538,6 +542,7 @@ RETURNING t.id, t.queue;
 -- Reclaim that ends the task (attempts exhausted, or the deadline is near): the same guards as
 -- task_lose_if_rescuable (but a task whose fallback started may end), inside the fan-in
 -- transaction.
+-- sealed: error
 UPDATE konduit_tasks t
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
@@ -557,6 +562,7 @@ RETURNING t.id, t.finished_at;
 -- while that worker lives: konduit_task_expirable): a running task still under the lease read,
 -- a ready one (a retry waiting out its backoff), or a waiting one (an event, timer or child
 -- that did not come in time).
+-- sealed: error
 UPDATE konduit_tasks t
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
@@ -624,6 +630,7 @@ RETURNING id, execution_id, step, wait_until,
 -- Wake: waiting -> terminal (the event's payload, the timer's None, the child's output). Only a
 -- task still waiting, and one that became due before its deadline (an event accepted, a timer
 -- due, a child ended in time): a late one is the deadline sweep's (task_expire_if_past_deadline).
+-- sealed: error
 UPDATE konduit_tasks t
 SET status = %(outcome)s,
     output_hash = %(output_hash)s,
@@ -650,6 +657,7 @@ LIMIT %(limit)s;
 -- End the ready, running and waiting tasks of a stopped execution; running workers lose their
 -- lease.
 -- Rows are locked in id order, the order every multi-row task write takes.
+-- sealed: reason
 WITH doomed AS (
     SELECT id FROM konduit_tasks
     WHERE execution_id = %(execution_id)s AND status IN ('ready', 'running', 'waiting')

@@ -47,6 +47,7 @@ FOR UPDATE SKIP LOCKED;
 -- name: trigger_event_finish_if_pending
 -- What an event came to: started (execution_id), gathered (group_id) or failed (error); and
 -- the key its trigger's key= computed, if any.
+-- sealed: error
 UPDATE konduit_trigger_events
 SET status = %(status)s, execution_id = %(execution_id)s, group_id = %(group_id)s,
     error = %(error)s, done_at = konduit_clock_timestamp(), key = COALESCE(%(key)s::text, key)
@@ -105,6 +106,7 @@ RETURNING g.id, g.workflow_name, g.workflow_version, g.event, g.mode, g.group_ke
 
 -- name: trigger_event_finish_group
 -- The events of a burst or batch that started (execution_id) or could not (failed, error).
+-- sealed: error
 UPDATE konduit_trigger_events
 SET status = %(status)s, execution_id = %(execution_id)s, error = %(error)s
 WHERE group_id = %(group_id)s AND status = 'gathered';
