@@ -105,3 +105,46 @@ def test_many_threads_may_run_at_once() -> None:
         thread.join(timeout=120)
     assert errors == []
     assert sorted(outputs) == [[1], [2], [3], [4]]  # type: ignore[type-var]
+
+
+@pytest.mark.storage
+def test_a_database_of_its_own_another_build_migrated_is_made_again(
+        admin_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """konduit demo's database (konduit_demo) outlives the konduit that made it: one a
+    development build migrated with another migration (here 0049 recorded, 0048 never
+    applied) refused every later run (konduit.SchemaGap) until dropped by hand. Being its own,
+    it is dropped and made again, with a warning; a database the URL names itself is never
+    dropped."""
+    import uuid
+
+    from konduit.databases import drop_own_database, own_database
+    from konduit.db.migrate import latest_version
+
+    name = f"konduit_own_{uuid.uuid4().hex[:8]}"
+    url = own_database(name, admin_url)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE konduit_left_by_another_build (x int)")
+            conn.execute("DELETE FROM konduit_schema_version WHERE version = %s",
+                         (latest_version() - 1,))
+        with pytest.raises(konduit.SchemaGap), konduit.App([], database_url=url) as app:
+            app.migrate()  # what every run met before
+        with caplog.at_level("WARNING", logger="konduit.databases"):
+            assert own_database(name, admin_url) == url
+        assert "dropped and made again" in caplog.text
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT to_regclass('konduit_left_by_another_build')"
+                                ).fetchone() == (None,)
+            assert conn.execute("SELECT max(version) FROM konduit_schema_version"
+                                ).fetchone() == (latest_version(),)
+        # The database a URL names is the user's: refused as before, never dropped.
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("DELETE FROM konduit_schema_version WHERE version = %s",
+                         (latest_version() - 1,))
+        with pytest.raises(konduit.SchemaGap):
+            own_database(name, url)
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM konduit_schema_version WHERE version = %s",
+                                (latest_version() - 1,)).fetchone() == (0,)
+    finally:
+        drop_own_database(name, admin_url)

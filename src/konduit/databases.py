@@ -14,10 +14,13 @@ workflow versions stay out of your dashboard and ``konduit versions``, and go wi
 
 from __future__ import annotations
 
+import logging
 import re
 
-from konduit.errors import DatabaseError, KonduitError
+from konduit.errors import DatabaseError, KonduitError, SchemaConflict, SchemaGap
 from konduit.settings import settings
+
+log = logging.getLogger(__name__)
 
 DEMO_DATABASE = "konduit_demo"
 """Where ``konduit demo`` runs."""
@@ -47,11 +50,15 @@ def _database_of(url: str) -> str | None:
     return None if name is None else str(name)
 
 
-def own_database(name: str, url: str | None = None, *, migrate: bool = True) -> str:
+def own_database(name: str, url: str | None = None, *, migrate: bool = True,
+                 _remade: bool = False) -> str:
     """The URL of database ``name`` on the server of ``url`` (default: ``KONDUIT_DATABASE_URL``,
     else the embedded server), created when it does not exist and, with ``migrate``, given
     konduit's schema. The user of ``url`` needs the right to create databases the first time
-    (``CREATEDB``); the error says so otherwise."""
+    (``CREATEDB``); the error says so otherwise. A database of its own that another konduit
+    build migrated past what this one can migrate (a migration missing below its newest, or
+    another migration under one of this konduit's numbers: :class:`~konduit.SchemaGap`,
+    :class:`~konduit.SchemaConflict`) is dropped and made again, with a warning."""
     import psycopg
 
     from konduit.db.embedded import server_url, with_database
@@ -85,8 +92,20 @@ def own_database(name: str, url: str | None = None, *, migrate: bool = True) -> 
     if migrate:
         from konduit.app import App
 
-        with App([], database_url=target) as app:
-            app.migrate()
+        try:
+            with App([], database_url=target) as app:
+                app.migrate()
+        except (SchemaGap, SchemaConflict) as exc:
+            if _remade or (server is not None and _database_of(server) == name):
+                raise  # the database the URL names is not one of its own: never dropped
+            # Another konduit build (a development branch's, with other migrations) made this
+            # database of its own, which holds only what its runs put there: made again, rather
+            # than refusing every run until someone drops it by hand.
+            log.warning("database %s was migrated by another konduit build and cannot be "
+                        "migrated by this one (%s): dropped and made again", name,
+                        " ".join(str(exc).split())[:200])
+            drop_own_database(name, url)
+            return own_database(name, url, migrate=True, _remade=True)
     return target
 
 
